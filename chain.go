@@ -1,0 +1,253 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// MaxGates is the most gates one Chain may hold.
+const MaxGates = 16
+
+// Observer receives what a Chain decides, for metrics and logs. Methods are
+// called synchronously on the decision path and must be cheap and safe for
+// concurrent use; the pointers they receive are valid only during the call.
+type Observer interface {
+	// Decided is called once per Chain.Decide with the final verdict and the
+	// time the decision took.
+	Decided(r *Request, d *Decision, took time.Duration)
+	// ShadowRejected is called when a gate in ModeShadow would have rejected r.
+	ShadowRejected(r *Request, d *Decision)
+	// Done is called once per admitted request when its Ticket is done.
+	Done(r *Request, c Completion)
+}
+
+// ChainOptions configures a Chain. The zero value is valid.
+type ChainOptions struct {
+	// Clock supplies now to every gate. Default: SystemClock.
+	Clock Clock
+	// Observer, if set, receives every decision and completion.
+	Observer Observer
+	// Modes sets the initial mode of gates by name; gates not listed start
+	// in ModeEnforce.
+	Modes map[string]Mode
+}
+
+// Chain runs gates in order, cheapest and earliest first, and turns their
+// verdicts into one Decision and, when admitted, one Ticket.
+//
+// When a gate rejects (in ModeEnforce), the permits of the gates before it
+// are released with OutcomeRejected, in reverse order, and the rejection is
+// returned. A gate in ModeShadow that would reject is reported to the
+// Observer and the request goes on; a gate in ModeOff is skipped. Modes are
+// switched at run time with SetMode without locking the decision path.
+//
+// A Chain is safe for concurrent use.
+type Chain struct {
+	gates []*entry
+	clock Clock
+	obs   Observer
+	pool  sync.Pool
+}
+
+type entry struct {
+	gate Gate
+	mode atomic.Uint32
+}
+
+// ErrUnknownGate is returned by SetMode for a name no gate of the chain has.
+var ErrUnknownGate = errors.New("sluice: unknown gate")
+
+// NewChain builds a chain of gates, evaluated in the order given. It returns
+// an error for a nil gate, a duplicate or empty name, more than MaxGates
+// gates, or a Modes entry naming no gate.
+func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
+	if len(gates) > MaxGates {
+		return nil, fmt.Errorf("sluice: %d gates, at most %d allowed", len(gates), MaxGates)
+	}
+	c := &Chain{clock: opts.Clock, obs: opts.Observer}
+	if c.clock == nil {
+		c.clock = SystemClock
+	}
+	seen := make(map[string]bool, len(gates))
+	for i, g := range gates {
+		if g == nil {
+			return nil, fmt.Errorf("sluice: gate %d is nil", i)
+		}
+		name := g.Name()
+		if name == "" {
+			return nil, fmt.Errorf("sluice: gate %d has an empty name", i)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("sluice: duplicate gate name %q", name)
+		}
+		seen[name] = true
+		e := &entry{gate: g}
+		if m, ok := opts.Modes[name]; ok {
+			if m > ModeOff {
+				return nil, fmt.Errorf("sluice: gate %q: invalid mode %d", name, m)
+			}
+			e.mode.Store(uint32(m))
+		}
+		c.gates = append(c.gates, e)
+	}
+	for name := range opts.Modes {
+		if !seen[name] {
+			return nil, fmt.Errorf("%w %q in modes", ErrUnknownGate, name)
+		}
+	}
+	c.pool.New = func() any { return &ticket{chain: c} }
+	return c, nil
+}
+
+// Clock returns the chain's clock.
+func (c *Chain) Clock() Clock { return c.clock }
+
+// Gates returns the chain's gates in evaluation order.
+func (c *Chain) Gates() []Gate {
+	gs := make([]Gate, len(c.gates))
+	for i, e := range c.gates {
+		gs[i] = e.gate
+	}
+	return gs
+}
+
+// SetMode switches the named gate's mode. It takes effect for decisions that
+// start after it returns; permits already held are released as usual.
+func (c *Chain) SetMode(name string, m Mode) error {
+	if m > ModeOff {
+		return fmt.Errorf("sluice: invalid mode %d", m)
+	}
+	for _, e := range c.gates {
+		if e.gate.Name() == name {
+			e.mode.Store(uint32(m))
+			return nil
+		}
+	}
+	return fmt.Errorf("%w %q", ErrUnknownGate, name)
+}
+
+// Mode returns the named gate's current mode.
+func (c *Chain) Mode(name string) (Mode, bool) {
+	for _, e := range c.gates {
+		if e.gate.Name() == name {
+			return Mode(e.mode.Load()), true
+		}
+	}
+	return 0, false
+}
+
+type held struct {
+	gate   int
+	permit Permit
+}
+
+// Decide runs the gates for r. When admitted, the returned Ticket must be
+// done exactly once (Ticket.Done) when the work ends, on every path; when
+// rejected, the Ticket is the zero Ticket and Done is a no-op.
+//
+// Decide validates r first (see Request.Validate; a zero Cost becomes 1)
+// and rejects a malformed request with ReasonInvalid, and a request whose
+// Deadline has already passed with ReasonDeadline, before any gate runs.
+// Among admitting gates, the returned Decision is the one closest to
+// exhaustion (lowest Remaining/Limit), so headers describe the tightest limit.
+func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
+	now := c.clock.Now()
+	if err := r.Validate(); err != nil {
+		return c.finish(r, Decision{Reason: ReasonInvalid}, now), Ticket{}
+	}
+	if r.Deadline != 0 && now >= r.Deadline {
+		return c.finish(r, Decision{Reason: ReasonDeadline}, now), Ticket{}
+	}
+	var hs [MaxGates]held
+	n := 0
+	best := Decision{Admitted: true}
+	for i, e := range c.gates {
+		m := Mode(e.mode.Load())
+		if m == ModeOff {
+			continue
+		}
+		d, p := e.gate.Decide(ctx, r, now)
+		if d.Admitted {
+			hs[n] = held{gate: i, permit: p}
+			n++
+			if tighter(&d, &best) {
+				best = d
+			}
+			continue
+		}
+		if m == ModeShadow {
+			if c.obs != nil {
+				c.obs.ShadowRejected(r, &d)
+			}
+			continue
+		}
+		c.release(hs[:n], r, Completion{Outcome: OutcomeRejected, Now: now})
+		d.EffectPossible = false
+		return c.finish(r, d, now), Ticket{}
+	}
+	t := c.pool.Get().(*ticket)
+	t.req = *r
+	t.start = now
+	t.n = n
+	t.held = hs
+	tk := Ticket{t: t, gen: t.gen.Load()}
+	return c.finish(r, best, now), tk
+}
+
+func (c *Chain) finish(r *Request, d Decision, start int64) Decision {
+	if c.obs != nil {
+		c.obs.Decided(r, &d, time.Duration(c.clock.Now()-start))
+	}
+	return d
+}
+
+// tighter reports whether admitted decision a is closer to exhaustion than b.
+// Decisions without a quota (Limit 0) never win over one with a quota.
+func tighter(a, b *Decision) bool {
+	if a.Limit <= 0 {
+		return false
+	}
+	if b.Limit <= 0 {
+		return true
+	}
+	return float64(a.Remaining)/float64(a.Limit) < float64(b.Remaining)/float64(b.Limit)
+}
+
+func (c *Chain) release(hs []held, r *Request, comp Completion) {
+	for i := len(hs) - 1; i >= 0; i-- {
+		c.gates[hs[i].gate].gate.Release(r, hs[i].permit, comp)
+	}
+}
+
+// Do decides r and, when admitted, runs fn and releases the Ticket on every
+// path: OutcomeUseful when fn returns nil (OutcomeLate past the deadline),
+// OutcomeCancelled when fn fails after ctx is done, OutcomeErrored when fn
+// returns another error or panics; a panic is re-raised after the release.
+// When rejected, fn is not called and the returned error is nil: check
+// Decision.Admitted.
+func (c *Chain) Do(ctx context.Context, r *Request, fn func(context.Context) error) (d Decision, err error) {
+	d, t := c.Decide(ctx, r)
+	if !d.Admitted {
+		return d, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			t.Done(OutcomeErrored)
+			panic(p)
+		}
+	}()
+	err = fn(ctx)
+	switch {
+	case err == nil:
+		t.Done(OutcomeUseful)
+	case ctx.Err() != nil:
+		t.Done(OutcomeCancelled)
+	default:
+		t.Done(OutcomeErrored)
+	}
+	return d, err
+}

@@ -1,0 +1,158 @@
+package sluice
+
+import "time"
+
+// Reason is the stable category of a rejection. The zero value, ReasonNone,
+// belongs to admitted decisions. Names follow the project vocabulary and are
+// what the wire formats and metrics print.
+type Reason uint8
+
+const (
+	// ReasonNone marks an admitted decision.
+	ReasonNone Reason = iota
+	// ReasonPolicyRate: a rate entitlement (token bucket, GCRA, window) is
+	// exhausted. The caller's own traffic is at fault.
+	ReasonPolicyRate
+	// ReasonConcurrency: a concurrency limit is reached.
+	ReasonConcurrency
+	// ReasonDeadline: the request cannot finish before its deadline.
+	ReasonDeadline
+	// ReasonOverload: a protection gate sheds load to keep the service in
+	// its safe region. The service is at fault, not the caller.
+	ReasonOverload
+	// ReasonDependency: the state a gate needs (for example its Redis store)
+	// is unavailable and the gate's failure policy is to reject.
+	ReasonDependency
+	// ReasonInvalid: the request itself is malformed (cost out of range,
+	// bad identity or deadline header). Retrying unchanged cannot help.
+	ReasonInvalid
+)
+
+var reasonNames = [...]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid"}
+
+// String returns the wire name, e.g. "policy_rate"; "" for ReasonNone.
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// Scope names what a limit is counted over.
+type Scope uint8
+
+const (
+	// ScopeService: one count for the whole service (all tenants).
+	ScopeService Scope = iota
+	// ScopeTenant: one count per tenant.
+	ScopeTenant
+	// ScopeOperation: one count per operation (route).
+	ScopeOperation
+	// ScopeTenantOperation: one count per tenant and operation pair.
+	ScopeTenantOperation
+	// ScopeClass: one count per class.
+	ScopeClass
+)
+
+var scopeNames = [...]string{"service", "tenant", "operation", "tenant_operation", "class"}
+
+// String returns the wire name, e.g. "tenant".
+func (s Scope) String() string {
+	if int(s) < len(scopeNames) {
+		return scopeNames[s]
+	}
+	return "unknown"
+}
+
+// ParseScope returns the Scope named s ("service", "tenant", "operation",
+// "tenant_operation", "class").
+func ParseScope(s string) (Scope, bool) {
+	for i, n := range scopeNames {
+		if n == s {
+			return Scope(i), true
+		}
+	}
+	return 0, false
+}
+
+// Key returns the state key of r under scope s. For ScopeTenantOperation it
+// allocates the joined key; every other scope returns a field of r unchanged.
+func (s Scope) Key(r *Request) string {
+	switch s {
+	case ScopeTenant:
+		return r.Tenant
+	case ScopeOperation:
+		return r.Operation
+	case ScopeTenantOperation:
+		return r.Tenant + "\x00" + r.Operation
+	case ScopeClass:
+		return r.Class
+	}
+	return ""
+}
+
+// Unit is the quota unit a decision counts in, as the RateLimit header
+// fields name it.
+type Unit uint8
+
+const (
+	// UnitRequests: demand units (cost) of requests over a window.
+	UnitRequests Unit = iota
+	// UnitConcurrentRequests: requests in flight at once.
+	UnitConcurrentRequests
+)
+
+// Decision is the verdict of a gate or of a whole Chain for one Request.
+// A rejection is a value, not an error: Admitted false with a Reason.
+//
+// Durations are non-negative. RetryAfter is meaningful only when Admitted is
+// false and Retryable is true: it is the exact earliest wait after which the
+// same request could be admitted, before any jitter; the wire layer rounds it
+// up to whole seconds. A rejection that retrying cannot help (cost above the
+// burst, invalid input) has Retryable false and RetryAfter 0.
+type Decision struct {
+	// Admitted is true when the request may proceed.
+	Admitted bool
+	// Reason is ReasonNone when admitted, otherwise the rejection category.
+	Reason Reason
+	// Scope is what the deciding limit is counted over.
+	Scope Scope
+	// Unit is the quota unit of Limit and Remaining.
+	Unit Unit
+	// Gate is the name of the deciding gate ("" when no gate decided, e.g.
+	// an invalid request rejected before the gates ran).
+	Gate string
+	// Limit is the deciding policy's quota in Unit (burst, window limit or
+	// concurrency limit); 0 when the gate has no quota to report.
+	Limit int64
+	// Window is the policy's window: the time a full quota takes to come
+	// back (burst / rate for buckets, the window length for windows); 0 for
+	// concurrency limits.
+	Window time.Duration
+	// Remaining is the quota left in Unit after this decision, 0 ≤ Remaining ≤ Limit.
+	Remaining int64
+	// ResetAfter is the time until the quota is whole again.
+	ResetAfter time.Duration
+	// RetryAfter is the exact earliest useful retry delay (see type doc).
+	RetryAfter time.Duration
+	// Retryable reports whether retrying the same request later can succeed.
+	Retryable bool
+	// EffectPossible reports whether the request may have had an effect.
+	// Admission rejects before execution, so it is false for every
+	// rejection a Chain makes.
+	EffectPossible bool
+}
+
+// Entitlement reports whether the rejection is about the caller's own usage
+// (answered with 429 Too Many Requests) rather than the service's capacity
+// (answered with 503 Service Unavailable): policy_rate always, and
+// concurrency when the limit is per tenant.
+func (d *Decision) Entitlement() bool {
+	switch d.Reason {
+	case ReasonPolicyRate:
+		return true
+	case ReasonConcurrency:
+		return d.Scope == ScopeTenant || d.Scope == ScopeTenantOperation
+	}
+	return false
+}

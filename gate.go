@@ -1,0 +1,82 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Permit is a gate's opaque handle on what it holds for one admitted request
+// (a concurrency slot, tokens that may be refunded, a fleet permit id). Gates
+// that hold nothing return 0. The Chain hands the permit back to the same
+// gate's Release exactly once.
+type Permit uint64
+
+// Gate decides admission for one request. Implementations must be safe for
+// concurrent use and must not block longer than the request's deadline.
+//
+// Decide is called with the Chain's clock reading now (monotonic ns). When it
+// admits, the Chain later calls Release exactly once with the returned
+// Permit: with OutcomeRejected if a later gate rejected the request, or with
+// the work's outcome when its Ticket is done. A rejecting Decide must hold
+// nothing; Release is not called for it.
+type Gate interface {
+	// Name is the gate's unique name within a chain, e.g. "request-rate".
+	Name() string
+	// Decide returns the gate's verdict and, when admitted, its permit.
+	Decide(ctx context.Context, r *Request, now int64) (Decision, Permit)
+	// Release ends the hold taken by an admitting Decide.
+	Release(r *Request, p Permit, c Completion)
+}
+
+// Mode is a gate's run-time switch.
+type Mode uint32
+
+const (
+	// ModeEnforce: the gate's rejections reject the request.
+	ModeEnforce Mode = iota
+	// ModeShadow: the gate decides and its would-be rejections are recorded,
+	// but the request passes (the dark launch).
+	ModeShadow
+	// ModeOff: the gate is skipped entirely (the kill switch).
+	ModeOff
+)
+
+var modeNames = [...]string{"enforce", "shadow", "off"}
+
+// String returns "enforce", "shadow" or "off".
+func (m Mode) String() string {
+	if int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return "unknown"
+}
+
+// ParseMode parses "enforce", "shadow" or "off".
+func ParseMode(s string) (Mode, error) {
+	for i, n := range modeNames {
+		if n == s {
+			return Mode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("sluice: unknown mode %q (want enforce, shadow or off)", s)
+}
+
+// Clock reads monotonic time in nanoseconds from an arbitrary fixed epoch.
+// Implementations must be safe for concurrent use. Readings from different
+// goroutines may be observed out of order; every algorithm tolerates that.
+type Clock interface {
+	Now() int64
+}
+
+// SystemClock is the real monotonic clock: nanoseconds since the process
+// loaded this package, read from Go's monotonic clock (never affected by
+// wall-clock steps).
+var SystemClock Clock = systemClock{}
+
+var epoch = time.Now()
+
+type systemClock struct{}
+
+// Now returns the monotonic nanoseconds since the package's epoch.
+func (systemClock) Now() int64 { return int64(time.Since(epoch)) }

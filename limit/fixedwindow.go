@@ -1,0 +1,92 @@
+package limit
+
+import "time"
+
+// FixedWindow counts demand units per aligned window: windows are
+// [k·Window, (k+1)·Window) on the clock, and a request is admitted while the
+// current window's count plus its cost stays within Limit. Rejected
+// requests are not counted.
+//
+// Burst and delay contract: at most Limit units per aligned window, which
+// allows up to 2·Limit in any interval of length Window that straddles a
+// boundary (the classic boundary burst); over any interval T at most
+// Limit·(⌈T/Window⌉+1). RetryAfter is the exact time to the window's end.
+type FixedWindow struct {
+	limit  int64
+	window int64
+}
+
+// FixedWindowState is one key's window. The zero value is an empty window.
+type FixedWindowState struct {
+	// Start is the start of the window Used counts (monotonic ns).
+	Start int64
+	// Used is the units admitted in that window.
+	Used int64
+}
+
+var _ Algorithm[FixedWindowState] = (*FixedWindow)(nil)
+
+// NewFixedWindow returns a limit of limit units per window.
+func NewFixedWindow(limit int64, window time.Duration) (*FixedWindow, error) {
+	if limit < 1 {
+		return nil, paramErr("fixed window: limit %d, want ≥ 1", limit)
+	}
+	if window <= 0 {
+		return nil, paramErr("fixed window: window %v, want > 0", window)
+	}
+	if limit > maxScaled {
+		return nil, paramErr("fixed window: limit %d too large", limit)
+	}
+	return &FixedWindow{limit: limit, window: int64(window)}, nil
+}
+
+// Limit returns the units allowed per window.
+func (w *FixedWindow) Limit() int64 { return w.limit }
+
+// Window returns the window length.
+func (w *FixedWindow) Window() time.Duration { return time.Duration(w.window) }
+
+// roll moves s to the window containing now. A now in an earlier window than
+// s.Start (clock step back) keeps the current window: it never resets a count.
+func (w *FixedWindow) roll(s *FixedWindowState, now int64) {
+	ws := floorDiv(now, w.window) * w.window
+	if ws > s.Start || s.Used == 0 {
+		s.Start, s.Used = ws, 0
+	}
+}
+
+// Take counts cost units in the current window if they fit.
+func (w *FixedWindow) Take(s *FixedWindowState, now, cost int64) Result {
+	w.roll(s, now)
+	r := Result{Limit: w.limit}
+	switch {
+	case cost <= 0:
+		r.Status = Invalid
+	case cost > w.limit:
+		r.Status = Exceeded
+	case s.Used+cost <= w.limit:
+		s.Used += cost
+	default:
+		r.Status = Denied
+		r.RetryAfter = time.Duration(s.Start + w.window - now)
+	}
+	r.Remaining = w.limit - s.Used
+	if s.Used > 0 {
+		r.ResetAfter = time.Duration(s.Start + w.window - now)
+	}
+	return r
+}
+
+// Refund uncounts cost units from the current window (nothing if the window
+// has already rolled over).
+func (w *FixedWindow) Refund(s *FixedWindowState, now, cost int64) {
+	if cost <= 0 || floorDiv(now, w.window)*w.window > s.Start {
+		return
+	}
+	s.Used = max(s.Used-cost, 0)
+}
+
+// Fresh reports whether the window is empty at now.
+func (w *FixedWindow) Fresh(s *FixedWindowState, now int64) bool {
+	return s.Used == 0 || now >= s.Start+w.window
+}

@@ -1,0 +1,133 @@
+package limit
+
+import "time"
+
+// GCRA is the generic cell rate algorithm (ITU-T I.371, the "virtual
+// scheduling" form), as used by redis-cell and go-redis/redis_rate: each key
+// keeps one theoretical arrival time (TAT). With emission interval T =
+// 1/Rate and tolerance τ = (Burst−1)·T, a request of cost c at t is
+// admitted iff max(TAT, t) + c·T − t ≤ τ + T (the "check after increment"
+// form), and then TAT becomes max(TAT, t) + c·T.
+//
+// Burst and delay contract: the same as TokenBucket with the same rate and
+// burst (GCRA is its virtual-time dual): at most Burst units at once, at
+// most Burst + Rate·T over any interval T. Results follow redis-cell's
+// reply: Remaining is ⌊(τ + T − (TAT − t))/T⌋ after the step, ResetAfter is
+// TAT − t, RetryAfter is the excess over τ + T. A cost above Burst is
+// Exceeded (redis-cell answers retry_after −1; redis_rate wrongly gives a
+// finite wait).
+//
+// TAT is exact: T = per/tokens is kept as q + r/tokens ns (see Rate), so
+// emission intervals such as 1/3 s never drift. Construction requires
+// Burst × max(Rate.Per(), Rate.Tokens()) ≤ 2^61.
+type GCRA struct {
+	rate  Rate
+	burst int64
+	t     interval
+	dvt   vtime // τ + T = Burst·T
+}
+
+// GCRAState is one key's state. The zero value is fresh (TAT in the past).
+type GCRAState struct {
+	// TAT is the theoretical arrival time, whole nanoseconds.
+	TAT int64
+	// TATFrac is the fraction of a nanosecond, in units of 1/Rate.Tokens().
+	TATFrac int64
+}
+
+var _ Algorithm[GCRAState] = (*GCRA)(nil)
+
+// NewGCRA returns the GCRA with emission interval 1/rate and tolerance
+// (burst−1)/rate.
+func NewGCRA(rate Rate, burst int64) (*GCRA, error) {
+	if rate.IsZero() {
+		return nil, paramErr("gcra: rate must be > 0")
+	}
+	if burst < 1 {
+		return nil, paramErr("gcra: burst %d, want ≥ 1", burst)
+	}
+	if burst > maxScaled/max(rate.per, rate.tokens) {
+		return nil, paramErr("gcra: burst %d too large for rate %v", burst, rate)
+	}
+	g := &GCRA{rate: rate, burst: burst, t: newInterval(rate)}
+	g.dvt = g.t.times(burst)
+	return g, nil
+}
+
+// Rate returns the rate (1 / emission interval).
+func (g *GCRA) Rate() Rate { return g.rate }
+
+// Limit returns the burst, in units.
+func (g *GCRA) Limit() int64 { return g.burst }
+
+// Window returns τ + T = Burst·T, rounded up to the nanosecond.
+func (g *GCRA) Window() time.Duration { return time.Duration(g.dvt.ceil()) }
+
+// EmissionInterval returns T rounded up to the nanosecond (exact internally).
+func (g *GCRA) EmissionInterval() time.Duration { return time.Duration(g.t.times(1).ceil()) }
+
+// Tolerance returns τ = (Burst−1)·T rounded up to the nanosecond.
+func (g *GCRA) Tolerance() time.Duration { return time.Duration(g.t.times(g.burst - 1).ceil()) }
+
+// remaining returns ⌊(τ + T − x)/T⌋ for a span x ≥ 0, 0 if x exceeds τ + T.
+func (g *GCRA) remaining(x vtime) int64 {
+	if g.dvt.less(x) {
+		return 0
+	}
+	return g.dvt.sub(x, g.t.n).scaled(g.t.n) / g.rate.per
+}
+
+func (g *GCRA) tat(s *GCRAState, now int64) vtime {
+	tat := vtime{ns: s.TAT, f: s.TATFrac}
+	if tat.less(vtime{ns: now}) {
+		return vtime{ns: now}
+	}
+	return tat
+}
+
+// Take applies one arrival of cost at now.
+func (g *GCRA) Take(s *GCRAState, now, cost int64) Result {
+	n := g.t.n
+	nowv := vtime{ns: now}
+	tat := g.tat(s, now)
+	ahead := tat.sub(nowv, n)
+	r := Result{Limit: g.burst, Remaining: g.remaining(ahead), ResetAfter: time.Duration(ahead.ceil())}
+	switch {
+	case cost <= 0:
+		r.Status = Invalid
+		return r
+	case cost > g.burst:
+		r.Status = Exceeded
+		return r
+	}
+	next := tat.add(g.t.times(cost), n)
+	diff := next.sub(nowv, n)
+	if g.dvt.less(diff) {
+		r.Status = Denied
+		r.RetryAfter = time.Duration(diff.sub(g.dvt, n).ceil())
+		return r
+	}
+	s.TAT, s.TATFrac = next.ns, next.f
+	r.Remaining = g.remaining(diff)
+	r.ResetAfter = time.Duration(diff.ceil())
+	return r
+}
+
+// Refund moves TAT back by cost·T, never before now (a full bucket).
+func (g *GCRA) Refund(s *GCRAState, now, cost int64) {
+	if cost <= 0 || cost > g.burst {
+		return
+	}
+	tat := vtime{ns: s.TAT, f: s.TATFrac}.sub(g.t.times(cost), g.t.n)
+	if tat.less(vtime{ns: now}) {
+		tat = vtime{ns: now}
+	}
+	if tat.less(vtime{ns: s.TAT, f: s.TATFrac}) {
+		s.TAT, s.TATFrac = tat.ns, tat.f
+	}
+}
+
+// Fresh reports whether TAT ≤ now.
+func (g *GCRA) Fresh(s *GCRAState, now int64) bool {
+	return !(vtime{ns: now}).less(vtime{ns: s.TAT, f: s.TATFrac})
+}

@@ -1,0 +1,106 @@
+package limit
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Status is the verdict of one algorithm step.
+type Status uint8
+
+const (
+	// Allowed: the cost was taken; proceed (after Result.Wait, if any).
+	Allowed Status = iota
+	// Denied: not now; the same cost can be admitted after Result.RetryAfter
+	// if nothing else takes capacity meanwhile.
+	Denied
+	// Exceeded: the cost is larger than the limit can ever grant (for
+	// example cost above burst). Retrying cannot help; RetryAfter is 0.
+	Exceeded
+	// Invalid: the cost is ≤ 0. Nothing was taken.
+	Invalid
+	// TooLate: a pacing step would make the request wait past its deadline.
+	// Nothing was taken.
+	TooLate
+)
+
+var statusNames = [...]string{"allowed", "denied", "exceeded", "invalid", "too_late"}
+
+// String returns the status name, e.g. "denied".
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return "unknown"
+}
+
+// Result is the outcome of one algorithm step. All durations are exact
+// (rounded up to the nanosecond) and non-negative.
+type Result struct {
+	// Status is the verdict.
+	Status Status
+	// Limit is the quota in demand units (burst, window limit, queue size
+	// or concurrency limit).
+	Limit int64
+	// Remaining is the whole units still available after this step, in
+	// [0, Limit].
+	Remaining int64
+	// RetryAfter is, for Denied, the exact wait until the same cost fits;
+	// 0 otherwise.
+	RetryAfter time.Duration
+	// ResetAfter is the time until the state is back to fresh (full bucket,
+	// empty window) if nothing else arrives.
+	ResetAfter time.Duration
+	// Wait is, for Allowed results of pacing algorithms (LeakyBucket), how
+	// long the caller must wait before proceeding; 0 otherwise.
+	Wait time.Duration
+}
+
+// OK reports whether the step admitted.
+func (r Result) OK() bool { return r.Status == Allowed }
+
+// Algorithm is one rate algorithm as an exact step function over its state S.
+// A zero S is the fresh state (a full bucket, an empty window). Methods do
+// not synchronize: the store that holds S makes each call atomic.
+type Algorithm[S any] interface {
+	// Take tries to take cost units at instant now (monotonic ns).
+	Take(s *S, now, cost int64) Result
+	// Refund returns cost units taken by an earlier Allowed Take (a later
+	// gate rejected the request). It never lifts the state above fresh.
+	Refund(s *S, now, cost int64)
+	// Fresh reports whether s is equivalent to the zero state at now, so a
+	// store may drop it without changing any later decision.
+	Fresh(s *S, now int64) bool
+	// Limit returns the quota in demand units (for headers).
+	Limit() int64
+	// Window returns the time a fully used quota takes to come back.
+	Window() time.Duration
+}
+
+// ErrInvalidParams wraps every construction error of an algorithm.
+var ErrInvalidParams = errors.New("limit: invalid parameters")
+
+func paramErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidParams, fmt.Sprintf(format, args...))
+}
+
+// maxScaled bounds every fixed-point product an algorithm keeps (burst × period
+// in ns, and so on), leaving headroom so sums of two such values never overflow.
+const maxScaled = 1 << 61
+
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a > 0) == (b > 0) {
+		q++
+	}
+	return q
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}

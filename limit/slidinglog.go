@@ -1,0 +1,123 @@
+package limit
+
+import "time"
+
+// SlidingLog keeps the timestamp and cost of every admitted request of the
+// last Window and admits a request while the logged cost in (now−Window,
+// now] plus its cost stays within Limit. It is exact: no interval of length
+// Window ever holds more than Limit admitted units. The price is memory: a
+// key holds up to Limit entries (16 bytes each), so keep Limit modest.
+//
+// Burst and delay contract: at most Limit units in any window of length
+// Window (so at most Limit·⌈T/Window⌉ over any T); RetryAfter is the exact
+// time until enough logged cost expires for the request to fit.
+type SlidingLog struct {
+	limit  int64
+	window int64
+}
+
+type logEntry struct {
+	at, cost int64
+}
+
+// SlidingLogState is one key's log. The zero value is an empty log. Taking
+// into a log may grow its buffer (amortized, up to Limit entries); a
+// steady-state key does not allocate.
+type SlidingLogState struct {
+	entries []logEntry // entries[head:] are live, oldest first
+	head    int
+	sum     int64 // cost of entries[head:]
+}
+
+var _ Algorithm[SlidingLogState] = (*SlidingLog)(nil)
+
+// NewSlidingLog returns an exact limit of limit units per sliding window.
+func NewSlidingLog(limit int64, window time.Duration) (*SlidingLog, error) {
+	if limit < 1 {
+		return nil, paramErr("sliding log: limit %d, want ≥ 1", limit)
+	}
+	if window <= 0 {
+		return nil, paramErr("sliding log: window %v, want > 0", window)
+	}
+	if limit > maxScaled {
+		return nil, paramErr("sliding log: limit %d too large", limit)
+	}
+	return &SlidingLog{limit: limit, window: int64(window)}, nil
+}
+
+// Limit returns the units allowed per window.
+func (l *SlidingLog) Limit() int64 { return l.limit }
+
+// Window returns the window length.
+func (l *SlidingLog) Window() time.Duration { return time.Duration(l.window) }
+
+// expire drops entries at or before now−Window.
+func (l *SlidingLog) expire(s *SlidingLogState, now int64) {
+	for s.head < len(s.entries) && s.entries[s.head].at+l.window <= now {
+		s.sum -= s.entries[s.head].cost
+		s.head++
+	}
+	if s.head == len(s.entries) {
+		s.entries, s.head = s.entries[:0], 0
+	} else if s.head > 32 && s.head*2 > len(s.entries) {
+		n := copy(s.entries, s.entries[s.head:])
+		s.entries, s.head = s.entries[:n], 0
+	}
+}
+
+// Take logs cost units at now if they fit. A now earlier than the newest
+// entry (clock step back) is logged at the newest entry's time, so entries
+// stay ordered and none expires early.
+func (l *SlidingLog) Take(s *SlidingLogState, now, cost int64) Result {
+	l.expire(s, now)
+	r := Result{Limit: l.limit}
+	switch {
+	case cost <= 0:
+		r.Status = Invalid
+	case cost > l.limit:
+		r.Status = Exceeded
+	case s.sum+cost <= l.limit:
+		at := now
+		if n := len(s.entries); n > s.head && s.entries[n-1].at > at {
+			at = s.entries[n-1].at
+		}
+		s.entries = append(s.entries, logEntry{at: at, cost: cost})
+		s.sum += cost
+	default:
+		r.Status = Denied
+		freed := int64(0)
+		for _, e := range s.entries[s.head:] {
+			freed += e.cost
+			if s.sum-freed+cost <= l.limit {
+				r.RetryAfter = time.Duration(e.at + l.window - now)
+				break
+			}
+		}
+	}
+	r.Remaining = l.limit - s.sum
+	if n := len(s.entries); n > s.head {
+		r.ResetAfter = time.Duration(max(s.entries[n-1].at+l.window-now, 0))
+	}
+	return r
+}
+
+// Refund removes the newest entries worth cost units (the ones a rejected
+// request just added).
+func (l *SlidingLog) Refund(s *SlidingLogState, now, cost int64) {
+	for cost > 0 && len(s.entries) > s.head {
+		e := &s.entries[len(s.entries)-1]
+		take := min(cost, e.cost)
+		e.cost -= take
+		s.sum -= take
+		cost -= take
+		if e.cost == 0 {
+			s.entries = s.entries[:len(s.entries)-1]
+		}
+	}
+}
+
+// Fresh reports whether no logged entry is inside the window at now.
+func (l *SlidingLog) Fresh(s *SlidingLogState, now int64) bool {
+	n := len(s.entries)
+	return n == s.head || s.entries[n-1].at+l.window <= now
+}

@@ -1,0 +1,193 @@
+package limit
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFixedWindowVectors(t *testing.T) {
+	w, err := NewFixedWindow(3, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s FixedWindowState
+	for i, c := range []struct {
+		at, cost  int64
+		status    Status
+		remaining int64
+		retry     time.Duration
+		reset     time.Duration
+	}{
+		{100 * ms, 1, Allowed, 2, 0, 900 * time.Millisecond},
+		{200 * ms, 2, Allowed, 0, 0, 800 * time.Millisecond},
+		{300 * ms, 1, Denied, 0, 700 * time.Millisecond, 700 * time.Millisecond},
+		{999 * ms, 4, Exceeded, 0, 0, time.Millisecond},
+		{1000 * ms, 3, Allowed, 0, 0, time.Second}, // boundary burst: 3 more right after 3
+		{2500 * ms, 0, Invalid, 3, 0, 0},
+	} {
+		r := w.Take(&s, c.at, c.cost)
+		if r.Status != c.status || r.Remaining != c.remaining || r.RetryAfter != c.retry || r.ResetAfter != c.reset {
+			t.Fatalf("step %d: %+v", i, r)
+		}
+	}
+}
+
+func TestFixedWindowClockStepBackKeepsCount(t *testing.T) {
+	w, _ := NewFixedWindow(2, time.Second)
+	var s FixedWindowState
+	takeN(w, &s, 5*sec, 2)
+	if w.Take(&s, 4*sec, 1).OK() {
+		t.Fatal("a step back into an earlier window reset the count")
+	}
+	if !w.Take(&s, 6*sec, 1).OK() {
+		t.Fatal("next window did not open")
+	}
+}
+
+func TestSlidingLogVectors(t *testing.T) {
+	l, err := NewSlidingLog(3, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s SlidingLogState
+	l.Take(&s, 0, 1)
+	l.Take(&s, 400*ms, 2)
+	r := l.Take(&s, 500*ms, 1)
+	if r.Status != Denied || r.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("%+v, want retry when the t=0 entry leaves", r)
+	}
+	r = l.Take(&s, 500*ms, 3)
+	if r.Status != Denied || r.RetryAfter != 900*time.Millisecond {
+		t.Fatalf("%+v, want retry when both entries leave", r)
+	}
+	if l.Take(&s, sec-1, 1).OK() || !l.Take(&s, sec, 1).OK() {
+		t.Fatal("entry at 0 must leave exactly at 1s")
+	}
+	l.Refund(&s, sec, 1)
+	if r := l.Take(&s, sec, 1); !r.OK() || r.Remaining != 0 {
+		t.Fatalf("after refund: %+v", r)
+	}
+	// Step back: logged at the newest time, so it does not expire early.
+	if l.Take(&s, 0, 1).OK() {
+		t.Fatal("step back admitted into a full log")
+	}
+}
+
+func TestSlidingWindowVectors(t *testing.T) {
+	w, err := NewSlidingWindow(10, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s SlidingWindowState
+	if got := takeN(w, &s, 500*ms, 12); got != 10 {
+		t.Fatalf("first window admitted %d", got)
+	}
+	// At 1.25 s the estimate is 10·0.75 + 0 = 7.5: 2 fit, the third does not.
+	if got := takeN(w, &s, 1250*ms, 3); got != 2 {
+		t.Fatalf("at 1.25s admitted %d, want 2", got)
+	}
+	// prev 10, cur 2: need 10·(1−el) + 3 ≤ 10 → el ≥ 0.3 s → retry 50 ms.
+	r := w.Take(&s, 1250*ms, 1)
+	if r.Status != Denied || r.RetryAfter != 50*time.Millisecond {
+		t.Fatalf("%+v, want retry-after 50ms", r)
+	}
+	probe := s
+	if w.Take(&probe, 1300*ms-1, 1).OK() || !w.Take(&s, 1300*ms, 1).OK() {
+		t.Fatal("retry-after not exact")
+	}
+	// Cur+cost beyond the limit: wait for the next window.
+	var s2 SlidingWindowState
+	takeN(w, &s2, 0, 10)
+	r = w.Take(&s2, 100*ms, 1)
+	if r.Status != Denied || r.RetryAfter != 900*time.Millisecond+100*time.Millisecond {
+		t.Fatalf("%+v, want 1s: next window at el 0.1 s", r)
+	}
+}
+
+func TestLeakyBucketSeedQueue(t *testing.T) {
+	// seeds/004: 6 ms per request, queue 15: worst wait ≈ 90 ms.
+	rate, _ := NewRate(1, 6*time.Millisecond)
+	l, err := NewLeakyBucket(rate, 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.MaxWait() != 90*time.Millisecond {
+		t.Fatalf("max wait %v", l.MaxWait())
+	}
+	var s LeakyBucketState
+	for i := range int64(16) {
+		r := l.Take(&s, 0, 1)
+		if !r.OK() || r.Wait != time.Duration(i*6*ms) {
+			t.Fatalf("arrival %d: %+v, want wait %dms", i, r, i*6)
+		}
+	}
+	r := l.Take(&s, 0, 1)
+	if r.Status != Denied || r.RetryAfter != 6*time.Millisecond {
+		t.Fatalf("17th: %+v", r)
+	}
+	// After 60 ms ten have left: the next waits 36 ms.
+	if r := l.Take(&s, 60*ms, 1); !r.OK() || r.Wait != 36*time.Millisecond {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestLeakyBucketNeverHoldsPastDeadline(t *testing.T) {
+	rate, _ := NewRate(1, 6*time.Millisecond)
+	l, _ := NewLeakyBucket(rate, 15)
+	var s LeakyBucketState
+	takeN(l, &s, 0, 9) // next arrival waits 54 ms
+	before := s
+	if r := l.TakeBy(&s, 0, 1, 50*ms); r.Status != TooLate || s != before {
+		t.Fatalf("%+v: a 54 ms wait against a 50 ms deadline must be refused untouched", r)
+	}
+	if r := l.TakeBy(&s, 0, 1, 55*ms); !r.OK() || r.Wait != 54*time.Millisecond {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestConcurrencyVectors(t *testing.T) {
+	c, err := NewConcurrency(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s ConcurrencyState
+	if !c.Take(&s, 0, 1).OK() || !c.Take(&s, 0, 1).OK() {
+		t.Fatal("slots not granted")
+	}
+	if r := c.Take(&s, 0, 1); r.Status != Denied || r.Remaining != 0 {
+		t.Fatalf("%+v", r)
+	}
+	c.Refund(&s, 0, 1)
+	c.Refund(&s, 0, 1)
+	c.Refund(&s, 0, 1) // extra release never goes negative
+	if s.InFlight != 0 || !c.Fresh(&s, 0) {
+		t.Fatalf("%+v", s)
+	}
+	if r := c.Take(&s, 0, 3); r.Status != Exceeded {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestWindowBadInput(t *testing.T) {
+	if _, err := NewFixedWindow(0, time.Second); err == nil {
+		t.Error("fixed window limit 0")
+	}
+	if _, err := NewFixedWindow(1, 0); err == nil {
+		t.Error("fixed window zero window")
+	}
+	if _, err := NewSlidingLog(-1, time.Second); err == nil {
+		t.Error("sliding log negative limit")
+	}
+	if _, err := NewSlidingWindow(1, -time.Second); err == nil {
+		t.Error("sliding window negative window")
+	}
+	if _, err := NewLeakyBucket(Rate{}, 1); err == nil {
+		t.Error("leaky zero rate")
+	}
+	if _, err := NewLeakyBucket(PerSecond(1), -1); err == nil {
+		t.Error("leaky negative queue")
+	}
+	if _, err := NewConcurrency(0); err == nil {
+		t.Error("concurrency 0")
+	}
+}

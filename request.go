@@ -1,0 +1,104 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Standard class names, from most to least protected. Classes are
+// server-authorized: they come from server-side route rules, never from a
+// client-supplied header. Shedding gates drop the lowest tier first:
+// sandbox, then sheddable, then default, and critical last.
+const (
+	ClassCritical  = "critical"
+	ClassDefault   = "default"
+	ClassSheddable = "sheddable"
+	ClassSandbox   = "sandbox"
+)
+
+// MaxCost is the largest cost a Request may carry, in demand units. It keeps
+// every product of a cost with a rate's period inside int64.
+const MaxCost = 1 << 40
+
+// MaxKeyLen is the longest tenant, class or operation a Request may carry,
+// in bytes. It bounds per-key memory in stores.
+const MaxKeyLen = 256
+
+// Request is what a Chain decides on: who asks (Tenant), with which
+// server-authorized priority (Class), for what (Operation), how much of the
+// scarce resource it will consume (Cost, in integer demand units), and by
+// when it must finish (Deadline).
+type Request struct {
+	// Tenant identifies the caller, e.g. the API key's owner. May be empty
+	// for anonymous traffic (then all anonymous callers share one key).
+	Tenant string
+	// Class is the server-authorized priority class (ClassCritical, ...).
+	Class string
+	// Operation names the route or method, e.g. "POST /v1/routes".
+	Operation string
+	// Cost is the demand of this request in integer demand units, in
+	// [1, MaxCost]. The zero value is treated as 1.
+	Cost int64
+	// Deadline is the instant, on the Chain's Clock (monotonic ns), by
+	// which a response is still useful; 0 means no deadline.
+	Deadline int64
+}
+
+// ErrInvalidRequest wraps every reason a Request is refused as malformed.
+var ErrInvalidRequest = errors.New("sluice: invalid request")
+
+// Validate checks r's fields and normalizes a zero Cost to 1. It returns an
+// error wrapping ErrInvalidRequest that names the bad field.
+func (r *Request) Validate() error {
+	if r.Cost == 0 {
+		r.Cost = 1
+	}
+	if r.Cost < 0 || r.Cost > MaxCost {
+		return fmt.Errorf("%w: cost %d outside [1, %d]", ErrInvalidRequest, r.Cost, int64(MaxCost))
+	}
+	if len(r.Tenant) > MaxKeyLen || len(r.Class) > MaxKeyLen || len(r.Operation) > MaxKeyLen {
+		return fmt.Errorf("%w: tenant, class or operation longer than %d bytes", ErrInvalidRequest, MaxKeyLen)
+	}
+	if r.Deadline < 0 {
+		return fmt.Errorf("%w: negative deadline", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// Outcome is how admitted work ended. Useful completions are goodput.
+type Outcome uint8
+
+const (
+	// OutcomeUseful: completed correctly before its deadline (goodput).
+	OutcomeUseful Outcome = iota
+	// OutcomeLate: completed, but after its deadline.
+	OutcomeLate
+	// OutcomeErrored: failed (error, panic, upstream failure).
+	OutcomeErrored
+	// OutcomeCancelled: the caller went away or the work was abandoned.
+	OutcomeCancelled
+	// OutcomeRejected: never started because a later gate of the chain
+	// rejected the request; gates may refund what they took.
+	OutcomeRejected
+)
+
+var outcomeNames = [...]string{"useful", "late", "errored", "cancelled", "rejected"}
+
+// String returns the metric label of o, e.g. "useful".
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Completion is what a gate learns when a request it admitted ends.
+type Completion struct {
+	// Outcome is how the work ended.
+	Outcome Outcome
+	// Now is the release instant on the Chain's Clock (monotonic ns).
+	Now int64
+	// Latency is the time from admission to release.
+	Latency time.Duration
+}

@@ -1,0 +1,59 @@
+package sluice
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Ticket is the handle of one admitted request. Done must be called exactly
+// once when the work ends, on every path (success, error, panic, timeout,
+// client cancellation); it releases every permit the chain's gates hold for
+// the request and reports the outcome and latency.
+//
+// Ticket is a small value that may be copied freely: Done on any copy
+// releases at most once, and later calls (or calls on the zero Ticket of a
+// rejection) return false. Tickets are recycled, but a stale copy can never
+// release a later request's permits.
+type Ticket struct {
+	t   *ticket
+	gen uint64
+}
+
+type ticket struct {
+	gen   atomic.Uint64
+	chain *Chain
+	req   Request
+	start int64
+	n     int
+	held  [MaxGates]held
+}
+
+// Valid reports whether t belongs to an admitted request that is not done yet.
+func (t Ticket) Valid() bool { return t.t != nil && t.t.gen.Load() == t.gen }
+
+// Done releases the ticket with outcome o. OutcomeUseful is turned into
+// OutcomeLate when the request's deadline has passed. It returns true for
+// the call that released, false for every other call.
+func (t Ticket) Done(o Outcome) bool {
+	tk := t.t
+	if tk == nil || !tk.gen.CompareAndSwap(t.gen, t.gen+1) {
+		return false
+	}
+	c := tk.chain
+	now := c.clock.Now()
+	if o == OutcomeUseful && tk.req.Deadline != 0 && now > tk.req.Deadline {
+		o = OutcomeLate
+	}
+	lat := now - tk.start
+	if lat < 0 {
+		lat = 0
+	}
+	comp := Completion{Outcome: o, Now: now, Latency: time.Duration(lat)}
+	c.release(tk.held[:tk.n], &tk.req, comp)
+	if c.obs != nil {
+		c.obs.Done(&tk.req, comp)
+	}
+	tk.req = Request{}
+	c.pool.Put(tk)
+	return true
+}
