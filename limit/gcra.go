@@ -24,7 +24,8 @@ type GCRA struct {
 	rate  Rate
 	burst int64
 	t     interval
-	dvt   vtime // τ + T = Burst·T
+	dvt   vtime   // τ + T = Burst·T
+	perT  divider // by T, when Integral
 }
 
 // GCRAState is one key's state. The zero value is fresh (TAT in the past).
@@ -51,6 +52,7 @@ func NewGCRA(rate Rate, burst int64) (*GCRA, error) {
 	}
 	g := &GCRA{rate: rate, burst: burst, t: newInterval(rate)}
 	g.dvt = g.t.times(burst)
+	g.perT = newDivider(max(g.t.q, 1))
 	return g, nil
 }
 
@@ -130,4 +132,61 @@ func (g *GCRA) Refund(s *GCRAState, now, cost int64) {
 // Fresh reports whether TAT ≤ now.
 func (g *GCRA) Fresh(s *GCRAState, now int64) bool {
 	return !(vtime{ns: now}).less(vtime{ns: s.TAT, f: s.TATFrac})
+}
+
+// Integral reports whether the emission interval is a whole number of
+// nanoseconds (true for every rate that divides its period evenly, such as
+// 100/s or 1/h), so that TAT is a single int64 and TATFrac is always 0. Then
+// TakeTAT lets a store update TAT with one compare-and-swap.
+func (g *GCRA) Integral() bool { return g.t.r == 0 }
+
+// TakeTAT is Take for an Integral GCRA on a bare TAT: it returns the new TAT
+// (unchanged unless Allowed) and the result. REQUIRES: g.Integral().
+func (g *GCRA) TakeTAT(tat, now, cost int64) (int64, Result) {
+	t := max(tat, now)
+	ahead := t - now
+	switch {
+	case cost <= 0:
+		return tat, Result{Status: Invalid, Limit: g.burst, Remaining: g.remainingTAT(ahead), ResetAfter: time.Duration(ahead)}
+	case cost > g.burst:
+		return tat, Result{Status: Exceeded, Limit: g.burst, Remaining: g.remainingTAT(ahead), ResetAfter: time.Duration(ahead)}
+	}
+	next := t + cost*g.t.q
+	diff := next - now
+	if diff > g.dvt.ns {
+		return tat, Result{Status: Denied, Limit: g.burst, Remaining: g.remainingTAT(ahead),
+			RetryAfter: time.Duration(diff - g.dvt.ns), ResetAfter: time.Duration(ahead)}
+	}
+	return next, Result{Limit: g.burst, Remaining: g.remainingTAT(diff), ResetAfter: time.Duration(diff)}
+}
+
+// AdmitTAT is the bare decision of TakeTAT, small enough to inline: it
+// returns the new TAT and whether cost was admitted, without the result's
+// remaining and reset figures. Costs outside [1, burst] are never admitted.
+// REQUIRES: g.Integral().
+func (g *GCRA) AdmitTAT(tat, now, cost int64) (int64, bool) {
+	if cost <= 0 || cost > g.burst {
+		return tat, false
+	}
+	next := max(tat, now) + cost*g.t.q
+	if next-now > g.dvt.ns {
+		return tat, false
+	}
+	return next, true
+}
+
+// RefundTAT is Refund for an Integral GCRA on a bare TAT.
+func (g *GCRA) RefundTAT(tat, now, cost int64) int64 {
+	if cost <= 0 || cost > g.burst {
+		return tat
+	}
+	return max(tat-cost*g.t.q, min(now, tat))
+}
+
+// remainingTAT is remaining for an integral interval: ⌊(τ+T − x)/T⌋.
+func (g *GCRA) remainingTAT(x int64) int64 {
+	if x >= g.dvt.ns {
+		return 0
+	}
+	return g.perT.floor(g.dvt.ns - x)
 }

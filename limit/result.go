@@ -104,3 +104,46 @@ func floorDiv(a, b int64) int64 {
 	}
 	return q
 }
+
+// divider divides non-negative int64 values by a fixed positive divisor
+// exactly, using a float reciprocal estimate corrected with one multiply, so
+// the hot path avoids a hardware 64-bit divide (tens of cycles).
+type divider struct {
+	d     int64
+	recip float64
+}
+
+func newDivider(d int64) divider { return divider{d: d, recip: 1 / float64(d)} }
+
+// floor returns ⌊x/d⌋ for x ≥ 0.
+func (v divider) floor(x int64) int64 {
+	if v.d == 1 {
+		return x
+	}
+	q := int64(float64(x) * v.recip)
+	r := x - q*v.d
+	switch {
+	case r < 0:
+		q--
+		r += v.d
+	case r >= v.d:
+		q++
+		r -= v.d
+	}
+	if r < 0 || r >= v.d {
+		return x / v.d // estimate off by more than one: only for quotients near 2^53
+	}
+	return q
+}
+
+// ceil returns ⌈x/d⌉ for x ≥ 0.
+func (v divider) ceil(x int64) int64 {
+	if v.d == 1 {
+		return x
+	}
+	q := v.floor(x)
+	if q*v.d != x {
+		q++
+	}
+	return q
+}

@@ -25,6 +25,8 @@ type TokenBucket struct {
 	gain     int64 // scaled units per nanosecond (rate.tokens)
 	capacity int64 // burst * unit
 	fill     int64 // ns from empty to full: ceil(capacity / gain)
+	perUnit  divider
+	perGain  divider
 }
 
 // TokenBucketState is one bucket's state. The zero value is a full bucket.
@@ -52,6 +54,7 @@ func NewTokenBucket(rate Rate, burst int64) (*TokenBucket, error) {
 	}
 	b := &TokenBucket{rate: rate, burst: burst, unit: rate.per, gain: rate.tokens, capacity: burst * rate.per}
 	b.fill = ceilDiv(b.capacity, b.gain)
+	b.perUnit, b.perGain = newDivider(b.unit), newDivider(b.gain)
 	return b, nil
 }
 
@@ -89,29 +92,33 @@ func (b *TokenBucket) refill(s *TokenBucketState, now int64) {
 
 // Take takes cost tokens at now if they are there.
 func (b *TokenBucket) Take(s *TokenBucketState, now, cost int64) Result {
-	r := Result{Limit: b.burst}
 	if cost <= 0 {
-		r.Status = Invalid
-		r.Remaining = b.Tokens(s, now)
-		return r
+		return Result{Status: Invalid, Limit: b.burst, Remaining: b.Tokens(s, now)}
 	}
 	b.refill(s, now)
 	// A now behind Last (stale reading) waits for Last first: refill is
 	// only ever counted from Last.
 	behind := max(s.Last-now, 0)
+	status, retry := Allowed, int64(0)
 	if cost > b.burst {
-		r.Status = Exceeded
+		status = Exceeded
 	} else if need := cost * b.unit; s.Deficit+need <= b.capacity {
 		s.Deficit += need
 	} else {
-		r.Status = Denied
-		r.RetryAfter = time.Duration(behind + ceilDiv(s.Deficit+need-b.capacity, b.gain))
+		status = Denied
+		retry = behind + b.perGain.ceil(s.Deficit+need-b.capacity)
 	}
-	r.Remaining = (b.capacity - s.Deficit) / b.unit
+	reset := int64(0)
 	if s.Deficit > 0 {
-		r.ResetAfter = time.Duration(behind + ceilDiv(s.Deficit, b.gain))
+		reset = behind + b.perGain.ceil(s.Deficit)
 	}
-	return r
+	return Result{
+		Status:     status,
+		Limit:      b.burst,
+		Remaining:  b.perUnit.floor(b.capacity - s.Deficit),
+		RetryAfter: time.Duration(retry),
+		ResetAfter: time.Duration(reset),
+	}
 }
 
 // Refund puts back cost tokens taken earlier, never above a full bucket.
@@ -140,5 +147,5 @@ func (b *TokenBucket) Fresh(s *TokenBucketState, now int64) bool {
 func (b *TokenBucket) Tokens(s *TokenBucketState, now int64) int64 {
 	t := *s
 	b.refill(&t, now)
-	return (b.capacity - t.Deficit) / b.unit
+	return b.perUnit.floor(b.capacity - t.Deficit)
 }

@@ -1,0 +1,107 @@
+package memory
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/limit"
+)
+
+// Bucket is one token bucket (or GCRA; the two are duals with identical
+// decisions) without keys, the in-process counterpart of
+// golang.org/x/time/rate.Limiter with exact integer state.
+//
+// When the emission interval is a whole number of nanoseconds (every rate
+// that divides its period, e.g. 100/s, 1/h, 1e9/s) the state is one word
+// updated with a compare-and-swap, so a decision is one clock read, one
+// atomic load and one CAS; otherwise it falls back to a mutex over the
+// exact fractional state. A Bucket is safe for concurrent use and Allow
+// allocates nothing. Allow is the bare decision (one clock read, one
+// atomic load, one CAS); Take adds the remaining and reset figures.
+type Bucket struct {
+	tat   atomic.Int64 // Integral path
+	g     *limit.GCRA
+	clock sluice.Clock // nil: sluice.Now
+
+	mu    sync.Mutex // fractional path
+	state limit.GCRAState
+}
+
+// NewTokenBucket returns a single-key token bucket on clock (nil: the real
+// monotonic clock).
+func NewTokenBucket(b *limit.TokenBucket, clock sluice.Clock) *Bucket {
+	g, err := limit.NewGCRA(b.Rate(), b.Limit())
+	if err != nil {
+		// A valid token bucket always has a valid dual (same bounds).
+		panic("memory: token bucket without a GCRA dual: " + err.Error())
+	}
+	return NewGCRA(g, clock)
+}
+
+// NewGCRA returns a single-key GCRA on clock (nil: the real monotonic clock).
+func NewGCRA(g *limit.GCRA, clock sluice.Clock) *Bucket {
+	return &Bucket{g: g, clock: clock}
+}
+
+func (b *Bucket) now() int64 {
+	if b.clock == nil {
+		return sluice.Now()
+	}
+	return b.clock.Now()
+}
+
+// Allow reports whether cost units can be taken now, and takes them if so.
+// It is the decision alone; Take also reports remaining, retry-after and
+// reset-after.
+func (b *Bucket) Allow(cost int64) bool {
+	now := b.now()
+	if !b.g.Integral() {
+		return b.TakeAt(now, cost).OK()
+	}
+	for {
+		old := b.tat.Load()
+		next, ok := b.g.AdmitTAT(old, now, cost)
+		if !ok || b.tat.CompareAndSwap(old, next) {
+			return ok
+		}
+	}
+}
+
+// Take takes cost units now and reports the full result.
+func (b *Bucket) Take(cost int64) limit.Result { return b.TakeAt(b.now(), cost) }
+
+// TakeAt takes cost units at now (monotonic ns) and reports the full result.
+func (b *Bucket) TakeAt(now, cost int64) limit.Result {
+	if !b.g.Integral() {
+		b.mu.Lock()
+		r := b.g.Take(&b.state, now, cost)
+		b.mu.Unlock()
+		return r
+	}
+	for {
+		old := b.tat.Load()
+		next, r := b.g.TakeTAT(old, now, cost)
+		if next == old || b.tat.CompareAndSwap(old, next) {
+			return r
+		}
+	}
+}
+
+// Refund gives back cost units taken by an allowed call, never above a full
+// bucket.
+func (b *Bucket) Refund(cost int64) {
+	now := b.now()
+	if !b.g.Integral() {
+		b.mu.Lock()
+		b.g.Refund(&b.state, now, cost)
+		b.mu.Unlock()
+		return
+	}
+	for {
+		old := b.tat.Load()
+		if next := b.g.RefundTAT(old, now, cost); next == old || b.tat.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}

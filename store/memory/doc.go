@@ -1,0 +1,15 @@
+// Package memory is sluice's in-process state store: it makes each step of a
+// package limit algorithm atomic per key, for one key (Bucket, Single) or for
+// millions (Keyed over a sharded, capped Table), with no allocation on the
+// decision path of an existing key.
+//
+//	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
+//	perTenant := memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 20})
+//	res, h, _ := perTenant.Take(ctx, tenant, sluice.Now(), cost, 0)
+//
+//	one := memory.NewTokenBucket(tb, nil) // nil clock: the real monotonic clock
+//	if one.Allow(1) { ... }
+//
+// At its key cap a Table drops fresh keys first and then lets new keys share
+// a per-shard overflow state; see Table.
+package memory

@@ -1,0 +1,54 @@
+package memory
+
+import (
+	"sync"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/limit"
+)
+
+// Single is one limiter without keys: algorithm A over one state S behind a
+// mutex, reading its own clock. It is the in-process counterpart of
+// golang.org/x/time/rate.Limiter for any algorithm of package limit.
+// A Single is safe for concurrent use; Allow allocates nothing.
+type Single[S any, A limit.Algorithm[S]] struct {
+	mu    sync.Mutex
+	state S
+	alg   A
+	clock sluice.Clock // nil: sluice.Now
+}
+
+// NewSingle returns a limiter running alg on clock (nil: the real
+// monotonic clock).
+func NewSingle[S any, A limit.Algorithm[S]](alg A, clock sluice.Clock) *Single[S, A] {
+	return &Single[S, A]{alg: alg, clock: clock}
+}
+
+func (l *Single[S, A]) now() int64 {
+	if l.clock == nil {
+		return sluice.Now()
+	}
+	return l.clock.Now()
+}
+
+// Allow reports whether cost units can be taken now, and takes them if so.
+func (l *Single[S, A]) Allow(cost int64) bool { return l.TakeAt(l.now(), cost).OK() }
+
+// Take takes cost units now and reports the full result.
+func (l *Single[S, A]) Take(cost int64) limit.Result { return l.TakeAt(l.now(), cost) }
+
+// TakeAt takes cost units at now (monotonic ns).
+func (l *Single[S, A]) TakeAt(now, cost int64) limit.Result {
+	l.mu.Lock()
+	r := l.alg.Take(&l.state, now, cost)
+	l.mu.Unlock()
+	return r
+}
+
+// Refund gives back cost units taken by an allowed call.
+func (l *Single[S, A]) Refund(cost int64) {
+	now := l.now()
+	l.mu.Lock()
+	l.alg.Refund(&l.state, now, cost)
+	l.mu.Unlock()
+}

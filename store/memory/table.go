@@ -1,0 +1,310 @@
+package memory
+
+import (
+	"hash/maphash"
+	"math/bits"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Options configures a Table. The zero value is valid.
+type Options struct {
+	// MaxKeys caps the keys held. Default 4,194,304. The cap is split evenly
+	// across shards, so a shard may fill a little before the table does.
+	MaxKeys int
+	// Shards is the number of independently locked shards, rounded up to a
+	// power of two. Default 64.
+	Shards int
+	// SweepEvery is the least time between two sweeps of one shard for fresh
+	// keys when that shard is at its cap. Default 1 s.
+	SweepEvery time.Duration
+}
+
+const (
+	defaultMaxKeys    = 1 << 22
+	defaultShards     = 64
+	defaultSweepEvery = time.Second
+)
+
+// Table holds one state S per key for millions of keys. It is sharded by a
+// seeded hash of the key; each shard is an open-addressing hash table
+// (linear probing, backward-shift deletion) under its own mutex, so
+// decisions on different keys rarely contend and a decision on an existing
+// key allocates nothing.
+//
+// Bounded cardinality: a Table never holds more than about MaxKeys keys.
+// When a new key arrives at a full shard, the shard first drops every key
+// whose state is fresh (equal to a new key's state, so dropping it changes
+// no decision), at most once per SweepEvery. If the shard is still full,
+// the new key is not stored: it shares the shard's single overflow state
+// with every other such key until room frees up. This is safe: no existing
+// key ever loses its state, and keys beyond the cap are limited together
+// (more strictly, never less), and Overflowed counts each such decision.
+//
+// A Table is safe for concurrent use.
+type Table[S any] struct {
+	shards     []shard[S]
+	shift      uint // hash >> shift selects the shard
+	perShard   int
+	sweepEvery int64
+	seed       maphash.Seed
+	fresh      func(*S, int64) bool
+	overflowed atomic.Int64
+}
+
+// inlineKey is the longest key stored inside its slot. With a 16-byte
+// state a slot is then exactly one 64-byte cache line, so a lookup of a
+// short key costs one memory access; longer keys add one for their bytes.
+const inlineKey = 28
+
+type slot[S any] struct {
+	hash  uint64 // 0 marks an empty slot
+	klen  uint32
+	inl   [inlineKey]byte // the key, when klen ≤ inlineKey
+	long  *byte           // the key's bytes, when klen > inlineKey
+	state S
+}
+
+func (s *slot[S]) is(h uint64, key string) bool {
+	if s.hash != h || int(s.klen) != len(key) {
+		return false
+	}
+	if len(key) <= inlineKey {
+		return string(s.inl[:len(key)]) == key
+	}
+	return unsafe.String(s.long, len(key)) == key
+}
+
+func (s *slot[S]) setKey(key string) {
+	s.klen = uint32(len(key))
+	if len(key) <= inlineKey {
+		copy(s.inl[:], key)
+		return
+	}
+	s.long = unsafe.StringData(strings.Clone(key))
+}
+
+type shard[S any] struct {
+	mu        sync.Mutex
+	slots     []slot[S] // length is a power of two
+	count     int
+	maxSlots  int
+	lastSweep int64
+	swept     bool
+	overflow  S
+	_         [64]byte // keep hot shard headers on separate cache lines
+}
+
+// NewTable returns an empty table. fresh reports whether a state equals a
+// new key's (zero) state at now; it is called under the shard lock.
+func NewTable[S any](opts Options, fresh func(s *S, now int64) bool) *Table[S] {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = defaultMaxKeys
+	}
+	if opts.Shards <= 0 {
+		opts.Shards = defaultShards
+	}
+	if opts.SweepEvery <= 0 {
+		opts.SweepEvery = defaultSweepEvery
+	}
+	n := 1 << bits.Len(uint(opts.Shards-1))
+	t := &Table[S]{
+		shards:     make([]shard[S], n),
+		shift:      uint(64 - bits.Len(uint(n-1))),
+		perShard:   max((opts.MaxKeys+n-1)/n, 1),
+		sweepEvery: int64(opts.SweepEvery),
+		seed:       maphash.MakeSeed(),
+		fresh:      fresh,
+	}
+	if n == 1 {
+		t.shift = 63 // hash >> 63 is 0 or 1; masked below
+	}
+	// Load factor at most 3/4 at the cap.
+	maxSlots := 1 << bits.Len(uint(t.perShard*4/3))
+	for i := range t.shards {
+		t.shards[i].maxSlots = maxSlots
+	}
+	return t
+}
+
+func (t *Table[S]) hash(key string) uint64 {
+	h := maphash.String(t.seed, key)
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+func (t *Table[S]) shard(h uint64) *shard[S] {
+	return &t.shards[(h>>t.shift)&uint64(len(t.shards)-1)]
+}
+
+// Guard holds one shard's lock; Unlock must be called exactly once.
+type Guard[S any] struct{ sh *shard[S] }
+
+// Unlock releases the shard lock.
+func (g Guard[S]) Unlock() { g.sh.mu.Unlock() }
+
+// Lock locks the shard of key and returns the key's state. With create, a
+// missing key is inserted with a zero (fresh) state, or, when its shard is
+// full, the shard's overflow state is returned with overflow true; without
+// create, a missing key returns nil. The pointer is valid until the guard is
+// unlocked, which the caller must do exactly once.
+func (t *Table[S]) Lock(key string, now int64, create bool) (s *S, overflow bool, g Guard[S]) {
+	h := t.hash(key)
+	sh := t.shard(h)
+	sh.mu.Lock()
+	g = Guard[S]{sh}
+	if i := sh.findLocked(h, key); i >= 0 {
+		return &sh.slots[i].state, false, g
+	}
+	if !create {
+		return nil, false, g
+	}
+	if sh.count >= t.perShard {
+		t.sweepLocked(sh, now)
+		if sh.count >= t.perShard {
+			t.overflowed.Add(1)
+			return &sh.overflow, true, g
+		}
+	}
+	i := sh.insertLocked(h, key)
+	return &sh.slots[i].state, false, g
+}
+
+// LockOverflow locks the shard of key and returns that shard's overflow
+// state: the state an earlier Lock with create reported as overflow.
+func (t *Table[S]) LockOverflow(key string) (s *S, g Guard[S]) {
+	sh := t.shard(t.hash(key))
+	sh.mu.Lock()
+	return &sh.overflow, Guard[S]{sh}
+}
+
+// Len returns the number of keys held.
+func (t *Table[S]) Len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n += sh.count
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Overflowed returns how many decisions used an overflow state.
+func (t *Table[S]) Overflowed() int64 { return t.overflowed.Load() }
+
+// Sweep drops every fresh key at now from every shard and returns how many
+// it dropped.
+func (t *Table[S]) Sweep(now int64) int {
+	dropped := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		before := sh.count
+		t.dropFreshLocked(sh, now)
+		dropped += before - sh.count
+		sh.mu.Unlock()
+	}
+	return dropped
+}
+
+// findLocked returns the slot index of key, or -1. REQUIRES: sh.mu held.
+func (sh *shard[S]) findLocked(h uint64, key string) int {
+	if len(sh.slots) == 0 {
+		return -1
+	}
+	mask := uint64(len(sh.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &sh.slots[i]
+		if s.is(h, key) {
+			return int(i)
+		}
+		if s.hash == 0 {
+			return -1
+		}
+	}
+}
+
+// insertLocked stores a new key with a zero state and returns its index.
+// REQUIRES: sh.mu held, key absent, sh.count below the table's cap.
+func (sh *shard[S]) insertLocked(h uint64, key string) int {
+	if (sh.count+1)*4 > len(sh.slots)*3 && len(sh.slots) < sh.maxSlots {
+		sh.growLocked()
+	}
+	mask := uint64(len(sh.slots) - 1)
+	i := h & mask
+	for sh.slots[i].hash != 0 {
+		i = (i + 1) & mask
+	}
+	sh.slots[i] = slot[S]{hash: h}
+	sh.slots[i].setKey(key)
+	sh.count++
+	return int(i)
+}
+
+// growLocked doubles the slot array (starting at 8). REQUIRES: sh.mu held.
+func (sh *shard[S]) growLocked() {
+	old := sh.slots
+	sh.slots = make([]slot[S], max(len(old)*2, 8))
+	mask := uint64(len(sh.slots) - 1)
+	for j := range old {
+		if old[j].hash == 0 {
+			continue
+		}
+		i := old[j].hash & mask
+		for sh.slots[i].hash != 0 {
+			i = (i + 1) & mask
+		}
+		sh.slots[i] = old[j]
+	}
+}
+
+// deleteLocked empties slot i and shifts the rest of its probe run back so
+// lookups never stop early. REQUIRES: sh.mu held.
+func (sh *shard[S]) deleteLocked(i int) {
+	mask := len(sh.slots) - 1
+	j := i
+	for {
+		j = (j + 1) & mask
+		if sh.slots[j].hash == 0 {
+			break
+		}
+		home := int(sh.slots[j].hash) & mask
+		// Slot j may move to the hole at i only if its home is not
+		// cyclically inside (i, j].
+		if (i <= j && i < home && home <= j) || (i > j && (i < home || home <= j)) {
+			continue
+		}
+		sh.slots[i] = sh.slots[j]
+		i = j
+	}
+	sh.slots[i] = slot[S]{}
+	sh.count--
+}
+
+// sweepLocked drops fresh keys if the shard has not been swept within
+// SweepEvery. REQUIRES: sh.mu held.
+func (t *Table[S]) sweepLocked(sh *shard[S], now int64) {
+	if sh.swept && now-sh.lastSweep < t.sweepEvery {
+		return
+	}
+	sh.swept, sh.lastSweep = true, now
+	t.dropFreshLocked(sh, now)
+}
+
+// dropFreshLocked deletes every key whose state is fresh at now. REQUIRES: sh.mu held.
+func (t *Table[S]) dropFreshLocked(sh *shard[S], now int64) {
+	for i := 0; i < len(sh.slots); {
+		s := &sh.slots[i]
+		if s.hash != 0 && t.fresh(&s.state, now) {
+			sh.deleteLocked(i) // re-examine i: a later key may have moved in
+			continue
+		}
+		i++
+	}
+}

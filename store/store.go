@@ -1,0 +1,49 @@
+// Package store defines the backend interface behind sluice's keyed limiters:
+// a Limiter makes one algorithm step of package limit atomic for a key, in
+// process (package store/memory) or across a fleet (Redis).
+//
+// Gates talk to a Limiter and never to a backend directly, so every gate
+// runs unchanged on every backend:
+//
+//	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
+//	var lim store.Limiter = memory.NewKeyed(tb, memory.Options{})
+//	res, h, err := lim.Take(ctx, "tenant-42", now, 1, 0)
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sluice-go/sluice/limit"
+)
+
+// Handle identifies what a Take holds, so that Refund returns it to the same
+// place (for example the overflow state of a full memory table, or a fleet
+// permit id). Backends define its values; callers pass it back unchanged.
+type Handle uint64
+
+// Limiter is one keyed rate or concurrency limit on some backend.
+// Implementations must be safe for concurrent use.
+type Limiter interface {
+	// Take applies one step for key: cost demand units at now (monotonic ns
+	// on the caller's clock; backends with their own clock, such as Redis,
+	// may ignore it) for a request that must proceed before deadline (0 =
+	// none; only pacing algorithms use it). A denial is a Result, not an
+	// error: err is non-nil only when the backend failed, and then wraps
+	// ErrUnavailable.
+	Take(ctx context.Context, key string, now, cost, deadline int64) (limit.Result, Handle, error)
+	// Refund returns cost units taken by an Allowed Take with handle h: the
+	// tokens of a request a later gate rejected, or the slots of a finished
+	// request for concurrency limits.
+	Refund(ctx context.Context, key string, h Handle, now, cost int64) error
+	// Limit returns the quota in demand units.
+	Limit() int64
+	// Window returns the time a fully used quota takes to come back (0 for
+	// concurrency limits).
+	Window() time.Duration
+}
+
+// ErrUnavailable wraps every backend failure (timeout, connection refused,
+// script error): the limiter could not decide.
+var ErrUnavailable = errors.New("store: backend unavailable")
