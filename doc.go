@@ -1,0 +1,26 @@
+// Package sluice is admission control for Go services: one decision
+// pipeline (a Chain of Gates) that decides, per request and before any
+// scarce work starts, whether to admit it, and when it rejects, says why,
+// for whom and when to come back.
+//
+// The vocabulary lives here: a Request (tenant, server-authorized class,
+// operation, cost in demand units, deadline) goes through a Chain of Gates,
+// cheapest first. Entitlement gates (rate limits) reject with reason
+// policy_rate and answer 429; protection gates (concurrency, shedders)
+// reject with overload and answer 503. An admitted request carries a
+// Ticket that must be done exactly once, on every path, with its Outcome;
+// useful completions before the deadline are goodput.
+//
+//	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
+//	rate, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}),
+//		gate.Options{Scope: sluice.ScopeTenant})
+//	chain, _ := sluice.NewChain(sluice.ChainOptions{}, rate)
+//
+//	d, err := chain.Do(ctx, &sluice.Request{Tenant: key, Cost: 1}, func(ctx context.Context) error {
+//		return serve(ctx)
+//	})
+//	if !d.Admitted { /* 429 with d.RetryAfter */ }
+//
+// Gates switch between enforce, shadow (decide and record, never block) and
+// off at run time with Chain.SetMode, without locks on the decision path.
+package sluice

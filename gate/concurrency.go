@@ -1,0 +1,68 @@
+package gate
+
+import (
+	"context"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/store"
+)
+
+// Concurrency bounds in-flight requests per scope: a request holds one slot
+// (its cost, with a weighted limiter) from admission until its Ticket is
+// done, whatever the outcome. Per tenant it is an entitlement (429, reason
+// concurrency); per service or operation it protects a pool (503).
+// A rejection carries Options.RetryHint as retry-after: when a slot frees
+// depends on the work in flight, not on time.
+type Concurrency struct {
+	base
+	weighted bool
+}
+
+var _ sluice.Gate = (*Concurrency)(nil)
+
+// NewConcurrency returns a concurrency gate named name over lim, a limiter
+// running limit.Concurrency. Each request holds one slot; see
+// NewWeightedConcurrency to hold its cost.
+func NewConcurrency(name string, lim store.Limiter, opts Options) (*Concurrency, error) {
+	if err := opts.validate(name); err != nil {
+		return nil, err
+	}
+	return &Concurrency{base: base{name: name, lim: lim, opts: opts, reason: sluice.ReasonConcurrency, unit: sluice.UnitConcurrentRequests}}, nil
+}
+
+// NewWeightedConcurrency is NewConcurrency where each request holds as many
+// slots as its cost (work units in flight rather than requests).
+func NewWeightedConcurrency(name string, lim store.Limiter, opts Options) (*Concurrency, error) {
+	g, err := NewConcurrency(name, lim, opts)
+	if err == nil {
+		g.weighted = true
+	}
+	return g, err
+}
+
+func (g *Concurrency) slots(r *sluice.Request) int64 {
+	if g.weighted {
+		return r.Cost
+	}
+	return 1
+}
+
+// Decide acquires the request's slots in its scope.
+func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+	req := *r
+	req.Cost = g.slots(r)
+	res, p, ok := g.take(ctx, g.opts.Scope.Key(r), &req, now)
+	if !ok {
+		return g.unavailable(), 0
+	}
+	d := g.decision(r, res)
+	if !d.Admitted {
+		return d, 0
+	}
+	return d, p
+}
+
+// Release frees the slots on every outcome.
+func (g *Concurrency) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+	g.refund(g.opts.Scope.Key(r), p, c.Now, g.slots(r))
+}

@@ -1,0 +1,14 @@
+// Package gate holds sluice's limit gates: Rate (token bucket, GCRA and
+// window entitlements, 429), Concurrency (in-flight slots held until the
+// Ticket is done) and Pacer (a bounded paced queue), each over a
+// store.Limiter so it runs unchanged in memory or on Redis, with an explicit
+// failure policy for when its store cannot decide.
+//
+//	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
+//	rate, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}),
+//		gate.Options{Scope: sluice.ScopeTenant})
+//	c, _ := limit.NewConcurrency(20)
+//	inflight, _ := gate.NewConcurrency("concurrent-requests", memory.NewKeyed(c, memory.Options{}),
+//		gate.Options{Scope: sluice.ScopeTenant})
+//	chain, _ := sluice.NewChain(sluice.ChainOptions{}, rate, inflight)
+package gate

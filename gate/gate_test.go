@@ -1,0 +1,174 @@
+package gate_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+	"github.com/sluice-go/sluice/store/memory"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// broken is a store whose backend is down.
+type broken struct{ store.Limiter }
+
+func (broken) Take(context.Context, string, int64, int64, int64) (limit.Result, store.Handle, error) {
+	return limit.Result{}, 0, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+}
+
+func (broken) Refund(context.Context, string, store.Handle, int64, int64) error {
+	return store.ErrUnavailable
+}
+
+func keyedTB(t *testing.T, rate string, burst int64) *memory.Keyed[limit.TokenBucketState, *limit.TokenBucket] {
+	r, _ := limit.ParseRate(rate)
+	tb, err := limit.NewTokenBucket(r, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return memory.NewKeyed(tb, memory.Options{})
+}
+
+func TestFailurePolicies(t *testing.T) {
+	ctx := context.Background()
+	req := &sluice.Request{Tenant: "a", Cost: 1}
+	down := broken{keyedTB(t, "1/s", 1)}
+
+	open, _ := gate.NewRate("open", down, gate.Options{Scope: sluice.ScopeTenant})
+	d, p := open.Decide(ctx, req, 0)
+	if !d.Admitted || p != 0 || open.Failures() != 1 {
+		t.Fatalf("fail_open: %+v permit %d", d, p)
+	}
+	open.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeRejected}) // holds nothing
+
+	closed, _ := gate.NewRate("closed", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed, RetryHint: 2 * time.Second})
+	d, _ = closed.Decide(ctx, req, 0)
+	if d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable || d.RetryAfter != 2*time.Second || d.Entitlement() {
+		t.Fatalf("fail_closed: %+v", d)
+	}
+
+	fb := keyedTB(t, "1/s", 1)
+	local, _ := gate.NewRate("local", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: fb})
+	d, p = local.Decide(ctx, req, 0)
+	if !d.Admitted {
+		t.Fatalf("local_fallback: %+v", d)
+	}
+	if d2, _ := local.Decide(ctx, req, 0); d2.Admitted {
+		t.Fatal("fallback budget not enforced")
+	}
+	// A refund goes back to the fallback that holds the tokens.
+	local.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeRejected})
+	if d3, _ := local.Decide(ctx, req, 0); !d3.Admitted {
+		t.Fatal("refund did not reach the fallback")
+	}
+
+	if _, err := gate.NewRate("x", down, gate.Options{OnFailure: gate.LocalFallback}); err == nil {
+		t.Fatal("local_fallback without a fallback accepted")
+	}
+	if _, err := gate.ParseFailurePolicy("fail_sometimes"); err == nil {
+		t.Fatal("unknown failure policy accepted")
+	}
+}
+
+func TestRateGateDecisionFields(t *testing.T) {
+	g, _ := gate.NewRate("request-rate", keyedTB(t, "100/s", 500), gate.Options{Scope: sluice.ScopeTenant})
+	ctx := context.Background()
+	req := &sluice.Request{Tenant: "a", Cost: 500}
+	d, _ := g.Decide(ctx, req, 0)
+	if !d.Admitted || d.Limit != 500 || d.Remaining != 0 || d.Window != 5*time.Second || d.ResetAfter != 5*time.Second {
+		t.Fatalf("%+v", d)
+	}
+	req.Cost = 1
+	d, _ = g.Decide(ctx, req, 0)
+	if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.RetryAfter != 10*time.Millisecond || !d.Retryable || !d.Entitlement() {
+		t.Fatalf("%+v", d)
+	}
+}
+
+func TestConcurrencyGateScopes(t *testing.T) {
+	c, _ := limit.NewConcurrency(1)
+	svc, _ := gate.NewConcurrency("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+	ctx := context.Background()
+	req := &sluice.Request{Tenant: "a"}
+	_, p := svc.Decide(ctx, req, 0)
+	d, _ := svc.Decide(ctx, &sluice.Request{Tenant: "b"}, 0)
+	if d.Admitted || d.Reason != sluice.ReasonConcurrency || d.Entitlement() || d.RetryAfter != time.Second {
+		t.Fatalf("service-wide concurrency must be protection (503) with a retry hint: %+v", d)
+	}
+	svc.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeErrored})
+	if d, _ := svc.Decide(ctx, req, 0); !d.Admitted {
+		t.Fatal("slot not released on error")
+	}
+
+	w, _ := limit.NewConcurrency(10)
+	weighted, _ := gate.NewWeightedConcurrency("work", memory.NewKeyed(w, memory.Options{}), gate.Options{})
+	big := &sluice.Request{Cost: 7}
+	_, p = weighted.Decide(ctx, big, 0)
+	if d, _ := weighted.Decide(ctx, &sluice.Request{Cost: 4}, 0); d.Admitted {
+		t.Fatal("weighted slots not counted")
+	}
+	weighted.Release(big, p, sluice.Completion{})
+	if d, _ := weighted.Decide(ctx, &sluice.Request{Cost: 10}, 0); !d.Admitted {
+		t.Fatal("weighted slots not released")
+	}
+}
+
+// The pacer waits for real timers; synctest runs them on a fake clock.
+func TestPacer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		now := func() int64 { return int64(time.Since(start)) }
+		rate, _ := limit.NewRate(1, 10*time.Millisecond)
+		lb, _ := limit.NewLeakyBucket(rate, 3)
+		g, _ := gate.NewPacer("smooth", memory.NewKeyed(lb, memory.Options{}), gate.Options{})
+		ctx := context.Background()
+
+		var mu sync.Mutex
+		var proceeded []time.Duration
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, now()); d.Admitted {
+					mu.Lock()
+					proceeded = append(proceeded, time.Since(start))
+					mu.Unlock()
+				}
+			}()
+		}
+		synctest.Wait()
+		// Queue full: the fifth is rejected with the exact wait.
+		d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, now())
+		if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.RetryAfter != 10*time.Millisecond {
+			t.Errorf("fifth: %+v", d)
+		}
+		wg.Wait()
+		if len(proceeded) != 4 || proceeded[3] != 30*time.Millisecond {
+			t.Fatalf("proceeded at %v, want 0, 10, 20, 30 ms", proceeded)
+		}
+		// A slot after the deadline is refused before waiting.
+		g.Decide(ctx, &sluice.Request{Cost: 1}, now())
+		d, _ = g.Decide(ctx, &sluice.Request{Cost: 1, Deadline: now() + int64(5*time.Millisecond)}, now())
+		if d.Admitted || d.Reason != sluice.ReasonDeadline {
+			t.Fatalf("deadline: %+v", d)
+		}
+		// Cancellation while waiting.
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Millisecond)
+		defer cancel()
+		d, _ = g.Decide(cctx, &sluice.Request{Cost: 1}, now())
+		if d.Admitted || d.Reason != sluice.ReasonDeadline {
+			t.Fatalf("cancelled wait: %+v", d)
+		}
+	})
+}

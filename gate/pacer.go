@@ -1,0 +1,53 @@
+package gate
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/store"
+)
+
+// Pacer smooths a scope's requests to a steady rate with a bounded queue,
+// over a limiter running limit.LeakyBucket: an admitted request waits in
+// Decide until its departure slot, then proceeds. It never holds a request
+// past its deadline (reason deadline, refused before waiting), rejects when
+// the queue is full (reason policy_rate, with the exact retry-after), and
+// stops waiting when ctx is done (reason deadline; the slot stays used, so
+// the pace is never exceeded).
+type Pacer struct {
+	base
+}
+
+var _ sluice.Gate = (*Pacer)(nil)
+
+// NewPacer returns a pacing gate named name over lim.
+func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
+	if err := opts.validate(name); err != nil {
+		return nil, err
+	}
+	return &Pacer{base{name: name, lim: lim, opts: opts, reason: sluice.ReasonPolicyRate, unit: sluice.UnitRequests}}, nil
+}
+
+// Decide schedules r and waits for its slot.
+func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+	res, _, ok := g.take(ctx, g.opts.Scope.Key(r), r, now)
+	if !ok {
+		return g.unavailable(), 0
+	}
+	d := g.decision(r, res)
+	if !d.Admitted || res.Wait <= 0 {
+		return d, 0
+	}
+	t := time.NewTimer(res.Wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return d, 0
+	case <-ctx.Done():
+		return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: g.opts.Scope, Gate: g.name}, 0
+	}
+}
+
+// Release does nothing: a paced slot is spent once it is scheduled.
+func (g *Pacer) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {}

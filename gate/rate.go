@@ -1,0 +1,219 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+)
+
+// FailurePolicy is what a gate does when its store cannot decide (Redis
+// down, slow or partitioned).
+type FailurePolicy uint8
+
+const (
+	// FailOpen admits: the limiter is a soft policy signal and a store
+	// outage must not become an API outage. The default.
+	FailOpen FailurePolicy = iota
+	// FailClosed rejects with reason dependency (503): for limits whose
+	// violation is worse than unavailability.
+	FailClosed
+	// LocalFallback decides on a conservative in-process limiter instead
+	// (Options.Fallback), e.g. the fleet limit divided by the replicas.
+	LocalFallback
+)
+
+var failureNames = [...]string{"fail_open", "fail_closed", "local_fallback"}
+
+// String returns "fail_open", "fail_closed" or "local_fallback".
+func (p FailurePolicy) String() string {
+	if int(p) < len(failureNames) {
+		return failureNames[p]
+	}
+	return "unknown"
+}
+
+// ParseFailurePolicy parses "fail_open", "fail_closed" or "local_fallback".
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	for i, n := range failureNames {
+		if n == s {
+			return FailurePolicy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("gate: unknown failure policy %q (want fail_open, fail_closed or local_fallback)", s)
+}
+
+// Options configures the limit gates (Rate, Concurrency, Pacer). The zero
+// value is valid: scope service, refunds on, fail open.
+type Options struct {
+	// Scope is what the limit is counted over; it picks the state key from
+	// the request (see sluice.Scope.Key). Default ScopeService.
+	Scope sluice.Scope
+	// NoRefund keeps tokens taken by a request that a later gate rejected.
+	// By default they are refunded, so a tenant is not charged for work
+	// that never ran. Concurrency slots are always released.
+	NoRefund bool
+	// OnFailure is what to do when the store fails. Default FailOpen.
+	OnFailure FailurePolicy
+	// Fallback is the in-process limiter LocalFallback decides on.
+	Fallback store.Limiter
+	// RetryHint is the retry-after a rejection without an exact wait
+	// reports (concurrency limits, store failures). Default 1 s.
+	RetryHint time.Duration
+}
+
+func (o *Options) validate(name string) error {
+	if name == "" {
+		return errors.New("gate: empty name")
+	}
+	if o.OnFailure == LocalFallback && o.Fallback == nil {
+		return fmt.Errorf("gate %q: local_fallback needs a fallback limiter", name)
+	}
+	if o.RetryHint < 0 {
+		return fmt.Errorf("gate %q: negative retry hint", name)
+	}
+	if o.RetryHint == 0 {
+		o.RetryHint = time.Second
+	}
+	return nil
+}
+
+// base holds what every limit gate shares.
+type base struct {
+	name      string
+	lim       store.Limiter
+	opts      Options
+	reason    sluice.Reason
+	unit      sluice.Unit
+	failures  atomic.Int64
+	fallbacks atomic.Int64
+}
+
+// Name returns the gate's name.
+func (b *base) Name() string { return b.name }
+
+// Limiter returns the gate's store limiter.
+func (b *base) Limiter() store.Limiter { return b.lim }
+
+// Failures returns how many decisions the store could not make.
+func (b *base) Failures() int64 { return b.failures.Load() }
+
+// take runs the store step, applying the failure policy on error. The
+// returned handle is 0 when nothing is held (fail open). Permits encode the
+// handle in the low bits and whether the fallback holds it in bit 63.
+func (b *base) take(ctx context.Context, key string, r *sluice.Request, now int64) (limit.Result, sluice.Permit, bool) {
+	res, h, err := b.lim.Take(ctx, key, now, r.Cost, r.Deadline)
+	if err == nil {
+		return res, sluice.Permit(h), true
+	}
+	b.failures.Add(1)
+	switch b.opts.OnFailure {
+	case LocalFallback:
+		res, h, err = b.opts.Fallback.Take(ctx, key, now, r.Cost, r.Deadline)
+		if err == nil {
+			b.fallbacks.Add(1)
+			return res, sluice.Permit(h) | fallbackBit, true
+		}
+		fallthrough
+	case FailClosed:
+		return limit.Result{}, 0, false
+	}
+	return limit.Result{Status: limit.Allowed}, 0, true // fail open: nothing held
+}
+
+const fallbackBit = sluice.Permit(1) << 63
+
+// refund gives back what take returned.
+func (b *base) refund(key string, p sluice.Permit, now, cost int64) {
+	if p == 0 {
+		return
+	}
+	lim := b.lim
+	if p&fallbackBit != 0 {
+		lim = b.opts.Fallback
+	}
+	// Refunds are best effort: a failed refund only leaves the limit a
+	// little stricter until the state refills (or its TTL expires).
+	if err := lim.Refund(context.Background(), key, store.Handle(p&^fallbackBit), now, cost); err != nil {
+		b.failures.Add(1)
+	}
+}
+
+// decision turns a store result into a Decision.
+func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
+	d := sluice.Decision{
+		Admitted:   res.Status == limit.Allowed,
+		Scope:      b.opts.Scope,
+		Unit:       b.unit,
+		Gate:       b.name,
+		Limit:      res.Limit,
+		Window:     b.lim.Window(),
+		Remaining:  res.Remaining,
+		ResetAfter: res.ResetAfter,
+	}
+	switch res.Status {
+	case limit.Denied:
+		d.Reason, d.Retryable, d.RetryAfter = b.reason, true, res.RetryAfter
+		if d.RetryAfter <= 0 {
+			d.RetryAfter = b.opts.RetryHint
+		}
+	case limit.Exceeded:
+		d.Reason = b.reason // cost above the limit: retrying cannot help
+	case limit.Invalid:
+		d.Reason = sluice.ReasonInvalid
+	case limit.TooLate:
+		d.Reason = sluice.ReasonDeadline
+	}
+	return d
+}
+
+func (b *base) unavailable() sluice.Decision {
+	return sluice.Decision{
+		Reason: sluice.ReasonDependency, Scope: b.opts.Scope, Unit: b.unit, Gate: b.name,
+		Retryable: true, RetryAfter: b.opts.RetryHint,
+	}
+}
+
+// Rate is an entitlement gate over a rate limiter (token bucket, GCRA or a
+// window algorithm): it rejects with reason policy_rate (429) when the
+// scope's quota is exhausted, with the exact retry-after, and rejects a cost
+// the quota can never grant as not retryable. By default it refunds the
+// tokens of a request that a later gate rejected (Options.NoRefund).
+type Rate struct {
+	base
+}
+
+var _ sluice.Gate = (*Rate)(nil)
+
+// NewRate returns a rate gate named name over lim.
+func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {
+	if err := opts.validate(name); err != nil {
+		return nil, err
+	}
+	return &Rate{base{name: name, lim: lim, opts: opts, reason: sluice.ReasonPolicyRate, unit: sluice.UnitRequests}}, nil
+}
+
+// Decide takes r.Cost units from r's scope.
+func (g *Rate) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+	res, p, ok := g.take(ctx, g.opts.Scope.Key(r), r, now)
+	if !ok {
+		return g.unavailable(), 0
+	}
+	d := g.decision(r, res)
+	if !d.Admitted {
+		return d, 0
+	}
+	return d, p
+}
+
+// Release refunds the tokens when a later gate rejected r (unless NoRefund).
+func (g *Rate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+	if c.Outcome == sluice.OutcomeRejected && !g.opts.NoRefund {
+		g.refund(g.opts.Scope.Key(r), p, c.Now, r.Cost)
+	}
+}
