@@ -1,0 +1,25 @@
+GO ?= go
+
+.PHONY: test vet fmt bench build
+
+# The test command: formatting, vet, and every test under the race detector.
+test: fmt vet
+	$(GO) test -race -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+build:
+	$(GO) build -o bin/sluice ./cmd/sluice
+
+# Peer comparisons in one run; see BENCHMARKS.md.
+bench:
+	cd bench && $(GO) test -run '^$$' -bench . -count 10 -cpu 1,2 | $(GO) run ./ratio \
+		TokenBucketAllow/ClockRead GCRAAllow/ClockRead \
+		XTimeRateAllow/TokenBucketAllow XTimeRateAllow/GCRAAllow \
+		KeyedTake1K/TokenBucketTake KeyedTake1MZipf/TokenBucketTake KeyedTake1M/TokenBucketTake \
+		KeyedTake1M/DRAMLatency KeyedTakeParallel-2/KeyedTakeParallel
