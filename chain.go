@@ -47,10 +47,11 @@ type ChainOptions struct {
 //
 // A Chain is safe for concurrent use.
 type Chain struct {
-	gates []*entry
-	clock Clock
-	obs   Observer
-	pool  sync.Pool
+	gates    []*entry
+	policies []Policy
+	clock    Clock
+	obs      Observer
+	pool     sync.Pool
 }
 
 type entry struct {
@@ -93,6 +94,9 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 			e.mode.Store(uint32(m))
 		}
 		c.gates = append(c.gates, e)
+		if pg, ok := g.(PolicyGate); ok {
+			c.policies = append(c.policies, pg.Policy())
+		}
 	}
 	for name := range opts.Modes {
 		if !seen[name] {
@@ -114,6 +118,10 @@ func (c *Chain) Gates() []Gate {
 	}
 	return gs
 }
+
+// Policies returns the quotas of the chain's PolicyGates, in chain order.
+// The slice is shared; do not modify it.
+func (c *Chain) Policies() []Policy { return c.policies }
 
 // SetMode switches the named gate's mode. It takes effect for decisions that
 // start after it returns; permits already held are released as usual.
@@ -181,7 +189,8 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 		}
 		if m == ModeShadow {
 			if c.obs != nil {
-				c.obs.ShadowRejected(r, &d)
+				sd := d // only this copy escapes, and only with an observer
+				c.obs.ShadowRejected(r, &sd)
 			}
 			continue
 		}
@@ -198,9 +207,18 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	return c.finish(r, best, now), tk
 }
 
+// Refuse records a rejection decided outside the gates (for example a
+// malformed header found by the HTTP layer) so observers count it like any
+// other, and returns d.
+func (c *Chain) Refuse(r *Request, d Decision) Decision {
+	d.Admitted, d.EffectPossible = false, false
+	return c.finish(r, d, c.clock.Now())
+}
+
 func (c *Chain) finish(r *Request, d Decision, start int64) Decision {
 	if c.obs != nil {
-		c.obs.Decided(r, &d, time.Duration(c.clock.Now()-start))
+		od := d // only this copy escapes, and only with an observer
+		c.obs.Decided(r, &od, time.Duration(c.clock.Now()-start))
 	}
 	return d
 }

@@ -29,6 +29,22 @@ type Gate interface {
 	Release(r *Request, p Permit, c Completion)
 }
 
+// Policy describes a gate's quota for the RateLimit-Policy header field: a
+// name, a quota in Unit, and the window in which a used quota comes back
+// (0 for concurrency limits).
+type Policy struct {
+	Name   string
+	Quota  int64
+	Window time.Duration
+	Unit   Unit
+}
+
+// PolicyGate is implemented by gates that enforce a quota to advertise.
+type PolicyGate interface {
+	Gate
+	Policy() Policy
+}
+
 // Mode is a gate's run-time switch.
 type Mode uint32
 

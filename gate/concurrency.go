@@ -18,7 +18,7 @@ type Concurrency struct {
 	weighted bool
 }
 
-var _ sluice.Gate = (*Concurrency)(nil)
+var _ sluice.PolicyGate = (*Concurrency)(nil)
 
 // NewConcurrency returns a concurrency gate named name over lim, a limiter
 // running limit.Concurrency. Each request holds one slot; see

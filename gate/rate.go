@@ -100,6 +100,11 @@ func (b *base) Name() string { return b.name }
 // Limiter returns the gate's store limiter.
 func (b *base) Limiter() store.Limiter { return b.lim }
 
+// Policy returns the gate's quota for the RateLimit-Policy header field.
+func (b *base) Policy() sluice.Policy {
+	return sluice.Policy{Name: b.name, Quota: b.lim.Limit(), Window: b.lim.Window(), Unit: b.unit}
+}
+
 // Failures returns how many decisions the store could not make.
 func (b *base) Failures() int64 { return b.failures.Load() }
 
@@ -188,7 +193,7 @@ type Rate struct {
 	base
 }
 
-var _ sluice.Gate = (*Rate)(nil)
+var _ sluice.PolicyGate = (*Rate)(nil)
 
 // NewRate returns a rate gate named name over lim.
 func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {

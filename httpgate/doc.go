@@ -1,0 +1,18 @@
+// Package httpgate is sluice as net/http middleware: it identifies each
+// request with server-side rules (tenant from a configured header, class and
+// cost from route rules, deadline from a budget header), runs the gate chain,
+// and answers rejections cheaply and honestly (429 for entitlement, 503 for
+// protection, Retry-After with jitter, RateLimit fields, a small JSON
+// envelope), releasing every admitted request's Ticket on every path.
+//
+//	mw, _ := httpgate.New(chain, httpgate.Config{
+//		TenantHeader:   "X-Api-Key",
+//		DeadlineHeader: "X-Request-Timeout",
+//		Routes: []httpgate.Route{
+//			{Method: "POST", Path: "/v1/routes", Class: sluice.ClassCritical,
+//				Cost: httpgate.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
+//			{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
+//		},
+//	})
+//	http.ListenAndServe(":8080", mw.Wrap(app))
+package httpgate

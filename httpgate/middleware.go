@@ -1,0 +1,329 @@
+package httpgate
+
+import (
+	"bufio"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/wire"
+)
+
+// Canonical header keys the middleware writes.
+const (
+	hRetryAfter      = "Retry-After"
+	hRateLimit       = "Ratelimit"
+	hRateLimitPolicy = "Ratelimit-Policy"
+	hLegacyLimit     = "X-Ratelimit-Limit"
+	hLegacyRemaining = "X-Ratelimit-Remaining"
+	hLegacyReset     = "X-Ratelimit-Reset"
+	hContentType     = "Content-Type"
+	hCacheControl    = "Cache-Control"
+)
+
+var (
+	jsonType = []string{"application/json"}
+	noStore  = []string{"no-store"}
+)
+
+// Middleware runs a sluice Chain in front of an http.Handler: it identifies
+// each request with server-side rules (Config), decides, and either answers
+// the rejection itself (400, 429 or 503 with Retry-After, RateLimit fields
+// and a JSON envelope) or calls the handler with the caller's deadline on
+// its context and releases the request's Ticket on every path: return,
+// panic (released, then the panic continues), client disconnect (cancelled)
+// and handler timeout (late). A response finished after the request's
+// deadline counts as late, never as useful.
+//
+// The chain and config can be replaced at run time with Update (hot reload)
+// without disturbing requests in flight. A Middleware is safe for
+// concurrent use.
+type Middleware struct {
+	state    atomic.Pointer[state]
+	idPrefix string
+	ids      atomic.Uint64
+	bufs     sync.Pool // *[]byte for envelopes
+	reqs     sync.Pool // *sluice.Request; gates see it by pointer, so it would escape
+}
+
+// headerBlock holds a rejection's dynamic header values in one allocation.
+type headerBlock struct {
+	vals [3]string
+	buf  [120]byte
+}
+
+type state struct {
+	chain  *sluice.Chain
+	c      *compiled
+	jitter wire.Jitter
+	policy []string // RateLimit-Policy value, shared by every response
+	tmpls  sync.Map // tmplKey → *wire.EnvelopeTemplate
+}
+
+// tmplKey identifies the static part of a rejection envelope.
+type tmplKey struct {
+	gate      string
+	reason    sluice.Reason
+	scope     sluice.Scope
+	retryable bool
+	limit     int64
+	window    int64
+	cost      int64 // only for messages that quote it
+}
+
+func (st *state) template(d *sluice.Decision, cost int64) *wire.EnvelopeTemplate {
+	k := tmplKey{gate: d.Gate, reason: d.Reason, scope: d.Scope, retryable: d.Retryable, limit: d.Limit, window: int64(d.Window)}
+	if !d.Retryable && d.Reason == sluice.ReasonPolicyRate {
+		k.cost = cost
+	}
+	if t, ok := st.tmpls.Load(k); ok {
+		return t.(*wire.EnvelopeTemplate)
+	}
+	t, _ := st.tmpls.LoadOrStore(k, wire.NewEnvelopeTemplate(d, cost, st.c.cfg.HideCapacity))
+	return t.(*wire.EnvelopeTemplate)
+}
+
+// New returns a middleware deciding with chain under cfg.
+func New(chain *sluice.Chain, cfg Config) (*Middleware, error) {
+	var seed [4]byte
+	crand.Read(seed[:])
+	m := &Middleware{idPrefix: hex.EncodeToString(seed[:]) + "-"}
+	m.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
+	m.reqs.New = func() any { return new(sluice.Request) }
+	if err := m.Update(chain, cfg); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Handler returns middleware that decides with chain under cfg.
+func Handler(chain *sluice.Chain, cfg Config) (func(http.Handler) http.Handler, error) {
+	m, err := New(chain, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return m.Wrap, nil
+}
+
+// Update replaces the chain and config atomically. Requests already past
+// their decision finish under the old chain (their Tickets release there).
+func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
+	if chain == nil {
+		return errors.New("httpgate: nil chain")
+	}
+	c, err := cfg.compile()
+	if err != nil {
+		return err
+	}
+	st := &state{chain: chain, c: c, jitter: *c.cfg.Jitter}
+	if ps := chain.Policies(); len(ps) > 0 && !cfg.NoRateLimitHeaders && !cfg.HideCapacity {
+		st.policy = []string{string(wire.AppendPolicies(nil, ps))}
+	}
+	m.state.Store(st)
+	return nil
+}
+
+// Chain returns the chain currently deciding.
+func (m *Middleware) Chain() *sluice.Chain { return m.state.Load().chain }
+
+// Wrap returns next behind the middleware.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	st := m.state.Load()
+	req := m.reqs.Get().(*sluice.Request)
+	*req = sluice.Request{}
+	defer m.reqs.Put(req)
+	budget, detail := st.c.identify(r, req)
+	if detail != "" {
+		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
+		m.reject(w, r, st, &d, req, detail)
+		return
+	}
+	ctx := r.Context()
+	if budget > 0 {
+		req.Deadline = st.chain.Clock().Now() + int64(budget)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, budget)
+		defer cancel()
+	}
+	d, tk := st.chain.Decide(ctx, req)
+	if !d.Admitted {
+		m.reject(w, r, st, &d, req, "")
+		return
+	}
+	if !st.c.cfg.NoRateLimitHeaders && !st.c.cfg.HideCapacity {
+		m.admittedHeaders(w.Header(), st, &d)
+	}
+	rw := &responseRecorder{ResponseWriter: w}
+	finished := false
+	defer func() {
+		if !finished { // the handler panicked: release, let the panic go on
+			tk.Done(sluice.OutcomeErrored)
+		}
+	}()
+	if budget > 0 {
+		r = r.WithContext(ctx)
+	}
+	next.ServeHTTP(rw, r)
+	finished = true
+	tk.Done(outcome(rw, r))
+}
+
+// outcome classifies a finished handler: the client went away →
+// cancelled; a 5xx → errored; anything else useful (the Ticket turns it
+// into late past the deadline).
+func outcome(rw *responseRecorder, r *http.Request) sluice.Outcome {
+	if errors.Is(context.Cause(r.Context()), context.Canceled) {
+		return sluice.OutcomeCancelled
+	}
+	if rw.status >= 500 {
+		return sluice.OutcomeErrored
+	}
+	return sluice.OutcomeUseful
+}
+
+func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decision) {
+	if st.policy != nil {
+		h[hRateLimitPolicy] = st.policy
+	}
+	if d.Gate == "" || d.Limit <= 0 {
+		return
+	}
+	var buf [96]byte
+	b := wire.AppendRateLimit(buf[:0], d.Gate, d.Remaining, wire.Seconds(d.ResetAfter))
+	h[hRateLimit] = []string{string(b)}
+	if st.c.cfg.LegacyHeaders {
+		h[hLegacyLimit] = []string{strconv.FormatInt(d.Limit, 10)}
+		h[hLegacyRemaining] = []string{strconv.FormatInt(d.Remaining, 10)}
+		h[hLegacyReset] = []string{strconv.FormatInt(wire.Seconds(d.ResetAfter), 10)}
+	}
+}
+
+// reject writes a rejection: status, headers and the JSON envelope. It
+// allocates one buffer for the dynamic header values and one slice to hold
+// them; the body goes through a pooled buffer.
+func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d *sluice.Decision, req *sluice.Request, detail string) {
+	cfg := &st.c.cfg
+	retry := int64(0)
+	if d.Retryable {
+		retry = wire.RetryAfter(d.RetryAfter, st.jitter, rand.Uint64())
+	}
+	quota := !cfg.NoRateLimitHeaders && !cfg.HideCapacity && d.Limit > 0 && d.Gate != ""
+
+	// Dynamic header values share one allocation.
+	blk := new(headerBlock)
+	hb := blk.buf[:0]
+	vals := blk.vals[:0]
+	h := w.Header()
+	if retry > 0 {
+		n := len(hb)
+		hb = strconv.AppendInt(hb, retry, 10)
+		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
+		h[hRetryAfter] = last(vals)
+	}
+	if quota {
+		if st.policy != nil {
+			h[hRateLimitPolicy] = st.policy
+		}
+		n := len(hb)
+		t := retry
+		if t == 0 {
+			t = wire.Seconds(d.ResetAfter)
+		}
+		hb = wire.AppendRateLimit(hb, d.Gate, d.Remaining, t)
+		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
+		h[hRateLimit] = last(vals)
+	}
+	n := len(hb)
+	if ids := r.Header[st.c.requestIDHeader]; len(ids) == 1 && validRequestID(ids[0]) {
+		hb = append(hb, ids[0]...)
+	} else {
+		hb = append(hb, m.idPrefix...)
+		hb = strconv.AppendUint(hb, m.ids.Add(1), 16)
+	}
+	rid := unsafe.String(&hb[n], len(hb)-n)
+	vals = append(vals, rid)
+	h[st.c.requestIDHeader] = last(vals)
+	h[hContentType] = jsonType
+	h[hCacheControl] = noStore
+
+	bp := m.bufs.Get().(*[]byte)
+	buf := (*bp)[:0]
+	start := 0
+	if detail == "" {
+		// Steady-state rejections reuse a rendered template.
+		buf = st.template(d, req.Cost).Append(buf, retry, rid)
+	} else {
+		// The message is built first, then the envelope after it in the
+		// same buffer; only the envelope is written.
+		buf = wire.AppendMessage(buf, d, req.Cost, retry, cfg.HideCapacity, detail)
+		start = len(buf)
+		env := wire.Envelope{
+			Reason: d.Reason, Scope: d.Scope, Gate: d.Gate, Retryable: d.Retryable,
+			EffectPossible: d.EffectPossible, RetryAfter: retry, RequestID: rid,
+			Message: unsafe.String(unsafe.SliceData(buf), start),
+		}
+		buf = wire.AppendEnvelope(buf, &env)
+	}
+	w.WriteHeader(wire.Status(d))
+	w.Write(buf[start:])
+	*bp = buf[:0]
+	m.bufs.Put(bp)
+}
+
+// last returns the last element of vals as a one-element slice that cannot
+// be appended into its neighbours.
+func last(vals []string) []string {
+	i := len(vals) - 1
+	return vals[i : i+1 : i+1]
+}
+
+// responseRecorder remembers the status the handler wrote.
+type responseRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (rw *responseRecorder) WriteHeader(code int) {
+	if rw.status == 0 {
+		rw.status = code
+	}
+	rw.ResponseWriter.WriteHeader(code)
+}
+
+func (rw *responseRecorder) Write(p []byte) (int, error) {
+	if rw.status == 0 {
+		rw.status = http.StatusOK
+	}
+	return rw.ResponseWriter.Write(p)
+}
+
+// Flush forwards to the underlying writer when it can flush.
+func (rw *responseRecorder) Flush() {
+	if f, ok := rw.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Hijack forwards to the underlying writer when it can hijack.
+func (rw *responseRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if h, ok := rw.ResponseWriter.(http.Hijacker); ok {
+		return h.Hijack()
+	}
+	return nil, nil, http.ErrNotSupported
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (rw *responseRecorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }

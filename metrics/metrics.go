@@ -1,0 +1,154 @@
+// Package metrics exports what a sluice Chain decides as Prometheus metrics:
+// offered, admitted, rejected (by reason, gate and mode, shadow included),
+// completed by outcome, goodput, in-flight, and decision and work latency,
+// per class and tenant with a cap on tenant cardinality.
+//
+//	m := metrics.New(metrics.Options{})
+//	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: m}, gates...)
+//	http.Handle("/metrics", m.Handler())
+package metrics
+
+import (
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-go/sluice"
+)
+
+// OtherTenant is the tenant label of tenants beyond Options.MaxTenants.
+const OtherTenant = "other"
+
+// Options configures Metrics. The zero value is valid.
+type Options struct {
+	// Registry receives the metrics. Default: a new registry, with the Go
+	// and process collectors, served by Handler.
+	Registry *prometheus.Registry
+	// MaxTenants caps the distinct tenant label values; later tenants are
+	// counted as OtherTenant. Default 100. Negative: no tenant label values
+	// at all (every tenant is OtherTenant).
+	MaxTenants int
+}
+
+// Metrics is a sluice.Observer that records into Prometheus metrics. It is
+// safe for concurrent use.
+type Metrics struct {
+	reg        *prometheus.Registry
+	offered    *prometheus.CounterVec
+	admitted   *prometheus.CounterVec
+	rejected   *prometheus.CounterVec
+	completed  *prometheus.CounterVec
+	goodput    *prometheus.CounterVec
+	inflight   *prometheus.GaugeVec
+	decision   prometheus.Histogram
+	latency    *prometheus.HistogramVec
+	maxTenants int64
+	tenants    sync.Map // tenant → struct{}
+	nTenants   atomic.Int64
+}
+
+var _ sluice.Observer = (*Metrics)(nil)
+
+// New creates and registers the metrics.
+func New(opts Options) *Metrics {
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	}
+	if opts.MaxTenants == 0 {
+		opts.MaxTenants = 100
+	}
+	ct := []string{"class", "tenant"}
+	m := &Metrics{
+		reg:        reg,
+		maxTenants: int64(max(opts.MaxTenants, 0)),
+		offered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_requests_offered_total", Help: "Requests offered to the admission chain.",
+		}, ct),
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_requests_admitted_total", Help: "Requests admitted.",
+		}, ct),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_requests_rejected_total",
+			Help: "Rejections by reason and gate; mode=shadow counts would-be rejections of gates in shadow mode (the request passed).",
+		}, []string{"reason", "gate", "mode", "class", "tenant"}),
+		completed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_requests_completed_total", Help: "Admitted requests by outcome: useful (goodput), late, errored, cancelled.",
+		}, []string{"outcome", "class", "tenant"}),
+		goodput: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_goodput_units_total", Help: "Demand units of useful completions (correct and before the deadline).",
+		}, ct),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_requests_inflight", Help: "Admitted requests not yet done.",
+		}, []string{"class"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sluice_decision_duration_seconds", Help: "Time the admission chain took to decide.",
+			Buckets: prometheus.ExponentialBuckets(1e-7, 4, 10), // 100 ns .. 26 ms
+		}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sluice_request_duration_seconds", Help: "Time from admission to completion of admitted work.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1 ms .. 33 s
+		}, []string{"outcome", "class"}),
+	}
+	reg.MustRegister(m.offered, m.admitted, m.rejected, m.completed, m.goodput, m.inflight, m.decision, m.latency)
+	return m
+}
+
+// Registry returns the registry the metrics live in.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// tenant returns the label for t, admitting new tenants up to the cap.
+func (m *Metrics) tenant(t string) string {
+	if _, ok := m.tenants.Load(t); ok {
+		return t
+	}
+	if m.nTenants.Load() >= m.maxTenants {
+		return OtherTenant
+	}
+	if _, loaded := m.tenants.LoadOrStore(t, struct{}{}); !loaded {
+		if m.nTenants.Add(1) > m.maxTenants {
+			m.tenants.Delete(t)
+			return OtherTenant
+		}
+	}
+	return t
+}
+
+// Decided records a final verdict.
+func (m *Metrics) Decided(r *sluice.Request, d *sluice.Decision, took time.Duration) {
+	t := m.tenant(r.Tenant)
+	m.offered.WithLabelValues(r.Class, t).Inc()
+	m.decision.Observe(took.Seconds())
+	if d.Admitted {
+		m.admitted.WithLabelValues(r.Class, t).Inc()
+		m.inflight.WithLabelValues(r.Class).Inc()
+		return
+	}
+	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "enforce", r.Class, t).Inc()
+}
+
+// ShadowRejected records a would-be rejection of a gate in shadow mode.
+func (m *Metrics) ShadowRejected(r *sluice.Request, d *sluice.Decision) {
+	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "shadow", r.Class, m.tenant(r.Tenant)).Inc()
+}
+
+// Done records a completion.
+func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
+	t := m.tenant(r.Tenant)
+	m.inflight.WithLabelValues(r.Class).Dec()
+	m.completed.WithLabelValues(c.Outcome.String(), r.Class, t).Inc()
+	m.latency.WithLabelValues(c.Outcome.String(), r.Class).Observe(c.Latency.Seconds())
+	if c.Outcome == sluice.OutcomeUseful {
+		m.goodput.WithLabelValues(r.Class, t).Add(float64(r.Cost))
+	}
+}

@@ -1,0 +1,355 @@
+// Package wire renders a sluice Decision onto the wire, in one place: the
+// HTTP status, Retry-After (delay-seconds with jitter), the RateLimit-Policy
+// and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10, the
+// legacy X-RateLimit-* fields, and the small fixed-shape JSON rejection
+// envelope. Every function appends to a caller's buffer and allocates
+// nothing itself.
+//
+//	secs := wire.RetryAfter(d.RetryAfter, jitter, rand.Uint64())
+//	buf = wire.AppendRateLimit(buf, d.Gate, d.Remaining, secs)
+package wire
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Draft names the RateLimit header draft this package implements.
+const Draft = "draft-ietf-httpapi-ratelimit-headers-10"
+
+// maxSFInt is the largest Integer a Structured Field may carry (RFC 9651).
+const maxSFInt = 999_999_999_999_999
+
+// Status returns the HTTP status for a decision: 200 when admitted, 400 for
+// invalid requests, 429 for entitlement rejections (RFC 6585: the caller's
+// own usage) and 503 for protection rejections (RFC 9110: the service's
+// capacity, a deadline it cannot meet, or a failed dependency).
+func Status(d *sluice.Decision) int {
+	switch {
+	case d.Admitted:
+		return http.StatusOK
+	case d.Reason == sluice.ReasonInvalid:
+		return http.StatusBadRequest
+	case d.Entitlement():
+		return http.StatusTooManyRequests
+	}
+	return http.StatusServiceUnavailable
+}
+
+// Seconds rounds a wait up to whole seconds: 0 for no wait, at least 1 for
+// any positive wait (never 0 when a wait is needed).
+func Seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return min(s, maxSFInt)
+}
+
+// Jitter spreads Retry-After values so that clients rejected together do
+// not come back together. A value of base seconds becomes uniform over the
+// whole seconds [base, base + spread], spread = max(Min, ⌈base·Fraction⌉).
+// It never goes below the true wait. The zero Jitter is off.
+type Jitter struct {
+	// Fraction of the wait added at most, e.g. 0.5.
+	Fraction float64
+	// Min is the least spread in seconds, so short waits are spread too.
+	Min int64
+}
+
+// DefaultJitter spreads a wait of w seconds over [w, w + max(1, ⌈w/2⌉)].
+var DefaultJitter = Jitter{Fraction: 0.5, Min: 1}
+
+// Spread returns the jitter range in seconds for a base wait.
+func (j Jitter) Spread(base int64) int64 {
+	if j.Fraction <= 0 && j.Min <= 0 {
+		return 0
+	}
+	s := int64(float64(base)*j.Fraction + 0.999999)
+	return max(s, j.Min, 0)
+}
+
+// RetryAfter returns the Retry-After delay-seconds for an exact wait, with
+// jitter drawn from rnd (any uniformly random value). 0 means "no header":
+// the wait is 0 (retrying cannot help, or there is nothing to wait for).
+func RetryAfter(wait time.Duration, j Jitter, rnd uint64) int64 {
+	base := Seconds(wait)
+	if base == 0 {
+		return 0
+	}
+	if s := j.Spread(base); s > 0 {
+		base += int64(rnd % uint64(s+1))
+	}
+	return min(base, maxSFInt)
+}
+
+// AppendString appends s as a Structured Field String: printable ASCII,
+// with `"` and `\` escaped and anything else replaced by '?'.
+func AppendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+func appendInt(b []byte, n int64) []byte {
+	return strconv.AppendInt(b, min(max(n, 0), maxSFInt), 10)
+}
+
+// AppendPolicy appends one RateLimit-Policy member: "name";q=Q;w=W, with
+// qu="concurrent-requests" for concurrency quotas (which have no window).
+func AppendPolicy(b []byte, p sluice.Policy) []byte {
+	b = AppendString(b, p.Name)
+	b = append(b, ";q="...)
+	b = appendInt(b, p.Quota)
+	if p.Unit == sluice.UnitConcurrentRequests {
+		b = append(b, `;qu="concurrent-requests"`...)
+	}
+	if w := Seconds(p.Window); w > 0 {
+		b = append(b, ";w="...)
+		b = appendInt(b, w)
+	}
+	return b
+}
+
+// AppendPolicies appends a RateLimit-Policy field value listing ps.
+func AppendPolicies(b []byte, ps []sluice.Policy) []byte {
+	for i, p := range ps {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = AppendPolicy(b, p)
+	}
+	return b
+}
+
+// AppendRateLimit appends a RateLimit field member: "name";r=R;t=T, leaving
+// t out when t is 0 (nothing to wait for).
+func AppendRateLimit(b []byte, name string, remaining, t int64) []byte {
+	b = AppendString(b, name)
+	b = append(b, ";r="...)
+	b = appendInt(b, remaining)
+	if t > 0 {
+		b = append(b, ";t="...)
+		b = appendInt(b, t)
+	}
+	return b
+}
+
+// Envelope is the JSON rejection body. It has a fixed shape and small size.
+type Envelope struct {
+	Reason         sluice.Reason
+	Scope          sluice.Scope
+	Gate           string
+	Retryable      bool
+	EffectPossible bool
+	RetryAfter     int64 // seconds, 0 when absent
+	RequestID      string
+	Message        string
+}
+
+// AppendEnvelope appends the JSON body:
+//
+//	{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate",
+//	 "retryable":true,"effect_possible":false,"retry_after":1,
+//	 "request_id":"…","message":"…"}}
+func AppendEnvelope(b []byte, e *Envelope) []byte {
+	b = append(b, `{"error":{"reason":`...)
+	b = AppendJSONString(b, e.Reason.String())
+	b = append(b, `,"scope":`...)
+	b = AppendJSONString(b, e.Scope.String())
+	b = append(b, `,"gate":`...)
+	b = AppendJSONString(b, e.Gate)
+	b = append(b, `,"retryable":`...)
+	b = strconv.AppendBool(b, e.Retryable)
+	b = append(b, `,"effect_possible":`...)
+	b = strconv.AppendBool(b, e.EffectPossible)
+	if e.RetryAfter > 0 {
+		b = append(b, `,"retry_after":`...)
+		b = strconv.AppendInt(b, e.RetryAfter, 10)
+	}
+	b = append(b, `,"request_id":`...)
+	b = AppendJSONString(b, e.RequestID)
+	b = append(b, `,"message":`...)
+	b = AppendJSONString(b, e.Message)
+	return append(b, "}}\n"...)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// AppendJSONString appends s as a JSON string, escaping quotes, backslashes,
+// control characters and invalid UTF-8 (as U+FFFD).
+func AppendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	// Fast path: most strings need no escaping at all.
+	clean := 0
+	for clean < len(s) && s[clean] >= 0x20 && s[clean] < utf8.RuneSelf && s[clean] != '"' && s[clean] != '\\' {
+		clean++
+	}
+	b = append(b, s[:clean]...)
+	for i := clean; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
+
+// AppendMessage appends the envelope's human message for a rejection: which
+// limit, and when to come back or that retrying cannot help. With hide, the
+// quota figures are left out. cost is the request's demand; detail explains
+// an invalid request.
+func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bool, detail string) []byte {
+	switch d.Reason {
+	case sluice.ReasonInvalid:
+		b = append(b, "invalid request"...)
+		if detail != "" {
+			b = append(b, ": "...)
+			b = append(b, detail...)
+		}
+		return append(b, "; fix the request before retrying"...)
+	case sluice.ReasonPolicyRate:
+		b = append(b, d.Gate...)
+		if !d.Retryable {
+			b = append(b, ": the request's cost"...)
+			if !hide {
+				b = append(b, " of "...)
+				b = strconv.AppendInt(b, cost, 10)
+				b = append(b, " exceeds the most this limit ever admits ("...)
+				b = strconv.AppendInt(b, d.Limit, 10)
+				b = append(b, ')')
+			} else {
+				b = append(b, " exceeds the most this limit ever admits"...)
+			}
+			return append(b, "; retrying cannot help"...)
+		}
+		b = append(b, ": rate limit exceeded"...)
+		if !hide && d.Limit > 0 {
+			b = append(b, " ("...)
+			b = strconv.AppendInt(b, d.Limit, 10)
+			b = append(b, " requests per "...)
+			b = appendDuration(b, d.Window)
+			b = append(b, " per "...)
+			b = append(b, d.Scope.String()...)
+			b = append(b, ')')
+		}
+	case sluice.ReasonConcurrency:
+		b = append(b, d.Gate...)
+		b = append(b, ": too many requests in flight"...)
+		if !hide && d.Limit > 0 {
+			b = append(b, " ("...)
+			b = strconv.AppendInt(b, d.Limit, 10)
+			b = append(b, " per "...)
+			b = append(b, d.Scope.String()...)
+			b = append(b, ')')
+		}
+	case sluice.ReasonOverload:
+		b = append(b, "service overloaded, shedding load"...)
+	case sluice.ReasonDeadline:
+		b = append(b, "the request cannot finish before its deadline"...)
+	case sluice.ReasonDependency:
+		b = append(b, "admission state unavailable"...)
+	}
+	if retryAfter > 0 {
+		b = append(b, "; retry after "...)
+		b = strconv.AppendInt(b, retryAfter, 10)
+		b = append(b, 's')
+	} else if !d.Retryable {
+		b = append(b, "; do not retry this request unchanged"...)
+	}
+	return b
+}
+
+// appendDuration appends d like time.Duration.String, without allocating
+// for whole seconds and milliseconds.
+func appendDuration(b []byte, d time.Duration) []byte {
+	switch {
+	case d > 0 && d%time.Second == 0:
+		return append(strconv.AppendInt(b, int64(d/time.Second), 10), 's')
+	case d > 0 && d%time.Millisecond == 0 && d < time.Second:
+		return append(strconv.AppendInt(b, int64(d/time.Millisecond), 10), "ms"...)
+	}
+	return append(b, d.String()...)
+}
+
+// EnvelopeTemplate is a rejection envelope with everything but the retry
+// delay and the request id rendered once, so that rejections of a steady
+// state (the common case under overload) cost a few appends. Build one per
+// distinct (gate, reason, scope, quota, retryable) and reuse it; it is
+// immutable and safe for concurrent use.
+type EnvelopeTemplate struct {
+	head []byte // through "effect_possible":…
+	msg  []byte // the JSON-escaped message, without a retry clause
+}
+
+// NewEnvelopeTemplate renders the static parts of the envelope for d.
+func NewEnvelopeTemplate(d *sluice.Decision, cost int64, hide bool) *EnvelopeTemplate {
+	t := &EnvelopeTemplate{}
+	t.head = append(t.head, `{"error":{"reason":`...)
+	t.head = AppendJSONString(t.head, d.Reason.String())
+	t.head = append(t.head, `,"scope":`...)
+	t.head = AppendJSONString(t.head, d.Scope.String())
+	t.head = append(t.head, `,"gate":`...)
+	t.head = AppendJSONString(t.head, d.Gate)
+	t.head = append(t.head, `,"retryable":`...)
+	t.head = strconv.AppendBool(t.head, d.Retryable)
+	t.head = append(t.head, `,"effect_possible":`...)
+	t.head = strconv.AppendBool(t.head, d.EffectPossible)
+	q := AppendJSONString(nil, string(AppendMessage(nil, d, cost, 0, hide, "")))
+	t.msg = q[1 : len(q)-1]
+	return t
+}
+
+// Append appends the envelope with retry seconds (0: none) and requestID,
+// which must need no JSON escaping (letters, digits, "-_.:"). It equals
+// AppendEnvelope with the same fields.
+func (t *EnvelopeTemplate) Append(b []byte, retry int64, requestID string) []byte {
+	b = append(b, t.head...)
+	if retry > 0 {
+		b = append(b, `,"retry_after":`...)
+		b = strconv.AppendInt(b, retry, 10)
+	}
+	b = append(b, `,"request_id":"`...)
+	b = append(b, requestID...)
+	b = append(b, `","message":"`...)
+	b = append(b, t.msg...)
+	if retry > 0 {
+		b = append(b, "; retry after "...)
+		b = strconv.AppendInt(b, retry, 10)
+		b = append(b, 's')
+	}
+	return append(b, "\"}}\n"...)
+}
