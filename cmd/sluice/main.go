@@ -1,0 +1,196 @@
+// Command sluice runs admission control in front of any HTTP service
+// (sluice proxy), validates policy files (sluice check), and shows what
+// admission does to goodput under overload (sluice demo).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-go/sluice/demo"
+	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/policy"
+	"github.com/sluice-go/sluice/proxy"
+)
+
+func main() {
+	if err := root().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func root() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           "sluice",
+		Short:         "Admission control: rate limits, concurrency limits and load shedding in front of a service",
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	cmd.AddCommand(checkCmd(), proxyCmd(), demoCmd(), versionCmd())
+	return cmd
+}
+
+func checkCmd() *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "check --config FILE",
+		Short: "Validate a policy file and print its admission policy spec",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := policy.Load(file)
+			if err != nil {
+				var es policy.Errors
+				if errors.As(err, &es) {
+					for _, e := range es {
+						fmt.Fprintln(cmd.ErrOrStderr(), e)
+					}
+					return fmt.Errorf("%s: %d error(s)", file, len(es))
+				}
+				return err
+			}
+			if _, err := policy.Build(f, nil, policy.Options{}); err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), f.SpecText())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&file, "config", "", "policy file (YAML)")
+	cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func proxyCmd() *cobra.Command {
+	var opts proxy.Options
+	var upstream string
+	cmd := &cobra.Command{
+		Use:   "proxy --config FILE --upstream URL",
+		Short: "Serve a reverse proxy that admits requests to URL under the policy in FILE",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			u, err := url.Parse(upstream)
+			if err != nil || u.Scheme == "" || u.Host == "" {
+				return fmt.Errorf("--upstream %q: want an absolute URL such as http://127.0.0.1:9000", upstream)
+			}
+			opts.Upstream = u
+			if opts.AdminToken == "" {
+				opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
+			}
+			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			s, err := proxy.New(opts)
+			if err != nil {
+				var es policy.Errors
+				if errors.As(err, &es) {
+					for _, e := range es {
+						fmt.Fprintln(cmd.ErrOrStderr(), e)
+					}
+				}
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			go func() {
+				for range hup {
+					s.Reload()
+				}
+			}()
+			return s.Run(ctx)
+		},
+	}
+	cmd.Flags().StringVar(&opts.Config, "config", "", "policy file (YAML); reloaded on SIGHUP and on change")
+	cmd.Flags().StringVar(&upstream, "upstream", "", "upstream base URL, e.g. http://127.0.0.1:9000")
+	cmd.Flags().StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "proxy listen address")
+	cmd.Flags().StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /v1/gates)")
+	cmd.Flags().StringVar(&opts.AdminToken, "admin-token", "", "bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN, else generated and logged)")
+	cmd.MarkFlagRequired("config")
+	cmd.MarkFlagRequired("upstream")
+	return cmd
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			v := "(devel)"
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				if bi.Main.Version != "" {
+					v = bi.Main.Version
+				}
+				for _, s := range bi.Settings {
+					if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+						v += " " + s.Value[:12]
+					}
+				}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "sluice", v)
+		},
+	}
+}
+
+func demoCmd() *cobra.Command {
+	var opts demo.Options
+	var config, jsonPath, plotBase string
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Show goodput under overload with and without sluice, on a modeled upstream, with real open-loop load",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.Policy, opts.PolicyName = examples.RoutesAPI, "examples/routes-api.yaml (embedded)"
+			if config != "" {
+				b, err := os.ReadFile(config)
+				if err != nil {
+					return err
+				}
+				opts.Policy, opts.PolicyName = b, config
+			}
+			if f, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
+				return err
+			} else if _, err := policy.Build(f, nil, policy.Options{}); err != nil {
+				return err
+			}
+			opts.Progress = cmd.ErrOrStderr()
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			fmt.Fprintf(cmd.OutOrStdout(), "sluice demo: routes-api model behind %s\n", opts.PolicyName)
+			rep, err := demo.Run(ctx, opts)
+			if err != nil {
+				return err
+			}
+			rep.WriteTable(cmd.OutOrStdout())
+			if jsonPath != "" {
+				if err := rep.WriteJSON(jsonPath); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
+			}
+			if plotBase != "" {
+				if err := rep.WritePlot(plotBase+".png", plotBase+".svg"); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "plot written to %s.png and %s.svg\n", plotBase, plotBase)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
+	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
+	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
+	cmd.Flags().DurationVar(&opts.Step, "step", 5*time.Second, "load duration of each step")
+	cmd.Flags().DurationVar(&opts.Deadline, "deadline", 500*time.Millisecond, "client deadline")
+	cmd.Flags().Float64SliceVar(&opts.Multipliers, "loads", []float64{0.5, 1, 2, 5, 10}, "offered loads as multiples of the measured capacity")
+	return cmd
+}

@@ -1,0 +1,186 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+// mix is the demo's request mix, weights summing to 100:
+// 50% GET /v1/routes/{id}, 40% POST /v1/routes with 10..290 stops,
+// 10% GET /v1/analytics/daily.
+func mixTarget(base string, tenants int, deadline time.Duration) vegeta.Targeter {
+	timeout := deadline.String()
+	return func(t *vegeta.Target) error {
+		h := http.Header{}
+		h.Set("X-Api-Key", "tenant-"+strconv.Itoa(rand.IntN(tenants)))
+		h.Set("X-Request-Timeout", timeout)
+		switch n := rand.IntN(100); {
+		case n < 50:
+			t.Method, t.URL = http.MethodGet, base+"/v1/routes/"+strconv.Itoa(rand.IntN(100000))
+		case n < 90:
+			t.Method, t.URL = http.MethodPost, base+"/v1/routes"
+			h.Set("X-Stops", strconv.Itoa(10+rand.IntN(281)))
+		default:
+			t.Method, t.URL = http.MethodGet, base+"/v1/analytics/daily"
+		}
+		t.Header = h
+		return nil
+	}
+}
+
+// MeanServiceTime is the mix's expected service time.
+func MeanServiceTime() time.Duration {
+	post := ServiceTime(http.MethodPost, "/v1/routes", 150) // mean stops 150
+	return time.Duration(0.5*float64(ServiceTime(http.MethodGet, "/v1/routes/1", 0)) +
+		0.4*float64(post) + 0.1*float64(ServiceTime(http.MethodGet, "/v1/analytics/daily", 0)))
+}
+
+// Step is one load level of a sweep. Rates are per second of attack.
+type Step struct {
+	Multiplier  float64            `json:"multiplier"`
+	OfferedRPS  float64            `json:"offered_rps"`
+	AdmittedRPS float64            `json:"admitted_rps"`
+	GoodputRPS  float64            `json:"goodput_rps"`
+	LateRPS     float64            `json:"late_rps"`
+	ErroredRPS  float64            `json:"errored_rps"`
+	RejectedRPS map[string]float64 `json:"rejected_rps"`
+	P50Ms       float64            `json:"p50_ms"`
+	P99Ms       float64            `json:"p99_ms"`
+}
+
+// attack sends open-loop load at rate rps to base for d, with a client
+// deadline, and classifies every response: useful (200 within the deadline:
+// goodput), late (no useful answer by the deadline), rejected by reason
+// (429/503/400, read from the envelope), errored (anything else).
+func attack(ctx context.Context, base string, rps float64, d, deadline time.Duration, tenants int) Step {
+	atk := vegeta.NewAttacker(
+		vegeta.Timeout(deadline),
+		vegeta.KeepAlive(true),
+		vegeta.Workers(64),
+		vegeta.MaxWorkers(20000),
+		vegeta.Connections(20000),
+		vegeta.Redirects(vegeta.NoFollow),
+	)
+	rate := vegeta.ConstantPacer{Freq: int(rps + 0.5), Per: time.Second}
+	var useful, late, errored, offered int64
+	rejected := map[string]int64{}
+	var lat []time.Duration
+	res := atk.Attack(mixTarget(base, tenants, deadline), rate, d, "step")
+	stop := context.AfterFunc(ctx, func() { atk.Stop() })
+	defer stop()
+	for r := range res {
+		offered++
+		switch {
+		case r.Code == http.StatusOK && r.Latency <= deadline:
+			useful++
+			lat = append(lat, r.Latency)
+		case r.Code == http.StatusOK || r.Code == 0 && isTimeout(r.Error):
+			late++
+			lat = append(lat, deadline) // censored: the caller stopped waiting
+		case r.Code == http.StatusTooManyRequests || r.Code == http.StatusServiceUnavailable || r.Code == http.StatusBadRequest:
+			rejected[reasonOf(r.Body, int(r.Code))]++
+		default:
+			errored++
+		}
+	}
+	secs := d.Seconds()
+	st := Step{
+		OfferedRPS:  float64(offered) / secs,
+		GoodputRPS:  float64(useful) / secs,
+		LateRPS:     float64(late) / secs,
+		ErroredRPS:  float64(errored) / secs,
+		RejectedRPS: map[string]float64{},
+	}
+	var rej int64
+	for k, v := range rejected {
+		st.RejectedRPS[k] = float64(v) / secs
+		rej += v
+	}
+	st.AdmittedRPS = float64(offered-rej) / secs
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		st.P50Ms = float64(lat[len(lat)/2]) / 1e6
+		st.P99Ms = float64(lat[min(len(lat)*99/100, len(lat)-1)]) / 1e6
+	}
+	return st
+}
+
+func isTimeout(msg string) bool {
+	return bytes.Contains([]byte(msg), []byte("Timeout")) || bytes.Contains([]byte(msg), []byte("deadline exceeded"))
+}
+
+// reasonOf reads the envelope's reason, falling back to the status.
+func reasonOf(body []byte, code int) string {
+	const key = `"reason":"`
+	if i := bytes.Index(body, []byte(key)); i >= 0 {
+		rest := body[i+len(key):]
+		if j := bytes.IndexByte(rest, '"'); j > 0 {
+			return string(rest[:j])
+		}
+	}
+	return strconv.Itoa(code)
+}
+
+// measureCapacity drives the upstream at saturation with a closed loop of
+// 4 callers per worker for d and returns completions per second.
+func measureCapacity(ctx context.Context, base string, workers int, d time.Duration) float64 {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * workers}}
+	defer client.CloseIdleConnections()
+	tgt := mixTarget(base, 1, time.Minute)
+	var done atomic.Int64
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 4 * workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				var t vegeta.Target
+				tgt(&t)
+				req, _ := http.NewRequestWithContext(ctx, t.Method, t.URL, nil)
+				req.Header = t.Header
+				resp, err := client.Do(req)
+				if err != nil {
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK && ctx.Err() == nil {
+					done.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(done.Load()) / time.Since(start).Seconds()
+}
+
+func fmtReasons(m map[string]float64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b bytes.Buffer
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s:%.0f", k, m[k])
+	}
+	return b.String()
+}

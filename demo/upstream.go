@@ -1,0 +1,110 @@
+package demo
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Upstream models routes-api as a naive service: a fixed pool of workers,
+// each serving one request at a time for a modeled service time, behind an
+// unbounded FIFO queue. It never drops queued work, even when the caller has
+// given up, so its capacity is fixed and known whatever else the machine is
+// doing, and its collapse under overload is the real thing.
+//
+// Service times: GET /v1/routes/{id} 10 ms; POST /v1/routes 20 ms plus
+// 0.2 ms per stop (X-Stops); GET /v1/analytics/* 150 ms; anything else 10 ms.
+type Upstream struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []*job
+	closed  bool
+	workers sync.WaitGroup
+}
+
+type job struct {
+	service time.Duration
+	done    chan struct{}
+}
+
+// ServiceTime returns the modeled service time of a request.
+func ServiceTime(method, path string, stops int) time.Duration {
+	switch {
+	case method == http.MethodPost && path == "/v1/routes":
+		return 20*time.Millisecond + time.Duration(min(max(stops, 0), 10_000))*200*time.Microsecond
+	case strings.HasPrefix(path, "/v1/analytics/"):
+		return 150 * time.Millisecond
+	}
+	return 10 * time.Millisecond
+}
+
+// NewUpstream starts a pool of n workers.
+func NewUpstream(n int) *Upstream {
+	u := &Upstream{}
+	u.cond = sync.NewCond(&u.mu)
+	for range n {
+		u.workers.Add(1)
+		go u.work()
+	}
+	return u
+}
+
+func (u *Upstream) work() {
+	defer u.workers.Done()
+	for {
+		u.mu.Lock()
+		for len(u.queue) == 0 && !u.closed {
+			u.cond.Wait()
+		}
+		if u.closed {
+			u.mu.Unlock()
+			return
+		}
+		j := u.queue[0]
+		u.queue[0] = nil
+		u.queue = u.queue[1:]
+		u.mu.Unlock()
+		time.Sleep(j.service) // the modeled scarce resource: a busy worker
+		close(j.done)
+	}
+}
+
+// Queued returns the number of requests waiting for a worker.
+func (u *Upstream) Queued() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.queue)
+}
+
+// Close stops the workers; queued work is abandoned.
+func (u *Upstream) Close() {
+	u.mu.Lock()
+	u.closed = true
+	for _, j := range u.queue {
+		close(j.done)
+	}
+	u.queue = nil
+	u.cond.Broadcast()
+	u.mu.Unlock()
+	u.workers.Wait()
+}
+
+// ServeHTTP queues the request and answers when a worker has served it.
+func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	stops, _ := strconv.Atoi(r.Header.Get("X-Stops"))
+	j := &job{service: ServiceTime(r.Method, r.URL.Path, stops), done: make(chan struct{})}
+	u.mu.Lock()
+	if u.closed {
+		u.mu.Unlock()
+		http.Error(w, "closed", http.StatusServiceUnavailable)
+		return
+	}
+	u.queue = append(u.queue, j)
+	u.cond.Signal()
+	u.mu.Unlock()
+	<-j.done // a naive service waits even if the client is gone
+	w.Header().Set("Content-Type", "application/json")
+	w.Write([]byte(`{"ok":true}` + "\n"))
+}

@@ -1,0 +1,49 @@
+package gate
+
+import (
+	"context"
+	"slices"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Classes applies a gate only to requests of the listed classes; requests of
+// other classes pass it untouched. It is how one chain holds a budget per
+// class (a premium reservation that free traffic never draws on).
+type Classes struct {
+	sluice.Gate
+	classes []string
+}
+
+var _ sluice.Gate = (*Classes)(nil)
+
+// ForClasses returns g applied only to requests whose class is in classes.
+func ForClasses(g sluice.Gate, classes []string) *Classes {
+	return &Classes{Gate: g, classes: slices.Clone(classes)}
+}
+
+func (c *Classes) applies(r *sluice.Request) bool { return slices.Contains(c.classes, r.Class) }
+
+// Decide asks the wrapped gate when r's class is listed, and admits
+// otherwise.
+func (c *Classes) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+	if !c.applies(r) {
+		return sluice.Decision{Admitted: true}, 0
+	}
+	return c.Gate.Decide(ctx, r, now)
+}
+
+// Release forwards to the wrapped gate when it decided r.
+func (c *Classes) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
+	if c.applies(r) {
+		c.Gate.Release(r, p, done)
+	}
+}
+
+// Policy returns the wrapped gate's quota, if it has one.
+func (c *Classes) Policy() sluice.Policy {
+	if pg, ok := c.Gate.(sluice.PolicyGate); ok {
+		return pg.Policy()
+	}
+	return sluice.Policy{Name: c.Name()}
+}

@@ -1,0 +1,214 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+	"github.com/sluice-go/sluice/store/memory"
+)
+
+// algorithm builds the gate's algorithm, which validates its parameters.
+func (g *Gate) algorithm() (any, error) {
+	switch g.Kind {
+	case KindTokenBucket:
+		return limit.NewTokenBucket(g.Rate, g.Burst)
+	case KindGCRA:
+		return limit.NewGCRA(g.Rate, g.Burst)
+	case KindFixedWindow:
+		return limit.NewFixedWindow(g.Limit, g.Window)
+	case KindSlidingWindow:
+		return limit.NewSlidingWindow(g.Limit, g.Window)
+	case KindSlidingLog:
+		if g.Limit > 1_000_000 {
+			return nil, fmt.Errorf("sliding log keeps one entry per unit: limit %d is too large (use sliding_window)", g.Limit)
+		}
+		return limit.NewSlidingLog(g.Limit, g.Window)
+	case KindLeakyBucket:
+		return limit.NewLeakyBucket(g.Rate, g.Queue)
+	case KindConcurrency:
+		return limit.NewConcurrency(g.Limit)
+	}
+	return nil, errNoAlgorithm
+}
+
+// fingerprint identifies the gate's state-bearing configuration: a reload
+// keeps the state of a gate whose fingerprint did not change. The mode is
+// not part of it (modes switch without new state).
+func (g *Gate) fingerprint(st Store) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%d|%d|%v|%d|%v|%v|%v|%v|%d|%v", g.Name, g.Kind, g.Scope, g.OnFailure, g.Rate,
+		g.Burst, g.Limit, g.Window, g.Queue, g.TTL, g.RetryHint, g.NoRefund, g.Weighted, st.MaxKeys, g.Classes)
+}
+
+// Options are the run-time parts of a build.
+type Options struct {
+	// Clock for the chain (nil: the real clock).
+	Clock sluice.Clock
+	// Observer for the chain (metrics).
+	Observer sluice.Observer
+}
+
+// Runtime is a built policy: the chain and the HTTP identification rules.
+type Runtime struct {
+	File  *File
+	Chain *sluice.Chain
+	HTTP  httpgate.Config
+	gates map[string]builtGate
+}
+
+type builtGate struct {
+	fp string
+	g  sluice.Gate
+}
+
+// Build turns a parsed file into a chain. Gates whose configuration is the
+// same as in prev (a previous build, may be nil) are reused with their
+// state, so a reload does not reset unchanged limits.
+func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
+	rt := &Runtime{File: f, gates: map[string]builtGate{}}
+	var gates []sluice.Gate
+	modes := map[string]sluice.Mode{}
+	for i := range f.Gates {
+		g := &f.Gates[i]
+		fp := g.fingerprint(f.Store)
+		if prev != nil {
+			if old, ok := prev.gates[g.Name]; ok && old.fp == fp {
+				rt.gates[g.Name] = old
+				gates = append(gates, old.g)
+				modes[g.Name], _ = sluice.ParseMode(g.Mode)
+				continue
+			}
+		}
+		built, err := g.build(f.Store)
+		if err != nil {
+			return nil, &Error{File: f.Path, Line: g.Line, Field: fmt.Sprintf("gates[%d]", i), Msg: err.Error()}
+		}
+		if len(g.Classes) > 0 {
+			built = gate.ForClasses(built, g.Classes)
+		}
+		rt.gates[g.Name] = builtGate{fp: fp, g: built}
+		gates = append(gates, built)
+		modes[g.Name], _ = sluice.ParseMode(g.Mode)
+	}
+	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: opts.Clock, Observer: opts.Observer, Modes: modes}, gates...)
+	if err != nil {
+		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error()}
+	}
+	rt.Chain = chain
+	rt.HTTP = f.httpConfig()
+	return rt, nil
+}
+
+func (g *Gate) build(st Store) (sluice.Gate, error) {
+	alg, err := g.algorithm()
+	if err != nil {
+		return nil, err
+	}
+	scope, _ := sluice.ParseScope(g.Scope)
+	opts := gate.Options{Scope: scope, NoRefund: g.NoRefund, OnFailure: g.failure(), RetryHint: g.RetryHint}
+	mopts := memory.Options{MaxKeys: st.MaxKeys}
+	var lim store.Limiter
+	switch a := alg.(type) {
+	case *limit.TokenBucket:
+		lim = memory.NewKeyed(a, mopts)
+	case *limit.GCRA:
+		lim = memory.NewKeyed(a, mopts)
+	case *limit.FixedWindow:
+		lim = memory.NewKeyed(a, mopts)
+	case *limit.SlidingWindow:
+		lim = memory.NewKeyed(a, mopts)
+	case *limit.SlidingLog:
+		lim = memory.NewKeyed(a, mopts)
+	case *limit.LeakyBucket:
+		lim = memory.NewKeyed(a, mopts)
+		return gate.NewPacer(g.Name, lim, opts)
+	case *limit.Concurrency:
+		lim = memory.NewKeyed(a, mopts)
+		if g.Weighted {
+			return gate.NewWeightedConcurrency(g.Name, lim, opts)
+		}
+		return gate.NewConcurrency(g.Name, lim, opts)
+	}
+	return gate.NewRate(g.Name, lim, opts)
+}
+
+func (f *File) httpConfig() httpgate.Config {
+	c := httpgate.Config{
+		TenantHeader:    f.Identity.TenantHeader,
+		RequireTenant:   f.Identity.TenantRequired,
+		DeadlineHeader:  f.Identity.DeadlineHeader,
+		MaxDeadline:     f.Identity.MaxDeadline,
+		RequestIDHeader: f.Identity.RequestIDHeader,
+	}
+	for _, r := range f.Routes {
+		c.Routes = append(c.Routes, httpgate.Route{
+			Method: r.Method, Path: r.Path, Class: r.Class,
+			Cost: httpgate.Cost{Fixed: r.Cost.Fixed, Header: r.Cost.Header, Per: r.Cost.Per, Min: r.Cost.Min, Max: r.Cost.Max},
+		})
+	}
+	return c
+}
+
+// Classes returns the classes the routes name, in first-seen order, with
+// the default class last if some request can fall through to it.
+func (f *File) Classes() []string {
+	var cs []string
+	seen := map[string]bool{}
+	for _, r := range f.Routes {
+		c := r.Class
+		if c == "" {
+			c = sluice.ClassDefault
+		}
+		if !seen[c] {
+			seen[c] = true
+			cs = append(cs, c)
+		}
+	}
+	if !seen[sluice.ClassDefault] {
+		cs = append(cs, sluice.ClassDefault)
+	}
+	return cs
+}
+
+// entitlement reports whether a gate's rejections answer 429.
+func (g *Gate) entitlement() bool {
+	switch g.Kind {
+	case KindConcurrency:
+		return g.Scope == "tenant" || g.Scope == "tenant_operation"
+	case KindLeakyBucket:
+		return g.Scope != "service"
+	}
+	return true
+}
+
+func (g *Gate) describe() string {
+	var b strings.Builder
+	switch g.Kind {
+	case KindTokenBucket:
+		fmt.Fprintf(&b, "token bucket %s, burst %d", g.RateText, g.Burst)
+	case KindGCRA:
+		fmt.Fprintf(&b, "GCRA %s, burst %d", g.RateText, g.Burst)
+	case KindFixedWindow:
+		fmt.Fprintf(&b, "fixed window %d per %v", g.Limit, g.Window)
+	case KindSlidingWindow:
+		fmt.Fprintf(&b, "sliding window counter %d per %v (bound < 2x in the worst case)", g.Limit, g.Window)
+	case KindSlidingLog:
+		fmt.Fprintf(&b, "sliding log %d per %v (exact)", g.Limit, g.Window)
+	case KindLeakyBucket:
+		fmt.Fprintf(&b, "paced queue at %s, queue %d", g.RateText, g.Queue)
+	case KindConcurrency:
+		fmt.Fprintf(&b, "at most %d in flight", g.Limit)
+		if g.Weighted {
+			b.WriteString(" (weighted by cost)")
+		}
+	}
+	fmt.Fprintf(&b, " per %s", g.Scope)
+	if len(g.Classes) > 0 {
+		fmt.Fprintf(&b, ", for class %s only", strings.Join(g.Classes, ", "))
+	}
+	return b.String()
+}

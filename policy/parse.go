@@ -1,0 +1,521 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/limit"
+)
+
+// Error is one problem in a policy file, at a line, in a field.
+type Error struct {
+	File  string
+	Line  int
+	Field string // dotted path, e.g. "gates[1].rate"
+	Msg   string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
+}
+
+// Errors is every problem found in a file, in file order.
+type Errors []*Error
+
+func (es Errors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+// Load reads and parses the policy file at path.
+func Load(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+)`)
+
+// Parse parses and validates a policy file. On failure the error is Errors,
+// each naming the file, the line and the field.
+func Parse(path string, data []byte) (*File, error) {
+	p := &parser{file: path}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		line := 0
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			line, _ = strconv.Atoi(m[1])
+		}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		msg = yamlLine.ReplaceAllString(msg, "")
+		msg = strings.TrimLeft(msg, ": ")
+		return nil, Errors{{File: path, Line: line, Field: "(yaml)", Msg: msg + " (check indentation and quoting)"}}
+	}
+	if len(doc.Content) == 0 {
+		return nil, Errors{{File: path, Line: 1, Field: "(file)", Msg: "empty policy file"}}
+	}
+	f := p.file1(doc.Content[0])
+	if len(p.errs) > 0 {
+		slices.SortStableFunc(p.errs, func(a, b *Error) int { return a.Line - b.Line })
+		return nil, p.errs
+	}
+	return f, nil
+}
+
+type parser struct {
+	file string
+	errs Errors
+}
+
+func (p *parser) errf(n *yaml.Node, field, format string, args ...any) {
+	p.errs = append(p.errs, &Error{File: p.file, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// fields walks a mapping, reporting unknown and duplicate keys, and calls
+// visit for each known key with its value node.
+func (p *parser) fields(n *yaml.Node, path string, known []string, visit func(key string, v *yaml.Node)) map[string]int {
+	seen := map[string]int{}
+	if n.Kind != yaml.MappingNode {
+		p.errf(n, path, "want a mapping of fields, got %s", kindName(n))
+		return seen
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		field := join(path, k.Value)
+		if _, dup := seen[k.Value]; dup {
+			p.errf(k, field, "duplicate field")
+			continue
+		}
+		seen[k.Value] = k.Line
+		if !slices.Contains(known, k.Value) {
+			p.errf(k, field, "unknown field (known: %s)", strings.Join(known, ", "))
+			continue
+		}
+		visit(k.Value, v)
+	}
+	return seen
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "nothing"
+}
+
+func (p *parser) str(v *yaml.Node, field string) string {
+	if v.Kind != yaml.ScalarNode {
+		p.errf(v, field, "want a string, got %s", kindName(v))
+		return ""
+	}
+	return v.Value
+}
+
+func (p *parser) integer(v *yaml.Node, field string, lo, hi int64) int64 {
+	if v.Kind != yaml.ScalarNode {
+		p.errf(v, field, "want an integer, got %s", kindName(v))
+		return 0
+	}
+	n, err := strconv.ParseInt(strings.ReplaceAll(v.Value, "_", ""), 10, 64)
+	if err != nil {
+		p.errf(v, field, "%q is not an integer", v.Value)
+		return 0
+	}
+	if n < lo || n > hi {
+		p.errf(v, field, "%d is out of range [%d, %d]", n, lo, hi)
+		return 0
+	}
+	return n
+}
+
+func (p *parser) boolean(v *yaml.Node, field string) bool {
+	switch v.Value {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	p.errf(v, field, "want true or false, got %s", kindName(v))
+	return false
+}
+
+func (p *parser) duration(v *yaml.Node, field string, min time.Duration) time.Duration {
+	if v.Kind != yaml.ScalarNode {
+		p.errf(v, field, "want a duration such as 250ms, got %s", kindName(v))
+		return 0
+	}
+	d, err := time.ParseDuration(v.Value)
+	if err != nil {
+		p.errf(v, field, "%q is not a duration (want e.g. 250ms, 5s, 1m)", v.Value)
+		return 0
+	}
+	if d < min {
+		p.errf(v, field, "%v must be at least %v", d, min)
+		return 0
+	}
+	return d
+}
+
+func (p *parser) oneOf(v *yaml.Node, field string, options ...string) string {
+	s := p.str(v, field)
+	if s != "" && !slices.Contains(options, s) {
+		p.errf(v, field, "%q is not one of %s", s, strings.Join(options, ", "))
+		return ""
+	}
+	return s
+}
+
+func (p *parser) file1(n *yaml.Node) *File {
+	f := &File{Path: p.file, Store: Store{Backend: "memory", Line: n.Line}}
+	seen := p.fields(n, "", []string{"version", "service", "spec", "store", "identity", "routes", "gates"}, func(key string, v *yaml.Node) {
+		switch key {
+		case "version":
+			f.Version = int(p.integer(v, key, 1, 1))
+		case "service":
+			f.Service = p.str(v, key)
+		case "spec":
+			p.fields(v, key, []string{"operation", "resource", "owner"}, func(k string, v *yaml.Node) {
+				s := p.str(v, join(key, k))
+				switch k {
+				case "operation":
+					f.Spec.Operation = s
+				case "resource":
+					f.Spec.Resource = s
+				case "owner":
+					f.Spec.Owner = s
+				}
+			})
+		case "store":
+			f.Store = p.store(v)
+		case "identity":
+			f.Identity = p.identity(v)
+		case "routes":
+			f.Routes = p.routes(v)
+		case "gates":
+			f.Gates = p.gates(v, f.Store)
+		}
+	})
+	if n.Kind == yaml.MappingNode {
+		for _, req := range []string{"version", "gates"} {
+			if _, ok := seen[req]; !ok {
+				p.errf(n, req, "missing (required)")
+			}
+		}
+	}
+	return f
+}
+
+func (p *parser) store(n *yaml.Node) Store {
+	s := Store{Backend: "memory", Line: n.Line}
+	p.fields(n, "store", []string{"backend", "addrs", "cluster", "timeout", "on_failure", "max_keys"}, func(k string, v *yaml.Node) {
+		field := join("store", k)
+		switch k {
+		case "backend":
+			s.Backend = p.oneOf(v, field, "memory", "redis")
+			if s.Backend == "redis" {
+				p.errf(v, field, "the redis backend is not available in this version; use memory")
+			}
+		case "addrs":
+			if v.Kind != yaml.SequenceNode {
+				p.errf(v, field, "want a list of host:port")
+				return
+			}
+			for i, a := range v.Content {
+				s.Addrs = append(s.Addrs, p.str(a, fmt.Sprintf("%s[%d]", field, i)))
+			}
+		case "cluster":
+			s.Cluster = p.boolean(v, field)
+		case "timeout":
+			s.Timeout = p.duration(v, field, time.Microsecond)
+		case "on_failure":
+			s.OnFailure = p.oneOf(v, field, "fail_open", "fail_closed", "local_fallback")
+		case "max_keys":
+			s.MaxKeys = int(p.integer(v, field, 1, 1<<30))
+		}
+	})
+	return s
+}
+
+func (p *parser) identity(n *yaml.Node) Identity {
+	var id Identity
+	p.fields(n, "identity", []string{"tenant", "deadline", "request_id"}, func(k string, v *yaml.Node) {
+		path := join("identity", k)
+		known := []string{"header"}
+		switch k {
+		case "tenant":
+			known = append(known, "required")
+		case "deadline":
+			known = append(known, "max")
+		}
+		p.fields(v, path, known, func(kk string, vv *yaml.Node) {
+			field := join(path, kk)
+			switch {
+			case kk == "header":
+				h := p.str(vv, field)
+				if h != "" && !validHeaderName(h) {
+					p.errf(vv, field, "%q is not a valid header name", h)
+				}
+				switch k {
+				case "tenant":
+					id.TenantHeader = h
+				case "deadline":
+					id.DeadlineHeader = h
+				case "request_id":
+					id.RequestIDHeader = h
+				}
+			case kk == "required":
+				id.TenantRequired = p.boolean(vv, field)
+			case kk == "max":
+				id.MaxDeadline = p.duration(vv, field, time.Millisecond)
+			}
+		})
+	})
+	return id
+}
+
+var headerName = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_` + "`" + `|~-]+$`)
+
+func validHeaderName(h string) bool { return headerName.MatchString(h) }
+
+func (p *parser) routes(n *yaml.Node) []Route {
+	if n.Kind != yaml.SequenceNode {
+		p.errf(n, "routes", "want a list of routes, got %s", kindName(n))
+		return nil
+	}
+	var rs []Route
+	for i, rn := range n.Content {
+		path := fmt.Sprintf("routes[%d]", i)
+		r := Route{Line: rn.Line, Cost: Cost{Fixed: 1}}
+		seen := p.fields(rn, path, []string{"match", "class", "cost"}, func(k string, v *yaml.Node) {
+			field := join(path, k)
+			switch k {
+			case "match":
+				p.fields(v, field, []string{"method", "path"}, func(kk string, vv *yaml.Node) {
+					switch kk {
+					case "method":
+						r.Method = strings.ToUpper(p.oneOf(vv, join(field, kk), "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
+							"get", "head", "post", "put", "patch", "delete", "options"))
+					case "path":
+						r.Path = p.str(vv, join(field, kk))
+						if r.Path != "" && !strings.HasPrefix(r.Path, "/") {
+							p.errf(vv, join(field, kk), "%q must start with /", r.Path)
+						}
+					}
+				})
+				if r.Path == "" && v.Kind == yaml.MappingNode {
+					p.errf(v, join(field, "path"), "missing (required)")
+				}
+			case "class":
+				r.Class = p.str(v, field)
+				if r.Class != "" && !validName(r.Class) {
+					p.errf(v, field, "%q: class names use a-z, 0-9, '_' and '-'", r.Class)
+				}
+			case "cost":
+				r.Cost = p.cost(v, field)
+			}
+		})
+		if _, ok := seen["match"]; !ok && rn.Kind == yaml.MappingNode {
+			p.errf(rn, join(path, "match"), "missing (required)")
+		}
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+func (p *parser) cost(n *yaml.Node, path string) Cost {
+	c := Cost{Fixed: 1}
+	if n.Kind == yaml.ScalarNode {
+		c.Fixed = p.integer(n, path, 1, sluice.MaxCost)
+		return c
+	}
+	p.fields(n, path, []string{"header", "per", "min", "max"}, func(k string, v *yaml.Node) {
+		field := join(path, k)
+		switch k {
+		case "header":
+			c.Header = p.str(v, field)
+			if c.Header != "" && !validHeaderName(c.Header) {
+				p.errf(v, field, "%q is not a valid header name", c.Header)
+			}
+		case "per":
+			c.Per = p.integer(v, field, 1, sluice.MaxCost)
+		case "min":
+			c.Min = p.integer(v, field, 1, sluice.MaxCost)
+		case "max":
+			c.Max = p.integer(v, field, 1, sluice.MaxCost)
+		}
+	})
+	if c.Header == "" && n.Kind == yaml.MappingNode {
+		p.errf(n, join(path, "header"), "missing: a cost mapping reads a header (or write a fixed cost: cost: 5)")
+	}
+	if c.Min > 0 && c.Max > 0 && c.Min > c.Max {
+		p.errf(n, path, "min %d is above max %d", c.Min, c.Max)
+	}
+	return c
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
+
+func validName(s string) bool { return nameRE.MatchString(s) }
+
+func (p *parser) gates(n *yaml.Node, st Store) []Gate {
+	if n.Kind != yaml.SequenceNode {
+		p.errf(n, "gates", "want a list of gates, got %s", kindName(n))
+		return nil
+	}
+	var gs []Gate
+	names := map[string]int{}
+	known := append(slices.Clone(commonGateFields), "rate", "burst", "limit", "window", "queue", "ttl", "refund", "weighted")
+	for i, gn := range n.Content {
+		path := fmt.Sprintf("gates[%d]", i)
+		g := Gate{Line: gn.Line, Mode: "enforce", OnFailure: st.OnFailure}
+		g.fields = p.fields(gn, path, known, func(k string, v *yaml.Node) {
+			field := join(path, k)
+			switch k {
+			case "name":
+				g.Name = p.str(v, field)
+				if g.Name != "" && !validName(g.Name) {
+					p.errf(v, field, "%q: gate names use a-z, 0-9, '_', '.' and '-', at most 64", g.Name)
+				} else if first, dup := names[g.Name]; dup {
+					p.errf(v, field, "duplicate gate name %q (first at line %d)", g.Name, first)
+				} else {
+					names[g.Name] = v.Line
+				}
+			case "kind":
+				g.Kind = p.str(v, field)
+				if _, ok := kindFields[g.Kind]; g.Kind != "" && !ok {
+					p.errf(v, field, "unknown kind %q (known: %s)", g.Kind, strings.Join(kinds(), ", "))
+					g.Kind = ""
+				}
+			case "scope":
+				g.Scope = p.str(v, field)
+				if _, ok := sluice.ParseScope(g.Scope); !ok {
+					p.errf(v, field, "unknown scope %q (want service, tenant, operation, tenant_operation or class)", g.Scope)
+				}
+			case "mode":
+				g.Mode = p.oneOf(v, field, "enforce", "shadow", "off")
+			case "on_failure":
+				g.OnFailure = p.oneOf(v, field, "fail_open", "fail_closed", "local_fallback")
+			case "retry_hint":
+				g.RetryHint = p.duration(v, field, time.Millisecond)
+			case "rate":
+				g.RateText = p.str(v, field)
+				r, err := limit.ParseRate(g.RateText)
+				if err != nil {
+					p.errf(v, field, "%s", strings.TrimPrefix(err.Error(), "limit: "))
+				}
+				g.Rate = r
+			case "burst":
+				g.Burst = p.integer(v, field, 1, 1<<40)
+			case "limit":
+				g.Limit = p.integer(v, field, 1, 1<<40)
+			case "window":
+				g.Window = p.duration(v, field, time.Millisecond)
+			case "queue":
+				g.Queue = p.integer(v, field, 0, 1<<30)
+			case "ttl":
+				g.TTL = p.duration(v, field, time.Second)
+			case "refund":
+				g.NoRefund = !p.boolean(v, field)
+			case "weighted":
+				g.Weighted = p.boolean(v, field)
+			case "classes":
+				if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+					p.errf(v, field, "want a non-empty list of class names")
+					return
+				}
+				for j, c := range v.Content {
+					name := p.str(c, fmt.Sprintf("%s[%d]", field, j))
+					if name != "" && !validName(name) {
+						p.errf(c, fmt.Sprintf("%s[%d]", field, j), "%q: class names use a-z, 0-9, '_' and '-'", name)
+					}
+					g.Classes = append(g.Classes, name)
+				}
+			}
+		})
+		if gn.Kind != yaml.MappingNode {
+			continue
+		}
+		for _, req := range []string{"name", "kind"} {
+			if _, ok := g.fields[req]; !ok {
+				p.errf(gn, join(path, req), "missing (required)")
+			}
+		}
+		if spec, ok := kindFields[g.Kind]; ok {
+			for field, line := range g.fields {
+				if !slices.Contains(commonGateFields, field) && !slices.Contains(spec.allowed, field) {
+					p.errs = append(p.errs, &Error{File: p.file, Line: line, Field: join(path, field),
+						Msg: fmt.Sprintf("does not apply to kind %s (it takes %s)", g.Kind, strings.Join(spec.allowed, ", "))})
+				}
+			}
+			for _, req := range spec.required {
+				if _, ok := g.fields[req]; !ok {
+					p.errf(gn, join(path, req), "missing: kind %s needs %s", g.Kind, strings.Join(spec.required, " and "))
+				}
+			}
+		}
+		if g.Scope == "" {
+			g.Scope = "tenant"
+			if g.Kind == KindConcurrency || g.Kind == KindLeakyBucket {
+				g.Scope = "service"
+			}
+		}
+		if g.OnFailure == "local_fallback" && st.Backend == "memory" {
+			// Nothing to fall back from; memory never fails.
+			g.OnFailure = "fail_open"
+		}
+		if len(p.errs) == 0 {
+			if _, err := g.algorithm(); err != nil {
+				p.errf(gn, path, "%s", strings.TrimPrefix(err.Error(), "limit: invalid parameters: "))
+			}
+		}
+		gs = append(gs, g)
+	}
+	return gs
+}
+
+func kinds() []string {
+	ks := make([]string, 0, len(kindFields))
+	for k := range kindFields {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// failure returns the gate's failure policy.
+func (g *Gate) failure() gate.FailurePolicy {
+	fp, err := gate.ParseFailurePolicy(g.OnFailure)
+	if err != nil {
+		return gate.FailOpen
+	}
+	return fp
+}
+
+var errNoAlgorithm = errors.New("no algorithm")

@@ -1,0 +1,160 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice/wire"
+)
+
+// SpecText renders the filled-in admission policy spec: the review
+// artifact of the admission-control chapter in seeds/000, with every part
+// the file determines filled from the file and the prose parts taken from
+// its spec section.
+func (f *File) SpecText() string {
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "  %s: %s\n", label, fmt.Sprintf(format, args...))
+	}
+	prose := func(s, field string) string {
+		if s == "" {
+			return "(not stated: add spec." + field + " to the policy file)"
+		}
+		return s
+	}
+	service := f.Service
+	if service == "" {
+		service = "(unnamed service)"
+	}
+	fmt.Fprintf(&b, "ADMISSION POLICY  %s  (%s)\n", service, f.Path)
+	line("Protected operation and useful-completion definition", "%s", prose(f.Spec.Operation, "operation"))
+	line("Scarce resource(s), capacity evidence, and safe operating region", "%s", prose(f.Spec.Resource, "resource"))
+	names := make([]string, len(f.Gates))
+	for i, g := range f.Gates {
+		names[i] = g.Name
+	}
+	line("Decision point and rejection cost budget", "sluice in front of %s, one chain evaluated in order: %s; a rejection is answered in process, before any upstream work, with a small fixed-size body",
+		service, strings.Join(names, " -> "))
+
+	b.WriteString("\nWORK MODEL\n")
+	tenant := "one shared anonymous tenant (no identity.tenant.header)"
+	if f.Identity.TenantHeader != "" {
+		tenant = "tenant = header " + f.Identity.TenantHeader
+		if f.Identity.TenantRequired {
+			tenant += " (required)"
+		}
+	}
+	var classes []string
+	for _, c := range f.Classes() {
+		var where []string
+		for _, r := range f.Routes {
+			if r.Class == c || (r.Class == "" && c == "default") {
+				where = append(where, strings.TrimSpace(r.Method+" "+r.Path))
+			}
+		}
+		if len(where) == 0 {
+			where = []string{"requests no route matches"}
+		}
+		classes = append(classes, fmt.Sprintf("%s (%s)", c, strings.Join(where, ", ")))
+	}
+	line("Classes / tenants / authorized priority", "%s; classes from server-side routes only, never from the client: %s", tenant, strings.Join(classes, "; "))
+	costs := []string{"1 unit per request unless a route says otherwise"}
+	for _, r := range f.Routes {
+		switch {
+		case r.Cost.Header != "":
+			per, lo, hi := max(r.Cost.Per, 1), max(r.Cost.Min, 1), r.Cost.Max
+			bound := fmt.Sprintf("[%d, %d]", lo, hi)
+			if hi == 0 {
+				bound = fmt.Sprintf("[%d, no max]", lo)
+			}
+			costs = append(costs, fmt.Sprintf("%s %s: ceil(%s / %d) clamped to %s", r.Method, r.Path, r.Cost.Header, per, bound))
+		case r.Cost.Fixed > 1:
+			costs = append(costs, fmt.Sprintf("%s %s: %d units", r.Method, r.Path, r.Cost.Fixed))
+		}
+	}
+	line("Demand unit and pre-admission estimator", "%s", strings.Join(costs, "; "))
+	var bursts []string
+	for _, g := range f.Gates {
+		if g.Burst > 0 {
+			bursts = append(bursts, fmt.Sprintf("%s allows bursts of %d per %s", g.Name, g.Burst, g.Scope))
+		}
+	}
+	if len(bursts) == 0 {
+		bursts = []string{"no burst allowance configured"}
+	}
+	line("Arrival, burst, skew, retry, and failure assumptions", "%s; retries arrive as new offered load and are decided like any request", strings.Join(bursts, "; "))
+	if f.Identity.DeadlineHeader != "" {
+		max := f.Identity.MaxDeadline
+		if max == 0 {
+			max = 5 * time.Minute
+		}
+		line("Deadline and correctness invariants", "remaining budget from header %s (at most %v) bounds the work's context; a response after it counts as late, not useful", f.Identity.DeadlineHeader, max)
+	} else {
+		line("Deadline and correctness invariants", "no deadline header configured: every completion counts as useful")
+	}
+
+	b.WriteString("\nHIERARCHY\n")
+	line("Global / region / worker budgets", "%s", storeText(f.Store))
+	line("Reservations, weights, borrow rules, and revocation time", "none configured")
+	b.WriteString("  Rate, burst, concurrency, queue, and cost bounds:\n")
+	for _, g := range f.Gates {
+		fmt.Fprintf(&b, "    - %s: %s [%s]\n", g.Name, g.describe(), g.Mode)
+	}
+	line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
+
+	b.WriteString("\nSTATE MACHINE\n")
+	line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
+
+	b.WriteString("\nFAILURE AND CLIENT CONTRACT\n")
+	var failures []string
+	for _, g := range f.Gates {
+		failures = append(failures, fmt.Sprintf("%s %s", g.Name, g.failure()))
+	}
+	line("Limiter unavailable/stale/partitioned behavior", "%s; per gate: %s", storeFailure(f.Store), strings.Join(failures, ", "))
+	var e429, e503 []string
+	for _, g := range f.Gates {
+		if g.entitlement() {
+			e429 = append(e429, g.Name)
+		} else {
+			e503 = append(e503, g.Name)
+		}
+	}
+	line("429/503 or protocol-specific rejection semantics", "429 Too Many Requests (the caller's entitlement): %s; 503 Service Unavailable (capacity): %s; 400 for malformed identity, cost or deadline headers",
+		listOrNone(e429), listOrNone(e503))
+	j := wire.DefaultJitter
+	line("Effect possibility, retry eligibility, delay, jitter, and attempt budget", "every rejection happens before execution (effect_possible false); Retry-After is the exact wait rounded up to whole seconds plus jitter over [w, w + max(%d, ceil(w x %.1f))]; a cost above a burst is not retryable and gets no Retry-After; RateLimit-Policy and RateLimit fields (%s) on every response", j.Min, j.Fraction, wire.Draft)
+	line("Static fallback / disable / operator override", "each gate switches between enforce, shadow and off at run time (admin endpoint /v1/gates); the file reloads on SIGHUP or change, and an invalid file is refused while the old policy keeps serving")
+
+	b.WriteString("\nEVIDENCE\n")
+	line("Offered, admitted, completed, late, rejected, and retried demand", "/metrics: sluice_requests_offered_total, _admitted_total, _rejected_total{reason,gate,mode}, _completed_total{outcome}")
+	line("Goodput and fairness by class/tenant", "sluice_goodput_units_total{class,tenant} and completions by outcome, per class and tenant (tenant label capped)")
+	line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice demo` sweeps open-loop load from 0.5x to 10x capacity with and without admission")
+	line("Abort, rollback, and policy review owner", "%s", prose(f.Spec.Owner, "owner"))
+	return b.String()
+}
+
+func listOrNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+func storeText(s Store) string {
+	if s.Backend == "memory" {
+		keys := "default cap 4,194,304 keys per gate"
+		if s.MaxKeys > 0 {
+			keys = fmt.Sprintf("cap %d keys per gate", s.MaxKeys)
+		}
+		return "per-process memory store (" + keys + "; at the cap fresh keys are dropped first, then new keys share one overflow budget)"
+	}
+	return s.Backend
+}
+
+func storeFailure(s Store) string {
+	if s.Backend == "memory" {
+		return "the memory store is part of the process and cannot be unreachable"
+	}
+	return "store " + s.Backend
+}

@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/sluice-go/sluice"
+)
+
+// GateState is one gate as the admin API shows it.
+type GateState struct {
+	Name   string  `json:"name"`
+	Mode   string  `json:"mode"`
+	Quota  int64   `json:"quota,omitempty"`
+	Window float64 `json:"window_seconds,omitempty"`
+	Unit   string  `json:"unit,omitempty"`
+}
+
+// AdminHandler serves /metrics, /healthz and /v1/gates.
+//
+//	GET  /v1/gates              every gate with its mode and quota
+//	POST /v1/gates/{name}       body {"mode":"shadow"}: switch a gate's mode
+//
+// /v1/gates requires "Authorization: Bearer TOKEN" (Options.AdminToken).
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.metrics.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /v1/gates", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.gateStates())
+	}))
+	mux.HandleFunc("POST /v1/gates/{name}", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Mode string `json:"mode"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want a JSON body {\"mode\": \"enforce|shadow|off\"}"})
+			return
+		}
+		m, err := sluice.ParseMode(body.Mode)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		name := r.PathValue("name")
+		if err := s.Chain().SetMode(name, m); err != nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+			return
+		}
+		s.log.Warn("gate mode switched", "gate", name, "mode", m.String(), "remote", r.RemoteAddr)
+		for _, g := range s.gateStates() {
+			if g.Name == name {
+				writeJSON(w, http.StatusOK, g)
+				return
+			}
+		}
+	}))
+	return mux
+}
+
+func (s *Server) authorized(h http.HandlerFunc) http.HandlerFunc {
+	want := []byte("Bearer " + s.opts.AdminToken)
+	return func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(strings.TrimSpace(r.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) gateStates() []GateState {
+	c := s.Chain()
+	policies := map[string]sluice.Policy{}
+	for _, p := range c.Policies() {
+		policies[p.Name] = p
+	}
+	var out []GateState
+	for _, g := range c.Gates() {
+		m, _ := c.Mode(g.Name())
+		st := GateState{Name: g.Name(), Mode: m.String()}
+		if p, ok := policies[g.Name()]; ok {
+			st.Quota, st.Window = p.Quota, p.Window.Seconds()
+			st.Unit = "requests"
+			if p.Unit == sluice.UnitConcurrentRequests {
+				st.Unit = "concurrent-requests"
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,266 @@
+// Package proxy is `sluice proxy`: a reverse proxy that puts a policy
+// file's gate chain in front of any HTTP upstream, with an admin listener
+// (Prometheus /metrics, /healthz, /v1/gates to read and switch gate modes)
+// and hot reload of the policy on SIGHUP or file change.
+//
+//	s, _ := proxy.New(proxy.Options{Config: "routes-api.yaml", Upstream: u})
+//	err := s.Run(ctx) // until ctx is done
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/metrics"
+	"github.com/sluice-go/sluice/policy"
+)
+
+// Options configures a proxy.
+type Options struct {
+	// Config is the policy file path.
+	Config string
+	// ConfigData, if set, is the policy itself (Config then only names it
+	// in messages, and nothing reloads).
+	ConfigData []byte
+	// Upstream is the service the proxy forwards admitted requests to.
+	Upstream *url.URL
+	// Listen is the proxy's address. Default "127.0.0.1:8080".
+	Listen string
+	// Admin is the admin listener's address. Default "127.0.0.1:9901"
+	// (loopback: the admin API can switch gates off).
+	Admin string
+	// AdminToken protects /v1/gates (Authorization: Bearer TOKEN). Empty:
+	// a random token is generated and logged at start.
+	AdminToken string
+	// ReloadEvery is how often the policy file is checked for changes.
+	// Default 1 s; negative: never (SIGHUP only).
+	ReloadEvery time.Duration
+	// Logger receives operational logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Clock for the chain (tests). Default: the real clock.
+	Clock sluice.Clock
+	// Transport for upstream calls. Default: a transport tuned for many
+	// concurrent requests to one host.
+	Transport http.RoundTripper
+}
+
+// Server is a running proxy.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics.Metrics
+	mw      *httpgate.Middleware
+	proxy   *httputil.ReverseProxy
+
+	mu      sync.Mutex // serializes reloads
+	rt      *policy.Runtime
+	version string // sha256 of the file content serving now
+
+	proxyAddr, adminAddr net.Addr
+	ready                chan struct{}
+}
+
+// New loads and builds the policy; it fails if the file is invalid.
+func New(opts Options) (*Server, error) {
+	if opts.Upstream == nil {
+		return nil, errors.New("proxy: no upstream")
+	}
+	if opts.Listen == "" {
+		opts.Listen = "127.0.0.1:8080"
+	}
+	if opts.Admin == "" {
+		opts.Admin = "127.0.0.1:9901"
+	}
+	if opts.ReloadEvery == 0 {
+		opts.ReloadEvery = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.AdminToken == "" {
+		var b [16]byte
+		rand.Read(b[:])
+		opts.AdminToken = hex.EncodeToString(b[:])
+		opts.Logger.Info("admin token generated", "token", opts.AdminToken)
+	}
+	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{}), ready: make(chan struct{})}
+	data := opts.ConfigData
+	if data == nil {
+		var err error
+		if data, err = os.ReadFile(opts.Config); err != nil {
+			return nil, err
+		}
+	} else {
+		s.opts.ReloadEvery = -1
+	}
+	f, err := policy.Parse(opts.Config, data)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := policy.Build(f, nil, policy.Options{Clock: opts.Clock, Observer: s.metrics})
+	if err != nil {
+		return nil, err
+	}
+	s.rt, s.version = rt, digest(data)
+	s.mw, err = httpgate.New(rt.Chain, rt.HTTP)
+	if err != nil {
+		return nil, err
+	}
+	tr := opts.Transport
+	if tr == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns = 4096
+		t.MaxIdleConnsPerHost = 4096
+		t.IdleConnTimeout = 90 * time.Second
+		tr = t
+	}
+	up := opts.Upstream
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			pr.SetXForwarded()
+		},
+		Transport:    tr,
+		ErrorHandler: s.upstreamError,
+		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	return s, nil
+}
+
+func digest(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:8])
+}
+
+// upstreamError answers a failed upstream call: 504 when the caller's
+// deadline ran out, 502 otherwise. Both count as errored outcomes.
+func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	code := http.StatusBadGateway
+	if errors.Is(err, context.DeadlineExceeded) {
+		code = http.StatusGatewayTimeout
+	}
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the client is gone; nobody reads a response
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, "{\"error\":{\"reason\":\"upstream\",\"message\":%q}}\n", http.StatusText(code))
+}
+
+// Handler is the proxy handler: the middleware in front of the upstream.
+func (s *Server) Handler() http.Handler { return s.mw.Wrap(s.proxy) }
+
+// Chain returns the chain serving now.
+func (s *Server) Chain() *sluice.Chain { return s.mw.Chain() }
+
+// Metrics returns the proxy's metrics.
+func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
+
+// Reload re-reads the policy file. A valid file replaces the policy without
+// dropping requests in flight and keeps the state of unchanged gates; an
+// invalid one is refused, logged, and the old policy keeps serving. It
+// returns whether the policy changed.
+func (s *Server) Reload() (bool, error) {
+	if s.opts.ConfigData != nil {
+		return false, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	data, err := os.ReadFile(s.opts.Config)
+	if err != nil {
+		s.log.Error("policy reload refused: cannot read file; the old policy keeps serving", "file", s.opts.Config, "err", err)
+		return false, err
+	}
+	v := digest(data)
+	if v == s.version {
+		return false, nil
+	}
+	f, err := policy.Parse(s.opts.Config, data)
+	if err == nil {
+		var rt *policy.Runtime
+		if rt, err = policy.Build(f, s.rt, policy.Options{Clock: s.opts.Clock, Observer: s.metrics}); err == nil {
+			if err = s.mw.Update(rt.Chain, rt.HTTP); err == nil {
+				s.rt, s.version = rt, v
+				s.log.Info("policy reloaded", "file", s.opts.Config, "version", v, "gates", len(f.Gates))
+				return true, nil
+			}
+		}
+	}
+	s.log.Error("policy reload refused; the old policy keeps serving", "file", s.opts.Config, "err", err)
+	return false, err
+}
+
+// Addrs returns the bound proxy and admin addresses once Run has started
+// listening (it blocks until then).
+func (s *Server) Addrs() (proxy, admin net.Addr) {
+	<-s.ready
+	return s.proxyAddr, s.adminAddr
+}
+
+// Run serves until ctx is done, then shuts down gracefully (in-flight
+// requests get up to 10 s to finish).
+func (s *Server) Run(ctx context.Context) error {
+	pl, err := net.Listen("tcp", s.opts.Listen)
+	if err != nil {
+		return err
+	}
+	al, err := net.Listen("tcp", s.opts.Admin)
+	if err != nil {
+		pl.Close()
+		return err
+	}
+	s.proxyAddr, s.adminAddr = pl.Addr(), al.Addr()
+	close(s.ready)
+	ps := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.version)
+
+	errc := make(chan error, 2)
+	go func() { errc <- ps.Serve(pl) }()
+	go func() { errc <- as.Serve(al) }()
+	var wg sync.WaitGroup
+	if s.opts.ReloadEvery > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(s.opts.ReloadEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					s.Reload()
+				}
+			}
+		}()
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ps.Shutdown(sctx)
+	as.Shutdown(sctx)
+	wg.Wait()
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return serveErr
+}
