@@ -43,6 +43,9 @@ type Options struct {
 	Deadline time.Duration
 	// Tenants is the number of distinct API keys. Default 40.
 	Tenants int
+	// CapacityWindow is how long capacity is measured at saturation.
+	// Default 5 s.
+	CapacityWindow time.Duration
 	// Progress receives a progress line while the demo runs (nil: none).
 	Progress io.Writer
 }
@@ -55,15 +58,15 @@ type RunResult struct {
 
 // Report is the demo's result.
 type Report struct {
-	CapacityRPS      float64     `json:"capacity_rps"`
-	ModeledRPS       float64     `json:"modeled_capacity_rps"`
-	Workers          int         `json:"workers"`
-	DeadlineMs       float64     `json:"deadline_ms"`
-	StepSeconds      float64     `json:"step_seconds"`
-	Runs             []RunResult `json:"runs"`
-	ElapsedSeconds   float64     `json:"elapsed_seconds"`
-	MeanServiceMs    float64     `json:"mean_service_ms"`
-	OpenLoopNote     string      `json:"note"`
+	CapacityRPS    float64     `json:"capacity_rps"`
+	ModeledRPS     float64     `json:"modeled_capacity_rps"`
+	Workers        int         `json:"workers"`
+	DeadlineMs     float64     `json:"deadline_ms"`
+	StepSeconds    float64     `json:"step_seconds"`
+	Runs           []RunResult `json:"runs"`
+	ElapsedSeconds float64     `json:"elapsed_seconds"`
+	MeanServiceMs  float64     `json:"mean_service_ms"`
+	OpenLoopNote   string      `json:"note"`
 }
 
 func (o *Options) defaults() {
@@ -81,6 +84,9 @@ func (o *Options) defaults() {
 	}
 	if o.Tenants == 0 {
 		o.Tenants = 40
+	}
+	if o.CapacityWindow == 0 {
+		o.CapacityWindow = 5 * time.Second
 	}
 	if o.PolicyName == "" {
 		o.PolicyName = "routes-api.yaml"
@@ -124,7 +130,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.CapacityRPS = measureCapacity(ctx, base, opts.Workers, 3*time.Second)
+	rep.CapacityRPS = measureCapacity(ctx, base, opts.Workers, opts.CapacityWindow)
 	up.Close()
 	stop()
 	if rep.CapacityRPS <= 0 {

@@ -47,6 +47,7 @@ func (r *Report) WritePlot(paths ...string) error {
 	p.Legend.Add("measured capacity", capLine)
 	p.Legend.Top = true
 	p.Y.Min = 0
+	p.Y.Max = 1.35 * r.CapacityRPS
 	for _, path := range paths {
 		if !strings.HasSuffix(path, ".png") && !strings.HasSuffix(path, ".svg") {
 			continue

@@ -51,7 +51,11 @@ func RateFromFloat(perSecond float64) (Rate, error) {
 	if math.IsNaN(perSecond) || math.IsInf(perSecond, 0) || perSecond <= 0 {
 		return Rate{}, fmt.Errorf("%w: %v per second", ErrInvalidRate, perSecond)
 	}
-	return parseDecimalRate(strconv.FormatFloat(perSecond, 'g', -1, 64), time.Second)
+	r, err := parseDecimalRate(strconv.FormatFloat(perSecond, 'g', -1, 64), time.Second)
+	if err != nil {
+		return Rate{}, fmt.Errorf("%w: %v per second: %v", ErrInvalidRate, perSecond, err)
+	}
+	return r, nil
 }
 
 // ParseRate parses "N/UNIT" or "N/DURATION": N is a decimal number with an
@@ -69,7 +73,7 @@ func ParseRate(s string) (Rate, error) {
 	}
 	r, err := parseDecimalRate(strings.TrimSpace(num), per)
 	if err != nil {
-		return Rate{}, fmt.Errorf("%w %q: %v", ErrInvalidRate, s, errors.Unwrap(err))
+		return Rate{}, fmt.Errorf("%w %q: %v", ErrInvalidRate, s, err)
 	}
 	return r, nil
 }
@@ -111,14 +115,14 @@ func parseDecimalRate(num string, per time.Duration) (Rate, error) {
 	if i := strings.IndexAny(num, "eE"); i >= 0 {
 		e, err := strconv.Atoi(num[i+1:])
 		if err != nil || e > 30 || e < -30 {
-			return Rate{}, fmt.Errorf("%w: bad exponent in %q", ErrInvalidRate, num)
+			return Rate{}, fmt.Errorf("bad exponent in %q", num)
 		}
 		mant, exp = num[:i], e
 	}
 	intPart, frac, _ := strings.Cut(mant, ".")
 	digits := intPart + frac
 	if digits == "" || strings.Trim(digits, "0123456789") != "" {
-		return Rate{}, fmt.Errorf("%w: %q is not a positive decimal number", ErrInvalidRate, num)
+		return Rate{}, fmt.Errorf("%q is not a positive decimal number", num)
 	}
 	digits = strings.TrimLeft(digits, "0")
 	exp -= len(frac)
@@ -128,16 +132,16 @@ func parseDecimalRate(num string, per time.Duration) (Rate, error) {
 		exp++
 	}
 	if digits == "" {
-		return Rate{}, fmt.Errorf("%w: rate must be > 0", ErrInvalidRate)
+		return Rate{}, errors.New("rate must be > 0")
 	}
 	m, err := strconv.ParseInt(digits, 10, 64)
 	if err != nil {
-		return Rate{}, fmt.Errorf("%w: %q has too many digits", ErrInvalidRate, num)
+		return Rate{}, fmt.Errorf("%q has too many digits", num)
 	}
 	tokens, p := m, int64(per)
 	for ; exp > 0; exp-- {
 		if tokens > math.MaxInt64/10 {
-			return Rate{}, fmt.Errorf("%w: %q is too large", ErrInvalidRate, num)
+			return Rate{}, fmt.Errorf("%q is too large", num)
 		}
 		tokens *= 10
 	}
@@ -148,11 +152,15 @@ func parseDecimalRate(num string, per time.Duration) (Rate, error) {
 			continue
 		}
 		if p > math.MaxInt64/10 {
-			return Rate{}, fmt.Errorf("%w: %q has more precision than the period can hold", ErrInvalidRate, num)
+			return Rate{}, fmt.Errorf("%q has more precision than the period can hold", num)
 		}
 		p *= 10
 	}
-	return NewRate(tokens, time.Duration(p))
+	if tokens <= 0 || p <= 0 {
+		return Rate{}, errors.New("rate must be > 0")
+	}
+	g := gcd(tokens, p)
+	return Rate{tokens: tokens / g, per: p / g}, nil
 }
 
 // Tokens returns the numerator of the reduced rate.

@@ -91,7 +91,11 @@ func (p *parser) errf(n *yaml.Node, field, format string, args ...any) {
 func (p *parser) fields(n *yaml.Node, path string, known []string, visit func(key string, v *yaml.Node)) map[string]int {
 	seen := map[string]int{}
 	if n.Kind != yaml.MappingNode {
-		p.errf(n, path, "want a mapping of fields, got %s", kindName(n))
+		where := path
+		if where == "" {
+			where = "(file)"
+		}
+		p.errf(n, where, "want a mapping of fields, got %s", kindName(n))
 		return seen
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -112,6 +116,9 @@ func (p *parser) fields(n *yaml.Node, path string, known []string, visit func(ke
 }
 
 func join(path, key string) string {
+	if key == "" {
+		key = `""`
+	}
 	if path == "" {
 		return key
 	}
@@ -126,6 +133,8 @@ func kindName(n *yaml.Node) string {
 		return "a list"
 	case yaml.ScalarNode:
 		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias (YAML anchors and aliases are not supported)"
 	}
 	return "nothing"
 }
@@ -428,7 +437,7 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 				g.RateText = p.str(v, field)
 				r, err := limit.ParseRate(g.RateText)
 				if err != nil {
-					p.errf(v, field, "%s", strings.TrimPrefix(err.Error(), "limit: "))
+					p.errf(v, field, "%s", strings.TrimPrefix(err.Error(), "limit: invalid rate "))
 				}
 				g.Rate = r
 			case "burst":
@@ -469,7 +478,7 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 		}
 		if spec, ok := kindFields[g.Kind]; ok {
 			for field, line := range g.fields {
-				if !slices.Contains(commonGateFields, field) && !slices.Contains(spec.allowed, field) {
+				if slices.Contains(known, field) && !slices.Contains(commonGateFields, field) && !slices.Contains(spec.allowed, field) {
 					p.errs = append(p.errs, &Error{File: p.file, Line: line, Field: join(path, field),
 						Msg: fmt.Sprintf("does not apply to kind %s (it takes %s)", g.Kind, strings.Join(spec.allowed, ", "))})
 				}

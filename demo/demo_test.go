@@ -1,0 +1,57 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluice-go/sluice/examples"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A small sweep: at 4x capacity admission must beat no admission on
+// goodput and keep admitted work within the deadline.
+func TestDemoSmallScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real load for several seconds")
+	}
+	policy := bytes.Replace(examples.RoutesAPI, []byte("limit: 10, retry_hint"), []byte("limit: 6, retry_hint"), 1)
+	rep, err := Run(context.Background(), Options{
+		Policy: policy, Workers: 4, Multipliers: []float64{0.5, 4},
+		Step: 1500 * time.Millisecond, CapacityWindow: 2 * time.Second, Tenants: 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, admitted := rep.Runs[0].Steps[1], rep.Runs[1].Steps[1]
+	if admitted.GoodputRPS <= direct.GoodputRPS {
+		t.Fatalf("at 4x: goodput %.0f through sluice, %.0f without", admitted.GoodputRPS, direct.GoodputRPS)
+	}
+	if admitted.GoodputRPS < 0.7*rep.CapacityRPS || admitted.P99Ms > rep.DeadlineMs {
+		t.Fatalf("sluice at 4x: goodput %.0f of capacity %.0f, p99 %.0f ms", admitted.GoodputRPS, rep.CapacityRPS, admitted.P99Ms)
+	}
+	dir := t.TempDir()
+	if err := rep.WriteJSON(filepath.Join(dir, "d.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WritePlot(filepath.Join(dir, "d.png"), filepath.Join(dir, "d.svg")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"d.json", "d.png", "d.svg"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Fatalf("%s not written", f)
+		}
+	}
+	var b strings.Builder
+	rep.WriteTable(&b)
+	if !strings.Contains(b.String(), "no admission") || !strings.Contains(b.String(), "sluice") {
+		t.Fatal(b.String())
+	}
+}

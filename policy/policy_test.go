@@ -1,0 +1,183 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/internal/fakeclock"
+)
+
+const good = `version: 1
+service: s
+gates:
+  - {name: request-rate, kind: token_bucket, scope: tenant, rate: 100/s, burst: 500}
+  - {name: inflight, kind: concurrency, limit: 20}
+`
+
+func TestExamplesPass(t *testing.T) {
+	for name, data := range map[string][]byte{"routes-api.yaml": examples.RoutesAPI, "mercury.yaml": examples.Mercury} {
+		f, err := Parse(name, data)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := Build(f, nil, Options{}); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		spec := f.SpecText()
+		for _, want := range []string{"ADMISSION POLICY", "WORK MODEL", "HIERARCHY", "STATE MACHINE", "FAILURE AND CLIENT CONTRACT", "EVIDENCE", "429", "503"} {
+			if !strings.Contains(spec, want) {
+				t.Fatalf("%s: spec lacks %q", name, want)
+			}
+		}
+	}
+	// The files on disk are the embedded ones.
+	for _, name := range []string{"routes-api.yaml", "mercury.yaml"} {
+		if _, err := Load("../examples/" + name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Each broken policy gives exactly one clear error, at the right line and
+// field.
+func TestBrokenPolicies(t *testing.T) {
+	for _, c := range []struct {
+		name, file string
+		line       int
+		field, msg string
+	}{
+		{"unknown kind", "version: 1\ngates:\n  - {name: a, kind: token_buket, rate: 1/s, burst: 1}\n", 3, "gates[0].kind", `unknown kind "token_buket"`},
+		{"missing rate", "version: 1\ngates:\n  - name: a\n    kind: token_bucket\n    burst: 5\n", 3, "gates[0].rate", "missing: kind token_bucket needs rate and burst"},
+		{"bad rate unit", "version: 1\ngates:\n  - name: a\n    kind: gcra\n    rate: 100/x\n    burst: 5\n", 5, "gates[0].rate", `bad period "x"`},
+		{"negative burst", "version: 1\ngates:\n  - name: a\n    kind: token_bucket\n    rate: 1/s\n    burst: -5\n", 6, "gates[0].burst", "-5 is out of range"},
+		{"duplicate gate name", "version: 1\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n  - {name: a, kind: concurrency, limit: 2}\n", 4, "gates[1].name", `duplicate gate name "a" (first at line 3)`},
+		{"bad indentation", "version: 1\ngates:\n  - name: a\n     kind: concurrency\n", 4, "(yaml)", "mapping values are not allowed"},
+		{"unknown field", "version: 1\ngates:\n  - {name: a, kind: concurrency, limit: 1, burts: 3}\n", 3, "gates[0].burts", "unknown field"},
+		{"field of another kind", "version: 1\ngates:\n  - name: a\n    kind: concurrency\n    limit: 5\n    burst: 9\n", 6, "gates[0].burst", "does not apply to kind concurrency"},
+		{"zero rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 0/s, burst: 1}\n", 3, "gates[0].rate", "rate must be > 0"},
+		{"bad window", "version: 1\ngates:\n  - {name: a, kind: fixed_window, limit: 5, window: soon}\n", 3, "gates[0].window", `"soon" is not a duration`},
+		{"bad mode", "version: 1\ngates:\n  - {name: a, kind: concurrency, limit: 5, mode: dark}\n", 3, "gates[0].mode", `"dark" is not one of enforce, shadow, off`},
+		{"bad scope", "version: 1\ngates:\n  - {name: a, kind: concurrency, limit: 5, scope: planet}\n", 3, "gates[0].scope", `unknown scope "planet"`},
+		{"missing gates", "version: 1\nservice: x\n", 1, "gates", "missing (required)"},
+		{"wrong version", "version: 2\ngates: []\n", 1, "version", "out of range [1, 1]"},
+		{"route path", "version: 1\nroutes:\n  - {match: {path: v1/x}}\ngates: []\n", 3, "routes[0].match.path", "must start with /"},
+		{"cost bounds", "version: 1\nroutes:\n  - {match: {path: /x}, cost: {header: X-N, min: 9, max: 2}}\ngates: []\n", 3, "routes[0].cost", "min 9 is above max 2"},
+		{"huge burst for rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 3, "gates[0]", "too large for rate"},
+		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("p.yaml", []byte(c.file))
+			var es Errors
+			if !errors.As(err, &es) {
+				t.Fatalf("no policy errors: %v", err)
+			}
+			if len(es) != 1 {
+				t.Fatalf("%d errors, want 1:\n%v", len(es), es)
+			}
+			e := es[0]
+			if e.Line != c.line || e.Field != c.field || !strings.Contains(e.Msg, c.msg) || e.File != "p.yaml" {
+				t.Fatalf("got  %v\nwant p.yaml:%d: %s: …%s…", e, c.line, c.field, c.msg)
+			}
+		})
+	}
+}
+
+func TestReloadKeepsStateOfUnchangedGates(t *testing.T) {
+	clk := fakeclock.New(1)
+	f1, _ := Parse("p.yaml", []byte(good))
+	rt1, err := Build(f1, nil, Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := &sluice.Request{Tenant: "acme"}
+	for range 500 {
+		_, tk := rt1.Chain.Decide(ctx, req)
+		tk.Done(sluice.OutcomeUseful)
+	}
+	// Change only the concurrency gate.
+	f2, _ := Parse("p.yaml", []byte(strings.Replace(good, "limit: 20", "limit: 30", 1)))
+	rt2, err := Build(f2, rt1, Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := rt2.Chain.Decide(ctx, req); d.Admitted || d.Gate != "request-rate" {
+		t.Fatalf("the unchanged rate gate lost its state: %+v", d)
+	}
+	if p := rt2.Chain.Policies()[1]; p.Quota != 30 {
+		t.Fatalf("changed gate not rebuilt: %+v", p)
+	}
+	// A rate change rebuilds the bucket (full again).
+	f3, _ := Parse("p.yaml", []byte(strings.Replace(good, "burst: 500", "burst: 600", 1)))
+	rt3, _ := Build(f3, rt2, Options{Clock: clk})
+	if d, tk := rt3.Chain.Decide(ctx, req); !d.Admitted {
+		t.Fatalf("changed gate kept old state: %+v", d)
+	} else {
+		tk.Done(sluice.OutcomeUseful)
+	}
+}
+
+func TestClassesFieldLimitsAGateToClasses(t *testing.T) {
+	f, err := Parse("m.yaml", examples.Mercury)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeclock.New(1)
+	rt, _ := Build(f, nil, Options{Clock: clk})
+	ctx := context.Background()
+	// 2,400 premium units at once, then the premium budget is empty while
+	// free traffic still has its own.
+	admitted := 0
+	for range 900 {
+		d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: "p", Class: "critical", Cost: 3})
+		if d.Admitted {
+			admitted++
+			tk.Done(sluice.OutcomeUseful)
+		}
+	}
+	_ = admitted
+	d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: "f", Class: "sheddable", Cost: 1})
+	if !d.Admitted {
+		t.Fatalf("free traffic blocked by the premium budget: %+v", d)
+	}
+	tk.Done(sluice.OutcomeUseful)
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(good)
+	f.Add(string(examples.RoutesAPI))
+	f.Add(string(examples.Mercury))
+	f.Add("version: 1\ngates:\n  - {name: a, kind: leaky_bucket, rate: 3/s, queue: 2}\n")
+	f.Add("{")
+	f.Fuzz(func(t *testing.T, s string) {
+		file, err := Parse("fuzz.yaml", []byte(s))
+		if err != nil {
+			var es Errors
+			if !errors.As(err, &es) || len(es) == 0 {
+				t.Fatalf("error without position: %v", err)
+			}
+			for _, e := range es {
+				if e.File != "fuzz.yaml" || e.Field == "" || e.Msg == "" {
+					t.Fatalf("incomplete error %+v", e)
+				}
+			}
+			return
+		}
+		// A file that parses must build and describe itself.
+		if _, err := Build(file, nil, Options{}); err != nil {
+			t.Fatalf("parsed but does not build: %v\n%s", err, s)
+		}
+		_ = file.SpecText()
+	})
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	if _, err := Load("/nonexistent/p.yaml"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,280 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluice-go/sluice/internal/fakeclock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const policyV1 = `version: 1
+service: test
+identity:
+  tenant: {header: X-Api-Key}
+routes:
+  - {match: {path: "/slow/*"}, class: default}
+gates:
+  - {name: request-rate, kind: token_bucket, scope: tenant, rate: 1/s, burst: 3}
+  - {name: pool, kind: concurrency, scope: service, limit: 5}
+`
+
+type harness struct {
+	t       *testing.T
+	s       *Server
+	base    string
+	admin   string
+	file    string
+	release chan struct{}
+	entered chan struct{}
+}
+
+func newHarness(t *testing.T, policy string, reloadEvery time.Duration) *harness {
+	t.Helper()
+	h := &harness{t: t, release: make(chan struct{}), entered: make(chan struct{}, 100)}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/slow/") {
+			h.entered <- struct{}{}
+			<-h.release
+		}
+		io.WriteString(w, "upstream "+r.URL.Path)
+	}))
+	t.Cleanup(up.Close)
+	h.file = filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(h.file, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(up.URL)
+	s, err := New(Options{
+		Config: h.file, Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+		AdminToken: "secret", ReloadEvery: reloadEvery, Clock: fakeclock.New(1),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.s = s
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	p, a := s.Addrs()
+	h.base, h.admin = "http://"+p.String(), "http://"+a.String()
+	t.Cleanup(func() {
+		select {
+		case <-h.release:
+		default:
+			close(h.release)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return h
+}
+
+func (h *harness) do(method, url, token, body string, hdr map[string]string) (*http.Response, string) {
+	h.t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+func TestProxyEnforcesPolicy(t *testing.T) {
+	h := newHarness(t, policyV1, -1)
+	key := map[string]string{"X-Api-Key": "acme"}
+	for i := range 3 {
+		resp, body := h.do("GET", h.base+"/v1/x", "", "", key)
+		if resp.StatusCode != 200 || body != "upstream /v1/x" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+		if resp.Header.Get("RateLimit-Policy") == "" || resp.Header.Get("RateLimit") == "" {
+			t.Fatal("RateLimit fields missing on an admitted response")
+		}
+	}
+	resp, body := h.do("GET", h.base+"/v1/x", "", "", key)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, `"reason":"policy_rate"`) {
+		t.Fatalf("4th: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	// Service-wide pool of 5: the 6th concurrent request gets 503.
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.do("GET", h.base+"/slow/"+string(rune('a'+i)), "", "", map[string]string{"X-Api-Key": "t" + string(rune('a'+i))})
+		}()
+	}
+	for range 5 {
+		<-h.entered
+	}
+	resp, body = h.do("GET", h.base+"/v1/y", "", "", map[string]string{"X-Api-Key": "other"})
+	if resp.StatusCode != 503 || !strings.Contains(body, `"reason":"concurrency"`) || resp.Header.Get("Retry-After") != "1" && resp.Header.Get("Retry-After") != "2" {
+		t.Fatalf("pool full: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	close(h.release)
+	wg.Wait()
+	// Metrics saw it all.
+	resp, body = h.do("GET", h.admin+"/metrics", "", "", nil)
+	if resp.StatusCode != 200 || !strings.Contains(body, `sluice_requests_rejected_total{class="default",gate="pool",mode="enforce",reason="concurrency",tenant="other"} 1`) {
+		t.Fatalf("metrics: %d\n%s", resp.StatusCode, grep(body, "sluice_requests_rejected"))
+	}
+	if resp, _ := h.do("GET", h.admin+"/healthz", "", "", nil); resp.StatusCode != 200 {
+		t.Fatal("healthz")
+	}
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestHotReloadKeepsInFlightAndState(t *testing.T) {
+	h := newHarness(t, policyV1, -1)
+	key := map[string]string{"X-Api-Key": "acme"}
+	for range 3 {
+		h.do("GET", h.base+"/v1/x", "", "", key) // acme's bucket is now empty
+	}
+	codes := make(chan int, 4)
+	for i := range 4 {
+		go func() {
+			resp, _ := h.do("GET", h.base+"/slow/"+string(rune('a'+i)), "", "", map[string]string{"X-Api-Key": "t" + string(rune('a'+i))})
+			codes <- resp.StatusCode
+		}()
+	}
+	for range 4 {
+		<-h.entered
+	}
+	// New policy: the pool grows; request-rate is unchanged.
+	if err := os.WriteFile(h.file, []byte(strings.Replace(policyV1, "limit: 5", "limit: 50", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := h.s.Reload(); !changed || err != nil {
+		t.Fatalf("reload: %v %v", changed, err)
+	}
+	close(h.release)
+	for range 4 {
+		if c := <-codes; c != 200 {
+			t.Fatalf("an in-flight request got %d across the reload", c)
+		}
+	}
+	if resp, _ := h.do("GET", h.base+"/v1/x", "", "", key); resp.StatusCode != 429 {
+		t.Fatalf("unchanged gate lost its state on reload: %d", resp.StatusCode)
+	}
+	if p := h.s.Chain().Policies()[1]; p.Quota != 50 {
+		t.Fatalf("new policy not serving: %+v", p)
+	}
+}
+
+func TestInvalidReloadIsRefused(t *testing.T) {
+	h := newHarness(t, policyV1, 20*time.Millisecond)
+	before := h.s.Chain()
+	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "rate: 1/s", "rate: 1/x", 1)), 0o644)
+	time.Sleep(100 * time.Millisecond) // several reload ticks
+	if h.s.Chain() != before {
+		t.Fatal("an invalid policy replaced the serving one")
+	}
+	if _, err := h.s.Reload(); err == nil || !strings.Contains(err.Error(), "policy.yaml:") {
+		t.Fatalf("reload error does not name the file: %v", err)
+	}
+	if resp, _ := h.do("GET", h.base+"/v1/x", "", "", map[string]string{"X-Api-Key": "z"}); resp.StatusCode != 200 {
+		t.Fatal("old policy stopped serving")
+	}
+	// A valid file is picked up by the watcher.
+	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "burst: 3", "burst: 4", 1)), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for h.s.Chain() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("file change not reloaded")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAdminModeSwitch(t *testing.T) {
+	h := newHarness(t, policyV1, -1)
+	if resp, _ := h.do("GET", h.admin+"/v1/gates", "", "", nil); resp.StatusCode != 401 {
+		t.Fatalf("no token: %d", resp.StatusCode)
+	}
+	if resp, _ := h.do("POST", h.admin+"/v1/gates/request-rate", "wrong", `{"mode":"off"}`, nil); resp.StatusCode != 401 {
+		t.Fatalf("wrong token: %d", resp.StatusCode)
+	}
+	resp, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
+	var gates []GateState
+	json.Unmarshal([]byte(body), &gates)
+	if resp.StatusCode != 200 || len(gates) != 2 || gates[0].Name != "request-rate" || gates[0].Mode != "enforce" || gates[0].Quota != 3 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	resp, body = h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"shadow"}`, nil)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"mode":"shadow"`) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	key := map[string]string{"X-Api-Key": "acme"}
+	for i := range 10 {
+		if resp, _ := h.do("GET", h.base+"/v1/x", "", "", key); resp.StatusCode != 200 {
+			t.Fatalf("shadow mode rejected request %d", i)
+		}
+	}
+	h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"enforce"}`, nil)
+	if resp, _ := h.do("GET", h.base+"/v1/x", "", "", key); resp.StatusCode != 429 {
+		t.Fatalf("enforce again: %d", resp.StatusCode)
+	}
+	if resp, _ := h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"dark"}`, nil); resp.StatusCode != 400 {
+		t.Fatalf("bad mode: %d", resp.StatusCode)
+	}
+	if resp, _ := h.do("POST", h.admin+"/v1/gates/nope", "secret", `{"mode":"off"}`, nil); resp.StatusCode != 404 {
+		t.Fatalf("unknown gate: %d", resp.StatusCode)
+	}
+}
+
+func TestUpstreamDownIs502(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "p.yaml")
+	os.WriteFile(file, []byte(policyV1), 0o644)
+	u, _ := url.Parse("http://127.0.0.1:1") // nothing listens there
+	s, err := New(Options{Config: file, Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "x", ReloadEvery: -1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/v1/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 502 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+}
