@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test vet fmt bench build
+.PHONY: test vet fmt bench build demo
 
 # The test command: formatting, vet, and every test under the race detector.
 test: fmt vet
@@ -21,5 +21,12 @@ bench:
 	cd bench && $(GO) test -run '^$$' -bench . -count 10 -cpu 1,2 | $(GO) run ./ratio \
 		TokenBucketAllow/ClockRead GCRAAllow/ClockRead \
 		XTimeRateAllow/TokenBucketAllow XTimeRateAllow/GCRAAllow \
-		KeyedTake1K/TokenBucketTake KeyedTake1MZipf/TokenBucketTake KeyedTake1M/TokenBucketTake \
-		KeyedTake1M/DRAMLatency KeyedTakeParallel-2/KeyedTakeParallel
+		KeyedTake1/TokenBucketTake KeyedTake1K/KeyedTake1 KeyedTake1MZipf/KeyedTake1 KeyedTake1M/KeyedTake1 \
+		KeyedTake1MZipf/TokenBucketTake KeyedTake1M/TokenBucketTake KeyedTake1M/DRAMLatency \
+		KeyedTakeParallel-2/KeyedTakeParallel
+	$(GO) test -run '^$$' -bench . -count 10 ./httpgate | $(GO) run ./bench/ratio \
+		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop
+
+# The main job: goodput under open-loop overload, with and without sluice.
+demo:
+	$(GO) run ./cmd/sluice demo --json sluice-demo.json --plot sluice-demo

@@ -65,8 +65,21 @@ type state struct {
 	chain  *sluice.Chain
 	c      *compiled
 	jitter wire.Jitter
-	policy []string // RateLimit-Policy value, shared by every response
-	tmpls  sync.Map // tmplKey → *wire.EnvelopeTemplate
+	policy []string             // RateLimit-Policy value, shared by every response
+	gates  map[string]*gateWire // per gate name; read-only after Update
+	tmpls  sync.Map             // tmplKey → *wire.EnvelopeTemplate, for the rest
+}
+
+// gateWire caches what a gate's responses repeat: its quoted name for the
+// RateLimit field, and the envelope template of its last rejection.
+type gateWire struct {
+	rlPrefix []byte // "name";r=
+	last     atomic.Pointer[keyedTemplate]
+}
+
+type keyedTemplate struct {
+	key tmplKey
+	t   *wire.EnvelopeTemplate
 }
 
 // tmplKey identifies the static part of a rejection envelope.
@@ -85,12 +98,49 @@ func (st *state) template(d *sluice.Decision, cost int64) *wire.EnvelopeTemplate
 	if !d.Retryable && d.Reason == sluice.ReasonPolicyRate {
 		k.cost = cost
 	}
-	if t, ok := st.tmpls.Load(k); ok {
-		return t.(*wire.EnvelopeTemplate)
+	// A gate's rejections mostly repeat one shape: try its last template.
+	gw := st.gates[d.Gate]
+	if gw != nil {
+		if kt := gw.last.Load(); kt != nil && kt.key == k {
+			return kt.t
+		}
 	}
-	t, _ := st.tmpls.LoadOrStore(k, wire.NewEnvelopeTemplate(d, cost, st.c.cfg.HideCapacity))
-	return t.(*wire.EnvelopeTemplate)
+	var t *wire.EnvelopeTemplate
+	if v, ok := st.tmpls.Load(k); ok {
+		t = v.(*wire.EnvelopeTemplate)
+	} else {
+		v, _ := st.tmpls.LoadOrStore(k, wire.NewEnvelopeTemplate(d, cost, st.c.cfg.HideCapacity))
+		t = v.(*wire.EnvelopeTemplate)
+	}
+	if gw != nil {
+		gw.last.Store(&keyedTemplate{key: k, t: t})
+	}
+	return t
 }
+
+// appendRateLimit appends the RateLimit field member for d's gate.
+func (st *state) appendRateLimit(b []byte, d *sluice.Decision, t int64) []byte {
+	gw := st.gates[d.Gate]
+	if gw == nil {
+		return wire.AppendRateLimit(b, d.Gate, d.Remaining, t)
+	}
+	b = append(b, gw.rlPrefix...)
+	b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+	if t > 0 {
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
+	}
+	return b
+}
+
+// smallInts holds "0" to "255" as header values, shared by every response.
+var smallInts = func() [][]string {
+	v := make([][]string, 256)
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
 
 // New returns a middleware deciding with chain under cfg.
 func New(chain *sluice.Chain, cfg Config) (*Middleware, error) {
@@ -124,7 +174,11 @@ func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	st := &state{chain: chain, c: c, jitter: *c.cfg.Jitter}
+	st := &state{chain: chain, c: c, jitter: *c.cfg.Jitter, gates: map[string]*gateWire{}}
+	for _, g := range chain.Gates() {
+		prefix := wire.AppendRateLimit(nil, g.Name(), 0, 0)
+		st.gates[g.Name()] = &gateWire{rlPrefix: prefix[:len(prefix)-1]} // drop the "0"
+	}
 	if ps := chain.Policies(); len(ps) > 0 && !cfg.NoRateLimitHeaders && !cfg.HideCapacity {
 		st.policy = []string{string(wire.AppendPolicies(nil, ps))}
 	}
@@ -202,7 +256,7 @@ func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decisio
 		return
 	}
 	var buf [96]byte
-	b := wire.AppendRateLimit(buf[:0], d.Gate, d.Remaining, wire.Seconds(d.ResetAfter))
+	b := st.appendRateLimit(buf[:0], d, wire.Seconds(d.ResetAfter))
 	h[hRateLimit] = []string{string(b)}
 	if st.c.cfg.LegacyHeaders {
 		h[hLegacyLimit] = []string{strconv.FormatInt(d.Limit, 10)}
@@ -227,7 +281,10 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 	hb := blk.buf[:0]
 	vals := blk.vals[:0]
 	h := w.Header()
-	if retry > 0 {
+	switch {
+	case retry > 0 && retry < int64(len(smallInts)):
+		h[hRetryAfter] = smallInts[retry]
+	case retry > 0:
 		n := len(hb)
 		hb = strconv.AppendInt(hb, retry, 10)
 		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
@@ -242,7 +299,7 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 		if t == 0 {
 			t = wire.Seconds(d.ResetAfter)
 		}
-		hb = wire.AppendRateLimit(hb, d.Gate, d.Remaining, t)
+		hb = st.appendRateLimit(hb, d, t)
 		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
 		h[hRateLimit] = last(vals)
 	}

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"hash/maphash"
+	"runtime"
 	"math/bits"
 	"strings"
 	"sync"
@@ -16,7 +17,9 @@ type Options struct {
 	// across shards, so a shard may fill a little before the table does.
 	MaxKeys int
 	// Shards is the number of independently locked shards, rounded up to a
-	// power of two. Default 64.
+	// power of two. Default 16 per CPU (GOMAXPROCS), at least 16: enough
+	// that decisions on different keys rarely contend, few enough that each
+	// shard's slot array is large enough for huge pages.
 	Shards int
 	// SweepEvery is the least time between two sweeps of one shard for fresh
 	// keys when that shard is at its cap. Default 1 s.
@@ -25,7 +28,6 @@ type Options struct {
 
 const (
 	defaultMaxKeys    = 1 << 22
-	defaultShards     = 64
 	defaultSweepEvery = time.Second
 )
 
@@ -105,7 +107,7 @@ func NewTable[S any](opts Options, fresh func(s *S, now int64) bool) *Table[S] {
 		opts.MaxKeys = defaultMaxKeys
 	}
 	if opts.Shards <= 0 {
-		opts.Shards = defaultShards
+		opts.Shards = max(16, 16*runtime.GOMAXPROCS(0))
 	}
 	if opts.SweepEvery <= 0 {
 		opts.SweepEvery = defaultSweepEvery
@@ -251,6 +253,7 @@ func (sh *shard[S]) insertLocked(h uint64, key string) int {
 func (sh *shard[S]) growLocked() {
 	old := sh.slots
 	sh.slots = make([]slot[S], max(len(old)*2, 8))
+	adviseHuge(unsafe.Pointer(&sh.slots[0]), uintptr(len(sh.slots))*unsafe.Sizeof(sh.slots[0]))
 	mask := uint64(len(sh.slots) - 1)
 	for j := range old {
 		if old[j].hash == 0 {
