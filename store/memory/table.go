@@ -2,8 +2,8 @@ package memory
 
 import (
 	"hash/maphash"
-	"runtime"
 	"math/bits"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
