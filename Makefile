@@ -24,8 +24,8 @@ bench:
 		KeyedTake1/TokenBucketTake KeyedTake1K/KeyedTake1 KeyedTake1MZipf/KeyedTake1 KeyedTake1M/KeyedTake1 \
 		KeyedTake1MZipf/TokenBucketTake KeyedTake1M/TokenBucketTake KeyedTake1M/DRAMLatency \
 		KeyedTakeParallel-2/KeyedTakeParallel
-	$(GO) test -run '^$$' -bench . -count 10 ./httpgate | $(GO) run ./bench/ratio \
-		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop
+	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
+		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
 
 # The main job: goodput under open-loop overload, with and without sluice.
 demo:
