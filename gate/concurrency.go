@@ -49,17 +49,7 @@ func (g *Concurrency) slots(r *sluice.Request) int64 {
 
 // Decide acquires the request's slots in its scope.
 func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
-	req := *r
-	req.Cost = g.slots(r)
-	res, p, ok := g.take(ctx, g.opts.Scope.Key(r), &req, now)
-	if !ok {
-		return g.unavailable(), 0
-	}
-	d := g.decision(r, res)
-	if !d.Admitted {
-		return d, 0
-	}
-	return d, p
+	return g.decide(ctx, r, now, g.slots(r))
 }
 
 // Release frees the slots on every outcome.

@@ -111,15 +111,15 @@ func (b *base) Failures() int64 { return b.failures.Load() }
 // take runs the store step, applying the failure policy on error. The
 // returned handle is 0 when nothing is held (fail open). Permits encode the
 // handle in the low bits and whether the fallback holds it in bit 63.
-func (b *base) take(ctx context.Context, key string, r *sluice.Request, now int64) (limit.Result, sluice.Permit, bool) {
-	res, h, err := b.lim.Take(ctx, key, now, r.Cost, r.Deadline)
+func (b *base) take(ctx context.Context, key string, r *sluice.Request, now, cost int64) (limit.Result, sluice.Permit, bool) {
+	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline)
 	if err == nil {
 		return res, sluice.Permit(h), true
 	}
 	b.failures.Add(1)
 	switch b.opts.OnFailure {
 	case LocalFallback:
-		res, h, err = b.opts.Fallback.Take(ctx, key, now, r.Cost, r.Deadline)
+		res, h, err = b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
 		if err == nil {
 			b.fallbacks.Add(1)
 			return res, sluice.Permit(h) | fallbackBit, true
@@ -177,6 +177,20 @@ func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
 	return d
 }
 
+// decide takes cost units for r from its scope's state and returns the
+// decision and, when admitted, the permit to release later.
+func (b *base) decide(ctx context.Context, r *sluice.Request, now, cost int64) (sluice.Decision, sluice.Permit) {
+	res, p, ok := b.take(ctx, b.opts.Scope.Key(r), r, now, cost)
+	if !ok {
+		return b.unavailable(), 0
+	}
+	d := b.decision(r, res)
+	if !d.Admitted {
+		return d, 0
+	}
+	return d, p
+}
+
 func (b *base) unavailable() sluice.Decision {
 	return sluice.Decision{
 		Reason: sluice.ReasonDependency, Scope: b.opts.Scope, Unit: b.unit, Gate: b.name,
@@ -205,15 +219,7 @@ func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {
 
 // Decide takes r.Cost units from r's scope.
 func (g *Rate) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
-	res, p, ok := g.take(ctx, g.opts.Scope.Key(r), r, now)
-	if !ok {
-		return g.unavailable(), 0
-	}
-	d := g.decision(r, res)
-	if !d.Admitted {
-		return d, 0
-	}
-	return d, p
+	return g.decide(ctx, r, now, r.Cost)
 }
 
 // Release refunds the tokens when a later gate rejected r (unless NoRefund).
