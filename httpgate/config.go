@@ -25,7 +25,8 @@ type Config struct {
 	// budget as a Go duration ("250ms"). The deadline bounds the handler's
 	// context and decides late completions.
 	DeadlineHeader string
-	// MaxDeadline bounds DeadlineHeader values. Default 5 minutes.
+	// MaxDeadline caps DeadlineHeader values: a longer budget is clamped to
+	// it (the server works no longer than that). Default 5 minutes.
 	MaxDeadline time.Duration
 	// Routes assign server-side class and cost by method and path; the
 	// first match wins. A client can never raise its own priority.

@@ -49,7 +49,7 @@ func FuzzHeaders(f *testing.F) {
 		reached = false
 		h.ServeHTTP(w, req)
 		d, err := time.ParseDuration(timeout)
-		valid := tenantOK.MatchString(tenant) && countOK.MatchString(stops) && err == nil && d > 0 && d <= 5*time.Minute
+		valid := tenantOK.MatchString(tenant) && countOK.MatchString(stops) && err == nil && d > 0
 		switch {
 		case valid && d < time.Millisecond && w.Code == 503:
 			// A budget of a few ns may run out before the decision: the

@@ -44,10 +44,10 @@ func (c *compiled) identify(r *http.Request, req *sluice.Request) (budget time.D
 	if c.deadlineHeader != "" {
 		if vs := r.Header[c.deadlineHeader]; len(vs) > 0 {
 			d, err := time.ParseDuration(vs[0])
-			if err != nil || len(vs) > 1 || d <= 0 || d > c.cfg.MaxDeadline {
-				return 0, "malformed " + c.deadlineHeader + " header (want one duration such as 250ms, at most " + c.cfg.MaxDeadline.String() + ")"
+			if err != nil || len(vs) > 1 || d <= 0 {
+				return 0, "malformed " + c.deadlineHeader + " header (want one positive duration such as 250ms)"
 			}
-			budget = d
+			budget = min(d, c.cfg.MaxDeadline) // the server never waits longer than its max
 		}
 	}
 	return budget, ""

@@ -55,6 +55,12 @@ var yamlLine = regexp.MustCompile(`line (\d+)`)
 // each naming the file, the line and the field.
 func Parse(path string, data []byte) (*File, error) {
 	p := &parser{file: path}
+	for i, line := range strings.Split(string(data), "\n") {
+		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]
+		if strings.Contains(indent, "\t") && strings.TrimSpace(line) != "" {
+			return nil, Errors{{File: path, Line: i + 1, Field: "(yaml)", Msg: "a tab in the indentation: YAML indents with spaces only"}}
+		}
+	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		line := 0

@@ -68,6 +68,7 @@ func TestBrokenPolicies(t *testing.T) {
 		{"route path", "version: 1\nroutes:\n  - {match: {path: v1/x}}\ngates: []\n", 3, "routes[0].match.path", "must start with /"},
 		{"cost bounds", "version: 1\nroutes:\n  - {match: {path: /x}, cost: {header: X-N, min: 9, max: 2}}\ngates: []\n", 3, "routes[0].cost", "min 9 is above max 2"},
 		{"huge burst for rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 3, "gates[0]", "too large for rate"},
+		{"tab indentation", "version: 1\ngates:\n\t- {name: a, kind: concurrency, limit: 1}\n", 3, "(yaml)", "a tab in the indentation"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -68,9 +68,9 @@ func (f *File) SpecText() string {
 			if hi == 0 {
 				bound = fmt.Sprintf("[%d, no max]", lo)
 			}
-			costs = append(costs, fmt.Sprintf("%s %s: ceil(%s / %d) clamped to %s", r.Method, r.Path, r.Cost.Header, per, bound))
+			costs = append(costs, fmt.Sprintf("%s: ceil(%s / %d) clamped to %s", strings.TrimSpace(r.Method+" "+r.Path), r.Cost.Header, per, bound))
 		case r.Cost.Fixed > 1:
-			costs = append(costs, fmt.Sprintf("%s %s: %d units", r.Method, r.Path, r.Cost.Fixed))
+			costs = append(costs, fmt.Sprintf("%s: %d units", strings.TrimSpace(r.Method+" "+r.Path), r.Cost.Fixed))
 		}
 	}
 	line("Demand unit and pre-admission estimator", "%s", strings.Join(costs, "; "))
@@ -123,7 +123,7 @@ func (f *File) SpecText() string {
 	line("429/503 or protocol-specific rejection semantics", "429 Too Many Requests (the caller's entitlement): %s; 503 Service Unavailable (capacity): %s; 400 for malformed identity, cost or deadline headers",
 		listOrNone(e429), listOrNone(e503))
 	j := wire.DefaultJitter
-	line("Effect possibility, retry eligibility, delay, jitter, and attempt budget", "every rejection happens before execution (effect_possible false); Retry-After is the exact wait rounded up to whole seconds plus jitter over [w, w + max(%d, ceil(w x %.1f))]; a cost above a burst is not retryable and gets no Retry-After; RateLimit-Policy and RateLimit fields (%s) on every response", j.Min, j.Fraction, wire.Draft)
+	line("Effect possibility, retry eligibility, delay, jitter, and attempt budget", "every rejection happens before execution (effect_possible false); Retry-After is the exact wait rounded up to whole seconds plus jitter over [w, w + max(%d, ceil(w x %.1f))]; a cost above a burst is not retryable and gets no Retry-After; RateLimit-Policy and RateLimit fields (%s) on admitted and rate-limited responses", j.Min, j.Fraction, wire.Draft)
 	line("Static fallback / disable / operator override", "each gate switches between enforce, shadow and off at run time (admin endpoint /v1/gates); the file reloads on SIGHUP or change, and an invalid file is refused while the old policy keeps serving")
 
 	b.WriteString("\nEVIDENCE\n")

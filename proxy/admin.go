@@ -11,12 +11,15 @@ import (
 )
 
 // GateState is one gate as the admin API shows it.
+// Limit is the gate's quota in Unit (the burst of a bucket, the limit of a
+// window or of a concurrency gate) and WindowSeconds the exact time a used
+// quota takes to come back (0 for concurrency).
 type GateState struct {
-	Name   string  `json:"name"`
-	Mode   string  `json:"mode"`
-	Quota  int64   `json:"quota,omitempty"`
-	Window float64 `json:"window_seconds,omitempty"`
-	Unit   string  `json:"unit,omitempty"`
+	Name          string  `json:"name"`
+	Mode          string  `json:"mode"`
+	Limit         int64   `json:"limit,omitempty"`
+	WindowSeconds float64 `json:"window_seconds,omitempty"`
+	Unit          string  `json:"unit,omitempty"`
 }
 
 // AdminHandler serves /metrics, /healthz and /v1/gates.
@@ -88,7 +91,7 @@ func (s *Server) gateStates() []GateState {
 		m, _ := c.Mode(g.Name())
 		st := GateState{Name: g.Name(), Mode: m.String()}
 		if p, ok := policies[g.Name()]; ok {
-			st.Quota, st.Window = p.Quota, p.Window.Seconds()
+			st.Limit, st.WindowSeconds = p.Quota, p.Window.Seconds()
 			st.Unit = "requests"
 			if p.Unit == sluice.UnitConcurrentRequests {
 				st.Unit = "concurrent-requests"

@@ -20,7 +20,9 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -69,9 +71,12 @@ type Server struct {
 	mu      sync.Mutex // serializes reloads
 	rt      *policy.Runtime
 	version string // sha256 of the file content serving now
+	refused string // sha256 of the last content refused (logged once)
+	why     error  // why it was refused
 
 	proxyAddr, adminAddr net.Addr
 	ready                chan struct{}
+	lastUpstreamLog      atomic.Int64
 }
 
 // New loads and builds the policy; it fails if the file is invalid.
@@ -156,9 +161,19 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client is gone; nobody reads a response
 	}
+	if now := time.Now().UnixNano(); now-s.lastUpstreamLog.Load() > int64(time.Second) {
+		s.lastUpstreamLog.Store(now)
+		s.log.Warn("upstream request failed (logged at most once per second)", "status", code, "path", r.URL.Path, "err", err)
+	}
+	id := r.Header.Get("X-Request-Id")
+	if len(id) > 64 || strings.ContainsAny(id, "\"\\\x00") {
+		id = ""
+	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	fmt.Fprintf(w, "{\"error\":{\"reason\":\"upstream\",\"message\":%q}}\n", http.StatusText(code))
+	fmt.Fprintf(w, `{"error":{"reason":"upstream","retryable":true,"effect_possible":true,"request_id":%q,"message":%q}}`+"\n",
+		id, "the upstream did not answer: "+http.StatusText(code))
 }
 
 // Handler is the proxy handler: the middleware in front of the upstream.
@@ -189,19 +204,44 @@ func (s *Server) Reload() (bool, error) {
 	if v == s.version {
 		return false, nil
 	}
+	if v == s.refused {
+		return false, s.why // refused and logged before: stay quiet
+	}
 	f, err := policy.Parse(s.opts.Config, data)
 	if err == nil {
 		var rt *policy.Runtime
 		if rt, err = policy.Build(f, s.rt, policy.Options{Clock: s.opts.Clock, Observer: s.metrics}); err == nil {
+			s.keepModeOverrides(rt)
 			if err = s.mw.Update(rt.Chain, rt.HTTP); err == nil {
-				s.rt, s.version = rt, v
+				s.rt, s.version, s.refused = rt, v, ""
 				s.log.Info("policy reloaded", "file", s.opts.Config, "version", v, "gates", len(f.Gates))
 				return true, nil
 			}
 		}
 	}
+	s.refused, s.why = v, err
 	s.log.Error("policy reload refused; the old policy keeps serving", "file", s.opts.Config, "err", err)
 	return false, err
+}
+
+// keepModeOverrides carries a gate's run-time mode (set on the admin API)
+// into the new chain when the file did not change that gate's mode: an
+// operator's kill switch must survive an unrelated edit.
+func (s *Server) keepModeOverrides(rt *policy.Runtime) {
+	declared := map[string]string{}
+	for _, g := range s.rt.File.Gates {
+		declared[g.Name] = g.Mode
+	}
+	old := s.mw.Chain()
+	for _, g := range rt.File.Gates {
+		was, ok := declared[g.Name]
+		cur, live := old.Mode(g.Name)
+		if !ok || !live || was != g.Mode || cur.String() == g.Mode {
+			continue
+		}
+		rt.Chain.SetMode(g.Name, cur)
+		s.log.Warn("run-time mode override kept across reload", "gate", g.Name, "mode", cur.String(), "file_mode", g.Mode)
+	}
 }
 
 // Addrs returns the bound proxy and admin addresses once Run has started

@@ -232,7 +232,7 @@ func TestAdminModeSwitch(t *testing.T) {
 	resp, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
 	var gates []GateState
 	json.Unmarshal([]byte(body), &gates)
-	if resp.StatusCode != 200 || len(gates) != 2 || gates[0].Name != "request-rate" || gates[0].Mode != "enforce" || gates[0].Quota != 3 {
+	if resp.StatusCode != 200 || len(gates) != 2 || gates[0].Name != "request-rate" || gates[0].Mode != "enforce" || gates[0].Limit != 3 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	resp, body = h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"shadow"}`, nil)
@@ -276,5 +276,25 @@ func TestUpstreamDownIs502(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 502 {
 		t.Fatalf("%d", resp.StatusCode)
+	}
+}
+
+func TestModeOverrideSurvivesUnrelatedReload(t *testing.T) {
+	h := newHarness(t, policyV1, -1)
+	if resp, _ := h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"off"}`, nil); resp.StatusCode != 200 {
+		t.Fatal(resp.StatusCode)
+	}
+	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "limit: 5", "limit: 6", 1)), 0o644)
+	if changed, err := h.s.Reload(); !changed || err != nil {
+		t.Fatal(changed, err)
+	}
+	if m, _ := h.s.Chain().Mode("request-rate"); m.String() != "off" {
+		t.Fatalf("kill switch lost on reload: %v", m)
+	}
+	// A file that changes the gate's mode wins.
+	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "burst: 3}", "burst: 3, mode: shadow}", 1)), 0o644)
+	h.s.Reload()
+	if m, _ := h.s.Chain().Mode("request-rate"); m.String() != "shadow" {
+		t.Fatalf("file's new mode not applied: %v", m)
 	}
 }

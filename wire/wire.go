@@ -10,6 +10,7 @@
 package wire
 
 import (
+	"math/bits"
 	"net/http"
 	"strconv"
 	"time"
@@ -114,18 +115,51 @@ func appendInt(b []byte, n int64) []byte {
 
 // AppendPolicy appends one RateLimit-Policy member: "name";q=Q;w=W, with
 // qu="concurrent-requests" for concurrency quotas (which have no window).
+//
+// The draft's window is whole seconds, but a policy's window need not be
+// (a bucket of burst 50 at 100/s refills in 0.5 s). So the window is
+// rounded to whole seconds (at least 1) and the quota scaled to keep the
+// sustained rate: q = Quota × w / Window, rounded. Where that differs from
+// the burst, the burst follows as the vendor parameter sluice-burst.
 func AppendPolicy(b []byte, p sluice.Policy) []byte {
 	b = AppendString(b, p.Name)
+	q, w := PolicyQuota(p)
 	b = append(b, ";q="...)
-	b = appendInt(b, p.Quota)
+	b = appendInt(b, q)
 	if p.Unit == sluice.UnitConcurrentRequests {
 		b = append(b, `;qu="concurrent-requests"`...)
 	}
-	if w := Seconds(p.Window); w > 0 {
+	if w > 0 {
 		b = append(b, ";w="...)
 		b = appendInt(b, w)
 	}
+	if q != min(max(p.Quota, 0), maxSFInt) {
+		b = append(b, ";sluice-burst="...)
+		b = appendInt(b, p.Quota)
+	}
 	return b
+}
+
+// PolicyQuota returns the quota and whole-second window p is advertised
+// with (see AppendPolicy); w is 0 for policies without a window.
+func PolicyQuota(p sluice.Policy) (q, w int64) {
+	if p.Window <= 0 {
+		return p.Quota, 0
+	}
+	w = max(int64((p.Window+time.Second/2)/time.Second), 1)
+	if time.Duration(w)*time.Second == p.Window {
+		return p.Quota, w
+	}
+	// q = Quota·w/Window rounded to nearest, in 128 bits, saturating.
+	hi, lo := bits.Mul64(uint64(p.Quota), uint64(w)*uint64(time.Second))
+	var carry uint64
+	lo, carry = bits.Add64(lo, uint64(p.Window)/2, 0)
+	hi += carry
+	if hi >= uint64(p.Window) {
+		return maxSFInt, w
+	}
+	qq, _ := bits.Div64(hi, lo, uint64(p.Window))
+	return min(int64(min(qq, maxSFInt)), maxSFInt), w
 }
 
 // AppendPolicies appends a RateLimit-Policy field value listing ps.

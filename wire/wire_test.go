@@ -70,8 +70,12 @@ func TestHeaderFields(t *testing.T) {
 		{Name: "burst", Quota: 500, Window: 5 * time.Second},
 		{Name: `we"ird\`, Quota: 20, Unit: sluice.UnitConcurrentRequests},
 		{Name: "huge", Quota: 1 << 62, Window: 1500 * time.Millisecond},
+		{Name: "half", Quota: 50, Window: 500 * time.Millisecond},       // 100/s, burst 50
+		{Name: "hourly", Quota: 1, Window: time.Hour},                   // 1/h, burst 1
+		{Name: "third", Quota: 7, Window: 2333333334 * time.Nanosecond}, // 3/s, burst 7
 	}))
-	want := `"burst";q=500;w=5, "we\"ird\\";q=20;qu="concurrent-requests", "huge";q=999999999999999;w=2`
+	want := `"burst";q=500;w=5, "we\"ird\\";q=20;qu="concurrent-requests", "huge";q=999999999999999;w=2, ` +
+		`"half";q=100;w=1;sluice-burst=50, "hourly";q=1;w=3600, "third";q=6;w=2;sluice-burst=7`
 	if got != want {
 		t.Fatalf("policy\n got %s\nwant %s", got, want)
 	}

@@ -103,7 +103,9 @@ func proxyCmd() *cobra.Command {
 			signal.Notify(hup, syscall.SIGHUP)
 			go func() {
 				for range hup {
-					s.Reload()
+					if changed, err := s.Reload(); err == nil && !changed {
+						opts.Logger.Info("SIGHUP: policy file unchanged", "file", opts.Config)
+					}
 				}
 			}()
 			return s.Run(ctx)
