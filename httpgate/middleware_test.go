@@ -271,7 +271,7 @@ func TestShadowModePassesAndCounts(t *testing.T) {
 			t.Fatalf("shadow mode rejected: %d", resp.StatusCode)
 		}
 	}
-	rejected := f.metric("sluice_requests_rejected_total", map[string]string{"reason": "policy_rate", "gate": "request-rate", "mode": "shadow", "tenant": "acme"})
+	rejected := f.metric("sluice_requests_rejected_total", map[string]string{"reason": "policy_rate", "gate": "request-rate", "mode": "shadow", "tenant": metrics.HashTenant("acme")})
 	if rejected != 100 {
 		t.Fatalf("would-be rejections counted %v, want 100", rejected)
 	}

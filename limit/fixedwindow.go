@@ -77,10 +77,10 @@ func (w *FixedWindow) Take(s *FixedWindowState, now, cost int64) Result {
 	return r
 }
 
-// Refund uncounts cost units from the current window (nothing if the window
-// has already rolled over).
+// Refund uncounts cost units taken at now, only if the state still counts
+// now's window: a refund never lands in a later window than its take.
 func (w *FixedWindow) Refund(s *FixedWindowState, now, cost int64) {
-	if cost <= 0 || floorDiv(now, w.window)*w.window > s.Start {
+	if cost <= 0 || floorDiv(now, w.window)*w.window != s.Start {
 		return
 	}
 	s.Used = max(s.Used-cost, 0)

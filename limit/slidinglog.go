@@ -101,17 +101,20 @@ func (l *SlidingLog) Take(s *SlidingLogState, now, cost int64) Result {
 	return r
 }
 
-// Refund removes the newest entries worth cost units (the ones a rejected
-// request just added).
+// Refund removes the entry of a take of cost units at now: the newest
+// entry logged at or after now with that cost (a take is logged at now, or
+// later after a clock step back). If other takes were logged after it, it is
+// still that entry that goes, so the log stays exact. Nothing matching:
+// nothing is removed (the limit only errs strict).
 func (l *SlidingLog) Refund(s *SlidingLogState, now, cost int64) {
-	for cost > 0 && len(s.entries) > s.head {
-		e := &s.entries[len(s.entries)-1]
-		take := min(cost, e.cost)
-		e.cost -= take
-		s.sum -= take
-		cost -= take
-		if e.cost == 0 {
-			s.entries = s.entries[:len(s.entries)-1]
+	if cost <= 0 {
+		return
+	}
+	for i := len(s.entries) - 1; i >= s.head && s.entries[i].at >= now; i-- {
+		if s.entries[i].at == now && s.entries[i].cost == cost {
+			s.sum -= cost
+			s.entries = append(s.entries[:i], s.entries[i+1:]...)
+			return
 		}
 	}
 }

@@ -157,12 +157,18 @@ func (w *SlidingWindow) retryAfter(s *SlidingWindowState, el, cost int64) int64 
 	return w.window - el + max(w.window-k, 0)
 }
 
-// Refund uncounts cost units from the current window.
+// Refund uncounts cost units taken at now from the window that counted
+// them: the current one, or the previous one if the state rolled over since.
 func (w *SlidingWindow) Refund(s *SlidingWindowState, now, cost int64) {
-	if cost <= 0 || floorDiv(now, w.window)*w.window > s.Start {
+	if cost <= 0 {
 		return
 	}
-	s.Cur = max(s.Cur-cost, 0)
+	switch floorDiv(now, w.window) * w.window {
+	case s.Start:
+		s.Cur = max(s.Cur-cost, 0)
+	case s.Start - w.window:
+		s.Prev = max(s.Prev-cost, 0)
+	}
 }
 
 // Fresh reports whether the estimate is zero at now and stays zero.

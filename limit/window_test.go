@@ -191,3 +191,47 @@ func TestWindowBadInput(t *testing.T) {
 		t.Error("concurrency 0")
 	}
 }
+
+// A refund must take back exactly the refunded take, even when other takes
+// (and window rollovers) happened in between.
+func TestWindowRefundsHitTheirOwnTake(t *testing.T) {
+	l, _ := NewSlidingLog(2, 100)
+	var ls SlidingLogState
+	l.Take(&ls, 0, 1)
+	l.Take(&ls, 10, 1)
+	l.Refund(&ls, 0, 1) // the take at 0 is refunded, not the one at 10
+	if l.Take(&ls, 100, 2).OK() {
+		t.Fatal("sliding log: refund removed another request's entry; window (10, 110] would hold 3")
+	}
+	if !l.Take(&ls, 100, 1).OK() {
+		t.Fatal("sliding log: refunded unit not given back")
+	}
+
+	w, _ := NewFixedWindow(1, 10)
+	var ws FixedWindowState
+	w.Take(&ws, 9, 1)
+	w.Take(&ws, 10, 1)
+	w.Refund(&ws, 9, 1) // from window [0, 10): must not touch [10, 20)
+	if w.Take(&ws, 11, 1).OK() {
+		t.Fatal("fixed window: refund from an older window freed the current one")
+	}
+
+	sw, _ := NewSlidingWindow(1, 10)
+	var ss SlidingWindowState
+	sw.Take(&ss, 19, 1)
+	sw.Take(&ss, 29, 1) // rolls to [20, 30): prev 1 weighted 0.1 + 1 ≤ 1? no: denied
+	ss2 := SlidingWindowState{}
+	sw.Take(&ss2, 9, 1)
+	sw.Take(&ss2, 20, 1) // [20, 30) with prev 0 (two windows later)
+	sw.Refund(&ss2, 9, 1)
+	if sw.Take(&ss2, 21, 1).OK() {
+		t.Fatal("sliding window: refund from an old window freed the current one")
+	}
+	var ss3 SlidingWindowState
+	sw.Take(&ss3, 5, 1)
+	sw.Take(&ss3, 15, 1) // denied (prev 1 · 0.5 + 1 > 1) but rolled: prev = 1
+	sw.Refund(&ss3, 5, 1)
+	if ss3.Prev != 0 {
+		t.Fatal("sliding window: refund did not reach the previous window that counted it")
+	}
+}

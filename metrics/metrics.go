@@ -9,6 +9,8 @@
 package metrics
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -29,9 +31,23 @@ type Options struct {
 	// and process collectors, served by Handler.
 	Registry *prometheus.Registry
 	// MaxTenants caps the distinct tenant label values; later tenants are
-	// counted as OtherTenant. Default 100. Negative: no tenant label values
-	// at all (every tenant is OtherTenant).
+	// counted as OtherTenant. Only admitted tenants take a label slot, so
+	// junk keys that are rejected cannot crowd real tenants out. Default
+	// 100. Negative: no tenant label values at all.
 	MaxTenants int
+	// TenantLabel turns a tenant (often a secret API key) into its label.
+	// Default: "t-" and the first 12 hex digits of its SHA-256, so /metrics
+	// never shows a key. Return the tenant itself only if it is not secret.
+	TenantLabel func(tenant string) string
+}
+
+// HashTenant is the default TenantLabel.
+func HashTenant(t string) string {
+	if t == "" {
+		return "anonymous"
+	}
+	h := sha256.Sum256([]byte(t))
+	return "t-" + hex.EncodeToString(h[:6])
 }
 
 // Metrics is a sluice.Observer that records into Prometheus metrics. It is
@@ -47,7 +63,8 @@ type Metrics struct {
 	decision   prometheus.Histogram
 	latency    *prometheus.HistogramVec
 	maxTenants int64
-	tenants    sync.Map // tenant → struct{}
+	label      func(string) string
+	tenants    sync.Map // tenant → label
 	nTenants   atomic.Int64
 }
 
@@ -64,8 +81,12 @@ func New(opts Options) *Metrics {
 		opts.MaxTenants = 100
 	}
 	ct := []string{"class", "tenant"}
+	if opts.TenantLabel == nil {
+		opts.TenantLabel = HashTenant
+	}
 	m := &Metrics{
 		reg:        reg,
+		label:      opts.TenantLabel,
 		maxTenants: int64(max(opts.MaxTenants, 0)),
 		offered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_requests_offered_total", Help: "Requests offered to the admission chain.",
@@ -107,26 +128,26 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
-// tenant returns the label for t, admitting new tenants up to the cap.
-func (m *Metrics) tenant(t string) string {
-	if _, ok := m.tenants.Load(t); ok {
-		return t
+// tenant returns the label for t; with admit, a new tenant takes a label
+// slot while there is one.
+func (m *Metrics) tenant(t string, admit bool) string {
+	if l, ok := m.tenants.Load(t); ok {
+		return l.(string)
 	}
-	if m.nTenants.Load() >= m.maxTenants {
+	if !admit || m.nTenants.Load() >= m.maxTenants {
 		return OtherTenant
 	}
-	if _, loaded := m.tenants.LoadOrStore(t, struct{}{}); !loaded {
-		if m.nTenants.Add(1) > m.maxTenants {
-			m.tenants.Delete(t)
-			return OtherTenant
-		}
+	l, loaded := m.tenants.LoadOrStore(t, m.label(t))
+	if !loaded && m.nTenants.Add(1) > m.maxTenants {
+		m.tenants.Delete(t)
+		return OtherTenant
 	}
-	return t
+	return l.(string)
 }
 
 // Decided records a final verdict.
 func (m *Metrics) Decided(r *sluice.Request, d *sluice.Decision, took time.Duration) {
-	t := m.tenant(r.Tenant)
+	t := m.tenant(r.Tenant, d.Admitted)
 	m.offered.WithLabelValues(r.Class, t).Inc()
 	m.decision.Observe(took.Seconds())
 	if d.Admitted {
@@ -139,12 +160,12 @@ func (m *Metrics) Decided(r *sluice.Request, d *sluice.Decision, took time.Durat
 
 // ShadowRejected records a would-be rejection of a gate in shadow mode.
 func (m *Metrics) ShadowRejected(r *sluice.Request, d *sluice.Decision) {
-	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "shadow", r.Class, m.tenant(r.Tenant)).Inc()
+	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "shadow", r.Class, m.tenant(r.Tenant, false)).Inc()
 }
 
 // Done records a completion.
 func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
-	t := m.tenant(r.Tenant)
+	t := m.tenant(r.Tenant, false)
 	m.inflight.WithLabelValues(r.Class).Dec()
 	m.completed.WithLabelValues(c.Outcome.String(), r.Class, t).Inc()
 	m.latency.WithLabelValues(c.Outcome.String(), r.Class).Observe(c.Latency.Seconds())
