@@ -244,7 +244,8 @@ func (c *Chain) release(hs []held, r *Request, comp Completion) {
 // Do decides r and, when admitted, runs fn and releases the Ticket on every
 // path: OutcomeUseful when fn returns nil (OutcomeLate past the deadline),
 // OutcomeCancelled when fn fails after ctx is done, OutcomeErrored when fn
-// returns another error or panics; a panic is re-raised after the release.
+// returns another error, panics or calls runtime.Goexit; a panic goes on
+// after the release.
 // When rejected, fn is not called and the returned error is nil: check
 // Decision.Admitted.
 func (c *Chain) Do(ctx context.Context, r *Request, fn func(context.Context) error) (d Decision, err error) {
@@ -252,13 +253,14 @@ func (c *Chain) Do(ctx context.Context, r *Request, fn func(context.Context) err
 	if !d.Admitted {
 		return d, nil
 	}
+	finished := false
 	defer func() {
-		if p := recover(); p != nil {
+		if !finished { // fn panicked or called runtime.Goexit
 			t.Done(OutcomeErrored)
-			panic(p)
 		}
 	}()
 	err = fn(ctx)
+	finished = true
 	switch {
 	case err == nil:
 		t.Done(OutcomeUseful)

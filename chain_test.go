@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -339,4 +340,22 @@ func TestChainConcurrencyStressWithPanicsAndCancellations(t *testing.T) {
 		}
 	}
 	t.Logf("admitted %d, rejected %d, panics %d, cancellations %d", admitted.Load(), rejected.Load(), panicked.Load(), cancelled.Load())
+}
+
+func TestDoReleasesOnGoexit(t *testing.T) {
+	c, _ := sluice.NewChain(sluice.ChainOptions{}, concGate(t, "one", 1, sluice.ScopeService))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Do(context.Background(), &sluice.Request{}, func(context.Context) error {
+			runtime.Goexit() // what t.FailNow does
+			return nil
+		})
+	}()
+	<-done
+	d, tk := c.Decide(context.Background(), &sluice.Request{})
+	if !d.Admitted {
+		t.Fatal("the permit leaked on Goexit")
+	}
+	tk.Done(sluice.OutcomeUseful)
 }

@@ -42,7 +42,7 @@ func bucket(b *testing.B) *limit.TokenBucket {
 // BenchmarkTokenBucketAllow: sluice single-key token bucket, real clock,
 // admitted path, decision only.
 func BenchmarkTokenBucketAllow(b *testing.B) {
-	l := memory.NewTokenBucket(bucket(b), nil)
+	l, _ := memory.NewTokenBucket(bucket(b), nil)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		sinkOK = l.Allow(1)
@@ -62,7 +62,7 @@ func BenchmarkGCRAAllow(b *testing.B) {
 // BenchmarkTokenBucketTake: as Allow, plus remaining, reset-after and
 // retry-after in the result.
 func BenchmarkTokenBucketTake(b *testing.B) {
-	l := memory.NewTokenBucket(bucket(b), nil)
+	l, _ := memory.NewTokenBucket(bucket(b), nil)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		sinkN += l.Take(1).Remaining

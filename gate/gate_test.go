@@ -148,9 +148,10 @@ func TestPacer(t *testing.T) {
 			}()
 		}
 		synctest.Wait()
-		// Queue full: the fifth is rejected with the exact wait.
+		// Queue full: the fifth is rejected with the exact wait; a
+		// service-wide queue protects capacity, so the reason is overload.
 		d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, now())
-		if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.RetryAfter != 10*time.Millisecond {
+		if d.Admitted || d.Reason != sluice.ReasonOverload || d.RetryAfter != 10*time.Millisecond || d.Entitlement() {
 			t.Errorf("fifth: %+v", d)
 		}
 		wg.Wait()

@@ -12,7 +12,9 @@ import (
 // over a limiter running limit.LeakyBucket: an admitted request waits in
 // Decide until its departure slot, then proceeds. It never holds a request
 // past its deadline (reason deadline, refused before waiting), rejects when
-// the queue is full (reason policy_rate, with the exact retry-after), and
+// the queue is full (with the exact retry-after: reason policy_rate, 429,
+// when the queue is per tenant; overload, 503, when it protects a shared
+// resource at service, operation or class scope), and
 // stops waiting when ctx is done (reason deadline; the slot stays used, so
 // the pace is never exceeded).
 type Pacer struct {
@@ -26,7 +28,11 @@ func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &Pacer{base{name: name, lim: lim, opts: opts, reason: sluice.ReasonPolicyRate, unit: sluice.UnitRequests}}, nil
+	reason := sluice.ReasonOverload
+	if opts.Scope == sluice.ScopeTenant || opts.Scope == sluice.ScopeTenantOperation {
+		reason = sluice.ReasonPolicyRate
+	}
+	return &Pacer{base{name: name, lim: lim, opts: opts, reason: reason, unit: sluice.UnitRequests}}, nil
 }
 
 // Decide schedules r and waits for its slot.

@@ -90,14 +90,15 @@ type tmplKey struct {
 	retryable bool
 	limit     int64
 	window    int64
-	cost      int64 // only for messages that quote it
 }
 
 func (st *state) template(d *sluice.Decision, cost int64) *wire.EnvelopeTemplate {
-	k := tmplKey{gate: d.Gate, reason: d.Reason, scope: d.Scope, retryable: d.Retryable, limit: d.Limit, window: int64(d.Window)}
 	if !d.Retryable && d.Reason == sluice.ReasonPolicyRate {
-		k.cost = cost
+		// The message quotes the client-chosen cost: render it once, never
+		// cache it (a client could fill a cache with distinct costs).
+		return wire.NewEnvelopeTemplate(d, cost, st.c.cfg.HideCapacity)
 	}
+	k := tmplKey{gate: d.Gate, reason: d.Reason, scope: d.Scope, retryable: d.Retryable, limit: d.Limit, window: int64(d.Window)}
 	// A gate's rejections mostly repeat one shape: try its last template.
 	gw := st.gates[d.Gate]
 	if gw != nil {

@@ -36,12 +36,21 @@ func (g *Gate) algorithm() (any, error) {
 	return nil, errNoAlgorithm
 }
 
-// fingerprint identifies the gate's state-bearing configuration: a reload
-// keeps the state of a gate whose fingerprint did not change. The mode is
-// not part of it (modes switch without new state).
+// fingerprint identifies the gate's whole configuration: a reload reuses a
+// gate whose fingerprint did not change as it is. The mode is not part of
+// it (modes switch without a new gate).
 func (g *Gate) fingerprint(st Store) string {
 	return fmt.Sprintf("%s|%s|%s|%s|%s|%d|%d|%v|%d|%v|%v|%v|%v|%d|%v", g.Name, g.Kind, g.Scope, g.OnFailure, g.Rate,
 		g.Burst, g.Limit, g.Window, g.Queue, g.TTL, g.RetryHint, g.NoRefund, g.Weighted, st.MaxKeys, g.Classes)
+}
+
+// stateKey identifies what the gate's stored state means. A reload that
+// changes a gate but not its stateKey (a new limit, burst or queue, a new
+// retry hint or failure policy) builds the new gate over the old state: in
+// flight counts and bucket levels carry over, so a reload never opens a
+// fresh budget. Changing kind, scope, rate or window starts fresh state.
+func (g *Gate) stateKey(st Store) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%v|%v|%d", g.Name, g.Kind, g.Scope, g.Rate, g.Window, g.Weighted, st.MaxKeys)
 }
 
 // Options are the run-time parts of a build.
@@ -61,8 +70,9 @@ type Runtime struct {
 }
 
 type builtGate struct {
-	fp string
-	g  sluice.Gate
+	fp, sk string
+	g      sluice.Gate
+	rebind func(alg any) store.Limiter // the same state under a new algorithm
 }
 
 // Build turns a parsed file into a chain. Gates whose configuration is the
@@ -83,14 +93,20 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 				continue
 			}
 		}
-		built, err := g.build(f.Store)
+		var same *builtGate
+		if prev != nil {
+			if old, ok := prev.gates[g.Name]; ok && old.sk == g.stateKey(f.Store) {
+				same = &old
+			}
+		}
+		built, rebind, err := g.build(f.Store, same)
 		if err != nil {
 			return nil, &Error{File: f.Path, Line: g.Line, Field: fmt.Sprintf("gates[%d]", i), Msg: err.Error()}
 		}
 		if len(g.Classes) > 0 {
 			built = gate.ForClasses(built, g.Classes)
 		}
-		rt.gates[g.Name] = builtGate{fp: fp, g: built}
+		rt.gates[g.Name] = builtGate{fp: fp, sk: g.stateKey(f.Store), g: built, rebind: rebind}
 		gates = append(gates, built)
 		modes[g.Name], _ = sluice.ParseMode(g.Mode)
 	}
@@ -103,37 +119,64 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	return rt, nil
 }
 
-func (g *Gate) build(st Store) (sluice.Gate, error) {
+// build makes the gate, over prev's state when prev is given.
+func (g *Gate) build(st Store, prev *builtGate) (sluice.Gate, func(any) store.Limiter, error) {
 	alg, err := g.algorithm()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	scope, _ := sluice.ParseScope(g.Scope)
 	opts := gate.Options{Scope: scope, NoRefund: g.NoRefund, OnFailure: g.failure(), RetryHint: g.RetryHint}
-	mopts := memory.Options{MaxKeys: st.MaxKeys}
 	var lim store.Limiter
+	var rebind func(any) store.Limiter
+	if prev != nil && prev.rebind != nil {
+		lim, rebind = prev.rebind(alg), prev.rebind
+	} else {
+		lim, rebind = newKeyed(alg, memory.Options{MaxKeys: st.MaxKeys})
+	}
+	var gt sluice.Gate
+	switch alg.(type) {
+	case *limit.LeakyBucket:
+		gt, err = gate.NewPacer(g.Name, lim, opts)
+	case *limit.Concurrency:
+		if g.Weighted {
+			gt, err = gate.NewWeightedConcurrency(g.Name, lim, opts)
+		} else {
+			gt, err = gate.NewConcurrency(g.Name, lim, opts)
+		}
+	default:
+		gt, err = gate.NewRate(g.Name, lim, opts)
+	}
+	return gt, rebind, err
+}
+
+// newKeyed returns an in-memory keyed limiter for alg and a function that
+// builds another limiter of the same kind over the same state.
+func newKeyed(alg any, mopts memory.Options) (store.Limiter, func(any) store.Limiter) {
 	switch a := alg.(type) {
 	case *limit.TokenBucket:
-		lim = memory.NewKeyed(a, mopts)
+		return keyed(a, mopts)
 	case *limit.GCRA:
-		lim = memory.NewKeyed(a, mopts)
+		return keyed(a, mopts)
 	case *limit.FixedWindow:
-		lim = memory.NewKeyed(a, mopts)
+		return keyed(a, mopts)
 	case *limit.SlidingWindow:
-		lim = memory.NewKeyed(a, mopts)
+		return keyed(a, mopts)
 	case *limit.SlidingLog:
-		lim = memory.NewKeyed(a, mopts)
+		return keyed(a, mopts)
 	case *limit.LeakyBucket:
-		lim = memory.NewKeyed(a, mopts)
-		return gate.NewPacer(g.Name, lim, opts)
+		return keyed(a, mopts)
 	case *limit.Concurrency:
-		lim = memory.NewKeyed(a, mopts)
-		if g.Weighted {
-			return gate.NewWeightedConcurrency(g.Name, lim, opts)
-		}
-		return gate.NewConcurrency(g.Name, lim, opts)
+		return keyed(a, mopts)
 	}
-	return gate.NewRate(g.Name, lim, opts)
+	panic(fmt.Sprintf("policy: no store for %T", alg))
+}
+
+func keyed[S any, A limit.Algorithm[S]](alg A, mopts memory.Options) (store.Limiter, func(any) store.Limiter) {
+	k := memory.NewKeyed(alg, mopts)
+	var rebind func(any) store.Limiter
+	rebind = func(next any) store.Limiter { return k.WithAlgorithm(next.(A)) }
+	return k, rebind
 }
 
 func (f *File) httpConfig() httpgate.Config {
@@ -177,10 +220,8 @@ func (f *File) Classes() []string {
 // entitlement reports whether a gate's rejections answer 429.
 func (g *Gate) entitlement() bool {
 	switch g.Kind {
-	case KindConcurrency:
+	case KindConcurrency, KindLeakyBucket:
 		return g.Scope == "tenant" || g.Scope == "tenant_operation"
-	case KindLeakyBucket:
-		return g.Scope != "service"
 	}
 	return true
 }

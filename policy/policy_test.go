@@ -182,3 +182,44 @@ func TestLoadMissingFile(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A reload that changes a limit (not what the state means) keeps the
+// state: requests in flight still count, and no fresh burst opens.
+func TestReloadCarriesStateAcrossLimitChanges(t *testing.T) {
+	clk := fakeclock.New(1)
+	src := "version: 1\ngates:\n  - {name: pool, kind: concurrency, limit: 2, retry_hint: 1s}\n  - {name: rate, kind: token_bucket, scope: service, rate: 1/h, burst: 5}\n"
+	f1, _ := Parse("p.yaml", []byte(src))
+	rt1, _ := Build(f1, nil, Options{Clock: clk})
+	ctx := context.Background()
+	_, t1 := rt1.Chain.Decide(ctx, &sluice.Request{})
+	_, t2 := rt1.Chain.Decide(ctx, &sluice.Request{})
+	edited := strings.NewReplacer("limit: 2, retry_hint: 1s", "limit: 3, retry_hint: 2s", "burst: 5", "burst: 6").Replace(src)
+	f2, _ := Parse("p.yaml", []byte(edited))
+	rt2, err := Build(f2, rt1, Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d3, t3 := rt2.Chain.Decide(ctx, &sluice.Request{})
+	if !d3.Admitted {
+		t.Fatalf("third slot of the new limit 3: %+v", d3)
+	}
+	if d4, _ := rt2.Chain.Decide(ctx, &sluice.Request{}); d4.Admitted || d4.Gate != "pool" {
+		t.Fatalf("in-flight requests of the old chain no longer count: %+v", d4)
+	}
+	// Tickets of the old chain release into the shared state.
+	t1.Done(sluice.OutcomeUseful)
+	t2.Done(sluice.OutcomeUseful)
+	t3.Done(sluice.OutcomeUseful)
+	// The bucket kept its level: 3 of 5 tokens used, burst now 6 → 3 left.
+	n := 0
+	for range 10 {
+		d, tk := rt2.Chain.Decide(ctx, &sluice.Request{})
+		if d.Admitted {
+			n++
+			tk.Done(sluice.OutcomeUseful)
+		}
+	}
+	if n != 3 {
+		t.Fatalf("after the reload the bucket admitted %d, want the 3 it had left", n)
+	}
+}

@@ -143,7 +143,7 @@ func listOrNone(s []string) string {
 
 func storeText(s Store) string {
 	if s.Backend == "memory" {
-		keys := "default cap 4,194,304 keys per gate"
+		keys := "default cap 1,048,576 keys (about 128 MB) per gate"
 		if s.MaxKeys > 0 {
 			keys = fmt.Sprintf("cap %d keys per gate", s.MaxKeys)
 		}

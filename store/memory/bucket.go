@@ -29,14 +29,15 @@ type Bucket struct {
 }
 
 // NewTokenBucket returns a single-key token bucket on clock (nil: the real
-// monotonic clock).
-func NewTokenBucket(b *limit.TokenBucket, clock sluice.Clock) *Bucket {
+// monotonic clock). It runs the bucket's GCRA dual, which bounds burst ×
+// max(period, tokens) instead of burst × period, so a few extreme buckets
+// (a burst of 1e18 at 1e10/s) have no dual: NewTokenBucket then fails.
+func NewTokenBucket(b *limit.TokenBucket, clock sluice.Clock) (*Bucket, error) {
 	g, err := limit.NewGCRA(b.Rate(), b.Limit())
 	if err != nil {
-		// A valid token bucket always has a valid dual (same bounds).
-		panic("memory: token bucket without a GCRA dual: " + err.Error())
+		return nil, err
 	}
-	return NewGCRA(g, clock)
+	return NewGCRA(g, clock), nil
 }
 
 // NewGCRA returns a single-key GCRA on clock (nil: the real monotonic clock).

@@ -17,7 +17,7 @@ func TestBucketConcurrentExactBurst(t *testing.T) {
 		rate, _ := limit.ParseRate(rs)
 		tb, _ := limit.NewTokenBucket(rate, 1000)
 		clk := fakeclock.New(0)
-		b := NewTokenBucket(tb, clk)
+		b, _ := NewTokenBucket(tb, clk)
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for range 8 {
@@ -49,7 +49,7 @@ func TestBucketMatchesAlgorithm(t *testing.T) {
 		rate, _ := limit.ParseRate(rs)
 		tb, _ := limit.NewTokenBucket(rate, 400)
 		clk := fakeclock.New(0)
-		b := NewTokenBucket(tb, clk)
+		b, _ := NewTokenBucket(tb, clk)
 		var s limit.TokenBucketState
 		for i := range 2000 {
 			clk.Set(int64(i) * int64(time.Millisecond) / 3)

@@ -7,7 +7,7 @@
 //	perTenant := memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 20})
 //	res, h, _ := perTenant.Take(ctx, tenant, sluice.Now(), cost, 0)
 //
-//	one := memory.NewTokenBucket(tb, nil) // nil clock: the real monotonic clock
+//	one, _ := memory.NewTokenBucket(tb, nil) // nil clock: the real monotonic clock
 //	if one.Allow(1) { ... }
 //
 // At its key cap a Table drops fresh keys first and then lets new keys share

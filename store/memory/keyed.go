@@ -74,6 +74,19 @@ func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now,
 	return nil
 }
 
+// WithAlgorithm returns a limiter running alg on the same table (the same
+// per-key state): for a reload that changes a limit but not the meaning of
+// the state (a new concurrency limit over the same in-flight counts, a new
+// burst over the same bucket). Permits taken on k release correctly on the
+// result. REQUIRES: alg reads S the same way as k's algorithm.
+func (k *Keyed[S, A]) WithAlgorithm(alg A) *Keyed[S, A] {
+	n := &Keyed[S, A]{alg: alg, table: k.table}
+	if dt, ok := any(alg).(deadlineTaker[S]); ok {
+		n.byDL = dt.TakeBy
+	}
+	return n
+}
+
 // Limit returns the algorithm's quota.
 func (k *Keyed[S, A]) Limit() int64 { return k.alg.Limit() }
 

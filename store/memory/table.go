@@ -13,8 +13,11 @@ import (
 
 // Options configures a Table. The zero value is valid.
 type Options struct {
-	// MaxKeys caps the keys held. Default 4,194,304. The cap is split evenly
-	// across shards, so a shard may fill a little before the table does.
+	// MaxKeys caps the keys held. Default 1,048,576. Each key costs about
+	// 128 bytes (a 64-byte slot at most three quarters full, plus its key
+	// if longer than 28 bytes), so the default bounds a table near 128 MB.
+	// The cap is split evenly across shards, so a shard may fill a little
+	// before the table does.
 	MaxKeys int
 	// Shards is the number of independently locked shards, rounded up to a
 	// power of two. Default 16 per CPU (GOMAXPROCS), at least 16: enough
@@ -27,7 +30,7 @@ type Options struct {
 }
 
 const (
-	defaultMaxKeys    = 1 << 22
+	defaultMaxKeys    = 1 << 20
 	defaultSweepEvery = time.Second
 )
 
