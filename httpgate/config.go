@@ -25,6 +25,9 @@ type Config struct {
 	// budget as a Go duration ("250ms"). The deadline bounds the handler's
 	// context and decides late completions.
 	DeadlineHeader string
+	// DefaultDeadline is the budget of requests without DeadlineHeader
+	// (0: none), so no admitted request holds its permits forever.
+	DefaultDeadline time.Duration
 	// MaxDeadline caps DeadlineHeader values: a longer budget is clamped to
 	// it (the server works no longer than that). Default 5 minutes.
 	MaxDeadline time.Duration
@@ -112,8 +115,8 @@ func (cfg Config) compile() (*compiled, error) {
 	if cfg.MaxDeadline == 0 {
 		cfg.MaxDeadline = 5 * time.Minute
 	}
-	if cfg.MaxDeadline < 0 {
-		return nil, errors.New("httpgate: negative max deadline")
+	if cfg.MaxDeadline < 0 || cfg.DefaultDeadline < 0 {
+		return nil, errors.New("httpgate: negative deadline bound")
 	}
 	if cfg.DefaultClass == "" {
 		cfg.DefaultClass = sluice.ClassDefault

@@ -41,6 +41,7 @@ func (c *compiled) identify(r *http.Request, req *sluice.Request) (budget time.D
 			req.Cost = min(max(cost, rt.cost.Min), rt.cost.Max)
 		}
 	}
+	budget = min(c.cfg.DefaultDeadline, c.cfg.MaxDeadline)
 	if c.deadlineHeader != "" {
 		if vs := r.Header[c.deadlineHeader]; len(vs) > 0 {
 			d, err := time.ParseDuration(vs[0])

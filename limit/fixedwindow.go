@@ -31,8 +31,8 @@ func NewFixedWindow(limit int64, window time.Duration) (*FixedWindow, error) {
 	if limit < 1 {
 		return nil, paramErr("fixed window: limit %d, want ≥ 1", limit)
 	}
-	if window <= 0 {
-		return nil, paramErr("fixed window: window %v, want > 0", window)
+	if window <= 0 || window > maxWindow {
+		return nil, paramErr("fixed window: window %v, want (0, 366 days]", window)
 	}
 	if limit > maxScaled {
 		return nil, paramErr("fixed window: limit %d too large", limit)

@@ -85,6 +85,10 @@ func paramErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidParams, fmt.Sprintf(format, args...))
 }
 
+// maxWindow is the longest window a window algorithm accepts: it keeps
+// window arithmetic (start + 2·window) far from int64 overflow.
+const maxWindow = 366 * 24 * time.Hour
+
 // maxScaled bounds every fixed-point product an algorithm keeps (burst × period
 // in ns, and so on), leaving headroom so sums of two such values never overflow.
 const maxScaled = 1 << 61

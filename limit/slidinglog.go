@@ -36,8 +36,8 @@ func NewSlidingLog(limit int64, window time.Duration) (*SlidingLog, error) {
 	if limit < 1 {
 		return nil, paramErr("sliding log: limit %d, want ≥ 1", limit)
 	}
-	if window <= 0 {
-		return nil, paramErr("sliding log: window %v, want > 0", window)
+	if window <= 0 || window > maxWindow {
+		return nil, paramErr("sliding log: window %v, want (0, 366 days]", window)
 	}
 	if limit > maxScaled {
 		return nil, paramErr("sliding log: limit %d too large", limit)

@@ -49,8 +49,8 @@ func NewSlidingWindow(limit int64, window time.Duration) (*SlidingWindow, error)
 	if limit < 1 {
 		return nil, paramErr("sliding window: limit %d, want ≥ 1", limit)
 	}
-	if window <= 0 {
-		return nil, paramErr("sliding window: window %v, want > 0", window)
+	if window <= 0 || window > maxWindow {
+		return nil, paramErr("sliding window: window %v, want (0, 366 days]", window)
 	}
 	if limit > maxScaled {
 		return nil, paramErr("sliding window: limit %d too large", limit)

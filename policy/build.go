@@ -185,6 +185,7 @@ func (f *File) httpConfig() httpgate.Config {
 		RequireTenant:   f.Identity.TenantRequired,
 		DeadlineHeader:  f.Identity.DeadlineHeader,
 		MaxDeadline:     f.Identity.MaxDeadline,
+		DefaultDeadline: f.Identity.DefaultDeadline,
 		RequestIDHeader: f.Identity.RequestIDHeader,
 	}
 	for _, r := range f.Routes {

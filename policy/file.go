@@ -51,6 +51,7 @@ type Identity struct {
 	TenantHeader    string
 	TenantRequired  bool
 	DeadlineHeader  string
+	DefaultDeadline time.Duration
 	MaxDeadline     time.Duration
 	RequestIDHeader string
 }

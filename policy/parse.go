@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -63,7 +64,7 @@ func Parse(path string, data []byte) (*File, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		line := 0
+		line := 1
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 			line, _ = strconv.Atoi(m[1])
 		}
@@ -74,6 +75,13 @@ func Parse(path string, data []byte) (*File, error) {
 	}
 	if len(doc.Content) == 0 {
 		return nil, Errors{{File: path, Line: 1, Field: "(file)", Msg: "empty policy file"}}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var first, second yaml.Node
+	if dec.Decode(&first) == nil {
+		if err := dec.Decode(&second); err == nil {
+			return nil, Errors{{File: path, Line: second.Line, Field: "(file)", Msg: "more than one YAML document (---): a policy file holds one"}}
+		}
 	}
 	f := p.file1(doc.Content[0])
 	if len(p.errs) > 0 {
@@ -244,6 +252,15 @@ func (p *parser) file1(n *yaml.Node) *File {
 			}
 		}
 	}
+	known := f.Classes()
+	for i, g := range f.Gates {
+		for j, c := range g.Classes {
+			if c != "" && !slices.Contains(known, c) {
+				p.errs = append(p.errs, &Error{File: p.file, Line: g.Line, Field: fmt.Sprintf("gates[%d].classes[%d]", i, j),
+					Msg: fmt.Sprintf("no route assigns class %q, so this gate would never apply (classes: %s)", c, strings.Join(known, ", "))})
+			}
+		}
+	}
 	return f
 }
 
@@ -287,7 +304,7 @@ func (p *parser) identity(n *yaml.Node) Identity {
 		case "tenant":
 			known = append(known, "required")
 		case "deadline":
-			known = append(known, "max")
+			known = append(known, "max", "default")
 		}
 		p.fields(v, path, known, func(kk string, vv *yaml.Node) {
 			field := join(path, kk)
@@ -309,6 +326,8 @@ func (p *parser) identity(n *yaml.Node) Identity {
 				id.TenantRequired = p.boolean(vv, field)
 			case kk == "max":
 				id.MaxDeadline = p.duration(vv, field, time.Millisecond)
+			case kk == "default":
+				id.DefaultDeadline = p.duration(vv, field, time.Millisecond)
 			}
 		})
 	})
@@ -409,13 +428,17 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 	known := append(slices.Clone(commonGateFields), "rate", "burst", "limit", "window", "queue", "ttl", "refund", "weighted")
 	for i, gn := range n.Content {
 		path := fmt.Sprintf("gates[%d]", i)
+		if i == sluice.MaxGates {
+			p.errf(gn, path, "at most %d gates in one chain", sluice.MaxGates)
+			break
+		}
 		g := Gate{Line: gn.Line, Mode: "enforce", OnFailure: st.OnFailure}
 		g.fields = p.fields(gn, path, known, func(k string, v *yaml.Node) {
 			field := join(path, k)
 			switch k {
 			case "name":
 				g.Name = p.str(v, field)
-				if g.Name != "" && !validName(g.Name) {
+				if v.Kind == yaml.ScalarNode && !validName(g.Name) {
 					p.errf(v, field, "%q: gate names use a-z, 0-9, '_', '.' and '-', at most 64", g.Name)
 				} else if first, dup := names[g.Name]; dup {
 					p.errf(v, field, "duplicate gate name %q (first at line %d)", g.Name, first)
@@ -424,7 +447,7 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 				}
 			case "kind":
 				g.Kind = p.str(v, field)
-				if _, ok := kindFields[g.Kind]; g.Kind != "" && !ok {
+				if _, ok := kindFields[g.Kind]; v.Kind == yaml.ScalarNode && !ok {
 					p.errf(v, field, "unknown kind %q (known: %s)", g.Kind, strings.Join(kinds(), ", "))
 					g.Kind = ""
 				}

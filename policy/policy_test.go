@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -68,6 +69,11 @@ func TestBrokenPolicies(t *testing.T) {
 		{"route path", "version: 1\nroutes:\n  - {match: {path: v1/x}}\ngates: []\n", 3, "routes[0].match.path", "must start with /"},
 		{"cost bounds", "version: 1\nroutes:\n  - {match: {path: /x}, cost: {header: X-N, min: 9, max: 2}}\ngates: []\n", 3, "routes[0].cost", "min 9 is above max 2"},
 		{"huge burst for rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 3, "gates[0]", "too large for rate"},
+		{"empty name", "version: 1\ngates:\n  - {name: \"\", kind: concurrency, limit: 1}\n", 3, "gates[0].name", "gate names use"},
+		{"empty kind", "version: 1\ngates:\n  - {name: a, kind: \"\", limit: 1}\n", 3, "gates[0].kind", `unknown kind ""`},
+		{"two documents", "version: 1\ngates: []\n---\nversion: 1\n", 3, "(file)", "more than one YAML document"},
+		{"class no route assigns", "version: 1\nroutes:\n  - {match: {path: /x}, class: critical}\ngates:\n  - {name: a, kind: concurrency, limit: 1, classes: [critcal]}\n", 5, "gates[0].classes[0]", `no route assigns class "critcal"`},
+		{"window too long", "version: 1\ngates:\n  - {name: a, kind: fixed_window, limit: 1, window: 1500000h}\n", 3, "gates[0]", "366 days"},
 		{"tab indentation", "version: 1\ngates:\n\t- {name: a, kind: concurrency, limit: 1}\n", 3, "(yaml)", "a tab in the indentation"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
@@ -85,6 +91,18 @@ func TestBrokenPolicies(t *testing.T) {
 				t.Fatalf("got  %v\nwant p.yaml:%d: %s: …%s…", e, c.line, c.field, c.msg)
 			}
 		})
+	}
+}
+
+func TestTooManyGates(t *testing.T) {
+	src := "version: 1\ngates:\n"
+	for i := range 17 {
+		src += fmt.Sprintf("  - {name: g%d, kind: concurrency, limit: 1}\n", i)
+	}
+	_, err := Parse("p.yaml", []byte(src))
+	var es Errors
+	if !errors.As(err, &es) || len(es) != 1 || es[0].Line != 19 || es[0].Field != "gates[16]" {
+		t.Fatalf("%v", err)
 	}
 }
 

@@ -89,7 +89,11 @@ func (f *File) SpecText() string {
 		if max == 0 {
 			max = 5 * time.Minute
 		}
-		line("Deadline and correctness invariants", "remaining budget from header %s (at most %v) bounds the work's context; a response after it counts as late, not useful", f.Identity.DeadlineHeader, max)
+		def := "none"
+		if f.Identity.DefaultDeadline > 0 {
+			def = f.Identity.DefaultDeadline.String()
+		}
+		line("Deadline and correctness invariants", "remaining budget from header %s (longer budgets clamped to %v; without the header: %s) bounds the work's context; a response after it counts as late, not useful", f.Identity.DeadlineHeader, max, def)
 	} else {
 		line("Deadline and correctness invariants", "no deadline header configured: every completion counts as useful")
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -42,7 +43,13 @@ func (s *Server) AdminHandler() http.Handler {
 		var body struct {
 			Mode string `json:"mode"`
 		}
-		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil {
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+		dec.DisallowUnknownFields()
+		err := dec.Decode(&body)
+		if err == nil && dec.More() {
+			err = errors.New("trailing data")
+		}
+		if err != nil {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want a JSON body {\"mode\": \"enforce|shadow|off\"}"})
 			return
 		}
@@ -68,10 +75,10 @@ func (s *Server) AdminHandler() http.Handler {
 }
 
 func (s *Server) authorized(h http.HandlerFunc) http.HandlerFunc {
-	want := []byte("Bearer " + s.opts.AdminToken)
+	want := []byte(s.opts.AdminToken)
 	return func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(strings.TrimSpace(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		scheme, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
 			return

@@ -58,6 +58,9 @@ type Options struct {
 	// Transport for upstream calls. Default: a transport tuned for many
 	// concurrent requests to one host.
 	Transport http.RoundTripper
+	// ReadTimeout bounds reading a whole request, body included, so slow
+	// clients cannot hold admitted slots for long. Default 30 s.
+	ReadTimeout time.Duration
 }
 
 // Server is a running proxy.
@@ -92,6 +95,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.ReloadEvery == 0 {
 		opts.ReloadEvery = time.Second
+	}
+	if opts.ReadTimeout == 0 {
+		opts.ReadTimeout = 30 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -265,7 +271,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.proxyAddr, s.adminAddr = pl.Addr(), al.Addr()
 	close(s.ready)
-	ps := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	ps := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
+		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.version)
 
@@ -279,11 +286,22 @@ func (s *Server) Run(ctx context.Context) error {
 			defer wg.Done()
 			t := time.NewTicker(s.opts.ReloadEvery)
 			defer t.Stop()
+			pending := ""
 			for {
 				select {
 				case <-ctx.Done():
 					return
 				case <-t.C:
+					// Apply a change only once two polls read the same
+					// content, so a file caught mid-write is never loaded.
+					data, err := os.ReadFile(s.opts.Config)
+					if err != nil {
+						continue
+					}
+					if v := digest(data); v != pending {
+						pending = v
+						continue
+					}
 					s.Reload()
 				}
 			}
