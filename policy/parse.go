@@ -252,6 +252,9 @@ func (p *parser) file1(n *yaml.Node) *File {
 			}
 		}
 	}
+	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {
+		p.errf(n, "identity.deadline.header", "%q is also the tenant header", h)
+	}
 	known := f.Classes()
 	for i, g := range f.Gates {
 		for j, c := range g.Classes {
@@ -360,6 +363,8 @@ func (p *parser) routes(n *yaml.Node) []Route {
 						r.Path = p.str(vv, join(field, kk))
 						if r.Path != "" && !strings.HasPrefix(r.Path, "/") {
 							p.errf(vv, join(field, kk), "%q must start with /", r.Path)
+						} else if strings.ContainsAny(r.Path, "?# \t") {
+							p.errf(vv, join(field, kk), "%q: a path pattern has no query, fragment or spaces", r.Path)
 						}
 					}
 				})
