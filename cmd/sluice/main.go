@@ -49,12 +49,8 @@ func checkCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := policy.Load(file)
 			if err != nil {
-				var es policy.Errors
-				if errors.As(err, &es) {
-					for _, e := range es {
-						fmt.Fprintln(cmd.ErrOrStderr(), e)
-					}
-					return fmt.Errorf("%s: %d error(s)", file, len(es))
+				if n := printPolicyErrors(cmd, err); n > 0 {
+					return fmt.Errorf("%s: %d error(s)", file, n)
 				}
 				return err
 			}
@@ -89,12 +85,7 @@ func proxyCmd() *cobra.Command {
 			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			s, err := proxy.New(opts)
 			if err != nil {
-				var es policy.Errors
-				if errors.As(err, &es) {
-					for _, e := range es {
-						fmt.Fprintln(cmd.ErrOrStderr(), e)
-					}
-				}
+				printPolicyErrors(cmd, err)
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -119,6 +110,19 @@ func proxyCmd() *cobra.Command {
 	cmd.MarkFlagRequired("config")
 	cmd.MarkFlagRequired("upstream")
 	return cmd
+}
+
+// printPolicyErrors prints each policy error on its own line and returns
+// how many there were (0 if err is not a policy error).
+func printPolicyErrors(cmd *cobra.Command, err error) int {
+	var es policy.Errors
+	if !errors.As(err, &es) {
+		return 0
+	}
+	for _, e := range es {
+		fmt.Fprintln(cmd.ErrOrStderr(), e)
+	}
+	return len(es)
 }
 
 func versionCmd() *cobra.Command {
