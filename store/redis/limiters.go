@@ -1,0 +1,134 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+)
+
+// maxExact is the largest integer Lua (IEEE doubles) keeps exact.
+const maxExact = 1 << 53
+
+// limiter is one keyed limiter on the store: a script and its fixed
+// arguments. Every script takes ARGV = now override (µs, 0: Redis TIME),
+// op ("take" | "refund"), cost, handle, then its fixed parameters, and
+// answers {status, remaining, retry_after_ns, reset_after_ns}.
+type limiter struct {
+	s       *Store
+	name    string
+	script  *rueidis.Lua
+	fixed   []string
+	limit   int64
+	window  time.Duration
+	permits bool         // concurrency: every take gets a fresh permit id
+	now     func() int64 // test hook: now in µs (nil: Redis TIME)
+}
+
+var _ store.Limiter = (*limiter)(nil)
+
+func (l *limiter) args(op string, cost int64, h store.Handle) []string {
+	now := "0"
+	if l.now != nil {
+		now = strconv.FormatInt(l.now(), 10)
+	}
+	a := make([]string, 0, 4+len(l.fixed))
+	a = append(a, now, op, strconv.FormatInt(cost, 10), strconv.FormatUint(uint64(h), 16))
+	return append(a, l.fixed...)
+}
+
+// Take runs one step on Redis. now is ignored: Redis time decides.
+func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int64) (limit.Result, store.Handle, error) {
+	h := store.Handle(1)
+	if l.permits {
+		h = newPermit()
+	}
+	v, err := l.s.run(ctx, l.script, l.s.key(l.name, key), l.args("take", cost, h))
+	if err != nil {
+		return limit.Result{}, 0, err
+	}
+	return limit.Result{
+		Status:     limit.Status(v[0]),
+		Limit:      l.limit,
+		Remaining:  v[1],
+		RetryAfter: time.Duration(v[2]),
+		ResetAfter: time.Duration(v[3]),
+	}, h, nil
+}
+
+// Refund gives back cost units, or releases permit h of a concurrency limit.
+func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now, cost int64) error {
+	_, err := l.s.run(ctx, l.script, l.s.key(l.name, key), l.args("refund", cost, h))
+	return err
+}
+
+// Limit returns the quota.
+func (l *limiter) Limit() int64 { return l.limit }
+
+// Window returns the quota's window.
+func (l *limiter) Window() time.Duration { return l.window }
+
+func newPermit() store.Handle {
+	var b [8]byte
+	rand.Read(b[:])
+	return store.Handle(binary.LittleEndian.Uint64(b[:]) | 1)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// ttlMillis is the key TTL for state that is back to fresh after d: twice
+// d, at least a second. TTL only collects garbage; it never limits.
+func ttlMillis(d time.Duration) string { return itoa(max(2*d.Milliseconds(), 1000)) }
+
+// TokenBucket returns a keyed token bucket named name (the name scopes the
+// keys). Redis keeps the state exact in doubles, so burst × period must stay
+// below 2^53 ns (per-second rates: bursts up to 9e6 at 1/s).
+func (s *Store) TokenBucket(name string, tb *limit.TokenBucket) (store.Limiter, error) {
+	r := tb.Rate()
+	per, tokens, burst := int64(r.Per()), r.Tokens(), tb.Limit()
+	if burst > maxExact/per {
+		return nil, fmt.Errorf("redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
+	}
+	fill := int64(tb.Window())
+	return &limiter{s: s, name: name, script: tokenBucketScript, limit: burst, window: tb.Window(),
+		fixed: []string{itoa(per), itoa(tokens), itoa(burst * per), itoa(burst), itoa(fill), ttlMillis(tb.Window())}}, nil
+}
+
+// GCRA returns a keyed GCRA named name; burst × period must stay below 2^53.
+func (s *Store) GCRA(name string, g *limit.GCRA) (store.Limiter, error) {
+	r := g.Rate()
+	per, n, burst := int64(r.Per()), r.Tokens(), g.Limit()
+	if burst > maxExact/max(per, 1000*n) {
+		return nil, fmt.Errorf("redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
+	}
+	return &limiter{s: s, name: name, script: gcraScript, limit: burst, window: g.Window(),
+		fixed: []string{itoa(n), itoa(per), itoa(burst), ttlMillis(g.Window())}}, nil
+}
+
+// FixedWindow returns a keyed fixed window named name. Windows are aligned
+// on Redis time and must be whole microseconds.
+func (s *Store) FixedWindow(name string, w *limit.FixedWindow) (store.Limiter, error) {
+	if w.Window()%time.Microsecond != 0 {
+		return nil, fmt.Errorf("redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
+	}
+	return &limiter{s: s, name: name, script: fixedWindowScript, limit: w.Limit(), window: w.Window(),
+		fixed: []string{itoa(w.Limit()), itoa(w.Window().Microseconds())}}, nil
+}
+
+// Concurrency returns a fleet-wide concurrency limit named name: permits are
+// members of a sorted set scored by start time, and permits older than ttl
+// (held by a process that died) are swept.
+func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (store.Limiter, error) {
+	if ttl <= 0 {
+		return nil, fmt.Errorf("redis: concurrency %q: ttl must be > 0", name)
+	}
+	return &limiter{s: s, name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
+		fixed: []string{itoa(c.Limit()), itoa(ttl.Microseconds())}}, nil
+}

@@ -1,0 +1,58 @@
+-- GCRA step: the Redis twin of limit.GCRA.Take/Refund.
+-- Spans are kept in ticks of 1/n ns (n = rate tokens), so the emission
+-- interval T = per/n ns is exactly `per` ticks. The absolute TAT is kept as
+-- whole microseconds u plus r ticks (0 <= r < 1000n), below 2^53 each.
+-- KEYS[1]: hash {u, r}.
+-- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused),
+--       5 n (rate tokens), 6 per (rate period, ns), 7 burst, 8 ttl (ms).
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns}.
+local now = now_us()
+local op, cost = ARGV[2], tonumber(ARGV[3])
+local n, per, burst, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local tpu = 1000 * n            -- ticks per microsecond
+local dvt = burst * per          -- tau + T, in ticks
+local st = redis.call('HMGET', KEYS[1], 'u', 'r')
+local u, r = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+
+-- tat = max(TAT, now)
+if u < now then u, r = now, 0 end
+local ahead = (u - now) * tpu + r
+
+local function remaining(x)
+  if x > dvt then return 0 end
+  return idiv(dvt - x, per)
+end
+
+local function save(nu, nr)
+  redis.call('HSET', KEYS[1], 'u', str(nu), 'r', str(nr))
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+
+if op == 'refund' then
+  if cost > 0 and cost <= burst then
+    local st2 = redis.call('HMGET', KEYS[1], 'u', 'r')
+    local ou, orr = tonumber(st2[1]) or 0, tonumber(st2[2]) or 0
+    -- t = TAT - cost*T (borrowing whole microseconds), not before now
+    local nu, nr = ou, orr - cost * per
+    if nr < 0 then
+      local b = cdiv(-nr, tpu)
+      nu, nr = ou - b, nr + b * tpu
+    end
+    if nu < now then nu, nr = now, 0 end
+    if nu < ou or (nu == ou and nr < orr) then save(nu, nr) end
+  end
+  return {0, 0, 0, 0}
+end
+
+if cost <= 0 then return {3, remaining(ahead), 0, cdiv(ahead, n)} end
+if cost > burst then return {2, remaining(ahead), 0, cdiv(ahead, n)} end
+local diff = ahead + cost * per
+if diff > dvt then
+  return {1, remaining(ahead), cdiv(diff - dvt, n), cdiv(ahead, n)}
+end
+-- next = tat + cost*T
+local nr = r + cost * per
+local nu = u + idiv(nr, tpu)
+nr = nr - idiv(nr, tpu) * tpu
+save(nu, nr)
+return {0, remaining(diff), 0, cdiv(diff, n)}

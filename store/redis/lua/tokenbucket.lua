@@ -1,0 +1,58 @@
+-- Token bucket step: the Redis twin of limit.TokenBucket.Take/Refund.
+-- KEYS[1]: hash {d = deficit in scaled units, l = last refill (us)}.
+-- ARGV: 1 now override (us, 0 = TIME), 2 op ("take" | "refund"), 3 cost,
+--       4 handle (unused), 5 unit (scaled units per token = rate period in
+--       ns), 6 gain (scaled units per ns = rate tokens), 7 capacity
+--       (burst * unit), 8 burst, 9 fill (ns from empty to full), 10 ttl (ms).
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns}
+--   status 0 allowed, 1 denied, 2 exceeded, 3 invalid.
+local now = now_us()
+local op, cost = ARGV[2], tonumber(ARGV[3])
+local unit, gain, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local burst, fill, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0} end
+local st = redis.call('HMGET', KEYS[1], 'd', 'l')
+local d, last = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+
+-- Refill up to now; a now behind last adds nothing and keeps last.
+if now > last then
+  local e = (now - last) * 1000
+  last = now
+  if d > 0 then
+    if e >= fill then d = 0 else d = math.max(d - e * gain, 0) end
+  end
+end
+
+-- Last is kept even for a full bucket (it decides how a stale reading is
+-- treated); the TTL collects the key once the bucket has been full a while.
+local function save()
+  redis.call('HSET', KEYS[1], 'd', str(d), 'l', str(last))
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+
+if op == 'refund' then
+  d = math.max(d - cost * unit, 0)
+  save()
+  return {0, 0, 0, 0}
+end
+
+if cost <= 0 then
+  return {3, idiv(cap - d, unit), 0, 0}
+end
+local behind = math.max(last - now, 0) * 1000
+local status, retry = 0, 0
+if cost > burst then
+  status = 2
+else
+  local need = cost * unit
+  if d + need <= cap then
+    d = d + need
+  else
+    status = 1
+    retry = behind + cdiv(d + need - cap, gain)
+  end
+end
+local reset = 0
+if d > 0 then reset = behind + cdiv(d, gain) end
+save()
+return {status, idiv(cap - d, unit), retry, reset}

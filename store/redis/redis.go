@@ -1,0 +1,161 @@
+// Package redis keeps sluice's limiter state in Redis or Redis Cluster, so a
+// fleet shares one budget: each algorithm step of package limit runs as one
+// atomic Lua script (EVALSHA, reloaded on NOSCRIPT), on Redis time, with
+// keys hash-tagged so one limiter key lives in one slot.
+//
+// The client is redis/rueidis: it pipelines concurrent commands on shared
+// connections automatically, which is what a decision path with many
+// concurrent callers needs (see BENCHMARKS.md for the measurement against
+// go-redis/redis_rate).
+//
+// Every call has a short timeout (Options.Timeout, default 5 ms) and runs
+// behind a breaker: after a failure the store answers ErrUnavailable at once
+// for the rest of Options.ProbeEvery (default 1 s) except for one probe call,
+// so while Redis is down the decision path pays at most one timeout per
+// probe interval. Gates turn ErrUnavailable into their failure policy
+// (fail_open, fail_closed, local_fallback).
+//
+//	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
+//	lim, _ := st.TokenBucket("request-rate", tb)
+//	g, _ := gate.NewRate("request-rate", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-go/sluice/store"
+)
+
+//go:embed lua/common.lua
+var commonLua string
+
+//go:embed lua/tokenbucket.lua
+var tokenBucketLua string
+
+//go:embed lua/gcra.lua
+var gcraLua string
+
+//go:embed lua/fixedwindow.lua
+var fixedWindowLua string
+
+//go:embed lua/concurrency.lua
+var concurrencyLua string
+
+var (
+	tokenBucketScript = rueidis.NewLuaScript(commonLua + tokenBucketLua)
+	gcraScript        = rueidis.NewLuaScript(commonLua + gcraLua)
+	fixedWindowScript = rueidis.NewLuaScript(commonLua + fixedWindowLua)
+	concurrencyScript = rueidis.NewLuaScript(commonLua + concurrencyLua)
+)
+
+// Options configures a Store.
+type Options struct {
+	// Addrs are the Redis addresses (one standalone server, or any nodes of
+	// a cluster: the topology is discovered).
+	Addrs []string
+	// Timeout bounds each call. Default 5 ms.
+	Timeout time.Duration
+	// ProbeEvery is how long the breaker stays open after a failure before
+	// one probe call may try again. Default 1 s.
+	ProbeEvery time.Duration
+	// Prefix starts every key. Default "sluice".
+	Prefix string
+	// Client, if set, is used instead of dialing Addrs.
+	Client rueidis.Client
+}
+
+// Store is a Redis-backed state store. It is safe for concurrent use.
+type Store struct {
+	client rueidis.Client
+	opts   Options
+	own    bool
+
+	open      atomic.Bool  // the breaker: calls fail fast
+	openUntil atomic.Int64 // unix ns before which not even a probe goes
+	probing   atomic.Bool  // one probe at a time
+	failures  atomic.Int64
+}
+
+// New connects to Redis.
+func New(opts Options) (*Store, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Millisecond
+	}
+	if opts.ProbeEvery <= 0 {
+		opts.ProbeEvery = time.Second
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = "sluice"
+	}
+	s := &Store{opts: opts, client: opts.Client}
+	if s.client == nil {
+		if len(opts.Addrs) == 0 {
+			return nil, errors.New("redis: no addresses")
+		}
+		c, err := rueidis.NewClient(rueidis.ClientOption{
+			InitAddress:      opts.Addrs,
+			DisableCache:     true,
+			ConnWriteTimeout: 200 * time.Millisecond,
+			Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+		}
+		s.client, s.own = c, true
+	}
+	return s, nil
+}
+
+// Close closes the client the store dialed.
+func (s *Store) Close() {
+	if s.own {
+		s.client.Close()
+	}
+}
+
+// Failures returns how many calls failed (timeouts included).
+func (s *Store) Failures() int64 { return s.failures.Load() }
+
+// key builds a hash-tagged key: every key of one limiter and one state key
+// maps to one cluster slot.
+func (s *Store) key(limiter, key string) string {
+	return s.opts.Prefix + ":{" + limiter + ":" + key + "}"
+}
+
+// run executes a script under the timeout and the breaker. It returns the
+// script's four integers.
+func (s *Store) run(ctx context.Context, sc *rueidis.Lua, key string, args []string) ([4]int64, error) {
+	var out [4]int64
+	if s.open.Load() {
+		// Open: fail fast; after ProbeEvery one caller probes.
+		if time.Now().UnixNano() < s.openUntil.Load() || !s.probing.CompareAndSwap(false, true) {
+			return out, store.ErrUnavailable
+		}
+		defer s.probing.Store(false)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	vals, err := sc.Exec(cctx, s.client, []string{key}, args).AsIntSlice()
+	cancel()
+	if err == nil && len(vals) != 4 {
+		err = fmt.Errorf("script returned %d values", len(vals))
+	}
+	if err != nil {
+		s.failures.Add(1)
+		s.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
+		s.open.Store(true)
+		return out, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
+	if s.open.Load() {
+		s.open.Store(false)
+	}
+	copy(out[:], vals)
+	return out, nil
+}
