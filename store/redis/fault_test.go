@@ -1,0 +1,151 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store/memory"
+)
+
+// faultLoad runs callers against the three failure policies until stop is
+// closed and records the slowest decision and what each policy answered.
+type faultLoad struct {
+	maxLatency atomic.Int64
+	open       atomic.Int64 // fail_open admissions while failing
+	closed     atomic.Int64 // fail_closed rejections with reason dependency
+	fallback   atomic.Int64 // local_fallback decisions
+	total      atomic.Int64
+}
+
+func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout, probe = 10 * time.Millisecond, 200 * time.Millisecond
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: timeout, ProbeEvery: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
+	lim, _ := st.TokenBucket("faults", tb)
+	fb, _ := limit.NewTokenBucket(limit.PerSecond(1000), 1000) // the conservative local budget
+	gOpen, _ := gate.NewRate("open", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
+	gClosed, _ := gate.NewRate("closed", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed})
+	gLocal, _ := gate.NewRate("local", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback,
+		Fallback: memory.NewKeyed(fb, memory.Options{})})
+
+	var load faultLoad
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g := []*gate.Rate{gOpen, gClosed, gLocal}[i%3]
+			req := &sluice.Request{Tenant: "t", Cost: 1}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				d, p := g.Decide(context.Background(), req, sluice.Now())
+				lat := time.Since(start)
+				for {
+					old := load.maxLatency.Load()
+					if int64(lat) <= old || load.maxLatency.CompareAndSwap(old, int64(lat)) {
+						break
+					}
+				}
+				load.total.Add(1)
+				if d.Admitted {
+					g.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+		}()
+	}
+
+	// failures counts calls that went to Redis and failed (each paid up to
+	// the timeout); decisions answered by the open breaker cost nothing.
+	phase := func(name string, d time.Duration) (failures int64) {
+		before, gb := st.Failures(), gOpen.Failures()+gClosed.Failures()+gLocal.Failures()
+		load.maxLatency.Store(0)
+		time.Sleep(d)
+		failures = st.Failures() - before
+		t.Logf("%-9s %6d decisions so far, slowest %v, %d calls to Redis failed, %d decisions by failure policy",
+			name, load.total.Load(), time.Duration(load.maxLatency.Load()), failures, gOpen.Failures()+gClosed.Failures()+gLocal.Failures()-gb)
+		if max := time.Duration(load.maxLatency.Load()); max > timeout+2*time.Millisecond {
+			t.Errorf("%s: a decision took %v, more than timeout + 2ms", name, max)
+		}
+		return failures
+	}
+
+	phase("normal", 300*time.Millisecond)
+
+	srv.Kill()
+	f := phase("killed", time.Second)
+	// One timeout per probe interval, not one per request: a handful of
+	// failures for thousands of decisions.
+	if f == 0 || f > 3*int64(time.Second/probe)+12 {
+		t.Errorf("killed: %d store failures in 1 s with probes every %v", f, probe)
+	}
+	checkPolicies(t, gOpen, gClosed, gLocal)
+
+	srv.Restart()
+	waitResumed(t, st, probe)
+	if f := phase("restarted", 300*time.Millisecond); f != 0 {
+		t.Errorf("restarted: %d failures after Redis came back", f)
+	}
+
+	srv.Pause()
+	phase("paused", time.Second)
+	checkPolicies(t, gOpen, gClosed, gLocal)
+	srv.Resume()
+	waitResumed(t, st, probe)
+	if f := phase("resumed", 300*time.Millisecond); f != 0 {
+		t.Errorf("resumed: %d failures after Redis came back", f)
+	}
+
+	close(stop)
+	wg.Wait()
+}
+
+// checkPolicies asks each gate once while Redis is down.
+func checkPolicies(t *testing.T, open, closed, local *gate.Rate) {
+	t.Helper()
+	req := &sluice.Request{Tenant: "probe", Cost: 1}
+	ctx := context.Background()
+	if d, p := open.Decide(ctx, req, sluice.Now()); !d.Admitted || p != 0 {
+		t.Errorf("fail_open: %+v", d)
+	}
+	if d, _ := closed.Decide(ctx, req, sluice.Now()); d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable {
+		t.Errorf("fail_closed: %+v", d)
+	}
+	d, p := local.Decide(ctx, req, sluice.Now())
+	if !d.Admitted || d.Limit != 1000 {
+		t.Errorf("local_fallback did not decide on the local budget: %+v", d)
+	}
+	local.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeRejected})
+}
+
+// waitResumed requires normal decisions (the breaker closed) within one
+// probe interval (plus scheduling slack) of Redis being back.
+func waitResumed(t *testing.T, st *Store, probe time.Duration) {
+	t.Helper()
+	back := time.Now()
+	for st.open.Load() {
+		if time.Since(back) > probe+50*time.Millisecond {
+			t.Fatalf("decisions did not resume within one probe interval (%v) of Redis returning", probe)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("normal decisions resumed %v after Redis returned", time.Since(back).Round(time.Millisecond))
+}
