@@ -132,3 +132,13 @@ func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration
 	return &limiter{s: s, name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
 		fixed: []string{itoa(c.Limit()), itoa(ttl.Microseconds())}}, nil
 }
+
+// TokenBucketScript returns the Lua source of the token bucket step and the
+// ARGV its Take expects for (tb, cost) with Redis time, so tools (and the
+// client comparison in bench/) can run the same step through another client.
+func TokenBucketScript(tb *limit.TokenBucket, cost int64) (src string, argv []string) {
+	r := tb.Rate()
+	per, burst := int64(r.Per()), tb.Limit()
+	return commonLua + tokenBucketLua, []string{"0", "take", itoa(cost), "1", itoa(per), itoa(r.Tokens()),
+		itoa(burst * per), itoa(burst), itoa(int64(tb.Window())), ttlMillis(tb.Window())}
+}

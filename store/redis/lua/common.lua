@@ -25,5 +25,18 @@ local function cdiv(x, g)
   return q
 end
 
--- str: a number as an exact integer string (redis.call would use %.14g).
+-- load2 / save2: a state of two numbers packed as two little-endian
+-- doubles (exact for integers below 2^53, and much cheaper than decimal
+-- strings). A missing or foreign value reads as the fresh state 0, 0.
+local function load2(key)
+  local raw = redis.call('GET', key)
+  if raw and #raw == 16 then return struct.unpack('<dd', raw) end
+  return 0, 0
+end
+
+local function save2(key, a, b, ttl_ms)
+  redis.call('SET', key, struct.pack('<dd', a, b), 'PX', ttl_ms)
+end
+
+-- str: an integer as an exact decimal string, for commands that need one.
 local function str(x) return string.format('%.0f', x) end

@@ -2,7 +2,7 @@
 -- Spans are kept in ticks of 1/n ns (n = rate tokens), so the emission
 -- interval T = per/n ns is exactly `per` ticks. The absolute TAT is kept as
 -- whole microseconds u plus r ticks (0 <= r < 1000n), below 2^53 each.
--- KEYS[1]: hash {u, r}.
+-- KEYS[1]: u and r, packed (load2/save2).
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused),
 --       5 n (rate tokens), 6 per (rate period, ns), 7 burst, 8 ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns}.
@@ -11,8 +11,8 @@ local op, cost = ARGV[2], tonumber(ARGV[3])
 local n, per, burst, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local tpu = 1000 * n            -- ticks per microsecond
 local dvt = burst * per          -- tau + T, in ticks
-local st = redis.call('HMGET', KEYS[1], 'u', 'r')
-local u, r = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+local u, r = load2(KEYS[1])
+local ou, orr = u, r
 
 -- tat = max(TAT, now)
 if u < now then u, r = now, 0 end
@@ -23,15 +23,10 @@ local function remaining(x)
   return idiv(dvt - x, per)
 end
 
-local function save(nu, nr)
-  redis.call('HSET', KEYS[1], 'u', str(nu), 'r', str(nr))
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
+local function save(nu, nr) save2(KEYS[1], nu, nr, ttl) end
 
 if op == 'refund' then
   if cost > 0 and cost <= burst then
-    local st2 = redis.call('HMGET', KEYS[1], 'u', 'r')
-    local ou, orr = tonumber(st2[1]) or 0, tonumber(st2[2]) or 0
     -- t = TAT - cost*T (borrowing whole microseconds), not before now
     local nu, nr = ou, orr - cost * per
     if nr < 0 then

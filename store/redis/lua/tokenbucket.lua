@@ -1,5 +1,6 @@
 -- Token bucket step: the Redis twin of limit.TokenBucket.Take/Refund.
--- KEYS[1]: hash {d = deficit in scaled units, l = last refill (us)}.
+-- KEYS[1]: the deficit in scaled units and the last refill time (us),
+--          packed in one value (load2/save2) so a step is one GET, one SET.
 -- ARGV: 1 now override (us, 0 = TIME), 2 op ("take" | "refund"), 3 cost,
 --       4 handle (unused), 5 unit (scaled units per token = rate period in
 --       ns), 6 gain (scaled units per ns = rate tokens), 7 capacity
@@ -11,8 +12,7 @@ local op, cost = ARGV[2], tonumber(ARGV[3])
 local unit, gain, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local burst, fill, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0} end
-local st = redis.call('HMGET', KEYS[1], 'd', 'l')
-local d, last = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+local d, last = load2(KEYS[1])
 
 -- Refill up to now; a now behind last adds nothing and keeps last.
 if now > last then
@@ -25,10 +25,7 @@ end
 
 -- Last is kept even for a full bucket (it decides how a stale reading is
 -- treated); the TTL collects the key once the bucket has been full a while.
-local function save()
-  redis.call('HSET', KEYS[1], 'd', str(d), 'l', str(last))
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
+local function save() save2(KEYS[1], d, last, ttl) end
 
 if op == 'refund' then
   d = math.max(d - cost * unit, 0)
