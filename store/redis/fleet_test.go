@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-go/sluice/limit"
 )
 
-
 func init() {
 	switch os.Getenv("SLUICE_FLEET") {
 	case "load":

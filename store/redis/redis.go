@@ -112,7 +112,7 @@ func New(opts Options) (*Store, error) {
 			// Wait up to 20 µs to gather concurrent decisions into one write:
 			// fewer syscalls and deeper pipelines under load.
 			MaxFlushDelay: 20 * time.Microsecond,
-			Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
+			Dialer:        net.Dialer{Timeout: 100 * time.Millisecond},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
