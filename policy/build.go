@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
@@ -10,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
+	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
 // algorithm builds the gate's algorithm, which validates its parameters.
@@ -67,6 +69,22 @@ type Runtime struct {
 	Chain *sluice.Chain
 	HTTP  httpgate.Config
 	gates map[string]builtGate
+	redis *redisConn // the Redis store, when the backend is redis
+}
+
+// redisConn is a Redis store and the settings it was opened with.
+type redisConn struct {
+	st  *sredis.Store
+	cfg string
+}
+
+// Close releases the runtime's connections (the Redis client). A runtime
+// replaced by a reload keeps its connection for the next one when the store
+// settings did not change.
+func (rt *Runtime) Close() {
+	if rt.redis != nil {
+		rt.redis.st.Close()
+	}
 }
 
 type builtGate struct {
@@ -80,6 +98,22 @@ type builtGate struct {
 // state, so a reload does not reset unchanged limits.
 func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	rt := &Runtime{File: f, gates: map[string]builtGate{}}
+	if f.Store.Backend == "redis" {
+		cfg := fmt.Sprint(f.Store.Addrs, f.Store.Timeout, f.Store.ProbeEvery)
+		if prev != nil && prev.redis != nil && prev.redis.cfg == cfg {
+			rt.redis = prev.redis
+		} else {
+			st, err := sredis.New(sredis.Options{Addrs: f.Store.Addrs, Timeout: f.Store.Timeout, ProbeEvery: f.Store.ProbeEvery, Prefix: "sluice:" + f.Service})
+			if err != nil {
+				return nil, &Error{File: f.Path, Line: f.Store.Line, Field: "store", Msg: err.Error()}
+			}
+			rt.redis = &redisConn{st: st, cfg: cfg}
+			if prev != nil && prev.redis != nil {
+				old := prev.redis.st
+				time.AfterFunc(2*time.Minute, old.Close) // let requests in flight release first
+			}
+		}
+	}
 	var gates []sluice.Gate
 	modes := map[string]sluice.Mode{}
 	for i := range f.Gates {
@@ -99,7 +133,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 				same = &old
 			}
 		}
-		built, rebind, err := g.build(f.Store, same)
+		built, rebind, err := g.build(f.Store, same, rt.redis)
 		if err != nil {
 			return nil, &Error{File: f.Path, Line: g.Line, Field: fmt.Sprintf("gates[%d]", i), Msg: err.Error()}
 		}
@@ -119,8 +153,9 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	return rt, nil
 }
 
-// build makes the gate, over prev's state when prev is given.
-func (g *Gate) build(st Store, prev *builtGate) (sluice.Gate, func(any) store.Limiter, error) {
+// build makes the gate, over prev's state when prev is given (memory), or
+// on Redis when rc is given.
+func (g *Gate) build(st Store, prev *builtGate, rc *redisConn) (sluice.Gate, func(any) store.Limiter, error) {
 	alg, err := g.algorithm()
 	if err != nil {
 		return nil, nil, err
@@ -129,9 +164,21 @@ func (g *Gate) build(st Store, prev *builtGate) (sluice.Gate, func(any) store.Li
 	opts := gate.Options{Scope: scope, NoRefund: g.NoRefund, OnFailure: g.failure(), RetryHint: g.RetryHint}
 	var lim store.Limiter
 	var rebind func(any) store.Limiter
-	if prev != nil && prev.rebind != nil {
+	switch {
+	case rc != nil:
+		if lim, err = g.redisLimiter(rc.st, alg); err != nil {
+			return nil, nil, err
+		}
+		if opts.OnFailure == gate.LocalFallback {
+			fb, err := g.fallback(alg, st)
+			if err != nil {
+				return nil, nil, err
+			}
+			opts.Fallback, _ = newKeyed(fb, memory.Options{MaxKeys: st.MaxKeys})
+		}
+	case prev != nil && prev.rebind != nil:
 		lim, rebind = prev.rebind(alg), prev.rebind
-	} else {
+	default:
 		lim, rebind = newKeyed(alg, memory.Options{MaxKeys: st.MaxKeys})
 	}
 	var gt sluice.Gate
@@ -148,6 +195,52 @@ func (g *Gate) build(st Store, prev *builtGate) (sluice.Gate, func(any) store.Li
 		gt, err = gate.NewRate(g.Name, lim, opts)
 	}
 	return gt, rebind, err
+}
+
+// redisLimiter returns the Redis limiter running alg.
+func (g *Gate) redisLimiter(st *sredis.Store, alg any) (store.Limiter, error) {
+	switch a := alg.(type) {
+	case *limit.TokenBucket:
+		return st.TokenBucket(g.Name, a)
+	case *limit.GCRA:
+		return st.GCRA(g.Name, a)
+	case *limit.FixedWindow:
+		return st.FixedWindow(g.Name, a)
+	case *limit.Concurrency:
+		ttl := g.TTL
+		if ttl == 0 {
+			ttl = time.Minute
+		}
+		return st.Concurrency(g.Name, a, ttl)
+	}
+	return nil, fmt.Errorf("kind %s has no Redis script", g.Kind)
+}
+
+// fallback returns alg scaled to one replica's share (limit ÷ replicas, at
+// least 1): the conservative in-process budget local_fallback decides on
+// while Redis is unreachable.
+func (g *Gate) fallback(alg any, st Store) (any, error) {
+	n := max(st.Replicas, 1)
+	share := func(v int64) int64 { return max(v/n, 1) }
+	switch a := alg.(type) {
+	case *limit.TokenBucket:
+		r, err := limit.NewRate(a.Rate().Tokens(), a.Rate().Per()*time.Duration(n))
+		if err != nil {
+			return nil, err
+		}
+		return limit.NewTokenBucket(r, share(a.Limit()))
+	case *limit.GCRA:
+		r, err := limit.NewRate(a.Rate().Tokens(), a.Rate().Per()*time.Duration(n))
+		if err != nil {
+			return nil, err
+		}
+		return limit.NewGCRA(r, share(a.Limit()))
+	case *limit.FixedWindow:
+		return limit.NewFixedWindow(share(a.Limit()), a.Window())
+	case *limit.Concurrency:
+		return limit.NewConcurrency(share(a.Limit()))
+	}
+	return nil, fmt.Errorf("kind %s has no local fallback", g.Kind)
 }
 
 // newKeyed returns an in-memory keyed limiter for alg and a function that

@@ -37,14 +37,19 @@ type Spec struct {
 
 // Store selects the state backend.
 type Store struct {
-	Backend   string        // "memory" (default) or "redis"
-	Addrs     []string      // redis addresses
-	Cluster   bool          // redis cluster
-	Timeout   time.Duration // per-call timeout
-	OnFailure string        // default failure policy of gates
-	MaxKeys   int           // memory: key cap per gate
-	Line      int
+	Backend    string        // "memory" (default) or "redis"
+	Addrs      []string      // redis addresses
+	Cluster    bool          // redis cluster
+	Timeout    time.Duration // per-call timeout
+	OnFailure  string        // default failure policy of gates
+	MaxKeys    int           // memory: key cap per gate
+	Replicas   int64         // redis: expected fleet size; local_fallback gives each replica limit/replicas
+	ProbeEvery time.Duration // redis: breaker probe interval
+	Line       int
 }
+
+// redisKinds are the gate kinds with a Redis script.
+var redisKinds = map[string]bool{KindTokenBucket: true, KindGCRA: true, KindFixedWindow: true, KindConcurrency: true}
 
 // Identity says where tenant and deadline come from.
 type Identity struct {

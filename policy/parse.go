@@ -252,6 +252,21 @@ func (p *parser) file1(n *yaml.Node) *File {
 			}
 		}
 	}
+	// Gates without their own on_failure take the store's (which may be
+	// written after the gates); on memory there is nothing to fall back from.
+	for i := range f.Gates {
+		g := &f.Gates[i]
+		if _, own := g.fields["on_failure"]; !own {
+			g.OnFailure = f.Store.OnFailure
+		}
+		if f.Store.Backend == "memory" && (g.OnFailure == "local_fallback" || g.OnFailure == "") {
+			g.OnFailure = "fail_open"
+		}
+		if f.Store.Backend == "redis" && !redisKinds[g.Kind] && g.Kind != "" {
+			p.errs = append(p.errs, &Error{File: p.file, Line: g.Line, Field: fmt.Sprintf("gates[%d].kind", i),
+				Msg: fmt.Sprintf("kind %s has no Redis script yet (on redis: token_bucket, gcra, fixed_window, concurrency)", g.Kind)})
+		}
+	}
 	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {
 		p.errf(n, "identity.deadline.header", "%q is also the tenant header", h)
 	}
@@ -269,14 +284,11 @@ func (p *parser) file1(n *yaml.Node) *File {
 
 func (p *parser) store(n *yaml.Node) Store {
 	s := Store{Backend: "memory", Line: n.Line}
-	p.fields(n, "store", []string{"backend", "addrs", "cluster", "timeout", "on_failure", "max_keys"}, func(k string, v *yaml.Node) {
+	seen := p.fields(n, "store", []string{"backend", "addrs", "cluster", "timeout", "on_failure", "max_keys", "replicas", "probe_every"}, func(k string, v *yaml.Node) {
 		field := join("store", k)
 		switch k {
 		case "backend":
 			s.Backend = p.oneOf(v, field, "memory", "redis")
-			if s.Backend == "redis" {
-				p.errf(v, field, "the redis backend is not available in this version; use memory")
-			}
 		case "addrs":
 			if v.Kind != yaml.SequenceNode {
 				p.errf(v, field, "want a list of host:port")
@@ -293,8 +305,22 @@ func (p *parser) store(n *yaml.Node) Store {
 			s.OnFailure = p.oneOf(v, field, "fail_open", "fail_closed", "local_fallback")
 		case "max_keys":
 			s.MaxKeys = int(p.integer(v, field, 1, 1<<30))
+		case "replicas":
+			s.Replicas = p.integer(v, field, 1, 100_000)
+		case "probe_every":
+			s.ProbeEvery = p.duration(v, field, 10*time.Millisecond)
 		}
 	})
+	if s.Backend == "redis" && len(s.Addrs) == 0 {
+		p.errf(n, "store.addrs", "missing: the redis backend needs addrs (host:port of a server or of cluster nodes)")
+	}
+	if s.Backend != "redis" {
+		for _, k := range []string{"addrs", "cluster", "timeout", "replicas", "probe_every"} {
+			if line, ok := seen[k]; ok {
+				p.errs = append(p.errs, &Error{File: p.file, Line: line, Field: "store." + k, Msg: "applies to the redis backend only"})
+			}
+		}
+	}
 	return s
 }
 
@@ -528,10 +554,6 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 			if g.Kind == KindConcurrency || g.Kind == KindLeakyBucket {
 				g.Scope = "service"
 			}
-		}
-		if g.OnFailure == "local_fallback" && st.Backend == "memory" {
-			// Nothing to fall back from; memory never fails.
-			g.OnFailure = "fail_open"
 		}
 		if len(p.errs) == 0 {
 			if _, err := g.algorithm(); err != nil {

@@ -105,7 +105,11 @@ func (f *File) SpecText() string {
 	for _, g := range f.Gates {
 		fmt.Fprintf(&b, "    - %s: %s [%s]\n", g.Name, g.describe(), g.Mode)
 	}
-	line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
+	if f.Store.Backend == "redis" {
+		line("Maximum distributed overshoot or unused lease", "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing")
+	} else {
+		line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
+	}
 
 	b.WriteString("\nSTATE MACHINE\n")
 	line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
@@ -153,12 +157,16 @@ func storeText(s Store) string {
 		}
 		return "per-process memory store (" + keys + "; at the cap fresh keys are dropped first, then new keys share one overflow budget)"
 	}
-	return s.Backend
+	return fmt.Sprintf("Redis at %s shared by the fleet (one atomic script per decision on Redis time); local_fallback gives each of %d replicas limit/%d", strings.Join(s.Addrs, ", "), max(s.Replicas, 1), max(s.Replicas, 1))
 }
 
 func storeFailure(s Store) string {
 	if s.Backend == "memory" {
 		return "the memory store is part of the process and cannot be unreachable"
 	}
-	return "store " + s.Backend
+	t := s.Timeout
+	if t == 0 {
+		t = 5 * time.Millisecond
+	}
+	return fmt.Sprintf("each Redis call times out after %v; after a failure a breaker answers at once from the failure policy and probes Redis once per interval", t)
 }

@@ -317,6 +317,9 @@ func (s *Server) Run(ctx context.Context) error {
 	ps.Shutdown(sctx)
 	as.Shutdown(sctx)
 	wg.Wait()
+	s.mu.Lock()
+	s.rt.Close()
+	s.mu.Unlock()
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil
 	}

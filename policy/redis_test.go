@@ -1,0 +1,83 @@
+package policy
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/redistest"
+)
+
+// Two replicas built from one policy on the redis backend share one budget,
+// and fall back to limit/replicas each when Redis is gone.
+func TestRedisBackendSharesStateAndFallsBack(t *testing.T) {
+	srv := redistest.Start(t)
+	src := strings.ReplaceAll(`version: 1
+service: shared
+store: {backend: redis, addrs: [ADDR], timeout: 50ms, probe_every: 100ms, replicas: 2, on_failure: local_fallback}
+gates:
+  - {name: rate, kind: token_bucket, scope: tenant, rate: 1/h, burst: 10}
+`, "ADDR", srv.Addr)
+	f, err := Parse("r.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(f.SpecText(), "Redis at "+srv.Addr) {
+		t.Fatal(f.SpecText())
+	}
+	a, err := Build(f, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Build(f, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	admitted := 0
+	for i := range 20 {
+		rt := []*Runtime{a, b}[i%2]
+		if d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: "acme"}); d.Admitted {
+			admitted++
+			tk.Done(sluice.OutcomeUseful)
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("two replicas admitted %d, want the shared burst of 10", admitted)
+	}
+	srv.Kill()
+	// Each replica now decides on its local share: burst 10/2 = 5.
+	admitted = 0
+	for range 10 {
+		if d, tk := a.Chain.Decide(ctx, &sluice.Request{Tenant: "acme"}); d.Admitted {
+			admitted++
+			tk.Done(sluice.OutcomeUseful)
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("local fallback admitted %d, want limit/replicas = 5", admitted)
+	}
+}
+
+func TestRedisBackendErrors(t *testing.T) {
+	for _, c := range []struct{ src, field string }{
+		{"version: 1\nstore: {backend: redis}\ngates: []\n", "store.addrs"},
+		{"version: 1\nstore: {backend: redis, addrs: [x:1]}\ngates:\n  - {name: a, kind: sliding_log, limit: 5, window: 1s}\n", "gates[0].kind"},
+		{"version: 1\nstore: {backend: memory, replicas: 3}\ngates: []\n", "store.replicas"},
+	} {
+		_, err := Parse("p.yaml", []byte(c.src))
+		var es Errors
+		if !asErrors(err, &es) || len(es) != 1 || es[0].Field != c.field {
+			t.Errorf("%q: %v", c.src, err)
+		}
+	}
+}
+
+func asErrors(err error, es *Errors) bool {
+	e, ok := err.(Errors)
+	*es = e
+	return ok
+}
