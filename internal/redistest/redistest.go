@@ -23,12 +23,13 @@ import (
 
 // Server is one redis-server process.
 type Server struct {
-	Addr string
-	port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
-	t    testing.TB
+	Addr   string
+	port   int
+	dir    string
+	args   []string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	t      testing.TB
 }
 
 // need skips t when redis-server is not installed, or fails it when the
@@ -45,14 +46,28 @@ func need(t testing.TB) {
 	}
 }
 
+// freePort returns a port that is free now, and whose cluster bus port
+// (port + 10000) is free too. Another process may still take it before the
+// server binds; start retries with a new port then.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if port+10000 > 65535 {
+			continue
+		}
+		if bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
+			bus.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port pair")
+	return 0
 }
 
 // Start starts a standalone server; it is stopped when t ends.
@@ -68,22 +83,57 @@ func Start(t testing.TB, extra ...string) *Server {
 	return s
 }
 
-func (s *Server) start() {
+// start runs redis-server and waits until it answers. If the process
+// exits first (its port was taken meanwhile), it retries on a new port
+// unless fixedPort (a restart must keep its address).
+func (s *Server) start() { s.startOn(false) }
+
+func (s *Server) startOn(fixedPort bool) {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", s.args...)
-	s.cmd.Dir = s.dir
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := ping(s.Addr); err == nil {
+	for attempt := 0; ; attempt++ {
+		s.cmd = exec.Command("redis-server", s.args...)
+		s.cmd.Dir = s.dir
+		if err := s.cmd.Start(); err != nil {
+			s.t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		cmd := s.cmd
+		go func() { cmd.Wait(); close(exited) }()
+		if s.waitUp(exited) {
+			s.exited = exited
 			return
 		}
-		if time.Now().After(deadline) {
+		if fixedPort || attempt == 5 {
 			s.t.Fatalf("redis-server on %s did not start", s.Addr)
 		}
-		time.Sleep(10 * time.Millisecond)
+		s.setPort(freePort(s.t))
+	}
+}
+
+// waitUp reports whether the server answers before it exits or 10 s pass.
+func (s *Server) waitUp(exited chan struct{}) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if ping(s.Addr) == nil {
+			return true
+		}
+		select {
+		case <-exited:
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+func (s *Server) setPort(port int) {
+	old := strconv.Itoa(s.port)
+	s.port = port
+	s.Addr = "127.0.0.1:" + strconv.Itoa(port)
+	for i, a := range s.args {
+		if a == old && i > 0 && s.args[i-1] == "--port" {
+			s.args[i] = strconv.Itoa(port)
+		}
 	}
 }
 
@@ -94,7 +144,7 @@ func (s *Server) Kill() {
 	}
 	s.cmd.Process.Signal(syscall.SIGCONT)
 	s.cmd.Process.Kill()
-	s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
@@ -108,7 +158,7 @@ func (s *Server) Resume() { s.cmd.Process.Signal(syscall.SIGCONT) }
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
-	s.start()
+	s.startOn(true)
 }
 
 // Do sends one command with redis-cli and returns its output.
