@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,7 @@ type base struct {
 	unit      sluice.Unit
 	failures  atomic.Int64
 	fallbacks atomic.Int64
+	lastLog   atomic.Int64
 }
 
 // Name returns the gate's name.
@@ -117,6 +119,7 @@ func (b *base) take(ctx context.Context, key string, r *sluice.Request, now, cos
 		return res, sluice.Permit(h), true
 	}
 	b.failures.Add(1)
+	b.logFailure(err)
 	switch b.opts.OnFailure {
 	case LocalFallback:
 		res, h, err = b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
@@ -132,6 +135,18 @@ func (b *base) take(ctx context.Context, key string, r *sluice.Request, now, cos
 }
 
 const fallbackBit = sluice.Permit(1) << 63
+
+// logFailure logs a store failure at most once per second per gate: the
+// decision path must stay cheap while the store is down.
+func (b *base) logFailure(err error) {
+	now := time.Now().UnixNano()
+	last := b.lastLog.Load()
+	if now-last < int64(time.Second) || !b.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	slog.Warn("gate store unavailable; deciding by failure policy (logged at most once per second)",
+		"gate", b.name, "policy", b.opts.OnFailure.String(), "failures", b.failures.Load(), "err", err)
+}
 
 // refund gives back what take returned.
 func (b *base) refund(key string, p sluice.Permit, now, cost int64) {

@@ -173,3 +173,27 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 		m.goodput.WithLabelValues(r.Class, t).Add(float64(r.Cost))
 	}
 }
+
+// GateFailures exports, per gate, how many decisions its store could not
+// make (each decided by the gate's failure policy), read at scrape time
+// from gates() so it follows reloads. Gates without a Failures method are
+// skipped.
+func (m *Metrics) GateFailures(gates func() []sluice.Gate) {
+	m.reg.MustRegister(&gateFailures{gates: gates, desc: prometheus.NewDesc("sluice_gate_store_failures_total",
+		"Decisions a gate's state store could not make (decided by the gate's failure policy).", []string{"gate"}, nil)})
+}
+
+type gateFailures struct {
+	gates func() []sluice.Gate
+	desc  *prometheus.Desc
+}
+
+func (g *gateFailures) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g *gateFailures) Collect(ch chan<- prometheus.Metric) {
+	for _, gt := range g.gates() {
+		if f, ok := gt.(interface{ Failures() int64 }); ok {
+			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.CounterValue, float64(f.Failures()), gt.Name())
+		}
+	}
+}

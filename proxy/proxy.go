@@ -131,6 +131,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.GateFailures(func() []sluice.Gate { return s.Chain().Gates() })
 	tr := opts.Transport
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -144,6 +144,9 @@ func TestProxyEnforcesPolicy(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(body, `sluice_requests_rejected_total{class="default",gate="pool",mode="enforce",reason="concurrency",tenant="other"} 1`) {
 		t.Fatalf("metrics: %d\n%s", resp.StatusCode, grep(body, "sluice_requests_rejected"))
 	}
+	if !strings.Contains(body, `sluice_gate_store_failures_total{gate="request-rate"} 0`) {
+		t.Fatalf("gate store failures not exported:\n%s", grep(body, "store_failures"))
+	}
 	if resp, _ := h.do("GET", h.admin+"/healthz", "", "", nil); resp.StatusCode != 200 {
 		t.Fatal("healthz")
 	}
