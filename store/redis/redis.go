@@ -121,7 +121,7 @@ func New(opts Options) (*Store, error) {
 			DisableCache:     true,
 			ConnWriteTimeout: 200 * time.Millisecond,
 			MaxFlushDelay:    opts.FlushDelay,
-			Dialer:        net.Dialer{Timeout: 100 * time.Millisecond},
+			Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
