@@ -46,11 +46,11 @@ func (w *FixedWindow) Limit() int64 { return w.limit }
 // Window returns the window length.
 func (w *FixedWindow) Window() time.Duration { return time.Duration(w.window) }
 
-// roll moves s to the window containing now. A now in an earlier window than
-// s.Start (clock step back) keeps the current window: it never resets a count.
+// roll moves s forward to the window containing now. A now in an earlier
+// window than s.Start (clock step back) keeps the current window: a count is
+// never reset, and a window once left is never reopened.
 func (w *FixedWindow) roll(s *FixedWindowState, now int64) {
-	ws := floorDiv(now, w.window) * w.window
-	if ws > s.Start || s.Used == 0 {
+	if ws := floorDiv(now, w.window) * w.window; ws > s.Start {
 		s.Start, s.Used = ws, 0
 	}
 }

@@ -60,6 +60,12 @@ func (l *LeakyBucket) Limit() int64 { return l.queue + 1 }
 // Window returns the longest wait, Queue/Rate.
 func (l *LeakyBucket) Window() time.Duration { return time.Duration(l.t.times(l.queue).ceil()) }
 
+// Rate returns the drain rate.
+func (l *LeakyBucket) Rate() Rate { return l.rate }
+
+// Queue returns the units that may wait.
+func (l *LeakyBucket) Queue() int64 { return l.queue }
+
 // MaxWait returns the longest wait an admitted request can be given.
 func (l *LeakyBucket) MaxWait() time.Duration { return l.Window() }
 

@@ -206,6 +206,12 @@ func (g *Gate) redisLimiter(st *sredis.Store, alg any) (store.Limiter, error) {
 		return st.GCRA(g.Name, a)
 	case *limit.FixedWindow:
 		return st.FixedWindow(g.Name, a)
+	case *limit.SlidingWindow:
+		return st.SlidingWindow(g.Name, a)
+	case *limit.SlidingLog:
+		return st.SlidingLog(g.Name, a)
+	case *limit.LeakyBucket:
+		return st.LeakyBucket(g.Name, a)
 	case *limit.Concurrency:
 		ttl := g.TTL
 		if ttl == 0 {
@@ -237,6 +243,16 @@ func (g *Gate) fallback(alg any, st Store) (any, error) {
 		return limit.NewGCRA(r, share(a.Limit()))
 	case *limit.FixedWindow:
 		return limit.NewFixedWindow(share(a.Limit()), a.Window())
+	case *limit.SlidingWindow:
+		return limit.NewSlidingWindow(share(a.Limit()), a.Window())
+	case *limit.SlidingLog:
+		return limit.NewSlidingLog(share(a.Limit()), a.Window())
+	case *limit.LeakyBucket:
+		r, err := limit.NewRate(a.Rate().Tokens(), a.Rate().Per()*time.Duration(n))
+		if err != nil {
+			return nil, err
+		}
+		return limit.NewLeakyBucket(r, a.Queue()/n)
 	case *limit.Concurrency:
 		return limit.NewConcurrency(share(a.Limit()))
 	}

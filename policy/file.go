@@ -48,8 +48,9 @@ type Store struct {
 	Line       int
 }
 
-// redisKinds are the gate kinds with a Redis script.
-var redisKinds = map[string]bool{KindTokenBucket: true, KindGCRA: true, KindFixedWindow: true, KindConcurrency: true}
+// redisKinds are the gate kinds with a Redis script (all of them).
+var redisKinds = map[string]bool{KindTokenBucket: true, KindGCRA: true, KindFixedWindow: true, KindConcurrency: true,
+	KindSlidingWindow: true, KindSlidingLog: true, KindLeakyBucket: true}
 
 // Identity says where tenant and deadline come from.
 type Identity struct {

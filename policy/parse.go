@@ -264,7 +264,7 @@ func (p *parser) file1(n *yaml.Node) *File {
 		}
 		if f.Store.Backend == "redis" && !redisKinds[g.Kind] && g.Kind != "" {
 			p.errs = append(p.errs, &Error{File: p.file, Line: g.Line, Field: fmt.Sprintf("gates[%d].kind", i),
-				Msg: fmt.Sprintf("kind %s has no Redis script yet (on redis: token_bucket, gcra, fixed_window, concurrency)", g.Kind)})
+				Msg: fmt.Sprintf("kind %s has no Redis script", g.Kind)})
 		}
 	}
 	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {

@@ -65,7 +65,6 @@ gates:
 func TestRedisBackendErrors(t *testing.T) {
 	for _, c := range []struct{ src, field string }{
 		{"version: 1\nstore: {backend: redis}\ngates: []\n", "store.addrs"},
-		{"version: 1\nstore: {backend: redis, addrs: [x:1]}\ngates:\n  - {name: a, kind: sliding_log, limit: 5, window: 1s}\n", "gates[0].kind"},
 		{"version: 1\nstore: {backend: memory, replicas: 3}\ngates: []\n", "store.replicas"},
 	} {
 		_, err := Parse("p.yaml", []byte(c.src))

@@ -19,8 +19,9 @@ const maxExact = 1 << 53
 
 // limiter is one keyed limiter on the store: a script and its fixed
 // arguments. Every script takes ARGV = now override (µs, 0: Redis TIME),
-// op ("take" | "refund"), cost, handle, then its fixed parameters, and
-// answers {status, remaining, retry_after_ns, reset_after_ns}.
+// op ("take" | "refund"), cost, extra (the permit id for concurrency, the
+// deadline budget in ns for the leaky bucket), then its fixed parameters,
+// and answers {status, remaining, retry_after_ns, reset_after_ns, wait_ns}.
 type limiter struct {
 	s       *Store
 	name    string
@@ -29,28 +30,34 @@ type limiter struct {
 	limit   int64
 	window  time.Duration
 	permits bool         // concurrency: every take gets a fresh permit id
+	paced   bool         // leaky bucket: extra is the deadline budget
+	meta    bool         // sliding log: a second key (same slot) holds the sum
 	now     func() int64 // test hook: now in µs (nil: Redis TIME)
 }
 
 var _ store.Limiter = (*limiter)(nil)
 
-func (l *limiter) args(op string, cost int64, h store.Handle) []string {
+func (l *limiter) args(op string, cost int64, extra string) []string {
 	now := "0"
 	if l.now != nil {
 		now = strconv.FormatInt(l.now(), 10)
 	}
 	a := make([]string, 0, 4+len(l.fixed))
-	a = append(a, now, op, strconv.FormatInt(cost, 10), strconv.FormatUint(uint64(h), 16))
+	a = append(a, now, op, strconv.FormatInt(cost, 10), extra)
 	return append(a, l.fixed...)
 }
 
 // Take runs one step on Redis. now is ignored: Redis time decides.
 func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int64) (limit.Result, store.Handle, error) {
-	h := store.Handle(1)
-	if l.permits {
+	h, extra := store.Handle(1), "0"
+	switch {
+	case l.permits:
 		h = newPermit()
+		extra = strconv.FormatUint(uint64(h), 16)
+	case l.paced && deadline != 0:
+		extra = strconv.FormatInt(max(deadline-now, 1), 10) // budget left, on the caller's clock
 	}
-	v, err := l.s.run(ctx, l.script, l.s.key(l.name, key), l.args("take", cost, h))
+	v, err := l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra))
 	if err != nil {
 		return limit.Result{}, 0, err
 	}
@@ -60,13 +67,23 @@ func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int6
 		Remaining:  v[1],
 		RetryAfter: time.Duration(v[2]),
 		ResetAfter: time.Duration(v[3]),
+		Wait:       time.Duration(v[4]),
 	}, h, nil
 }
 
 // Refund gives back cost units, or releases permit h of a concurrency limit.
 func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now, cost int64) error {
-	_, err := l.s.run(ctx, l.script, l.s.key(l.name, key), l.args("refund", cost, h))
+	_, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, strconv.FormatUint(uint64(h), 16)))
 	return err
+}
+
+// keys returns the script's keys for a state key, all in one slot.
+func (l *limiter) keys(key string) []string {
+	k := l.s.key(l.name, key)
+	if l.meta {
+		return []string{k, k + ":meta"}
+	}
+	return []string{k}
 }
 
 // Limit returns the quota.
@@ -131,6 +148,42 @@ func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration
 	}
 	return &limiter{s: s, name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
 		fixed: []string{itoa(c.Limit()), itoa(ttl.Microseconds())}}, nil
+}
+
+// LeakyBucket returns a keyed paced queue named name; (queue+1) × period
+// must stay below 2^53.
+func (s *Store) LeakyBucket(name string, lb *limit.LeakyBucket) (store.Limiter, error) {
+	r := lb.Rate()
+	per, n := int64(r.Per()), r.Tokens()
+	if lb.Queue()+1 > maxExact/max(per, 1000*n) {
+		return nil, fmt.Errorf("redis: leaky bucket %q: queue %d too large for rate %v in Redis' doubles", name, lb.Queue(), r)
+	}
+	return &limiter{s: s, name: name, script: leakyBucketScript, limit: lb.Limit(), window: lb.Window(), paced: true,
+		fixed: []string{itoa(n), itoa(per), itoa(lb.Queue()), ttlMillis(lb.Window() + time.Second)}}, nil
+}
+
+// SlidingWindow returns a keyed sliding window counter named name. The
+// window must be whole microseconds and limit × window (µs) below 2^53.
+func (s *Store) SlidingWindow(name string, w *limit.SlidingWindow) (store.Limiter, error) {
+	us := w.Window().Microseconds()
+	if w.Window()%time.Microsecond != 0 {
+		return nil, fmt.Errorf("redis: sliding window %q: window %v is not whole microseconds", name, w.Window())
+	}
+	if w.Limit() > maxExact/us {
+		return nil, fmt.Errorf("redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
+	}
+	return &limiter{s: s, name: name, script: slidingWindowScript, limit: w.Limit(), window: w.Window(),
+		fixed: []string{itoa(w.Limit()), itoa(us), ttlMillis(2 * w.Window())}}, nil
+}
+
+// SlidingLog returns a keyed exact sliding log named name: a sorted set of
+// up to limit entries per key. The window must be whole microseconds.
+func (s *Store) SlidingLog(name string, w *limit.SlidingLog) (store.Limiter, error) {
+	if w.Window()%time.Microsecond != 0 {
+		return nil, fmt.Errorf("redis: sliding log %q: window %v is not whole microseconds", name, w.Window())
+	}
+	return &limiter{s: s, name: name, script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
+		fixed: []string{itoa(w.Limit()), itoa(w.Window().Microseconds()), ttlMillis(w.Window() + time.Second)}}, nil
 }
 
 // TokenBucketScript returns the Lua source of the token bucket step and the

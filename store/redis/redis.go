@@ -52,12 +52,25 @@ var fixedWindowLua string
 //go:embed lua/concurrency.lua
 var concurrencyLua string
 
+//go:embed lua/leakybucket.lua
+var leakyBucketLua string
+
+//go:embed lua/slidingwindow.lua
+var slidingWindowLua string
+
+//go:embed lua/slidinglog.lua
+var slidingLogLua string
+
 var (
-	sources           = []string{commonLua + tokenBucketLua, commonLua + gcraLua, commonLua + fixedWindowLua, commonLua + concurrencyLua}
-	tokenBucketScript = rueidis.NewLuaScript(sources[0])
-	gcraScript        = rueidis.NewLuaScript(sources[1])
-	fixedWindowScript = rueidis.NewLuaScript(sources[2])
-	concurrencyScript = rueidis.NewLuaScript(sources[3])
+	sources = []string{commonLua + tokenBucketLua, commonLua + gcraLua, commonLua + fixedWindowLua,
+		commonLua + concurrencyLua, commonLua + leakyBucketLua, commonLua + slidingWindowLua, commonLua + slidingLogLua}
+	tokenBucketScript   = rueidis.NewLuaScript(sources[0])
+	gcraScript          = rueidis.NewLuaScript(sources[1])
+	fixedWindowScript   = rueidis.NewLuaScript(sources[2])
+	concurrencyScript   = rueidis.NewLuaScript(sources[3])
+	leakyBucketScript   = rueidis.NewLuaScript(sources[4])
+	slidingWindowScript = rueidis.NewLuaScript(sources[5])
+	slidingLogScript    = rueidis.NewLuaScript(sources[6])
 )
 
 // Options configures a Store.
@@ -149,9 +162,9 @@ func (s *Store) key(limiter, key string) string {
 }
 
 // run executes a script under the timeout and the breaker. It returns the
-// script's four integers.
-func (s *Store) run(ctx context.Context, sc *rueidis.Lua, key string, args []string) ([4]int64, error) {
-	var out [4]int64
+// script's five integers.
+func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []string) ([5]int64, error) {
+	var out [5]int64
 	if s.open.Load() {
 		// Open: every decision fails fast. Once per ProbeEvery a probe
 		// runs in the background (with a generous timeout, since a fresh
@@ -164,9 +177,9 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, key string, args []str
 		return out, store.ErrUnavailable
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	vals, err := sc.Exec(cctx, s.client, []string{key}, args).AsIntSlice()
+	vals, err := sc.Exec(cctx, s.client, keys, args).AsIntSlice()
 	cancel()
-	if err == nil && len(vals) != 4 {
+	if err == nil && len(vals) != 5 {
 		err = fmt.Errorf("script returned %d values", len(vals))
 	}
 	if err != nil {

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,34 +42,53 @@ func backends(t *testing.T) map[string]*Store {
 }
 
 type step struct {
-	atUS int64 // microseconds
-	cost int64
-	op   string // "take" (default) or "refund"
+	atUS   int64 // microseconds
+	cost   int64
+	op     string // "take" (default) or "refund"
+	budget int64  // ns until the request's deadline (0: none; leaky bucket only)
+}
+
+type fataler interface {
+	Fatalf(format string, args ...any)
+}
+
+type deadlineTaker[S any] interface {
+	TakeBy(s *S, now, cost, deadline int64) limit.Result
 }
 
 // differential runs the steps on a Go algorithm over memory state and on a
 // Redis limiter with the same clock, and requires identical results.
-func differential[S any](t *testing.T, name string, alg limit.Algorithm[S], lim store.Limiter, steps []step) {
-	t.Helper()
+func differential[S any](t fataler, name string, alg limit.Algorithm[S], lim store.Limiter, steps []step) {
 	var state S
 	var now int64
 	lim.(*limiter).now = func() int64 { return now }
 	ctx := context.Background()
 	for i, st := range steps {
 		now = st.atUS
+		nowNS := now * 1000
 		if st.op == "refund" {
-			alg.Refund(&state, now*1000, st.cost)
-			if err := lim.Refund(ctx, "k", 1, 0, st.cost); err != nil {
-				t.Fatal(err)
+			alg.Refund(&state, nowNS, st.cost)
+			if err := lim.Refund(ctx, "k", 1, nowNS, st.cost); err != nil {
+				t.Fatalf("%v", err)
 			}
 			continue
 		}
-		want := alg.Take(&state, now*1000, st.cost)
-		got, _, err := lim.Take(ctx, "k", 0, st.cost, 0)
-		if err != nil {
-			t.Fatal(err)
+		deadline := int64(0)
+		if st.budget > 0 {
+			deadline = nowNS + st.budget
 		}
-		if got.Status != want.Status || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter || got.ResetAfter != want.ResetAfter {
+		var want limit.Result
+		if dt, ok := any(alg).(deadlineTaker[S]); ok {
+			want = dt.TakeBy(&state, nowNS, st.cost, deadline)
+		} else {
+			want = alg.Take(&state, nowNS, st.cost)
+		}
+		got, _, err := lim.Take(ctx, "k", nowNS, st.cost, deadline)
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		if got.Status != want.Status || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter ||
+			got.ResetAfter != want.ResetAfter || got.Wait != want.Wait {
 			t.Fatalf("%s step %d (t=%dµs cost %d):\n redis  %+v\n memory %+v", name, i, st.atUS, st.cost, got, want)
 		}
 	}
@@ -114,10 +134,10 @@ func TestDifferentialSeedVectors(t *testing.T) {
 			lg, _ := st.GCRA(fresh(), g)
 			base := 10 * sec
 			differential(t, "gcra redis-cell", g, lg, []step{
-				{base, 6, ""}, {base, 1, ""}, {base, 1, ""}, {base, 1, ""}, {base, 1, ""}, {base, 1, ""}, {base, 1, ""},
-				{base + 3*sec, 1, ""}, {base + 3100*ms, 1, ""}, {base + 4*sec, 1, ""}, {base + 8*sec, 1, ""},
-				{base + 9500*ms, 1, ""}, {base + 9500*ms, 2, ""}, {base + 9500*ms, 5, ""}, {base + 9500*ms, 3, ""},
-				{base + 9500*ms, 2, "refund"}, {base + 9500*ms, 3, ""},
+				{atUS: base, cost: 6, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""},
+				{atUS: base + 3*sec, cost: 1, op: ""}, {atUS: base + 3100*ms, cost: 1, op: ""}, {atUS: base + 4*sec, cost: 1, op: ""}, {atUS: base + 8*sec, cost: 1, op: ""},
+				{atUS: base + 9500*ms, cost: 1, op: ""}, {atUS: base + 9500*ms, cost: 2, op: ""}, {atUS: base + 9500*ms, cost: 5, op: ""}, {atUS: base + 9500*ms, cost: 3, op: ""},
+				{atUS: base + 9500*ms, cost: 2, op: "refund"}, {atUS: base + 9500*ms, cost: 3, op: ""},
 			})
 			// A non-integral interval: 7 per 3 s.
 			r, _ := limit.ParseRate("7/3s")
@@ -129,11 +149,28 @@ func TestDifferentialSeedVectors(t *testing.T) {
 			}
 			differential(t, "gcra 7/3s", g2, lg2, steps2)
 
+			// seeds/004: 6 ms per request, queue 15; a 50 ms budget refuses a 54 ms wait.
+			r6, _ := limit.NewRate(1, 6*time.Millisecond)
+			lb, _ := limit.NewLeakyBucket(r6, 15)
+			ll, _ := st.LeakyBucket(fresh(), lb)
+			lsteps := repeat(17, step{atUS: base, cost: 1})
+			lsteps = append(lsteps, step{atUS: base + 60*ms, cost: 1}, step{atUS: base + 60*ms, cost: 1, budget: 50_000_000},
+				step{atUS: base + 60*ms, cost: 1, budget: 200_000_000}, step{atUS: base + 60*ms, cost: 17})
+			differential(t, "leaky bucket", lb, ll, lsteps)
+
+			sw, _ := limit.NewSlidingWindow(10, time.Second)
+			lsw, _ := st.SlidingWindow(fresh(), sw)
+			swSteps := repeat(12, step{atUS: base + 500*ms, cost: 1})
+			swSteps = append(swSteps, repeat(3, step{atUS: base + 1250*ms, cost: 1})...)
+			swSteps = append(swSteps, step{atUS: base + 1300*ms - 1, cost: 1}, step{atUS: base + 1300*ms, cost: 1},
+				step{atUS: base + 1300*ms, cost: 1, op: "refund"}, step{atUS: base + 2100*ms, cost: 9}, step{atUS: base + 2100*ms, cost: 11})
+			differential(t, "sliding window", sw, lsw, swSteps)
+
 			fw, _ := limit.NewFixedWindow(3, time.Second)
 			lf, _ := st.FixedWindow(fresh(), fw)
 			differential(t, "fixed window", fw, lf, []step{
-				{base + 100*ms, 1, ""}, {base + 200*ms, 2, ""}, {base + 300*ms, 1, ""}, {base + 999*ms, 4, ""},
-				{base + 1000*ms, 3, ""}, {base + 1500*ms, 2, "refund"}, {base + 1600*ms, 2, ""}, {base + 2500*ms, 0, ""},
+				{atUS: base + 100*ms, cost: 1, op: ""}, {atUS: base + 200*ms, cost: 2, op: ""}, {atUS: base + 300*ms, cost: 1, op: ""}, {atUS: base + 999*ms, cost: 4, op: ""},
+				{atUS: base + 1000*ms, cost: 3, op: ""}, {atUS: base + 1500*ms, cost: 2, op: "refund"}, {atUS: base + 1600*ms, cost: 2, op: ""}, {atUS: base + 2500*ms, cost: 0, op: ""},
 			})
 		})
 	}
@@ -171,32 +208,31 @@ func TestDifferentialRandom(t *testing.T) {
 		if err != nil {
 			rt.Skip(err)
 		}
-		differentialRapid(rt, tb, lt, steps)
-		differentialRapid(rt, g, lg, steps)
+		differential(rt, "token bucket", tb, lt, steps)
+		differential(rt, "gcra", g, lg, steps)
+		if win := time.Duration(burst) * per / time.Duration(tokens); win >= time.Millisecond && win%time.Microsecond == 0 {
+			sw, _ := limit.NewSlidingWindow(burst, win)
+			if ls, err := st.SlidingWindow(fmt.Sprint("rs", n), sw); err == nil {
+				differential(rt, "sliding window", sw, ls, steps)
+			}
+			fw, _ := limit.NewFixedWindow(burst, win)
+			lf, _ := st.FixedWindow(fmt.Sprint("rf", n), fw)
+			differential(rt, "fixed window", fw, lf, steps)
+			sl, _ := limit.NewSlidingLog(burst, win)
+			lsl, _ := st.SlidingLog(fmt.Sprint("rsl", n), sl)
+			differential(rt, "sliding log", sl, lsl, steps)
+		}
+		lb, _ := limit.NewLeakyBucket(rate, burst)
+		if ll, err := st.LeakyBucket(fmt.Sprint("rl", n), lb); err == nil {
+			budgeted := slices.Clone(steps)
+			for i := range budgeted {
+				if i%3 == 0 {
+					budgeted[i].budget = rapid.Int64Range(1, int64(lb.MaxWait())+2).Draw(rt, "budget")
+				}
+			}
+			differential(rt, "leaky bucket", lb, ll, budgeted)
+		}
 	})
-}
-
-func differentialRapid[S any](t *rapid.T, alg limit.Algorithm[S], lim store.Limiter, steps []step) {
-	var state S
-	var now int64
-	lim.(*limiter).now = func() int64 { return now }
-	ctx := context.Background()
-	for i, st := range steps {
-		now = st.atUS
-		if st.op == "refund" {
-			alg.Refund(&state, now*1000, st.cost)
-			lim.Refund(ctx, "k", 1, 0, st.cost)
-			continue
-		}
-		want := alg.Take(&state, now*1000, st.cost)
-		got, _, err := lim.Take(ctx, "k", 0, st.cost, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Status != want.Status || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter || got.ResetAfter != want.ResetAfter {
-			t.Fatalf("step %d (t=%dµs cost %d):\n redis  %+v\n memory %+v", i, st.atUS, st.cost, got, want)
-		}
-	}
 }
 
 // 8 clients × 64 goroutines on one key admit exactly the limit: no lost

@@ -3,18 +3,18 @@
 -- KEYS[1]: the sorted set.
 -- ARGV: 1 now override (us), 2 op ("take" | "refund"), 3 slots,
 --       4 permit id, 5 limit, 6 ttl (us).
--- Reply: {status, remaining, 0, 0}.
+-- Reply: {status, remaining, 0, 0, 0}.
 local now = now_us()
 local op, slots, id, limit, ttl = ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 if op == 'refund' then
   for i = 1, slots do redis.call('ZREM', KEYS[1], id .. ':' .. i) end
-  return {0, 0, 0, 0}
+  return {0, 0, 0, 0, 0}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', str(now - ttl))
 local held = redis.call('ZCARD', KEYS[1])
-if slots <= 0 then return {3, math.max(limit - held, 0), 0, 0} end
-if slots > limit then return {2, math.max(limit - held, 0), 0, 0} end
-if held + slots > limit then return {1, math.max(limit - held, 0), 0, 0} end
+if slots <= 0 then return {3, math.max(limit - held, 0), 0, 0, 0} end
+if slots > limit then return {2, math.max(limit - held, 0), 0, 0, 0} end
+if held + slots > limit then return {1, math.max(limit - held, 0), 0, 0, 0} end
 for i = 1, slots do redis.call('ZADD', KEYS[1], str(now), id .. ':' .. i) end
 redis.call('PEXPIRE', KEYS[1], str(math.floor(2 * ttl / 1000) + 1))
-return {0, limit - held - slots, 0, 0}
+return {0, limit - held - slots, 0, 0, 0}

@@ -2,7 +2,7 @@
 -- KEYS[1]: hash {s = window start (us), c = used}.
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 limit,
 --       6 window (us).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns}.
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
 local now = now_us()
 local op, cost, limit, win = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local st = redis.call('HMGET', KEYS[1], 's', 'c')
@@ -13,9 +13,9 @@ if op == 'refund' then
     c = math.max(c - cost, 0)
     redis.call('HSET', KEYS[1], 'c', str(c))
   end
-  return {0, 0, 0, 0}
+  return {0, 0, 0, 0, 0}
 end
-if ws > s or c == 0 then s, c = ws, 0 end
+if ws > s then s, c = ws, 0 end -- forward only: a left window never reopens
 local status, retry = 0, 0
 if cost <= 0 then
   status = 3
@@ -28,9 +28,7 @@ else
   retry = (s + win - now) * 1000
 end
 local reset = 0
-if c > 0 then
-  reset = (s + win - now) * 1000
-  redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
-  redis.call('PEXPIRE', KEYS[1], str(math.floor((s + 2 * win - now) / 1000) + 1))
-end
-return {status, limit - c, retry, reset}
+if c > 0 then reset = (s + win - now) * 1000 end
+redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
+redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + 2 * win - now) / 1000), 0) + 1))
+return {status, limit - c, retry, reset, 0}

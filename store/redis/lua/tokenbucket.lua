@@ -5,13 +5,13 @@
 --       4 handle (unused), 5 unit (scaled units per token = rate period in
 --       ns), 6 gain (scaled units per ns = rate tokens), 7 capacity
 --       (burst * unit), 8 burst, 9 fill (ns from empty to full), 10 ttl (ms).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns}
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}
 --   status 0 allowed, 1 denied, 2 exceeded, 3 invalid.
 local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local unit, gain, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local burst, fill, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0} end
+if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0} end
 local d, last = load2(KEYS[1])
 
 -- Refill up to now; a now behind last adds nothing and keeps last.
@@ -30,11 +30,11 @@ local function save() save2(KEYS[1], d, last, ttl) end
 if op == 'refund' then
   d = math.max(d - cost * unit, 0)
   save()
-  return {0, 0, 0, 0}
+  return {0, 0, 0, 0, 0}
 end
 
 if cost <= 0 then
-  return {3, idiv(cap - d, unit), 0, 0}
+  return {3, idiv(cap - d, unit), 0, 0, 0}
 end
 local behind = math.max(last - now, 0) * 1000
 local status, retry = 0, 0
@@ -52,4 +52,4 @@ end
 local reset = 0
 if d > 0 then reset = behind + cdiv(d, gain) end
 save()
-return {status, idiv(cap - d, unit), retry, reset}
+return {status, idiv(cap - d, unit), retry, reset, 0}
