@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -100,9 +101,19 @@ func newPermit() store.Handle {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// ttlMillis is the key TTL for state that is back to fresh after d: twice
+// packDoubles encodes integers below 2^53 as little-endian doubles: one
+// argument the script unpacks with struct.unpack instead of many it parses.
+func packDoubles(vs ...int64) string {
+	b := make([]byte, 8*len(vs))
+	for i, v := range vs {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(float64(v)))
+	}
+	return string(b)
+}
+
+// ttlMs is the key TTL (ms) for state that is back to fresh after d: twice
 // d, at least a second. TTL only collects garbage; it never limits.
-func ttlMillis(d time.Duration) string { return itoa(max(2*d.Milliseconds(), 1000)) }
+func ttlMs(d time.Duration) int64 { return max(2*d.Milliseconds(), 1000) }
 
 // TokenBucket returns a keyed token bucket named name (the name scopes the
 // keys). Redis keeps the state exact in doubles, so burst × period must stay
@@ -115,7 +126,7 @@ func (s *Store) TokenBucket(name string, tb *limit.TokenBucket) (store.Limiter, 
 	}
 	fill := int64(tb.Window())
 	return &limiter{s: s, name: name, script: tokenBucketScript, limit: burst, window: tb.Window(),
-		fixed: []string{itoa(per), itoa(tokens), itoa(burst * per), itoa(burst), itoa(fill), ttlMillis(tb.Window())}}, nil
+		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
 }
 
 // GCRA returns a keyed GCRA named name; burst × period must stay below 2^53.
@@ -126,7 +137,7 @@ func (s *Store) GCRA(name string, g *limit.GCRA) (store.Limiter, error) {
 		return nil, fmt.Errorf("redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
 	}
 	return &limiter{s: s, name: name, script: gcraScript, limit: burst, window: g.Window(),
-		fixed: []string{itoa(n), itoa(per), itoa(burst), ttlMillis(g.Window())}}, nil
+		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
 }
 
 // FixedWindow returns a keyed fixed window named name. Windows are aligned
@@ -136,7 +147,7 @@ func (s *Store) FixedWindow(name string, w *limit.FixedWindow) (store.Limiter, e
 		return nil, fmt.Errorf("redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
 	}
 	return &limiter{s: s, name: name, script: fixedWindowScript, limit: w.Limit(), window: w.Window(),
-		fixed: []string{itoa(w.Limit()), itoa(w.Window().Microseconds())}}, nil
+		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
 }
 
 // Concurrency returns a fleet-wide concurrency limit named name: permits are
@@ -147,7 +158,7 @@ func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration
 		return nil, fmt.Errorf("redis: concurrency %q: ttl must be > 0", name)
 	}
 	return &limiter{s: s, name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
-		fixed: []string{itoa(c.Limit()), itoa(ttl.Microseconds())}}, nil
+		fixed: []string{packDoubles(c.Limit(), ttl.Microseconds())}}, nil
 }
 
 // LeakyBucket returns a keyed paced queue named name; (queue+1) × period
@@ -159,7 +170,7 @@ func (s *Store) LeakyBucket(name string, lb *limit.LeakyBucket) (store.Limiter, 
 		return nil, fmt.Errorf("redis: leaky bucket %q: queue %d too large for rate %v in Redis' doubles", name, lb.Queue(), r)
 	}
 	return &limiter{s: s, name: name, script: leakyBucketScript, limit: lb.Limit(), window: lb.Window(), paced: true,
-		fixed: []string{itoa(n), itoa(per), itoa(lb.Queue()), ttlMillis(lb.Window() + time.Second)}}, nil
+		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(lb.Window()+time.Second))}}, nil
 }
 
 // SlidingWindow returns a keyed sliding window counter named name. The
@@ -173,7 +184,7 @@ func (s *Store) SlidingWindow(name string, w *limit.SlidingWindow) (store.Limite
 		return nil, fmt.Errorf("redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
 	}
 	return &limiter{s: s, name: name, script: slidingWindowScript, limit: w.Limit(), window: w.Window(),
-		fixed: []string{itoa(w.Limit()), itoa(us), ttlMillis(2 * w.Window())}}, nil
+		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}, nil
 }
 
 // SlidingLog returns a keyed exact sliding log named name: a sorted set of
@@ -183,7 +194,7 @@ func (s *Store) SlidingLog(name string, w *limit.SlidingLog) (store.Limiter, err
 		return nil, fmt.Errorf("redis: sliding log %q: window %v is not whole microseconds", name, w.Window())
 	}
 	return &limiter{s: s, name: name, script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
-		fixed: []string{itoa(w.Limit()), itoa(w.Window().Microseconds()), ttlMillis(w.Window() + time.Second)}}, nil
+		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds(), ttlMs(w.Window()+time.Second))}}, nil
 }
 
 // TokenBucketScript returns the Lua source of the token bucket step and the
@@ -192,6 +203,6 @@ func (s *Store) SlidingLog(name string, w *limit.SlidingLog) (store.Limiter, err
 func TokenBucketScript(tb *limit.TokenBucket, cost int64) (src string, argv []string) {
 	r := tb.Rate()
 	per, burst := int64(r.Per()), tb.Limit()
-	return commonLua + tokenBucketLua, []string{"0", "take", itoa(cost), "1", itoa(per), itoa(r.Tokens()),
-		itoa(burst * per), itoa(burst), itoa(int64(tb.Window())), ttlMillis(tb.Window())}
+	return commonLua + tokenBucketLua, []string{"0", "take", itoa(cost), "1",
+		packDoubles(per, r.Tokens(), burst*per, burst, int64(tb.Window()), ttlMs(tb.Window()))}
 }

@@ -2,10 +2,11 @@
 -- Entries older than the TTL belong to holders that died: they are swept.
 -- KEYS[1]: the sorted set.
 -- ARGV: 1 now override (us), 2 op ("take" | "refund"), 3 slots,
---       4 permit id, 5 limit, 6 ttl (us).
+--       4 permit id, 5 packed doubles: limit, ttl (us).
 -- Reply: {status, remaining, 0, 0, 0}.
 local now = now_us()
-local op, slots, id, limit, ttl = ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local op, slots, id = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local limit, ttl = struct.unpack('<dd', ARGV[5])
 if op == 'refund' then
   for i = 1, slots do redis.call('ZREM', KEYS[1], id .. ':' .. i) end
   return {0, 0, 0, 0, 0}

@@ -1,10 +1,11 @@
 -- Fixed window step: the Redis twin of limit.FixedWindow.Take/Refund.
 -- KEYS[1]: hash {s = window start (us), c = used}.
--- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 limit,
---       6 window (us).
+-- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
+--       doubles: limit, window (us).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
 local now = now_us()
-local op, cost, limit, win = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local op, cost = ARGV[2], tonumber(ARGV[3])
+local limit, win = struct.unpack('<dd', ARGV[5])
 local st = redis.call('HMGET', KEYS[1], 's', 'c')
 local s, c = tonumber(st[1]) or 0, tonumber(st[2]) or 0
 local ws = math.floor(now / win) * win

@@ -3,12 +3,12 @@
 -- interval T = per/n ns is exactly `per` ticks. The absolute TAT is kept as
 -- whole microseconds u plus r ticks (0 <= r < 1000n), below 2^53 each.
 -- KEYS[1]: u and r, packed (load2/save2).
--- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused),
---       5 n (rate tokens), 6 per (rate period, ns), 7 burst, 8 ttl (ms).
+-- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
+--       doubles: n (rate tokens), per (rate period, ns), burst, ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
 local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
-local n, per, burst, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local n, per, burst, ttl = struct.unpack('<dddd', ARGV[5])
 local tpu = 1000 * n            -- ticks per microsecond
 local dvt = burst * per          -- tau + T, in ticks
 local u, r = load2(KEYS[1])

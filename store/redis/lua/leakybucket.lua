@@ -2,13 +2,13 @@
 -- Spans are ticks of 1/n ns as in gcra.lua; Next is u microseconds + r ticks.
 -- KEYS[1]: u and r, packed (load2/save2).
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 budget (ns until the request's
---       deadline, 0 = none), 5 n (rate tokens), 6 per (rate period, ns),
---       7 queue, 8 ttl (ms).
+--       deadline, 0 = none), 5 packed doubles: n (rate tokens), per (rate
+--       period, ns), queue, ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, wait_ns}
 --   status 0 allowed, 1 denied, 2 exceeded, 3 invalid, 4 too late.
 local now = now_us()
 local op, cost, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local n, per, queue, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local n, per, queue, ttl = struct.unpack('<dddd', ARGV[5])
 if op == 'refund' then return {0, 0, 0, 0, 0} end -- a scheduled slot stays spent
 local tpu = 1000 * n
 local dvt = (queue + 1) * per

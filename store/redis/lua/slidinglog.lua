@@ -2,11 +2,12 @@
 -- set of entries "seq:cost" scored by their time (us); KEYS[2] (same slot)
 -- holds the logged sum and the next seq. Exact: no window of length W holds
 -- more than limit admitted units.
--- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 limit,
---       6 window (us), 7 ttl (ms).
+-- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
+--       doubles: limit, window (us), ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
 local now = now_us()
-local op, cost, limit, win, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local op, cost = ARGV[2], tonumber(ARGV[3])
+local limit, win, ttl = struct.unpack('<ddd', ARGV[5])
 local sum, seq = load2(KEYS[2])
 
 local function costof(member)

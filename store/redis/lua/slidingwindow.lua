@@ -3,11 +3,12 @@
 -- product below is exact. Retry-afters are computed to the nanosecond by
 -- splitting window(ns) = window(us) x 1000.
 -- KEYS[1]: start (us), cur, prev packed as three doubles.
--- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 limit,
---       6 window (us), 7 ttl (ms).
+-- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
+--       doubles: limit, window (us), ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
 local now = now_us()
-local op, cost, limit, win, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local op, cost = ARGV[2], tonumber(ARGV[3])
+local limit, win, ttl = struct.unpack('<ddd', ARGV[5])
 local s, cur, prev = 0, 0, 0
 local raw = redis.call('GET', KEYS[1])
 if raw and #raw == 24 then s, cur, prev = struct.unpack('<ddd', raw) end

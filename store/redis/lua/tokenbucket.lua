@@ -2,15 +2,15 @@
 -- KEYS[1]: the deficit in scaled units and the last refill time (us),
 --          packed in one value (load2/save2) so a step is one GET, one SET.
 -- ARGV: 1 now override (us, 0 = TIME), 2 op ("take" | "refund"), 3 cost,
---       4 handle (unused), 5 unit (scaled units per token = rate period in
---       ns), 6 gain (scaled units per ns = rate tokens), 7 capacity
---       (burst * unit), 8 burst, 9 fill (ns from empty to full), 10 ttl (ms).
+--       4 handle (unused), 5 the fixed parameters packed as six
+--       little-endian doubles: unit (scaled units per token = rate period in
+--       ns), gain (scaled units per ns = rate tokens), capacity (burst *
+--       unit), burst, fill (ns from empty to full), ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}
 --   status 0 allowed, 1 denied, 2 exceeded, 3 invalid.
 local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
-local unit, gain, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local burst, fill, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local unit, gain, cap, burst, fill, ttl = struct.unpack('<dddddd', ARGV[5])
 if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0} end
 local d, last = load2(KEYS[1])
 
