@@ -27,7 +27,7 @@ func NewConcurrency(name string, lim store.Limiter, opts Options) (*Concurrency,
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &Concurrency{base: base{name: name, lim: lim, opts: opts, reason: sluice.ReasonConcurrency, unit: sluice.UnitConcurrentRequests}}, nil
+	return &Concurrency{base: base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonConcurrency), unit: sluice.UnitConcurrentRequests}}, nil
 }
 
 // NewWeightedConcurrency is NewConcurrency where each request holds as many

@@ -32,7 +32,7 @@ func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
 	if opts.Scope == sluice.ScopeTenant || opts.Scope == sluice.ScopeTenantOperation {
 		reason = sluice.ReasonPolicyRate
 	}
-	return &Pacer{base{name: name, lim: lim, opts: opts, reason: reason, unit: sluice.UnitRequests}}, nil
+	return &Pacer{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(reason), unit: sluice.UnitRequests}}, nil
 }
 
 // Decide schedules r and waits for its slot.

@@ -66,6 +66,9 @@ type Options struct {
 	// RetryHint is the retry-after a rejection without an exact wait
 	// reports (concurrency limits, store failures). Default 1 s.
 	RetryHint time.Duration
+	// Reason, if set, replaces the gate's rejection reason: a concurrency
+	// budget that protects a shared resource answers overload (503).
+	Reason sluice.Reason
 }
 
 func (o *Options) validate(name string) error {
@@ -82,6 +85,13 @@ func (o *Options) validate(name string) error {
 		o.RetryHint = time.Second
 	}
 	return nil
+}
+
+func (o *Options) reasonOr(def sluice.Reason) sluice.Reason {
+	if o.Reason != sluice.ReasonNone {
+		return o.Reason
+	}
+	return def
 }
 
 // base holds what every limit gate shares.
@@ -154,7 +164,7 @@ func (b *base) refund(key string, p sluice.Permit, now, cost int64) {
 		return
 	}
 	lim := b.lim
-	if p&fallbackBit != 0 {
+	if p&fallbackBit != 0 && b.opts.Fallback != nil {
 		lim = b.opts.Fallback
 	}
 	// Refunds are best effort: a failed refund only leaves the limit a
@@ -229,7 +239,7 @@ func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &Rate{base{name: name, lim: lim, opts: opts, reason: sluice.ReasonPolicyRate, unit: sluice.UnitRequests}}, nil
+	return &Rate{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests}}, nil
 }
 
 // Decide takes r.Cost units from r's scope.

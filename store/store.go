@@ -20,8 +20,9 @@ import (
 
 // Handle identifies what a Take holds, so that Refund returns it to the same
 // place (for example the overflow state of a full memory table, or a fleet
-// permit id). Backends define its values, never 0 for a successful Take;
-// callers pass it back unchanged.
+// permit id). Backends define its values, never 0 for a successful Take
+// and never with bit 63 set (reserved for callers: gates mark permits held
+// by their local fallback with it); callers pass it back unchanged.
 type Handle uint64
 
 // Limiter is one keyed rate or concurrency limit on some backend.

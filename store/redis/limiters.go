@@ -96,7 +96,7 @@ func (l *limiter) Window() time.Duration { return l.window }
 func newPermit() store.Handle {
 	var b [8]byte
 	rand.Read(b[:])
-	return store.Handle(binary.LittleEndian.Uint64(b[:]) | 1)
+	return store.Handle(binary.LittleEndian.Uint64(b[:])&(1<<63-1) | 1) // bit 63 is the caller's
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

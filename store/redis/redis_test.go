@@ -286,3 +286,12 @@ func mustRate(s string) limit.Rate {
 
 // Differential for the memory counterpart used as local fallback.
 var _ store.Limiter = (*memory.Keyed[limit.TokenBucketState, *limit.TokenBucket])(nil)
+
+// Permit ids leave bit 63 to gates (it marks fallback permits).
+func TestPermitIDsLeaveBit63(t *testing.T) {
+	for range 10_000 {
+		if h := newPermit(); h == 0 || h>>63 != 0 {
+			t.Fatalf("permit %x", uint64(h))
+		}
+	}
+}

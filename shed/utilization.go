@@ -1,0 +1,163 @@
+package shed
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Source reports utilization in [0, 1] (e.g. process CPU); sampled once per
+// sample interval by a Utilization gate that has one.
+type Source interface {
+	Utilization(now int64) float64
+}
+
+// UtilizationOptions configures a Utilization gate.
+type UtilizationOptions struct {
+	// Tiers lists the classes from the first shed to the last, e.g.
+	// sandbox, sheddable, default, critical. Classes not listed are
+	// treated as the lowest tier. Required.
+	Tiers []string
+	// Workers is the worker count of the gate's own accounting: utilization
+	// is the mean of (requests in flight through this gate ÷ Workers) over
+	// each sample interval. Required unless Source is set.
+	Workers int64
+	// Source, if set, replaces the own accounting (e.g. process CPU).
+	Source Source
+	// SampleEvery is the sample interval. Default 8 s.
+	SampleEvery time.Duration
+	// CostAware sheds the costliest requests of a partly shed tier first:
+	// a request's shed probability is scaled by its cost over the tier's
+	// recent mean cost, which keeps the tier's expected shed share.
+	CostAware bool
+	// RetryHint is the Retry-After of a shed request. Default SampleEvery.
+	RetryHint time.Duration
+	// Rand returns uniform numbers in [0, 1); default math/rand/v2.
+	Rand func() float64
+}
+
+// Utilization is the worker utilization load shedder: a Controller turns
+// utilization into a shed fraction, and the fraction sheds tiers in order
+// (TierShed), probabilistically, with reason overload (503). It is safe for
+// concurrent use.
+type Utilization struct {
+	name string
+	opts UtilizationOptions
+	mu   sync.Mutex
+	ctrl *Controller
+
+	inflight   int64
+	area       float64 // ∑ in-flight × ns since the last sample
+	lastChange int64
+	lastSample int64
+	started    bool
+	meanCost   []float64 // per tier, exponentially weighted
+}
+
+var _ sluice.Gate = (*Utilization)(nil)
+
+// NewUtilization returns a utilization shedder named name driven by ctrl.
+func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Utilization, error) {
+	switch {
+	case name == "":
+		return nil, errors.New("utilization: empty name")
+	case ctrl == nil:
+		return nil, errors.New("utilization: nil controller")
+	case len(opts.Tiers) == 0:
+		return nil, errors.New("utilization: no tiers")
+	case opts.Source == nil && opts.Workers < 1:
+		return nil, errors.New("utilization: workers must be ≥ 1 (or give a source)")
+	}
+	if opts.SampleEvery <= 0 {
+		opts.SampleEvery = 8 * time.Second
+	}
+	if opts.RetryHint <= 0 {
+		opts.RetryHint = opts.SampleEvery
+	}
+	if opts.Rand == nil {
+		opts.Rand = rand.Float64
+	}
+	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers))}, nil
+}
+
+// Name returns the gate's name.
+func (u *Utilization) Name() string { return u.name }
+
+// tier returns the shed order of class (unknown classes shed first).
+func (u *Utilization) tier(class string) int {
+	if i := slices.Index(u.opts.Tiers, class); i >= 0 {
+		return i
+	}
+	return 0
+}
+
+// accountLocked adds the in-flight area up to now and samples when due.
+// REQUIRES: u.mu held.
+func (u *Utilization) accountLocked(now int64) {
+	if !u.started {
+		u.started, u.lastChange, u.lastSample = true, now, now
+		u.ctrl.Sample(now, 0)
+		return
+	}
+	if now > u.lastChange {
+		u.area += float64(u.inflight) * float64(now-u.lastChange)
+		u.lastChange = now
+	}
+	if elapsed := now - u.lastSample; elapsed >= int64(u.opts.SampleEvery) {
+		var util float64
+		if u.opts.Source != nil {
+			util = u.opts.Source.Utilization(now)
+		} else {
+			util = u.area / (float64(u.opts.Workers) * float64(elapsed))
+		}
+		u.ctrl.Sample(now, util)
+		u.area, u.lastSample = 0, now
+	}
+}
+
+// Fraction returns the current shed fraction.
+func (u *Utilization) Fraction(now int64) float64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.accountLocked(now)
+	return u.ctrl.Fraction(now)
+}
+
+// Decide sheds r with the probability of its tier at the current fraction.
+func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+	t := u.tier(r.Class)
+	u.mu.Lock()
+	u.accountLocked(now)
+	p := TierShed(u.ctrl.Fraction(now), t, len(u.opts.Tiers))
+	if u.opts.CostAware {
+		m := &u.meanCost[t]
+		if *m == 0 {
+			*m = float64(r.Cost)
+		}
+		*m += (float64(r.Cost) - *m) / 32
+		if p > 0 && p < 1 {
+			p = min(p*float64(r.Cost)/ *m, 1)
+		}
+	}
+	if p > 0 && u.opts.Rand() < p {
+		u.mu.Unlock()
+		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: u.name,
+			Retryable: true, RetryAfter: u.opts.RetryHint}, 0
+	}
+	u.inflight++
+	u.mu.Unlock()
+	return sluice.Decision{Admitted: true}, 1
+}
+
+// Release ends an admitted request's share of the accounting.
+func (u *Utilization) Release(_ *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+	u.mu.Lock()
+	u.accountLocked(c.Now)
+	u.inflight = max(u.inflight-1, 0)
+	u.mu.Unlock()
+}
