@@ -29,7 +29,9 @@ func ExceptClasses(g sluice.Gate, classes []string) *Classes {
 	return &Classes{Gate: g, classes: slices.Clone(classes), except: true}
 }
 
-func (c *Classes) applies(r *sluice.Request) bool { return slices.Contains(c.classes, r.Class) != c.except }
+func (c *Classes) applies(r *sluice.Request) bool {
+	return slices.Contains(c.classes, r.Class) != c.except
+}
 
 // Decide asks the wrapped gate when r's class is listed, and admits
 // otherwise.

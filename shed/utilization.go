@@ -141,7 +141,7 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now int64) (s
 		}
 		*m += (float64(r.Cost) - *m) / 32
 		if p > 0 && p < 1 {
-			p = min(p*float64(r.Cost)/ *m, 1)
+			p = min(p*float64(r.Cost) / *m, 1)
 		}
 	}
 	if p > 0 && u.opts.Rand() < p {
