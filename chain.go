@@ -182,9 +182,11 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 		if d.Admitted {
 			hs[n] = held{gate: i, permit: p}
 			n++
+			level := max(best.Level, d.Level)
 			if tighter(&d, &best) {
 				best = d
 			}
+			best.Level = level
 			continue
 		}
 		if m == ModeShadow {

@@ -1,6 +1,9 @@
 package sluice
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Reason is the stable category of a rejection. The zero value, ReasonNone,
 // belongs to admitted decisions. Names follow the project vocabulary and are
@@ -141,6 +144,50 @@ type Decision struct {
 	// Admission rejects before execution, so it is false for every
 	// rejection a Chain makes.
 	EffectPossible bool
+	// Level is the degradation level the service is in for this request
+	// (the highest any gate reported): handlers of admitted requests should
+	// serve the cheaper result it calls for.
+	Level Level
+}
+
+// Level is a degradation level: how much a service under pressure cuts
+// from the work it admits. Handlers read it from the request context
+// (LevelFrom) and serve the cheaper result (skip enrichment, serve cached
+// data) above LevelNormal.
+type Level uint8
+
+const (
+	// LevelNormal: full service.
+	LevelNormal Level = iota
+	// LevelDegrade: serve degraded results.
+	LevelDegrade
+	// LevelShed: non-critical work is shed; admitted work is degraded.
+	LevelShed
+	// LevelRecover: coming back; load is ramped up in stages.
+	LevelRecover
+)
+
+var levelNames = [...]string{"normal", "degrade", "shed", "recover"}
+
+// String returns "normal", "degrade", "shed" or "recover".
+func (l Level) String() string {
+	if int(l) < len(levelNames) {
+		return levelNames[l]
+	}
+	return "unknown"
+}
+
+type levelKey struct{}
+
+// ContextWithLevel returns ctx carrying level l.
+func ContextWithLevel(ctx context.Context, l Level) context.Context {
+	return context.WithValue(ctx, levelKey{}, l)
+}
+
+// LevelFrom returns the degradation level in ctx (LevelNormal if none).
+func LevelFrom(ctx context.Context) Level {
+	l, _ := ctx.Value(levelKey{}).(Level)
+	return l
 }
 
 // Entitlement reports whether the rejection is about the caller's own usage

@@ -28,7 +28,10 @@ const (
 	hLegacyReset     = "X-Ratelimit-Reset"
 	hContentType     = "Content-Type"
 	hCacheControl    = "Cache-Control"
+	hLevel           = "Sluice-Level" // the degradation level, when not normal
 )
+
+var levelValues = [...][]string{{"normal"}, {"degrade"}, {"shed"}, {"recover"}}
 
 var (
 	jsonType = []string{"application/json"}
@@ -228,7 +231,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			tk.Done(sluice.OutcomeErrored)
 		}
 	}()
-	if budget > 0 {
+	if d.Level != sluice.LevelNormal {
+		ctx = sluice.ContextWithLevel(ctx, d.Level)
+		w.Header()[hLevel] = levelValues[d.Level]
+	}
+	if budget > 0 || d.Level != sluice.LevelNormal {
 		r = r.WithContext(ctx)
 	}
 	next.ServeHTTP(rw, r)

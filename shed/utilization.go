@@ -51,12 +51,8 @@ type Utilization struct {
 	mu   sync.Mutex
 	ctrl *Controller
 
-	inflight   int64
-	area       float64 // ∑ in-flight × ns since the last sample
-	lastChange int64
-	lastSample int64
-	started    bool
-	meanCost   []float64 // per tier, exponentially weighted
+	meter    meter
+	meanCost []float64 // per tier, exponentially weighted
 }
 
 var _ sluice.Gate = (*Utilization)(nil)
@@ -76,13 +72,17 @@ func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Ut
 	if opts.SampleEvery <= 0 {
 		opts.SampleEvery = 8 * time.Second
 	}
+	if opts.Workers < 1 {
+		opts.Workers = 1 // only the own accounting reads it
+	}
 	if opts.RetryHint <= 0 {
 		opts.RetryHint = opts.SampleEvery
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Float64
 	}
-	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers))}, nil
+	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers)),
+		meter: newMeter(opts.Workers, opts.SampleEvery, false)}, nil
 }
 
 // Name returns the gate's name.
@@ -96,27 +96,18 @@ func (u *Utilization) tier(class string) int {
 	return 0
 }
 
-// accountLocked adds the in-flight area up to now and samples when due.
-// REQUIRES: u.mu held.
+// accountLocked brings the accounting up to now and feeds the controller a
+// sample when one is due. REQUIRES: u.mu held.
 func (u *Utilization) accountLocked(now int64) {
-	if !u.started {
-		u.started, u.lastChange, u.lastSample = true, now, now
+	first := !u.meter.started
+	util, due := u.meter.update(now)
+	switch {
+	case first:
 		u.ctrl.Sample(now, 0)
-		return
-	}
-	if now > u.lastChange {
-		u.area += float64(u.inflight) * float64(now-u.lastChange)
-		u.lastChange = now
-	}
-	if elapsed := now - u.lastSample; elapsed >= int64(u.opts.SampleEvery) {
-		var util float64
-		if u.opts.Source != nil {
-			util = u.opts.Source.Utilization(now)
-		} else {
-			util = u.area / (float64(u.opts.Workers) * float64(elapsed))
-		}
+	case due && u.opts.Source != nil:
+		u.ctrl.Sample(now, u.opts.Source.Utilization(now))
+	case due:
 		u.ctrl.Sample(now, util)
-		u.area, u.lastSample = 0, now
 	}
 }
 
@@ -149,7 +140,7 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now int64) (s
 		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: u.name,
 			Retryable: true, RetryAfter: u.opts.RetryHint}, 0
 	}
-	u.inflight++
+	u.meter.admit()
 	u.mu.Unlock()
 	return sluice.Decision{Admitted: true}, 1
 }
@@ -158,6 +149,6 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now int64) (s
 func (u *Utilization) Release(_ *sluice.Request, _ sluice.Permit, c sluice.Completion) {
 	u.mu.Lock()
 	u.accountLocked(c.Now)
-	u.inflight = max(u.inflight-1, 0)
+	u.meter.release(c.Latency)
 	u.mu.Unlock()
 }

@@ -1,0 +1,286 @@
+package shed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+// LadderConfig configures a degradation Ladder. Thresholds compare with
+// demand utilization: offered work ÷ capacity, measured by the gate (see
+// Ladder). Zero values take the defaults.
+type LadderConfig struct {
+	// DegradeEnter and DegradeExit: NORMAL → DEGRADE at or above Enter,
+	// back below Exit. Defaults 0.8 and 0.7.
+	DegradeEnter, DegradeExit float64
+	// ShedEnter and ShedExit: → SHED at or above Enter (from any state, at
+	// once), SHED → RECOVER below Exit. Defaults 0.95 and 0.85.
+	ShedEnter, ShedExit float64
+	// MinDwell is the least time in a state before stepping down (escalation
+	// to SHED never waits). Default 10 s.
+	MinDwell time.Duration
+	// RecoverSteps are the shares of non-protected load admitted in
+	// RECOVER, one per StepEvery; after the last the ladder is NORMAL.
+	// Default 0.25, 0.5, 0.75.
+	RecoverSteps []float64
+	// StepEvery is how long each recovery step lasts. Default 10 s.
+	StepEvery time.Duration
+	// SampleEvery is the utilization sample interval. Default 1 s.
+	SampleEvery time.Duration
+	// Protected classes are never shed by the ladder. Default: critical.
+	Protected []string
+	// Workers is the capacity the demand is divided by (concurrent
+	// requests the service can run). Required.
+	Workers int64
+	// RetryHint is the Retry-After of a shed request. Default StepEvery.
+	RetryHint time.Duration
+	// Rand returns uniform numbers in [0, 1); default math/rand/v2.
+	Rand func() float64
+}
+
+func (c *LadderConfig) defaults() {
+	def := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.DegradeEnter, 0.8)
+	def(&c.DegradeExit, 0.7)
+	def(&c.ShedEnter, 0.95)
+	def(&c.ShedExit, 0.85)
+	if c.MinDwell == 0 {
+		c.MinDwell = 10 * time.Second
+	}
+	if c.RecoverSteps == nil {
+		c.RecoverSteps = []float64{0.25, 0.5, 0.75}
+	}
+	if c.StepEvery == 0 {
+		c.StepEvery = 10 * time.Second
+	}
+	if c.SampleEvery == 0 {
+		c.SampleEvery = time.Second
+	}
+	if c.Protected == nil {
+		c.Protected = []string{sluice.ClassCritical}
+	}
+	if c.RetryHint == 0 {
+		c.RetryHint = c.StepEvery
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c LadderConfig) Validate() error {
+	c.defaults()
+	switch {
+	case c.Workers < 1:
+		return errors.New("ladder: workers must be ≥ 1")
+	case !(0 < c.DegradeExit && c.DegradeExit < c.DegradeEnter):
+		return fmt.Errorf("ladder: degrade exit %v must be below degrade enter %v (hysteresis)", c.DegradeExit, c.DegradeEnter)
+	case !(c.ShedExit < c.ShedEnter):
+		return fmt.Errorf("ladder: shed exit %v must be below shed enter %v (hysteresis)", c.ShedExit, c.ShedEnter)
+	case c.DegradeEnter > c.ShedEnter:
+		return fmt.Errorf("ladder: degrade enter %v must not be above shed enter %v", c.DegradeEnter, c.ShedEnter)
+	case c.MinDwell < 0 || c.StepEvery <= 0 || c.SampleEvery <= 0:
+		return errors.New("ladder: durations must be positive")
+	}
+	for _, s := range c.RecoverSteps {
+		if !(s > 0 && s < 1) {
+			return fmt.Errorf("ladder: recover step %v, want a share in (0, 1)", s)
+		}
+	}
+	if !slices.IsSorted(c.RecoverSteps) {
+		return errors.New("ladder: recover steps must increase")
+	}
+	return nil
+}
+
+// Transition is one state change of a Ladder.
+type Transition struct {
+	At       int64 // monotonic ns
+	From, To sluice.Level
+	Pressure float64 // the demand utilization that caused it
+}
+
+// Ladder is the degradation state machine of seeds/000: NORMAL → DEGRADE →
+// SHED → RECOVER → NORMAL, with hysteresis (each state is entered above a
+// higher threshold than it is left), a minimum dwell before stepping down,
+// and a staged recovery ramp of admitted non-protected load.
+//
+// Its input is demand utilization from its own accounting: requests in
+// flight through the gate per worker, plus, for each request it sheds, the
+// work that request would have brought (the mean latency of admitted
+// requests). Measuring demand rather than admitted work is what keeps the
+// ladder from oscillating: shedding lowers the work admitted, not the
+// demand, so SHED holds while the overload lasts and RECOVER advances only
+// when the offered load would fit.
+//
+// Decisions: NORMAL admits everything; DEGRADE admits everything at level
+// degrade (handlers serve cheaper results, see sluice.LevelFrom); SHED
+// rejects non-protected requests with reason overload (503) and admits
+// protected ones at level shed; RECOVER admits the current step's share of
+// non-protected requests. It is safe for concurrent use.
+type Ladder struct {
+	name  string
+	cfg   LadderConfig
+	mu    sync.Mutex
+	meter meter
+
+	state     sluice.Level
+	since     int64 // when the state was entered
+	step      int
+	stepSince int64
+	pressure  float64
+	spent     [4]int64 // ns spent in each level
+	lastSpent int64
+	history   []Transition
+}
+
+var _ sluice.Gate = (*Ladder)(nil)
+
+// NewLadder returns a ladder named name.
+func NewLadder(name string, cfg LadderConfig) (*Ladder, error) {
+	if name == "" {
+		return nil, errors.New("ladder: empty name")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.defaults()
+	return &Ladder{name: name, cfg: cfg, meter: newMeter(cfg.Workers, cfg.SampleEvery, true), since: -1}, nil
+}
+
+// Name returns the gate's name.
+func (l *Ladder) Name() string { return l.name }
+
+func (l *Ladder) toLocked(now int64, to sluice.Level) {
+	l.history = append(l.history, Transition{At: now, From: l.state, To: to, Pressure: l.pressure})
+	if len(l.history) > 256 {
+		l.history = slices.Delete(l.history, 0, len(l.history)-256)
+	}
+	l.state, l.since = to, now
+	if to == sluice.LevelRecover {
+		l.step, l.stepSince = 0, now
+	}
+}
+
+// sampleLocked moves the state machine on one demand sample. REQUIRES: l.mu held.
+func (l *Ladder) sampleLocked(now int64, p float64) {
+	l.pressure = p
+	c := &l.cfg
+	dwelt := now-l.since >= int64(c.MinDwell)
+	switch l.state {
+	case sluice.LevelNormal:
+		switch {
+		case p >= c.ShedEnter:
+			l.toLocked(now, sluice.LevelShed)
+		case p >= c.DegradeEnter:
+			l.toLocked(now, sluice.LevelDegrade)
+		}
+	case sluice.LevelDegrade:
+		switch {
+		case p >= c.ShedEnter:
+			l.toLocked(now, sluice.LevelShed)
+		case p < c.DegradeExit && dwelt:
+			l.toLocked(now, sluice.LevelNormal)
+		}
+	case sluice.LevelShed:
+		if p < c.ShedExit && dwelt {
+			l.toLocked(now, sluice.LevelRecover)
+		}
+	case sluice.LevelRecover:
+		switch {
+		case p >= c.ShedEnter:
+			l.toLocked(now, sluice.LevelShed)
+		case p >= c.DegradeEnter:
+			l.toLocked(now, sluice.LevelDegrade)
+		case now-l.stepSince >= int64(c.StepEvery):
+			l.step++
+			l.stepSince = now
+			if l.step >= len(c.RecoverSteps) {
+				l.toLocked(now, sluice.LevelNormal)
+			}
+		}
+	}
+}
+
+// updateLocked accounts time and samples. REQUIRES: l.mu held.
+func (l *Ladder) updateLocked(now int64) {
+	if l.since < 0 {
+		l.since, l.lastSpent = now, now
+	}
+	if now > l.lastSpent {
+		l.spent[l.state] += now - l.lastSpent
+		l.lastSpent = now
+	}
+	if p, due := l.meter.update(now); due {
+		l.sampleLocked(now, p)
+	}
+}
+
+// Decide admits, degrades or sheds r according to the state.
+func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+	protected := slices.Contains(l.cfg.Protected, r.Class)
+	l.mu.Lock()
+	l.updateLocked(now)
+	state := l.state
+	shed := false
+	if !protected {
+		switch state {
+		case sluice.LevelShed:
+			shed = true
+		case sluice.LevelRecover:
+			shed = l.cfg.Rand() >= l.cfg.RecoverSteps[l.step]
+		}
+	}
+	if shed {
+		l.meter.shed()
+		l.mu.Unlock()
+		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: l.name,
+			Retryable: true, RetryAfter: l.cfg.RetryHint, Level: state}, 0
+	}
+	l.meter.admit()
+	l.mu.Unlock()
+	return sluice.Decision{Admitted: true, Level: state}, 1
+}
+
+// Release ends an admitted request's share of the accounting.
+func (l *Ladder) Release(_ *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+	l.mu.Lock()
+	l.updateLocked(c.Now)
+	lat := c.Latency
+	if c.Outcome == sluice.OutcomeRejected {
+		lat = 0 // a later gate rejected it: no service time to learn from
+	}
+	l.meter.release(lat)
+	l.mu.Unlock()
+}
+
+// LadderState is a snapshot of a Ladder.
+type LadderState struct {
+	Level    sluice.Level
+	Pressure float64          // the last demand sample
+	Step     int              // the recovery step, in RECOVER
+	Spent    [4]time.Duration // time spent in each level
+	History  []Transition     // recent transitions, oldest first
+}
+
+// State returns a snapshot at now.
+func (l *Ladder) State(now int64) LadderState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.updateLocked(now)
+	st := LadderState{Level: l.state, Pressure: l.pressure, Step: l.step, History: slices.Clone(l.history)}
+	for i, ns := range l.spent {
+		st.Spent[i] = time.Duration(ns)
+	}
+	return st
+}

@@ -1,0 +1,169 @@
+package shed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+func newLadder(t *testing.T) *Ladder {
+	t.Helper()
+	l, err := NewLadder("ladder", LadderConfig{Workers: 8, Rand: func() float64 { return 0.6 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// trace feeds one demand sample per second and renders every transition.
+func trace(l *Ladder, script []struct {
+	until int64
+	p     float64
+}) string {
+	var b strings.Builder
+	now := int64(0)
+	for _, seg := range script {
+		for ; now <= seg.until*sec; now += sec {
+			from := l.state
+			l.sampleLocked(now, seg.p)
+			if l.state != from {
+				fmt.Fprintf(&b, "t=%3ds p=%.2f %-7s -> %s\n", now/sec, seg.p, from, l.state)
+			}
+			if l.state == sluice.LevelRecover && now == l.stepSince && l.step > 0 {
+				fmt.Fprintf(&b, "t=%3ds p=%.2f recover step %d (admit %.0f%%)\n", now/sec, seg.p, l.step, 100*l.cfg.RecoverSteps[l.step])
+			}
+		}
+	}
+	return b.String()
+}
+
+// The golden trace of a load step: NORMAL → DEGRADE → SHED → RECOVER (in
+// three steps) → NORMAL, with no oscillation on noise inside the hysteresis
+// bands. Update with SLUICE_GOLDEN=1.
+func TestLadderGoldenTrace(t *testing.T) {
+	l := newLadder(t)
+	l.since = 0
+	got := trace(l, []struct {
+		until int64
+		p     float64
+	}{
+		{9, 0.5}, {19, 0.85}, {39, 1.4},
+		{40, 0.9}, {41, 0.9}, // above shed exit: holds SHED
+		{120, 0.6},
+		{200, 0.72}, {260, 0.78}, // noise between degrade exit and enter: nothing moves
+	})
+	golden := "testdata/ladder.golden"
+	if os.Getenv("SLUICE_GOLDEN") == "1" {
+		os.WriteFile(golden, []byte(got), 0o644)
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("trace differs from %s:\n%s", golden, got)
+	}
+}
+
+func TestLadderNoiseCausesNoTransitions(t *testing.T) {
+	l := newLadder(t)
+	l.since = 0
+	for i := int64(0); i < 1000; i++ {
+		p := 0.72
+		if i%2 == 1 {
+			p = 0.78
+		}
+		l.sampleLocked(i*sec, p)
+	}
+	if len(l.history) != 0 {
+		t.Fatalf("%d transitions on noise inside the hysteresis band", len(l.history))
+	}
+}
+
+// Through the gate: SHED rejects non-protected requests and admits
+// critical ones at level shed; RECOVER admits the step's share.
+func TestLadderDecisions(t *testing.T) {
+	l := newLadder(t)
+	ctx := context.Background()
+	l.Decide(ctx, &sluice.Request{Class: "default"}, 0) // starts the clock
+	l.mu.Lock()
+	l.toLocked(0, sluice.LevelShed)
+	l.mu.Unlock()
+	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 1); d.Admitted || d.Reason != sluice.ReasonOverload || d.Level != sluice.LevelShed {
+		t.Fatalf("shed: %+v", d)
+	}
+	if d, _ := l.Decide(ctx, &sluice.Request{Class: sluice.ClassCritical}, 1); !d.Admitted || d.Level != sluice.LevelShed {
+		t.Fatalf("critical in shed: %+v", d)
+	}
+	l.mu.Lock()
+	l.toLocked(2, sluice.LevelRecover)
+	l.mu.Unlock()
+	// Rand returns 0.6: step 0 admits 25% (0.6 ≥ 0.25: shed), step 2 admits 75%.
+	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 3); d.Admitted {
+		t.Fatal("recover step 0 admitted at draw 0.6")
+	}
+	l.mu.Lock()
+	l.step = 2
+	l.mu.Unlock()
+	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 4); !d.Admitted || d.Level != sluice.LevelRecover {
+		t.Fatalf("recover step 2: %+v", d)
+	}
+	st := l.State(5 * sec)
+	if st.Level != sluice.LevelRecover || st.Spent[sluice.LevelRecover] == 0 || len(st.History) != 2 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// Demand, not admitted work: shedding does not lower the reading.
+func TestLadderMeasuresDemand(t *testing.T) {
+	l, _ := NewLadder("ladder", LadderConfig{Workers: 2, SampleEvery: time.Second, MinDwell: time.Second})
+	ctx := context.Background()
+	r := &sluice.Request{Class: "default"}
+	type job struct{ end int64 }
+	var running []job
+	now := int64(0)
+	// Offered: 4 requests per second of 0.5 s each = 2 busy workers = demand 1.
+	step := func(n int) {
+		for range n {
+			now += sec / 4
+			kept := running[:0]
+			for _, j := range running {
+				if j.end <= now {
+					l.Release(r, 1, sluice.Completion{Now: j.end, Latency: time.Second / 2})
+				} else {
+					kept = append(kept, j)
+				}
+			}
+			running = kept
+			if d, _ := l.Decide(ctx, r, now); d.Admitted {
+				running = append(running, job{end: now + sec/2})
+			}
+		}
+	}
+	step(40)
+	if st := l.State(now); st.Level != sluice.LevelShed || st.Pressure < 0.95 {
+		t.Fatalf("did not reach shed on demand: %+v", st)
+	}
+	// The same offered load while shedding: demand stays high, SHED holds.
+	step(40)
+	if st := l.State(now); st.Level != sluice.LevelShed || st.Pressure < 0.95 {
+		t.Fatalf("left SHED while the overload lasted: %+v", st)
+	}
+}
+
+func TestLadderConfigErrors(t *testing.T) {
+	for _, c := range []LadderConfig{
+		{}, {Workers: 1, DegradeEnter: 0.7, DegradeExit: 0.8}, {Workers: 1, ShedEnter: 0.9, ShedExit: 0.95},
+		{Workers: 1, DegradeEnter: 0.99, ShedEnter: 0.9, ShedExit: 0.8}, {Workers: 1, RecoverSteps: []float64{0.5, 0.25}},
+		{Workers: 1, RecoverSteps: []float64{1.5}}, {Workers: 1, MinDwell: -1},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}

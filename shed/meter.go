@@ -1,0 +1,65 @@
+package shed
+
+import "time"
+
+// meter measures utilization from a gate's own accounting: the mean number
+// of requests in flight per worker over each sample interval. With
+// withDemand, a request the gate sheds adds the work it would have brought
+// (the recent mean latency of admitted requests), so the reading is demand
+// (offered work ÷ capacity, may exceed 1) rather than admitted work.
+// REQUIRES: the owning gate's mutex around every method.
+type meter struct {
+	workers    float64
+	every      int64
+	withDemand bool
+
+	inflight   int64
+	area       float64 // ∑ in flight × ns (+ shed demand) since the last sample
+	lastChange int64
+	lastSample int64
+	started    bool
+	meanLat    float64 // ns, exponentially weighted over admitted completions
+}
+
+func newMeter(workers int64, every time.Duration, withDemand bool) meter {
+	return meter{workers: float64(workers), every: int64(every), withDemand: withDemand}
+}
+
+// update accrues the in-flight area up to now and, when a sample is due,
+// returns the utilization of the interval that ended.
+func (m *meter) update(now int64) (u float64, due bool) {
+	if !m.started {
+		m.started, m.lastChange, m.lastSample = true, now, now
+		return 0, false
+	}
+	if now > m.lastChange {
+		m.area += float64(m.inflight) * float64(now-m.lastChange)
+		m.lastChange = now
+	}
+	elapsed := now - m.lastSample
+	if elapsed < m.every {
+		return 0, false
+	}
+	u = m.area / (m.workers * float64(elapsed))
+	m.area, m.lastSample = 0, now
+	return u, true
+}
+
+func (m *meter) admit() { m.inflight++ }
+
+func (m *meter) release(latency time.Duration) {
+	m.inflight = max(m.inflight-1, 0)
+	if latency > 0 {
+		if m.meanLat == 0 {
+			m.meanLat = float64(latency)
+		}
+		m.meanLat += (float64(latency) - m.meanLat) / 64
+	}
+}
+
+// shed records the demand of a request that was not admitted.
+func (m *meter) shed() {
+	if m.withDemand {
+		m.area += m.meanLat
+	}
+}

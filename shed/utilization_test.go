@@ -1,0 +1,72 @@
+package shed
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+// The gate's own accounting: 10 workers all busy → utilization 1 → after
+// the delay the lowest tier goes first, then the next, strictly in order.
+func TestUtilizationShedsTiersInOrder(t *testing.T) {
+	ctrl, _ := NewController(ControllerConfig{})
+	u, err := NewUtilization("util", ctrl, UtilizationOptions{
+		Workers: 10, Tiers: []string{"sandbox", "sheddable", "default", "critical"},
+		Rand: func() float64 { return 0.5 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Ten long requests keep every worker busy.
+	for range 10 {
+		if d, _ := u.Decide(ctx, &sluice.Request{Class: "critical"}, 0); !d.Admitted {
+			t.Fatal("idle service shed")
+		}
+	}
+	shedAt := map[string]int64{}
+	for now := int64(0); now <= 200*sec; now += sec {
+		for _, class := range []string{"sandbox", "sheddable", "default", "critical"} {
+			d, p := u.Decide(ctx, &sluice.Request{Class: class}, now)
+			if d.Admitted {
+				u.Release(&sluice.Request{Class: class}, p, sluice.Completion{Now: now, Latency: time.Microsecond})
+			} else if _, seen := shedAt[class]; !seen {
+				if d.Reason != sluice.ReasonOverload || d.Entitlement() {
+					t.Fatalf("shed with %+v", d)
+				}
+				shedAt[class] = now
+			}
+		}
+	}
+	// Samples every 8 s: pressure from the first sample at 8 s, first shed
+	// of a tier once its share of the fraction passes the 0.5 draw.
+	if shedAt["sandbox"] < 36*sec {
+		t.Fatalf("sandbox shed at %v, before the 28 s delay", time.Duration(shedAt["sandbox"]))
+	}
+	order := []string{"sandbox", "sheddable", "default", "critical"}
+	for i := 1; i < len(order); i++ {
+		if shedAt[order[i]] <= shedAt[order[i-1]] {
+			t.Fatalf("tier %s shed at %v, not after %s at %v", order[i], time.Duration(shedAt[order[i]]), order[i-1], time.Duration(shedAt[order[i-1]]))
+		}
+	}
+	if f := u.Fraction(200 * sec); f != 1 {
+		t.Fatalf("fraction %v after 200 s pinned", f)
+	}
+}
+
+func TestUtilizationCostAware(t *testing.T) {
+	ctrl, _ := NewController(ControllerConfig{Delay: -0, ShedAllAfter: time.Second})
+	u, _ := NewUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: []string{"default"}, CostAware: true,
+		SampleEvery: time.Second, Rand: func() float64 { return 0.45 }})
+	ctx := context.Background()
+	u.Decide(ctx, &sluice.Request{Class: "default", Cost: 1}, 0) // one in flight: utilization 1
+	ctrl.Sample(0, 1)
+	ctrl.slope, ctrl.level = 0, 0.4*float64(time.Second) // pin the fraction at 0.4
+	cheap, _ := u.Decide(ctx, &sluice.Request{Class: "default", Cost: 1}, 1)
+	costly, _ := u.Decide(ctx, &sluice.Request{Class: "default", Cost: 10}, 2)
+	if !cheap.Admitted || costly.Admitted {
+		t.Fatalf("cost-aware: cheap %v, costly %v", cheap.Admitted, costly.Admitted)
+	}
+}
