@@ -13,3 +13,8 @@ var RoutesAPI []byte
 //
 //go:embed mercury.yaml
 var Mercury []byte
+
+// RoutesAPIShedding is examples/routes-api-shedding.yaml.
+//
+//go:embed routes-api-shedding.yaml
+var RoutesAPIShedding []byte

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/shed"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
@@ -42,8 +44,9 @@ func (g *Gate) algorithm() (any, error) {
 // gate whose fingerprint did not change as it is. The mode is not part of
 // it (modes switch without a new gate).
 func (g *Gate) fingerprint(st Store) string {
-	return fmt.Sprintf("%s|%s|%s|%s|%s|%d|%d|%v|%d|%v|%v|%v|%v|%d|%v", g.Name, g.Kind, g.Scope, g.OnFailure, g.Rate,
-		g.Burst, g.Limit, g.Window, g.Queue, g.TTL, g.RetryHint, g.NoRefund, g.Weighted, st.MaxKeys, g.Classes)
+	c := *g
+	c.Line, c.fields, c.Mode = 0, nil, ""
+	return fmt.Sprintf("%+v|%d", c, st.MaxKeys)
 }
 
 // stateKey identifies what the gate's stored state means. A reload that
@@ -156,6 +159,9 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 // build makes the gate, over prev's state when prev is given (memory), or
 // on Redis when rc is given.
 func (g *Gate) build(st Store, prev *builtGate, rc *redisConn) (sluice.Gate, func(any) store.Limiter, error) {
+	if protectionKinds[g.Kind] {
+		return g.buildProtection(st, prev, rc)
+	}
 	alg, err := g.algorithm()
 	if err != nil {
 		return nil, nil, err
@@ -329,8 +335,10 @@ func (f *File) Classes() []string {
 
 // entitlement reports whether a gate's rejections answer 429.
 func (g *Gate) entitlement() bool {
-	switch g.Kind {
-	case KindConcurrency, KindLeakyBucket:
+	switch {
+	case protectionKinds[g.Kind]:
+		return false
+	case g.Kind == KindConcurrency || g.Kind == KindLeakyBucket:
 		return g.Scope == "tenant" || g.Scope == "tenant_operation"
 	}
 	return true
@@ -356,10 +364,49 @@ func (g *Gate) describe() string {
 		if g.Weighted {
 			b.WriteString(" (weighted by cost)")
 		}
+	case KindFleetUsage:
+		n, _ := shed.FleetUsageLimit(g.Limit, g.Reserve)
+		fmt.Fprintf(&b, "fleet usage: %d slots, non-reserved classes hold at most %d (reserved: %s); 503 overload", g.Limit, n, reserveText(g.Reserve))
+		return b.String()
+	case KindUtilization:
+		c := g.controllerConfig()
+		src := fmt.Sprintf("in flight ÷ %d workers", g.Workers)
+		if g.Source == "cpu" {
+			src = "process CPU"
+		}
+		fmt.Fprintf(&b, "utilization shedder on %s: good %v, bad %v, delay %v, everything shed %v after the first shed at full pressure; tiers shed in order %s; 503 overload",
+			src, or(c.Good, 0.7), or(c.Bad, 0.8), durOr(c.Delay, 28*time.Second), durOr(c.ShedAllAfter, 120*time.Second), strings.Join(g.Tiers, " -> "))
+		return b.String()
+	case KindLadder:
+		fmt.Fprintf(&b, "degradation ladder on demand ÷ %d workers (see STATE MACHINE)", g.Workers)
+		return b.String()
 	}
 	fmt.Fprintf(&b, " per %s", g.Scope)
 	if len(g.Classes) > 0 {
 		fmt.Fprintf(&b, ", for class %s only", strings.Join(g.Classes, ", "))
 	}
 	return b.String()
+}
+
+func reserveText(r map[string]float64) string {
+	var parts []string
+	for c, v := range r {
+		parts = append(parts, fmt.Sprintf("%s %.0f%%", c, 100*v))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
+
+func or(v, d float64) float64 {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func durOr(v, d time.Duration) time.Duration {
+	if v == 0 {
+		return d
+	}
+	return v
 }

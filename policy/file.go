@@ -50,7 +50,9 @@ type Store struct {
 
 // redisKinds are the gate kinds with a Redis script (all of them).
 var redisKinds = map[string]bool{KindTokenBucket: true, KindGCRA: true, KindFixedWindow: true, KindConcurrency: true,
-	KindSlidingWindow: true, KindSlidingLog: true, KindLeakyBucket: true}
+	KindSlidingWindow: true, KindSlidingLog: true, KindLeakyBucket: true, KindFleetUsage: true,
+	// Utilization and the ladder measure this process; they keep no shared state.
+	KindUtilization: true, KindLadder: true}
 
 // Identity says where tenant and deadline come from.
 type Identity struct {
@@ -96,7 +98,25 @@ type Gate struct {
 	NoRefund  bool
 	Weighted  bool
 	Classes   []string // applies only to these classes; empty: all
-	Line      int
+
+	// Protection gates (fleet_usage, utilization, ladder).
+	Reserve                   map[string]float64 // fleet_usage: share per reserved class
+	Good, Bad                 float64            // utilization thresholds
+	Delay                     time.Duration      // utilization: pressure before the first shed
+	ShedAllAfter              time.Duration      // utilization: full pressure to full shed
+	Tiers                     []string           // utilization: classes, first shed first
+	Workers                   int64              // utilization, ladder: capacity in concurrent requests
+	SampleEvery               time.Duration      // utilization, ladder
+	CostAware                 bool               // utilization
+	Source                    string             // utilization: "workers" (own accounting) or "cpu"
+	DegradeEnter, DegradeExit float64            // ladder
+	ShedEnter, ShedExit       float64            // ladder
+	MinDwell                  time.Duration      // ladder
+	StepEvery                 time.Duration      // ladder
+	RecoverSteps              []float64          // ladder
+	Protected                 []string           // ladder: classes never shed
+
+	Line int
 	// fields holds the names of the fields written, for the per-kind check.
 	fields map[string]int
 }
@@ -110,6 +130,9 @@ const (
 	KindSlidingLog    = "sliding_log"
 	KindLeakyBucket   = "leaky_bucket"
 	KindConcurrency   = "concurrency"
+	KindFleetUsage    = "fleet_usage"
+	KindUtilization   = "utilization"
+	KindLadder        = "ladder"
 )
 
 // kindFields lists, per kind, the fields that apply and those required.
@@ -121,7 +144,16 @@ var kindFields = map[string]struct{ allowed, required []string }{
 	KindSlidingLog:    {[]string{"limit", "window", "refund"}, []string{"limit", "window"}},
 	KindLeakyBucket:   {[]string{"rate", "queue"}, []string{"rate", "queue"}},
 	KindConcurrency:   {[]string{"limit", "ttl", "weighted"}, []string{"limit"}},
+	KindFleetUsage:    {[]string{"limit", "reserve", "ttl"}, []string{"limit", "reserve"}},
+	KindUtilization: {[]string{"good", "bad", "delay", "shed_all_after", "tiers", "workers", "sample_every", "cost_aware", "source"},
+		[]string{"tiers"}},
+	KindLadder: {[]string{"degrade", "shed", "min_dwell", "recover", "step_every", "sample_every", "protected", "workers"},
+		[]string{"workers"}},
 }
+
+// protectionKinds are per-process or fleet protection gates: they answer
+// 503 and take no rate.
+var protectionKinds = map[string]bool{KindFleetUsage: true, KindUtilization: true, KindLadder: true}
 
 // commonGateFields apply to every kind.
 var commonGateFields = []string{"name", "kind", "scope", "mode", "on_failure", "retry_hint", "classes"}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -252,6 +253,7 @@ func (p *parser) file1(n *yaml.Node) *File {
 			}
 		}
 	}
+	known := f.Classes()
 	// Gates without their own on_failure take the store's (which may be
 	// written after the gates); on memory there is nothing to fall back from.
 	for i := range f.Gates {
@@ -267,10 +269,12 @@ func (p *parser) file1(n *yaml.Node) *File {
 				Msg: fmt.Sprintf("kind %s has no Redis script", g.Kind)})
 		}
 	}
+	for i := range f.Gates {
+		p.checkProtection(i, &f.Gates[i], known)
+	}
 	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {
 		p.errf(n, "identity.deadline.header", "%q is also the tenant header", h)
 	}
-	known := f.Classes()
 	for i, g := range f.Gates {
 		for j, c := range g.Classes {
 			if c != "" && !slices.Contains(known, c) {
@@ -456,7 +460,9 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 	}
 	var gs []Gate
 	names := map[string]int{}
-	known := append(slices.Clone(commonGateFields), "rate", "burst", "limit", "window", "queue", "ttl", "refund", "weighted")
+	known := append(slices.Clone(commonGateFields), "rate", "burst", "limit", "window", "queue", "ttl", "refund", "weighted",
+		"reserve", "good", "bad", "delay", "shed_all_after", "tiers", "workers", "sample_every", "cost_aware", "source",
+		"degrade", "shed", "min_dwell", "recover", "step_every", "protected")
 	for i, gn := range n.Content {
 		path := fmt.Sprintf("gates[%d]", i)
 		if i == sluice.MaxGates {
@@ -515,16 +521,66 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 			case "weighted":
 				g.Weighted = p.boolean(v, field)
 			case "classes":
+				g.Classes = p.classList(v, field)
+			case "tiers":
+				g.Tiers = p.classList(v, field)
+			case "protected":
+				g.Protected = p.classList(v, field)
+			case "reserve":
+				g.Reserve = map[string]float64{}
+				if v.Kind != yaml.MappingNode {
+					p.errf(v, field, "want a mapping of class to share, e.g. {critical: 20%%}")
+				} else {
+					for k := 0; k+1 < len(v.Content); k += 2 {
+						class, sv := v.Content[k], v.Content[k+1]
+						if !validName(class.Value) {
+							p.errf(class, join(field, class.Value), "%q is not a class name", class.Value)
+							continue
+						}
+						g.Reserve[class.Value] = p.share(sv, join(field, class.Value))
+					}
+				}
+			case "good":
+				g.Good = p.share(v, field)
+			case "bad":
+				g.Bad = p.share(v, field)
+			case "delay":
+				g.Delay = p.duration(v, field, 0)
+			case "shed_all_after":
+				g.ShedAllAfter = p.duration(v, field, time.Second)
+			case "workers":
+				g.Workers = p.integer(v, field, 1, 1<<30)
+			case "sample_every":
+				g.SampleEvery = p.duration(v, field, time.Millisecond)
+			case "cost_aware":
+				g.CostAware = p.boolean(v, field)
+			case "source":
+				g.Source = p.oneOf(v, field, "workers", "cpu")
+			case "degrade", "shed":
+				var enter, exit float64
+				p.fields(v, field, []string{"enter", "exit"}, func(kk string, vv *yaml.Node) {
+					if kk == "enter" {
+						enter = p.share(vv, join(field, kk))
+					} else {
+						exit = p.share(vv, join(field, kk))
+					}
+				})
+				if k == "degrade" {
+					g.DegradeEnter, g.DegradeExit = enter, exit
+				} else {
+					g.ShedEnter, g.ShedExit = enter, exit
+				}
+			case "min_dwell":
+				g.MinDwell = p.duration(v, field, 0)
+			case "step_every":
+				g.StepEvery = p.duration(v, field, time.Millisecond)
+			case "recover":
 				if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
-					p.errf(v, field, "want a non-empty list of class names")
+					p.errf(v, field, "want a list of admitted shares, e.g. [25%%, 50%%, 75%%]")
 					return
 				}
-				for j, c := range v.Content {
-					name := p.str(c, fmt.Sprintf("%s[%d]", field, j))
-					if name != "" && !validName(name) {
-						p.errf(c, fmt.Sprintf("%s[%d]", field, j), "%q: class names use a-z, 0-9, '_' and '-'", name)
-					}
-					g.Classes = append(g.Classes, name)
+				for j, sv := range v.Content {
+					g.RecoverSteps = append(g.RecoverSteps, p.share(sv, fmt.Sprintf("%s[%d]", field, j)))
 				}
 			}
 		})
@@ -551,11 +607,11 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 		}
 		if g.Scope == "" {
 			g.Scope = "tenant"
-			if g.Kind == KindConcurrency || g.Kind == KindLeakyBucket {
+			if g.Kind == KindConcurrency || g.Kind == KindLeakyBucket || protectionKinds[g.Kind] {
 				g.Scope = "service"
 			}
 		}
-		if len(p.errs) == 0 {
+		if len(p.errs) == 0 && !protectionKinds[g.Kind] {
 			if _, err := g.algorithm(); err != nil {
 				p.errf(gn, path, "%s", strings.TrimPrefix(err.Error(), "limit: invalid parameters: "))
 			}
@@ -563,6 +619,41 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 		gs = append(gs, g)
 	}
 	return gs
+}
+
+// classList parses a non-empty list of class names.
+func (p *parser) classList(v *yaml.Node, field string) []string {
+	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+		p.errf(v, field, "want a non-empty list of class names")
+		return nil
+	}
+	var out []string
+	for j, c := range v.Content {
+		name := p.str(c, fmt.Sprintf("%s[%d]", field, j))
+		if name != "" && !validName(name) {
+			p.errf(c, fmt.Sprintf("%s[%d]", field, j), "%q: class names use a-z, 0-9, '_' and '-'", name)
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// share parses a fraction: 0.2 or 20%.
+func (p *parser) share(v *yaml.Node, field string) float64 {
+	if v.Kind != yaml.ScalarNode {
+		p.errf(v, field, "want a share such as 0.2 or 20%%, got %s", kindName(v))
+		return 0
+	}
+	s, pct := strings.CutSuffix(strings.TrimSpace(v.Value), "%")
+	f, err := strconv.ParseFloat(s, 64)
+	if pct {
+		f /= 100
+	}
+	if err != nil || math.IsNaN(f) || f < 0 || f > 10 {
+		p.errf(v, field, "%q is not a share (want e.g. 0.2 or 20%%)", v.Value)
+		return 0
+	}
+	return f
 }
 
 func kinds() []string {

@@ -21,7 +21,8 @@ gates:
 `
 
 func TestExamplesPass(t *testing.T) {
-	for name, data := range map[string][]byte{"routes-api.yaml": examples.RoutesAPI, "mercury.yaml": examples.Mercury} {
+	for name, data := range map[string][]byte{"routes-api.yaml": examples.RoutesAPI, "mercury.yaml": examples.Mercury,
+		"routes-api-shedding.yaml": examples.RoutesAPIShedding} {
 		f, err := Parse(name, data)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -37,7 +38,7 @@ func TestExamplesPass(t *testing.T) {
 		}
 	}
 	// The files on disk are the embedded ones.
-	for _, name := range []string{"routes-api.yaml", "mercury.yaml"} {
+	for _, name := range []string{"routes-api.yaml", "mercury.yaml", "routes-api-shedding.yaml"} {
 		if _, err := Load("../examples/" + name); err != nil {
 			t.Fatal(err)
 		}
@@ -74,6 +75,12 @@ func TestBrokenPolicies(t *testing.T) {
 		{"two documents", "version: 1\ngates: []\n---\nversion: 1\n", 3, "(file)", "more than one YAML document"},
 		{"class no route assigns", "version: 1\nroutes:\n  - {match: {path: /x}, class: critical}\ngates:\n  - {name: a, kind: concurrency, limit: 1, classes: [critcal]}\n", 5, "gates[0].classes[0]", `no route assigns class "critcal"`},
 		{"window too long", "version: 1\ngates:\n  - {name: a, kind: fixed_window, limit: 1, window: 1500000h}\n", 3, "gates[0]", "366 days"},
+		{"utilization good above bad", "version: 1\ngates:\n  - name: u\n    kind: utilization\n    workers: 4\n    good: 0.9\n    bad: 0.8\n    tiers: [default]\n", 6, "gates[0].good", "good 0.9 must be below bad 0.8"},
+		{"utilization negative delay", "version: 1\ngates:\n  - {name: u, kind: utilization, workers: 4, delay: -5s, tiers: [default]}\n", 3, "gates[0].delay", "must be at least 0s"},
+		{"utilization unknown tier", "version: 1\nroutes:\n  - {match: {path: /a}, class: sandbox}\ngates:\n  - {name: u, kind: utilization, workers: 4, tiers: [sandbox, sheddabel, default]}\n", 5, "gates[0].tiers", `unknown tier or class "sheddabel"`},
+		{"fleet usage reserves everything", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical}\ngates:\n  - {name: f, kind: fleet_usage, limit: 10, reserve: {critical: 100%}}\n", 5, "gates[0].reserve", "want a share in (0, 1)"},
+		{"ladder without hysteresis", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, degrade: {enter: 0.7, exit: 0.8}}\n", 3, "gates[0].degrade", "must be below degrade enter"},
+		{"ladder scope", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, scope: tenant}\n", 3, "gates[0].scope", "does not apply to kind ladder"},
 		{"tab indentation", "version: 1\ngates:\n\t- {name: a, kind: concurrency, limit: 1}\n", 3, "(yaml)", "a tab in the indentation"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {

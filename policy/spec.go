@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/shed"
 	"github.com/sluice-go/sluice/wire"
 )
 
@@ -100,7 +101,13 @@ func (f *File) SpecText() string {
 
 	b.WriteString("\nHIERARCHY\n")
 	line("Global / region / worker budgets", "%s", storeText(f.Store))
-	line("Reservations, weights, borrow rules, and revocation time", "none configured")
+	reservations := "none configured"
+	for _, g := range f.Gates {
+		if g.Kind == KindFleetUsage {
+			reservations = fmt.Sprintf("%s reserves %s of %d fleet slots: other classes never hold more than the rest; no borrowing", g.Name, reserveText(g.Reserve), g.Limit)
+		}
+	}
+	line("Reservations, weights, borrow rules, and revocation time", "%s", reservations)
 	b.WriteString("  Rate, burst, concurrency, queue, and cost bounds:\n")
 	for _, g := range f.Gates {
 		fmt.Fprintf(&b, "    - %s: %s [%s]\n", g.Name, g.describe(), g.Mode)
@@ -112,7 +119,26 @@ func (f *File) SpecText() string {
 	}
 
 	b.WriteString("\nSTATE MACHINE\n")
-	line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
+	ladder := -1
+	for i, g := range f.Gates {
+		if g.Kind == KindLadder {
+			ladder = i
+		}
+	}
+	if ladder < 0 {
+		line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
+	} else {
+		g := f.Gates[ladder]
+		lc := shed.LadderDefaults(g.ladderConfig())
+		line("NORMAL entry/exit and full behavior", "entered when demand (offered work ÷ %d workers) falls below %v in DEGRADE for %v, or after the last recovery step; admits everything", g.Workers, lc.DegradeExit, lc.MinDwell)
+		line("DEGRADE entry/exit and quality contract", "demand at or above %v; left below %v after %v; admits everything with level degrade in the request context and a Sluice-Level header, so handlers serve the cheaper result", lc.DegradeEnter, lc.DegradeExit, lc.MinDwell)
+		line("SHED entry/exit and surviving classes", "demand at or above %v from any state, at once; left below %v after %v; only %s are admitted, others get 503 overload", lc.ShedEnter, lc.ShedExit, lc.MinDwell, strings.Join(lc.Protected, ", "))
+		steps := make([]string, len(lc.RecoverSteps))
+		for i, s := range lc.RecoverSteps {
+			steps[i] = fmt.Sprintf("%.0f%%", 100*s)
+		}
+		line("RECOVER ramp, warm-up, and backlog gates", "admits %s of non-protected load, one step every %v, then NORMAL; back to DEGRADE or SHED if demand rises again", strings.Join(steps, ", "), lc.StepEvery)
+	}
 
 	b.WriteString("\nFAILURE AND CLIENT CONTRACT\n")
 	var failures []string

@@ -77,6 +77,12 @@ func (c *LadderConfig) defaults() {
 	}
 }
 
+// LadderDefaults returns c with the defaults filled in.
+func LadderDefaults(c LadderConfig) LadderConfig {
+	c.defaults()
+	return c
+}
+
 // Validate reports a configuration that cannot work.
 func (c LadderConfig) Validate() error {
 	c.defaults()
