@@ -174,6 +174,47 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 	}
 }
 
+// GateStates exports the state of protection gates, read at scrape time
+// from gates(): sluice_ladder_level{gate} (0 normal, 1 degrade, 2 shed,
+// 3 recover), sluice_ladder_seconds_total{gate,level} (time spent in each
+// level) and sluice_shed_fraction{gate} (utilization shedders).
+func (m *Metrics) GateStates(gates func() []sluice.Gate, now func() int64) {
+	m.reg.MustRegister(&gateStates{gates: gates, now: now,
+		level:    prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
+		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
+		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a utilization shedder sheds.", []string{"gate"}, nil)})
+}
+
+type gateStates struct {
+	gates                    func() []sluice.Gate
+	now                      func() int64
+	level, seconds, fraction *prometheus.Desc
+}
+
+func (g *gateStates) Describe(ch chan<- *prometheus.Desc) {
+	ch <- g.level
+	ch <- g.seconds
+	ch <- g.fraction
+}
+
+func (g *gateStates) Collect(ch chan<- prometheus.Metric) {
+	now := g.now()
+	for _, gt := range g.gates() {
+		switch s := gt.(type) {
+		case interface {
+			LevelTimes(int64) (sluice.Level, [4]time.Duration)
+		}:
+			lv, spent := s.LevelTimes(now)
+			ch <- prometheus.MustNewConstMetric(g.level, prometheus.GaugeValue, float64(lv), gt.Name())
+			for i, d := range spent {
+				ch <- prometheus.MustNewConstMetric(g.seconds, prometheus.CounterValue, d.Seconds(), gt.Name(), sluice.Level(i).String())
+			}
+		case interface{ Fraction(int64) float64 }:
+			ch <- prometheus.MustNewConstMetric(g.fraction, prometheus.GaugeValue, s.Fraction(now), gt.Name())
+		}
+	}
+}
+
 // GateFailures exports, per gate, how many decisions its store could not
 // make (each decided by the gate's failure policy), read at scrape time
 // from gates() so it follows reloads. Gates without a Failures method are

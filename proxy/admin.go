@@ -21,6 +21,9 @@ type GateState struct {
 	Limit         int64   `json:"limit,omitempty"`
 	WindowSeconds float64 `json:"window_seconds,omitempty"`
 	Unit          string  `json:"unit,omitempty"`
+	// State is what a protection gate is doing now (ladder level, shed
+	// fraction), for gates that report one.
+	State any `json:"state,omitempty"`
 }
 
 // AdminHandler serves /metrics, /healthz and /v1/gates.
@@ -103,6 +106,9 @@ func (s *Server) gateStates() []GateState {
 			if p.Unit == sluice.UnitConcurrentRequests {
 				st.Unit = "concurrent-requests"
 			}
+		}
+		if a, ok := g.(interface{ AdminState(now int64) any }); ok {
+			st.State = a.AdminState(c.Clock().Now())
 		}
 		out = append(out, st)
 	}

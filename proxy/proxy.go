@@ -132,6 +132,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.metrics.GateFailures(func() []sluice.Gate { return s.Chain().Gates() })
+	s.metrics.GateStates(func() []sluice.Gate { return s.Chain().Gates() }, func() int64 { return s.Chain().Clock().Now() })
 	tr := opts.Transport
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

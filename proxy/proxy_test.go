@@ -301,3 +301,25 @@ func TestModeOverrideSurvivesUnrelatedReload(t *testing.T) {
 		t.Fatalf("file's new mode not applied: %v", m)
 	}
 }
+
+func TestAdminShowsProtectionState(t *testing.T) {
+	h := newHarness(t, `version: 1
+gates:
+  - {name: ladder, kind: ladder, workers: 4}
+  - {name: util, kind: utilization, workers: 4, tiers: [default]}
+  - {name: fleet, kind: fleet_usage, limit: 10, reserve: {default: 10%}}
+`, -1)
+	h.do("GET", h.base+"/x", "", "", nil)
+	_, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
+	for _, want := range []string{`"name":"ladder"`, `"level":"normal"`, `"seconds_in"`, `"shed_fraction":0`, `"name":"fleet"`, `"limit":9`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("/v1/gates lacks %s:\n%s", want, body)
+		}
+	}
+	_, metrics := h.do("GET", h.admin+"/metrics", "", "", nil)
+	for _, want := range []string{`sluice_ladder_level{gate="ladder"} 0`, `sluice_ladder_seconds_total{gate="ladder",level="normal"}`, `sluice_shed_fraction{gate="util"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
+}

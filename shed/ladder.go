@@ -290,3 +290,30 @@ func (l *Ladder) State(now int64) LadderState {
 	}
 	return st
 }
+
+// LevelTimes returns the current level and the time spent in each level.
+func (l *Ladder) LevelTimes(now int64) (sluice.Level, [4]time.Duration) {
+	st := l.State(now)
+	return st.Level, st.Spent
+}
+
+// AdminState is the ladder's state for the admin endpoint.
+func (l *Ladder) AdminState(now int64) any {
+	st := l.State(now)
+	seconds := map[string]float64{}
+	for lv, d := range st.Spent {
+		seconds[sluice.Level(lv).String()] = d.Seconds()
+	}
+	var last *Transition
+	if n := len(st.History); n > 0 {
+		last = &st.History[n-1]
+	}
+	out := map[string]any{"level": st.Level.String(), "demand": st.Pressure, "seconds_in": seconds}
+	if st.Level == sluice.LevelRecover {
+		out["recover_step"] = st.Step
+	}
+	if last != nil {
+		out["last_change_ago_seconds"] = float64(now-last.At) / 1e9
+	}
+	return out
+}

@@ -152,3 +152,13 @@ func (u *Utilization) Release(_ *sluice.Request, _ sluice.Permit, c sluice.Compl
 	u.meter.release(c.Latency)
 	u.mu.Unlock()
 }
+
+// AdminState is the shedder's state for the admin endpoint.
+func (u *Utilization) AdminState(now int64) any {
+	f := u.Fraction(now)
+	shed := map[string]float64{}
+	for i, t := range u.opts.Tiers {
+		shed[t] = TierShed(f, i, len(u.opts.Tiers))
+	}
+	return map[string]any{"shed_fraction": f, "shed_by_tier": shed}
+}
