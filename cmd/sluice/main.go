@@ -149,12 +149,29 @@ func versionCmd() *cobra.Command {
 
 func demoCmd() *cobra.Command {
 	var opts demo.Options
-	var config, jsonPath, plotBase string
+	var config, jsonPath, plotBase, scenario string
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Show goodput under overload with and without sluice, on a modeled upstream, with real open-loop load",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if scenario == "ladder" {
+				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario ladder: critical route solves at 25% of capacity, analytics stepping 20% → 65% → 300% → 20%")
+				rep, err := demo.RunLadderStep(ctx, []demo.LadderPhase{
+					{For: 2 * time.Second, Share: 0.2}, {For: 3 * time.Second, Share: 0.65},
+					{For: 5 * time.Second, Share: 3}, {For: 8 * time.Second, Share: 0.2},
+				})
+				if err != nil {
+					return err
+				}
+				rep.WriteTable(cmd.OutOrStdout())
+				return nil
+			}
+			if scenario != "" && scenario != "sweep" {
+				return fmt.Errorf("--scenario %q: want sweep or ladder", scenario)
+			}
 			opts.Policy, opts.PolicyName = examples.RoutesAPI, "examples/routes-api.yaml (embedded)"
 			if config != "" {
 				b, err := os.ReadFile(config)
@@ -192,6 +209,7 @@ func demoCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load) or ladder (a load step through the degradation ladder)")
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
 	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
