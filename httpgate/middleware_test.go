@@ -463,3 +463,24 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// levelGate admits at a fixed degradation level.
+type levelGate struct{ level sluice.Level }
+
+func (levelGate) Name() string { return "level" }
+func (g levelGate) Decide(context.Context, *sluice.Request, int64) (sluice.Decision, sluice.Permit) {
+	return sluice.Decision{Admitted: true, Level: g.level}, 0
+}
+func (levelGate) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
+
+func TestDegradationLevelReachesTheHandler(t *testing.T) {
+	chain, _ := sluice.NewChain(sluice.ChainOptions{}, levelGate{level: sluice.LevelDegrade})
+	mw, _ := httpgate.New(chain, httpgate.Config{})
+	var seen sluice.Level
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen = sluice.LevelFrom(r.Context()) }))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if seen != sluice.LevelDegrade || w.Header().Get("Sluice-Level") != "degrade" {
+		t.Fatalf("handler saw %v, header %q", seen, w.Header().Get("Sluice-Level"))
+	}
+}
