@@ -190,6 +190,23 @@ func LevelFrom(ctx context.Context) Level {
 	return l
 }
 
+type waitKey struct{}
+
+// ContextWithWait returns ctx asking gates that pace admitted requests (a
+// leaky bucket's scheduled slot) to add their wait to *w instead of
+// sleeping: the caller then delays the work itself. It is for callers that
+// run on a virtual clock, such as the simulator; on a real clock, let the
+// gates wait.
+func ContextWithWait(ctx context.Context, w *time.Duration) context.Context {
+	return context.WithValue(ctx, waitKey{}, w)
+}
+
+// WaitFrom returns the wait accumulator of ContextWithWait, or nil.
+func WaitFrom(ctx context.Context) *time.Duration {
+	w, _ := ctx.Value(waitKey{}).(*time.Duration)
+	return w
+}
+
 // Entitlement reports whether the rejection is about the caller's own usage
 // (answered with 429 Too Many Requests) rather than the service's capacity
 // (answered with 503 Service Unavailable): policy_rate always, and

@@ -18,3 +18,17 @@ var Mercury []byte
 //
 //go:embed routes-api-shedding.yaml
 var RoutesAPIShedding []byte
+
+// ByName returns the example policy named name ("routes-api", "mercury",
+// "routes-api-shedding") and its file name.
+func ByName(name string) (data []byte, file string, ok bool) {
+	switch name {
+	case "routes-api":
+		return RoutesAPI, "routes-api.yaml", true
+	case "mercury":
+		return Mercury, "mercury.yaml", true
+	case "routes-api-shedding":
+		return RoutesAPIShedding, "routes-api-shedding.yaml", true
+	}
+	return nil, "", false
+}

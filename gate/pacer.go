@@ -16,7 +16,8 @@ import (
 // when the queue is per tenant; overload, 503, when it protects a shared
 // resource at service, operation or class scope), and
 // stops waiting when ctx is done (reason deadline; the slot stays used, so
-// the pace is never exceeded).
+// the pace is never exceeded). A caller on a virtual clock passes a context
+// from sluice.ContextWithWait and Decide returns at once, adding the wait.
 type Pacer struct {
 	base
 }
@@ -43,6 +44,10 @@ func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now int64) (sluic
 	}
 	d := g.decision(r, res)
 	if !d.Admitted || res.Wait <= 0 {
+		return d, 0
+	}
+	if w := sluice.WaitFrom(ctx); w != nil {
+		*w += res.Wait // the caller delays the work on its own clock
 		return d, 0
 	}
 	t := time.NewTimer(res.Wait)

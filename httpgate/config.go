@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -204,4 +205,27 @@ func matchPath(pattern, path string) bool {
 		}
 		pattern, path = prest, rest
 	}
+}
+
+// Classify applies cfg's identification rules to a request described by
+// method, path and header, exactly as the middleware would, and returns the
+// Request (tenant, class, operation, cost; no deadline) and the caller's
+// time budget (0: none). It is for tools that decide outside an HTTP server,
+// such as the simulator. It returns an error for an invalid cfg or a
+// malformed header.
+func Classify(cfg Config, method, path string, header http.Header) (sluice.Request, time.Duration, error) {
+	c, err := cfg.compile()
+	if err != nil {
+		return sluice.Request{}, 0, err
+	}
+	if header == nil {
+		header = http.Header{}
+	}
+	r := &http.Request{Method: method, URL: &url.URL{Path: path}, Header: header}
+	var req sluice.Request
+	budget, detail := c.identify(r, &req)
+	if detail != "" {
+		return sluice.Request{}, 0, errors.New("httpgate: " + detail)
+	}
+	return req, budget, nil
 }

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -16,31 +15,15 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/limit"
 )
 
 // Error is one problem in a policy file, at a line, in a field.
-type Error struct {
-	File  string
-	Line  int
-	Field string // dotted path, e.g. "gates[1].rate"
-	Msg   string
-}
-
-func (e *Error) Error() string {
-	return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
-}
+type Error = yamlfile.Error
 
 // Errors is every problem found in a file, in file order.
-type Errors []*Error
-
-func (es Errors) Error() string {
-	msgs := make([]string, len(es))
-	for i, e := range es {
-		msgs[i] = e.Error()
-	}
-	return strings.Join(msgs, "\n")
-}
+type Errors = yamlfile.Errors
 
 // Load reads and parses the policy file at path.
 func Load(path string) (*File, error) {
@@ -51,182 +34,36 @@ func Load(path string) (*File, error) {
 	return Parse(path, data)
 }
 
-var yamlLine = regexp.MustCompile(`line (\d+)`)
-
 // Parse parses and validates a policy file. On failure the error is Errors,
 // each naming the file, the line and the field.
 func Parse(path string, data []byte) (*File, error) {
-	p := &parser{file: path}
-	for i, line := range strings.Split(string(data), "\n") {
-		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]
-		if strings.Contains(indent, "\t") && strings.TrimSpace(line) != "" {
-			return nil, Errors{{File: path, Line: i + 1, Field: "(yaml)", Msg: "a tab in the indentation: YAML indents with spaces only"}}
-		}
+	doc, err := yamlfile.Document(path, data, "policy")
+	if err != nil {
+		return nil, err
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		line := 1
-		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			line, _ = strconv.Atoi(m[1])
-		}
-		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		msg = yamlLine.ReplaceAllString(msg, "")
-		msg = strings.TrimLeft(msg, ": ")
-		return nil, Errors{{File: path, Line: line, Field: "(yaml)", Msg: msg + " (check indentation and quoting)"}}
-	}
-	if len(doc.Content) == 0 {
-		return nil, Errors{{File: path, Line: 1, Field: "(file)", Msg: "empty policy file"}}
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var first, second yaml.Node
-	if dec.Decode(&first) == nil {
-		if err := dec.Decode(&second); err == nil {
-			return nil, Errors{{File: path, Line: second.Line, Field: "(file)", Msg: "more than one YAML document (---): a policy file holds one"}}
-		}
-	}
-	f := p.file1(doc.Content[0])
-	if len(p.errs) > 0 {
-		slices.SortStableFunc(p.errs, func(a, b *Error) int { return a.Line - b.Line })
-		return nil, p.errs
+	p := &parser{Walker: yamlfile.Walker{File: path}}
+	f := p.file1(doc)
+	if err := p.Err(); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
 
 type parser struct {
-	file string
-	errs Errors
-}
-
-func (p *parser) errf(n *yaml.Node, field, format string, args ...any) {
-	p.errs = append(p.errs, &Error{File: p.file, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)})
-}
-
-// fields walks a mapping, reporting unknown and duplicate keys, and calls
-// visit for each known key with its value node.
-func (p *parser) fields(n *yaml.Node, path string, known []string, visit func(key string, v *yaml.Node)) map[string]int {
-	seen := map[string]int{}
-	if n.Kind != yaml.MappingNode {
-		where := path
-		if where == "" {
-			where = "(file)"
-		}
-		p.errf(n, where, "want a mapping of fields, got %s", kindName(n))
-		return seen
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		field := join(path, k.Value)
-		if _, dup := seen[k.Value]; dup {
-			p.errf(k, field, "duplicate field")
-			continue
-		}
-		seen[k.Value] = k.Line
-		if !slices.Contains(known, k.Value) {
-			p.errf(k, field, "unknown field (known: %s)", strings.Join(known, ", "))
-			continue
-		}
-		visit(k.Value, v)
-	}
-	return seen
-}
-
-func join(path, key string) string {
-	if key == "" {
-		key = `""`
-	}
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		return fmt.Sprintf("%q", n.Value)
-	case yaml.AliasNode:
-		return "an alias (YAML anchors and aliases are not supported)"
-	}
-	return "nothing"
-}
-
-func (p *parser) str(v *yaml.Node, field string) string {
-	if v.Kind != yaml.ScalarNode {
-		p.errf(v, field, "want a string, got %s", kindName(v))
-		return ""
-	}
-	return v.Value
-}
-
-func (p *parser) integer(v *yaml.Node, field string, lo, hi int64) int64 {
-	if v.Kind != yaml.ScalarNode {
-		p.errf(v, field, "want an integer, got %s", kindName(v))
-		return 0
-	}
-	n, err := strconv.ParseInt(strings.ReplaceAll(v.Value, "_", ""), 10, 64)
-	if err != nil {
-		p.errf(v, field, "%q is not an integer", v.Value)
-		return 0
-	}
-	if n < lo || n > hi {
-		p.errf(v, field, "%d is out of range [%d, %d]", n, lo, hi)
-		return 0
-	}
-	return n
-}
-
-func (p *parser) boolean(v *yaml.Node, field string) bool {
-	switch v.Value {
-	case "true":
-		return true
-	case "false":
-		return false
-	}
-	p.errf(v, field, "want true or false, got %s", kindName(v))
-	return false
-}
-
-func (p *parser) duration(v *yaml.Node, field string, min time.Duration) time.Duration {
-	if v.Kind != yaml.ScalarNode {
-		p.errf(v, field, "want a duration such as 250ms, got %s", kindName(v))
-		return 0
-	}
-	d, err := time.ParseDuration(v.Value)
-	if err != nil {
-		p.errf(v, field, "%q is not a duration (want e.g. 250ms, 5s, 1m)", v.Value)
-		return 0
-	}
-	if d < min {
-		p.errf(v, field, "%v must be at least %v", d, min)
-		return 0
-	}
-	return d
-}
-
-func (p *parser) oneOf(v *yaml.Node, field string, options ...string) string {
-	s := p.str(v, field)
-	if s != "" && !slices.Contains(options, s) {
-		p.errf(v, field, "%q is not one of %s", s, strings.Join(options, ", "))
-		return ""
-	}
-	return s
+	yamlfile.Walker
 }
 
 func (p *parser) file1(n *yaml.Node) *File {
-	f := &File{Path: p.file, Store: Store{Backend: "memory", Line: n.Line}}
-	seen := p.fields(n, "", []string{"version", "service", "spec", "store", "identity", "routes", "gates"}, func(key string, v *yaml.Node) {
+	f := &File{Path: p.File, Store: Store{Backend: "memory", Line: n.Line}}
+	seen := p.Fields(n, "", []string{"version", "service", "spec", "store", "identity", "routes", "gates"}, func(key string, v *yaml.Node) {
 		switch key {
 		case "version":
-			f.Version = int(p.integer(v, key, 1, 1))
+			f.Version = int(p.Integer(v, key, 1, 1))
 		case "service":
-			f.Service = p.str(v, key)
+			f.Service = p.Str(v, key)
 		case "spec":
-			p.fields(v, key, []string{"operation", "resource", "owner"}, func(k string, v *yaml.Node) {
-				s := p.str(v, join(key, k))
+			p.Fields(v, key, []string{"operation", "resource", "owner"}, func(k string, v *yaml.Node) {
+				s := p.Str(v, yamlfile.Join(key, k))
 				switch k {
 				case "operation":
 					f.Spec.Operation = s
@@ -249,7 +86,7 @@ func (p *parser) file1(n *yaml.Node) *File {
 	if n.Kind == yaml.MappingNode {
 		for _, req := range []string{"version", "gates"} {
 			if _, ok := seen[req]; !ok {
-				p.errf(n, req, "missing (required)")
+				p.Errf(n, req, "missing (required)")
 			}
 		}
 	}
@@ -265,7 +102,7 @@ func (p *parser) file1(n *yaml.Node) *File {
 			g.OnFailure = "fail_open"
 		}
 		if f.Store.Backend == "redis" && !redisKinds[g.Kind] && g.Kind != "" {
-			p.errs = append(p.errs, &Error{File: p.file, Line: g.Line, Field: fmt.Sprintf("gates[%d].kind", i),
+			p.Errs = append(p.Errs, &Error{File: p.File, Line: g.Line, Field: fmt.Sprintf("gates[%d].kind", i),
 				Msg: fmt.Sprintf("kind %s has no Redis script", g.Kind)})
 		}
 	}
@@ -273,12 +110,12 @@ func (p *parser) file1(n *yaml.Node) *File {
 		p.checkProtection(i, &f.Gates[i], known)
 	}
 	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {
-		p.errf(n, "identity.deadline.header", "%q is also the tenant header", h)
+		p.Errf(n, "identity.deadline.header", "%q is also the tenant header", h)
 	}
 	for i, g := range f.Gates {
 		for j, c := range g.Classes {
 			if c != "" && !slices.Contains(known, c) {
-				p.errs = append(p.errs, &Error{File: p.file, Line: g.Line, Field: fmt.Sprintf("gates[%d].classes[%d]", i, j),
+				p.Errs = append(p.Errs, &Error{File: p.File, Line: g.Line, Field: fmt.Sprintf("gates[%d].classes[%d]", i, j),
 					Msg: fmt.Sprintf("no route assigns class %q, so this gate would never apply (classes: %s)", c, strings.Join(known, ", "))})
 			}
 		}
@@ -288,40 +125,40 @@ func (p *parser) file1(n *yaml.Node) *File {
 
 func (p *parser) store(n *yaml.Node) Store {
 	s := Store{Backend: "memory", Line: n.Line}
-	seen := p.fields(n, "store", []string{"backend", "addrs", "cluster", "timeout", "on_failure", "max_keys", "replicas", "probe_every"}, func(k string, v *yaml.Node) {
-		field := join("store", k)
+	seen := p.Fields(n, "store", []string{"backend", "addrs", "cluster", "timeout", "on_failure", "max_keys", "replicas", "probe_every"}, func(k string, v *yaml.Node) {
+		field := yamlfile.Join("store", k)
 		switch k {
 		case "backend":
-			s.Backend = p.oneOf(v, field, "memory", "redis")
+			s.Backend = p.OneOf(v, field, "memory", "redis")
 		case "addrs":
 			if v.Kind != yaml.SequenceNode {
-				p.errf(v, field, "want a list of host:port")
+				p.Errf(v, field, "want a list of host:port")
 				return
 			}
 			for i, a := range v.Content {
-				s.Addrs = append(s.Addrs, p.str(a, fmt.Sprintf("%s[%d]", field, i)))
+				s.Addrs = append(s.Addrs, p.Str(a, fmt.Sprintf("%s[%d]", field, i)))
 			}
 		case "cluster":
-			s.Cluster = p.boolean(v, field)
+			s.Cluster = p.Boolean(v, field)
 		case "timeout":
-			s.Timeout = p.duration(v, field, time.Microsecond)
+			s.Timeout = p.Duration(v, field, time.Microsecond)
 		case "on_failure":
-			s.OnFailure = p.oneOf(v, field, "fail_open", "fail_closed", "local_fallback")
+			s.OnFailure = p.OneOf(v, field, "fail_open", "fail_closed", "local_fallback")
 		case "max_keys":
-			s.MaxKeys = int(p.integer(v, field, 1, 1<<30))
+			s.MaxKeys = int(p.Integer(v, field, 1, 1<<30))
 		case "replicas":
-			s.Replicas = p.integer(v, field, 1, 100_000)
+			s.Replicas = p.Integer(v, field, 1, 100_000)
 		case "probe_every":
-			s.ProbeEvery = p.duration(v, field, 10*time.Millisecond)
+			s.ProbeEvery = p.Duration(v, field, 10*time.Millisecond)
 		}
 	})
 	if s.Backend == "redis" && len(s.Addrs) == 0 {
-		p.errf(n, "store.addrs", "missing: the redis backend needs addrs (host:port of a server or of cluster nodes)")
+		p.Errf(n, "store.addrs", "missing: the redis backend needs addrs (host:port of a server or of cluster nodes)")
 	}
 	if s.Backend != "redis" {
 		for _, k := range []string{"addrs", "cluster", "timeout", "replicas", "probe_every"} {
 			if line, ok := seen[k]; ok {
-				p.errs = append(p.errs, &Error{File: p.file, Line: line, Field: "store." + k, Msg: "applies to the redis backend only"})
+				p.Errs = append(p.Errs, &Error{File: p.File, Line: line, Field: "store." + k, Msg: "applies to the redis backend only"})
 			}
 		}
 	}
@@ -330,8 +167,8 @@ func (p *parser) store(n *yaml.Node) Store {
 
 func (p *parser) identity(n *yaml.Node) Identity {
 	var id Identity
-	p.fields(n, "identity", []string{"tenant", "deadline", "request_id"}, func(k string, v *yaml.Node) {
-		path := join("identity", k)
+	p.Fields(n, "identity", []string{"tenant", "deadline", "request_id"}, func(k string, v *yaml.Node) {
+		path := yamlfile.Join("identity", k)
 		known := []string{"header"}
 		switch k {
 		case "tenant":
@@ -339,13 +176,13 @@ func (p *parser) identity(n *yaml.Node) Identity {
 		case "deadline":
 			known = append(known, "max", "default")
 		}
-		p.fields(v, path, known, func(kk string, vv *yaml.Node) {
-			field := join(path, kk)
+		p.Fields(v, path, known, func(kk string, vv *yaml.Node) {
+			field := yamlfile.Join(path, kk)
 			switch {
 			case kk == "header":
-				h := p.str(vv, field)
+				h := p.Str(vv, field)
 				if h != "" && !validHeaderName(h) {
-					p.errf(vv, field, "%q is not a valid header name", h)
+					p.Errf(vv, field, "%q is not a valid header name", h)
 				}
 				switch k {
 				case "tenant":
@@ -356,11 +193,11 @@ func (p *parser) identity(n *yaml.Node) Identity {
 					id.RequestIDHeader = h
 				}
 			case kk == "required":
-				id.TenantRequired = p.boolean(vv, field)
+				id.TenantRequired = p.Boolean(vv, field)
 			case kk == "max":
-				id.MaxDeadline = p.duration(vv, field, time.Millisecond)
+				id.MaxDeadline = p.Duration(vv, field, time.Millisecond)
 			case kk == "default":
-				id.DefaultDeadline = p.duration(vv, field, time.Millisecond)
+				id.DefaultDeadline = p.Duration(vv, field, time.Millisecond)
 			}
 		})
 	})
@@ -373,45 +210,45 @@ func validHeaderName(h string) bool { return headerName.MatchString(h) }
 
 func (p *parser) routes(n *yaml.Node) []Route {
 	if n.Kind != yaml.SequenceNode {
-		p.errf(n, "routes", "want a list of routes, got %s", kindName(n))
+		p.Errf(n, "routes", "want a list of routes, got %s", yamlfile.KindName(n))
 		return nil
 	}
 	var rs []Route
 	for i, rn := range n.Content {
 		path := fmt.Sprintf("routes[%d]", i)
 		r := Route{Line: rn.Line, Cost: Cost{Fixed: 1}}
-		seen := p.fields(rn, path, []string{"match", "class", "cost"}, func(k string, v *yaml.Node) {
-			field := join(path, k)
+		seen := p.Fields(rn, path, []string{"match", "class", "cost"}, func(k string, v *yaml.Node) {
+			field := yamlfile.Join(path, k)
 			switch k {
 			case "match":
-				p.fields(v, field, []string{"method", "path"}, func(kk string, vv *yaml.Node) {
+				p.Fields(v, field, []string{"method", "path"}, func(kk string, vv *yaml.Node) {
 					switch kk {
 					case "method":
-						r.Method = strings.ToUpper(p.oneOf(vv, join(field, kk), "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
+						r.Method = strings.ToUpper(p.OneOf(vv, yamlfile.Join(field, kk), "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
 							"get", "head", "post", "put", "patch", "delete", "options"))
 					case "path":
-						r.Path = p.str(vv, join(field, kk))
+						r.Path = p.Str(vv, yamlfile.Join(field, kk))
 						if r.Path != "" && !strings.HasPrefix(r.Path, "/") {
-							p.errf(vv, join(field, kk), "%q must start with /", r.Path)
+							p.Errf(vv, yamlfile.Join(field, kk), "%q must start with /", r.Path)
 						} else if strings.ContainsAny(r.Path, "?# \t") {
-							p.errf(vv, join(field, kk), "%q: a path pattern has no query, fragment or spaces", r.Path)
+							p.Errf(vv, yamlfile.Join(field, kk), "%q: a path pattern has no query, fragment or spaces", r.Path)
 						}
 					}
 				})
 				if r.Path == "" && v.Kind == yaml.MappingNode {
-					p.errf(v, join(field, "path"), "missing (required)")
+					p.Errf(v, yamlfile.Join(field, "path"), "missing (required)")
 				}
 			case "class":
-				r.Class = p.str(v, field)
+				r.Class = p.Str(v, field)
 				if r.Class != "" && !validName(r.Class) {
-					p.errf(v, field, "%q: class names use a-z, 0-9, '_' and '-'", r.Class)
+					p.Errf(v, field, "%q: class names use a-z, 0-9, '_' and '-'", r.Class)
 				}
 			case "cost":
 				r.Cost = p.cost(v, field)
 			}
 		})
 		if _, ok := seen["match"]; !ok && rn.Kind == yaml.MappingNode {
-			p.errf(rn, join(path, "match"), "missing (required)")
+			p.Errf(rn, yamlfile.Join(path, "match"), "missing (required)")
 		}
 		rs = append(rs, r)
 	}
@@ -421,30 +258,30 @@ func (p *parser) routes(n *yaml.Node) []Route {
 func (p *parser) cost(n *yaml.Node, path string) Cost {
 	c := Cost{Fixed: 1}
 	if n.Kind == yaml.ScalarNode {
-		c.Fixed = p.integer(n, path, 1, sluice.MaxCost)
+		c.Fixed = p.Integer(n, path, 1, sluice.MaxCost)
 		return c
 	}
-	p.fields(n, path, []string{"header", "per", "min", "max"}, func(k string, v *yaml.Node) {
-		field := join(path, k)
+	p.Fields(n, path, []string{"header", "per", "min", "max"}, func(k string, v *yaml.Node) {
+		field := yamlfile.Join(path, k)
 		switch k {
 		case "header":
-			c.Header = p.str(v, field)
+			c.Header = p.Str(v, field)
 			if c.Header != "" && !validHeaderName(c.Header) {
-				p.errf(v, field, "%q is not a valid header name", c.Header)
+				p.Errf(v, field, "%q is not a valid header name", c.Header)
 			}
 		case "per":
-			c.Per = p.integer(v, field, 1, sluice.MaxCost)
+			c.Per = p.Integer(v, field, 1, sluice.MaxCost)
 		case "min":
-			c.Min = p.integer(v, field, 1, sluice.MaxCost)
+			c.Min = p.Integer(v, field, 1, sluice.MaxCost)
 		case "max":
-			c.Max = p.integer(v, field, 1, sluice.MaxCost)
+			c.Max = p.Integer(v, field, 1, sluice.MaxCost)
 		}
 	})
 	if c.Header == "" && n.Kind == yaml.MappingNode {
-		p.errf(n, join(path, "header"), "missing: a cost mapping reads a header (or write a fixed cost: cost: 5)")
+		p.Errf(n, yamlfile.Join(path, "header"), "missing: a cost mapping reads a header (or write a fixed cost: cost: 5)")
 	}
 	if c.Min > 0 && c.Max > 0 && c.Min > c.Max {
-		p.errf(n, path, "min %d is above max %d", c.Min, c.Max)
+		p.Errf(n, path, "min %d is above max %d", c.Min, c.Max)
 	}
 	return c
 }
@@ -455,7 +292,7 @@ func validName(s string) bool { return nameRE.MatchString(s) }
 
 func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 	if n.Kind != yaml.SequenceNode {
-		p.errf(n, "gates", "want a list of gates, got %s", kindName(n))
+		p.Errf(n, "gates", "want a list of gates, got %s", yamlfile.KindName(n))
 		return nil
 	}
 	var gs []Gate
@@ -466,60 +303,60 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 	for i, gn := range n.Content {
 		path := fmt.Sprintf("gates[%d]", i)
 		if i == sluice.MaxGates {
-			p.errf(gn, path, "at most %d gates in one chain", sluice.MaxGates)
+			p.Errf(gn, path, "at most %d gates in one chain", sluice.MaxGates)
 			break
 		}
 		g := Gate{Line: gn.Line, Mode: "enforce", OnFailure: st.OnFailure}
-		g.fields = p.fields(gn, path, known, func(k string, v *yaml.Node) {
-			field := join(path, k)
+		g.fields = p.Fields(gn, path, known, func(k string, v *yaml.Node) {
+			field := yamlfile.Join(path, k)
 			switch k {
 			case "name":
-				g.Name = p.str(v, field)
+				g.Name = p.Str(v, field)
 				if v.Kind == yaml.ScalarNode && !validName(g.Name) {
-					p.errf(v, field, "%q: gate names use a-z, 0-9, '_', '.' and '-', at most 64", g.Name)
+					p.Errf(v, field, "%q: gate names use a-z, 0-9, '_', '.' and '-', at most 64", g.Name)
 				} else if first, dup := names[g.Name]; dup {
-					p.errf(v, field, "duplicate gate name %q (first at line %d)", g.Name, first)
+					p.Errf(v, field, "duplicate gate name %q (first at line %d)", g.Name, first)
 				} else {
 					names[g.Name] = v.Line
 				}
 			case "kind":
-				g.Kind = p.str(v, field)
+				g.Kind = p.Str(v, field)
 				if _, ok := kindFields[g.Kind]; v.Kind == yaml.ScalarNode && !ok {
-					p.errf(v, field, "unknown kind %q (known: %s)", g.Kind, strings.Join(kinds(), ", "))
+					p.Errf(v, field, "unknown kind %q (known: %s)", g.Kind, strings.Join(kinds(), ", "))
 					g.Kind = ""
 				}
 			case "scope":
-				g.Scope = p.str(v, field)
+				g.Scope = p.Str(v, field)
 				if _, ok := sluice.ParseScope(g.Scope); !ok {
-					p.errf(v, field, "unknown scope %q (want service, tenant, operation, tenant_operation or class)", g.Scope)
+					p.Errf(v, field, "unknown scope %q (want service, tenant, operation, tenant_operation or class)", g.Scope)
 				}
 			case "mode":
-				g.Mode = p.oneOf(v, field, "enforce", "shadow", "off")
+				g.Mode = p.OneOf(v, field, "enforce", "shadow", "off")
 			case "on_failure":
-				g.OnFailure = p.oneOf(v, field, "fail_open", "fail_closed", "local_fallback")
+				g.OnFailure = p.OneOf(v, field, "fail_open", "fail_closed", "local_fallback")
 			case "retry_hint":
-				g.RetryHint = p.duration(v, field, time.Millisecond)
+				g.RetryHint = p.Duration(v, field, time.Millisecond)
 			case "rate":
-				g.RateText = p.str(v, field)
+				g.RateText = p.Str(v, field)
 				r, err := limit.ParseRate(g.RateText)
 				if err != nil {
-					p.errf(v, field, "%s", strings.TrimPrefix(err.Error(), "limit: invalid rate "))
+					p.Errf(v, field, "%s", strings.TrimPrefix(err.Error(), "limit: invalid rate "))
 				}
 				g.Rate = r
 			case "burst":
-				g.Burst = p.integer(v, field, 1, 1<<40)
+				g.Burst = p.Integer(v, field, 1, 1<<40)
 			case "limit":
-				g.Limit = p.integer(v, field, 1, 1<<40)
+				g.Limit = p.Integer(v, field, 1, 1<<40)
 			case "window":
-				g.Window = p.duration(v, field, time.Millisecond)
+				g.Window = p.Duration(v, field, time.Millisecond)
 			case "queue":
-				g.Queue = p.integer(v, field, 0, 1<<30)
+				g.Queue = p.Integer(v, field, 0, 1<<30)
 			case "ttl":
-				g.TTL = p.duration(v, field, time.Second)
+				g.TTL = p.Duration(v, field, time.Second)
 			case "refund":
-				g.NoRefund = !p.boolean(v, field)
+				g.NoRefund = !p.Boolean(v, field)
 			case "weighted":
-				g.Weighted = p.boolean(v, field)
+				g.Weighted = p.Boolean(v, field)
 			case "classes":
 				g.Classes = p.classList(v, field)
 			case "tiers":
@@ -529,15 +366,15 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 			case "reserve":
 				g.Reserve = map[string]float64{}
 				if v.Kind != yaml.MappingNode {
-					p.errf(v, field, "want a mapping of class to share, e.g. {critical: 20%%}")
+					p.Errf(v, field, "want a mapping of class to share, e.g. {critical: 20%%}")
 				} else {
 					for k := 0; k+1 < len(v.Content); k += 2 {
 						class, sv := v.Content[k], v.Content[k+1]
 						if !validName(class.Value) {
-							p.errf(class, join(field, class.Value), "%q is not a class name", class.Value)
+							p.Errf(class, yamlfile.Join(field, class.Value), "%q is not a class name", class.Value)
 							continue
 						}
-						g.Reserve[class.Value] = p.share(sv, join(field, class.Value))
+						g.Reserve[class.Value] = p.share(sv, yamlfile.Join(field, class.Value))
 					}
 				}
 			case "good":
@@ -545,24 +382,24 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 			case "bad":
 				g.Bad = p.share(v, field)
 			case "delay":
-				g.Delay = p.duration(v, field, 0)
+				g.Delay = p.Duration(v, field, 0)
 			case "shed_all_after":
-				g.ShedAllAfter = p.duration(v, field, time.Second)
+				g.ShedAllAfter = p.Duration(v, field, time.Second)
 			case "workers":
-				g.Workers = p.integer(v, field, 1, 1<<30)
+				g.Workers = p.Integer(v, field, 1, 1<<30)
 			case "sample_every":
-				g.SampleEvery = p.duration(v, field, time.Millisecond)
+				g.SampleEvery = p.Duration(v, field, time.Millisecond)
 			case "cost_aware":
-				g.CostAware = p.boolean(v, field)
+				g.CostAware = p.Boolean(v, field)
 			case "source":
-				g.Source = p.oneOf(v, field, "workers", "cpu")
+				g.Source = p.OneOf(v, field, "workers", "cpu")
 			case "degrade", "shed":
 				var enter, exit float64
-				p.fields(v, field, []string{"enter", "exit"}, func(kk string, vv *yaml.Node) {
+				p.Fields(v, field, []string{"enter", "exit"}, func(kk string, vv *yaml.Node) {
 					if kk == "enter" {
-						enter = p.share(vv, join(field, kk))
+						enter = p.share(vv, yamlfile.Join(field, kk))
 					} else {
-						exit = p.share(vv, join(field, kk))
+						exit = p.share(vv, yamlfile.Join(field, kk))
 					}
 				})
 				if k == "degrade" {
@@ -571,12 +408,12 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 					g.ShedEnter, g.ShedExit = enter, exit
 				}
 			case "min_dwell":
-				g.MinDwell = p.duration(v, field, 0)
+				g.MinDwell = p.Duration(v, field, 0)
 			case "step_every":
-				g.StepEvery = p.duration(v, field, time.Millisecond)
+				g.StepEvery = p.Duration(v, field, time.Millisecond)
 			case "recover":
 				if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
-					p.errf(v, field, "want a list of admitted shares, e.g. [25%%, 50%%, 75%%]")
+					p.Errf(v, field, "want a list of admitted shares, e.g. [25%%, 50%%, 75%%]")
 					return
 				}
 				for j, sv := range v.Content {
@@ -589,19 +426,19 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 		}
 		for _, req := range []string{"name", "kind"} {
 			if _, ok := g.fields[req]; !ok {
-				p.errf(gn, join(path, req), "missing (required)")
+				p.Errf(gn, yamlfile.Join(path, req), "missing (required)")
 			}
 		}
 		if spec, ok := kindFields[g.Kind]; ok {
 			for field, line := range g.fields {
 				if slices.Contains(known, field) && !slices.Contains(commonGateFields, field) && !slices.Contains(spec.allowed, field) {
-					p.errs = append(p.errs, &Error{File: p.file, Line: line, Field: join(path, field),
+					p.Errs = append(p.Errs, &Error{File: p.File, Line: line, Field: yamlfile.Join(path, field),
 						Msg: fmt.Sprintf("does not apply to kind %s (it takes %s)", g.Kind, strings.Join(spec.allowed, ", "))})
 				}
 			}
 			for _, req := range spec.required {
 				if _, ok := g.fields[req]; !ok {
-					p.errf(gn, join(path, req), "missing: kind %s needs %s", g.Kind, strings.Join(spec.required, " and "))
+					p.Errf(gn, yamlfile.Join(path, req), "missing: kind %s needs %s", g.Kind, strings.Join(spec.required, " and "))
 				}
 			}
 		}
@@ -611,9 +448,9 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 				g.Scope = "service"
 			}
 		}
-		if len(p.errs) == 0 && !protectionKinds[g.Kind] {
+		if len(p.Errs) == 0 && !protectionKinds[g.Kind] {
 			if _, err := g.algorithm(); err != nil {
-				p.errf(gn, path, "%s", strings.TrimPrefix(err.Error(), "limit: invalid parameters: "))
+				p.Errf(gn, path, "%s", strings.TrimPrefix(err.Error(), "limit: invalid parameters: "))
 			}
 		}
 		gs = append(gs, g)
@@ -624,14 +461,14 @@ func (p *parser) gates(n *yaml.Node, st Store) []Gate {
 // classList parses a non-empty list of class names.
 func (p *parser) classList(v *yaml.Node, field string) []string {
 	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
-		p.errf(v, field, "want a non-empty list of class names")
+		p.Errf(v, field, "want a non-empty list of class names")
 		return nil
 	}
 	var out []string
 	for j, c := range v.Content {
-		name := p.str(c, fmt.Sprintf("%s[%d]", field, j))
+		name := p.Str(c, fmt.Sprintf("%s[%d]", field, j))
 		if name != "" && !validName(name) {
-			p.errf(c, fmt.Sprintf("%s[%d]", field, j), "%q: class names use a-z, 0-9, '_' and '-'", name)
+			p.Errf(c, fmt.Sprintf("%s[%d]", field, j), "%q: class names use a-z, 0-9, '_' and '-'", name)
 		}
 		out = append(out, name)
 	}
@@ -641,7 +478,7 @@ func (p *parser) classList(v *yaml.Node, field string) []string {
 // share parses a fraction: 0.2 or 20%.
 func (p *parser) share(v *yaml.Node, field string) float64 {
 	if v.Kind != yaml.ScalarNode {
-		p.errf(v, field, "want a share such as 0.2 or 20%%, got %s", kindName(v))
+		p.Errf(v, field, "want a share such as 0.2 or 20%%, got %s", yamlfile.KindName(v))
 		return 0
 	}
 	s, pct := strings.CutSuffix(strings.TrimSpace(v.Value), "%")
@@ -650,7 +487,7 @@ func (p *parser) share(v *yaml.Node, field string) float64 {
 		f /= 100
 	}
 	if err != nil || math.IsNaN(f) || f < 0 || f > 10 {
-		p.errf(v, field, "%q is not a share (want e.g. 0.2 or 20%%)", v.Value)
+		p.Errf(v, field, "%q is not a share (want e.g. 0.2 or 20%%)", v.Value)
 		return 0
 	}
 	return f

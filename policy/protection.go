@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/shed"
 	"github.com/sluice-go/sluice/store"
@@ -38,7 +39,7 @@ func (p *parser) checkProtection(i int, g *Gate, classes []string) {
 		if l, ok := g.fields[field]; ok {
 			line = l
 		}
-		p.errs = append(p.errs, &Error{File: p.file, Line: line, Field: join(path, field), Msg: fmt.Sprintf(format, args...)})
+		p.Errs = append(p.Errs, &Error{File: p.File, Line: line, Field: yamlfile.Join(path, field), Msg: fmt.Sprintf(format, args...)})
 	}
 	unknown := func(field string, names []string) {
 		for j, c := range names {

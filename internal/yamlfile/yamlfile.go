@@ -1,0 +1,233 @@
+// Package yamlfile reads the project's YAML files (policies, simulator
+// scenarios) so that every problem is reported with the file, the line and
+// the dotted field path, e.g. "p.yaml:12: gates[1].rate: ...".
+//
+//	doc, err := yamlfile.Document("p.yaml", data, "policy")
+//	w := &yamlfile.Walker{File: "p.yaml"}
+//	w.Fields(doc, "", []string{"version"}, func(k string, v *yaml.Node) { ... })
+//	return w.Err()
+package yamlfile
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Error is one problem in a file, at a line, in a field.
+type Error struct {
+	File  string
+	Line  int
+	Field string // dotted path, e.g. "gates[1].rate"
+	Msg   string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
+}
+
+// Errors is every problem found in a file, in file order.
+type Errors []*Error
+
+func (es Errors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+)`)
+
+// Document parses data as exactly one YAML document and returns its root
+// node. Tabs in indentation, syntax errors, an empty file and more than one
+// document are Errors; what names the file's kind in messages ("policy").
+func Document(path string, data []byte, what string) (*yaml.Node, error) {
+	for i, line := range strings.Split(string(data), "\n") {
+		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]
+		if strings.Contains(indent, "\t") && strings.TrimSpace(line) != "" {
+			return nil, Errors{{File: path, Line: i + 1, Field: "(yaml)", Msg: "a tab in the indentation: YAML indents with spaces only"}}
+		}
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		line := 1
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			line, _ = strconv.Atoi(m[1])
+		}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		msg = yamlLine.ReplaceAllString(msg, "")
+		msg = strings.TrimLeft(msg, ": ")
+		return nil, Errors{{File: path, Line: line, Field: "(yaml)", Msg: msg + " (check indentation and quoting)"}}
+	}
+	if len(doc.Content) == 0 {
+		return nil, Errors{{File: path, Line: 1, Field: "(file)", Msg: "empty " + what + " file"}}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var first, second yaml.Node
+	if dec.Decode(&first) == nil {
+		if err := dec.Decode(&second); err == nil {
+			return nil, Errors{{File: path, Line: second.Line, Field: "(file)", Msg: "more than one YAML document (---): a " + what + " file holds one"}}
+		}
+	}
+	return doc.Content[0], nil
+}
+
+// Walker collects errors while a parser walks a document.
+type Walker struct {
+	File string
+	Errs Errors
+}
+
+// Err returns the errors found, sorted by line, or nil.
+func (w *Walker) Err() error {
+	if len(w.Errs) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(w.Errs, func(a, b *Error) int { return a.Line - b.Line })
+	return w.Errs
+}
+
+// Float parses a number in [lo, hi].
+func (w *Walker) Float(v *yaml.Node, field string, lo, hi float64) float64 {
+	if v.Kind != yaml.ScalarNode {
+		w.Errf(v, field, "want a number, got %s", KindName(v))
+		return 0
+	}
+	f, err := strconv.ParseFloat(strings.ReplaceAll(v.Value, "_", ""), 64)
+	if err != nil || f != f {
+		w.Errf(v, field, "%q is not a number", v.Value)
+		return 0
+	}
+	if f < lo || f > hi {
+		w.Errf(v, field, "%v is out of range [%v, %v]", f, lo, hi)
+		return 0
+	}
+	return f
+}
+
+// Errf records an error at n's line in field.
+func (w *Walker) Errf(n *yaml.Node, field, format string, args ...any) {
+	w.Errs = append(w.Errs, &Error{File: w.File, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// Fields walks a mapping, reporting unknown and duplicate keys, and calls
+// visit for each known key with its value node.
+func (w *Walker) Fields(n *yaml.Node, path string, known []string, visit func(key string, v *yaml.Node)) map[string]int {
+	seen := map[string]int{}
+	if n.Kind != yaml.MappingNode {
+		where := path
+		if where == "" {
+			where = "(file)"
+		}
+		w.Errf(n, where, "want a mapping of fields, got %s", KindName(n))
+		return seen
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		field := Join(path, k.Value)
+		if _, dup := seen[k.Value]; dup {
+			w.Errf(k, field, "duplicate field")
+			continue
+		}
+		seen[k.Value] = k.Line
+		if !slices.Contains(known, k.Value) {
+			w.Errf(k, field, "unknown field (known: %s)", strings.Join(known, ", "))
+			continue
+		}
+		visit(k.Value, v)
+	}
+	return seen
+}
+
+func Join(path, key string) string {
+	if key == "" {
+		key = `""`
+	}
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func KindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias (YAML anchors and aliases are not supported)"
+	}
+	return "nothing"
+}
+
+func (w *Walker) Str(v *yaml.Node, field string) string {
+	if v.Kind != yaml.ScalarNode {
+		w.Errf(v, field, "want a string, got %s", KindName(v))
+		return ""
+	}
+	return v.Value
+}
+
+func (w *Walker) Integer(v *yaml.Node, field string, lo, hi int64) int64 {
+	if v.Kind != yaml.ScalarNode {
+		w.Errf(v, field, "want an integer, got %s", KindName(v))
+		return 0
+	}
+	n, err := strconv.ParseInt(strings.ReplaceAll(v.Value, "_", ""), 10, 64)
+	if err != nil {
+		w.Errf(v, field, "%q is not an integer", v.Value)
+		return 0
+	}
+	if n < lo || n > hi {
+		w.Errf(v, field, "%d is out of range [%d, %d]", n, lo, hi)
+		return 0
+	}
+	return n
+}
+
+func (w *Walker) Boolean(v *yaml.Node, field string) bool {
+	switch v.Value {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	w.Errf(v, field, "want true or false, got %s", KindName(v))
+	return false
+}
+
+func (w *Walker) Duration(v *yaml.Node, field string, min time.Duration) time.Duration {
+	if v.Kind != yaml.ScalarNode {
+		w.Errf(v, field, "want a duration such as 250ms, got %s", KindName(v))
+		return 0
+	}
+	d, err := time.ParseDuration(v.Value)
+	if err != nil {
+		w.Errf(v, field, "%q is not a duration (want e.g. 250ms, 5s, 1m)", v.Value)
+		return 0
+	}
+	if d < min {
+		w.Errf(v, field, "%v must be at least %v", d, min)
+		return 0
+	}
+	return d
+}
+
+func (w *Walker) OneOf(v *yaml.Node, field string, options ...string) string {
+	s := w.Str(v, field)
+	if s != "" && !slices.Contains(options, s) {
+		w.Errf(v, field, "%q is not one of %s", s, strings.Join(options, ", "))
+		return ""
+	}
+	return s
+}

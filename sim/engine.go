@@ -1,0 +1,590 @@
+package sim
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/wire"
+)
+
+// clock is the virtual clock the chain reads: the engine moves it from
+// event to event. The engine runs on one goroutine.
+type clock struct{ now int64 }
+
+func (c *clock) Now() int64 { return c.now }
+
+// event kinds
+const (
+	evArrival uint8 = iota // a new operation's first attempt
+	evEnqueue              // an admitted attempt reaches the queue after a paced wait
+	evTimeout              // a caller stops waiting for an attempt
+	evFree                 // a worker finishes (aux says how)
+	evRetry                // a caller sends its next attempt
+	evPhase                // a time-series phase begins
+)
+
+// how a worker's busy period ended
+const (
+	endDone    uint8 = iota // served to the end
+	endAbandon              // gave up at the cancellation checkpoint
+	endScan                 // skipped dead entries, took nothing
+)
+
+type event struct {
+	at   int64
+	seq  uint64
+	ref  int32
+	kind uint8
+	aux  uint8
+}
+
+// heap is a 4-ary min-heap of events ordered by (at, seq): equal times
+// run in scheduling order, so a run is reproducible. Four children per
+// node halve the depth of a binary heap and keep siblings in one cache line
+// or two, which matters: the heap is most of the simulator's time.
+type heap []event
+
+func (h heap) less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+}
+
+func (h *heap) push(e event) {
+	*h = append(*h, e)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 4
+		if !s.less(i, p) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h *heap) pop() event {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s = s[:n]
+	for i := 0; ; {
+		c := 4*i + 1
+		if c >= n {
+			break
+		}
+		m := c
+		for k := c + 1; k < c+4 && k < n; k++ {
+			if s.less(k, m) {
+				m = k
+			}
+		}
+		if !s.less(m, i) {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
+}
+
+// attempt is one try of an operation. It lives in a slab and is recycled
+// when neither the caller (its timeout event) nor the service holds it.
+type attempt struct {
+	class     int32
+	tenant    int32
+	n         int32 // 1 for the first attempt
+	refs      int8
+	answered  bool  // the caller got an answer or stopped waiting
+	measured  bool  // issued inside the measured window
+	issued    int64 // when this attempt was sent
+	giveUp    int64 // when its caller stops waiting
+	units     int64
+	ticket    sluice.Ticket
+	admission bool // holds a ticket
+}
+
+// class is a scenario class prepared for the engine.
+type class struct {
+	Class
+	req     sluice.Request // class, operation and cost from the policy's route rules
+	tenants []string
+	timeout Dist
+	rate    float64 // requests/s at the current load
+}
+
+// engine is one simulated run: one sweep step or one time series.
+type engine struct {
+	s       *Scenario
+	chain   *sluice.Chain
+	http    httpgate.Config
+	clk     *clock
+	ctx     context.Context
+	wait    time.Duration // paced wait reported by gates (sluice.ContextWithWait)
+	classes []class
+	events  heap
+	timers  wheel // the callers' timeouts
+	seq     uint64
+	slab    []attempt
+	free    []int32
+	queue   ring
+	idle    int   // free workers
+	busy    int64 // worker-ns spent in the measured window
+	last    int64 // time up to which busy is integrated
+	load    float64
+	budget  float64
+	slow    float64 // current slowdown
+	cum     []float64
+	rate    float64 // total first-attempt requests/s
+	arrGen  int32   // invalidates a pending arrival when the load changes
+
+	rArr, rSvc, rCli *rand.Rand
+
+	from, to int64 // measured window
+	m        *Row  // counters of the current window
+	hist     hist
+	level    sluice.Level
+	onRow    func(int64) // time series: called at each interval boundary
+}
+
+// ring is a growable FIFO of attempt indexes.
+type ring struct {
+	buf        []int32
+	head, size int
+}
+
+func (q *ring) push(v int32) {
+	if q.size == len(q.buf) {
+		nb := make([]int32, max(16, 2*len(q.buf)))
+		for i := 0; i < q.size; i++ {
+			nb[i] = q.buf[(q.head+i)%len(q.buf)]
+		}
+		q.buf, q.head = nb, 0
+	}
+	q.buf[(q.head+q.size)%len(q.buf)] = v
+	q.size++
+}
+
+func (q *ring) pop() int32 {
+	v := q.buf[q.head]
+	q.head = (q.head + 1) % len(q.buf)
+	q.size--
+	return v
+}
+
+// newEngine prepares a run of s (already defaulted) with chain (nil: no
+// admission). seed picks the random streams; runs with and without
+// admission of the same step share them, so both see the same arrivals.
+func newEngine(s *Scenario, clk *clock, chain *sluice.Chain, hc httpgate.Config, seed uint64) (*engine, error) {
+	e := &engine{s: s, clk: clk, chain: chain, http: hc, idle: s.Workers, slow: 1}
+	e.ctx = sluice.ContextWithWait(context.Background(), &e.wait)
+	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
+	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
+	e.rCli = rand.New(rand.NewPCG(seed, 0x636c6921))
+	for _, c := range s.Classes {
+		pc := class{Class: c, timeout: s.Client.Timeout}
+		if !c.Timeout.isZero() {
+			pc.timeout = c.Timeout
+		}
+		pc.req = sluice.Request{Class: sluice.ClassDefault, Operation: c.Method + " " + c.Path, Cost: c.Units}
+		if chain != nil {
+			h := http.Header{}
+			if hc.TenantHeader != "" {
+				h.Set(hc.TenantHeader, c.Name) // the tenant is set per attempt
+			}
+			for k, v := range c.Headers {
+				h.Set(k, v)
+			}
+			req, _, err := httpgate.Classify(hc, c.Method, c.Path, h)
+			if err != nil {
+				return nil, ferr("classes."+c.Name, "the policy cannot classify %s %s: %v", c.Method, c.Path, err)
+			}
+			pc.req = req
+		}
+		pc.tenants = make([]string, c.Tenants)
+		for i := range pc.tenants {
+			pc.tenants[i] = c.Name + "-" + itoa(i)
+		}
+		e.classes = append(e.classes, pc)
+	}
+	e.cum = make([]float64, len(e.classes))
+	return e, nil
+}
+
+func itoa(i int) string {
+	var b [20]byte
+	n := len(b)
+	for {
+		n--
+		b[n] = byte('0' + i%10)
+		i /= 10
+		if i == 0 {
+			return string(b[n:])
+		}
+	}
+}
+
+func (e *engine) at(t int64, kind, aux uint8, ref int32) {
+	e.seq++
+	ev := event{at: t, seq: e.seq, kind: kind, aux: aux, ref: ref}
+	if kind == evTimeout && e.timers.add(ev) {
+		return
+	}
+	e.events.push(ev)
+}
+
+// next removes and returns the earliest pending event before end.
+func (e *engine) next(end int64) (event, bool) {
+	slot, idx, ok := e.timers.next()
+	if ok {
+		t := e.timers.slots[slot][idx]
+		if len(e.events) == 0 || t.at < e.events[0].at || t.at == e.events[0].at && t.seq < e.events[0].seq {
+			if t.at >= end {
+				return event{}, false
+			}
+			return e.timers.take(slot, idx), true
+		}
+	}
+	if len(e.events) == 0 || e.events[0].at >= end {
+		return event{}, false
+	}
+	return e.events.pop(), true
+}
+
+// setLoad sets the offered load (units/s of first attempts) from now on.
+func (e *engine) setLoad(load float64) {
+	e.load = load
+	e.rate = 0
+	for i := range e.classes {
+		c := &e.classes[i]
+		c.rate = load * c.Share / float64(c.Units)
+		e.rate += c.rate
+		e.cum[i] = e.rate
+	}
+	e.arrGen++
+	if e.rate > 0 {
+		e.at(e.clk.now+e.interarrival(), evArrival, 0, e.arrGen)
+	}
+}
+
+func (e *engine) interarrival() int64 {
+	if e.s.Client.Arrivals == "uniform" {
+		return max(int64(1e9/e.rate), 1)
+	}
+	return max(int64(e.rArr.ExpFloat64()/e.rate*1e9), 1)
+}
+
+func (e *engine) inWindow() bool { return e.clk.now >= e.from && e.clk.now < e.to }
+
+// sample draws a duration from d.
+func sample(r *rand.Rand, d Dist) int64 {
+	var v float64
+	switch d.Kind {
+	case "constant":
+		return int64(d.Mean)
+	case "exponential":
+		v = r.ExpFloat64() * float64(d.Mean)
+	case "lognormal":
+		s2 := math.Log1p(d.CV * d.CV)
+		v = float64(d.Mean) * math.Exp(r.NormFloat64()*math.Sqrt(s2)-s2/2)
+	case "uniform":
+		v = float64(d.Min) + r.Float64()*float64(d.Max-d.Min)
+	case "loguniform":
+		v = float64(d.Min) * math.Pow(float64(d.Max)/float64(d.Min), r.Float64())
+	}
+	return max(int64(v), 1)
+}
+
+func (e *engine) alloc() int32 {
+	if n := len(e.free); n > 0 {
+		i := e.free[n-1]
+		e.free = e.free[:n-1]
+		return i
+	}
+	e.slab = append(e.slab, attempt{})
+	return int32(len(e.slab) - 1)
+}
+
+func (e *engine) unref(i int32) {
+	a := &e.slab[i]
+	if a.refs--; a.refs == 0 {
+		*a = attempt{}
+		e.free = append(e.free, i)
+	}
+}
+
+// run processes events until the clock reaches end.
+func (e *engine) run(end int64) {
+	for {
+		ev, ok := e.next(end)
+		if !ok {
+			break
+		}
+		e.advance(ev.at)
+		e.clk.now = ev.at
+		e.timers.advance(ev.at)
+		switch ev.kind {
+		case evArrival:
+			if ev.ref != e.arrGen {
+				continue // the load changed since this arrival was drawn
+			}
+			e.arrive()
+			e.at(e.clk.now+e.interarrival(), evArrival, 0, e.arrGen)
+		case evEnqueue:
+			e.enqueue(ev.ref)
+		case evTimeout:
+			e.timeout(ev.ref)
+		case evFree:
+			e.finish(ev.ref, ev.aux)
+		case evRetry:
+			e.send(ev.ref)
+		case evPhase:
+			p := e.s.Phases[ev.ref]
+			e.slow = p.Slowdown
+			e.setLoad(p.Load)
+		}
+	}
+	e.advance(end)
+	e.clk.now = end
+	e.timers.advance(end)
+}
+
+// advance integrates the busy workers up to t over the measured window.
+func (e *engine) advance(t int64) {
+	lo, hi := max(e.last, e.from), min(t, e.to)
+	if hi > lo {
+		e.busy += int64(e.s.Workers-e.idle) * (hi - lo)
+	}
+	e.last = t
+}
+
+// arrive starts a new operation.
+func (e *engine) arrive() {
+	u := e.rArr.Float64() * e.rate
+	ci := 0
+	for ci < len(e.cum)-1 && u >= e.cum[ci] {
+		ci++
+	}
+	c := &e.classes[ci]
+	i := e.alloc()
+	a := &e.slab[i]
+	a.class, a.tenant, a.n, a.units = int32(ci), int32(e.rArr.IntN(len(c.tenants))), 1, c.Units
+	if e.s.Client.Budget > 0 {
+		e.budget = min(e.budget+e.s.Client.Budget, 100)
+	}
+	if e.inWindow() {
+		e.m.Offered += float64(a.units)
+	}
+	e.send(i)
+}
+
+// send issues attempt i: the caller starts its timer and the request meets
+// the admission chain, if any, then the queue.
+func (e *engine) send(i int32) {
+	a := &e.slab[i]
+	c := &e.classes[a.class]
+	now := e.clk.now
+	a.issued = now
+	a.giveUp = now + sample(e.rCli, c.timeout)
+	a.measured = e.inWindow()
+	if a.measured {
+		e.m.Attempts += float64(a.units)
+		if a.n > 1 {
+			e.m.Retried += float64(a.units)
+		}
+	}
+	a.refs = 1 // the caller, until its timeout event
+	wait := int64(0)
+	if e.chain != nil {
+		req := c.req
+		req.Tenant = c.tenants[a.tenant]
+		budget := time.Duration(a.giveUp - now)
+		if e.http.DeadlineHeader != "" {
+			if e.http.MaxDeadline > 0 {
+				budget = min(budget, e.http.MaxDeadline)
+			}
+		} else {
+			budget = e.http.DefaultDeadline
+		}
+		if budget > 0 {
+			req.Deadline = now + int64(budget)
+		}
+		e.wait = 0
+		d, t := e.chain.Decide(e.ctx, &req)
+		e.level = max(e.level, d.Level)
+		if !d.Admitted {
+			if a.measured {
+				e.m.reject(d.Reason, float64(a.units))
+			}
+			a.answered = true
+			e.retry(i, d.Reason, d.Retryable, d.RetryAfter)
+			e.unref(i)
+			return
+		}
+		a.ticket, a.admission = t, true
+		wait = int64(e.wait)
+	}
+	if a.measured {
+		e.m.Admitted += float64(a.units)
+	}
+	a.refs++ // the service
+	e.at(a.giveUp, evTimeout, 0, i)
+	if wait > 0 {
+		e.at(now+wait, evEnqueue, 0, i)
+		return
+	}
+	e.enqueue(i)
+}
+
+// retry schedules the operation's next attempt after a failed attempt i,
+// if the caller's policy allows one. retryAfter is the server's exact hint
+// (0: none).
+func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter time.Duration) {
+	a := &e.slab[i]
+	cl := &e.s.Client
+	if int(a.n) >= cl.Attempts || !retryable || !e.retries(reason) {
+		return
+	}
+	if cl.Budget > 0 {
+		if e.budget < 1 {
+			return
+		}
+		e.budget--
+	}
+	ceil := min(float64(cl.Backoff)*math.Pow(2, float64(a.n-1)), float64(cl.BackoffMax))
+	delay := int64(e.rCli.Float64() * ceil)
+	if retryAfter > 0 && !cl.IgnoreRetryAfter {
+		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
+		delay = max(delay, secs*int64(time.Second))
+	}
+	j := e.alloc()
+	a = &e.slab[i] // alloc may move the slab
+	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units}
+	e.at(e.clk.now+max(delay, 1), evRetry, 0, j)
+}
+
+func (e *engine) retries(reason sluice.Reason) bool {
+	want := "timeout"
+	switch reason {
+	case sluice.ReasonNone:
+	case sluice.ReasonPolicyRate:
+		want = "policy"
+	default:
+		want = "overload"
+	}
+	for _, r := range e.s.Client.RetryOn {
+		if r == want {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *engine) enqueue(i int32) {
+	e.queue.push(i)
+	e.dispatch()
+}
+
+// dispatch gives queued work to idle workers.
+func (e *engine) dispatch() {
+	srv := &e.s.Server
+	for e.idle > 0 && e.queue.size > 0 {
+		now := e.clk.now
+		var scanned int64
+		i := int32(-1)
+		for e.queue.size > 0 {
+			j := e.queue.pop()
+			if srv.CheckQueue && e.slab[j].answered {
+				scanned += int64(srv.ScanCost)
+				e.drop(j, sluice.OutcomeCancelled)
+				continue
+			}
+			i = j
+			break
+		}
+		e.idle--
+		if i < 0 {
+			e.at(now+scanned, evFree, endScan, -1)
+			continue
+		}
+		a := &e.slab[i]
+		c := &e.classes[a.class]
+		svc := int64(float64(sample(e.rSvc, c.Service)) * e.slow)
+		start := now + scanned
+		if e.inWindow() {
+			e.m.Started += float64(a.units)
+		}
+		if cp := srv.CancelPoint; cp > 0 && cp < 1 {
+			check := start + int64(cp*float64(svc))
+			if a.giveUp < check {
+				e.at(check, evFree, endAbandon, i)
+				continue
+			}
+		}
+		e.at(start+svc, evFree, endDone, i)
+	}
+}
+
+// finish ends a worker's busy period.
+func (e *engine) finish(i int32, how uint8) {
+	e.idle++
+	if i >= 0 {
+		a := &e.slab[i]
+		now := e.clk.now
+		win := e.inWindow()
+		switch {
+		case how == endAbandon:
+			if win {
+				e.m.Abandoned += float64(a.units)
+			}
+			e.drop(i, sluice.OutcomeCancelled)
+		case now <= a.giveUp && !a.answered:
+			a.answered = true
+			if win {
+				e.m.Goodput += float64(a.units)
+				e.hist.add(now - a.issued)
+			}
+			e.done(a, sluice.OutcomeUseful)
+			e.unref(i)
+		default:
+			if win {
+				e.m.Late += float64(a.units)
+			}
+			e.done(a, sluice.OutcomeLate)
+			e.unref(i)
+		}
+	}
+	e.dispatch()
+}
+
+// drop releases attempt i from the service without an answer.
+func (e *engine) drop(i int32, o sluice.Outcome) {
+	e.done(&e.slab[i], o)
+	e.unref(i)
+}
+
+func (e *engine) done(a *attempt, o sluice.Outcome) {
+	if a.admission {
+		a.ticket.Done(o)
+		a.admission = false
+	}
+}
+
+// timeout: the caller stops waiting for attempt i.
+func (e *engine) timeout(i int32) {
+	a := &e.slab[i]
+	if !a.answered {
+		a.answered = true
+		if e.inWindow() {
+			e.m.TimedOut += float64(a.units)
+		}
+		e.retry(i, sluice.ReasonNone, true, 0)
+	}
+	e.unref(i)
+}

@@ -1,0 +1,225 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/goodplot"
+)
+
+// Row is one sweep step or one time-series interval. Loads are in the
+// scenario's units per second, averaged over the measured time.
+type Row struct {
+	// T is the start of a time-series interval in seconds (0 in a sweep).
+	T float64 `json:"t,omitempty"`
+	// Load is the configured offered load.
+	Load float64 `json:"load"`
+	// Offered counts first attempts (new operations).
+	Offered float64 `json:"offered"`
+	// Attempts counts every attempt sent, retries included; Retried the
+	// retries alone.
+	Attempts float64 `json:"attempts"`
+	Retried  float64 `json:"retried"`
+	// Admitted attempts passed the admission chain (all of them without
+	// admission); Rejected splits the others by reason.
+	Admitted float64            `json:"admitted"`
+	Rejected map[string]float64 `json:"rejected"`
+	// Started work took a worker.
+	Started float64 `json:"started"`
+	// Goodput is useful work: answered before the caller stopped waiting.
+	Goodput float64 `json:"goodput"`
+	// Late work finished after its caller had gone; Abandoned work was
+	// dropped at the cancellation checkpoint, part-done; TimedOut counts
+	// attempts whose caller stopped waiting.
+	Late      float64 `json:"late"`
+	Abandoned float64 `json:"abandoned"`
+	TimedOut  float64 `json:"timed_out"`
+	// P50Ms and P99Ms are percentiles of the latency of useful attempts.
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	// Utilization is the busy fraction of the worker pool.
+	Utilization float64 `json:"utilization"`
+	// Queue is the queue length at the end of a time-series interval.
+	Queue int `json:"queue,omitempty"`
+	// Level is the highest degradation level decided in the interval.
+	Level string `json:"level,omitempty"`
+
+	rejected [8]float64
+}
+
+func (r *Row) reject(reason sluice.Reason, units float64) {
+	if int(reason) < len(r.rejected) {
+		r.rejected[reason] += units
+	}
+}
+
+// finish turns counts over secs seconds into rates.
+func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
+	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut} {
+		*p /= secs
+	}
+	r.Rejected = map[string]float64{}
+	for reason, v := range r.rejected {
+		if v > 0 {
+			r.Rejected[sluice.Reason(reason).String()] = v / secs
+		}
+	}
+	r.P50Ms, r.P99Ms = h.quantile(0.50)/1e6, h.quantile(0.99)/1e6
+	r.Utilization = busy / (secs * 1e9 * float64(workers))
+}
+
+// RejectedTotal sums Rejected.
+func (r *Row) RejectedTotal() float64 {
+	t := 0.0
+	for _, v := range r.Rejected {
+		t += v
+	}
+	return t
+}
+
+// Run is one policy's rows.
+type Run struct {
+	Name  string `json:"name"`
+	Steps []Row  `json:"steps"`
+}
+
+// Report is what `sluice sim` prints, plots and writes as JSON.
+type Report struct {
+	Scenario    string  `json:"scenario"`
+	Unit        string  `json:"unit"`
+	Capacity    float64 `json:"capacity"`
+	Workers     int     `json:"workers"`
+	Seed        uint64  `json:"seed"`
+	StepSeconds float64 `json:"step_seconds,omitempty"`
+	Series      bool    `json:"series,omitempty"`
+	Policy      string  `json:"policy"`
+	Note        string  `json:"note,omitempty"`
+	Runs        []Run   `json:"runs"`
+}
+
+// WriteJSON writes r as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable prints one table per run.
+func (r *Report) WriteTable(w io.Writer) {
+	u := r.Unit + "/s"
+	fmt.Fprintf(w, "scenario %s: capacity %.0f %s on %d workers, seed %d", r.Scenario, r.Capacity, u, r.Workers, r.Seed)
+	if r.StepSeconds > 0 {
+		fmt.Fprintf(w, ", %gs per step", r.StepSeconds)
+	}
+	fmt.Fprintln(w)
+	if r.Note != "" {
+		fmt.Fprintln(w, r.Note)
+	}
+	for _, run := range r.Runs {
+		fmt.Fprintf(w, "\n%s (%s)\n", run.Name, u)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		if r.Series {
+			fmt.Fprintln(tw, "t\toffered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tqueue\tp99 ms\tlevel\t")
+			for _, s := range run.Steps {
+				fmt.Fprintf(tw, "%.0fs\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%.0f\t%s\t\n",
+					s.T, s.Offered, s.Retried, s.Admitted, s.RejectedTotal(), s.Started, s.Goodput, s.Late, s.Abandoned, s.Queue, s.P99Ms, s.Level)
+			}
+		} else {
+			fmt.Fprintln(tw, "offered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tp50 ms\tp99 ms\tbusy\t")
+			for _, s := range run.Steps {
+				fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f%%\t\n",
+					s.Offered, s.Retried, s.Admitted, rejectedText(s.Rejected), s.Started, s.Goodput, s.Late, s.Abandoned, s.P50Ms, s.P99Ms, 100*s.Utilization)
+			}
+		}
+		tw.Flush()
+	}
+}
+
+func rejectedText(m map[string]float64) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %.0f", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// WritePlot draws goodput against offered load for every run of a sweep,
+// or goodput over time for a time series, to each path (.png or .svg).
+func (r *Report) WritePlot(paths ...string) error {
+	c := goodplot.Chart{
+		Title:         fmt.Sprintf("sluice sim: %s", r.Scenario),
+		XLabel:        fmt.Sprintf("offered load (%s/s)", r.Unit),
+		YLabel:        fmt.Sprintf("goodput: useful work before the deadline (%s/s)", r.Unit),
+		CapacityLabel: "capacity",
+		Capacity:      r.Capacity,
+	}
+	if r.Series {
+		c.XLabel = "time (s)"
+	}
+	for _, run := range r.Runs {
+		l := goodplot.Line{Name: run.Name}
+		for _, s := range run.Steps {
+			x := s.Offered
+			if r.Series {
+				x = s.T
+			}
+			l.Points = append(l.Points, [2]float64{x, s.Goodput})
+		}
+		c.Lines = append(c.Lines, l)
+	}
+	return goodplot.Save(c, paths...)
+}
+
+// hist is a log-linear latency histogram in nanoseconds: 16 sub-buckets
+// per power of two, so a quantile is within 1/16 (6.25%) of the truth.
+type hist struct {
+	counts [64 * 16]uint64
+	n      uint64
+}
+
+func (h *hist) add(ns int64) {
+	v := uint64(max(ns, 1))
+	e := bits.Len64(v) - 1 // v in [2^e, 2^(e+1))
+	sub := uint64(0)
+	if e >= 4 {
+		sub = (v >> (e - 4)) & 15
+	} else {
+		sub = (v << (4 - e)) & 15
+	}
+	h.counts[e*16+int(sub)]++
+	h.n++
+}
+
+// quantile returns the q-quantile in nanoseconds (the middle of its
+// bucket), 0 when empty.
+func (h *hist) quantile(q float64) float64 {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(h.n)))
+	var seen uint64
+	for i, c := range h.counts {
+		seen += c
+		if seen >= max(rank, 1) {
+			e, sub := i/16, i%16
+			lo := math.Ldexp(1+float64(sub)/16, e)
+			return lo * (1 + 1.0/32)
+		}
+	}
+	return 0
+}

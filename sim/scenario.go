@@ -1,0 +1,411 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Scenario is a modeled service and its clients: what `sluice sim` runs.
+// Durations are simulated time; loads and capacity are in work units per
+// second (Unit names them).
+type Scenario struct {
+	// Name identifies the scenario in reports.
+	Name string
+	// Description says what the scenario models, in one line.
+	Description string
+	// Unit names the work unit, e.g. "units" or "req" (default "units").
+	Unit string
+	// Capacity is the service's capacity in units/s. Classes without an
+	// explicit Service take Units × Workers ÷ Capacity seconds of a worker.
+	Capacity float64
+	// Workers is the size of the worker pool: each worker serves one
+	// request at a time. Required.
+	Workers int
+	// Server is how the service treats callers that gave up.
+	Server Server
+	// Client is how callers time out and retry.
+	Client Client
+	// Classes is the request mix. Required.
+	Classes []Class
+	// Loads are the offered loads of a sweep, in units/s of first attempts.
+	Loads []float64
+	// Step is the simulated length of one sweep step (default 60 s), and
+	// Warmup its unmeasured beginning (default 10 s).
+	Step, Warmup time.Duration
+	// Phases, when set, make a single time series instead of a sweep: the
+	// load (and slowdown) of each phase holds from its At until the next.
+	Phases []Phase
+	// Length is the simulated length of a time series (default: the last
+	// phase's At plus 30 s), Interval its row length (default 1 s).
+	Length, Interval time.Duration
+	// Seed makes a run reproducible bit for bit (default 1).
+	Seed uint64
+	// Policy names the policy the "with admission" run uses when none is
+	// given: a built-in example ("mercury", "routes-api", ...) or a path.
+	Policy string
+}
+
+// Server is the service's behaviour toward abandoned work. The defaults
+// (zero value) are the naive service: no check when a worker takes a
+// request, and work whose caller has gone runs to completion.
+type Server struct {
+	// CheckQueue makes a worker skip requests whose caller has already
+	// gone when it takes them from the queue (a context check at dequeue),
+	// paying ScanCost of worker time for each one skipped.
+	CheckQueue bool
+	ScanCost   time.Duration
+	// CancelPoint is the fraction of a request's service time after which
+	// the service notices that the caller has gone (its first cancellation
+	// checkpoint, e.g. after parsing, authentication and the first
+	// downstream call) and abandons the work. 0 or ≥ 1: never noticed, the
+	// work runs to completion and answers late.
+	CancelPoint float64
+	// Service is the shape of service times for classes that take theirs
+	// from Capacity: "exponential" (default), "constant" or "lognormal"
+	// with ServiceCV.
+	Service   string
+	ServiceCV float64
+}
+
+// Client is the callers' policy. The zero value waits 1 s per attempt and
+// never retries.
+type Client struct {
+	// Timeout is how long a caller waits for one attempt (default 1 s).
+	Timeout Dist
+	// Attempts is the most attempts per operation, the first included
+	// (default 1: no retries).
+	Attempts int
+	// Backoff is the base of the exponential backoff before a retry, with
+	// full jitter: attempt n+1 waits uniform [0, Backoff·2^(n-1)), capped
+	// at BackoffMax (default 100 ms and 10 s).
+	Backoff, BackoffMax time.Duration
+	// Budget limits retries to this many per first attempt over time, as a
+	// retry budget (gRPC retry throttling, Finagle RetryBudget): every
+	// first attempt deposits Budget tokens (at most 100 saved), every retry
+	// spends one. 0: no budget, Attempts alone limits retries.
+	Budget float64
+	// RetryOn lists what a caller retries: "timeout", "overload" (503),
+	// "policy" (429) (default all three). Rejections marked not retryable
+	// are never retried.
+	RetryOn []string
+	// IgnoreRetryAfter makes callers retry on their backoff alone; by
+	// default they wait at least the Retry-After they are given (in whole
+	// seconds with sluice's jitter, as an HTTP client sees it).
+	IgnoreRetryAfter bool
+	// Arrivals is the arrival process of first attempts: "poisson"
+	// (default) or "uniform" (evenly spaced, as a constant-rate load
+	// generator sends).
+	Arrivals string
+}
+
+// Class is one kind of request in the mix.
+type Class struct {
+	// Name labels the class in reports and its tenants ("free-17").
+	Name string
+	// Method, Path and Headers describe the request to the policy's route
+	// rules, which give its sluice class, operation and cost.
+	Method, Path string
+	Headers      map[string]string
+	// Units is the request's true demand in work units (default 1): what
+	// offered load and goodput count, and what sizes its service time.
+	Units int64
+	// Share is the class's share of the offered units (shares are
+	// normalized to sum to 1).
+	Share float64
+	// Tenants is how many callers send this class, chosen uniformly
+	// (default 1).
+	Tenants int
+	// Service is the worker time of one request; zero: Units × Workers ÷
+	// Capacity with the server's service shape.
+	Service Dist
+	// Timeout overrides the client's per-attempt timeout for this class.
+	Timeout Dist
+}
+
+// Phase is one part of a time series.
+type Phase struct {
+	// At is when the phase begins.
+	At time.Duration
+	// Load is the offered load in units/s of first attempts.
+	Load float64
+	// Slowdown multiplies every service time that starts in the phase (a
+	// dependency slowdown or a service-time step); 0 means 1.
+	Slowdown float64
+}
+
+// Dist is a distribution of durations. Kinds: "constant" (Mean),
+// "exponential" (Mean), "lognormal" (Mean, CV), "uniform" and "loguniform"
+// (Min, Max). The zero value is unset.
+type Dist struct {
+	Kind     string
+	Mean     time.Duration
+	CV       float64
+	Min, Max time.Duration
+}
+
+// Const is a constant duration.
+func Const(d time.Duration) Dist { return Dist{Kind: "constant", Mean: d} }
+
+func (d Dist) isZero() bool { return d.Kind == "" }
+
+// mean returns the distribution's mean in seconds.
+func (d Dist) mean() float64 {
+	switch d.Kind {
+	case "uniform":
+		return (d.Min + d.Max).Seconds() / 2
+	case "loguniform":
+		lo, hi := d.Min.Seconds(), d.Max.Seconds()
+		if hi == lo {
+			return lo
+		}
+		return (hi - lo) / math.Log(hi/lo)
+	}
+	return d.Mean.Seconds()
+}
+
+func (d Dist) validate() error {
+	switch d.Kind {
+	case "constant", "exponential":
+		if d.Mean <= 0 {
+			return fmt.Errorf("%s: mean %v, want > 0", d.Kind, d.Mean)
+		}
+	case "lognormal":
+		if d.Mean <= 0 || !(d.CV > 0) || d.CV > 10 {
+			return fmt.Errorf("lognormal: mean %v and cv %v, want mean > 0 and cv in (0, 10]", d.Mean, d.CV)
+		}
+	case "uniform", "loguniform":
+		if d.Min <= 0 || d.Max < d.Min {
+			return fmt.Errorf("%s: [%v, %v], want 0 < min ≤ max", d.Kind, d.Min, d.Max)
+		}
+	default:
+		return fmt.Errorf("unknown distribution %q (want constant, exponential, lognormal, uniform or loguniform)", d.Kind)
+	}
+	return nil
+}
+
+// Limits that keep a run inside memory and int64 nanoseconds.
+const (
+	maxLoad    = 1e7 // units/s
+	maxWorkers = 1 << 20
+	maxLength  = 24 * time.Hour
+)
+
+// FieldError is a scenario error naming the field; Load fills in the file
+// and line.
+type FieldError struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	switch {
+	case e.File != "" && e.Line > 0:
+		return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
+	case e.File != "":
+		return fmt.Sprintf("%s: %s: %s", e.File, e.Field, e.Msg)
+	}
+	return e.Field + ": " + e.Msg
+}
+
+func ferr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// withDefaults returns a copy of s with defaults filled in, or the first
+// invalid field.
+func (s Scenario) withDefaults() (Scenario, error) {
+	if s.Unit == "" {
+		s.Unit = "units"
+	}
+	if s.Workers < 1 || s.Workers > maxWorkers {
+		return s, ferr("workers", "%d, want 1 to %d", s.Workers, maxWorkers)
+	}
+	if s.Capacity < 0 || math.IsNaN(s.Capacity) || s.Capacity > maxLoad {
+		return s, ferr("capacity", "%v, want a number of units/s in [0, %g]", s.Capacity, float64(maxLoad))
+	}
+	if s.Server.CancelPoint < 0 || math.IsNaN(s.Server.CancelPoint) {
+		return s, ferr("server.cancel_point", "%v, want a fraction ≥ 0", s.Server.CancelPoint)
+	}
+	if s.Server.ScanCost < 0 {
+		return s, ferr("server.scan_cost", "%v, want ≥ 0", s.Server.ScanCost)
+	}
+	switch s.Server.Service {
+	case "":
+		s.Server.Service = "exponential"
+	case "exponential", "constant":
+	case "lognormal":
+		if !(s.Server.ServiceCV > 0) || s.Server.ServiceCV > 10 {
+			return s, ferr("server.service_cv", "%v, want a coefficient of variation in (0, 10]", s.Server.ServiceCV)
+		}
+	default:
+		return s, ferr("server.service", "%q, want exponential, constant or lognormal", s.Server.Service)
+	}
+	c := &s.Client
+	if c.Timeout.isZero() {
+		c.Timeout = Const(time.Second)
+	}
+	if err := c.Timeout.validate(); err != nil {
+		return s, ferr("client.timeout", "%v", err)
+	}
+	if c.Attempts == 0 {
+		c.Attempts = 1
+	}
+	if c.Attempts < 1 || c.Attempts > 100 {
+		return s, ferr("client.attempts", "%d, want 1 to 100", c.Attempts)
+	}
+	if c.Backoff == 0 {
+		c.Backoff = 100 * time.Millisecond
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 10 * time.Second
+	}
+	if c.Backoff < 0 || c.BackoffMax < c.Backoff {
+		return s, ferr("client.backoff", "base %v, max %v: want 0 < base ≤ max", c.Backoff, c.BackoffMax)
+	}
+	if c.Budget < 0 || math.IsNaN(c.Budget) || c.Budget > 100 {
+		return s, ferr("client.budget", "%v, want retries per request in [0, 100]", c.Budget)
+	}
+	if c.RetryOn == nil {
+		c.RetryOn = []string{"timeout", "overload", "policy"}
+	}
+	for _, r := range c.RetryOn {
+		if r != "timeout" && r != "overload" && r != "policy" {
+			return s, ferr("client.retry_on", "%q, want timeout, overload or policy", r)
+		}
+	}
+	switch c.Arrivals {
+	case "":
+		c.Arrivals = "poisson"
+	case "poisson", "uniform":
+	default:
+		return s, ferr("client.arrivals", "%q, want poisson or uniform", c.Arrivals)
+	}
+	if len(s.Classes) == 0 {
+		return s, ferr("classes", "none, want at least one request class")
+	}
+	s.Classes = append([]Class(nil), s.Classes...)
+	total := 0.0
+	names := map[string]bool{}
+	for i := range s.Classes {
+		cl := &s.Classes[i]
+		f := fmt.Sprintf("classes[%d]", i)
+		if cl.Name == "" {
+			return s, ferr(f+".name", "missing")
+		}
+		if names[cl.Name] {
+			return s, ferr(f+".name", "duplicate class %q", cl.Name)
+		}
+		names[cl.Name] = true
+		if cl.Method == "" {
+			cl.Method = "GET"
+		}
+		if cl.Path == "" {
+			cl.Path = "/" + cl.Name
+		}
+		if cl.Path[0] != '/' {
+			return s, ferr(f+".path", "%q must start with /", cl.Path)
+		}
+		if cl.Units == 0 {
+			cl.Units = 1
+		}
+		if cl.Units < 1 || cl.Units > 1<<20 {
+			return s, ferr(f+".units", "%d, want 1 to %d", cl.Units, 1<<20)
+		}
+		if !(cl.Share > 0) || cl.Share > 1e6 {
+			return s, ferr(f+".share", "%v, want > 0", cl.Share)
+		}
+		total += cl.Share
+		if cl.Tenants == 0 {
+			cl.Tenants = 1
+		}
+		if cl.Tenants < 1 || cl.Tenants > 1<<20 {
+			return s, ferr(f+".tenants", "%d, want 1 to %d", cl.Tenants, 1<<20)
+		}
+		if cl.Service.isZero() {
+			if s.Capacity == 0 {
+				return s, ferr(f+".service", "missing, and no capacity to derive it from")
+			}
+			mean := time.Duration(float64(cl.Units) * float64(s.Workers) / s.Capacity * 1e9)
+			if mean < 1 {
+				return s, ferr("capacity", "%v units/s with %d workers gives a service time below 1 ns", s.Capacity, s.Workers)
+			}
+			cl.Service = Dist{Kind: s.Server.Service, Mean: mean, CV: s.Server.ServiceCV}
+		}
+		if err := cl.Service.validate(); err != nil {
+			return s, ferr(f+".service", "%v", err)
+		}
+		if !cl.Timeout.isZero() {
+			if err := cl.Timeout.validate(); err != nil {
+				return s, ferr(f+".timeout", "%v", err)
+			}
+		}
+	}
+	for i := range s.Classes {
+		s.Classes[i].Share /= total
+	}
+	if s.Step == 0 {
+		s.Step = 60 * time.Second
+	}
+	if s.Warmup == 0 && s.Step >= 20*time.Second {
+		s.Warmup = 10 * time.Second
+	}
+	if s.Step <= 0 || s.Step > maxLength || s.Warmup < 0 || s.Warmup >= s.Step {
+		return s, ferr("step", "step %v with warmup %v: want 0 ≤ warmup < step ≤ %v", s.Step, s.Warmup, maxLength)
+	}
+	for i, l := range s.Loads {
+		if !(l > 0) || l > maxLoad {
+			return s, ferr(fmt.Sprintf("loads[%d]", i), "%v, want units/s in (0, %g]", l, float64(maxLoad))
+		}
+	}
+	if len(s.Phases) > 0 {
+		var last time.Duration
+		for i := range s.Phases {
+			p := &s.Phases[i]
+			f := fmt.Sprintf("phases[%d]", i)
+			if p.At < last || (i == 0 && p.At != 0) {
+				return s, ferr(f+".at", "%v: phases start at 0 and go forward in time", p.At)
+			}
+			last = p.At
+			if p.Load < 0 || math.IsNaN(p.Load) || p.Load > maxLoad {
+				return s, ferr(f+".load", "%v, want units/s in [0, %g]", p.Load, float64(maxLoad))
+			}
+			if p.Slowdown == 0 {
+				p.Slowdown = 1
+			}
+			if !(p.Slowdown > 0) || p.Slowdown > 1000 {
+				return s, ferr(f+".slowdown", "%v, want a factor in (0, 1000]", p.Slowdown)
+			}
+		}
+		if s.Length == 0 {
+			s.Length = last + 30*time.Second
+		}
+		if s.Interval == 0 {
+			s.Interval = time.Second
+		}
+		if s.Length <= last || s.Length > maxLength || s.Interval <= 0 || s.Interval > s.Length {
+			return s, ferr("length", "length %v, interval %v: want the last phase inside the length, ≤ %v, and 0 < interval ≤ length", s.Length, s.Interval, maxLength)
+		}
+	} else if len(s.Loads) == 0 {
+		return s, ferr("loads", "none, and no phases: want a sweep (loads) or a time series (phases)")
+	}
+	if s.Seed == 0 {
+		s.Seed = 1
+	}
+	return s, nil
+}
+
+// ModeledCapacity returns the capacity the mix gives the worker pool, in
+// units/s: workers divided by the mean worker time per unit.
+func (s Scenario) ModeledCapacity() float64 {
+	perUnit := 0.0 // worker-seconds per unit of offered load
+	for _, c := range s.Classes {
+		perUnit += c.Share / float64(c.Units) * c.Service.mean()
+	}
+	if perUnit == 0 {
+		return 0
+	}
+	return float64(s.Workers) / perUnit
+}
