@@ -40,10 +40,12 @@ var Mercury = Scenario{
 		{Name: "premium", Path: "/premium/query", Units: 3, Share: 3000, Tenants: 20},
 		{Name: "free", Path: "/free/query", Units: 1, Share: 6000, Tenants: 100},
 	},
-	Loads:  []float64{4000, 5000, 8000, 10000},
-	Step:   60 * time.Second,
-	Warmup: 10 * time.Second,
-	Policy: "mercury",
+	Loads:         []float64{4000, 5000, 8000, 10000},
+	Step:          60 * time.Second,
+	Warmup:        10 * time.Second,
+	Policy:        "mercury",
+	Reference:     []Point{{4000, 3900}, {5000, 3700}, {8000, 1900}, {10000, 1200}},
+	ReferenceName: "seeds/000 model",
 }
 
 // RoutesAPI is the upstream of `sluice demo` as a model: 8 workers, the
@@ -82,8 +84,10 @@ var LoadStep = func() Scenario {
 	s.Name = "load-step"
 	s.Description = "routes-api: half capacity, a 3x load step for 40 s, then half capacity"
 	s.Loads = nil
+	s.Reference, s.ReferenceName = nil, ""
 	s.Phases = []Phase{{At: 0, Load: 100}, {At: 30 * time.Second, Load: 600}, {At: 70 * time.Second, Load: 100}}
 	s.Length = 120 * time.Second
+	s.Interval = 2 * time.Second
 	s.Policy = "routes-api-shedding"
 	return s
 }()
@@ -98,6 +102,8 @@ var Slowdown = func() Scenario {
 	s.Loads = nil
 	s.Phases = []Phase{{At: 0, Load: 3000}, {At: 20 * time.Second, Load: 3000, Slowdown: 2}, {At: 50 * time.Second, Load: 3000}}
 	s.Length = 80 * time.Second
+	s.Interval = 2 * time.Second
+	s.Reference, s.ReferenceName = nil, ""
 	return s
 }()
 
@@ -113,6 +119,7 @@ func Builtin(name string) (Scenario, bool) {
 	s.Classes = slices.Clone(s.Classes)
 	s.Phases = slices.Clone(s.Phases)
 	s.Loads = slices.Clone(s.Loads)
+	s.Reference = slices.Clone(s.Reference)
 	return s, true
 }
 

@@ -102,6 +102,27 @@ type Report struct {
 	Policy      string  `json:"policy"`
 	Note        string  `json:"note,omitempty"`
 	Runs        []Run   `json:"runs"`
+	// Reference is the scenario's published curve, if any.
+	Reference     []Point `json:"reference,omitempty"`
+	ReferenceName string  `json:"reference_name,omitempty"`
+}
+
+// Deviation returns, for each reference point, the relative deviation of
+// the run without admission at the same offered load ((sim − ref) ÷ ref),
+// or nil when the report has no reference or no matching steps.
+func (r *Report) Deviation() []float64 {
+	if len(r.Reference) == 0 || len(r.Runs) == 0 {
+		return nil
+	}
+	var out []float64
+	for _, p := range r.Reference {
+		for _, s := range r.Runs[0].Steps {
+			if s.Load == p.Offered {
+				out = append(out, (s.Goodput-p.Goodput)/p.Goodput)
+			}
+		}
+	}
+	return out
 }
 
 // WriteJSON writes r as indented JSON.
@@ -139,6 +160,18 @@ func (r *Report) WriteTable(w io.Writer) {
 			}
 		}
 		tw.Flush()
+	}
+	if dev := r.Deviation(); len(dev) > 0 {
+		fmt.Fprintf(w, "\n%s, goodput without admission:", r.ReferenceName)
+		for i, p := range r.Reference {
+			if i < len(dev) {
+				fmt.Fprintf(w, " %.0f at %.0f (sim %+.1f%%)", p.Goodput, p.Offered, 100*dev[i])
+				if i < len(dev)-1 {
+					fmt.Fprint(w, ",")
+				}
+			}
+		}
+		fmt.Fprintln(w)
 	}
 }
 
@@ -179,6 +212,13 @@ func (r *Report) WritePlot(paths ...string) error {
 				x = s.T
 			}
 			l.Points = append(l.Points, [2]float64{x, s.Goodput})
+		}
+		c.Lines = append(c.Lines, l)
+	}
+	if len(r.Reference) > 0 && !r.Series {
+		l := goodplot.Line{Name: r.ReferenceName, Dots: true}
+		for _, p := range r.Reference {
+			l.Points = append(l.Points, [2]float64{p.Offered, p.Goodput})
 		}
 		c.Lines = append(c.Lines, l)
 	}

@@ -44,6 +44,17 @@ type Scenario struct {
 	// Policy names the policy the "with admission" run uses when none is
 	// given: a built-in example ("mercury", "routes-api", ...) or a path.
 	Policy string
+	// Reference is a published curve to compare the run without admission
+	// with: goodput at offered loads (e.g. the seed's model), named
+	// ReferenceName. Reports print the deviation; the plot shows the points.
+	Reference     []Point
+	ReferenceName string
+}
+
+// Point is an (offered, goodput) pair in units/s.
+type Point struct {
+	Offered float64 `json:"offered"`
+	Goodput float64 `json:"goodput"`
 }
 
 // Server is the service's behaviour toward abandoned work. The defaults

@@ -46,6 +46,7 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 	rep := &Report{Scenario: s.Name, Unit: s.Unit, Capacity: s.ModeledCapacity(), Workers: s.Workers, Seed: s.Seed, Series: len(s.Phases) > 0}
 	if !rep.Series {
 		rep.StepSeconds = s.Step.Seconds()
+		rep.Reference, rep.ReferenceName = s.Reference, s.ReferenceName
 	}
 	var pol *policy.File
 	if opts.Policy != nil {

@@ -1,6 +1,7 @@
 // Command sluice runs admission control in front of any HTTP service
-// (sluice proxy), validates policy files (sluice check), and shows what
-// admission does to goodput under overload (sluice demo).
+// (sluice proxy), validates policy files (sluice check), shows what
+// admission does to goodput under real overload (sluice demo), and models
+// it deterministically on a virtual clock (sluice sim).
 package main
 
 import (
@@ -36,7 +37,7 @@ func root() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(checkCmd(), proxyCmd(), demoCmd(), versionCmd())
+	cmd.AddCommand(checkCmd(), proxyCmd(), demoCmd(), simCmd(), versionCmd())
 	return cmd
 }
 

@@ -16,10 +16,12 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// Line is one run: its name and its (offered, goodput) points.
+// Line is one run: its name and its (offered, goodput) points, joined by a
+// line unless Dots (reference points).
 type Line struct {
 	Name   string
 	Points [][2]float64
+	Dots   bool
 }
 
 // Chart is what to draw. Capacity ≤ 0 draws no reference line.
@@ -50,6 +52,18 @@ func Save(c Chart, paths ...string) error {
 		for j, xy := range l.Points {
 			pts[j].X, pts[j].Y = xy[0], xy[1]
 			maxX, maxY = max(maxX, xy[0]), max(maxY, xy[1])
+		}
+		if l.Dots {
+			sc, err := plotter.NewScatter(pts)
+			if err != nil {
+				return err
+			}
+			sc.Color = color.Black
+			sc.Shape = draw.CrossGlyph{}
+			sc.Radius = vg.Points(4)
+			p.Add(sc)
+			p.Legend.Add(l.Name, sc)
+			continue
 		}
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
