@@ -64,6 +64,12 @@ type Options struct {
 	Clock sluice.Clock
 	// Observer for the chain (metrics).
 	Observer sluice.Observer
+	// Rand is the uniform [0, 1) source of the probabilistic gates (the
+	// utilization shedder, the ladder's recovery ramp); nil:
+	// math/rand/v2. The simulator passes a seeded one so a run replays bit
+	// for bit. Called from the decision path: it must be safe for the
+	// chain's concurrency.
+	Rand func() float64
 }
 
 // Runtime is a built policy: the chain and the HTTP identification rules.
@@ -136,7 +142,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 				same = &old
 			}
 		}
-		built, rebind, err := g.build(f.Store, same, rt.redis)
+		built, rebind, err := g.build(f.Store, same, rt.redis, opts.Rand)
 		if err != nil {
 			return nil, &Error{File: f.Path, Line: g.Line, Field: fmt.Sprintf("gates[%d]", i), Msg: err.Error()}
 		}
@@ -158,9 +164,9 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 
 // build makes the gate, over prev's state when prev is given (memory), or
 // on Redis when rc is given.
-func (g *Gate) build(st Store, prev *builtGate, rc *redisConn) (sluice.Gate, func(any) store.Limiter, error) {
+func (g *Gate) build(st Store, prev *builtGate, rc *redisConn, rnd func() float64) (sluice.Gate, func(any) store.Limiter, error) {
 	if protectionKinds[g.Kind] {
-		return g.buildProtection(st, prev, rc)
+		return g.buildProtection(st, prev, rc, rnd)
 	}
 	alg, err := g.algorithm()
 	if err != nil {

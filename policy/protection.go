@@ -83,7 +83,7 @@ func (p *parser) checkProtection(i int, g *Gate, classes []string) {
 }
 
 // buildProtection builds a fleet_usage, utilization or ladder gate.
-func (g *Gate) buildProtection(st Store, prev *builtGate, rc *redisConn) (sluice.Gate, func(any) store.Limiter, error) {
+func (g *Gate) buildProtection(st Store, prev *builtGate, rc *redisConn, rnd func() float64) (sluice.Gate, func(any) store.Limiter, error) {
 	switch g.Kind {
 	case KindFleetUsage:
 		n, err := shed.FleetUsageLimit(g.Limit, g.Reserve)
@@ -128,14 +128,16 @@ func (g *Gate) buildProtection(st Store, prev *builtGate, rc *redisConn) (sluice
 			return nil, nil, err
 		}
 		opts := shed.UtilizationOptions{Tiers: g.Tiers, Workers: g.Workers, SampleEvery: g.SampleEvery,
-			CostAware: g.CostAware, RetryHint: g.RetryHint}
+			CostAware: g.CostAware, RetryHint: g.RetryHint, Rand: rnd}
 		if g.Source == "cpu" {
 			opts.Source = shed.NewCPUSource()
 		}
 		u, err := shed.NewUtilization(g.Name, ctrl, opts)
 		return u, nil, err
 	case KindLadder:
-		l, err := shed.NewLadder(g.Name, g.ladderConfig())
+		cfg := g.ladderConfig()
+		cfg.Rand = rnd
+		l, err := shed.NewLadder(g.Name, cfg)
 		return l, nil, err
 	}
 	return nil, nil, fmt.Errorf("kind %s is not a protection gate", g.Kind)

@@ -163,7 +163,7 @@ func (f *File) SpecText() string {
 	b.WriteString("\nEVIDENCE\n")
 	line("Offered, admitted, completed, late, rejected, and retried demand", "/metrics: sluice_requests_offered_total, _admitted_total, _rejected_total{reason,gate,mode}, _completed_total{outcome}")
 	line("Goodput and fairness by class/tenant", "sluice_goodput_units_total{class,tenant} and completions by outcome, per class and tenant (tenant label capped)")
-	line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice demo` sweeps open-loop load from 0.5x to 10x capacity with and without admission")
+	line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice sim --config` runs this file's gates on a virtual clock against modeled overload (load sweeps, load and service-time steps, retry storms); `sluice demo` sweeps real open-loop load from 0.5x to 10x capacity with and without admission")
 	line("Abort, rollback, and policy review owner", "%s", prose(f.Spec.Owner, "owner"))
 	return b.String()
 }

@@ -275,9 +275,26 @@ func (e *engine) setLoad(load float64) {
 
 func (e *engine) interarrival() int64 {
 	if e.s.Client.Arrivals == "uniform" {
-		return max(int64(1e9/e.rate), 1)
+		return toNs(1e9 / e.rate)
 	}
-	return max(int64(e.rArr.ExpFloat64()/e.rate*1e9), 1)
+	return toNs(e.rArr.ExpFloat64() / e.rate * 1e9)
+}
+
+// maxDelay caps every drawn delay (about 1.1 years of simulated time), so
+// that adding one to the present cannot overflow.
+const maxDelay = 1 << 55
+
+// toNs converts a drawn delay in ns to an event offset in [1, maxDelay].
+// Go's float-to-int conversion of an out-of-range value is undefined, so
+// clamp first: a tiny load means rare arrivals, never a storm of them.
+func toNs(v float64) int64 {
+	if !(v >= 1) { // also NaN
+		return 1
+	}
+	if v >= maxDelay {
+		return maxDelay
+	}
+	return int64(v)
 }
 
 func (e *engine) inWindow() bool { return e.clk.now >= e.from && e.clk.now < e.to }
@@ -287,7 +304,7 @@ func sample(r *rand.Rand, d Dist) int64 {
 	var v float64
 	switch d.Kind {
 	case "constant":
-		return int64(d.Mean)
+		return toNs(float64(d.Mean))
 	case "exponential":
 		v = r.ExpFloat64() * float64(d.Mean)
 	case "lognormal":
@@ -298,7 +315,7 @@ func sample(r *rand.Rand, d Dist) int64 {
 	case "loguniform":
 		v = float64(d.Min) * math.Pow(float64(d.Max)/float64(d.Min), r.Float64())
 	}
-	return max(int64(v), 1)
+	return toNs(v)
 }
 
 func (e *engine) alloc() int32 {
@@ -458,7 +475,7 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 		e.budget--
 	}
 	ceil := min(float64(cl.Backoff)*math.Pow(2, float64(a.n-1)), float64(cl.BackoffMax))
-	delay := int64(e.rCli.Float64() * ceil)
+	delay := toNs(e.rCli.Float64() * ceil)
 	if retryAfter > 0 && !cl.IgnoreRetryAfter {
 		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
 		delay = max(delay, secs*int64(time.Second))
@@ -501,7 +518,7 @@ func (e *engine) dispatch() {
 		for e.queue.size > 0 {
 			j := e.queue.pop()
 			if srv.CheckQueue && e.slab[j].answered {
-				scanned += int64(srv.ScanCost)
+				scanned = toNs(float64(scanned) + float64(srv.ScanCost))
 				e.drop(j, sluice.OutcomeCancelled)
 				continue
 			}
@@ -515,7 +532,7 @@ func (e *engine) dispatch() {
 		}
 		a := &e.slab[i]
 		c := &e.classes[a.class]
-		svc := int64(float64(sample(e.rSvc, c.Service)) * e.slow)
+		svc := toNs(float64(sample(e.rSvc, c.Service)) * e.slow)
 		start := now + scanned
 		if e.inWindow() {
 			e.m.Started += float64(a.units)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -41,9 +42,14 @@ func ParseScenario(path string, data []byte) (Scenario, error) {
 	if _, err := s.withDefaults(); err != nil {
 		var fe *FieldError
 		if errors.As(err, &fe) {
-			line := p.lines[fe.Field]
-			if line == 0 {
-				line = doc.Line
+			// The field's own line, or its nearest parent's when the
+			// field is missing (classes[0].share → classes[0]).
+			line := doc.Line
+			for f := fe.Field; f != ""; f = f[:max(strings.LastIndexAny(f, ".["), 0)] {
+				if l, ok := p.lines[f]; ok {
+					line = l
+					break
+				}
 			}
 			return Scenario{}, yamlfile.Errors{{File: path, Line: line, Field: fe.Field, Msg: fe.Msg}}
 		}
@@ -79,6 +85,9 @@ func (p *sparser) scenario(n *yaml.Node) Scenario {
 					p.Errf(v, "base", "unknown built-in scenario %q (known: %v)", name, Builtins())
 				}
 				s = b
+				// The base's published curve belongs to its own model,
+				// not to a variant of it.
+				s.Reference, s.ReferenceName = nil, ""
 			}
 		}
 	}

@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -43,7 +45,7 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 	if opts.Seed != 0 {
 		s.Seed = opts.Seed
 	}
-	rep := &Report{Scenario: s.Name, Unit: s.Unit, Capacity: s.ModeledCapacity(), Workers: s.Workers, Seed: s.Seed, Series: len(s.Phases) > 0}
+	rep := &Report{Scenario: s.Name, Unit: s.Unit, Capacity: math.Round(s.ModeledCapacity()*1e6) / 1e6, Workers: s.Workers, Seed: s.Seed, Series: len(s.Phases) > 0}
 	if !rep.Series {
 		rep.StepSeconds = s.Step.Seconds()
 		rep.Reference, rep.ReferenceName = s.Reference, s.ReferenceName
@@ -104,7 +106,10 @@ func prepare(s *Scenario, f *policy.File, seed uint64) (*engine, error) {
 	var chain *sluice.Chain
 	var hc httpgate.Config
 	if f != nil {
-		rt, err := policy.Build(f, nil, policy.Options{Clock: clk})
+		// The probabilistic gates draw from their own seeded stream, so
+		// the client and service streams stay the same in both runs.
+		rg := rand.New(rand.NewPCG(seed, 0x67617465))
+		rt, err := policy.Build(f, nil, policy.Options{Clock: clk, Rand: rg.Float64})
 		if err != nil {
 			return nil, err
 		}

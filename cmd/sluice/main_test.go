@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,5 +36,55 @@ func TestVersion(t *testing.T) {
 	out, _, err := run("version")
 	if err != nil || !strings.HasPrefix(out, "sluice ") {
 		t.Fatal(out, err)
+	}
+}
+
+func TestSim(t *testing.T) {
+	dir := t.TempDir()
+	scn := filepath.Join(dir, "small.yaml")
+	os.WriteFile(scn, []byte("base: routes-api\nloads: [100, 1000]\nstep: 3s\nwarmup: 1s\n"), 0o644)
+	js := filepath.Join(dir, "rows.json")
+	out, _, err := run("sim", "--scenario", scn, "--config", "../../examples/routes-api.yaml", "--json", js, "--plot", filepath.Join(dir, "p"))
+	if err != nil || !strings.Contains(out, "no admission") || !strings.Contains(out, "sluice (../../examples/routes-api.yaml)") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, f := range []string{"rows.json", "p.png", "p.svg"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Fatalf("%s not written", f)
+		}
+	}
+	data, _ := os.ReadFile(js)
+	var rows struct {
+		Runs []struct {
+			Name  string
+			Steps []struct{ Offered, Goodput float64 }
+		}
+	}
+	if err := json.Unmarshal(data, &rows); err != nil || len(rows.Runs) != 2 || rows.Runs[0].Name != "no admission" ||
+		len(rows.Runs[1].Steps) != 2 || rows.Runs[1].Steps[1].Offered < 900 || rows.Runs[1].Steps[1].Goodput < 150 {
+		t.Fatalf("json: %v %+v", err, rows)
+	}
+
+	// Same seed, same bytes.
+	out2, _, _ := run("sim", "--scenario", scn, "--config", "../../examples/routes-api.yaml", "--plot", "")
+	out3, _, _ := run("sim", "--scenario", scn, "--config", "../../examples/routes-api.yaml", "--plot", "")
+	if out2 != out3 {
+		t.Fatalf("two runs differ:\n%s\n%s", out2, out3)
+	}
+
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("base: routes-api\nclient:\n  attempts: -1\n"), 0o644)
+	_, errOut, err := run("sim", "--scenario", bad, "--plot", "")
+	if err == nil || !strings.Contains(errOut, "bad.yaml:3: client.attempts") {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	if _, _, err := run("sim", "--scenario", "venus", "--plot", ""); err == nil || !strings.Contains(err.Error(), "mercury") {
+		t.Fatalf("unknown scenario: %v", err)
+	}
+	// A utilization gate on real CPU cannot run on a virtual clock.
+	cpu := filepath.Join(dir, "cpu.yaml")
+	os.WriteFile(cpu, []byte("version: 1\ngates:\n  - {name: u, kind: utilization, source: cpu, tiers: [default]}\n"), 0o644)
+	if _, errOut, err := run("sim", "--scenario", scn, "--config", cpu, "--plot", ""); err == nil || !strings.Contains(errOut+err.Error(), "cpu.yaml:3: gates.u.source") {
+		t.Fatalf("cpu source: %v\n%s", err, errOut)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -39,6 +40,10 @@ func simCmd() *cobra.Command {
 						return fmt.Errorf("%s: %d error(s)", scenario, n)
 					}
 					return err
+				}
+				// A policy path in a scenario file is relative to the file.
+				if _, _, example := examples.ByName(s.Policy); !example && s.Policy != "" && !filepath.IsAbs(s.Policy) {
+					s.Policy = filepath.Join(filepath.Dir(scenario), s.Policy)
 				}
 			}
 			var opts sim.Options

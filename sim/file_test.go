@@ -1,0 +1,139 @@
+package sim
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/yamlfile"
+)
+
+const goodScenario = `name: small
+unit: req
+workers: 4
+server: {check_queue: true, scan_cost: 100us, cancel_point: 0.5, service: lognormal, service_cv: 0.5}
+client:
+  timeout: {dist: uniform, min: 100ms, max: 300ms}
+  attempts: 2
+  backoff: 20ms
+  budget: 0.1
+  retry_on: [timeout, overload]
+  arrivals: uniform
+classes:
+  - {name: read, method: GET, path: /r, share: 3, tenants: 5, service: 10ms}
+  - {name: write, method: POST, path: /w, units: 2, share: 1, headers: {X-Cost: "2"}, service: {dist: exponential, mean: 30ms}}
+loads: [100, 300]
+step: 5s
+warmup: 1s
+seed: 42
+policy: routes-api
+`
+
+func TestParseScenario(t *testing.T) {
+	s, err := ParseScenario("small.yaml", []byte(goodScenario))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "small" || s.Workers != 4 || !s.Server.CheckQueue || s.Server.ScanCost != 100*time.Microsecond ||
+		s.Client.Attempts != 2 || s.Client.Timeout.Kind != "uniform" || s.Client.Timeout.Max != 300*time.Millisecond ||
+		len(s.Classes) != 2 || s.Classes[1].Units != 2 || s.Classes[1].Headers["X-Cost"] != "2" ||
+		s.Classes[0].Service != Const(10*time.Millisecond) || len(s.Loads) != 2 || s.Seed != 42 || s.Policy != "routes-api" {
+		t.Fatalf("%+v", s)
+	}
+	if _, err := Simulate(s, Options{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// base: a built-in, with the file's fields on top.
+	s, err = ParseScenario("b.yaml", []byte("base: mercury\nclient: {attempts: 5}\nloads: [9000]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Workers != 40 || s.Client.Attempts != 5 || s.Client.Backoff != 200*time.Millisecond || len(s.Loads) != 1 || s.Reference != nil {
+		t.Fatalf("%+v", s)
+	}
+	// The example file parses and names its policy.
+	data, err := os.ReadFile("../examples/scenarios/retry-storm.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err = ParseScenario("retry-storm.yaml", data); err != nil || s.Client.Attempts != 5 || s.Policy != "../mercury.yaml" {
+		t.Fatalf("%v %+v", err, s)
+	}
+}
+
+// Broken files: every error names the file, the line and the field.
+func TestParseScenarioErrors(t *testing.T) {
+	for _, tc := range []struct{ name, src, want string }{
+		{"unknown field", "workers: 4\nwrokers: 5\n", "x.yaml:2: wrokers"},
+		{"unknown base", "base: venus\n", "x.yaml:1: base: unknown built-in scenario \"venus\""},
+		{"zero workers", "base: mercury\nworkers: 0\n", "x.yaml:2: workers"},
+		{"negative load", "base: mercury\nloads: [100, -5]\n", "x.yaml:2: loads[1]"},
+		{"load not a number", "base: mercury\nloads: [lots]\n", "x.yaml:2: loads[0]"},
+		{"bad duration", "base: mercury\nstep: 60\n", "x.yaml:2: step"},
+		{"unknown service", "base: mercury\nserver: {service: pareto}\n", "x.yaml:2: server.service"},
+		{"cancel point above 1", "base: mercury\nserver:\n  cancel_point: 1.5\n", "x.yaml:3: server.cancel_point"},
+		{"zero attempts", "base: mercury\nclient:\n  attempts: 0\n", "x.yaml:3: client.attempts"},
+		{"unknown retry reason", "base: mercury\nclient: {retry_on: [errors]}\n", "x.yaml:2: client.retry_on[0]"},
+		{"dist without kind", "base: mercury\nclient: {timeout: {mean: 1s}}\n", "x.yaml:2: client.timeout"},
+		{"uniform without max", "base: mercury\nclient: {timeout: {dist: uniform, min: 1s}}\n", "x.yaml:2: client.timeout"},
+		{"class field", "base: mercury\nclasses:\n  - {name: a, path: /a, share: 1, colour: red}\n", "x.yaml:3: classes[0].colour"},
+		{"class without share", "base: mercury\nclasses:\n  - {name: a, path: /a}\n", "x.yaml:3: classes[0].share"},
+		{"classes not a list", "base: mercury\nclasses: {a: 1}\n", "x.yaml:2: classes"},
+		{"nothing to run", "workers: 2\nclasses:\n  - {name: a, path: /a, share: 1, service: 1ms}\n", "x.yaml:1: loads"},
+		{"phase slowdown 0", "base: mercury\nloads: []\nphases:\n  - {at: 0s, load: 10, slowdown: 0}\nlength: 10s\n", "x.yaml:4: phases[0].slowdown"},
+		{"tab", "base: mercury\n\tworkers: 3\n", "x.yaml:"},
+		{"not a mapping", "- 1\n- 2\n", "x.yaml:1"},
+		{"empty", "", "x.yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseScenario("x.yaml", []byte(tc.src))
+			if err == nil {
+				t.Fatalf("no error for\n%s", tc.src)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseScenario: any input gives a scenario that validates or an
+// error with a position, never a panic; a scenario that parses also runs.
+func FuzzParseScenario(f *testing.F) {
+	f.Add(goodScenario)
+	f.Add("base: mercury\nclient: {attempts: 5}\nloads: [9000]\n")
+	f.Add("base: load-step\nphases:\n  - {at: 0s, load: 10}\n  - {at: 1s, load: 1000, slowdown: 3}\nlength: 3s\ninterval: 500ms\n")
+	f.Add("workers: 1\nclasses:\n  - {name: a, path: /a, share: 1, service: {dist: loguniform, min: 1us, max: 1s}}\nloads: [1e9]\nstep: 1ms\n")
+	f.Add("{")
+	f.Fuzz(func(t *testing.T, src string) {
+		s, err := ParseScenario("fuzz.yaml", []byte(src))
+		if err != nil {
+			var es yamlfile.Errors
+			if !errors.As(err, &es) || len(es) == 0 || es[0].File != "fuzz.yaml" {
+				t.Fatalf("error without position: %v", err)
+			}
+			return
+		}
+		// Keep the run tiny: the parser's job is to hand the engine only
+		// scenarios it can run.
+		s.Step, s.Warmup, s.Length, s.Interval = 20*time.Millisecond, 0, 20*time.Millisecond, 10*time.Millisecond
+		for i := range s.Phases {
+			s.Phases[i].At = time.Duration(i) * time.Millisecond
+		}
+		for i := range s.Loads {
+			s.Loads[i] = min(s.Loads[i], 1e5)
+		}
+		for i := range s.Phases {
+			s.Phases[i].Load = min(s.Phases[i].Load, 1e5)
+		}
+		if len(s.Loads) > 3 {
+			s.Loads = s.Loads[:3]
+		}
+		if _, err := Simulate(s, Options{}); err != nil {
+			t.Fatalf("parsed but does not run: %v\n%s", err, src)
+		}
+	})
+}
