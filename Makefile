@@ -27,6 +27,7 @@ bench:
 		RedisRate/RedisSluice RedisSluiceScriptGoRedis/RedisSluice
 	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
+	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./sim
 
 # The main job: goodput under open-loop overload, with and without sluice.
 demo:
