@@ -77,6 +77,9 @@ func genScenario(t *rapid.T) Scenario {
 		}
 		s.Classes = append(s.Classes, c)
 	}
+	if raceEnabled {
+		s.Step = time.Second
+	}
 	s.Loads = []float64{1}
 	d, err := s.withDefaults()
 	if err != nil {
