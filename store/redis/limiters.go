@@ -203,6 +203,6 @@ func (s *Store) SlidingLog(name string, w *limit.SlidingLog) (store.Limiter, err
 func TokenBucketScript(tb *limit.TokenBucket, cost int64) (src string, argv []string) {
 	r := tb.Rate()
 	per, burst := int64(r.Per()), tb.Limit()
-	return commonLua + tokenBucketLua, []string{"0", "take", itoa(cost), "1",
+	return tokenBucketLua, []string{"0", "take", itoa(cost), "1",
 		packDoubles(per, r.Tokens(), burst*per, burst, int64(tb.Window()), ttlMs(tb.Window()))}
 }

@@ -62,7 +62,7 @@ var slidingWindowLua string
 var slidingLogLua string
 
 var (
-	sources = []string{commonLua + tokenBucketLua, commonLua + gcraLua, commonLua + fixedWindowLua,
+	sources = []string{tokenBucketLua, commonLua + gcraLua, commonLua + fixedWindowLua,
 		commonLua + concurrencyLua, commonLua + leakyBucketLua, commonLua + slidingWindowLua, commonLua + slidingLogLua}
 	tokenBucketScript   = rueidis.NewLuaScript(sources[0])
 	gcraScript          = rueidis.NewLuaScript(sources[1])

@@ -295,3 +295,42 @@ func TestPermitIDsLeaveBit63(t *testing.T) {
 		}
 	}
 }
+
+// A foreign or corrupted value under a limiter's key (another program's
+// data, a truncated write) is read as fresh state: the script answers at
+// once — a script that spun on it would block Redis for every client — and
+// the decision is the one of an unused key.
+func TestCorruptStateReadsFresh(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 20)
+	g, _ := limit.NewGCRA(limit.PerSecond(10), 20)
+	lb, _ := limit.NewLeakyBucket(limit.PerSecond(10), 5)
+	ltb, _ := st.TokenBucket("tb", tb)
+	lg, _ := st.GCRA("gcra", g)
+	llb, _ := st.LeakyBucket("leaky", lb)
+	nan := string(slices.Repeat([]byte{0xff}, 16))
+	huge := packDoubles(0, 0)[:0] + string(slices.Repeat([]byte{0x7f, 0xef, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 2)) // big-endian 1.8e308 bytes, read little-endian
+	for _, raw := range []string{nan, huge, string(make([]byte, 16)) + "x", "not ours", packDoubles(1<<53, 1<<53),
+		"\x00\x00\x00\x00\x00\x00\xf0\x7f\x00\x00\x00\x00\x00\x00\xf0\x7f" /* +Inf, +Inf */, "\x00\x00\x00\x00\x00\x00\xf0\xff\x00\x00\x00\x00\x00\x00\xf0\xff" /* -Inf */} {
+		for name, lim := range map[string]store.Limiter{"tb": ltb, "gcra": lg, "leaky": llb} {
+			key := st.key(name, "k")
+			if err := st.client.Do(context.Background(), st.client.B().Set().Key(key).Value(raw).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			r, _, err := lim.Take(ctx, "k", 0, 1, 0)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s on %q: %v", name, raw, err)
+			}
+			if !r.OK() || r.Wait != 0 {
+				t.Fatalf("%s on %q: %+v, want the fresh state's admission", name, raw, r)
+			}
+		}
+	}
+}

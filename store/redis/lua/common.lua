@@ -10,9 +10,13 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- idiv: exact floor(x / g) for 0 <= x < 2^53, g >= 1.
+-- idiv: exact floor(x / g) for |x| < 2^53, g >= 1. Outside that range
+-- (only reachable from a foreign or corrupted state value) it returns the
+-- rounded quotient without correcting it: the correction loops must never
+-- spin on doubles that cannot step by one.
 local function idiv(x, g)
   local q = math.floor(x / g)
+  if q >= 9007199254740992 or q <= -9007199254740992 then return q end
   while q * g > x do q = q - 1 end
   while (q + 1) * g <= x do q = q + 1 end
   return q
@@ -27,10 +31,15 @@ end
 
 -- load2 / save2: a state of two numbers packed as two little-endian
 -- doubles (exact for integers below 2^53, and much cheaper than decimal
--- strings). A missing or foreign value reads as the fresh state 0, 0.
+-- strings). A missing, foreign or corrupted value (wrong length, NaN,
+-- negative, 2^53 or more) reads as the fresh state 0, 0.
 local function load2(key)
   local raw = redis.call('GET', key)
-  if raw and #raw == 16 then return struct.unpack('<dd', raw) end
+  if raw and #raw == 16 then
+    local a, b = struct.unpack('<dd', raw)
+    -- NaN fails both tests; anything outside [0, 2^53) is not ours.
+    if a >= 0 and a < 9007199254740992 and b >= 0 and b < 9007199254740992 then return a, b end
+  end
   return 0, 0
 end
 

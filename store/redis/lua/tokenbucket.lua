@@ -1,6 +1,11 @@
 -- Token bucket step: the Redis twin of limit.TokenBucket.Take/Refund.
+-- The busiest script, so it stands alone (common.lua is not prepended):
+-- every `local function` of a script body is a new closure on every call,
+-- and the hot path here has none. Lua numbers are doubles; every value
+-- stays below 2^53 and divisions are corrected to be exact.
 -- KEYS[1]: the deficit in scaled units and the last refill time (us),
---          packed in one value (load2/save2) so a step is one GET, one SET.
+--          packed as two little-endian doubles, so a step is one GET and
+--          one SET.
 -- ARGV: 1 now override (us, 0 = TIME), 2 op ("take" | "refund"), 3 cost,
 --       4 handle (unused), 5 the fixed parameters packed as six
 --       little-endian doubles: unit (scaled units per token = rate period in
@@ -8,11 +13,23 @@
 --       unit), burst, fill (ns from empty to full), ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}
 --   status 0 allowed, 1 denied, 2 exceeded, 3 invalid.
-local now = now_us()
+local now = tonumber(ARGV[1])
+if now <= 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local unit, gain, cap, burst, fill, ttl = struct.unpack('<dddddd', ARGV[5])
 if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0} end
-local d, last = load2(KEYS[1])
+
+-- The state; a missing, foreign or corrupted value (wrong length, NaN,
+-- outside its range) reads as a full bucket.
+local d, last = 0, 0
+local raw = redis.call('GET', KEYS[1])
+if raw and #raw == 16 then
+  local a, b = struct.unpack('<dd', raw)
+  if a >= 0 and a <= cap and b >= 0 and b < 9007199254740992 then d, last = a, b end
+end
 
 -- Refill up to now; a now behind last adds nothing and keeps last.
 if now > last then
@@ -23,33 +40,50 @@ if now > last then
   end
 end
 
--- Last is kept even for a full bucket (it decides how a stale reading is
--- treated); the TTL collects the key once the bucket has been full a while.
-local function save() save2(KEYS[1], d, last, ttl) end
-
 if op == 'refund' then
   d = math.max(d - cost * unit, 0)
-  save()
+  redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
   return {0, 0, 0, 0, 0}
 end
 
+local status, retry, reset = 0, 0, 0
 if cost <= 0 then
-  return {3, idiv(cap - d, unit), 0, 0, 0}
-end
-local behind = math.max(last - now, 0) * 1000
-local status, retry = 0, 0
-if cost > burst then
-  status = 2
+  status = 3
 else
+  local behind = 0
+  if last > now then behind = (last - now) * 1000 end
   local need = cost * unit
-  if d + need <= cap then
+  if cost > burst then
+    status = 2
+  elseif d + need <= cap then
     d = d + need
   else
+    -- retry = behind + ceil((d + need - cap) / gain), exact
     status = 1
-    retry = behind + cdiv(d + need - cap, gain)
+    local x = d + need - cap
+    local q = math.floor(x / gain)
+    while q * gain > x do q = q - 1 end
+    while (q + 1) * gain <= x do q = q + 1 end
+    if q * gain < x then q = q + 1 end
+    retry = behind + q
   end
+  if d > 0 then
+    -- reset = behind + ceil(d / gain), exact
+    local q = math.floor(d / gain)
+    while q * gain > d do q = q - 1 end
+    while (q + 1) * gain <= d do q = q + 1 end
+    if q * gain < d then q = q + 1 end
+    reset = behind + q
+  end
+  -- Last is kept even for a full bucket (it decides how a stale reading
+  -- is treated); the TTL collects the key once the bucket has been full a
+  -- while.
+  redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
 end
-local reset = 0
-if d > 0 then reset = behind + cdiv(d, gain) end
-save()
-return {status, idiv(cap - d, unit), retry, reset, 0}
+
+-- remaining = floor((cap - d) / unit), exact
+local x = cap - d
+local rem = math.floor(x / unit)
+while rem * unit > x do rem = rem - 1 end
+while (rem + 1) * unit <= x do rem = rem + 1 end
+return {status, rem, retry, reset, 0}
