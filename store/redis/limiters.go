@@ -34,6 +34,7 @@ type limiter struct {
 	paced   bool         // leaky bucket: extra is the deadline budget
 	meta    bool         // sliding log: a second key (same slot) holds the sum
 	now     func() int64 // test hook: now in µs (nil: Redis TIME)
+	batch   *batcher     // single-key algorithms: concurrent steps share script calls
 }
 
 var _ store.Limiter = (*limiter)(nil)
@@ -58,7 +59,13 @@ func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int6
 	case l.paced && deadline != 0:
 		extra = strconv.FormatInt(max(deadline-now, 1), 10) // budget left, on the caller's clock
 	}
-	v, err := l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra))
+	var v [5]int64
+	var err error
+	if l.batch != nil {
+		v, err = l.batch.do(l.s.key(l.name, key), "take", cost, extra)
+	} else {
+		v, err = l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra))
+	}
 	if err != nil {
 		return limit.Result{}, 0, err
 	}
@@ -74,7 +81,12 @@ func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int6
 
 // Refund gives back cost units, or releases permit h of a concurrency limit.
 func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now, cost int64) error {
-	_, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, strconv.FormatUint(uint64(h), 16)))
+	extra := strconv.FormatUint(uint64(h), 16)
+	if l.batch != nil {
+		_, err := l.batch.do(l.s.key(l.name, key), "refund", cost, extra)
+		return err
+	}
+	_, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra))
 	return err
 }
 
@@ -125,8 +137,10 @@ func (s *Store) TokenBucket(name string, tb *limit.TokenBucket) (store.Limiter, 
 		return nil, fmt.Errorf("redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
 	}
 	fill := int64(tb.Window())
-	return &limiter{s: s, name: name, script: tokenBucketScript, limit: burst, window: tb.Window(),
-		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
+	l := &limiter{s: s, name: name, script: tokenBucketScript, limit: burst, window: tb.Window(),
+		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}
+	l.batch = newBatcher(l, tokenBucketBatch)
+	return l, nil
 }
 
 // GCRA returns a keyed GCRA named name; burst × period must stay below 2^53.
@@ -136,8 +150,10 @@ func (s *Store) GCRA(name string, g *limit.GCRA) (store.Limiter, error) {
 	if burst > maxExact/max(per, 1000*n) {
 		return nil, fmt.Errorf("redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
 	}
-	return &limiter{s: s, name: name, script: gcraScript, limit: burst, window: g.Window(),
-		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
+	l := &limiter{s: s, name: name, script: gcraScript, limit: burst, window: g.Window(),
+		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}
+	l.batch = newBatcher(l, gcraBatch)
+	return l, nil
 }
 
 // FixedWindow returns a keyed fixed window named name. Windows are aligned
@@ -146,8 +162,10 @@ func (s *Store) FixedWindow(name string, w *limit.FixedWindow) (store.Limiter, e
 	if w.Window()%time.Microsecond != 0 {
 		return nil, fmt.Errorf("redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
 	}
-	return &limiter{s: s, name: name, script: fixedWindowScript, limit: w.Limit(), window: w.Window(),
-		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
+	l := &limiter{s: s, name: name, script: fixedWindowScript, limit: w.Limit(), window: w.Window(),
+		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}
+	l.batch = newBatcher(l, fixedWindowBatch)
+	return l, nil
 }
 
 // Concurrency returns a fleet-wide concurrency limit named name: permits are
@@ -169,8 +187,10 @@ func (s *Store) LeakyBucket(name string, lb *limit.LeakyBucket) (store.Limiter, 
 	if lb.Queue()+1 > maxExact/max(per, 1000*n) {
 		return nil, fmt.Errorf("redis: leaky bucket %q: queue %d too large for rate %v in Redis' doubles", name, lb.Queue(), r)
 	}
-	return &limiter{s: s, name: name, script: leakyBucketScript, limit: lb.Limit(), window: lb.Window(), paced: true,
-		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(lb.Window()+time.Second))}}, nil
+	l := &limiter{s: s, name: name, script: leakyBucketScript, limit: lb.Limit(), window: lb.Window(), paced: true,
+		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(lb.Window()+time.Second))}}
+	l.batch = newBatcher(l, leakyBucketBatch)
+	return l, nil
 }
 
 // SlidingWindow returns a keyed sliding window counter named name. The
@@ -183,8 +203,10 @@ func (s *Store) SlidingWindow(name string, w *limit.SlidingWindow) (store.Limite
 	if w.Limit() > maxExact/us {
 		return nil, fmt.Errorf("redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
 	}
-	return &limiter{s: s, name: name, script: slidingWindowScript, limit: w.Limit(), window: w.Window(),
-		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}, nil
+	l := &limiter{s: s, name: name, script: slidingWindowScript, limit: w.Limit(), window: w.Window(),
+		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}
+	l.batch = newBatcher(l, slidingWindowBatch)
+	return l, nil
 }
 
 // SlidingLog returns a keyed exact sliding log named name: a sorted set of

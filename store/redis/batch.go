@@ -1,0 +1,256 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-go/sluice/store"
+)
+
+// Batching: concurrent decisions of one limiter that map to one Redis node
+// and slot go to Redis as one script call that runs every step in order.
+// Each step stays atomic and exactly as it would be alone (the script is
+// the same body, called once per step inside one atomic EVALSHA), but the
+// per-command costs of Redis — dispatch, the script call, the TIME read —
+// are paid once per batch instead of once per decision.
+//
+// Group commit without a timer: a decision goes out at once while fewer
+// than maxInflight batches of its group are in flight; otherwise it waits
+// for the next batch, which the first waiting decision sends as soon as a
+// batch in flight returns. Alone, a decision never waits for a batch; under
+// load, batches grow with the load. No decision waits beyond Options.Timeout
+// from its arrival: a batch's deadline is its oldest decision's.
+
+const (
+	// maxInflight is the batches of one group in flight at once: enough to
+	// keep a pipelined connection busy, few enough that waiting decisions
+	// gather into batches.
+	maxInflight = 2
+)
+
+// batchSource wraps an algorithm script (which reads KEYS[1] and ARGV[1..5]
+// and returns five integers) into one that runs it for every key of
+// KEYS. ARGV of the batch: 1 now override (µs, 0: Redis TIME, read once
+// for the whole batch), 2 the fixed parameters, then op, cost, extra per
+// key. The reply is the five integers of each step, in order.
+func batchSource(body string) string {
+	return `local function step(KEYS, ARGV)
+` + body + `
+end
+local now = tonumber(ARGV[1])
+if now <= 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+ARGV[1] = now -- for helpers of common.lua that read the global ARGV
+local fixed, out, k = ARGV[2], {}, 0
+for i = 1, #KEYS do
+  local j = 3 * i
+  local r = step({KEYS[i]}, {now, ARGV[j], ARGV[j + 1], ARGV[j + 2], fixed})
+  out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r[1], r[2], r[3], r[4], r[5]
+  k = k + 5
+end
+return out
+`
+}
+
+// call is one decision waiting in a batch.
+type call struct {
+	key, op, extra string
+	cost           int64
+	arrived        time.Time
+	res            [5]int64
+	err            error
+	batch          []*call       // set when this call is made the leader of a batch
+	done           chan struct{} // result ready, or leadership handed over
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// group is the batching state of the keys of one limiter that share a
+// slot (all keys, on a standalone server).
+type group struct {
+	max      int // decisions per batch
+	mu       sync.Mutex
+	pending  []*call
+	inflight int
+}
+
+// batcher batches the steps of one limiter.
+type batcher struct {
+	l       *limiter
+	script  *rueidis.Lua
+	cluster bool
+
+	mu     sync.Mutex
+	groups map[uint16]*group // by slot; slot 0 on a standalone server
+	single group
+}
+
+// newBatcher returns a batcher for l, or nil when the store does not batch.
+func newBatcher(l *limiter, script *rueidis.Lua) *batcher {
+	if l.s.opts.Batch <= 1 {
+		return nil
+	}
+	return &batcher{l: l, script: script, cluster: l.s.client.Mode() == rueidis.ClientModeCluster,
+		groups: map[uint16]*group{}, single: group{max: l.s.opts.Batch}}
+}
+
+func (b *batcher) group(key string) *group {
+	if !b.cluster {
+		return &b.single
+	}
+	slot := keySlot(key)
+	b.mu.Lock()
+	g := b.groups[slot]
+	if g == nil {
+		g = &group{max: b.l.s.opts.Batch}
+		b.groups[slot] = g
+	}
+	b.mu.Unlock()
+	return g
+}
+
+// do runs one step (op on key) in a batch and returns the script's five
+// integers.
+func (b *batcher) do(key, op string, cost int64, extra string) ([5]int64, error) {
+	s := b.l.s
+	if s.open.Load() {
+		s.maybeProbe()
+		return [5]int64{}, store.ErrUnavailable
+	}
+	c := callPool.Get().(*call)
+	c.key, c.op, c.cost, c.extra, c.arrived = key, op, cost, extra, time.Now()
+	g := b.group(key)
+	g.mu.Lock()
+	if g.inflight < maxInflight {
+		g.inflight++
+		batch := g.take(c)
+		g.mu.Unlock()
+		b.lead(g, batch)
+	} else {
+		g.pending = append(g.pending, c)
+		g.mu.Unlock()
+		<-c.done
+		if c.batch != nil {
+			batch := c.batch
+			c.batch = nil
+			b.lead(g, batch)
+		}
+	}
+	res, err := c.res, c.err
+	*c = call{done: c.done}
+	callPool.Put(c)
+	return res, err
+}
+
+// take returns first and up to maxBatch-1 pending calls as a batch. g.mu
+// must be held.
+func (g *group) take(first *call) []*call {
+	n := min(len(g.pending), g.max-1)
+	batch := make([]*call, 0, n+1)
+	batch = append(batch, first)
+	batch = append(batch, g.pending[:n]...)
+	rest := copy(g.pending, g.pending[n:])
+	clear(g.pending[rest:])
+	g.pending = g.pending[:rest]
+	return batch
+}
+
+// lead sends batch (its first call is the caller's), hands the results to
+// the other callers, and passes the in-flight turn on to the next waiting
+// call, if any.
+func (b *batcher) lead(g *group, batch []*call) {
+	b.exec(batch)
+	for _, c := range batch[1:] {
+		c.done <- struct{}{}
+	}
+	g.mu.Lock()
+	if len(g.pending) == 0 {
+		g.inflight--
+		g.mu.Unlock()
+		return
+	}
+	next := g.pending[0]
+	g.pending = g.pending[1:]
+	next.batch = g.take(next)
+	g.mu.Unlock()
+	next.done <- struct{}{}
+}
+
+// exec runs one batch under the store's breaker, with the deadline of its
+// oldest call. The batch serves many callers, so no one caller's context
+// cancels it; each caller waits at most Options.Timeout from its arrival.
+func (b *batcher) exec(batch []*call) {
+	s, l := b.l.s, b.l
+	fail := func(err error) {
+		for _, c := range batch {
+			c.err = err
+		}
+	}
+	if s.open.Load() {
+		s.maybeProbe()
+		fail(store.ErrUnavailable)
+		return
+	}
+	oldest := batch[0].arrived
+	for _, c := range batch[1:] {
+		if c.arrived.Before(oldest) {
+			oldest = c.arrived
+		}
+	}
+	keys := make([]string, len(batch))
+	args := make([]string, 0, 2+3*len(batch))
+	now := "0"
+	if l.now != nil {
+		now = strconv.FormatInt(l.now(), 10)
+	}
+	args = append(args, now, l.fixed[0])
+	for i, c := range batch {
+		keys[i] = c.key
+		args = append(args, c.op, strconv.FormatInt(c.cost, 10), c.extra)
+	}
+	cctx, cancel := context.WithDeadline(context.Background(), oldest.Add(s.opts.Timeout))
+	vals, err := b.script.Exec(cctx, s.client, keys, args).AsIntSlice()
+	cancel()
+	if err == nil && len(vals) != 5*len(batch) {
+		err = fmt.Errorf("batch script returned %d values for %d steps", len(vals), len(batch))
+	}
+	if err != nil {
+		s.trip()
+		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
+		return
+	}
+	for i, c := range batch {
+		copy(c.res[:], vals[5*i:5*i+5])
+	}
+}
+
+// keySlot is the Redis Cluster slot of key: CRC16 (XMODEM) of its hash tag
+// (the part between the first '{' and the next '}', when not empty) modulo
+// 16384.
+func keySlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc & 16383
+}
