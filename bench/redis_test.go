@@ -40,11 +40,29 @@ func runRedis(b *testing.B, decide func(ctx context.Context, key string) bool) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "dec/s")
 }
 
-// BenchmarkRedisSluice: sluice's token bucket script through rueidis
-// (auto-pipelined), with timeout and breaker.
+// BenchmarkRedisSluice: sluice's token bucket through store/redis as
+// configured by default: rueidis (auto-pipelined), concurrent decisions
+// batched into shared script calls, timeout and breaker.
 func BenchmarkRedisSluice(b *testing.B) {
 	srv := redistest.Start(b)
 	st, err := sredis.New(sredis.Options{Addrs: []string{srv.Addr}, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	lim, _ := st.TokenBucket("bench", bucket(b))
+	runRedis(b, func(ctx context.Context, key string) bool {
+		r, _, err := lim.Take(ctx, key, 0, 1, 0)
+		return err == nil && r.OK()
+	})
+}
+
+// BenchmarkRedisSluiceNoBatch: the same, every decision its own script
+// call (Options.Batch 1): what batching adds, and the rueidis side of the
+// client comparison below.
+func BenchmarkRedisSluiceNoBatch(b *testing.B) {
+	srv := redistest.Start(b)
+	st, err := sredis.New(sredis.Options{Addrs: []string{srv.Addr}, Timeout: time.Second, Batch: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -135,6 +135,15 @@ const (
 	KindLadder        = "ladder"
 )
 
+// FieldLine returns the line of the gate's field name in its file, or the
+// gate's own line when the field is not written.
+func (g *Gate) FieldLine(name string) int {
+	if l, ok := g.fields[name]; ok && l > 0 {
+		return l
+	}
+	return g.Line
+}
+
 // kindFields lists, per kind, the fields that apply and those required.
 var kindFields = map[string]struct{ allowed, required []string }{
 	KindTokenBucket:   {[]string{"rate", "burst", "refund"}, []string{"rate", "burst"}},

@@ -58,7 +58,7 @@
 // once, to the four points together: the cancellation checkpoint at 30% of
 // the work. The model is close to linear in the excess load while the
 // seed's curve bends, which bounds the agreement: seed 1 gives 3,942 /
-// 3,422 / 2,060 / 1,161 (+1.1%, −7.5%, +8.4%, −3.3%).
+// 3,422 / 2,060 / 1,161 (+1.1%, −7.5%, +8.4%, −3.2%).
 //
 // Seeds 1–10 (60 s steps, 10 s warmup) spread goodput without admission
 // over 3,886–3,993 at 4k, 3,415–3,446 at 5k, 2,035–2,076 at 8k and

@@ -82,7 +82,7 @@ func (p *sparser) scenario(n *yaml.Node) Scenario {
 				name := p.Str(v, "base")
 				b, ok := Builtin(name)
 				if !ok && name != "" {
-					p.Errf(v, "base", "unknown built-in scenario %q (known: %v)", name, Builtins())
+					p.Errf(v, "base", "unknown built-in scenario %q (known: %s)", name, strings.Join(Builtins(), ", "))
 				}
 				s = b
 				// The base's published curve belongs to its own model,
@@ -118,7 +118,9 @@ func (p *sparser) scenario(n *yaml.Node) Scenario {
 		case "step":
 			s.Step = p.Duration(v, key, time.Millisecond)
 		case "warmup":
-			s.Warmup = p.Duration(v, key, 0)
+			if s.Warmup = p.Duration(v, key, 0); s.Warmup == 0 {
+				s.Warmup = -1 // explicitly none, not the default
+			}
 		case "phases":
 			s.Phases = p.phases(v)
 		case "length":
@@ -131,6 +133,15 @@ func (p *sparser) scenario(n *yaml.Node) Scenario {
 			s.Policy = p.Str(v, key)
 		}
 	})
+	// The file chooses between a sweep and a time series: loads given
+	// without phases replace the base's phases, and the other way round.
+	if _, ok := p.lines["loads"]; ok {
+		if _, ok := p.lines["phases"]; !ok {
+			s.Phases = nil
+		}
+	} else if _, ok := p.lines["phases"]; ok {
+		s.Loads = nil
+	}
 	if s.Name == "" {
 		s.Name = "scenario"
 	}

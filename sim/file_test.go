@@ -54,6 +54,15 @@ func TestParseScenario(t *testing.T) {
 	if s.Workers != 40 || s.Client.Attempts != 5 || s.Client.Backoff != 200*time.Millisecond || len(s.Loads) != 1 || s.Reference != nil {
 		t.Fatalf("%+v", s)
 	}
+	// loads over a time-series base make it a sweep; an explicit warmup of
+	// 0 means none.
+	s, err = ParseScenario("c.yaml", []byte("base: load-step\nloads: [50]\nstep: 30s\nwarmup: 0s\n"))
+	if err != nil || len(s.Phases) != 0 || len(s.Loads) != 1 {
+		t.Fatalf("%v %+v", err, s)
+	}
+	if d, _ := s.withDefaults(); d.Warmup != 0 {
+		t.Fatalf("warmup %v, want none", d.Warmup)
+	}
 	// The example file parses and names its policy.
 	data, err := os.ReadFile("../examples/scenarios/retry-storm.yaml")
 	if err != nil {
@@ -85,6 +94,12 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"nothing to run", "workers: 2\nclasses:\n  - {name: a, path: /a, share: 1, service: 1ms}\n", "x.yaml:1: loads"},
 		{"phase slowdown 0", "base: mercury\nloads: []\nphases:\n  - {at: 0s, load: 10, slowdown: 0}\nlength: 10s\n", "x.yaml:4: phases[0].slowdown"},
 		{"tab", "base: mercury\n\tworkers: 3\n", "x.yaml:"},
+		{"more work than the bound", "base: mercury\nloads: [10000000]\n", "x.yaml:2: loads[0]: 1e+07 units/s for a 1m0s step"},
+		{"a day of 1 ms rows", "base: load-step\nlength: 24h\ninterval: 1ms\n", "x.yaml:3: interval"},
+		{"a long time series", "base: load-step\nphases:\n  - {at: 0s, load: 2000}\nlength: 24h\n", "x.yaml:3: phases"},
+		{"too many tenants", "base: mercury\nclasses:\n  - {name: a, share: 1, tenants: 1000000}\n  - {name: b, share: 1, tenants: 1000000}\n", "x.yaml:4: classes[1].tenants"},
+		{"loads and phases", "base: mercury\nloads: [1]\nphases:\n  - {at: 0s, load: 1}\n", "x.yaml:4: phases: both loads"},
+		{"no capacity", "base: mercury\ncapacity: 0\n", "x.yaml:2: capacity"},
 		{"not a mapping", "- 1\n- 2\n", "x.yaml:1"},
 		{"empty", "", "x.yaml"},
 	} {

@@ -15,7 +15,9 @@ import (
 )
 
 // Row is one sweep step or one time-series interval. Loads are in the
-// scenario's units per second, averaged over the measured time.
+// scenario's units per second, averaged over the measured time. Each
+// figure counts the events inside that time, so work admitted just before
+// it and started inside it can make Started a little above Admitted.
 type Row struct {
 	// T is the start of a time-series interval in seconds (0 in a sweep).
 	T float64 `json:"t,omitempty"`
@@ -135,13 +137,13 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // WriteTable prints one table per run.
 func (r *Report) WriteTable(w io.Writer) {
 	u := r.Unit + "/s"
-	fmt.Fprintf(w, "scenario %s: capacity %.0f %s on %d workers, seed %d", r.Scenario, r.Capacity, u, r.Workers, r.Seed)
+	fmt.Fprintf(w, "scenario %s: capacity %.4g %s on %d workers, seed %d", r.Scenario, r.Capacity, u, r.Workers, r.Seed)
 	if r.StepSeconds > 0 {
 		fmt.Fprintf(w, ", %gs per step", r.StepSeconds)
 	}
 	fmt.Fprintln(w)
 	if r.Note != "" {
-		fmt.Fprintln(w, r.Note)
+		fmt.Fprintf(w, "note: %s.\n", r.Note)
 	}
 	for _, run := range r.Runs {
 		fmt.Fprintf(w, "\n%s (%s)\n", run.Name, u)
@@ -149,14 +151,14 @@ func (r *Report) WriteTable(w io.Writer) {
 		if r.Series {
 			fmt.Fprintln(tw, "t\toffered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tqueue\tp99 ms\tlevel\t")
 			for _, s := range run.Steps {
-				fmt.Fprintf(tw, "%.0fs\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%.0f\t%s\t\n",
-					s.T, s.Offered, s.Retried, s.Admitted, s.RejectedTotal(), s.Started, s.Goodput, s.Late, s.Abandoned, s.Queue, s.P99Ms, s.Level)
+				fmt.Fprintf(tw, "%.0fs\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%s\t%s\t\n",
+					s.T, s.Offered, s.Retried, s.Admitted, s.RejectedTotal(), s.Started, s.Goodput, s.Late, s.Abandoned, s.Queue, ms(s.P99Ms, s.Goodput), s.Level)
 			}
 		} else {
 			fmt.Fprintln(tw, "offered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tp50 ms\tp99 ms\tbusy\t")
 			for _, s := range run.Steps {
-				fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f%%\t\n",
-					s.Offered, s.Retried, s.Admitted, rejectedText(s.Rejected), s.Started, s.Goodput, s.Late, s.Abandoned, s.P50Ms, s.P99Ms, 100*s.Utilization)
+				fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%.0f%%\t\n",
+					s.Offered, s.Retried, s.Admitted, rejectedText(s.Rejected), s.Started, s.Goodput, s.Late, s.Abandoned, ms(s.P50Ms, s.Goodput), ms(s.P99Ms, s.Goodput), 100*s.Utilization)
 			}
 		}
 		tw.Flush()
@@ -175,6 +177,14 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 }
 
+// ms prints a latency of useful work, or "-" when there was none.
+func ms(v, goodput float64) string {
+	if goodput == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
 func rejectedText(m map[string]float64) string {
 	if len(m) == 0 {
 		return "0"
@@ -186,7 +196,11 @@ func rejectedText(m map[string]float64) string {
 	slices.Sort(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %.0f", k, m[k])
+		if v := m[k]; v < 0.5 {
+			parts[i] = k + " <1"
+		} else {
+			parts[i] = fmt.Sprintf("%s %.0f", k, v)
+		}
 	}
 	return strings.Join(parts, ", ")
 }

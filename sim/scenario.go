@@ -31,7 +31,8 @@ type Scenario struct {
 	// Loads are the offered loads of a sweep, in units/s of first attempts.
 	Loads []float64
 	// Step is the simulated length of one sweep step (default 60 s), and
-	// Warmup its unmeasured beginning (default 10 s).
+	// Warmup its unmeasured beginning (default 10 s for steps of 20 s or
+	// more, none for shorter ones; negative: none).
 	Step, Warmup time.Duration
 	// Phases, when set, make a single time series instead of a sweep: the
 	// load (and slowdown) of each phase holds from its At until the next.
@@ -200,6 +201,14 @@ const (
 	maxLoad    = 1e7 // units/s
 	maxWorkers = 1 << 20
 	maxLength  = 24 * time.Hour
+	// maxRequests bounds the first attempts of one sweep step or one time
+	// series (e.g. 10,000 req/s for 2,000 s): the queue of a naive service
+	// can hold most of them, so this bounds memory (about 100 bytes each).
+	maxRequests = 2e7
+	// maxRows bounds the rows of a time series.
+	maxRows = 100_000
+	// maxTenants bounds the tenants of all classes together.
+	maxTenants = 1 << 20
 )
 
 // FieldError is a scenario error naming the field; Load fills in the file
@@ -298,7 +307,7 @@ func (s Scenario) withDefaults() (Scenario, error) {
 		return s, ferr("classes", "none, want at least one request class")
 	}
 	s.Classes = append([]Class(nil), s.Classes...)
-	total := 0.0
+	total, tenants := 0.0, 0
 	names := map[string]bool{}
 	for i := range s.Classes {
 		cl := &s.Classes[i]
@@ -325,19 +334,26 @@ func (s Scenario) withDefaults() (Scenario, error) {
 		if cl.Units < 1 || cl.Units > 1<<20 {
 			return s, ferr(f+".units", "%d, want 1 to %d", cl.Units, 1<<20)
 		}
+		if cl.Share == 0 {
+			return s, ferr(f+".share", "missing: the class's part of the load, a number > 0")
+		}
 		if !(cl.Share > 0) || cl.Share > 1e6 {
-			return s, ferr(f+".share", "%v, want > 0", cl.Share)
+			return s, ferr(f+".share", "%v, want > 0 and ≤ 1e6", cl.Share)
 		}
 		total += cl.Share
 		if cl.Tenants == 0 {
 			cl.Tenants = 1
 		}
-		if cl.Tenants < 1 || cl.Tenants > 1<<20 {
-			return s, ferr(f+".tenants", "%d, want 1 to %d", cl.Tenants, 1<<20)
+		if cl.Tenants < 1 || cl.Tenants > maxTenants {
+			return s, ferr(f+".tenants", "%d, want 1 to %d", cl.Tenants, maxTenants)
+		}
+		tenants += cl.Tenants
+		if tenants > maxTenants {
+			return s, ferr(f+".tenants", "%d tenants in all classes up to this one; at most %d", tenants, maxTenants)
 		}
 		if cl.Service.isZero() {
 			if s.Capacity == 0 {
-				return s, ferr(f+".service", "missing, and no capacity to derive it from")
+				return s, ferr("capacity", "0, and class %s has no service time: want a capacity to derive it from, or classes[%d].service", cl.Name, i)
 			}
 			mean := time.Duration(float64(cl.Units) * float64(s.Workers) / s.Capacity * 1e9)
 			if mean < 1 {
@@ -360,15 +376,30 @@ func (s Scenario) withDefaults() (Scenario, error) {
 	if s.Step == 0 {
 		s.Step = 60 * time.Second
 	}
-	if s.Warmup == 0 && s.Step >= 20*time.Second {
+	switch {
+	case s.Warmup < 0:
+		s.Warmup = 0
+	case s.Warmup == 0 && s.Step >= 20*time.Second:
 		s.Warmup = 10 * time.Second
 	}
 	if s.Step <= 0 || s.Step > maxLength || s.Warmup < 0 || s.Warmup >= s.Step {
 		return s, ferr("step", "step %v with warmup %v: want 0 ≤ warmup < step ≤ %v", s.Step, s.Warmup, maxLength)
 	}
+	if len(s.Loads) > 0 && len(s.Phases) > 0 {
+		return s, ferr("phases", "both loads (a sweep) and phases (a time series) are set: want one of them")
+	}
+	// requests per unit of load and second, for the work bound
+	perUnit := 0.0
+	for _, cl := range s.Classes {
+		perUnit += cl.Share / float64(cl.Units)
+	}
 	for i, l := range s.Loads {
 		if !(l > 0) || l > maxLoad {
 			return s, ferr(fmt.Sprintf("loads[%d]", i), "%v, want units/s in (0, %g]", l, float64(maxLoad))
+		}
+		if n := l * perUnit * s.Step.Seconds(); n > maxRequests {
+			return s, ferr(fmt.Sprintf("loads[%d]", i), "%g units/s for a %v step is %.3g requests; the simulator takes at most %g per step: shorten the step or lower the load",
+				l, s.Step, n, float64(maxRequests))
 		}
 	}
 	if len(s.Phases) > 0 {
@@ -398,6 +429,20 @@ func (s Scenario) withDefaults() (Scenario, error) {
 		}
 		if s.Length <= last || s.Length > maxLength || s.Interval <= 0 || s.Interval > s.Length {
 			return s, ferr("length", "length %v, interval %v: want the last phase inside the length, ≤ %v, and 0 < interval ≤ length", s.Length, s.Interval, maxLength)
+		}
+		if rows := s.Length / s.Interval; rows > maxRows {
+			return s, ferr("interval", "%v over a length of %v is %d rows; at most %d", s.Interval, s.Length, rows, maxRows)
+		}
+		n := 0.0
+		for i, p := range s.Phases {
+			end := s.Length
+			if i+1 < len(s.Phases) {
+				end = s.Phases[i+1].At
+			}
+			n += p.Load * perUnit * (end - p.At).Seconds()
+		}
+		if n > maxRequests {
+			return s, ferr("phases", "%.3g requests over the series; the simulator takes at most %g: shorten the length or lower the loads", n, float64(maxRequests))
 		}
 	} else if len(s.Loads) == 0 {
 		return s, ferr("loads", "none, and no phases: want a sweep (loads) or a time series (phases)")

@@ -56,13 +56,14 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, g := range pol.Gates {
-			if g.Kind == policy.KindUtilization && g.Source == "cpu" {
-				return nil, &policy.Error{File: pol.Path, Line: g.Line, Field: "gates." + g.Name + ".source", Msg: "cpu is this process's real CPU; the simulator runs on a virtual clock: use source: workers"}
+		for i := range pol.Gates {
+			if g := &pol.Gates[i]; g.Kind == policy.KindUtilization && g.Source == "cpu" {
+				return nil, &policy.Error{File: pol.Path, Line: g.FieldLine("source"), Field: fmt.Sprintf("gates[%d].source", i),
+					Msg: "cpu is this process's real CPU; the simulator runs on a virtual clock: use source: workers"}
 			}
 		}
 		if pol.Store.Backend != "memory" && pol.Store.Backend != "" {
-			rep.Note = fmt.Sprintf("note: the policy's %s store is simulated in memory (one replica).", pol.Store.Backend)
+			rep.Note = fmt.Sprintf("the policy's %s store is simulated in memory (one replica)", pol.Store.Backend)
 			pol.Store.Backend = "memory"
 		}
 		rep.Policy = opts.Policy.Name

@@ -81,10 +81,24 @@ func TestSim(t *testing.T) {
 	if _, _, err := run("sim", "--scenario", "venus", "--plot", ""); err == nil || !strings.Contains(err.Error(), "mercury") {
 		t.Fatalf("unknown scenario: %v", err)
 	}
+	// Output paths are checked before simulating; --json - writes to stdout.
+	if _, _, err := run("sim", "--scenario", scn, "--json", filepath.Join(dir, "no", "such", "dir.json")); err == nil {
+		t.Fatal("--json into a missing directory: no error")
+	}
+	if _, _, err := run("sim", "--scenario", scn, "--plot", filepath.Join(dir, "no", "such", "p")); err == nil || !strings.Contains(err.Error(), `--plot ""`) {
+		t.Fatalf("--plot into a missing directory: %v", err)
+	}
+	out, _, err = run("sim", "--scenario", scn, "--no-policy", "--json", "-", "--plot", "")
+	if err != nil || !strings.HasPrefix(out, "{") || strings.Contains(out, "offered  retried") {
+		t.Fatalf("--json -: %v\n%.200s", err, out)
+	}
+	if _, _, err := run("sim", "--no-policy", "--config", "x.yaml"); err == nil {
+		t.Fatal("--no-policy with --config: no error")
+	}
 	// A utilization gate on real CPU cannot run on a virtual clock.
 	cpu := filepath.Join(dir, "cpu.yaml")
 	os.WriteFile(cpu, []byte("version: 1\ngates:\n  - {name: u, kind: utilization, source: cpu, tiers: [default]}\n"), 0o644)
-	if _, errOut, err := run("sim", "--scenario", scn, "--config", cpu, "--plot", ""); err == nil || !strings.Contains(errOut+err.Error(), "cpu.yaml:3: gates.u.source") {
+	if _, errOut, err := run("sim", "--scenario", scn, "--config", cpu, "--plot", ""); err == nil || !strings.Contains(errOut+err.Error(), "cpu.yaml:3: gates[0].source") {
 		t.Fatalf("cpu source: %v\n%s", err, errOut)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +20,7 @@ func simCmd() *cobra.Command {
 	var seed uint64
 	var noPolicy bool
 	cmd := &cobra.Command{
-		Use:   "sim [--config POLICY] --scenario NAME|FILE",
+		Use:   "sim [--scenario NAME|FILE] [--config POLICY]",
 		Short: "Simulate a service under overload on a virtual clock, with and without the policy's real gates",
 		Long: "sluice sim runs a deterministic discrete-event model of a service (workers, a queue, service times)\n" +
 			"and its clients (open-loop arrivals, timeouts, retries) once without admission and once through the\n" +
@@ -46,10 +47,40 @@ func simCmd() *cobra.Command {
 					s.Policy = filepath.Join(filepath.Dir(scenario), s.Policy)
 				}
 			}
+			if noPolicy && config != "" {
+				return errors.New("--no-policy and --config: choose one")
+			}
+			// Output paths are checked before a possibly long simulation.
+			var jsonOut io.Writer
+			if jsonPath == "-" {
+				jsonOut = cmd.OutOrStdout()
+			} else if jsonPath != "" {
+				f, err := os.Create(jsonPath)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				jsonOut = f
+			}
+			if st, err := os.Stat(plotBase); plotBase != "" && (strings.HasSuffix(plotBase, "/") || err == nil && st.IsDir()) {
+				plotBase = filepath.Join(plotBase, "sluice-sim")
+			}
+			if plotBase != "" {
+				for _, ext := range []string{".png", ".svg"} {
+					f, err := os.OpenFile(plotBase+ext, os.O_WRONLY|os.O_CREATE, 0o644)
+					if err != nil {
+						return fmt.Errorf("%w (--plot \"\" for no plot)", err)
+					}
+					f.Close()
+				}
+			}
 			var opts sim.Options
 			if !noPolicy {
 				pol, err := simPolicy(config, s.Policy)
 				if err != nil {
+					if config == "" && s.Policy != "" {
+						return fmt.Errorf("%s: policy: %w", scenario, err)
+					}
 					return err
 				}
 				opts.Policy = pol
@@ -64,20 +95,19 @@ func simCmd() *cobra.Command {
 				}
 				return err
 			}
-			rep.WriteTable(cmd.OutOrStdout())
-			if jsonPath != "" {
-				f, err := os.Create(jsonPath)
-				if err != nil {
+			if jsonPath != "-" {
+				rep.WriteTable(cmd.OutOrStdout())
+			}
+			if jsonOut != nil {
+				if err := rep.WriteJSON(jsonOut); err != nil {
 					return err
 				}
-				if err := rep.WriteJSON(f); err != nil {
-					f.Close()
-					return err
+				if f, ok := jsonOut.(*os.File); ok && f != os.Stdout {
+					if err := f.Close(); err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
 				}
-				if err := f.Close(); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
 			}
 			if plotBase != "" {
 				if err := rep.WritePlot(plotBase+".png", plotBase+".svg"); err != nil {
@@ -92,7 +122,7 @@ func simCmd() *cobra.Command {
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the run with admission (default: the scenario's policy)")
 	cmd.Flags().BoolVar(&noPolicy, "no-policy", false, "only the run without admission")
 	cmd.Flags().Uint64Var(&seed, "seed", 0, "random seed (default: the scenario's)")
-	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the rows as JSON to this file")
+	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the rows as JSON to this file (-: stdout, instead of the table)")
 	cmd.Flags().StringVar(&plotBase, "plot", "sluice-sim", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
 	return cmd
 }

@@ -10,7 +10,9 @@ package yamlfile
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -102,14 +104,30 @@ func (w *Walker) Float(v *yaml.Node, field string, lo, hi float64) float64 {
 	}
 	f, err := strconv.ParseFloat(strings.ReplaceAll(v.Value, "_", ""), 64)
 	if err != nil || f != f {
-		w.Errf(v, field, "%q is not a number", v.Value)
+		w.Errf(v, field, "%q is not a number", clip(v.Value))
 		return 0
 	}
 	if f < lo || f > hi {
-		w.Errf(v, field, "%v is out of range [%v, %v]", f, lo, hi)
+		if lo == math.SmallestNonzeroFloat64 {
+			w.Errf(v, field, "%v is out of range: want > 0 and ≤ %v", f, hi)
+		} else {
+			w.Errf(v, field, "%v is out of range [%v, %v]", f, lo, hi)
+		}
 		return 0
 	}
 	return f
+}
+
+// durationSyntax is what time.ParseDuration accepts, whatever the size: a
+// value that matches it and still fails has overflowed.
+var durationSyntax = regexp.MustCompile(`^[-+]?([0-9]*(\.[0-9]*)?(ns|us|µs|μs|ms|s|m|h))+$`)
+
+// clip shortens a value quoted in an error message.
+func clip(s string) string {
+	if len(s) > 60 {
+		return s[:57] + "..."
+	}
+	return s
 }
 
 // Errf records an error at n's line in field.
@@ -163,7 +181,7 @@ func KindName(n *yaml.Node) string {
 	case yaml.SequenceNode:
 		return "a list"
 	case yaml.ScalarNode:
-		return fmt.Sprintf("%q", n.Value)
+		return fmt.Sprintf("%q", clip(n.Value))
 	case yaml.AliasNode:
 		return "an alias (YAML anchors and aliases are not supported)"
 	}
@@ -184,8 +202,12 @@ func (w *Walker) Integer(v *yaml.Node, field string, lo, hi int64) int64 {
 		return 0
 	}
 	n, err := strconv.ParseInt(strings.ReplaceAll(v.Value, "_", ""), 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		w.Errf(v, field, "%s is out of range [%d, %d]", clip(v.Value), lo, hi)
+		return 0
+	}
 	if err != nil {
-		w.Errf(v, field, "%q is not an integer", v.Value)
+		w.Errf(v, field, "%q is not an integer", clip(v.Value))
 		return 0
 	}
 	if n < lo || n > hi {
@@ -212,8 +234,12 @@ func (w *Walker) Duration(v *yaml.Node, field string, min time.Duration) time.Du
 		return 0
 	}
 	d, err := time.ParseDuration(v.Value)
+	if err != nil && !durationSyntax.MatchString(v.Value) {
+		w.Errf(v, field, "%q is not a duration (want e.g. 250ms, 5s, 1m)", clip(v.Value))
+		return 0
+	}
 	if err != nil {
-		w.Errf(v, field, "%q is not a duration (want e.g. 250ms, 5s, 1m)", v.Value)
+		w.Errf(v, field, "%s is out of range (at most about 2562047h)", clip(v.Value))
 		return 0
 	}
 	if d < min {
