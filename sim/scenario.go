@@ -398,8 +398,8 @@ func (s Scenario) withDefaults() (Scenario, error) {
 			return s, ferr(fmt.Sprintf("loads[%d]", i), "%v, want units/s in (0, %g]", l, float64(maxLoad))
 		}
 		if n := l * perUnit * s.Step.Seconds(); n > maxRequests {
-			return s, ferr(fmt.Sprintf("loads[%d]", i), "%g units/s for a %v step is %.3g requests; the simulator takes at most %g per step: shorten the step or lower the load",
-				l, s.Step, n, float64(maxRequests))
+			return s, ferr(fmt.Sprintf("loads[%d]", i), "%g %s/s for a %v step is %.3g requests; the simulator takes at most %g per step: shorten the step or lower the load",
+				l, s.Unit, s.Step, n, float64(maxRequests))
 		}
 	}
 	if len(s.Phases) > 0 {
