@@ -10,6 +10,7 @@ package redistest
 import (
 	"bufio"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -51,22 +52,34 @@ func need(t testing.TB) {
 // server binds; start retries with a new port then.
 func freePort(t testing.TB) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	var last error
+	for i := range 200 {
+		// First the kernel's choice; when that keeps landing where the bus
+		// port cannot fit (or is taken), random ports in a range where it
+		// can.
+		addr := "127.0.0.1:0"
+		if i >= 20 {
+			addr = "127.0.0.1:" + strconv.Itoa(20000+rand.IntN(35000))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			last = err
+			continue
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
 		if port+10000 > 65535 {
 			continue
 		}
-		if bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
-			bus.Close()
-			return port
+		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		if err != nil {
+			last = err
+			continue
 		}
+		bus.Close()
+		return port
 	}
-	t.Fatal("no free port pair")
+	t.Fatalf("no free port pair (port and port+10000) on 127.0.0.1; last error: %v", last)
 	return 0
 }
 

@@ -98,7 +98,7 @@ func TestBatchedStepsAreSequential(t *testing.T) {
 // With Batch 1 every decision is its own call.
 func TestBatchOff(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := New(Options{Addrs: []string{srv.Addr}, Batch: 1})
+	st, err := New(Options{Addrs: []string{srv.Addr}, Batch: 1, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
