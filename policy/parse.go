@@ -60,7 +60,9 @@ func (p *parser) file1(n *yaml.Node) *File {
 		case "version":
 			f.Version = int(p.Integer(v, key, 1, 1))
 		case "service":
-			f.Service = p.Str(v, key)
+			if f.Service = p.Str(v, key); f.Service != "" && !validName(f.Service) {
+				p.Errf(v, key, "%q: want lowercase letters, digits, '.', '_' or '-' (it names metrics and Redis keys)", f.Service)
+			}
 		case "spec":
 			p.Fields(v, key, []string{"operation", "resource", "owner"}, func(k string, v *yaml.Node) {
 				s := p.Str(v, yamlfile.Join(key, k))

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +39,9 @@ const (
 // and returns five integers) into one that runs it for every key of
 // KEYS. ARGV of the batch: 1 now override (µs, 0: Redis TIME, read once
 // for the whole batch), 2 the fixed parameters, then op, cost, extra per
-// key. The reply is the five integers of each step, in order.
+// key. The reply is the five integers of each step, in order; a step that
+// raised an error (WRONGTYPE under a foreign key) answers status -1 without
+// failing the others.
 func batchSource(body string) string {
 	return `local function step(KEYS, ARGV)
 ` + body + `
@@ -52,7 +55,8 @@ ARGV[1] = now -- for helpers of common.lua that read the global ARGV
 local fixed, out, k = ARGV[2], {}, 0
 for i = 1, #KEYS do
   local j = 3 * i
-  local r = step({KEYS[i]}, {now, ARGV[j], ARGV[j + 1], ARGV[j + 2], fixed})
+  local ok, r = pcall(step, {KEYS[i]}, {now, ARGV[j], ARGV[j + 1], ARGV[j + 2], fixed})
+  if not ok then r = {-1, 0, 0, 0, 0} end -- an error reply for this step alone
   out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r[1], r[2], r[3], r[4], r[5]
   k = k + 5
 end
@@ -64,6 +68,7 @@ return out
 type call struct {
 	key, op, extra string
 	cost           int64
+	budget         int64 // paced steps: ns to the caller's deadline at arrival (0: none)
 	arrived        time.Time
 	res            [5]int64
 	err            error
@@ -118,15 +123,21 @@ func (b *batcher) group(key string) *group {
 }
 
 // do runs one step (op on key) in a batch and returns the script's five
-// integers.
-func (b *batcher) do(key, op string, cost int64, extra string) ([5]int64, error) {
+// integers. budget, for a paced step, is the time in ns from now to the
+// caller's deadline; the time spent waiting for the batch is taken off it.
+// A caller whose ctx ends while it still waits for a batch leaves without
+// its step having run.
+func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra string, budget int64) ([5]int64, error) {
 	s := b.l.s
+	if err := ctx.Err(); err != nil {
+		return [5]int64{}, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
 	if s.open.Load() {
 		s.maybeProbe()
 		return [5]int64{}, store.ErrUnavailable
 	}
 	c := callPool.Get().(*call)
-	c.key, c.op, c.cost, c.extra, c.arrived = key, op, cost, extra, time.Now()
+	c.key, c.op, c.cost, c.extra, c.budget, c.arrived = key, op, cost, extra, budget, time.Now()
 	g := b.group(key)
 	g.mu.Lock()
 	if g.inflight < maxInflight {
@@ -137,7 +148,20 @@ func (b *batcher) do(key, op string, cost int64, extra string) ([5]int64, error)
 	} else {
 		g.pending = append(g.pending, c)
 		g.mu.Unlock()
-		<-c.done
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			g.mu.Lock()
+			if i := slices.Index(g.pending, c); i >= 0 {
+				g.pending = slices.Delete(g.pending, i, i+1)
+				g.mu.Unlock()
+				*c = call{done: c.done}
+				callPool.Put(c)
+				return [5]int64{}, fmt.Errorf("%w: %v", store.ErrUnavailable, ctx.Err())
+			}
+			g.mu.Unlock()
+			<-c.done // already in a batch: it answers within the timeout
+		}
 		if c.batch != nil {
 			batch := c.batch
 			c.batch = nil
@@ -147,6 +171,9 @@ func (b *batcher) do(key, op string, cost int64, extra string) ([5]int64, error)
 	res, err := c.res, c.err
 	*c = call{done: c.done}
 	callPool.Put(c)
+	if err == nil && res[0] == -1 {
+		err = fmt.Errorf("%w: the step on %s failed on Redis (a foreign value under the key?)", store.ErrUnavailable, key)
+	}
 	return res, err
 }
 
@@ -205,6 +232,15 @@ func (b *batcher) exec(batch []*call) {
 			oldest = c.arrived
 		}
 	}
+	deadline := oldest.Add(s.opts.Timeout)
+	left := time.Until(deadline)
+	if left <= 0 {
+		// Queued past the timeout (the client is starved, or the batch
+		// before was slow and already tripped the breaker): these fail,
+		// but they are no news about Redis.
+		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
+		return
+	}
 	keys := make([]string, len(batch))
 	args := make([]string, 0, 2+3*len(batch))
 	now := "0"
@@ -214,16 +250,24 @@ func (b *batcher) exec(batch []*call) {
 	args = append(args, now, l.fixed[0])
 	for i, c := range batch {
 		keys[i] = c.key
-		args = append(args, c.op, strconv.FormatInt(c.cost, 10), c.extra)
+		extra := c.extra
+		if c.budget > 0 {
+			extra = strconv.FormatInt(max(c.budget-int64(time.Since(c.arrived)), 1), 10)
+		}
+		args = append(args, c.op, strconv.FormatInt(c.cost, 10), extra)
 	}
-	cctx, cancel := context.WithDeadline(context.Background(), oldest.Add(s.opts.Timeout))
+	cctx, cancel := context.WithDeadline(context.Background(), deadline)
 	vals, err := b.script.Exec(cctx, s.client, keys, args).AsIntSlice()
 	cancel()
 	if err == nil && len(vals) != 5*len(batch) {
 		err = fmt.Errorf("batch script returned %d values for %d steps", len(vals), len(batch))
 	}
 	if err != nil {
-		s.trip()
+		// A timeout counts against Redis only when the batch had at least
+		// half the timeout to run; an error reply about the data never.
+		if !dataError(err) && 2*left >= s.opts.Timeout {
+			s.trip()
+		}
 		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
 		return
 	}

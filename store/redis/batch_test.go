@@ -6,11 +6,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
 )
 
 // evalCalls returns how many script calls (EVALSHA + EVAL) srv has served.
@@ -128,6 +130,138 @@ func TestKeySlot(t *testing.T) {
 		}
 		if got := keySlot(k); int64(got) != want {
 			t.Errorf("keySlot(%q) = %d, Redis says %d", k, got, want)
+		}
+	}
+}
+
+// Close while decisions run (and trip the breaker on a closed client)
+// neither panics nor leaves a probe running.
+func TestCloseWhileDeciding(t *testing.T) {
+	srv := redistest.Start(t)
+	for range 5 {
+		st, err := New(Options{Addrs: []string{srv.Addr}, ProbeEvery: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
+		lim, _ := st.TokenBucket("close", tb)
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for i := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					lim.Take(context.Background(), strconv.Itoa(i), 0, 1, 0)
+				}
+			}()
+		}
+		time.Sleep(20 * time.Millisecond)
+		st.Close()
+		time.Sleep(20 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		st.probes.Wait()
+	}
+}
+
+// A caller whose context has ended fails alone: its step does not run,
+// and the breaker stays closed for everyone else.
+func TestCancelledCallerDoesNotTrip(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, batch := range []int{1, 64} {
+		st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: time.Second, Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 5)
+		c, _ := limit.NewConcurrency(5)
+		lims := map[string]store.Limiter{}
+		lims["bucket"], _ = st.TokenBucket("ctx-bucket-"+strconv.Itoa(batch), tb)
+		lims["concurrency"], _ = st.Concurrency("ctx-conc-"+strconv.Itoa(batch), c, time.Minute)
+		for name, l := range lims {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, _, err := l.Take(ctx, "victim", 0, 1, 0); err == nil {
+				t.Errorf("batch %d %s: a cancelled caller was answered", batch, name)
+			}
+			r, _, err := l.Take(context.Background(), "victim", 0, 1, 0)
+			if err != nil || !r.OK() || r.Remaining != 4 {
+				t.Errorf("batch %d %s: next caller got %+v, %v (want the cancelled step not to have run)", batch, name, r, err)
+			}
+			if st.open.Load() || st.Failures() != 0 {
+				t.Errorf("batch %d %s: breaker open %v, failures %d after a cancelled caller", batch, name, st.open.Load(), st.Failures())
+			}
+		}
+		st.Close()
+	}
+}
+
+// An error reply about one key's data (a foreign value of another type)
+// fails that decision only: the others of its batch are answered, and the
+// breaker stays closed.
+func TestForeignValueFailsOneDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	fw, _ := limit.NewFixedWindow(1000, time.Hour)
+	lim, _ := st.FixedWindow("foreign", fw)
+	if err := st.client.Do(context.Background(), st.client.B().Set().Key(st.key("foreign", "poison")).Value("x").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed, poisonFailed atomic.Int64
+	start := make(chan struct{})
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			k := "good" + strconv.Itoa(g)
+			if g%16 == 5 {
+				k = "poison"
+			}
+			_, _, err := lim.Take(context.Background(), k, 0, 1, 0)
+			switch {
+			case k == "poison" && err != nil:
+				poisonFailed.Add(1)
+			case err != nil:
+				failed.Add(1)
+				t.Log(err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if failed.Load() != 0 || poisonFailed.Load() != 4 || st.open.Load() {
+		t.Fatalf("%d good decisions failed, %d of 4 poisoned failed, breaker open %v", failed.Load(), poisonFailed.Load(), st.open.Load())
+	}
+}
+
+// Names that could make two limiters share keys, or move a key's hash
+// tag, are refused.
+func TestNamesThatWouldCollide(t *testing.T) {
+	srv := redistest.Start(t)
+	if _, err := New(Options{Addrs: []string{srv.Addr}, Prefix: "app{1}"}); err == nil {
+		t.Fatal("prefix with braces accepted")
+	}
+	st, err := New(Options{Addrs: []string{srv.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 5)
+	for _, name := range []string{"api:login", "a{b", "}", ""} {
+		if _, err := st.TokenBucket(name, tb); err == nil {
+			t.Errorf("limiter name %q accepted", name)
 		}
 	}
 }

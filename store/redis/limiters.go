@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -51,18 +52,19 @@ func (l *limiter) args(op string, cost int64, extra string) []string {
 
 // Take runs one step on Redis. now is ignored: Redis time decides.
 func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int64) (limit.Result, store.Handle, error) {
-	h, extra := store.Handle(1), "0"
+	h, extra, budget := store.Handle(1), "0", int64(0)
 	switch {
 	case l.permits:
 		h = newPermit()
 		extra = strconv.FormatUint(uint64(h), 16)
 	case l.paced && deadline != 0:
-		extra = strconv.FormatInt(max(deadline-now, 1), 10) // budget left, on the caller's clock
+		budget = max(deadline-now, 1) // budget left, on the caller's clock
+		extra = strconv.FormatInt(budget, 10)
 	}
 	var v [5]int64
 	var err error
 	if l.batch != nil {
-		v, err = l.batch.do(l.s.key(l.name, key), "take", cost, extra)
+		v, err = l.batch.do(ctx, l.s.key(l.name, key), "take", cost, extra, budget)
 	} else {
 		v, err = l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra))
 	}
@@ -83,7 +85,7 @@ func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int6
 func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now, cost int64) error {
 	extra := strconv.FormatUint(uint64(h), 16)
 	if l.batch != nil {
-		_, err := l.batch.do(l.s.key(l.name, key), "refund", cost, extra)
+		_, err := l.batch.do(ctx, l.s.key(l.name, key), "refund", cost, extra, 0)
 		return err
 	}
 	_, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra))
@@ -111,6 +113,17 @@ func newPermit() store.Handle {
 	return store.Handle(binary.LittleEndian.Uint64(b[:])&(1<<63-1) | 1) // bit 63 is the caller's
 }
 
+// checkName refuses limiter names that could make two limiters share keys
+// or move a key's hash tag: keys are prefix:{name:key}, so a name must not
+// contain ':' (limiter "a" with tenant "b:c" and limiter "a:b" with tenant
+// "c" would meet) or braces.
+func checkName(name string) error {
+	if name == "" || strings.ContainsAny(name, ":{}") {
+		return fmt.Errorf("redis: limiter name %q: want a non-empty name without ':', '{' or '}'", name)
+	}
+	return nil
+}
+
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // packDoubles encodes integers below 2^53 as little-endian doubles: one
@@ -131,6 +144,9 @@ func ttlMs(d time.Duration) int64 { return max(2*d.Milliseconds(), 1000) }
 // keys). Redis keeps the state exact in doubles, so burst × period must stay
 // below 2^53 ns (per-second rates: bursts up to 9e6 at 1/s).
 func (s *Store) TokenBucket(name string, tb *limit.TokenBucket) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	r := tb.Rate()
 	per, tokens, burst := int64(r.Per()), r.Tokens(), tb.Limit()
 	if burst > maxExact/per {
@@ -145,6 +161,9 @@ func (s *Store) TokenBucket(name string, tb *limit.TokenBucket) (store.Limiter, 
 
 // GCRA returns a keyed GCRA named name; burst × period must stay below 2^53.
 func (s *Store) GCRA(name string, g *limit.GCRA) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	r := g.Rate()
 	per, n, burst := int64(r.Per()), r.Tokens(), g.Limit()
 	if burst > maxExact/max(per, 1000*n) {
@@ -159,6 +178,9 @@ func (s *Store) GCRA(name string, g *limit.GCRA) (store.Limiter, error) {
 // FixedWindow returns a keyed fixed window named name. Windows are aligned
 // on Redis time and must be whole microseconds.
 func (s *Store) FixedWindow(name string, w *limit.FixedWindow) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	if w.Window()%time.Microsecond != 0 {
 		return nil, fmt.Errorf("redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
 	}
@@ -172,6 +194,9 @@ func (s *Store) FixedWindow(name string, w *limit.FixedWindow) (store.Limiter, e
 // members of a sorted set scored by start time, and permits older than ttl
 // (held by a process that died) are swept.
 func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	if ttl <= 0 {
 		return nil, fmt.Errorf("redis: concurrency %q: ttl must be > 0", name)
 	}
@@ -182,6 +207,9 @@ func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration
 // LeakyBucket returns a keyed paced queue named name; (queue+1) × period
 // must stay below 2^53.
 func (s *Store) LeakyBucket(name string, lb *limit.LeakyBucket) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	r := lb.Rate()
 	per, n := int64(r.Per()), r.Tokens()
 	if lb.Queue()+1 > maxExact/max(per, 1000*n) {
@@ -196,6 +224,9 @@ func (s *Store) LeakyBucket(name string, lb *limit.LeakyBucket) (store.Limiter, 
 // SlidingWindow returns a keyed sliding window counter named name. The
 // window must be whole microseconds and limit × window (µs) below 2^53.
 func (s *Store) SlidingWindow(name string, w *limit.SlidingWindow) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	us := w.Window().Microseconds()
 	if w.Window()%time.Microsecond != 0 {
 		return nil, fmt.Errorf("redis: sliding window %q: window %v is not whole microseconds", name, w.Window())
@@ -212,6 +243,9 @@ func (s *Store) SlidingWindow(name string, w *limit.SlidingWindow) (store.Limite
 // SlidingLog returns a keyed exact sliding log named name: a sorted set of
 // up to limit entries per key. The window must be whole microseconds.
 func (s *Store) SlidingLog(name string, w *limit.SlidingLog) (store.Limiter, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	if w.Window()%time.Microsecond != 0 {
 		return nil, fmt.Errorf("redis: sliding log %q: window %v is not whole microseconds", name, w.Window())
 	}

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,6 +123,8 @@ type Store struct {
 	openUntil atomic.Int64 // unix ns before which no probe goes
 	probing   atomic.Bool  // one probe at a time
 	probes    sync.WaitGroup
+	closeMu   sync.Mutex // orders probes.Add against Close
+	closed    bool
 	failures  atomic.Int64
 }
 
@@ -138,6 +141,9 @@ func New(opts Options) (*Store, error) {
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = "sluice"
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("redis: prefix %q: braces would change the keys' hash tags", opts.Prefix)
 	}
 	switch {
 	case opts.FlushDelay == 0:
@@ -167,6 +173,9 @@ func New(opts Options) (*Store, error) {
 
 // Close waits for a running probe and closes the client the store dialed.
 func (s *Store) Close() {
+	s.closeMu.Lock()
+	s.closed = true
+	s.closeMu.Unlock()
 	s.probes.Wait()
 	if s.own {
 		s.client.Close()
@@ -197,11 +206,34 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 		err = fmt.Errorf("script returned %d values", len(vals))
 	}
 	if err != nil {
-		s.trip()
+		// The caller's own context ending, or an answer about the data
+		// (WRONGTYPE on a foreign key), says nothing about Redis' health:
+		// only this decision fails.
+		if ctx.Err() == nil && !dataError(err) {
+			s.trip()
+		}
 		return out, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	copy(out[:], vals)
 	return out, nil
+}
+
+// dataError reports whether err is an error reply about the data or the
+// command (Redis answered), as opposed to a transport failure, a timeout,
+// or a reply that says Redis cannot serve now (BUSY, LOADING, CLUSTERDOWN,
+// MASTERDOWN, TRYAGAIN).
+func dataError(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range []string{"BUSY", "LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY"} {
+		if strings.HasPrefix(msg, p) {
+			return false
+		}
+	}
+	return true
 }
 
 // maybeProbe starts a background probe when the breaker is open and its
@@ -210,6 +242,12 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 // connection must be set up) and closes the breaker when Redis answers.
 func (s *Store) maybeProbe() {
 	if time.Now().UnixNano() >= s.openUntil.Load() && s.probing.CompareAndSwap(false, true) {
+		s.closeMu.Lock()
+		defer s.closeMu.Unlock()
+		if s.closed {
+			s.probing.Store(false)
+			return
+		}
 		s.probes.Add(1)
 		go s.probe()
 	}
@@ -230,8 +268,15 @@ func (s *Store) probe() {
 	defer s.probing.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ProbeEvery, 100*time.Millisecond))
 	var err error
-	for _, src := range append(sources[:len(sources):len(sources)], batchSources...) {
-		for _, r := range s.client.DoMulti(ctx, s.client.B().ScriptLoad().Script(src).Build()) {
+	// Every node: a keyless command goes to one node only, and a Cluster
+	// is healthy for us only when each master answers.
+	srcs := append(sources[:len(sources):len(sources)], batchSources...)
+	for _, node := range s.client.Nodes() {
+		cmds := make(rueidis.Commands, len(srcs))
+		for i, src := range srcs {
+			cmds[i] = node.B().ScriptLoad().Script(src).Build()
+		}
+		for _, r := range node.DoMulti(ctx, cmds...) {
 			if err == nil {
 				err = r.Error()
 			}
