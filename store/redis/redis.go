@@ -5,7 +5,7 @@
 //
 // The client is redis/rueidis: it pipelines concurrent commands on shared
 // connections automatically, which is what a decision path with many
-// concurrent callers needs (measured: 1.95× go-redis/v9 on the same script;
+// concurrent callers needs (measured: about 2× go-redis/v9 on the same script;
 // BENCHMARKS.md). On top of that, concurrent decisions of one limiter that
 // share a node and slot are sent as one script call that runs each step in
 // turn (batch.go, Options.Batch): every step is still atomic and exact, and
