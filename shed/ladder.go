@@ -124,7 +124,7 @@ type Transition struct {
 // Its input is demand utilization from its own accounting: requests in
 // flight through the gate per worker, plus, for each request it sheds, the
 // work that request would have brought (the mean latency of admitted
-// requests). Measuring demand rather than admitted work is what keeps the
+// requests of its class). Measuring demand rather than admitted work is what keeps the
 // ladder from oscillating: shedding lowers the work admitted, not the
 // demand, so SHED holds while the overload lasts and RECOVER advances only
 // when the offered load would fit.
@@ -248,7 +248,7 @@ func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now int64) (sluice
 		}
 	}
 	if shed {
-		l.meter.shed()
+		l.meter.shed(r.Class)
 		l.mu.Unlock()
 		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: l.name,
 			Retryable: true, RetryAfter: l.cfg.RetryHint, Level: state}, 0
@@ -259,14 +259,14 @@ func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now int64) (sluice
 }
 
 // Release ends an admitted request's share of the accounting.
-func (l *Ladder) Release(_ *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+func (l *Ladder) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion) {
 	l.mu.Lock()
 	l.updateLocked(c.Now)
 	lat := c.Latency
 	if c.Outcome == sluice.OutcomeRejected {
 		lat = 0 // a later gate rejected it: no service time to learn from
 	}
-	l.meter.release(lat)
+	l.meter.release(r.Class, lat)
 	l.mu.Unlock()
 }
 

@@ -19,7 +19,15 @@ type meter struct {
 	lastSample int64
 	started    bool
 	meanLat    float64 // ns, exponentially weighted over admitted completions
+	// classLat is meanLat per class, for the demand of shed requests: while
+	// only protected (often costlier) classes are admitted, their latency
+	// would overstate the work of the cheap requests being shed, and that
+	// bias can hold SHED after the overload is gone.
+	classLat map[string]float64
 }
+
+// maxClasses bounds classLat; requests of further classes use meanLat.
+const maxClasses = 64
 
 func newMeter(workers int64, every time.Duration, withDemand bool) meter {
 	return meter{workers: float64(workers), every: int64(every), withDemand: withDemand}
@@ -47,19 +55,40 @@ func (m *meter) update(now int64) (u float64, due bool) {
 
 func (m *meter) admit() { m.inflight++ }
 
-func (m *meter) release(latency time.Duration) {
+func (m *meter) release(class string, latency time.Duration) {
 	m.inflight = max(m.inflight-1, 0)
-	if latency > 0 {
-		if m.meanLat == 0 {
-			m.meanLat = float64(latency)
-		}
-		m.meanLat += (float64(latency) - m.meanLat) / 64
+	if latency <= 0 {
+		return
+	}
+	m.meanLat = ewma(m.meanLat, float64(latency))
+	if !m.withDemand {
+		return
+	}
+	if m.classLat == nil {
+		m.classLat = map[string]float64{}
+	}
+	if cl, ok := m.classLat[class]; ok || len(m.classLat) < maxClasses {
+		m.classLat[class] = ewma(cl, float64(latency))
 	}
 }
 
-// shed records the demand of a request that was not admitted.
-func (m *meter) shed() {
-	if m.withDemand {
-		m.area += m.meanLat
+// ewma folds x into mean (weight 1/64); a zero mean starts at x.
+func ewma(mean, x float64) float64 {
+	if mean == 0 {
+		return x
 	}
+	return mean + (x-mean)/64
+}
+
+// shed records the demand of a request of class that was not admitted:
+// the mean latency of its class when admitted, or of all requests.
+func (m *meter) shed(class string) {
+	if !m.withDemand {
+		return
+	}
+	if lat, ok := m.classLat[class]; ok {
+		m.area += lat
+		return
+	}
+	m.area += m.meanLat
 }

@@ -146,10 +146,10 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now int64) (s
 }
 
 // Release ends an admitted request's share of the accounting.
-func (u *Utilization) Release(_ *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+func (u *Utilization) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion) {
 	u.mu.Lock()
 	u.accountLocked(c.Now)
-	u.meter.release(c.Latency)
+	u.meter.release(r.Class, c.Latency)
 	u.mu.Unlock()
 }
 

@@ -107,7 +107,24 @@ var Slowdown = func() Scenario {
 	return s
 }()
 
-var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown}
+// Dependency is a time series on the routes-api model: steady load at
+// 80% of capacity while the route solver's dependency (a map service)
+// answers 4× slower for 40 s; reads and analytics do not call it. With
+// the degradation policy the protection gates keep the critical route
+// solves and shed by tier.
+var Dependency = func() Scenario {
+	s := RoutesAPI
+	s.Name = "dependency"
+	s.Description = "routes-api at 160 req/s; route solves' dependency 4x slower from 20 s to 60 s"
+	s.Loads = nil
+	s.Phases = []Phase{{At: 0, Load: 160}, {At: 20 * time.Second, Load: 160, Slowdown: 4, Classes: []string{"solve"}}, {At: 60 * time.Second, Load: 160}}
+	s.Length = 100 * time.Second
+	s.Interval = 2 * time.Second
+	s.Policy = "routes-api-shedding"
+	return s
+}()
+
+var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency}
 
 // Builtin returns the built-in scenario named name.
 func Builtin(name string) (Scenario, bool) {
@@ -118,6 +135,9 @@ func Builtin(name string) (Scenario, bool) {
 	s := *builtins[i]
 	s.Classes = slices.Clone(s.Classes)
 	s.Phases = slices.Clone(s.Phases)
+	for i := range s.Phases {
+		s.Phases[i].Classes = slices.Clone(s.Phases[i].Classes)
+	}
 	s.Loads = slices.Clone(s.Loads)
 	s.Reference = slices.Clone(s.Reference)
 	return s, true

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -113,6 +114,7 @@ type attempt struct {
 // class is a scenario class prepared for the engine.
 type class struct {
 	Class
+	slow    float64        // current slowdown of its service times
 	req     sluice.Request // class, operation and cost from the policy's route rules
 	tenants []string
 	timeout Dist
@@ -139,10 +141,10 @@ type engine struct {
 	last    int64 // time up to which busy is integrated
 	load    float64
 	budget  float64
-	slow    float64 // current slowdown
-	cum     []float64
-	rate    float64 // total first-attempt requests/s
-	arrGen  int32   // invalidates a pending arrival when the load changes
+
+	cum    []float64
+	rate   float64 // total first-attempt requests/s
+	arrGen int32   // invalidates a pending arrival when the load changes
 
 	rArr, rSvc, rCli *rand.Rand
 
@@ -182,13 +184,13 @@ func (q *ring) pop() int32 {
 // admission). seed picks the random streams; runs with and without
 // admission of the same step share them, so both see the same arrivals.
 func newEngine(s *Scenario, clk *clock, chain *sluice.Chain, hc httpgate.Config, seed uint64) (*engine, error) {
-	e := &engine{s: s, clk: clk, chain: chain, http: hc, idle: s.Workers, slow: 1}
+	e := &engine{s: s, clk: clk, chain: chain, http: hc, idle: s.Workers}
 	e.ctx = sluice.ContextWithWait(context.Background(), &e.wait)
 	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
 	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
 	e.rCli = rand.New(rand.NewPCG(seed, 0x636c6921))
 	for _, c := range s.Classes {
-		pc := class{Class: c, timeout: s.Client.Timeout}
+		pc := class{Class: c, timeout: s.Client.Timeout, slow: 1}
 		if !c.Timeout.isZero() {
 			pc.timeout = c.Timeout
 		}
@@ -270,6 +272,18 @@ func (e *engine) setLoad(load float64) {
 	e.arrGen++
 	if e.rate > 0 {
 		e.at(e.clk.now+e.interarrival(), evArrival, 0, e.arrGen)
+	}
+}
+
+// setSlowdown applies phase p's slowdown to its classes, and none to the
+// others.
+func (e *engine) setSlowdown(p *Phase) {
+	for i := range e.classes {
+		c := &e.classes[i]
+		c.slow = 1
+		if len(p.Classes) == 0 || slices.Contains(p.Classes, c.Name) {
+			c.slow = p.Slowdown
+		}
 	}
 }
 
@@ -362,8 +376,8 @@ func (e *engine) run(end int64) {
 		case evRetry:
 			e.send(ev.ref)
 		case evPhase:
-			p := e.s.Phases[ev.ref]
-			e.slow = p.Slowdown
+			p := &e.s.Phases[ev.ref]
+			e.setSlowdown(p)
 			e.setLoad(p.Load)
 		}
 	}
@@ -532,7 +546,7 @@ func (e *engine) dispatch() {
 		}
 		a := &e.slab[i]
 		c := &e.classes[a.class]
-		svc := toNs(float64(sample(e.rSvc, c.Service)) * e.slow)
+		svc := toNs(float64(sample(e.rSvc, c.Service)) * c.slow)
 		start := now + scanned
 		if e.inWindow() {
 			e.m.Started += float64(a.units)

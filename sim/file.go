@@ -254,7 +254,7 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 	p.list(n, "phases", func(i int, e *yaml.Node) {
 		path := fmt.Sprintf("phases[%d]", i)
 		var ph Phase
-		p.Fields(e, path, []string{"at", "load", "slowdown"}, func(key string, v *yaml.Node) {
+		p.Fields(e, path, []string{"at", "load", "slowdown", "classes"}, func(key string, v *yaml.Node) {
 			f := path + "." + key
 			p.at(f, v)
 			switch key {
@@ -264,6 +264,10 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 				ph.Load = p.Float(v, f, 0, maxLoad)
 			case "slowdown":
 				ph.Slowdown = p.Float(v, f, math.SmallestNonzeroFloat64, 1000)
+			case "classes":
+				p.list(v, f, func(j int, e *yaml.Node) {
+					ph.Classes = append(ph.Classes, p.Str(e, fmt.Sprintf("%s[%d]", f, j)))
+				})
 			}
 		})
 		out = append(out, ph)

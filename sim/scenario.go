@@ -141,9 +141,12 @@ type Phase struct {
 	At time.Duration
 	// Load is the offered load in units/s of first attempts.
 	Load float64
-	// Slowdown multiplies every service time that starts in the phase (a
-	// dependency slowdown or a service-time step); 0 means 1.
+	// Slowdown multiplies the service times that start in the phase (a
+	// service-time step, or a slow dependency); 0 means 1.
 	Slowdown float64
+	// Classes limits the slowdown to these classes (the ones that call the
+	// slow dependency); empty: every class.
+	Classes []string
 }
 
 // Dist is a distribution of durations. Kinds: "constant" (Mean),
@@ -419,6 +422,11 @@ func (s Scenario) withDefaults() (Scenario, error) {
 			}
 			if !(p.Slowdown > 0) || p.Slowdown > 1000 {
 				return s, ferr(f+".slowdown", "%v, want a factor in (0, 1000]", p.Slowdown)
+			}
+			for j, name := range p.Classes {
+				if !names[name] {
+					return s, ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
+				}
 			}
 		}
 		if s.Length == 0 {

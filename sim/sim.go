@@ -139,7 +139,7 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.slow = s.Phases[0].Slowdown
+	e.setSlowdown(&s.Phases[0])
 	e.setLoad(s.Phases[0].Load)
 	for i := 1; i < len(s.Phases); i++ {
 		e.at(int64(s.Phases[i].At), evPhase, 0, int32(i))

@@ -183,3 +183,30 @@ func checkRow(t errorer, s *Scenario, run string, r Row) {
 		fail("latency quantiles out of order")
 	}
 }
+
+// A slow dependency of the critical class drives the ladder to SHED; once
+// the dependency is healthy again, the ladder must come back down and the
+// service serve its load. (It once stayed in SHED: the work of the cheap
+// requests it shed was estimated from the latency of the costly critical
+// ones it still admitted, so demand looked above the exit threshold at a
+// load the service handles.)
+func TestDependencyIncidentRecovers(t *testing.T) {
+	s := builtin(t, "dependency")
+	rep, err := Simulate(s, Options{Policy: examplePolicy(t, "routes-api-shedding")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	no, with := rep.Runs[0].Steps, rep.Runs[1].Steps
+	for i, r := range with {
+		switch {
+		case r.T >= 24 && r.T < 60: // during the incident: critical solves still served
+			if r.Level != "shed" || r.Goodput < 30 || no[i].Goodput > 1 {
+				t.Errorf("t=%vs: level %s, goodput %.0f with the policy, %.0f without", r.T, r.Level, r.Goodput, no[i].Goodput)
+			}
+		case r.T >= 80: // 20 s after it ended
+			if r.Level == "shed" || r.Level == "recover" || r.Goodput < 0.9*r.Offered {
+				t.Errorf("t=%vs: level %s, goodput %.0f of %.0f offered", r.T, r.Level, r.Goodput, r.Offered)
+			}
+		}
+	}
+}
