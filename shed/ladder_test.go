@@ -167,3 +167,28 @@ func TestLadderConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// The demand of a shed request is the latency of its own class: with only
+// a costly protected class admitted (200 ms), a shed cheap request (10 ms
+// when it was admitted) adds 10 ms of work, not 200.
+func TestShedDemandPerClass(t *testing.T) {
+	m := newMeter(8, time.Second, true)
+	for range 200 {
+		m.admit()
+		m.release("cheap", 10*time.Millisecond)
+	}
+	for range 200 {
+		m.admit()
+		m.release("critical", 200*time.Millisecond)
+	}
+	m.area = 0
+	m.shed("cheap")
+	if got := time.Duration(m.area); got < 9*time.Millisecond || got > 11*time.Millisecond {
+		t.Fatalf("shed cheap request counted %v of work, want its class's 10ms", got)
+	}
+	m.area = 0
+	m.shed("never-admitted")
+	if got := time.Duration(m.area); got < 100*time.Millisecond {
+		t.Fatalf("a class never admitted counts the overall mean, got %v", got)
+	}
+}
