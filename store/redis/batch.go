@@ -70,6 +70,7 @@ type call struct {
 	cost           int64
 	budget         int64 // paced steps: ns to the caller's deadline at arrival (0: none)
 	arrived        time.Time
+	queued         bool // waited in pending for a batch
 	res            [5]int64
 	err            error
 	batch          []*call       // set when this call is made the leader of a batch
@@ -146,6 +147,7 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 		g.mu.Unlock()
 		b.lead(g, batch)
 	} else {
+		c.queued = true
 		g.pending = append(g.pending, c)
 		g.mu.Unlock()
 		select {
@@ -251,7 +253,8 @@ func (b *batcher) exec(batch []*call) {
 	for i, c := range batch {
 		keys[i] = c.key
 		extra := c.extra
-		if c.budget > 0 {
+		if c.budget > 0 && c.queued {
+			// The deadline came closer while the step waited for a batch.
 			extra = strconv.FormatInt(max(c.budget-int64(time.Since(c.arrived)), 1), 10)
 		}
 		args = append(args, c.op, strconv.FormatInt(c.cost, 10), extra)
