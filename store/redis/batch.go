@@ -133,8 +133,8 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 	if err := ctx.Err(); err != nil {
 		return [5]int64{}, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
-	if s.open.Load() {
-		s.maybeProbe()
+	if br := s.breakerFor(key); br.open.Load() {
+		s.maybeProbe(br)
 		return [5]int64{}, store.ErrUnavailable
 	}
 	c := callPool.Get().(*call)
@@ -223,8 +223,9 @@ func (b *batcher) exec(batch []*call) {
 			c.err = err
 		}
 	}
-	if s.open.Load() {
-		s.maybeProbe()
+	br := s.breakerFor(batch[0].key) // one slot, one master
+	if br.open.Load() {
+		s.maybeProbe(br)
 		fail(store.ErrUnavailable)
 		return
 	}
@@ -269,7 +270,7 @@ func (b *batcher) exec(batch []*call) {
 		// A timeout counts against Redis only when the batch had at least
 		// half the timeout to run; an error reply about the data never.
 		if !dataError(err) && 2*left >= s.opts.Timeout {
-			s.trip()
+			s.trip(br)
 		}
 		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
 		return

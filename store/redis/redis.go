@@ -14,11 +14,14 @@
 //
 // Every call has a short timeout (Options.Timeout, default 5 ms) and runs
 // behind a breaker: after a failure the store answers ErrUnavailable at once
-// without calling Redis, and a background probe (PING) once per
-// Options.ProbeEvery (default 1 s) closes the breaker when Redis answers
-// again: while Redis is down the decision path pays the timeout only for
-// the calls already in flight when it failed, and normal decisions resume
-// within one probe interval of Redis returning. Gates turn ErrUnavailable into their failure policy
+// without calling Redis, and a background probe (loading the scripts) once
+// per Options.ProbeEvery (default 1 s) closes the breaker when Redis
+// answers again: while Redis is down the decision path pays the timeout
+// only for the calls already in flight when it failed, and normal decisions
+// resume within one probe interval of Redis returning. On a Cluster each
+// master has its own breaker (breaker.go, from CLUSTER SLOTS), so a dead
+// master sends only its slots to the failure policies. A caller's ended
+// context and an error reply about one key's data fail that decision alone. Gates turn ErrUnavailable into their failure policy
 // (fail_open, fail_closed, local_fallback).
 //
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
@@ -119,13 +122,15 @@ type Store struct {
 	opts   Options
 	own    bool
 
-	open      atomic.Bool  // the breaker: calls fail fast
-	openUntil atomic.Int64 // unix ns before which no probe goes
-	probing   atomic.Bool  // one probe at a time
-	probes    sync.WaitGroup
-	closeMu   sync.Mutex // orders probes.Add against Close
-	closed    bool
-	failures  atomic.Int64
+	breaker // the store's own: standalone, or a Cluster whose slots are unknown
+	// Cluster: the breaker of each slot's master (nil: not known yet).
+	slots    atomic.Pointer[[slotCount]*breaker]
+	nodes    map[string]*breaker // by address, guarded by nodesMu
+	nodesMu  sync.Mutex
+	probes   sync.WaitGroup
+	closeMu  sync.Mutex // orders probes.Add against Close
+	closed   bool
+	failures atomic.Int64
 }
 
 // New connects to Redis.
@@ -168,6 +173,11 @@ func New(opts Options) (*Store, error) {
 		}
 		s.client, s.own = c, true
 	}
+	if s.client.Mode() == rueidis.ClientModeCluster {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.refreshSlots(ctx) // if this fails, the store's own breaker guards every slot until a probe succeeds
+		cancel()
+	}
 	return s, nil
 }
 
@@ -195,8 +205,9 @@ func (s *Store) key(limiter, key string) string {
 // script's five integers.
 func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []string) ([5]int64, error) {
 	var out [5]int64
-	if s.open.Load() {
-		s.maybeProbe()
+	b := s.breakerFor(keys[0])
+	if b.open.Load() {
+		s.maybeProbe(b)
 		return out, store.ErrUnavailable
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
@@ -210,7 +221,7 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 		// (WRONGTYPE on a foreign key), says nothing about Redis' health:
 		// only this decision fails.
 		if ctx.Err() == nil && !dataError(err) {
-			s.trip()
+			s.trip(b)
 		}
 		return out, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
@@ -236,42 +247,53 @@ func dataError(err error) bool {
 	return true
 }
 
-// maybeProbe starts a background probe when the breaker is open and its
-// interval has passed. Open: every decision fails fast; once per
+// maybeProbe starts a background probe of b when it is open and its
+// interval has passed. Open: every decision it guards fails fast; once per
 // ProbeEvery a probe runs (with a generous timeout, since a fresh
-// connection must be set up) and closes the breaker when Redis answers.
-func (s *Store) maybeProbe() {
-	if time.Now().UnixNano() >= s.openUntil.Load() && s.probing.CompareAndSwap(false, true) {
+// connection must be set up) and closes it when Redis answers.
+func (s *Store) maybeProbe(b *breaker) {
+	if time.Now().UnixNano() >= b.openUntil.Load() && b.probing.CompareAndSwap(false, true) {
 		s.closeMu.Lock()
 		defer s.closeMu.Unlock()
 		if s.closed {
-			s.probing.Store(false)
+			b.probing.Store(false)
 			return
 		}
 		s.probes.Add(1)
-		go s.probe()
+		go s.probe(b)
 	}
 }
 
-// trip counts a failed call and opens the breaker for ProbeEvery.
-func (s *Store) trip() {
+// trip counts a failed call and opens b for ProbeEvery.
+func (s *Store) trip(b *breaker) {
 	s.failures.Add(1)
-	s.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
-	s.open.Store(true)
+	b.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
+	b.open.Store(true)
 }
 
-// probe checks whether Redis answers again and closes the breaker if so.
-// It loads the scripts first: a restarted Redis has lost them, and a burst
-// of decisions must not all fall back to EVAL at once.
-func (s *Store) probe() {
+// probe checks whether the node(s) behind b answer again and closes b if
+// so. It loads the scripts first: a restarted Redis has lost them, and a
+// burst of decisions must not all fall back to EVAL at once. A node's
+// probe first refreshes the slot map, so slots that failed over to another
+// master leave the dead one's breaker.
+func (s *Store) probe(b *breaker) {
 	defer s.probes.Done()
-	defer s.probing.Store(false)
+	defer b.probing.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ProbeEvery, 100*time.Millisecond))
+	defer cancel()
+	nodes := s.client.Nodes()
+	if b.addr != "" {
+		s.refreshSlots(ctx)
+		node, ok := nodes[b.addr]
+		if !ok || !s.owns(b) {
+			b.open.Store(false) // no longer a master of any slot
+			return
+		}
+		nodes = map[string]rueidis.Client{b.addr: node}
+	}
 	var err error
-	// Every node: a keyless command goes to one node only, and a Cluster
-	// is healthy for us only when each master answers.
 	srcs := append(sources[:len(sources):len(sources)], batchSources...)
-	for _, node := range s.client.Nodes() {
+	for _, node := range nodes {
 		cmds := make(rueidis.Commands, len(srcs))
 		for i, src := range srcs {
 			cmds[i] = node.B().ScriptLoad().Script(src).Build()
@@ -282,11 +304,10 @@ func (s *Store) probe() {
 			}
 		}
 	}
-	cancel()
 	if err != nil {
 		s.failures.Add(1)
-		s.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
+		b.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
 		return
 	}
-	s.open.Store(false)
+	b.open.Store(false)
 }
