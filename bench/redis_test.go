@@ -40,12 +40,12 @@ func runRedis(b *testing.B, decide func(ctx context.Context, key string) bool) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "dec/s")
 }
 
-// BenchmarkRedisSluice: sluice's token bucket through store/redis as
-// configured by default: rueidis (auto-pipelined), concurrent decisions
-// batched into shared script calls, timeout and breaker.
-func BenchmarkRedisSluice(b *testing.B) {
+// benchSluice runs sluice's token bucket through store/redis with opts
+// against a fresh local Redis.
+func benchSluice(b *testing.B, opts sredis.Options) {
 	srv := redistest.Start(b)
-	st, err := sredis.New(sredis.Options{Addrs: []string{srv.Addr}, Timeout: time.Second})
+	opts.Addrs, opts.Timeout = []string{srv.Addr}, time.Second
+	st, err := sredis.New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -57,22 +57,15 @@ func BenchmarkRedisSluice(b *testing.B) {
 	})
 }
 
+// BenchmarkRedisSluice: sluice's token bucket through store/redis as
+// configured by default: rueidis (auto-pipelined), concurrent decisions
+// batched into shared script calls, timeout and breaker.
+func BenchmarkRedisSluice(b *testing.B) { benchSluice(b, sredis.Options{}) }
+
 // BenchmarkRedisSluiceNoBatch: the same, every decision its own script
 // call (Options.Batch 1): what batching adds, and the rueidis side of the
 // client comparison below.
-func BenchmarkRedisSluiceNoBatch(b *testing.B) {
-	srv := redistest.Start(b)
-	st, err := sredis.New(sredis.Options{Addrs: []string{srv.Addr}, Timeout: time.Second, Batch: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	lim, _ := st.TokenBucket("bench", bucket(b))
-	runRedis(b, func(ctx context.Context, key string) bool {
-		r, _, err := lim.Take(ctx, key, 0, 1, 0)
-		return err == nil && r.OK()
-	})
-}
+func BenchmarkRedisSluiceNoBatch(b *testing.B) { benchSluice(b, sredis.Options{Batch: 1}) }
 
 // BenchmarkRedisSluiceScriptGoRedis: the same script through go-redis/v9
 // (connection pool, no auto-pipelining): the client comparison.

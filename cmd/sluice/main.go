@@ -201,13 +201,7 @@ func demoCmd() *cobra.Command {
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
 			}
-			if plotBase != "" {
-				if err := rep.WritePlot(plotBase+".png", plotBase+".svg"); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "plot written to %s.png and %s.svg\n", plotBase, plotBase)
-			}
-			return nil
+			return savePlot(cmd, rep, plotBase)
 		},
 	}
 	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load) or ladder (a load step through the degradation ladder)")
@@ -218,4 +212,17 @@ func demoCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&opts.Deadline, "deadline", 500*time.Millisecond, "client deadline")
 	cmd.Flags().Float64SliceVar(&opts.Multipliers, "loads", []float64{0.5, 1, 2, 5, 10}, "offered loads as multiples of the measured capacity")
 	return cmd
+}
+
+// savePlot writes base.png and base.svg with p, unless base is empty, and
+// says where.
+func savePlot(cmd *cobra.Command, p interface{ WritePlot(...string) error }, base string) error {
+	if base == "" {
+		return nil
+	}
+	if err := p.WritePlot(base+".png", base+".svg"); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "plot written to %s.png and %s.svg\n", base, base)
+	return nil
 }

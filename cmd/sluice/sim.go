@@ -109,13 +109,7 @@ func simCmd() *cobra.Command {
 					fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
 				}
 			}
-			if plotBase != "" {
-				if err := rep.WritePlot(plotBase+".png", plotBase+".svg"); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "plot written to %s.png and %s.svg\n", plotBase, plotBase)
-			}
-			return nil
+			return savePlot(cmd, rep, plotBase)
 		},
 	}
 	cmd.Flags().StringVar(&scenario, "scenario", "mercury", "a built-in scenario ("+strings.Join(sim.Builtins(), ", ")+") or a scenario file")
