@@ -214,24 +214,15 @@ const (
 	maxTenants = 1 << 20
 )
 
-// FieldError is a scenario error naming the field; Load fills in the file
-// and line.
+// FieldError is a scenario error naming the field at fault (e.g.
+// "classes[1].share"). ParseScenario turns it into an error with the
+// file and line of that field.
 type FieldError struct {
-	File  string
-	Line  int
 	Field string
 	Msg   string
 }
 
-func (e *FieldError) Error() string {
-	switch {
-	case e.File != "" && e.Line > 0:
-		return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
-	case e.File != "":
-		return fmt.Sprintf("%s: %s: %s", e.File, e.Field, e.Msg)
-	}
-	return e.Field + ": " + e.Msg
-}
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
 func ferr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,16 +50,14 @@ func simCmd() *cobra.Command {
 				return errors.New("--no-policy and --config: choose one")
 			}
 			// Output paths are checked before a possibly long simulation.
-			var jsonOut io.Writer
-			if jsonPath == "-" {
-				jsonOut = cmd.OutOrStdout()
-			} else if jsonPath != "" {
+			var jsonFile *os.File
+			if jsonPath != "" && jsonPath != "-" {
 				f, err := os.Create(jsonPath)
 				if err != nil {
 					return err
 				}
-				defer f.Close()
-				jsonOut = f
+				defer f.Close() // after an error; the success path closes it and checks
+				jsonFile = f
 			}
 			if st, err := os.Stat(plotBase); plotBase != "" && (strings.HasSuffix(plotBase, "/") || err == nil && st.IsDir()) {
 				plotBase = filepath.Join(plotBase, "sluice-sim")
@@ -98,16 +95,19 @@ func simCmd() *cobra.Command {
 			if jsonPath != "-" {
 				rep.WriteTable(cmd.OutOrStdout())
 			}
-			if jsonOut != nil {
-				if err := rep.WriteJSON(jsonOut); err != nil {
+			switch {
+			case jsonPath == "-":
+				if err := rep.WriteJSON(cmd.OutOrStdout()); err != nil {
 					return err
 				}
-				if f, ok := jsonOut.(*os.File); ok && f != os.Stdout {
-					if err := f.Close(); err != nil {
-						return err
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
+			case jsonFile != nil:
+				if err := rep.WriteJSON(jsonFile); err != nil {
+					return err
 				}
+				if err := jsonFile.Close(); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
 			}
 			return savePlot(cmd, rep, plotBase)
 		},

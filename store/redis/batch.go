@@ -82,7 +82,6 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 // group is the batching state of the keys of one limiter that share a
 // slot (all keys, on a standalone server).
 type group struct {
-	max      int // decisions per batch
 	mu       sync.Mutex
 	pending  []*call
 	inflight int
@@ -104,23 +103,23 @@ func newBatcher(l *limiter, script *rueidis.Lua) *batcher {
 	if l.s.opts.Batch <= 1 {
 		return nil
 	}
-	return &batcher{l: l, script: script, cluster: l.s.client.Mode() == rueidis.ClientModeCluster,
-		groups: map[uint16]*group{}, single: group{max: l.s.opts.Batch}}
+	return &batcher{l: l, script: script, cluster: l.s.client.Mode() == rueidis.ClientModeCluster, groups: map[uint16]*group{}}
 }
 
-func (b *batcher) group(key string) *group {
+// group returns the batching group of key, and the breaker of its node.
+func (b *batcher) group(key string) (*group, *breaker) {
 	if !b.cluster {
-		return &b.single
+		return &b.single, b.l.s.breakerFor(key)
 	}
 	slot := keySlot(key)
 	b.mu.Lock()
 	g := b.groups[slot]
 	if g == nil {
-		g = &group{max: b.l.s.opts.Batch}
+		g = &group{}
 		b.groups[slot] = g
 	}
 	b.mu.Unlock()
-	return g
+	return g, b.l.s.breakerForSlot(slot)
 }
 
 // do runs one step (op on key) in a batch and returns the script's five
@@ -133,17 +132,17 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 	if err := ctx.Err(); err != nil {
 		return [5]int64{}, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
-	if br := s.breakerFor(key); br.open.Load() {
+	g, br := b.group(key)
+	if br.open.Load() {
 		s.maybeProbe(br)
 		return [5]int64{}, store.ErrUnavailable
 	}
 	c := callPool.Get().(*call)
 	c.key, c.op, c.cost, c.extra, c.budget, c.arrived = key, op, cost, extra, budget, time.Now()
-	g := b.group(key)
 	g.mu.Lock()
 	if g.inflight < maxInflight {
 		g.inflight++
-		batch := g.take(c)
+		batch := g.take(c, s.opts.Batch)
 		g.mu.Unlock()
 		b.lead(g, batch)
 	} else {
@@ -179,10 +178,10 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 	return res, err
 }
 
-// take returns first and up to maxBatch-1 pending calls as a batch. g.mu
-// must be held.
-func (g *group) take(first *call) []*call {
-	n := min(len(g.pending), g.max-1)
+// take returns first and up to size-1 pending calls as a batch. g.mu must
+// be held.
+func (g *group) take(first *call, size int) []*call {
+	n := min(len(g.pending), size-1)
 	batch := make([]*call, 0, n+1)
 	batch = append(batch, first)
 	batch = append(batch, g.pending[:n]...)
@@ -208,7 +207,7 @@ func (b *batcher) lead(g *group, batch []*call) {
 	}
 	next := g.pending[0]
 	g.pending = g.pending[1:]
-	next.batch = g.take(next)
+	next.batch = g.take(next, b.l.s.opts.Batch)
 	g.mu.Unlock()
 	next.done <- struct{}{}
 }

@@ -25,8 +25,17 @@ type breaker struct {
 // breakerFor returns the breaker that guards key: its slot's master's on a
 // Cluster whose slot map is known, the store's own otherwise.
 func (s *Store) breakerFor(key string) *breaker {
+	if s.slots.Load() == nil {
+		return &s.breaker
+	}
+	return s.breakerForSlot(keySlot(key))
+}
+
+// breakerForSlot returns the breaker of slot's master, or the store's own
+// while the slot map is unknown.
+func (s *Store) breakerForSlot(slot uint16) *breaker {
 	if m := s.slots.Load(); m != nil {
-		if b := m[keySlot(key)]; b != nil {
+		if b := m[slot]; b != nil {
 			return b
 		}
 	}
