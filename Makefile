@@ -6,12 +6,14 @@ GO ?= go
 # One package at a time (-p 1): several tests hold real-time bounds (Redis
 # timeouts, load steps over loopback) that a 2-core machine cannot keep
 # while another package saturates it.
+# The library (module github.com/sluice-go/sluice) and the tools (module
+# github.com/sluice-go/sluice/cmd: the CLI, demo and simulator) are tested in
+# one run through the workspace (go.work).
 test: fmt vet
-	$(GO) test -race -count=1 -p 1 ./...
+	$(GO) test -race -count=1 -p 1 ./... ./cmd/...
 
 vet:
-	$(GO) vet ./...
-	cd bench && $(GO) vet ./...
+	$(GO) vet ./... ./cmd/... ./bench/...
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -30,7 +32,7 @@ bench:
 		RedisRate/RedisSluice RedisSluiceNoBatch/RedisSluice RedisSluiceScriptGoRedis/RedisSluiceNoBatch
 	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
-	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./sim
+	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
 
 # The main job: goodput under open-loop overload, with and without sluice.
 demo:

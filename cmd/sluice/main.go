@@ -18,7 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-go/sluice/demo"
+	"github.com/sluice-go/sluice/cmd/internal/demo"
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/proxy"

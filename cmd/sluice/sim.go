@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/sim"
+	"github.com/sluice-go/sluice/cmd/internal/sim"
 )
 
 func simCmd() *cobra.Command {

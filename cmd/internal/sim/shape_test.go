@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-go/sluice/demo"
+	"github.com/sluice-go/sluice/cmd/internal/demo"
 	"github.com/sluice-go/sluice/examples"
 )
 

@@ -64,7 +64,7 @@ func TestParseScenario(t *testing.T) {
 		t.Fatalf("warmup %v, want none", d.Warmup)
 	}
 	// The example file parses and names its policy.
-	data, err := os.ReadFile("../examples/scenarios/retry-storm.yaml")
+	data, err := os.ReadFile("../../../examples/scenarios/retry-storm.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 package demo
 
-import "github.com/sluice-go/sluice/internal/goodplot"
+import "github.com/sluice-go/sluice/cmd/internal/goodplot"
 
 // WritePlot draws goodput against offered load for every run, with the
 // measured capacity as a reference line, to each path (.png or .svg).

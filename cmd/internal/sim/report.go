@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/goodplot"
+	"github.com/sluice-go/sluice/cmd/internal/goodplot"
 )
 
 // Row is one sweep step or one time-series interval. Loads are in the
