@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // MaxGates is the most gates one Chain may hold.
@@ -27,8 +29,8 @@ type Observer interface {
 
 // ChainOptions configures a Chain. The zero value is valid.
 type ChainOptions struct {
-	// Clock supplies now to every gate. Default: SystemClock.
-	Clock Clock
+	// Clock supplies now to every gate. Default: clock.System.
+	Clock clock.Clock
 	// Observer, if set, receives every decision and completion.
 	Observer Observer
 	// Modes sets the initial mode of gates by name; gates not listed start
@@ -49,7 +51,7 @@ type ChainOptions struct {
 type Chain struct {
 	gates    []*entry
 	policies []Policy
-	clock    Clock
+	clock    clock.Clock
 	obs      Observer
 	pool     sync.Pool
 }
@@ -71,7 +73,7 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 	}
 	c := &Chain{clock: opts.Clock, obs: opts.Observer}
 	if c.clock == nil {
-		c.clock = SystemClock
+		c.clock = clock.System
 	}
 	seen := make(map[string]bool, len(gates))
 	for i, g := range gates {
@@ -108,7 +110,7 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 }
 
 // Clock returns the chain's clock.
-func (c *Chain) Clock() Clock { return c.clock }
+func (c *Chain) Clock() clock.Clock { return c.clock }
 
 // Gates returns the chain's gates in evaluation order.
 func (c *Chain) Gates() []Gate {
@@ -217,10 +219,10 @@ func (c *Chain) Refuse(r *Request, d Decision) Decision {
 	return c.finish(r, d, c.clock.Now())
 }
 
-func (c *Chain) finish(r *Request, d Decision, start int64) Decision {
+func (c *Chain) finish(r *Request, d Decision, start clock.Instant) Decision {
 	if c.obs != nil {
 		od := d // only this copy escapes, and only with an observer
-		c.obs.Decided(r, &od, time.Duration(c.clock.Now()-start))
+		c.obs.Decided(r, &od, c.clock.Now().Sub(start))
 	}
 	return d
 }

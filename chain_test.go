@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/limit"
@@ -257,7 +258,7 @@ func TestTicketLateOutcome(t *testing.T) {
 	clk := fakeclock.New(0)
 	rec := &recorder{}
 	c, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk, Observer: rec}, concGate(t, "x", 5, sluice.ScopeService))
-	_, tk := c.Decide(context.Background(), &sluice.Request{Deadline: int64(100 * time.Millisecond)})
+	_, tk := c.Decide(context.Background(), &sluice.Request{Deadline: clock.Instant(100 * time.Millisecond)})
 	clk.Advance(150 * time.Millisecond)
 	tk.Done(sluice.OutcomeUseful)
 	if rec.outcomes[0] != sluice.OutcomeLate {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Permit is a gate's opaque handle on what it holds for one admitted request
@@ -15,7 +17,7 @@ type Permit uint64
 // Gate decides admission for one request. Implementations must be safe for
 // concurrent use and must not block longer than the request's deadline.
 //
-// Decide is called with the Chain's clock reading now (monotonic ns). When it
+// Decide is called with the Chain's clock reading now. When it
 // admits, the Chain later calls Release exactly once with the returned
 // Permit: with OutcomeRejected if a later gate rejected the request, or with
 // the work's outcome when its Ticket is done. A rejecting Decide must hold
@@ -24,7 +26,7 @@ type Gate interface {
 	// Name is the gate's unique name within a chain, e.g. "request-rate".
 	Name() string
 	// Decide returns the gate's verdict and, when admitted, its permit.
-	Decide(ctx context.Context, r *Request, now int64) (Decision, Permit)
+	Decide(ctx context.Context, r *Request, now clock.Instant) (Decision, Permit)
 	// Release ends the hold taken by an admitting Decide.
 	Release(r *Request, p Permit, c Completion)
 }
@@ -77,27 +79,3 @@ func ParseMode(s string) (Mode, error) {
 	}
 	return 0, fmt.Errorf("sluice: unknown mode %q (want enforce, shadow or off)", s)
 }
-
-// Clock reads monotonic time in nanoseconds from an arbitrary fixed epoch.
-// Implementations must be safe for concurrent use. Readings from different
-// goroutines may be observed out of order; every algorithm tolerates that.
-type Clock interface {
-	Now() int64
-}
-
-// SystemClock is the real monotonic clock: nanoseconds since the process
-// loaded this package, read from Go's monotonic clock (never affected by
-// wall-clock steps).
-var SystemClock Clock = systemClock{}
-
-var epoch = time.Now()
-
-type systemClock struct{}
-
-// Now returns the monotonic nanoseconds since the package's epoch.
-func (systemClock) Now() int64 { return Now() }
-
-// Now reads the real monotonic clock: nanoseconds since the process loaded
-// this package. It is what SystemClock returns, callable without an
-// interface dispatch on hot paths.
-func Now() int64 { return int64(time.Since(epoch)) }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Standard class names, from most to least protected. Classes are
@@ -40,9 +42,9 @@ type Request struct {
 	// Cost is the demand of this request in integer demand units, in
 	// [1, MaxCost]. The zero value is treated as 1.
 	Cost int64
-	// Deadline is the instant, on the Chain's Clock (monotonic ns), by
-	// which a response is still useful; 0 means no deadline.
-	Deadline int64
+	// Deadline is the instant, on the Chain's clock, by which a response
+	// is still useful; 0 means no deadline.
+	Deadline clock.Instant
 }
 
 // ErrInvalidRequest wraps every reason a Request is refused as malformed.
@@ -97,8 +99,8 @@ func (o Outcome) String() string {
 type Completion struct {
 	// Outcome is how the work ended.
 	Outcome Outcome
-	// Now is the release instant on the Chain's Clock (monotonic ns).
-	Now int64
+	// Now is the release instant on the Chain's clock.
+	Now clock.Instant
 	// Latency is the time from admission to release.
 	Latency time.Duration
 }

@@ -2,7 +2,8 @@ package sluice
 
 import (
 	"sync/atomic"
-	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Ticket is the handle of one admitted request. Done must be called exactly
@@ -23,7 +24,7 @@ type ticket struct {
 	gen   atomic.Uint64
 	chain *Chain
 	req   Request
-	start int64
+	start clock.Instant
 	n     int
 	held  [MaxGates]held
 }
@@ -44,11 +45,7 @@ func (t Ticket) Done(o Outcome) bool {
 	if o == OutcomeUseful && tk.req.Deadline != 0 && now > tk.req.Deadline {
 		o = OutcomeLate
 	}
-	lat := now - tk.start
-	if lat < 0 {
-		lat = 0
-	}
-	comp := Completion{Outcome: o, Now: now, Latency: time.Duration(lat)}
+	comp := Completion{Outcome: o, Now: now, Latency: max(now.Sub(tk.start), 0)}
 	c.release(tk.held[:tk.n], &tk.req, comp)
 	if c.obs != nil {
 		c.obs.Done(&tk.req, comp)

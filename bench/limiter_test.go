@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -27,7 +27,7 @@ var (
 // decision that reads the real clock.
 func BenchmarkClockRead(b *testing.B) {
 	for i := 0; i < b.N; i++ {
-		sinkN += sluice.Now()
+		sinkN += int64(clock.Now())
 	}
 }
 
@@ -42,7 +42,8 @@ func bucket(b *testing.B) *limit.TokenBucket {
 // BenchmarkTokenBucketAllow: sluice single-key token bucket, real clock,
 // admitted path, decision only.
 func BenchmarkTokenBucketAllow(b *testing.B) {
-	l, _ := memory.NewTokenBucket(bucket(b), nil)
+	tb := bucket(b)
+	l, _ := memory.NewBucket(tb.Rate(), tb.Limit(), nil)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		sinkOK = l.Allow(1)
@@ -52,7 +53,7 @@ func BenchmarkTokenBucketAllow(b *testing.B) {
 // BenchmarkGCRAAllow: sluice single-key GCRA, real clock, decision only.
 func BenchmarkGCRAAllow(b *testing.B) {
 	g, _ := limit.NewGCRA(limit.PerSecond(1e9), 1e9)
-	l := memory.NewGCRA(g, nil)
+	l, _ := memory.NewBucket(g.Rate(), g.Limit(), nil)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		sinkOK = l.Allow(1)
@@ -62,7 +63,8 @@ func BenchmarkGCRAAllow(b *testing.B) {
 // BenchmarkTokenBucketTake: as Allow, plus remaining, reset-after and
 // retry-after in the result.
 func BenchmarkTokenBucketTake(b *testing.B) {
-	l, _ := memory.NewTokenBucket(bucket(b), nil)
+	tb := bucket(b)
+	l, _ := memory.NewBucket(tb.Rate(), tb.Limit(), nil)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		sinkN += l.Take(1).Remaining
@@ -105,7 +107,7 @@ func benchKeyedUniform(b *testing.B, keys int) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		x = x*1664525 + 1013904223
-		r, _, _ := k.Take(ctx, keyAt(buf[:], int(x%uint32(keys))), sluice.Now(), 1, 0)
+		r, _, _ := k.Take(ctx, keyAt(buf[:], int(x%uint32(keys))), clock.Now(), 1, 0)
 		sinkN += r.Remaining
 	}
 }
@@ -137,7 +139,7 @@ func BenchmarkKeyedTake1MZipf(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		r, _, _ := k.Take(ctx, keyAt(buf[:], int(seq[i&(1<<20-1)])), sluice.Now(), 1, 0)
+		r, _, _ := k.Take(ctx, keyAt(buf[:], int(seq[i&(1<<20-1)])), clock.Now(), 1, 0)
 		sinkN += r.Remaining
 	}
 }
@@ -155,7 +157,7 @@ func BenchmarkKeyedTakeParallel(b *testing.B) {
 		x := uint32(rand.Int31())
 		for pb.Next() {
 			x = x*1664525 + 1013904223
-			k.Take(ctx, keyAt(buf[:], int(x%keys)), sluice.Now(), 1, 0)
+			k.Take(ctx, keyAt(buf[:], int(x%keys)), clock.Now(), 1, 0)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Classes applies a gate only to requests of the listed classes; requests of
@@ -35,7 +36,7 @@ func (c *Classes) applies(r *sluice.Request) bool {
 
 // Decide asks the wrapped gate when r's class is listed, and admits
 // otherwise.
-func (c *Classes) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+func (c *Classes) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	if !c.applies(r) {
 		return sluice.Decision{Admitted: true}, 0
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -48,7 +49,7 @@ func (g *Concurrency) slots(r *sluice.Request) int64 {
 }
 
 // Decide acquires the request's slots in its scope.
-func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	return g.decide(ctx, r, now, g.slots(r))
 }
 

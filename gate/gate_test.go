@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -22,11 +23,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // broken is a store whose backend is down.
 type broken struct{ store.Limiter }
 
-func (broken) Take(context.Context, string, int64, int64, int64) (limit.Result, store.Handle, error) {
+func (broken) Take(context.Context, string, clock.Instant, int64, clock.Instant) (limit.Result, store.Handle, error) {
 	return limit.Result{}, 0, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
 }
 
-func (broken) Refund(context.Context, string, store.Handle, int64, int64) error {
+func (broken) Refund(context.Context, string, store.Handle, clock.Instant, int64) error {
 	return store.ErrUnavailable
 }
 
@@ -127,7 +128,7 @@ func TestConcurrencyGateScopes(t *testing.T) {
 func TestPacer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
-		now := func() int64 { return int64(time.Since(start)) }
+		now := func() clock.Instant { return clock.Instant(time.Since(start)) }
 		rate, _ := limit.NewRate(1, 10*time.Millisecond)
 		lb, _ := limit.NewLeakyBucket(rate, 3)
 		g, _ := gate.NewPacer("smooth", memory.NewKeyed(lb, memory.Options{}), gate.Options{})
@@ -160,7 +161,7 @@ func TestPacer(t *testing.T) {
 		}
 		// A slot after the deadline is refused before waiting.
 		g.Decide(ctx, &sluice.Request{Cost: 1}, now())
-		d, _ = g.Decide(ctx, &sluice.Request{Cost: 1, Deadline: now() + int64(5*time.Millisecond)}, now())
+		d, _ = g.Decide(ctx, &sluice.Request{Cost: 1, Deadline: now().Add(5 * time.Millisecond)}, now())
 		if d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("deadline: %+v", d)
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -37,7 +38,7 @@ func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
 }
 
 // Decide schedules r and waits for its slot.
-func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	res, _, ok := g.take(ctx, g.opts.Scope.Key(r), r, now, r.Cost)
 	if !ok {
 		return g.unavailable(), 0

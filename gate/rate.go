@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 )
@@ -123,7 +124,7 @@ func (b *base) Failures() int64 { return b.failures.Load() }
 // take runs the store step, applying the failure policy on error. The
 // returned handle is 0 when nothing is held (fail open). Permits encode the
 // handle in the low bits and whether the fallback holds it in bit 63.
-func (b *base) take(ctx context.Context, key string, r *sluice.Request, now, cost int64) (limit.Result, sluice.Permit, bool) {
+func (b *base) take(ctx context.Context, key string, r *sluice.Request, now clock.Instant, cost int64) (limit.Result, sluice.Permit, bool) {
 	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline)
 	if err == nil {
 		return res, sluice.Permit(h), true
@@ -159,7 +160,7 @@ func (b *base) logFailure(err error) {
 }
 
 // refund gives back what take returned.
-func (b *base) refund(key string, p sluice.Permit, now, cost int64) {
+func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64) {
 	if p == 0 {
 		return
 	}
@@ -204,7 +205,7 @@ func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
 
 // decide takes cost units for r from its scope's state and returns the
 // decision and, when admitted, the permit to release later.
-func (b *base) decide(ctx context.Context, r *sluice.Request, now, cost int64) (sluice.Decision, sluice.Permit) {
+func (b *base) decide(ctx context.Context, r *sluice.Request, now clock.Instant, cost int64) (sluice.Decision, sluice.Permit) {
 	res, p, ok := b.take(ctx, b.opts.Scope.Key(r), r, now, cost)
 	if !ok {
 		return b.unavailable(), 0
@@ -243,7 +244,7 @@ func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {
 }
 
 // Decide takes r.Cost units from r's scope.
-func (g *Rate) Decide(ctx context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+func (g *Rate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	return g.decide(ctx, r, now, r.Cost)
 }
 

@@ -211,7 +211,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	ctx := r.Context()
 	if budget > 0 {
-		req.Deadline = st.chain.Clock().Now() + int64(budget)
+		req.Deadline = st.chain.Clock().Now().Add(budget)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, budget)
 		defer cancel()

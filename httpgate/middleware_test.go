@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/internal/fakeclock"
@@ -468,7 +469,7 @@ func waitFor(t *testing.T, cond func() bool) {
 type levelGate struct{ level sluice.Level }
 
 func (levelGate) Name() string { return "level" }
-func (g levelGate) Decide(context.Context, *sluice.Request, int64) (sluice.Decision, sluice.Permit) {
+func (g levelGate) Decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
 	return sluice.Decision{Admitted: true, Level: g.level}, 0
 }
 func (levelGate) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}

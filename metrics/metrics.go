@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // OtherTenant is the tenant label of tenants beyond Options.MaxTenants.
@@ -178,7 +179,7 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 // from gates(): sluice_ladder_level{gate} (0 normal, 1 degrade, 2 shed,
 // 3 recover), sluice_ladder_seconds_total{gate,level} (time spent in each
 // level) and sluice_shed_fraction{gate} (utilization shedders).
-func (m *Metrics) GateStates(gates func() []sluice.Gate, now func() int64) {
+func (m *Metrics) GateStates(gates func() []sluice.Gate, now func() clock.Instant) {
 	m.reg.MustRegister(&gateStates{gates: gates, now: now,
 		level:    prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
 		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
@@ -187,7 +188,7 @@ func (m *Metrics) GateStates(gates func() []sluice.Gate, now func() int64) {
 
 type gateStates struct {
 	gates                    func() []sluice.Gate
-	now                      func() int64
+	now                      func() clock.Instant
 	level, seconds, fraction *prometheus.Desc
 }
 
@@ -202,14 +203,14 @@ func (g *gateStates) Collect(ch chan<- prometheus.Metric) {
 	for _, gt := range g.gates() {
 		switch s := gt.(type) {
 		case interface {
-			LevelTimes(int64) (sluice.Level, [4]time.Duration)
+			LevelTimes(clock.Instant) (sluice.Level, [4]time.Duration)
 		}:
 			lv, spent := s.LevelTimes(now)
 			ch <- prometheus.MustNewConstMetric(g.level, prometheus.GaugeValue, float64(lv), gt.Name())
 			for i, d := range spent {
 				ch <- prometheus.MustNewConstMetric(g.seconds, prometheus.CounterValue, d.Seconds(), gt.Name(), sluice.Level(i).String())
 			}
-		case interface{ Fraction(int64) float64 }:
+		case interface{ Fraction(clock.Instant) float64 }:
 			ch <- prometheus.MustNewConstMetric(g.fraction, prometheus.GaugeValue, s.Fraction(now), gt.Name())
 		}
 	}

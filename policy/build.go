@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/limit"
@@ -61,7 +62,7 @@ func (g *Gate) stateKey(st Store) string {
 // Options are the run-time parts of a build.
 type Options struct {
 	// Clock for the chain (nil: the real clock).
-	Clock sluice.Clock
+	Clock clock.Clock
 	// Observer for the chain (metrics).
 	Observer sluice.Observer
 	// Rand is the uniform [0, 1) source of the probabilistic gates (the

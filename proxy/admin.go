@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // GateState is one gate as the admin API shows it.
@@ -107,7 +108,7 @@ func (s *Server) gateStates() []GateState {
 				st.Unit = "concurrent-requests"
 			}
 		}
-		if a, ok := g.(interface{ AdminState(now int64) any }); ok {
+		if a, ok := g.(interface{ AdminState(now clock.Instant) any }); ok {
 			st.State = a.AdminState(c.Clock().Now())
 		}
 		out = append(out, st)

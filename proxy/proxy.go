@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/policy"
@@ -54,7 +55,7 @@ type Options struct {
 	// Logger receives operational logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Clock for the chain (tests). Default: the real clock.
-	Clock sluice.Clock
+	Clock clock.Clock
 	// Transport for upstream calls. Default: a transport tuned for many
 	// concurrent requests to one host.
 	Transport http.RoundTripper
@@ -132,7 +133,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.metrics.GateFailures(func() []sluice.Gate { return s.Chain().Gates() })
-	s.metrics.GateStates(func() []sluice.Gate { return s.Chain().Gates() }, func() int64 { return s.Chain().Clock().Now() })
+	s.metrics.GateStates(func() []sluice.Gate { return s.Chain().Gates() }, func() clock.Instant { return s.Chain().Clock().Now() })
 	tr := opts.Transport
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // ControllerConfig configures a utilization Controller. The defaults are
@@ -74,11 +76,11 @@ func (c ControllerConfig) Validate() error {
 type Controller struct {
 	cfg ControllerConfig
 
-	level      float64 // shed fraction × ShedAllAfter (ns): full pressure adds exactly 1 per ns
-	last       int64   // when level was last brought up to date
-	slope      float64 // d level / d ns set by the last sample, in [-1, 1]
-	pressure   bool    // the last sample was at or above Bad
-	since      int64   // start of the current pressure episode
+	level      float64       // shed fraction × ShedAllAfter (ns): full pressure adds exactly 1 per ns
+	last       clock.Instant // when level was last brought up to date
+	slope      float64       // d level / d ns set by the last sample, in [-1, 1]
+	pressure   bool          // the last sample was at or above Bad
+	since      clock.Instant // start of the current pressure episode
 	hasSamples bool
 }
 
@@ -96,13 +98,13 @@ func (c *Controller) Config() ControllerConfig { return c.cfg }
 
 // advance brings level up to now along the current slope, holding growth
 // until the pressure episode is Delay old.
-func (c *Controller) advance(now int64) {
+func (c *Controller) advance(now clock.Instant) {
 	if !c.hasSamples || now <= c.last {
 		return
 	}
 	from := c.last
 	if c.slope > 0 {
-		from = max(from, c.since+int64(c.cfg.Delay))
+		from = max(from, c.since.Add(c.cfg.Delay))
 	}
 	if now > from {
 		full := float64(c.cfg.ShedAllAfter)
@@ -119,7 +121,7 @@ func (c *Controller) advance(now int64) {
 
 // Sample records utilization u (0 = idle, 1 = every worker busy; values
 // outside [0, 1] are clamped, NaN is ignored) observed at now.
-func (c *Controller) Sample(now int64, u float64) {
+func (c *Controller) Sample(now clock.Instant, u float64) {
 	if math.IsNaN(u) {
 		return
 	}
@@ -146,7 +148,7 @@ func (c *Controller) Sample(now int64, u float64) {
 }
 
 // Fraction returns the shed fraction at now, in [0, 1].
-func (c *Controller) Fraction(now int64) float64 {
+func (c *Controller) Fraction(now clock.Instant) float64 {
 	c.advance(now)
 	return c.level / float64(c.cfg.ShedAllAfter)
 }

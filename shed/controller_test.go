@@ -1,12 +1,13 @@
 package shed
 
 import (
+	"github.com/sluice-go/sluice/clock"
 	"math"
 	"testing"
 	"time"
 )
 
-const sec = int64(time.Second)
+const sec = clock.Instant(time.Second)
 
 func ctrl(t *testing.T) *Controller {
 	t.Helper()
@@ -18,7 +19,7 @@ func ctrl(t *testing.T) *Controller {
 }
 
 // samples feeds u every 8 s from `from` up to `to` (inclusive).
-func samples(c *Controller, from, to int64, u float64) {
+func samples(c *Controller, from, to clock.Instant, u float64) {
 	for now := from; now <= to; now += 8 * sec {
 		c.Sample(now, u)
 	}
@@ -29,7 +30,7 @@ func TestControllerPinnedAtFullPressure(t *testing.T) {
 	samples(c, 0, 200*sec, 1.0)
 	// No shed during the delay, then growth at 1/120 per second.
 	for _, st := range []struct {
-		at   int64
+		at   clock.Instant
 		want float64
 	}{
 		{0, 0}, {27 * sec, 0}, {28 * sec, 0}, {29 * sec, 1.0 / 120}, {88 * sec, 0.5},
@@ -65,14 +66,14 @@ func TestControllerDecaysAtTheDocumentedRate(t *testing.T) {
 	c.Sample(152*sec, 0.5)
 	// Decay rate (1 − 0.5/0.7)/120 per second, from the 152 s sample on.
 	rate := (1 - 0.5/0.7) / 120
-	for _, dt := range []int64{8, 104, 304} {
+	for _, dt := range []clock.Instant{8, 104, 304} {
 		samples(c, 160*sec, 152*sec+dt*sec, 0.5)
 		want := max(1-rate*float64(dt), 0)
 		if got := c.Fraction(152*sec + dt*sec); math.Abs(got-want) > 1e-9 {
 			t.Fatalf("%d s into recovery: %v, want %v", dt, got, want)
 		}
 	}
-	zero := 152*sec + int64(math.Ceil(1/rate))*sec
+	zero := 152*sec + clock.Instant(math.Ceil(1/rate))*sec
 	samples(c, 464*sec, zero, 0.5)
 	if got := c.Fraction(zero); got != 0 {
 		t.Fatalf("not back to 0 after %v: %v", time.Duration(zero), got)
@@ -83,7 +84,7 @@ func TestControllerNoFlappingOnNoise(t *testing.T) {
 	c := ctrl(t)
 	changes := 0
 	prev := c.Fraction(0)
-	for i := int64(0); i < 500; i++ {
+	for i := clock.Instant(0); i < 500; i++ {
 		u := 0.72
 		if i%2 == 1 {
 			u = 0.78
@@ -102,7 +103,7 @@ func TestControllerNoFlappingOnNoise(t *testing.T) {
 	samples(c, 0, 88*sec, 1.0)
 	c.Sample(96*sec, 0.72)
 	f := c.Fraction(96 * sec)
-	for i := int64(13); i < 500; i++ {
+	for i := clock.Instant(13); i < 500; i++ {
 		c.Sample(i*8*sec, 0.72+0.06*float64(i%2))
 		if c.Fraction(i*8*sec) != f {
 			t.Fatal("noise in the dead zone moved an active shed")

@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // CPUSource reads this process's CPU utilization: CPU time (user + system)
@@ -26,7 +28,7 @@ func NewCPUSource() *CPUSource {
 }
 
 // Utilization returns the CPU share used since the previous call, in [0, 1].
-func (s *CPUSource) Utilization(int64) float64 {
+func (s *CPUSource) Utilization(clock.Instant) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cpu, wall := processCPU(), time.Now()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // LadderConfig configures a degradation Ladder. Thresholds compare with
@@ -111,7 +112,7 @@ func (c LadderConfig) Validate() error {
 
 // Transition is one state change of a Ladder.
 type Transition struct {
-	At       int64 // monotonic ns
+	At       clock.Instant
 	From, To sluice.Level
 	Pressure float64 // the demand utilization that caused it
 }
@@ -141,12 +142,12 @@ type Ladder struct {
 	meter meter
 
 	state     sluice.Level
-	since     int64 // when the state was entered
+	since     clock.Instant // when the state was entered
 	step      int
-	stepSince int64
+	stepSince clock.Instant
 	pressure  float64
-	spent     [4]int64 // ns spent in each level
-	lastSpent int64
+	spent     [4]time.Duration // time spent in each level
+	lastSpent clock.Instant
 	history   []Transition
 }
 
@@ -167,7 +168,7 @@ func NewLadder(name string, cfg LadderConfig) (*Ladder, error) {
 // Name returns the gate's name.
 func (l *Ladder) Name() string { return l.name }
 
-func (l *Ladder) toLocked(now int64, to sluice.Level) {
+func (l *Ladder) toLocked(now clock.Instant, to sluice.Level) {
 	l.history = append(l.history, Transition{At: now, From: l.state, To: to, Pressure: l.pressure})
 	if len(l.history) > 256 {
 		l.history = slices.Delete(l.history, 0, len(l.history)-256)
@@ -179,10 +180,10 @@ func (l *Ladder) toLocked(now int64, to sluice.Level) {
 }
 
 // sampleLocked moves the state machine on one demand sample. REQUIRES: l.mu held.
-func (l *Ladder) sampleLocked(now int64, p float64) {
+func (l *Ladder) sampleLocked(now clock.Instant, p float64) {
 	l.pressure = p
 	c := &l.cfg
-	dwelt := now-l.since >= int64(c.MinDwell)
+	dwelt := now.Sub(l.since) >= c.MinDwell
 	switch l.state {
 	case sluice.LevelNormal:
 		switch {
@@ -208,7 +209,7 @@ func (l *Ladder) sampleLocked(now int64, p float64) {
 			l.toLocked(now, sluice.LevelShed)
 		case p >= c.DegradeEnter:
 			l.toLocked(now, sluice.LevelDegrade)
-		case now-l.stepSince >= int64(c.StepEvery):
+		case now.Sub(l.stepSince) >= c.StepEvery:
 			l.step++
 			l.stepSince = now
 			if l.step >= len(c.RecoverSteps) {
@@ -219,12 +220,12 @@ func (l *Ladder) sampleLocked(now int64, p float64) {
 }
 
 // updateLocked accounts time and samples. REQUIRES: l.mu held.
-func (l *Ladder) updateLocked(now int64) {
+func (l *Ladder) updateLocked(now clock.Instant) {
 	if l.since < 0 {
 		l.since, l.lastSpent = now, now
 	}
 	if now > l.lastSpent {
-		l.spent[l.state] += now - l.lastSpent
+		l.spent[l.state] += now.Sub(l.lastSpent)
 		l.lastSpent = now
 	}
 	if p, due := l.meter.update(now); due {
@@ -233,7 +234,7 @@ func (l *Ladder) updateLocked(now int64) {
 }
 
 // Decide admits, degrades or sheds r according to the state.
-func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	protected := slices.Contains(l.cfg.Protected, r.Class)
 	l.mu.Lock()
 	l.updateLocked(now)
@@ -280,25 +281,23 @@ type LadderState struct {
 }
 
 // State returns a snapshot at now.
-func (l *Ladder) State(now int64) LadderState {
+func (l *Ladder) State(now clock.Instant) LadderState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.updateLocked(now)
 	st := LadderState{Level: l.state, Pressure: l.pressure, Step: l.step, History: slices.Clone(l.history)}
-	for i, ns := range l.spent {
-		st.Spent[i] = time.Duration(ns)
-	}
+	st.Spent = l.spent
 	return st
 }
 
 // LevelTimes returns the current level and the time spent in each level.
-func (l *Ladder) LevelTimes(now int64) (sluice.Level, [4]time.Duration) {
+func (l *Ladder) LevelTimes(now clock.Instant) (sluice.Level, [4]time.Duration) {
 	st := l.State(now)
 	return st.Level, st.Spent
 }
 
 // AdminState is the ladder's state for the admin endpoint.
-func (l *Ladder) AdminState(now int64) any {
+func (l *Ladder) AdminState(now clock.Instant) any {
 	st := l.State(now)
 	seconds := map[string]float64{}
 	for lv, d := range st.Spent {
@@ -313,7 +312,7 @@ func (l *Ladder) AdminState(now int64) any {
 		out["recover_step"] = st.Step
 	}
 	if last != nil {
-		out["last_change_ago_seconds"] = float64(now-last.At) / 1e9
+		out["last_change_ago_seconds"] = now.Sub(last.At).Seconds()
 	}
 	return out
 }

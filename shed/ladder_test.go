@@ -3,6 +3,7 @@ package shed
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-go/sluice/clock"
 	"os"
 	"strings"
 	"testing"
@@ -22,11 +23,11 @@ func newLadder(t *testing.T) *Ladder {
 
 // trace feeds one demand sample per second and renders every transition.
 func trace(l *Ladder, script []struct {
-	until int64
+	until clock.Instant
 	p     float64
 }) string {
 	var b strings.Builder
-	now := int64(0)
+	now := clock.Instant(0)
 	for _, seg := range script {
 		for ; now <= seg.until*sec; now += sec {
 			from := l.state
@@ -49,7 +50,7 @@ func TestLadderGoldenTrace(t *testing.T) {
 	l := newLadder(t)
 	l.since = 0
 	got := trace(l, []struct {
-		until int64
+		until clock.Instant
 		p     float64
 	}{
 		{9, 0.5}, {19, 0.85}, {39, 1.4},
@@ -73,7 +74,7 @@ func TestLadderGoldenTrace(t *testing.T) {
 func TestLadderNoiseCausesNoTransitions(t *testing.T) {
 	l := newLadder(t)
 	l.since = 0
-	for i := int64(0); i < 1000; i++ {
+	for i := clock.Instant(0); i < 1000; i++ {
 		p := 0.72
 		if i%2 == 1 {
 			p = 0.78
@@ -124,9 +125,9 @@ func TestLadderMeasuresDemand(t *testing.T) {
 	l, _ := NewLadder("ladder", LadderConfig{Workers: 2, SampleEvery: time.Second, MinDwell: time.Second})
 	ctx := context.Background()
 	r := &sluice.Request{Class: "default"}
-	type job struct{ end int64 }
+	type job struct{ end clock.Instant }
 	var running []job
-	now := int64(0)
+	now := clock.Instant(0)
 	// Offered: 4 requests per second of 0.5 s each = 2 busy workers = demand 1.
 	step := func(n int) {
 		for range n {

@@ -1,6 +1,10 @@
 package shed
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // meter measures utilization from a gate's own accounting: the mean number
 // of requests in flight per worker over each sample interval. With
@@ -10,13 +14,13 @@ import "time"
 // REQUIRES: the owning gate's mutex around every method.
 type meter struct {
 	workers    float64
-	every      int64
+	every      time.Duration
 	withDemand bool
 
 	inflight   int64
 	area       float64 // ∑ in flight × ns (+ shed demand) since the last sample
-	lastChange int64
-	lastSample int64
+	lastChange clock.Instant
+	lastSample clock.Instant
 	started    bool
 	meanLat    float64 // ns, exponentially weighted over admitted completions
 	// classLat is meanLat per class, for the demand of shed requests: while
@@ -30,12 +34,12 @@ type meter struct {
 const maxClasses = 64
 
 func newMeter(workers int64, every time.Duration, withDemand bool) meter {
-	return meter{workers: float64(workers), every: int64(every), withDemand: withDemand}
+	return meter{workers: float64(workers), every: every, withDemand: withDemand}
 }
 
 // update accrues the in-flight area up to now and, when a sample is due,
 // returns the utilization of the interval that ended.
-func (m *meter) update(now int64) (u float64, due bool) {
+func (m *meter) update(now clock.Instant) (u float64, due bool) {
 	if !m.started {
 		m.started, m.lastChange, m.lastSample = true, now, now
 		return 0, false
@@ -44,7 +48,7 @@ func (m *meter) update(now int64) (u float64, due bool) {
 		m.area += float64(m.inflight) * float64(now-m.lastChange)
 		m.lastChange = now
 	}
-	elapsed := now - m.lastSample
+	elapsed := now.Sub(m.lastSample)
 	if elapsed < m.every {
 		return 0, false
 	}

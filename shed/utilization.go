@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Source reports utilization in [0, 1] (e.g. process CPU); sampled once per
 // sample interval by a Utilization gate that has one.
 type Source interface {
-	Utilization(now int64) float64
+	Utilization(now clock.Instant) float64
 }
 
 // UtilizationOptions configures a Utilization gate.
@@ -98,7 +99,7 @@ func (u *Utilization) tier(class string) int {
 
 // accountLocked brings the accounting up to now and feeds the controller a
 // sample when one is due. REQUIRES: u.mu held.
-func (u *Utilization) accountLocked(now int64) {
+func (u *Utilization) accountLocked(now clock.Instant) {
 	first := !u.meter.started
 	util, due := u.meter.update(now)
 	switch {
@@ -112,7 +113,7 @@ func (u *Utilization) accountLocked(now int64) {
 }
 
 // Fraction returns the current shed fraction.
-func (u *Utilization) Fraction(now int64) float64 {
+func (u *Utilization) Fraction(now clock.Instant) float64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.accountLocked(now)
@@ -120,7 +121,7 @@ func (u *Utilization) Fraction(now int64) float64 {
 }
 
 // Decide sheds r with the probability of its tier at the current fraction.
-func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now int64) (sluice.Decision, sluice.Permit) {
+func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	t := u.tier(r.Class)
 	u.mu.Lock()
 	u.accountLocked(now)
@@ -154,7 +155,7 @@ func (u *Utilization) Release(r *sluice.Request, _ sluice.Permit, c sluice.Compl
 }
 
 // AdminState is the shedder's state for the admin endpoint.
-func (u *Utilization) AdminState(now int64) any {
+func (u *Utilization) AdminState(now clock.Instant) any {
 	f := u.Fraction(now)
 	shed := map[string]float64{}
 	for i, t := range u.opts.Tiers {

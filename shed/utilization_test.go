@@ -2,6 +2,7 @@ package shed
 
 import (
 	"context"
+	"github.com/sluice-go/sluice/clock"
 	"testing"
 	"time"
 
@@ -26,8 +27,8 @@ func TestUtilizationShedsTiersInOrder(t *testing.T) {
 			t.Fatal("idle service shed")
 		}
 	}
-	shedAt := map[string]int64{}
-	for now := int64(0); now <= 200*sec; now += sec {
+	shedAt := map[string]clock.Instant{}
+	for now := clock.Instant(0); now <= 200*sec; now += sec {
 		for _, class := range []string{"sandbox", "sheddable", "default", "critical"} {
 			d, p := u.Decide(ctx, &sluice.Request{Class: class}, now)
 			if d.Admitted {

@@ -7,7 +7,7 @@
 //
 //	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
 //	var lim store.Limiter = memory.NewKeyed(tb, memory.Options{})
-//	res, h, err := lim.Take(ctx, "tenant-42", now, 1, 0)
+//	res, h, err := lim.Take(ctx, "tenant-42", clock.Now(), 1, 0)
 package store
 
 import (
@@ -15,6 +15,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 )
 
@@ -28,17 +29,17 @@ type Handle uint64
 // Limiter is one keyed rate or concurrency limit on some backend.
 // Implementations must be safe for concurrent use.
 type Limiter interface {
-	// Take applies one step for key: cost demand units at now (monotonic ns
-	// on the caller's clock; backends with their own clock, such as Redis,
-	// may ignore it) for a request that must proceed before deadline (0 =
-	// none; only pacing algorithms use it). A denial is a Result, not an
-	// error: err is non-nil only when the backend failed, and then wraps
+	// Take applies one step for key: cost demand units at now (on the
+	// caller's clock; backends with their own clock, such as Redis, may
+	// ignore it) for a request that must proceed before deadline (0 = none;
+	// only pacing algorithms use it). A denial is a Result, not an error:
+	// err is non-nil only when the backend failed, and then wraps
 	// ErrUnavailable.
-	Take(ctx context.Context, key string, now, cost, deadline int64) (limit.Result, Handle, error)
+	Take(ctx context.Context, key string, now clock.Instant, cost int64, deadline clock.Instant) (limit.Result, Handle, error)
 	// Refund returns cost units taken by an Allowed Take with handle h: the
 	// tokens of a request a later gate rejected, or the slots of a finished
 	// request for concurrency limits.
-	Refund(ctx context.Context, key string, h Handle, now, cost int64) error
+	Refund(ctx context.Context, key string, h Handle, now clock.Instant, cost int64) error
 	// Limit returns the quota in demand units.
 	Limit() int64
 	// Window returns the time a fully used quota takes to come back (0 for

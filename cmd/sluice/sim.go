@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-go/sluice/cmd/internal/sim"
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/cmd/internal/sim"
 )
 
 func simCmd() *cobra.Command {

@@ -9,6 +9,8 @@ package fakeclock
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Clock is a manual clock; each instance is independent. It is safe for
@@ -25,10 +27,10 @@ func New(start int64) *Clock {
 }
 
 // Now returns the current reading in nanoseconds.
-func (c *Clock) Now() int64 { return c.ns.Load() }
+func (c *Clock) Now() clock.Instant { return clock.Instant(c.ns.Load()) }
 
 // Set moves the clock to ns, forwards or backwards (to test clock steps).
 func (c *Clock) Set(ns int64) { c.ns.Store(ns) }
 
 // Advance moves the clock forward by d and returns the new reading.
-func (c *Clock) Advance(d time.Duration) int64 { return c.ns.Add(int64(d)) }
+func (c *Clock) Advance(d time.Duration) clock.Instant { return clock.Instant(c.ns.Add(int64(d))) }

@@ -4,7 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 )
 
@@ -20,36 +20,32 @@ import (
 // allocates nothing. Allow is the bare decision (one clock read, one
 // atomic load, one CAS); Take adds the remaining and reset figures.
 type Bucket struct {
-	tat   atomic.Int64 // Integral path
-	g     *limit.GCRA
-	clock sluice.Clock // nil: sluice.Now
+	tat atomic.Int64 // Integral path
+	g   *limit.GCRA
+	clk clock.Clock // nil: clock.Now
 
 	mu    sync.Mutex // fractional path
 	state limit.GCRAState
 }
 
-// NewTokenBucket returns a single-key token bucket on clock (nil: the real
-// monotonic clock). It runs the bucket's GCRA dual, which bounds burst ×
-// max(period, tokens) instead of burst × period, so a few extreme buckets
-// (a burst of 1e18 at 1e10/s) have no dual: NewTokenBucket then fails.
-func NewTokenBucket(b *limit.TokenBucket, clock sluice.Clock) (*Bucket, error) {
-	g, err := limit.NewGCRA(b.Rate(), b.Limit())
+// NewBucket returns a single-key bucket of burst units refilled at rate,
+// on clk (nil: clock.System). It runs GCRA (limit.NewGCRA), the dual of the
+// token bucket with identical decisions, which bounds burst × max(period,
+// tokens) instead of burst × period: a few extreme buckets (a burst of 1e18
+// at 1e10/s) are refused with an error wrapping limit.ErrInvalidParams.
+func NewBucket(rate limit.Rate, burst int64, clk clock.Clock) (*Bucket, error) {
+	g, err := limit.NewGCRA(rate, burst)
 	if err != nil {
 		return nil, err
 	}
-	return NewGCRA(g, clock), nil
-}
-
-// NewGCRA returns a single-key GCRA on clock (nil: the real monotonic clock).
-func NewGCRA(g *limit.GCRA, clock sluice.Clock) *Bucket {
-	return &Bucket{g: g, clock: clock}
+	return &Bucket{g: g, clk: clk}, nil
 }
 
 func (b *Bucket) now() int64 {
-	if b.clock == nil {
-		return sluice.Now()
+	if b.clk == nil {
+		return int64(clock.Now())
 	}
-	return b.clock.Now()
+	return int64(b.clk.Now())
 }
 
 // Allow reports whether cost units can be taken now, and takes them if so.

@@ -17,7 +17,7 @@ func TestBucketConcurrentExactBurst(t *testing.T) {
 		rate, _ := limit.ParseRate(rs)
 		tb, _ := limit.NewTokenBucket(rate, 1000)
 		clk := fakeclock.New(0)
-		b, _ := NewTokenBucket(tb, clk)
+		b, _ := NewBucket(tb.Rate(), tb.Limit(), clk)
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for range 8 {
@@ -49,11 +49,11 @@ func TestBucketMatchesAlgorithm(t *testing.T) {
 		rate, _ := limit.ParseRate(rs)
 		tb, _ := limit.NewTokenBucket(rate, 400)
 		clk := fakeclock.New(0)
-		b, _ := NewTokenBucket(tb, clk)
+		b, _ := NewBucket(tb.Rate(), tb.Limit(), clk)
 		var s limit.TokenBucketState
 		for i := range 2000 {
 			clk.Set(int64(i) * int64(time.Millisecond) / 3)
-			want := tb.Take(&s, clk.Now(), 1)
+			want := tb.Take(&s, int64(clk.Now()), 1)
 			got := b.Take(1)
 			if got != want {
 				t.Fatalf("%s step %d: bucket %+v, algorithm %+v", rs, i, got, want)

@@ -5,9 +5,9 @@
 //
 //	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
 //	perTenant := memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 20})
-//	res, h, _ := perTenant.Take(ctx, tenant, sluice.Now(), cost, 0)
+//	res, h, _ := perTenant.Take(ctx, tenant, clock.Now(), cost, 0)
 //
-//	one, _ := memory.NewTokenBucket(tb, nil) // nil clock: the real monotonic clock
+//	one, _ := memory.NewBucket(limit.PerSecond(100), 500, nil) // nil: clock.System
 //	if one.Allow(1) { ... }
 //
 // At its key cap a Table drops fresh keys first and then lets new keys share

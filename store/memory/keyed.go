@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 )
@@ -43,13 +44,13 @@ func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
 }
 
 // Take runs one step for key; err is always nil.
-func (k *Keyed[S, A]) Take(_ context.Context, key string, now, cost, deadline int64) (limit.Result, store.Handle, error) {
-	s, overflow, g := k.table.Lock(key, now, true)
+func (k *Keyed[S, A]) Take(_ context.Context, key string, now clock.Instant, cost int64, deadline clock.Instant) (limit.Result, store.Handle, error) {
+	s, overflow, g := k.table.Lock(key, int64(now), true)
 	var r limit.Result
 	if k.byDL != nil {
-		r = k.byDL(s, now, cost, deadline)
+		r = k.byDL(s, int64(now), cost, int64(deadline))
 	} else {
-		r = k.alg.Take(s, now, cost)
+		r = k.alg.Take(s, int64(now), cost)
 	}
 	g.Unlock()
 	if overflow {
@@ -59,16 +60,16 @@ func (k *Keyed[S, A]) Take(_ context.Context, key string, now, cost, deadline in
 }
 
 // Refund gives cost units back to the state h names; err is always nil.
-func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now, cost int64) error {
+func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
 	if h == HandleOverflow {
 		s, g := k.table.LockOverflow(key)
-		k.alg.Refund(s, now, cost)
+		k.alg.Refund(s, int64(now), cost)
 		g.Unlock()
 		return nil
 	}
-	s, _, g := k.table.Lock(key, now, false)
+	s, _, g := k.table.Lock(key, int64(now), false)
 	if s != nil {
-		k.alg.Refund(s, now, cost)
+		k.alg.Refund(s, int64(now), cost)
 	}
 	g.Unlock()
 	return nil

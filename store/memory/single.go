@@ -3,7 +3,7 @@ package memory
 import (
 	"sync"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 )
 
@@ -15,20 +15,19 @@ type Single[S any, A limit.Algorithm[S]] struct {
 	mu    sync.Mutex
 	state S
 	alg   A
-	clock sluice.Clock // nil: sluice.Now
+	clk   clock.Clock // nil: clock.Now
 }
 
-// NewSingle returns a limiter running alg on clock (nil: the real
-// monotonic clock).
-func NewSingle[S any, A limit.Algorithm[S]](alg A, clock sluice.Clock) *Single[S, A] {
-	return &Single[S, A]{alg: alg, clock: clock}
+// NewSingle returns a limiter running alg on clk (nil: clock.System).
+func NewSingle[S any, A limit.Algorithm[S]](alg A, clk clock.Clock) *Single[S, A] {
+	return &Single[S, A]{alg: alg, clk: clk}
 }
 
 func (l *Single[S, A]) now() int64 {
-	if l.clock == nil {
-		return sluice.Now()
+	if l.clk == nil {
+		return int64(clock.Now())
 	}
-	return l.clock.Now()
+	return int64(l.clk.Now())
 }
 
 // Allow reports whether cost units can be taken now, and takes them if so.

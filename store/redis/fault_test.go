@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
@@ -56,7 +57,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 				default:
 				}
 				start := time.Now()
-				d, p := g.Decide(context.Background(), req, sluice.Now())
+				d, p := g.Decide(context.Background(), req, clock.Now())
 				lat := time.Since(start)
 				for {
 					old := load.maxLatency.Load()
@@ -119,13 +120,13 @@ func checkPolicies(t *testing.T, open, closed, local *gate.Rate) {
 	t.Helper()
 	req := &sluice.Request{Tenant: "probe", Cost: 1}
 	ctx := context.Background()
-	if d, p := open.Decide(ctx, req, sluice.Now()); !d.Admitted || p != 0 {
+	if d, p := open.Decide(ctx, req, clock.Now()); !d.Admitted || p != 0 {
 		t.Errorf("fail_open: %+v", d)
 	}
-	if d, _ := closed.Decide(ctx, req, sluice.Now()); d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable {
+	if d, _ := closed.Decide(ctx, req, clock.Now()); d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable {
 		t.Errorf("fail_closed: %+v", d)
 	}
-	d, p := local.Decide(ctx, req, sluice.Now())
+	d, p := local.Decide(ctx, req, clock.Now())
 	if !d.Admitted || d.Limit != 1000 {
 		t.Errorf("local_fallback did not decide on the local budget: %+v", d)
 	}

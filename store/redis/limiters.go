@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 )
@@ -51,14 +52,14 @@ func (l *limiter) args(op string, cost int64, extra string) []string {
 }
 
 // Take runs one step on Redis. now is ignored: Redis time decides.
-func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int64) (limit.Result, store.Handle, error) {
+func (l *limiter) Take(ctx context.Context, key string, now clock.Instant, cost int64, deadline clock.Instant) (limit.Result, store.Handle, error) {
 	h, extra, budget := store.Handle(1), "0", int64(0)
 	switch {
 	case l.permits:
 		h = newPermit()
 		extra = strconv.FormatUint(uint64(h), 16)
 	case l.paced && deadline != 0:
-		budget = max(deadline-now, 1) // budget left, on the caller's clock
+		budget = max(int64(deadline-now), 1) // budget left, on the caller's clock
 		extra = strconv.FormatInt(budget, 10)
 	}
 	var v [5]int64
@@ -82,7 +83,7 @@ func (l *limiter) Take(ctx context.Context, key string, now, cost, deadline int6
 }
 
 // Refund gives back cost units, or releases permit h of a concurrency limit.
-func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now, cost int64) error {
+func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
 	extra := strconv.FormatUint(uint64(h), 16)
 	if l.batch != nil {
 		_, err := l.batch.do(ctx, l.s.key(l.name, key), "refund", cost, extra, 0)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -70,7 +71,7 @@ func differential[S any](t fataler, name string, alg limit.Algorithm[S], lim sto
 		nowNS := now * 1000
 		if st.op == "refund" {
 			alg.Refund(&state, nowNS, st.cost)
-			if err := lim.Refund(ctx, "k", 1, nowNS, st.cost); err != nil {
+			if err := lim.Refund(ctx, "k", 1, clock.Instant(nowNS), st.cost); err != nil {
 				t.Fatalf("%v", err)
 			}
 			continue
@@ -85,7 +86,7 @@ func differential[S any](t fataler, name string, alg limit.Algorithm[S], lim sto
 		} else {
 			want = alg.Take(&state, nowNS, st.cost)
 		}
-		got, _, err := lim.Take(ctx, "k", nowNS, st.cost, deadline)
+		got, _, err := lim.Take(ctx, "k", clock.Instant(nowNS), st.cost, clock.Instant(deadline))
 		if err != nil {
 			t.Fatalf("%v", err)
 		}

@@ -15,6 +15,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/proxy"
 	"github.com/sluice-go/sluice/shed"
 )
@@ -65,7 +66,7 @@ type LadderReport struct {
 	Transitions     []shed.Transition
 	CriticalOffered int64
 	CriticalUseful  int64
-	Start           int64 // chain clock at the start, for the transitions
+	Start           clock.Instant // chain clock at the start, for the transitions
 }
 
 // RunLadderStep drives the demo upstream through sluice with a steady
@@ -103,8 +104,8 @@ func RunLadderStep(ctx context.Context, phases []LadderPhase) (*LadderReport, er
 			ladder = l
 		}
 	}
-	clock := s.Chain().Clock()
-	rep := &LadderReport{Start: clock.Now()}
+	clk := s.Chain().Clock()
+	rep := &LadderReport{Start: clk.Now()}
 
 	var total time.Duration
 	for _, p := range phases {
@@ -172,7 +173,7 @@ func RunLadderStep(ctx context.Context, phases []LadderPhase) (*LadderReport, er
 			return nil, ctx.Err()
 		case <-tick.C:
 		}
-		st := ladder.State(clock.Now())
+		st := ladder.State(clk.Now())
 		mu.Lock()
 		shareMu.Lock()
 		rep.Rows = append(rep.Rows, LadderRow{At: time.Since(start).Round(10 * time.Millisecond), Level: st.Level, Demand: st.Pressure,
@@ -183,12 +184,12 @@ func RunLadderStep(ctx context.Context, phases []LadderPhase) (*LadderReport, er
 	}
 	wg.Wait()
 	// Quiet after the load: let the ladder finish recovering.
-	for i := 0; i < 40 && ladder.State(clock.Now()).Level != sluice.LevelNormal; i++ {
+	for i := 0; i < 40 && ladder.State(clk.Now()).Level != sluice.LevelNormal; i++ {
 		time.Sleep(250 * time.Millisecond)
-		st := ladder.State(clock.Now())
+		st := ladder.State(clk.Now())
 		rep.Rows = append(rep.Rows, LadderRow{At: time.Since(start).Round(10 * time.Millisecond), Level: st.Level, Demand: st.Pressure})
 	}
-	rep.Transitions = ladder.State(clock.Now()).History
+	rep.Transitions = ladder.State(clk.Now()).History
 	rep.CriticalOffered, rep.CriticalUseful = critOffered, critUseful
 	return rep, nil
 }
@@ -201,7 +202,7 @@ func (r *LadderReport) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "transitions:")
 	for _, tr := range r.Transitions {
-		fmt.Fprintf(w, " %s→%s@%.1fs", tr.From, tr.To, float64(tr.At-r.Start)/1e9)
+		fmt.Fprintf(w, " %s→%s@%.1fs", tr.From, tr.To, tr.At.Sub(r.Start).Seconds())
 	}
 	fmt.Fprintf(w, "\ncritical: %d sent, %d useful (%.1f%%)\n", r.CriticalOffered, r.CriticalUseful, 100*float64(r.CriticalUseful)/float64(max(r.CriticalOffered, 1)))
 }

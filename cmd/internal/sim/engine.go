@@ -9,15 +9,16 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/wire"
 )
 
-// clock is the virtual clock the chain reads: the engine moves it from
+// vclock is the virtual clock the chain reads: the engine moves it from
 // event to event. The engine runs on one goroutine.
-type clock struct{ now int64 }
+type vclock struct{ now int64 }
 
-func (c *clock) Now() int64 { return c.now }
+func (c *vclock) Now() clock.Instant { return clock.Instant(c.now) }
 
 // event kinds
 const (
@@ -126,7 +127,7 @@ type engine struct {
 	s       *Scenario
 	chain   *sluice.Chain
 	http    httpgate.Config
-	clk     *clock
+	clk     *vclock
 	ctx     context.Context
 	wait    time.Duration // paced wait reported by gates (sluice.ContextWithWait)
 	classes []class
@@ -183,7 +184,7 @@ func (q *ring) pop() int32 {
 // newEngine prepares a run of s (already defaulted) with chain (nil: no
 // admission). seed picks the random streams; runs with and without
 // admission of the same step share them, so both see the same arrivals.
-func newEngine(s *Scenario, clk *clock, chain *sluice.Chain, hc httpgate.Config, seed uint64) (*engine, error) {
+func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, hc httpgate.Config, seed uint64) (*engine, error) {
 	e := &engine{s: s, clk: clk, chain: chain, http: hc, idle: s.Workers}
 	e.ctx = sluice.ContextWithWait(context.Background(), &e.wait)
 	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
@@ -444,7 +445,7 @@ func (e *engine) send(i int32) {
 			budget = e.http.DefaultDeadline
 		}
 		if budget > 0 {
-			req.Deadline = now + int64(budget)
+			req.Deadline = clock.Instant(now).Add(budget)
 		}
 		e.wait = 0
 		d, t := e.chain.Decide(e.ctx, &req)

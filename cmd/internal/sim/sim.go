@@ -103,7 +103,7 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 // prepare builds a fresh engine: a virtual clock and, with a policy, a
 // fresh chain of its gates on that clock.
 func prepare(s *Scenario, f *policy.File, seed uint64) (*engine, error) {
-	clk := &clock{}
+	clk := &vclock{}
 	var chain *sluice.Chain
 	var hc httpgate.Config
 	if f != nil {
