@@ -96,8 +96,8 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 			e.mode.Store(uint32(m))
 		}
 		c.gates = append(c.gates, e)
-		if pg, ok := g.(PolicyGate); ok {
-			c.policies = append(c.policies, pg.Policy())
+		if a, ok := As[Advertiser](g); ok {
+			c.policies = append(c.policies, a.Policy())
 		}
 	}
 	for name := range opts.Modes {
@@ -121,7 +121,8 @@ func (c *Chain) Gates() []Gate {
 	return gs
 }
 
-// Policies returns the quotas of the chain's PolicyGates, in chain order.
+// Policies returns the quotas of the chain's Advertisers (found through
+// wrappers with As), in chain order.
 // The slice is shared; do not modify it.
 func (c *Chain) Policies() []Policy { return c.policies }
 

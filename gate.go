@@ -41,12 +41,6 @@ type Policy struct {
 	Unit   Unit
 }
 
-// PolicyGate is implemented by gates that enforce a quota to advertise.
-type PolicyGate interface {
-	Gate
-	Policy() Policy
-}
-
 // Mode is a gate's run-time switch.
 type Mode uint32
 

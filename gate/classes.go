@@ -17,7 +17,7 @@ type Classes struct {
 	except  bool
 }
 
-var _ sluice.Gate = (*Classes)(nil)
+var _ sluice.Wrapper = (*Classes)(nil)
 
 // ForClasses returns g applied only to requests whose class is in classes.
 func ForClasses(g sluice.Gate, classes []string) *Classes {
@@ -50,10 +50,6 @@ func (c *Classes) Release(r *sluice.Request, p sluice.Permit, done sluice.Comple
 	}
 }
 
-// Policy returns the wrapped gate's quota, if it has one.
-func (c *Classes) Policy() sluice.Policy {
-	if pg, ok := c.Gate.(sluice.PolicyGate); ok {
-		return pg.Policy()
-	}
-	return sluice.Policy{Name: c.Name()}
-}
+// Unwrap returns the gate applied to the listed classes, so that its
+// capabilities stay visible through the filter (sluice.As).
+func (c *Classes) Unwrap() sluice.Gate { return c.Gate }

@@ -19,7 +19,7 @@ type Concurrency struct {
 	weighted bool
 }
 
-var _ sluice.PolicyGate = (*Concurrency)(nil)
+var _ sluice.Advertiser = (*Concurrency)(nil)
 
 // NewConcurrency returns a concurrency gate named name over lim, a limiter
 // running limit.Concurrency. Each request holds one slot; see

@@ -3,6 +3,7 @@ package gate_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -18,7 +19,13 @@ import (
 	"github.com/sluice-go/sluice/store/memory"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv("SLUICE_FLEET_USAGE") != "" {
+		fleetUsageHelper()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+}
 
 // broken is a store whose backend is down.
 type broken struct{ store.Limiter }

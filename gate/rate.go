@@ -233,7 +233,7 @@ type Rate struct {
 	base
 }
 
-var _ sluice.PolicyGate = (*Rate)(nil)
+var _ sluice.Advertiser = (*Rate)(nil)
 
 // NewRate returns a rate gate named name over lim.
 func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {

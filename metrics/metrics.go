@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/clock"
 )
 
 // OtherTenant is the tenant label of tenants beyond Options.MaxTenants.
@@ -175,67 +174,52 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 	}
 }
 
-// GateStates exports the state of protection gates, read at scrape time
-// from gates(): sluice_ladder_level{gate} (0 normal, 1 degrade, 2 shed,
-// 3 recover), sluice_ladder_seconds_total{gate,level} (time spent in each
-// level) and sluice_shed_fraction{gate} (utilization shedders).
-func (m *Metrics) GateStates(gates func() []sluice.Gate, now func() clock.Instant) {
-	m.reg.MustRegister(&gateStates{gates: gates, now: now,
+// Gates exports, at scrape time, what the gates of chain() report about
+// themselves (read through wrappers with sluice.As, and from the chain
+// serving at that moment, so it follows reloads):
+//
+//	sluice_gate_store_failures_total{gate}  decisions a gate's store could not make (FailureCounter)
+//	sluice_ladder_level{gate}               degradation level: 0 normal, 1 degrade, 2 shed, 3 recover (Leveler)
+//	sluice_ladder_seconds_total{gate,level} time spent in each level (Leveler)
+//	sluice_shed_fraction{gate}              fraction of load shed (Shedder)
+func (m *Metrics) Gates(chain func() *sluice.Chain) {
+	m.reg.MustRegister(&gateCollector{chain: chain,
+		failures: prometheus.NewDesc("sluice_gate_store_failures_total",
+			"Decisions a gate's state store could not make (decided by the gate's failure policy).", []string{"gate"}, nil),
 		level:    prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
 		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
-		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a utilization shedder sheds.", []string{"gate"}, nil)})
+		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil)})
 }
 
-type gateStates struct {
-	gates                    func() []sluice.Gate
-	now                      func() clock.Instant
-	level, seconds, fraction *prometheus.Desc
+type gateCollector struct {
+	chain                              func() *sluice.Chain
+	failures, level, seconds, fraction *prometheus.Desc
 }
 
-func (g *gateStates) Describe(ch chan<- *prometheus.Desc) {
+func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- g.failures
 	ch <- g.level
 	ch <- g.seconds
 	ch <- g.fraction
 }
 
-func (g *gateStates) Collect(ch chan<- prometheus.Metric) {
-	now := g.now()
-	for _, gt := range g.gates() {
-		switch s := gt.(type) {
-		case interface {
-			LevelTimes(clock.Instant) (sluice.Level, [4]time.Duration)
-		}:
-			lv, spent := s.LevelTimes(now)
-			ch <- prometheus.MustNewConstMetric(g.level, prometheus.GaugeValue, float64(lv), gt.Name())
-			for i, d := range spent {
-				ch <- prometheus.MustNewConstMetric(g.seconds, prometheus.CounterValue, d.Seconds(), gt.Name(), sluice.Level(i).String())
-			}
-		case interface{ Fraction(clock.Instant) float64 }:
-			ch <- prometheus.MustNewConstMetric(g.fraction, prometheus.GaugeValue, s.Fraction(now), gt.Name())
+func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
+	c := g.chain()
+	now := c.Clock().Now()
+	for _, gt := range c.Gates() {
+		name := gt.Name()
+		if f, ok := sluice.As[sluice.FailureCounter](gt); ok {
+			ch <- prometheus.MustNewConstMetric(g.failures, prometheus.CounterValue, float64(f.Failures()), name)
 		}
-	}
-}
-
-// GateFailures exports, per gate, how many decisions its store could not
-// make (each decided by the gate's failure policy), read at scrape time
-// from gates() so it follows reloads. Gates without a Failures method are
-// skipped.
-func (m *Metrics) GateFailures(gates func() []sluice.Gate) {
-	m.reg.MustRegister(&gateFailures{gates: gates, desc: prometheus.NewDesc("sluice_gate_store_failures_total",
-		"Decisions a gate's state store could not make (decided by the gate's failure policy).", []string{"gate"}, nil)})
-}
-
-type gateFailures struct {
-	gates func() []sluice.Gate
-	desc  *prometheus.Desc
-}
-
-func (g *gateFailures) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
-
-func (g *gateFailures) Collect(ch chan<- prometheus.Metric) {
-	for _, gt := range g.gates() {
-		if f, ok := gt.(interface{ Failures() int64 }); ok {
-			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.CounterValue, float64(f.Failures()), gt.Name())
+		if l, ok := sluice.As[sluice.Leveler](gt); ok {
+			lv, spent := l.Levels(now)
+			ch <- prometheus.MustNewConstMetric(g.level, prometheus.GaugeValue, float64(lv), name)
+			for i, d := range spent {
+				ch <- prometheus.MustNewConstMetric(g.seconds, prometheus.CounterValue, d.Seconds(), name, sluice.Level(i).String())
+			}
+		}
+		if s, ok := sluice.As[sluice.Shedder](gt); ok {
+			ch <- prometheus.MustNewConstMetric(g.fraction, prometheus.GaugeValue, s.ShedFraction(now), name)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http/httptest"
@@ -8,6 +9,11 @@ import (
 	"testing"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+	"github.com/sluice-go/sluice/store/memory"
 )
 
 func scrape(t *testing.T, m *Metrics) string {
@@ -42,4 +48,40 @@ func TestTenantLabelsNeverShowKeysAndAreCapped(t *testing.T) {
 	if !strings.Contains(out, `sluice_goodput_units_total{class="default",tenant="`+HashTenant(secret)+`"} 3`) {
 		t.Fatal("goodput units not counted")
 	}
+}
+
+// failing is a store whose backend is down.
+type failing struct{ store.Limiter }
+
+func (failing) Take(context.Context, string, clock.Instant, int64, clock.Instant) (limit.Result, store.Handle, error) {
+	return limit.Result{}, 0, store.ErrUnavailable
+}
+
+// Every gate over a store exports its store failures, fleet usage included
+// (it passes reserved classes through without a decision of its own).
+func TestStoreFailuresOfEveryStoreGate(t *testing.T) {
+	c, _ := limit.NewConcurrency(10)
+	down := failing{memory.NewKeyed(c, memory.Options{})}
+	fleet, _ := gate.NewFleetUsage("fleet", down, []string{"critical"}, gate.Options{})
+	rate, _ := gate.NewRate("rate", down, gate.Options{})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{}, fleet, gate.ForClasses(rate, []string{"default"}))
+	m := New(Options{})
+	m.Gates(func() *sluice.Chain { return chain })
+	chain.Decide(context.Background(), &sluice.Request{Class: "default"})
+	out := scrape(t, m)
+	for _, want := range []string{`sluice_gate_store_failures_total{gate="fleet"} 1`, `sluice_gate_store_failures_total{gate="rate"} 1`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(out, "store_failures"))
+		}
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/limit"
-	"github.com/sluice-go/sluice/shed"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
@@ -372,7 +371,7 @@ func (g *Gate) describe() string {
 			b.WriteString(" (weighted by cost)")
 		}
 	case KindFleetUsage:
-		n, _ := shed.FleetUsageLimit(g.Limit, g.Reserve)
+		n, _ := gate.FleetUsageLimit(g.Limit, g.Reserve)
 		fmt.Fprintf(&b, "fleet usage: %d slots, non-reserved classes hold at most %d (reserved: %s); 503 overload", g.Limit, n, reserveText(g.Reserve))
 		return b.String()
 	case KindUtilization:

@@ -53,7 +53,7 @@ func (p *parser) checkProtection(i int, g *Gate, classes []string) {
 	}
 	switch g.Kind {
 	case KindFleetUsage:
-		if _, err := shed.FleetUsageLimit(g.Limit, g.Reserve); err != nil && g.Limit > 0 {
+		if _, err := gate.FleetUsageLimit(g.Limit, g.Reserve); err != nil && g.Limit > 0 {
 			fail("reserve", "%s", strings.TrimPrefix(err.Error(), "fleet usage: "))
 		}
 		var reserved []string
@@ -86,7 +86,7 @@ func (p *parser) checkProtection(i int, g *Gate, classes []string) {
 func (g *Gate) buildProtection(st Store, prev *builtGate, rc *redisConn, rnd func() float64) (sluice.Gate, func(any) store.Limiter, error) {
 	switch g.Kind {
 	case KindFleetUsage:
-		n, err := shed.FleetUsageLimit(g.Limit, g.Reserve)
+		n, err := gate.FleetUsageLimit(g.Limit, g.Reserve)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -120,7 +120,7 @@ func (g *Gate) buildProtection(st Store, prev *builtGate, rc *redisConn, rnd fun
 			reserved = append(reserved, class)
 		}
 		slices.Sort(reserved)
-		fu, err := shed.NewFleetUsage(g.Name, lim, reserved, opts)
+		fu, err := gate.NewFleetUsage(g.Name, lim, reserved, opts)
 		return fu, rebind, err
 	case KindUtilization:
 		ctrl, err := shed.NewController(g.controllerConfig())

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/clock"
 )
 
 // GateState is one gate as the admin API shows it.
@@ -108,8 +107,8 @@ func (s *Server) gateStates() []GateState {
 				st.Unit = "concurrent-requests"
 			}
 		}
-		if a, ok := g.(interface{ AdminState(now clock.Instant) any }); ok {
-			st.State = a.AdminState(c.Clock().Now())
+		if a, ok := sluice.As[sluice.StateReporter](g); ok {
+			st.State = a.ReportState(c.Clock().Now())
 		}
 		out = append(out, st)
 	}

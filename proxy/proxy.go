@@ -132,8 +132,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.metrics.GateFailures(func() []sluice.Gate { return s.Chain().Gates() })
-	s.metrics.GateStates(func() []sluice.Gate { return s.Chain().Gates() }, func() clock.Instant { return s.Chain().Clock().Now() })
+	s.metrics.Gates(s.Chain)
 	tr := opts.Transport
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -323,3 +323,33 @@ gates:
 		}
 	}
 }
+
+// Protection gates limited to some classes (wrapped in a class filter) keep
+// their state in /v1/gates and /metrics, and a ladder, which has no quota,
+// is never advertised in RateLimit-Policy.
+func TestWrappedProtectionGatesKeepTheirCapabilities(t *testing.T) {
+	h := newHarness(t, `version: 1
+routes:
+  - {match: {path: "/a/*"}, class: sheddable}
+gates:
+  - {name: ladder, kind: ladder, workers: 4, classes: [sheddable]}
+  - {name: util, kind: utilization, workers: 4, tiers: [sheddable, default], classes: [sheddable]}
+  - {name: request-rate, kind: token_bucket, scope: tenant, rate: 10/s, burst: 10}
+`, -1)
+	resp, _ := h.do("GET", h.base+"/a/x", "", "", nil)
+	if p := resp.Header.Get("RateLimit-Policy"); p != `"request-rate";q=10;w=1` {
+		t.Errorf("RateLimit-Policy %q: want only the token bucket", p)
+	}
+	_, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
+	for _, want := range []string{`"level":"normal"`, `"seconds_in"`, `"shed_fraction":0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/v1/gates lacks %s:\n%s", want, body)
+		}
+	}
+	_, metrics := h.do("GET", h.admin+"/metrics", "", "", nil)
+	for _, want := range []string{`sluice_ladder_level{gate="ladder"} 0`, `sluice_ladder_seconds_total{gate="ladder",level="normal"}`, `sluice_shed_fraction{gate="util"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}

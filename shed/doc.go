@@ -1,10 +1,11 @@
-// Package shed holds sluice's protection gates: they keep the service in its
-// safe region when it is in trouble, whoever is asking, and answer 503 with
-// reason overload. FleetUsage reserves a share of a fleet-wide concurrency
-// budget for critical classes; Utilization sheds by tier, lowest first, at
-// a fraction driven by a slow controller on worker utilization; Ladder
-// moves the service through NORMAL, DEGRADE, SHED and RECOVER with
-// hysteresis, a minimum dwell and a staged recovery ramp.
+// Package shed holds sluice's in-process protection controllers: gates that
+// measure this process and keep it in its safe region when it is in
+// trouble, whoever is asking, answering 503 with reason overload.
+// Utilization sheds by tier, lowest first, at a fraction driven by a slow
+// controller on worker utilization; Ladder moves the service through
+// NORMAL, DEGRADE, SHED and RECOVER with hysteresis, a minimum dwell and a
+// staged recovery ramp. (The fleet-wide usage shedder keeps its count in a
+// store, so it lives with the other store gates in package gate.)
 //
 //	ctrl, _ := shed.NewController(shed.ControllerConfig{}) // good 0.7, bad 0.8, delay 28 s, 120 s to shed all
 //	u, _ := shed.NewUtilization("worker-utilization", ctrl, shed.UtilizationOptions{

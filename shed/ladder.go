@@ -146,12 +146,15 @@ type Ladder struct {
 	step      int
 	stepSince clock.Instant
 	pressure  float64
-	spent     [4]time.Duration // time spent in each level
+	spent     [sluice.LevelRecover + 1]time.Duration // time spent in each level
 	lastSpent clock.Instant
 	history   []Transition
 }
 
-var _ sluice.Gate = (*Ladder)(nil)
+var (
+	_ sluice.Leveler       = (*Ladder)(nil)
+	_ sluice.StateReporter = (*Ladder)(nil)
+)
 
 // NewLadder returns a ladder named name.
 func NewLadder(name string, cfg LadderConfig) (*Ladder, error) {
@@ -276,7 +279,7 @@ type LadderState struct {
 	Level    sluice.Level
 	Pressure float64          // the last demand sample
 	Step     int              // the recovery step, in RECOVER
-	Spent    [4]time.Duration // time spent in each level
+	Spent    [sluice.LevelRecover + 1]time.Duration // time spent in each level
 	History  []Transition     // recent transitions, oldest first
 }
 
@@ -290,14 +293,16 @@ func (l *Ladder) State(now clock.Instant) LadderState {
 	return st
 }
 
-// LevelTimes returns the current level and the time spent in each level.
-func (l *Ladder) LevelTimes(now clock.Instant) (sluice.Level, [4]time.Duration) {
+// Levels returns the level at now and the time spent in each level.
+func (l *Ladder) Levels(now clock.Instant) (sluice.Level, [sluice.LevelRecover + 1]time.Duration) {
 	st := l.State(now)
 	return st.Level, st.Spent
 }
 
-// AdminState is the ladder's state for the admin endpoint.
-func (l *Ladder) AdminState(now clock.Instant) any {
+// ReportState is the ladder's state for the admin API: level, demand,
+// seconds in each level, the recovery step and the time since the last
+// transition.
+func (l *Ladder) ReportState(now clock.Instant) any {
 	st := l.State(now)
 	seconds := map[string]float64{}
 	for lv, d := range st.Spent {

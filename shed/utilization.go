@@ -56,7 +56,10 @@ type Utilization struct {
 	meanCost []float64 // per tier, exponentially weighted
 }
 
-var _ sluice.Gate = (*Utilization)(nil)
+var (
+	_ sluice.Shedder       = (*Utilization)(nil)
+	_ sluice.StateReporter = (*Utilization)(nil)
+)
 
 // NewUtilization returns a utilization shedder named name driven by ctrl.
 func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Utilization, error) {
@@ -112,8 +115,8 @@ func (u *Utilization) accountLocked(now clock.Instant) {
 	}
 }
 
-// Fraction returns the current shed fraction.
-func (u *Utilization) Fraction(now clock.Instant) float64 {
+// ShedFraction returns the shed fraction at now.
+func (u *Utilization) ShedFraction(now clock.Instant) float64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.accountLocked(now)
@@ -154,9 +157,10 @@ func (u *Utilization) Release(r *sluice.Request, _ sluice.Permit, c sluice.Compl
 	u.mu.Unlock()
 }
 
-// AdminState is the shedder's state for the admin endpoint.
-func (u *Utilization) AdminState(now clock.Instant) any {
-	f := u.Fraction(now)
+// ReportState is the shedder's state for the admin API: the shed fraction
+// and the resulting shed probability of each tier.
+func (u *Utilization) ReportState(now clock.Instant) any {
+	f := u.ShedFraction(now)
 	shed := map[string]float64{}
 	for i, t := range u.opts.Tiers {
 		shed[t] = TierShed(f, i, len(u.opts.Tiers))

@@ -52,7 +52,7 @@ func TestUtilizationShedsTiersInOrder(t *testing.T) {
 			t.Fatalf("tier %s shed at %v, not after %s at %v", order[i], time.Duration(shedAt[order[i]]), order[i-1], time.Duration(shedAt[order[i-1]]))
 		}
 	}
-	if f := u.Fraction(200 * sec); f != 1 {
+	if f := u.ShedFraction(200 * sec); f != 1 {
 		t.Fatalf("fraction %v after 200 s pinned", f)
 	}
 }

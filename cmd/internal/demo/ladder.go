@@ -100,7 +100,7 @@ func RunLadderStep(ctx context.Context, phases []LadderPhase) (*LadderReport, er
 	target := "http://" + addr.String()
 	var ladder *shed.Ladder
 	for _, g := range s.Chain().Gates() {
-		if l, ok := g.(*shed.Ladder); ok {
+		if l, ok := sluice.As[*shed.Ladder](g); ok {
 			ladder = l
 		}
 	}

@@ -1,4 +1,4 @@
-package shed
+package gate_test
 
 import (
 	"context"
@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/redistest"
@@ -24,20 +22,12 @@ import (
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv("SLUICE_FLEET_USAGE") != "" {
-		fleetUsageHelper()
-		os.Exit(0)
-	}
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
-}
-
 func TestFleetUsageLimit(t *testing.T) {
-	if n, _ := FleetUsageLimit(100, map[string]float64{"critical": 0.2}); n != 80 {
+	if n, _ := gate.FleetUsageLimit(100, map[string]float64{"critical": 0.2}); n != 80 {
 		t.Fatalf("%d", n)
 	}
 	for _, r := range []map[string]float64{{"critical": 0}, {"critical": 1}, {"a": 0.6, "b": 0.5}} {
-		if _, err := FleetUsageLimit(100, r); err == nil {
+		if _, err := gate.FleetUsageLimit(100, r); err == nil {
 			t.Errorf("%v accepted", r)
 		}
 	}
@@ -96,7 +86,7 @@ func hammer(t *testing.T, chain *sluice.Chain, d time.Duration) (maxHeld int64, 
 
 func fleetChain(t *testing.T, lim store.Limiter) *sluice.Chain {
 	t.Helper()
-	g, err := NewFleetUsage("fleet-usage", lim, []string{"critical"}, gate.Options{})
+	g, err := gate.NewFleetUsage("fleet-usage", lim, []string{"critical"}, gate.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +100,7 @@ func fleetChain(t *testing.T, lim store.Limiter) *sluice.Chain {
 // Reserve 20% of 100: 1,000 concurrent sheddable requests never hold more
 // than 80 slots while critical requests keep being admitted.
 func TestFleetUsageMemory(t *testing.T) {
-	n, _ := FleetUsageLimit(100, map[string]float64{"critical": 0.2})
+	n, _ := gate.FleetUsageLimit(100, map[string]float64{"critical": 0.2})
 	c, _ := limit.NewConcurrency(n)
 	chain := fleetChain(t, memory.NewKeyed(c, memory.Options{}))
 	peak, crit, adm := hammer(t, chain, time.Second)
@@ -175,7 +165,7 @@ func fleetUsageHelper() {
 	defer st.Close()
 	c, _ := limit.NewConcurrency(80)
 	lim, _ := st.Concurrency("fleet-usage", c, time.Minute)
-	g, _ := NewFleetUsage("fleet-usage", lim, []string{"critical"}, gate.Options{OnFailure: gate.FailClosed})
+	g, _ := gate.NewFleetUsage("fleet-usage", lim, []string{"critical"}, gate.Options{OnFailure: gate.FailClosed})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
 	counter, _ := st.Concurrency("holders-counter", mustConc(1_000_000), time.Minute)
 	var peak, crit, adm atomic.Int64

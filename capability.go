@@ -1,0 +1,72 @@
+package sluice
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
+
+// A gate may offer optional behaviour beyond Gate: a quota to advertise, a
+// count of the decisions its store could not make, a degradation level, a
+// shed fraction, a state to show operators. Each is a small named
+// interface below. A gate that wraps another (a class filter, for example)
+// implements Wrapper, and callers find a capability with As, which looks
+// through wrappers as errors.As looks through wrapped errors, so that
+// wrapping a gate never hides what it can do.
+
+// Wrapper is a gate that decides by delegating to another gate. Unwrap
+// returns the gate inside.
+type Wrapper interface {
+	Unwrap() Gate
+}
+
+// As returns the first gate in g's chain of wrappers (g itself, then each
+// Unwrap in turn) that implements T, and whether there is one. T is
+// usually one of the capability interfaces of this package.
+func As[T any](g Gate) (T, bool) {
+	for g != nil {
+		if t, ok := g.(T); ok {
+			return t, true
+		}
+		w, ok := g.(Wrapper)
+		if !ok {
+			break
+		}
+		g = w.Unwrap()
+	}
+	var zero T
+	return zero, false
+}
+
+// Advertiser is a gate that enforces a quota a client may see: the Chain
+// lists it in Policies, and the HTTP layer in the RateLimit-Policy field.
+type Advertiser interface {
+	Policy() Policy
+}
+
+// FailureCounter is a gate whose state lives in a store that can fail.
+// Failures returns how many of its decisions the store could not make
+// (each decided by the gate's failure policy instead); it only grows.
+type FailureCounter interface {
+	Failures() int64
+}
+
+// Leveler is a gate that moves the service through degradation levels.
+// Levels returns the level at now and the total time spent in each level
+// so far, indexed by Level.
+type Leveler interface {
+	Levels(now clock.Instant) (Level, [LevelRecover + 1]time.Duration)
+}
+
+// Shedder is a gate that sheds a fraction of the load it sees. ShedFraction
+// returns the fraction at now, in [0, 1].
+type Shedder interface {
+	ShedFraction(now clock.Instant) float64
+}
+
+// StateReporter is a gate with a state worth showing an operator (the admin
+// API's gate list). ReportState returns a snapshot at now that encodes as
+// JSON.
+type StateReporter interface {
+	ReportState(now clock.Instant) any
+}
