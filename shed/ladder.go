@@ -277,10 +277,10 @@ func (l *Ladder) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion
 // LadderState is a snapshot of a Ladder.
 type LadderState struct {
 	Level    sluice.Level
-	Pressure float64          // the last demand sample
-	Step     int              // the recovery step, in RECOVER
+	Pressure float64                                // the last demand sample
+	Step     int                                    // the recovery step, in RECOVER
 	Spent    [sluice.LevelRecover + 1]time.Duration // time spent in each level
-	History  []Transition     // recent transitions, oldest first
+	History  []Transition                           // recent transitions, oldest first
 }
 
 // State returns a snapshot at now.
