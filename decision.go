@@ -18,7 +18,9 @@ const (
 	ReasonPolicyRate
 	// ReasonConcurrency: a concurrency limit is reached.
 	ReasonConcurrency
-	// ReasonDeadline: the request cannot finish before its deadline.
+	// ReasonDeadline: the request cannot finish before its deadline. With
+	// EffectPossible it answers admitted work that ran out of its deadline
+	// (the proxy's 504).
 	ReasonDeadline
 	// ReasonOverload: a protection gate sheds load to keep the service in
 	// its safe region. The service is at fault, not the caller.
@@ -29,9 +31,13 @@ const (
 	// ReasonInvalid: the request itself is malformed (cost out of range,
 	// bad identity or deadline header). Retrying unchanged cannot help.
 	ReasonInvalid
+	// ReasonUpstream: not an admission rejection but the answer to an
+	// admitted request whose upstream failed (the proxy's 502). The work may
+	// have had an effect.
+	ReasonUpstream
 )
 
-var reasonNames = [...]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid"}
+var reasonNames = [...]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid", "upstream"}
 
 // String returns the wire name, e.g. "policy_rate"; "" for ReasonNone.
 func (r Reason) String() string {

@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 	"github.com/sluice-go/sluice/wire"
@@ -27,7 +28,7 @@ func benchMiddleware(b *testing.B, rate string, burst int64) {
 	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{TenantHeader: "X-Api-Key", Jitter: &wire.DefaultJitter})
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	req := httptest.NewRequest("GET", "/v1/routes/42", nil)
 	req.Header.Set("X-Api-Key", "tenant-42")
@@ -55,7 +56,7 @@ func BenchmarkAdmittedNoopHTTP(b *testing.B) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
 	g, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{TenantHeader: "X-Api-Key"})
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}})
 	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	defer srv.Close()
 	client := srv.Client()

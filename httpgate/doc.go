@@ -5,14 +5,14 @@
 // protection, Retry-After with jitter, RateLimit fields, a small JSON
 // envelope), releasing every admitted request's Ticket on every path.
 //
-//	mw, _ := httpgate.New(chain, httpgate.Config{
+//	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{
 //		TenantHeader:   "X-Api-Key",
 //		DeadlineHeader: "X-Request-Timeout",
-//		Routes: []httpgate.Route{
+//		Routes: []identify.Route{
 //			{Method: "POST", Path: "/v1/routes", Class: sluice.ClassCritical,
-//				Cost: httpgate.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
+//				Cost: identify.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
 //			{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
 //		},
-//	})
+//	}})
 //	http.ListenAndServe(":8080", mw.Wrap(app))
 package httpgate

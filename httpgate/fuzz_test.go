@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -35,8 +36,11 @@ func FuzzHeaders(f *testing.F) {
 	g, _ := gate.NewRate("r", memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 16}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
 	mw, _ := httpgate.New(chain, httpgate.Config{
-		TenantHeader: "X-Api-Key", DeadlineHeader: "X-Request-Timeout",
-		Routes: []httpgate.Route{{Path: "/", Cost: httpgate.Cost{Header: "X-Stops", Per: 100, Max: 50}}},
+		Rules: identify.Rules{
+			TenantHeader:   "X-Api-Key",
+			DeadlineHeader: "X-Request-Timeout",
+			Routes:         []identify.Route{{Path: "/", Cost: identify.Cost{Header: "X-Stops", Per: 100, Max: 50}}},
+		},
 	})
 	reached := false
 	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached = true }))

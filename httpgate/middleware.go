@@ -159,15 +159,6 @@ func New(chain *sluice.Chain, cfg Config) (*Middleware, error) {
 	return m, nil
 }
 
-// Handler returns middleware that decides with chain under cfg.
-func Handler(chain *sluice.Chain, cfg Config) (func(http.Handler) http.Handler, error) {
-	m, err := New(chain, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return m.Wrap, nil
-}
-
 // Update replaces the chain and config atomically. Requests already past
 // their decision finish under the old chain (their Tickets release there).
 func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
@@ -203,7 +194,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	req := m.reqs.Get().(*sluice.Request)
 	*req = sluice.Request{}
 	defer m.reqs.Put(req)
-	budget, detail := st.c.identify(r, req)
+	budget, detail := st.c.id.Identify(r.Method, r.URL.Path, r.Header, req)
 	if detail != "" {
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
 		m.reject(w, r, st, &d, req, detail)
@@ -241,6 +232,24 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	next.ServeHTTP(rw, r)
 	finished = true
 	tk.Done(outcome(rw, r))
+}
+
+// UpstreamError answers an admitted request whose upstream call failed with
+// err (it fits httputil.ReverseProxy's ErrorHandler): 504 with reason
+// deadline when the request's deadline ran out, 502 with reason upstream
+// otherwise, both saying the work may have had an effect, in the JSON
+// envelope of every other answer, with the request id echoed or generated
+// in the configured header. Nothing is written when the client has gone.
+func (m *Middleware) UpstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // nobody reads a response
+	}
+	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: true}
+	if errors.Is(err, context.DeadlineExceeded) {
+		d.Reason = sluice.ReasonDeadline
+	}
+	var req sluice.Request
+	m.reject(w, r, m.state.Load(), &d, &req, "")
 }
 
 // outcome classifies a finished handler: the client went away →
@@ -312,15 +321,15 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 		h[hRateLimit] = last(vals)
 	}
 	n := len(hb)
-	if ids := r.Header[st.c.requestIDHeader]; len(ids) == 1 && validRequestID(ids[0]) {
-		hb = append(hb, ids[0]...)
+	if id, ok := st.c.id.RequestID(r.Header); ok {
+		hb = append(hb, id...)
 	} else {
 		hb = append(hb, m.idPrefix...)
 		hb = strconv.AppendUint(hb, m.ids.Add(1), 16)
 	}
 	rid := unsafe.String(&hb[n], len(hb)-n)
 	vals = append(vals, rid)
-	h[st.c.requestIDHeader] = last(vals)
+	h[st.c.id.RequestIDHeader()] = last(vals)
 	h[hContentType] = jsonType
 	h[hCacheControl] = noStore
 

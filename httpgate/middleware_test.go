@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/metrics"
@@ -75,13 +76,15 @@ func newFixture(t *testing.T, handler http.Handler, modes map[string]sluice.Mode
 		t.Fatal(err)
 	}
 	f.mw, err = httpgate.New(f.chain, httpgate.Config{
-		TenantHeader:   "X-Api-Key",
-		DeadlineHeader: "X-Request-Timeout",
-		Jitter:         noJitter,
-		Routes: []httpgate.Route{
-			{Method: "POST", Path: "/v1/routes", Class: sluice.ClassCritical, Cost: httpgate.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
-			{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
+		Rules: identify.Rules{
+			TenantHeader:   "X-Api-Key",
+			DeadlineHeader: "X-Request-Timeout",
+			Routes: []identify.Route{
+				{Method: "POST", Path: "/v1/routes", Class: sluice.ClassCritical, Cost: identify.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
+				{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
+			},
 		},
+		Jitter: noJitter,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -213,9 +216,14 @@ func TestCostAboveBurstIsNotRetryable(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 10)
 	g, _ := gate.NewRate("stops-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{Jitter: noJitter, Routes: []httpgate.Route{
-		{Path: "/solve", Cost: httpgate.Cost{Header: "X-Stops", Per: 100, Max: 50}},
-	}})
+	mw, _ := httpgate.New(chain, httpgate.Config{
+		Rules: identify.Rules{
+			Routes: []identify.Route{
+				{Path: "/solve", Cost: identify.Cost{Header: "X-Stops", Per: 100, Max: 50}},
+			},
+		},
+		Jitter: noJitter,
+	})
 	srv := httptest.NewServer(mw.Wrap(ok200))
 	defer srv.Close()
 	req, _ := http.NewRequest("GET", srv.URL+"/solve", nil)
@@ -400,7 +408,7 @@ func TestJitterSpreadsRetryAfter(t *testing.T) {
 	clk := fakeclock.New(1)
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
 	jitter := wire.Jitter{Fraction: 0.5, Min: 2}
-	mw, _ := httpgate.New(chain, httpgate.Config{TenantHeader: "X-Api-Key", Jitter: &jitter})
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &jitter})
 	h := mw.Wrap(ok200)
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Header.Set("X-Api-Key", "a")

@@ -9,7 +9,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
@@ -72,11 +72,11 @@ type Options struct {
 	Rand func() float64
 }
 
-// Runtime is a built policy: the chain and the HTTP identification rules.
+// Runtime is a built policy: the chain and the identification rules.
 type Runtime struct {
 	File  *File
 	Chain *sluice.Chain
-	HTTP  httpgate.Config
+	Rules identify.Rules
 	gates map[string]builtGate
 	redis *redisConn // the Redis store, when the backend is redis
 }
@@ -158,7 +158,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error()}
 	}
 	rt.Chain = chain
-	rt.HTTP = f.httpConfig()
+	rt.Rules = f.rules()
 	return rt, nil
 }
 
@@ -300,8 +300,9 @@ func keyed[S any, A limit.Algorithm[S]](alg A, mopts memory.Options) (store.Limi
 	return k, rebind
 }
 
-func (f *File) httpConfig() httpgate.Config {
-	c := httpgate.Config{
+// rules returns the file's identification rules.
+func (f *File) rules() identify.Rules {
+	r := identify.Rules{
 		TenantHeader:    f.Identity.TenantHeader,
 		RequireTenant:   f.Identity.TenantRequired,
 		DeadlineHeader:  f.Identity.DeadlineHeader,
@@ -309,13 +310,13 @@ func (f *File) httpConfig() httpgate.Config {
 		DefaultDeadline: f.Identity.DefaultDeadline,
 		RequestIDHeader: f.Identity.RequestIDHeader,
 	}
-	for _, r := range f.Routes {
-		c.Routes = append(c.Routes, httpgate.Route{
-			Method: r.Method, Path: r.Path, Class: r.Class,
-			Cost: httpgate.Cost{Fixed: r.Cost.Fixed, Header: r.Cost.Header, Per: r.Cost.Per, Min: r.Cost.Min, Max: r.Cost.Max},
+	for _, rt := range f.Routes {
+		r.Routes = append(r.Routes, identify.Route{
+			Method: rt.Method, Path: rt.Path, Class: rt.Class,
+			Cost: identify.Cost{Fixed: rt.Cost.Fixed, Header: rt.Cost.Header, Per: rt.Cost.Per, Min: rt.Cost.Min, Max: rt.Cost.Max},
 		})
 	}
-	return c
+	return r
 }
 
 // Classes returns the classes the routes name, in first-seen order, with

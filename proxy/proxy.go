@@ -13,14 +13,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,7 +126,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.rt, s.version = rt, digest(data)
-	s.mw, err = httpgate.New(rt.Chain, rt.HTTP)
+	s.mw, err = httpgate.New(rt.Chain, httpgate.Config{Rules: rt.Rules})
 	if err != nil {
 		return nil, err
 	}
@@ -159,29 +157,16 @@ func digest(b []byte) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// upstreamError answers a failed upstream call: 504 when the caller's
-// deadline ran out, 502 otherwise. Both count as errored outcomes.
+// upstreamError answers a failed upstream call through the middleware
+// (502, or 504 when the caller's deadline ran out; both count as errored
+// outcomes) and logs at most once per second.
 func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	code := http.StatusBadGateway
-	if errors.Is(err, context.DeadlineExceeded) {
-		code = http.StatusGatewayTimeout
-	}
-	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-		return // the client is gone; nobody reads a response
-	}
-	if now := time.Now().UnixNano(); now-s.lastUpstreamLog.Load() > int64(time.Second) {
+	gone := errors.Is(err, context.Canceled) && r.Context().Err() != nil
+	if now := time.Now().UnixNano(); !gone && now-s.lastUpstreamLog.Load() > int64(time.Second) {
 		s.lastUpstreamLog.Store(now)
-		s.log.Warn("upstream request failed (logged at most once per second)", "status", code, "path", r.URL.Path, "err", err)
+		s.log.Warn("upstream request failed (logged at most once per second)", "path", r.URL.Path, "err", err)
 	}
-	id := r.Header.Get("X-Request-Id")
-	if len(id) > 64 || strings.ContainsAny(id, "\"\\\x00") {
-		id = ""
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	fmt.Fprintf(w, `{"error":{"reason":"upstream","retryable":true,"effect_possible":true,"request_id":%q,"message":%q}}`+"\n",
-		id, "the upstream did not answer: "+http.StatusText(code))
+	s.mw.UpstreamError(w, r, err)
 }
 
 // Handler is the proxy handler: the middleware in front of the upstream.
@@ -220,7 +205,7 @@ func (s *Server) Reload() (bool, error) {
 		var rt *policy.Runtime
 		if rt, err = policy.Build(f, s.rt, policy.Options{Clock: s.opts.Clock, Observer: s.metrics}); err == nil {
 			s.keepModeOverrides(rt)
-			if err = s.mw.Update(rt.Chain, rt.HTTP); err == nil {
+			if err = s.mw.Update(rt.Chain, httpgate.Config{Rules: rt.Rules}); err == nil {
 				s.rt, s.version, s.refused = rt, v, ""
 				s.log.Info("policy reloaded", "file", s.opts.Config, "version", v, "gates", len(f.Gates))
 				return true, nil

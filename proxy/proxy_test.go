@@ -282,6 +282,69 @@ func TestUpstreamDownIs502(t *testing.T) {
 	}
 }
 
+// A failed upstream is answered like every other answer: the JSON envelope
+// with a reason of the enum, the policy's request id header, and valid JSON
+// whatever the client sent as its id.
+func TestUpstreamErrorsThroughTheEnvelope(t *testing.T) {
+	const policy = `version: 1
+identity:
+  request_id: {header: X-Trace}
+  deadline: {header: X-Request-Timeout}
+gates:
+  - {name: pool, kind: concurrency, limit: 5}
+`
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+	}))
+	defer hang.Close()
+	for _, c := range []struct {
+		name, upstream string
+		hdr            map[string]string
+		status         int
+		reason, id     string
+	}{
+		{"refused", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-1"}, 502, "upstream", "abc-1"},
+		{"not utf-8", "http://127.0.0.1:1", map[string]string{"X-Trace": "\xff\xfe\"\\", "X-Request-Id": "other"}, 502, "upstream", ""},
+		{"deadline", hang.URL, map[string]string{"X-Trace": "abc-2", "X-Request-Timeout": "20ms"}, 504, "deadline", "abc-2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u, _ := url.Parse(c.upstream)
+			s, err := New(Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(s.Handler())
+			defer srv.Close()
+			req, _ := http.NewRequest("GET", srv.URL+"/x", nil)
+			for k, v := range c.hdr {
+				req.Header[k] = []string{v}
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var env struct {
+				Error struct {
+					Reason         string `json:"reason"`
+					EffectPossible bool   `json:"effect_possible"`
+					RequestID      string `json:"request_id"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(body, &env); err != nil {
+				t.Fatalf("invalid JSON %q: %v", body, err)
+			}
+			id := resp.Header.Get("X-Trace")
+			if resp.StatusCode != c.status || env.Error.Reason != c.reason || !env.Error.EffectPossible || env.Error.RequestID != id || id == "" ||
+				(c.id != "" && id != c.id) || resp.Header.Get("X-Request-Id") != "" {
+				t.Fatalf("%d %s (X-Trace %q)", resp.StatusCode, body, id)
+			}
+		})
+	}
+}
+
 func TestModeOverrideSurvivesUnrelatedReload(t *testing.T) {
 	h := newHarness(t, policyV1, -1)
 	if resp, _ := h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"off"}`, nil); resp.StatusCode != 200 {

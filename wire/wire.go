@@ -28,13 +28,19 @@ const maxSFInt = 999_999_999_999_999
 // Status returns the HTTP status for a decision: 200 when admitted, 400 for
 // invalid requests, 429 for entitlement rejections (RFC 6585: the caller's
 // own usage) and 503 for protection rejections (RFC 9110: the service's
-// capacity, a deadline it cannot meet, or a failed dependency).
+// capacity, a deadline it cannot meet, or a failed dependency). Admitted
+// work that failed upstream answers 502 (reason upstream) or, when it ran
+// out of its deadline, 504 (reason deadline with EffectPossible).
 func Status(d *sluice.Decision) int {
 	switch {
 	case d.Admitted:
 		return http.StatusOK
 	case d.Reason == sluice.ReasonInvalid:
 		return http.StatusBadRequest
+	case d.Reason == sluice.ReasonUpstream:
+		return http.StatusBadGateway
+	case d.Reason == sluice.ReasonDeadline && d.EffectPossible:
+		return http.StatusGatewayTimeout
 	case d.Entitlement():
 		return http.StatusTooManyRequests
 	}
@@ -313,7 +319,13 @@ func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bo
 	case sluice.ReasonOverload:
 		b = append(b, "service overloaded, shedding load"...)
 	case sluice.ReasonDeadline:
-		b = append(b, "the request cannot finish before its deadline"...)
+		if d.EffectPossible {
+			b = append(b, "the upstream did not answer before the request's deadline"...)
+		} else {
+			b = append(b, "the request cannot finish before its deadline"...)
+		}
+	case sluice.ReasonUpstream:
+		b = append(b, "the upstream did not answer"...)
 	case sluice.ReasonDependency:
 		b = append(b, "admission state unavailable"...)
 	}

@@ -57,6 +57,8 @@ func TestStatus(t *testing.T) {
 		{sluice.Decision{Reason: sluice.ReasonOverload}, 503},
 		{sluice.Decision{Reason: sluice.ReasonDeadline}, 503},
 		{sluice.Decision{Reason: sluice.ReasonDependency}, 503},
+		{sluice.Decision{Reason: sluice.ReasonUpstream, EffectPossible: true}, 502},
+		{sluice.Decision{Reason: sluice.ReasonDeadline, EffectPossible: true}, 504},
 	} {
 		if got := Status(&c.d); got != c.want {
 			t.Errorf("%+v: %d, want %d", c.d, got, c.want)

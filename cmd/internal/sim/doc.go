@@ -28,7 +28,7 @@
 // exactly when the service is slowest.
 //
 // With a policy, every attempt is classified by the policy's own route
-// rules (httpgate.Classify) and decided by a chain built by policy.Build
+// rules (package identify) and decided by a chain built by policy.Build
 // on the virtual clock: token buckets, GCRA, windows, concurrency, paced
 // queues (the wait is scheduled as an event, not slept), fleet usage, the
 // utilization shedder and the degradation ladder run their production

@@ -10,7 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/wire"
 )
 
@@ -126,7 +126,7 @@ type class struct {
 type engine struct {
 	s       *Scenario
 	chain   *sluice.Chain
-	http    httpgate.Config
+	rules   identify.Rules // with defaults filled in
 	clk     *vclock
 	ctx     context.Context
 	wait    time.Duration // paced wait reported by gates (sluice.ContextWithWait)
@@ -184,8 +184,12 @@ func (q *ring) pop() int32 {
 // newEngine prepares a run of s (already defaulted) with chain (nil: no
 // admission). seed picks the random streams; runs with and without
 // admission of the same step share them, so both see the same arrivals.
-func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, hc httpgate.Config, seed uint64) (*engine, error) {
-	e := &engine{s: s, clk: clk, chain: chain, http: hc, idle: s.Workers}
+func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rules, seed uint64) (*engine, error) {
+	id, err := identify.New(rules)
+	if err != nil {
+		return nil, err
+	}
+	e := &engine{s: s, clk: clk, chain: chain, rules: id.Rules(), idle: s.Workers}
 	e.ctx = sluice.ContextWithWait(context.Background(), &e.wait)
 	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
 	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
@@ -198,15 +202,15 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, hc httpgate.Config
 		pc.req = sluice.Request{Class: sluice.ClassDefault, Operation: c.Method + " " + c.Path, Cost: c.Units}
 		if chain != nil {
 			h := http.Header{}
-			if hc.TenantHeader != "" {
-				h.Set(hc.TenantHeader, c.Name) // the tenant is set per attempt
+			if rules.TenantHeader != "" {
+				h.Set(rules.TenantHeader, c.Name) // the tenant is set per attempt
 			}
 			for k, v := range c.Headers {
 				h.Set(k, v)
 			}
-			req, _, err := httpgate.Classify(hc, c.Method, c.Path, h)
-			if err != nil {
-				return nil, ferr("classes."+c.Name, "the policy cannot classify %s %s: %v", c.Method, c.Path, err)
+			var req sluice.Request
+			if _, detail := id.Identify(c.Method, c.Path, h, &req); detail != "" {
+				return nil, ferr("classes."+c.Name, "the policy cannot classify %s %s: %s", c.Method, c.Path, detail)
 			}
 			pc.req = req
 		}
@@ -437,12 +441,10 @@ func (e *engine) send(i int32) {
 		req := c.req
 		req.Tenant = c.tenants[a.tenant]
 		budget := time.Duration(a.giveUp - now)
-		if e.http.DeadlineHeader != "" {
-			if e.http.MaxDeadline > 0 {
-				budget = min(budget, e.http.MaxDeadline)
-			}
+		if e.rules.DeadlineHeader != "" {
+			budget = min(budget, e.rules.MaxDeadline)
 		} else {
-			budget = e.http.DefaultDeadline
+			budget = e.rules.DefaultDeadline
 		}
 		if budget > 0 {
 			req.Deadline = clock.Instant(now).Add(budget)

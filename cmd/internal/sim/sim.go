@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/policy"
 )
 
@@ -105,7 +105,7 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 func prepare(s *Scenario, f *policy.File, seed uint64) (*engine, error) {
 	clk := &vclock{}
 	var chain *sluice.Chain
-	var hc httpgate.Config
+	var rules identify.Rules
 	if f != nil {
 		// The probabilistic gates draw from their own seeded stream, so
 		// the client and service streams stay the same in both runs.
@@ -114,9 +114,9 @@ func prepare(s *Scenario, f *policy.File, seed uint64) (*engine, error) {
 		if err != nil {
 			return nil, err
 		}
-		chain, hc = rt.Chain, rt.HTTP
+		chain, rules = rt.Chain, rt.Rules
 	}
-	return newEngine(s, clk, chain, hc, seed)
+	return newEngine(s, clk, chain, rules, seed)
 }
 
 // step runs one sweep step at load.

@@ -1,0 +1,337 @@
+// Package identify turns a request's method, path and headers into a
+// sluice.Request with server-side rules only: the tenant from a configured
+// header, class, operation and cost from route rules, and the caller's time
+// budget from a deadline header. A client can never raise its own priority:
+// classes come from the routes, never from what the client sends.
+//
+//	id, err := identify.New(identify.Rules{
+//		TenantHeader:   "X-Api-Key",
+//		DeadlineHeader: "X-Request-Timeout",
+//		Routes: []identify.Route{
+//			{Method: "POST", Path: "/v1/routes", Class: sluice.ClassCritical,
+//				Cost: identify.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
+//			{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
+//		},
+//	})
+//	var req sluice.Request
+//	budget, detail := id.Identify(r.Method, r.URL.Path, r.Header, &req)
+//
+// The HTTP middleware (package httpgate), the policy file (package policy)
+// and the simulator share these rules, so a request is identified the same
+// way wherever it is decided.
+package identify
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Defaults of Rules.
+const (
+	// DefaultMaxDeadline caps the budget a caller may ask for.
+	DefaultMaxDeadline = 5 * time.Minute
+	// DefaultRequestIDHeader is where a request id is read from and echoed.
+	DefaultRequestIDHeader = "X-Request-Id"
+)
+
+// Rules identify requests. The zero value is valid: one anonymous tenant,
+// class "default", operation "other", cost 1, no deadline.
+type Rules struct {
+	// TenantHeader names the header that identifies the tenant (e.g. the
+	// API key). Empty: every request belongs to the anonymous tenant "".
+	// The value is used only as a state key: never echoed, never logged.
+	TenantHeader string
+	// RequireTenant refuses requests without TenantHeader as invalid.
+	RequireTenant bool
+	// DeadlineHeader names the header carrying the caller's remaining time
+	// budget as a Go duration ("250ms").
+	DeadlineHeader string
+	// DefaultDeadline is the budget of requests without DeadlineHeader
+	// (0: none), so that no admitted request holds its permits forever.
+	DefaultDeadline time.Duration
+	// MaxDeadline caps every budget: a longer one is clamped to it (the
+	// server works no longer than that). Default DefaultMaxDeadline.
+	MaxDeadline time.Duration
+	// Routes assign class, operation and cost by method and path; the
+	// first match wins.
+	Routes []Route
+	// DefaultClass is the class of requests no route matches. Default
+	// sluice.ClassDefault.
+	DefaultClass string
+	// RequestIDHeader names the header a request id is read from and
+	// echoed in. Default DefaultRequestIDHeader.
+	RequestIDHeader string
+}
+
+// Route is one server-side rule: requests matching Method and Path get
+// Class and Cost, and the operation "METHOD PATH" (or "PATH" for any
+// method).
+type Route struct {
+	// Method matches the request method; empty matches any.
+	Method string
+	// Path is an exact path, or segments where "*" matches one segment and
+	// a final "*" matches one or more, e.g. "/v1/routes/*".
+	Path string
+	// Class is the server-authorized class; empty: Rules.DefaultClass.
+	Class string
+	// Cost is the demand of a matching request.
+	Cost Cost
+}
+
+// Cost is how much of the scarce resource a request consumes, in demand
+// units. The zero Cost is 1 unit.
+type Cost struct {
+	// Fixed is the cost when Header is empty or absent. Default 1.
+	Fixed int64
+	// Header, if set, names a request header whose non-negative integer
+	// value sets the cost: ⌈value / Per⌉, clamped to [Min, Max]. A malformed
+	// value makes the request invalid.
+	Header string
+	// Per is the header value per demand unit. Default 1.
+	Per int64
+	// Min and Max bound the cost from Header. Defaults 1 and
+	// sluice.MaxCost.
+	Min, Max int64
+}
+
+func (c *Cost) normalize() error {
+	if c.Fixed == 0 {
+		c.Fixed = 1
+	}
+	if c.Per == 0 {
+		c.Per = 1
+	}
+	if c.Min == 0 {
+		c.Min = 1
+	}
+	if c.Max == 0 {
+		c.Max = sluice.MaxCost
+	}
+	switch {
+	case c.Fixed < 1 || c.Fixed > sluice.MaxCost:
+		return fmt.Errorf("cost %d outside [1, %d]", c.Fixed, int64(sluice.MaxCost))
+	case c.Per < 1:
+		return fmt.Errorf("cost per %d, want ≥ 1", c.Per)
+	case c.Min < 1 || c.Max > sluice.MaxCost || c.Min > c.Max:
+		return fmt.Errorf("cost bounds [%d, %d] invalid", c.Min, c.Max)
+	}
+	if c.Header != "" {
+		c.Header = http.CanonicalHeaderKey(c.Header)
+	}
+	return nil
+}
+
+// Identifier is a compiled set of Rules. It is immutable and safe for
+// concurrent use.
+type Identifier struct {
+	rules           Rules // defaults filled in
+	tenantHeader    string
+	deadlineHeader  string
+	requestIDHeader string
+	routes          []route
+	fallback        route
+}
+
+type route struct {
+	method  string
+	pattern string
+	class   string
+	op      string
+	cost    Cost
+}
+
+// New validates r, fills in its defaults and compiles it. It returns an
+// error naming the route at fault for a path that does not start with "/"
+// or a cost outside its bounds, and for negative deadline bounds.
+func New(r Rules) (*Identifier, error) {
+	if r.MaxDeadline == 0 {
+		r.MaxDeadline = DefaultMaxDeadline
+	}
+	if r.MaxDeadline < 0 || r.DefaultDeadline < 0 {
+		return nil, errors.New("identify: negative deadline bound")
+	}
+	if r.DefaultClass == "" {
+		r.DefaultClass = sluice.ClassDefault
+	}
+	if r.RequestIDHeader == "" {
+		r.RequestIDHeader = DefaultRequestIDHeader
+	}
+	r.Routes = append([]Route(nil), r.Routes...)
+	id := &Identifier{
+		tenantHeader:    http.CanonicalHeaderKey(r.TenantHeader),
+		deadlineHeader:  http.CanonicalHeaderKey(r.DeadlineHeader),
+		requestIDHeader: http.CanonicalHeaderKey(r.RequestIDHeader),
+		fallback:        route{class: r.DefaultClass, op: "other", cost: Cost{Fixed: 1, Per: 1, Min: 1, Max: sluice.MaxCost}},
+	}
+	for i := range r.Routes {
+		rt := &r.Routes[i]
+		if rt.Path == "" || rt.Path[0] != '/' {
+			return nil, fmt.Errorf("identify: route %d: path %q must start with /", i, rt.Path)
+		}
+		if err := rt.Cost.normalize(); err != nil {
+			return nil, fmt.Errorf("identify: route %d (%s): %v", i, rt.Path, err)
+		}
+		if rt.Class == "" {
+			rt.Class = r.DefaultClass
+		}
+		op := rt.Path
+		if rt.Method != "" {
+			op = strings.ToUpper(rt.Method) + " " + rt.Path
+		}
+		id.routes = append(id.routes, route{method: strings.ToUpper(rt.Method), pattern: rt.Path, class: rt.Class, op: op, cost: rt.Cost})
+	}
+	id.rules = r
+	return id, nil
+}
+
+// Rules returns the rules with their defaults filled in.
+func (id *Identifier) Rules() Rules { return id.rules }
+
+// RequestIDHeader returns the canonical name of the request id header.
+func (id *Identifier) RequestIDHeader() string { return id.requestIDHeader }
+
+// match returns the first route matching method and path.
+func (id *Identifier) match(method, path string) *route {
+	for i := range id.routes {
+		r := &id.routes[i]
+		if (r.method == "" || r.method == method) && matchPath(r.pattern, path) {
+			return r
+		}
+	}
+	return &id.fallback
+}
+
+// matchPath matches path against pattern segment by segment: "*" matches
+// one non-empty segment, and a final "*" matches one or more. It does not
+// allocate.
+func matchPath(pattern, path string) bool {
+	pattern = strings.TrimPrefix(pattern, "/")
+	path = strings.TrimPrefix(path, "/")
+	for {
+		pseg, prest, pmore := strings.Cut(pattern, "/")
+		seg, rest, more := strings.Cut(path, "/")
+		switch {
+		case pseg == "*" && !pmore:
+			return seg != ""
+		case pseg == "*":
+			if seg == "" {
+				return false
+			}
+		case pseg != seg:
+			return false
+		}
+		if !pmore || !more {
+			return pmore == more
+		}
+		pattern, path = prest, rest
+	}
+}
+
+// Identify fills req (tenant, class, operation, cost; not the deadline)
+// from a request's method, path and header with the rules, and returns the
+// caller's time budget (0: none). A malformed or missing required header
+// yields a non-empty detail naming it, for the caller's 400 message; req is
+// then not to be used. It does not allocate.
+func (id *Identifier) Identify(method, path string, h http.Header, req *sluice.Request) (budget time.Duration, detail string) {
+	if id.tenantHeader != "" {
+		switch vs := h[id.tenantHeader]; {
+		case len(vs) > 1:
+			return 0, "more than one " + id.tenantHeader + " header"
+		case len(vs) == 1:
+			if !validToken(vs[0], sluice.MaxKeyLen) {
+				return 0, "malformed " + id.tenantHeader + " header"
+			}
+			req.Tenant = vs[0]
+		case id.rules.RequireTenant:
+			return 0, "missing " + id.tenantHeader + " header"
+		}
+	}
+	rt := id.match(method, path)
+	req.Class = rt.class
+	req.Operation = rt.op
+	req.Cost = rt.cost.Fixed
+	if name := rt.cost.Header; name != "" {
+		if vs := h[name]; len(vs) > 0 {
+			v, ok := parseCount(vs[0])
+			if !ok || len(vs) > 1 {
+				return 0, "malformed " + name + " header (want one non-negative integer)"
+			}
+			cost := v / rt.cost.Per
+			if v%rt.cost.Per != 0 {
+				cost++
+			}
+			req.Cost = min(max(cost, rt.cost.Min), rt.cost.Max)
+		}
+	}
+	budget = min(id.rules.DefaultDeadline, id.rules.MaxDeadline)
+	if id.deadlineHeader != "" {
+		if vs := h[id.deadlineHeader]; len(vs) > 0 {
+			d, err := time.ParseDuration(vs[0])
+			if err != nil || len(vs) > 1 || d <= 0 {
+				return 0, "malformed " + id.deadlineHeader + " header (want one positive duration such as 250ms)"
+			}
+			budget = min(d, id.rules.MaxDeadline) // the server never waits longer than its max
+		}
+	}
+	return budget, ""
+}
+
+// RequestID returns the request id the caller sent in the request id
+// header, if it may be echoed: one value of 1 to 64 letters, digits and
+// "-_.:". Anything else (several values, other bytes, invalid UTF-8) is
+// ignored, so an echoed id never needs escaping.
+func (id *Identifier) RequestID(h http.Header) (string, bool) {
+	vs := h[id.requestIDHeader]
+	if len(vs) != 1 || !validRequestID(vs[0]) {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// validToken reports whether s is 1 to max visible ASCII characters.
+func validToken(s string, max int) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= 0x20 || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// parseCount parses a non-negative decimal integer of at most 18 digits.
+func parseCount(s string) (int64, bool) {
+	if len(s) == 0 || len(s) > 18 {
+		return 0, false
+	}
+	n := int64(0)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// validRequestID reports whether a client-supplied request id may be echoed.
+func validRequestID(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
+			return false
+		}
+	}
+	return true
+}
