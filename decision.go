@@ -2,6 +2,8 @@ package sluice
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -73,15 +75,20 @@ func (s Scope) String() string {
 	return "unknown"
 }
 
-// ParseScope returns the Scope named s ("service", "tenant", "operation",
-// "tenant_operation", "class").
-func ParseScope(s string) (Scope, bool) {
+// PerCaller reports whether a limit counted over s belongs to each caller
+// (tenant, tenant_operation) rather than being shared by all callers: a
+// per-caller limit is an entitlement, a shared one protects capacity.
+func (s Scope) PerCaller() bool { return s == ScopeTenant || s == ScopeTenantOperation }
+
+// ParseScope returns the Scope named s: "service", "tenant", "operation",
+// "tenant_operation" or "class". The error lists the names.
+func ParseScope(s string) (Scope, error) {
 	for i, n := range scopeNames {
 		if n == s {
-			return Scope(i), true
+			return Scope(i), nil
 		}
 	}
-	return 0, false
+	return 0, fmt.Errorf("sluice: unknown scope %q (want %s)", s, strings.Join(scopeNames[:], ", "))
 }
 
 // Key returns the state key of r under scope s. For ScopeTenantOperation it
@@ -216,13 +223,14 @@ func WaitFrom(ctx context.Context) *time.Duration {
 // Entitlement reports whether the rejection is about the caller's own usage
 // (answered with 429 Too Many Requests) rather than the service's capacity
 // (answered with 503 Service Unavailable): policy_rate always, and
-// concurrency when the limit is per tenant.
+// concurrency when the limit is counted per caller (Scope.PerCaller). It is
+// the one place the 429-or-503 rule lives.
 func (d *Decision) Entitlement() bool {
 	switch d.Reason {
 	case ReasonPolicyRate:
 		return true
 	case ReasonConcurrency:
-		return d.Scope == ScopeTenant || d.Scope == ScopeTenantOperation
+		return d.Scope.PerCaller()
 	}
 	return false
 }

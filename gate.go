@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
@@ -64,12 +65,12 @@ func (m Mode) String() string {
 	return "unknown"
 }
 
-// ParseMode parses "enforce", "shadow" or "off".
+// ParseMode parses "enforce", "shadow" or "off". The error lists the names.
 func ParseMode(s string) (Mode, error) {
 	for i, n := range modeNames {
 		if n == s {
 			return Mode(i), nil
 		}
 	}
-	return 0, fmt.Errorf("sluice: unknown mode %q (want enforce, shadow or off)", s)
+	return 0, fmt.Errorf("sluice: mode %q is not one of %s", s, strings.Join(modeNames[:], ", "))
 }

@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
+	"math"
+	"os"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -12,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/limit"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
@@ -50,7 +54,11 @@ func benchSluice(b *testing.B, opts sredis.Options) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := st.TokenBucket("bench", bucket(b))
+	sp, err := sredis.TokenBucket("bench", bucket(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim := st.Limiter(sp)
 	runRedis(b, func(ctx context.Context, key string) bool {
 		r, _, err := lim.Take(ctx, key, 0, 1, 0)
 		return err == nil && r.OK()
@@ -73,16 +81,28 @@ func BenchmarkRedisSluiceScriptGoRedis(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: redisCallers})
 	defer rdb.Close()
-	src, argv := sredis.TokenBucketScript(bucket(b), 1)
-	script := goredis.NewScript(src)
-	args := make([]any, len(argv))
-	for i, a := range argv {
-		args[i] = a
+	src, err := os.ReadFile("../store/redis/lua/tokenbucket.lua")
+	if err != nil {
+		b.Fatal(err)
 	}
+	script := goredis.NewScript(string(src))
+	args := tokenBucketArgs(bucket(b), 1)
 	runRedis(b, func(ctx context.Context, key string) bool {
 		v, err := script.Run(ctx, rdb, []string{"sluice:{bench:" + key + "}"}, args...).Int64Slice()
 		return err == nil && v[0] == 0
 	})
+}
+
+// tokenBucketArgs is the ARGV of one take of tb's script with Redis time,
+// as the script's header documents it: now override, op, cost, handle, and
+// the fixed parameters packed as six little-endian doubles.
+func tokenBucketArgs(tb *limit.TokenBucket, cost int64) []any {
+	per, burst := int64(tb.Rate().Per()), tb.Limit()
+	fixed := make([]byte, 0, 48)
+	for _, v := range []int64{per, tb.Rate().Tokens(), burst * per, burst, int64(tb.Window()), max(2*tb.Window().Milliseconds(), 1000)} {
+		fixed = binary.LittleEndian.AppendUint64(fixed, math.Float64bits(float64(v)))
+	}
+	return []any{"0", "take", strconv.FormatInt(cost, 10), "1", string(fixed)}
 }
 
 // BenchmarkRedisRate: go-redis/redis_rate v10 (GCRA in Lua), the peer.

@@ -2,12 +2,12 @@ package gate
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"slices"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -63,17 +63,17 @@ func (g *FleetUsage) Release(r *sluice.Request, p sluice.Permit, c sluice.Comple
 // the class at fault.
 func FleetUsageLimit(capacity int64, reserve map[string]float64) (int64, error) {
 	if capacity < 1 {
-		return 0, fmt.Errorf("fleet usage: capacity %d, want ≥ 1", capacity)
+		return 0, param.Errorf("capacity", "fleet usage: capacity %d, want ≥ 1", capacity)
 	}
 	sum := 0.0
 	for class, r := range reserve {
 		if math.IsNaN(r) || r <= 0 || r >= 1 {
-			return 0, fmt.Errorf("fleet usage: reserve %v for class %q, want a share in (0, 1)", r, class)
+			return 0, param.Errorf("reserve", "fleet usage: reserve %v for class %q, want a share in (0, 1)", r, class)
 		}
 		sum += r
 	}
 	if sum >= 1 {
-		return 0, fmt.Errorf("fleet usage: reserves add up to %v, leaving nothing for other classes", sum)
+		return 0, param.Errorf("reserve", "fleet usage: reserves add up to %v, leaving nothing for other classes", sum)
 	}
 	return max(int64(math.Floor(float64(capacity)*(1-sum)+1e-9)), 1), nil
 }

@@ -164,10 +164,12 @@ func fleetUsageHelper() {
 	}
 	defer st.Close()
 	c, _ := limit.NewConcurrency(80)
-	lim, _ := st.Concurrency("fleet-usage", c, time.Minute)
+	sp, _ := sredis.Concurrency("fleet-usage", c, time.Minute)
+	lim := st.Limiter(sp)
 	g, _ := gate.NewFleetUsage("fleet-usage", lim, []string{"critical"}, gate.Options{OnFailure: gate.FailClosed})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	counter, _ := st.Concurrency("holders-counter", mustConc(1_000_000), time.Minute)
+	csp, _ := sredis.Concurrency("holders-counter", mustConc(1_000_000), time.Minute)
+	counter := st.Limiter(csp)
 	var peak, crit, adm atomic.Int64
 	var wg sync.WaitGroup
 	stop := time.Now().Add(2 * time.Second)

@@ -30,11 +30,17 @@ func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	reason := sluice.ReasonOverload
-	if opts.Scope == sluice.ScopeTenant || opts.Scope == sluice.ScopeTenantOperation {
-		reason = sluice.ReasonPolicyRate
+	return &Pacer{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(PacerReason(opts.Scope)), unit: sluice.UnitRequests}}, nil
+}
+
+// PacerReason is the rejection reason of a Pacer whose queue is counted
+// over scope: policy_rate (429) for a queue of each caller, overload (503)
+// for one that protects a shared resource.
+func PacerReason(scope sluice.Scope) sluice.Reason {
+	if scope.PerCaller() {
+		return sluice.ReasonPolicyRate
 	}
-	return &Pacer{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(reason), unit: sluice.UnitRequests}}, nil
+	return sluice.ReasonOverload
 }
 
 // Decide schedules r and waits for its slot.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -40,15 +41,20 @@ func (p FailurePolicy) String() string {
 	return "unknown"
 }
 
-// ParseFailurePolicy parses "fail_open", "fail_closed" or "local_fallback".
+// ParseFailurePolicy parses "fail_open", "fail_closed" or
+// "local_fallback". The error lists the names.
 func ParseFailurePolicy(s string) (FailurePolicy, error) {
 	for i, n := range failureNames {
 		if n == s {
 			return FailurePolicy(i), nil
 		}
 	}
-	return 0, fmt.Errorf("gate: unknown failure policy %q (want fail_open, fail_closed or local_fallback)", s)
+	return 0, fmt.Errorf("gate: failure policy %q is not one of %s", s, strings.Join(failureNames[:], ", "))
 }
+
+// DefaultRetryHint is the retry-after of a rejection without an exact wait
+// when Options names none.
+const DefaultRetryHint = time.Second
 
 // Options configures the limit gates (Rate, Concurrency, Pacer). The zero
 // value is valid: scope service, refunds on, fail open.
@@ -65,7 +71,8 @@ type Options struct {
 	// Fallback is the in-process limiter LocalFallback decides on.
 	Fallback store.Limiter
 	// RetryHint is the retry-after a rejection without an exact wait
-	// reports (concurrency limits, store failures). Default 1 s.
+	// reports (concurrency limits, store failures). Default
+	// DefaultRetryHint.
 	RetryHint time.Duration
 	// Reason, if set, replaces the gate's rejection reason: a concurrency
 	// budget that protects a shared resource answers overload (503).
@@ -83,7 +90,7 @@ func (o *Options) validate(name string) error {
 		return fmt.Errorf("gate %q: negative retry hint", name)
 	}
 	if o.RetryHint == 0 {
-		o.RetryHint = time.Second
+		o.RetryHint = DefaultRetryHint
 	}
 	return nil
 }

@@ -25,10 +25,10 @@ var _ Algorithm[ConcurrencyState] = (*Concurrency)(nil)
 // NewConcurrency returns a limit of limit units in flight.
 func NewConcurrency(limit int64) (*Concurrency, error) {
 	if limit < 1 {
-		return nil, paramErr("concurrency: limit %d, want ≥ 1", limit)
+		return nil, paramErr("limit", "concurrency: limit %d, want ≥ 1", limit)
 	}
 	if limit > maxScaled {
-		return nil, paramErr("concurrency: limit %d too large", limit)
+		return nil, paramErr("limit", "concurrency: limit %d too large", limit)
 	}
 	return &Concurrency{limit: limit}, nil
 }

@@ -29,13 +29,13 @@ var _ Algorithm[FixedWindowState] = (*FixedWindow)(nil)
 // NewFixedWindow returns a limit of limit units per window.
 func NewFixedWindow(limit int64, window time.Duration) (*FixedWindow, error) {
 	if limit < 1 {
-		return nil, paramErr("fixed window: limit %d, want ≥ 1", limit)
+		return nil, paramErr("limit", "fixed window: limit %d, want ≥ 1", limit)
 	}
 	if window <= 0 || window > maxWindow {
-		return nil, paramErr("fixed window: window %v, want (0, 366 days]", window)
+		return nil, paramErr("window", "fixed window: window %v, want (0, 366 days]", window)
 	}
 	if limit > maxScaled {
-		return nil, paramErr("fixed window: limit %d too large", limit)
+		return nil, paramErr("limit", "fixed window: limit %d too large", limit)
 	}
 	return &FixedWindow{limit: limit, window: int64(window)}, nil
 }

@@ -42,13 +42,13 @@ var _ Algorithm[GCRAState] = (*GCRA)(nil)
 // (burst−1)/rate.
 func NewGCRA(rate Rate, burst int64) (*GCRA, error) {
 	if rate.IsZero() {
-		return nil, paramErr("gcra: rate must be > 0")
+		return nil, paramErr("rate", "gcra: rate must be > 0")
 	}
 	if burst < 1 {
-		return nil, paramErr("gcra: burst %d, want ≥ 1", burst)
+		return nil, paramErr("burst", "gcra: burst %d, want ≥ 1", burst)
 	}
 	if burst > maxScaled/max(rate.per, rate.tokens) {
-		return nil, paramErr("gcra: burst %d too large for rate %v", burst, rate)
+		return nil, paramErr("burst", "gcra: burst %d too large for rate %v", burst, rate)
 	}
 	g := &GCRA{rate: rate, burst: burst, t: newInterval(rate)}
 	g.dvt = g.t.times(burst)

@@ -40,13 +40,13 @@ var _ Algorithm[LeakyBucketState] = (*LeakyBucket)(nil)
 // waiting units (queue ≥ 0; 0 admits only when the bucket is idle).
 func NewLeakyBucket(rate Rate, queue int64) (*LeakyBucket, error) {
 	if rate.IsZero() {
-		return nil, paramErr("leaky bucket: rate must be > 0")
+		return nil, paramErr("rate", "leaky bucket: rate must be > 0")
 	}
 	if queue < 0 {
-		return nil, paramErr("leaky bucket: queue %d, want ≥ 0", queue)
+		return nil, paramErr("queue", "leaky bucket: queue %d, want ≥ 0", queue)
 	}
 	if queue+1 > maxScaled/max(rate.per, rate.tokens) {
-		return nil, paramErr("leaky bucket: queue %d too large for rate %v", queue, rate)
+		return nil, paramErr("queue", "leaky bucket: queue %d too large for rate %v", queue, rate)
 	}
 	l := &LeakyBucket{rate: rate, queue: queue, t: newInterval(rate)}
 	l.dvt = l.t.times(queue + 1)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 // Status is the verdict of one algorithm step.
@@ -81,8 +83,10 @@ type Algorithm[S any] interface {
 // ErrInvalidParams wraps every construction error of an algorithm.
 var ErrInvalidParams = errors.New("limit: invalid parameters")
 
-func paramErr(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidParams, fmt.Sprintf(format, args...))
+// paramErr returns an error wrapping ErrInvalidParams that names the
+// constructor argument at fault.
+func paramErr(name, format string, args ...any) error {
+	return param.Errorf(name, "%w: %s", ErrInvalidParams, fmt.Sprintf(format, args...))
 }
 
 // maxWindow is the longest window a window algorithm accepts: it keeps

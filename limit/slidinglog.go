@@ -34,13 +34,13 @@ var _ Algorithm[SlidingLogState] = (*SlidingLog)(nil)
 // NewSlidingLog returns an exact limit of limit units per sliding window.
 func NewSlidingLog(limit int64, window time.Duration) (*SlidingLog, error) {
 	if limit < 1 {
-		return nil, paramErr("sliding log: limit %d, want ≥ 1", limit)
+		return nil, paramErr("limit", "sliding log: limit %d, want ≥ 1", limit)
 	}
 	if window <= 0 || window > maxWindow {
-		return nil, paramErr("sliding log: window %v, want (0, 366 days]", window)
+		return nil, paramErr("window", "sliding log: window %v, want (0, 366 days]", window)
 	}
 	if limit > maxScaled {
-		return nil, paramErr("sliding log: limit %d too large", limit)
+		return nil, paramErr("limit", "sliding log: limit %d too large", limit)
 	}
 	return &SlidingLog{limit: limit, window: int64(window)}, nil
 }

@@ -47,13 +47,13 @@ var _ Algorithm[SlidingWindowState] = (*SlidingWindow)(nil)
 // window (see the type doc for the bound).
 func NewSlidingWindow(limit int64, window time.Duration) (*SlidingWindow, error) {
 	if limit < 1 {
-		return nil, paramErr("sliding window: limit %d, want ≥ 1", limit)
+		return nil, paramErr("limit", "sliding window: limit %d, want ≥ 1", limit)
 	}
 	if window <= 0 || window > maxWindow {
-		return nil, paramErr("sliding window: window %v, want (0, 366 days]", window)
+		return nil, paramErr("window", "sliding window: window %v, want (0, 366 days]", window)
 	}
 	if limit > maxScaled {
-		return nil, paramErr("sliding window: limit %d too large", limit)
+		return nil, paramErr("limit", "sliding window: limit %d too large", limit)
 	}
 	return &SlidingWindow{limit: limit, window: int64(window)}, nil
 }

@@ -44,13 +44,13 @@ var _ Algorithm[TokenBucketState] = (*TokenBucket)(nil)
 // It fails for a zero rate, burst < 1, or burst × period beyond 2^61.
 func NewTokenBucket(rate Rate, burst int64) (*TokenBucket, error) {
 	if rate.IsZero() {
-		return nil, paramErr("token bucket: rate must be > 0")
+		return nil, paramErr("rate", "token bucket: rate must be > 0")
 	}
 	if burst < 1 {
-		return nil, paramErr("token bucket: burst %d, want ≥ 1", burst)
+		return nil, paramErr("burst", "token bucket: burst %d, want ≥ 1", burst)
 	}
 	if burst > maxScaled/rate.per {
-		return nil, paramErr("token bucket: burst %d too large for rate %v (burst × period must stay below 2^61 ns)", burst, rate)
+		return nil, paramErr("burst", "token bucket: burst %d too large for rate %v (burst × period must stay below 2^61 ns)", burst, rate)
 	}
 	b := &TokenBucket{rate: rate, burst: burst, unit: rate.per, gain: rate.tokens, capacity: burst * rate.per}
 	b.fill = ceilDiv(b.capacity, b.gain)

@@ -3,65 +3,23 @@ package policy
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/limit"
-	"github.com/sluice-go/sluice/store"
-	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
-
-// algorithm builds the gate's algorithm, which validates its parameters.
-func (g *Gate) algorithm() (any, error) {
-	switch g.Kind {
-	case KindTokenBucket:
-		return limit.NewTokenBucket(g.Rate, g.Burst)
-	case KindGCRA:
-		return limit.NewGCRA(g.Rate, g.Burst)
-	case KindFixedWindow:
-		return limit.NewFixedWindow(g.Limit, g.Window)
-	case KindSlidingWindow:
-		return limit.NewSlidingWindow(g.Limit, g.Window)
-	case KindSlidingLog:
-		if g.Limit > 1_000_000 {
-			return nil, fmt.Errorf("sliding log keeps one entry per unit: limit %d is too large (use sliding_window)", g.Limit)
-		}
-		return limit.NewSlidingLog(g.Limit, g.Window)
-	case KindLeakyBucket:
-		return limit.NewLeakyBucket(g.Rate, g.Queue)
-	case KindConcurrency:
-		return limit.NewConcurrency(g.Limit)
-	}
-	return nil, errNoAlgorithm
-}
-
-// fingerprint identifies the gate's whole configuration: a reload reuses a
-// gate whose fingerprint did not change as it is. The mode is not part of
-// it (modes switch without a new gate).
-func (g *Gate) fingerprint(st Store) string {
-	c := *g
-	c.Line, c.fields, c.Mode = 0, nil, ""
-	return fmt.Sprintf("%+v|%d", c, st.MaxKeys)
-}
-
-// stateKey identifies what the gate's stored state means. A reload that
-// changes a gate but not its stateKey (a new limit, burst or queue, a new
-// retry hint or failure policy) builds the new gate over the old state: in
-// flight counts and bucket levels carry over, so a reload never opens a
-// fresh budget. Changing kind, scope, rate or window starts fresh state.
-func (g *Gate) stateKey(st Store) string {
-	return fmt.Sprintf("%s|%s|%s|%s|%v|%v|%d", g.Name, g.Kind, g.Scope, g.Rate, g.Window, g.Weighted, st.MaxKeys)
-}
 
 // Options are the run-time parts of a build.
 type Options struct {
 	// Clock for the chain (nil: the real clock).
 	Clock clock.Clock
+	// Virtual says that Clock is not the real clock (a simulator): gates
+	// that measure real resources of this process (source: cpu) are
+	// refused, since their readings would not follow the clock.
+	Virtual bool
 	// Observer for the chain (metrics).
 	Observer sluice.Observer
 	// Rand is the uniform [0, 1) source of the probabilistic gates (the
@@ -96,208 +54,139 @@ func (rt *Runtime) Close() {
 	}
 }
 
+// builtGate is a gate of a build, kept so that the next build (a reload)
+// can reuse it or its state.
 type builtGate struct {
 	fp, sk string
 	g      sluice.Gate
-	rebind func(alg any) store.Limiter // the same state under a new algorithm
+	state  any // the in-memory state the gate decides on (*memory.Keyed), or nil
 }
 
-// Build turns a parsed file into a chain. Gates whose configuration is the
-// same as in prev (a previous build, may be nil) are reused with their
-// state, so a reload does not reset unchanged limits.
-func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
-	rt := &Runtime{File: f, gates: map[string]builtGate{}}
-	if f.Store.Backend == "redis" {
-		cfg := fmt.Sprint(f.Store.Addrs, f.Store.Timeout, f.Store.ProbeEvery)
-		if prev != nil && prev.redis != nil && prev.redis.cfg == cfg {
-			rt.redis = prev.redis
-		} else {
-			st, err := sredis.New(sredis.Options{Addrs: f.Store.Addrs, Timeout: f.Store.Timeout, ProbeEvery: f.Store.ProbeEvery, Prefix: "sluice:" + f.Service})
-			if err != nil {
-				return nil, &Error{File: f.Path, Line: f.Store.Line, Field: "store", Msg: err.Error()}
-			}
-			rt.redis = &redisConn{st: st, cfg: cfg}
-			if prev != nil && prev.redis != nil {
-				old := prev.redis.st
-				time.AfterFunc(2*time.Minute, old.Close) // let requests in flight release first
-			}
-		}
+// builder is what a kind's build gets: the gate's settings, the store, and
+// the state of the previous build to continue from.
+type builder struct {
+	g     *Gate
+	store Store
+	redis *sredis.Store // nil: the memory backend
+	prev  any           // the previous build's state with the same state key, or nil
+	state any           // set by the kind: the state a later build may continue from
+	opts  Options
+}
+
+// gateOptions returns the options of the gate package's gates. The memory
+// store cannot fail, so a failure policy matters on Redis only.
+func (b *builder) gateOptions() gate.Options {
+	o := gate.Options{Scope: b.g.Scope, OnFailure: b.g.OnFailure, RetryHint: b.g.RetryHint}
+	if b.redis == nil {
+		o.OnFailure = gate.FailOpen
 	}
-	var gates []sluice.Gate
+	return o
+}
+
+// Build turns a parsed file into a chain. It validates f (Validate) and
+// dials the store; only the dial can fail on a valid file, with an Error
+// on store that wraps the store's error (store.ErrUnavailable). Gates whose
+// configuration is the same as in prev (a previous build, may be nil) are
+// reused with their state, so a reload does not reset unchanged limits;
+// gates whose state means the same (see the kinds) continue from it.
+func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
+	if err := Validate(f); err != nil {
+		return nil, err
+	}
+	rt := &Runtime{File: f, gates: map[string]builtGate{}}
+	if err := rt.openStore(prev); err != nil {
+		return nil, err
+	}
+	gates := make([]sluice.Gate, 0, len(f.Gates))
 	modes := map[string]sluice.Mode{}
 	for i := range f.Gates {
 		g := &f.Gates[i]
-		fp := g.fingerprint(f.Store)
-		if prev != nil {
-			if old, ok := prev.gates[g.Name]; ok && old.fp == fp {
-				rt.gates[g.Name] = old
-				gates = append(gates, old.g)
-				modes[g.Name], _ = sluice.ParseMode(g.Mode)
-				continue
-			}
-		}
-		var same *builtGate
-		if prev != nil {
-			if old, ok := prev.gates[g.Name]; ok && old.sk == g.stateKey(f.Store) {
-				same = &old
-			}
-		}
-		built, rebind, err := g.build(f.Store, same, rt.redis, opts.Rand)
+		bg, err := rt.build(g, prev, opts)
 		if err != nil {
-			return nil, &Error{File: f.Path, Line: g.Line, Field: fmt.Sprintf("gates[%d]", i), Msg: err.Error()}
+			c := &checker{file: f, g: g, path: fmt.Sprintf("gates[%d]", i)}
+			c.fail(err)
+			return nil, c.errs
 		}
-		if len(g.Classes) > 0 {
-			built = gate.ForClasses(built, g.Classes)
-		}
-		rt.gates[g.Name] = builtGate{fp: fp, sk: g.stateKey(f.Store), g: built, rebind: rebind}
-		gates = append(gates, built)
-		modes[g.Name], _ = sluice.ParseMode(g.Mode)
+		rt.gates[g.Name] = bg
+		gates = append(gates, bg.g)
+		modes[g.Name] = g.Mode
 	}
 	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: opts.Clock, Observer: opts.Observer, Modes: modes}, gates...)
 	if err != nil {
-		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error()}
+		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error(), Err: err}
 	}
 	rt.Chain = chain
 	rt.Rules = f.rules()
 	return rt, nil
 }
 
-// build makes the gate, over prev's state when prev is given (memory), or
-// on Redis when rc is given.
-func (g *Gate) build(st Store, prev *builtGate, rc *redisConn, rnd func() float64) (sluice.Gate, func(any) store.Limiter, error) {
-	if protectionKinds[g.Kind] {
-		return g.buildProtection(st, prev, rc, rnd)
+// openStore dials Redis, or keeps prev's connection when its settings are
+// the same.
+func (rt *Runtime) openStore(prev *Runtime) error {
+	s := rt.File.Store
+	if s.Backend != BackendRedis {
+		return nil
 	}
-	alg, err := g.algorithm()
+	cfg := fmt.Sprint(s.Addrs, s.Timeout, s.ProbeEvery)
+	if prev != nil && prev.redis != nil && prev.redis.cfg == cfg {
+		rt.redis = prev.redis
+		return nil
+	}
+	st, err := sredis.New(sredis.Options{Addrs: s.Addrs, Timeout: s.Timeout, ProbeEvery: s.ProbeEvery, Prefix: "sluice:" + rt.File.Service})
 	if err != nil {
-		return nil, nil, err
+		return &Error{File: rt.File.Path, Line: s.Line, Field: "store", Msg: err.Error(), Err: err}
 	}
-	scope, _ := sluice.ParseScope(g.Scope)
-	opts := gate.Options{Scope: scope, NoRefund: g.NoRefund, OnFailure: g.failure(), RetryHint: g.RetryHint}
-	var lim store.Limiter
-	var rebind func(any) store.Limiter
-	switch {
-	case rc != nil:
-		if lim, err = g.redisLimiter(rc.st, alg); err != nil {
-			return nil, nil, err
-		}
-		if opts.OnFailure == gate.LocalFallback {
-			fb, err := g.fallback(alg, st)
-			if err != nil {
-				return nil, nil, err
-			}
-			opts.Fallback, _ = newKeyed(fb, memory.Options{MaxKeys: st.MaxKeys})
-		}
-	case prev != nil && prev.rebind != nil:
-		lim, rebind = prev.rebind(alg), prev.rebind
-	default:
-		lim, rebind = newKeyed(alg, memory.Options{MaxKeys: st.MaxKeys})
+	rt.redis = &redisConn{st: st, cfg: cfg}
+	if prev != nil && prev.redis != nil {
+		old := prev.redis.st
+		time.AfterFunc(2*time.Minute, old.Close) // let requests in flight release first
 	}
-	var gt sluice.Gate
-	switch alg.(type) {
-	case *limit.LeakyBucket:
-		gt, err = gate.NewPacer(g.Name, lim, opts)
-	case *limit.Concurrency:
-		if g.Weighted {
-			gt, err = gate.NewWeightedConcurrency(g.Name, lim, opts)
-		} else {
-			gt, err = gate.NewConcurrency(g.Name, lim, opts)
-		}
-	default:
-		gt, err = gate.NewRate(g.Name, lim, opts)
-	}
-	return gt, rebind, err
+	return nil
 }
 
-// redisLimiter returns the Redis limiter running alg.
-func (g *Gate) redisLimiter(st *sredis.Store, alg any) (store.Limiter, error) {
-	switch a := alg.(type) {
-	case *limit.TokenBucket:
-		return st.TokenBucket(g.Name, a)
-	case *limit.GCRA:
-		return st.GCRA(g.Name, a)
-	case *limit.FixedWindow:
-		return st.FixedWindow(g.Name, a)
-	case *limit.SlidingWindow:
-		return st.SlidingWindow(g.Name, a)
-	case *limit.SlidingLog:
-		return st.SlidingLog(g.Name, a)
-	case *limit.LeakyBucket:
-		return st.LeakyBucket(g.Name, a)
-	case *limit.Concurrency:
-		ttl := g.TTL
-		if ttl == 0 {
-			ttl = time.Minute
+// build returns g built, or prev's gate when nothing changed.
+func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error) {
+	fp, sk := g.fingerprint(rt.File.Store), g.stateKey(rt.File.Store)
+	var old *builtGate
+	if prev != nil {
+		if o, ok := prev.gates[g.Name]; ok {
+			old = &o
 		}
-		return st.Concurrency(g.Name, a, ttl)
 	}
-	return nil, fmt.Errorf("kind %s has no Redis script", g.Kind)
+	if old != nil && old.fp == fp {
+		return *old, nil
+	}
+	b := &builder{g: g, store: rt.File.Store, opts: opts}
+	if rt.redis != nil {
+		b.redis = rt.redis.st
+	}
+	if old != nil && old.sk == sk {
+		b.prev = old.state
+	}
+	built, err := g.params.build(b)
+	if err != nil {
+		return builtGate{}, err
+	}
+	if len(g.Classes) > 0 {
+		built = gate.ForClasses(built, g.Classes)
+	}
+	return builtGate{fp: fp, sk: sk, g: built, state: b.state}, nil
 }
 
-// fallback returns alg scaled to one replica's share (limit ÷ replicas, at
-// least 1): the conservative in-process budget local_fallback decides on
-// while Redis is unreachable.
-func (g *Gate) fallback(alg any, st Store) (any, error) {
-	n := max(st.Replicas, 1)
-	share := func(v int64) int64 { return max(v/n, 1) }
-	switch a := alg.(type) {
-	case *limit.TokenBucket:
-		r, err := limit.NewRate(a.Rate().Tokens(), a.Rate().Per()*time.Duration(n))
-		if err != nil {
-			return nil, err
-		}
-		return limit.NewTokenBucket(r, share(a.Limit()))
-	case *limit.GCRA:
-		r, err := limit.NewRate(a.Rate().Tokens(), a.Rate().Per()*time.Duration(n))
-		if err != nil {
-			return nil, err
-		}
-		return limit.NewGCRA(r, share(a.Limit()))
-	case *limit.FixedWindow:
-		return limit.NewFixedWindow(share(a.Limit()), a.Window())
-	case *limit.SlidingWindow:
-		return limit.NewSlidingWindow(share(a.Limit()), a.Window())
-	case *limit.SlidingLog:
-		return limit.NewSlidingLog(share(a.Limit()), a.Window())
-	case *limit.LeakyBucket:
-		r, err := limit.NewRate(a.Rate().Tokens(), a.Rate().Per()*time.Duration(n))
-		if err != nil {
-			return nil, err
-		}
-		return limit.NewLeakyBucket(r, a.Queue()/n)
-	case *limit.Concurrency:
-		return limit.NewConcurrency(share(a.Limit()))
-	}
-	return nil, fmt.Errorf("kind %s has no local fallback", g.Kind)
+// fingerprint identifies the gate's whole configuration: a reload reuses a
+// gate whose fingerprint did not change as it is. The mode is not part of
+// it (modes switch without a new gate).
+func (g *Gate) fingerprint(st Store) string {
+	return fmt.Sprintf("%s|%s|%v|%v|%v|%v|%+v|%d|%s", g.Name, g.Kind, g.Scope, g.OnFailure, g.RetryHint, g.Classes, g.params, st.MaxKeys, st.Backend)
 }
 
-// newKeyed returns an in-memory keyed limiter for alg and a function that
-// builds another limiter of the same kind over the same state.
-func newKeyed(alg any, mopts memory.Options) (store.Limiter, func(any) store.Limiter) {
-	switch a := alg.(type) {
-	case *limit.TokenBucket:
-		return keyed(a, mopts)
-	case *limit.GCRA:
-		return keyed(a, mopts)
-	case *limit.FixedWindow:
-		return keyed(a, mopts)
-	case *limit.SlidingWindow:
-		return keyed(a, mopts)
-	case *limit.SlidingLog:
-		return keyed(a, mopts)
-	case *limit.LeakyBucket:
-		return keyed(a, mopts)
-	case *limit.Concurrency:
-		return keyed(a, mopts)
-	}
-	panic(fmt.Sprintf("policy: no store for %T", alg))
-}
-
-func keyed[S any, A limit.Algorithm[S]](alg A, mopts memory.Options) (store.Limiter, func(any) store.Limiter) {
-	k := memory.NewKeyed(alg, mopts)
-	var rebind func(any) store.Limiter
-	rebind = func(next any) store.Limiter { return k.WithAlgorithm(next.(A)) }
-	return k, rebind
+// stateKey identifies what the gate's stored state means. A reload that
+// changes a gate but not its stateKey (a new limit, burst or queue, a new
+// retry hint or failure policy) builds the new gate over the old state: in
+// flight counts and bucket levels carry over, so a reload never opens a
+// fresh budget. What else is part of it is the kind's to say.
+func (g *Gate) stateKey(st Store) string {
+	return fmt.Sprintf("%s|%s|%v|%d|%s|%s", g.Name, g.Kind, g.Scope, st.MaxKeys, st.Backend, g.params.stateKey())
 }
 
 // rules returns the file's identification rules.
@@ -319,101 +208,12 @@ func (f *File) rules() identify.Rules {
 	return r
 }
 
-// Classes returns the classes the routes name, in first-seen order, with
-// the default class last if some request can fall through to it.
-func (f *File) Classes() []string {
-	var cs []string
-	seen := map[string]bool{}
-	for _, r := range f.Routes {
-		c := r.Class
-		if c == "" {
-			c = sluice.ClassDefault
-		}
-		if !seen[c] {
-			seen[c] = true
-			cs = append(cs, c)
-		}
+// sortedKeys returns the keys of m in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	if !seen[sluice.ClassDefault] {
-		cs = append(cs, sluice.ClassDefault)
-	}
-	return cs
-}
-
-// entitlement reports whether a gate's rejections answer 429.
-func (g *Gate) entitlement() bool {
-	switch {
-	case protectionKinds[g.Kind]:
-		return false
-	case g.Kind == KindConcurrency || g.Kind == KindLeakyBucket:
-		return g.Scope == "tenant" || g.Scope == "tenant_operation"
-	}
-	return true
-}
-
-func (g *Gate) describe() string {
-	var b strings.Builder
-	switch g.Kind {
-	case KindTokenBucket:
-		fmt.Fprintf(&b, "token bucket %s, burst %d", g.RateText, g.Burst)
-	case KindGCRA:
-		fmt.Fprintf(&b, "GCRA %s, burst %d", g.RateText, g.Burst)
-	case KindFixedWindow:
-		fmt.Fprintf(&b, "fixed window %d per %v", g.Limit, g.Window)
-	case KindSlidingWindow:
-		fmt.Fprintf(&b, "sliding window counter %d per %v (bound < 2x in the worst case)", g.Limit, g.Window)
-	case KindSlidingLog:
-		fmt.Fprintf(&b, "sliding log %d per %v (exact)", g.Limit, g.Window)
-	case KindLeakyBucket:
-		fmt.Fprintf(&b, "paced queue at %s, queue %d", g.RateText, g.Queue)
-	case KindConcurrency:
-		fmt.Fprintf(&b, "at most %d in flight", g.Limit)
-		if g.Weighted {
-			b.WriteString(" (weighted by cost)")
-		}
-	case KindFleetUsage:
-		n, _ := gate.FleetUsageLimit(g.Limit, g.Reserve)
-		fmt.Fprintf(&b, "fleet usage: %d slots, non-reserved classes hold at most %d (reserved: %s); 503 overload", g.Limit, n, reserveText(g.Reserve))
-		return b.String()
-	case KindUtilization:
-		c := g.controllerConfig()
-		src := fmt.Sprintf("in flight ÷ %d workers", g.Workers)
-		if g.Source == "cpu" {
-			src = "process CPU"
-		}
-		fmt.Fprintf(&b, "utilization shedder on %s: good %v, bad %v, delay %v, everything shed %v after the first shed at full pressure; tiers shed in order %s; 503 overload",
-			src, or(c.Good, 0.7), or(c.Bad, 0.8), durOr(c.Delay, 28*time.Second), durOr(c.ShedAllAfter, 120*time.Second), strings.Join(g.Tiers, " -> "))
-		return b.String()
-	case KindLadder:
-		fmt.Fprintf(&b, "degradation ladder on demand ÷ %d workers (see STATE MACHINE)", g.Workers)
-		return b.String()
-	}
-	fmt.Fprintf(&b, " per %s", g.Scope)
-	if len(g.Classes) > 0 {
-		fmt.Fprintf(&b, ", for class %s only", strings.Join(g.Classes, ", "))
-	}
-	return b.String()
-}
-
-func reserveText(r map[string]float64) string {
-	var parts []string
-	for c, v := range r {
-		parts = append(parts, fmt.Sprintf("%s %.0f%%", c, 100*v))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, ", ")
-}
-
-func or(v, d float64) float64 {
-	if v == 0 {
-		return d
-	}
-	return v
-}
-
-func durOr(v, d time.Duration) time.Duration {
-	if v == 0 {
-		return d
-	}
-	return v
+	slices.Sort(keys)
+	return keys
 }

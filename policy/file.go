@@ -3,17 +3,29 @@ package policy
 import (
 	"time"
 
-	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 )
 
-// File is a parsed policy file. Every field keeps the line it came from, so
+// Error is one problem in a policy file, at a line, in a field. When the
+// problem was found by another package (an algorithm's parameters, the
+// Redis store), Err holds that package's error: errors.Is and errors.As
+// see it.
+type Error = yamlfile.Error
+
+// Errors is every problem found in a file, in file order. errors.Is and
+// errors.As look into each one.
+type Errors = yamlfile.Errors
+
+// File is a parsed policy file. Every part keeps the line it came from, so
 // errors found after parsing still point at the file.
 type File struct {
 	// Path is where the file was read from (for messages).
 	Path string
 	// Version is the schema version; only 1 exists.
 	Version int
-	// Service names the protected service.
+	// Service names the protected service (metrics, Redis keys).
 	Service string
 	// Spec holds the free-text parts of the admission policy spec.
 	Spec Spec
@@ -35,26 +47,27 @@ type Spec struct {
 	Owner     string // policy review owner
 }
 
+// Store backends.
+const (
+	BackendMemory = "memory"
+	BackendRedis  = "redis"
+)
+
 // Store selects the state backend.
 type Store struct {
-	Backend    string        // "memory" (default) or "redis"
-	Addrs      []string      // redis addresses
-	Cluster    bool          // redis cluster
-	Timeout    time.Duration // per-call timeout
-	OnFailure  string        // default failure policy of gates
-	MaxKeys    int           // memory: key cap per gate
-	Replicas   int64         // redis: expected fleet size; local_fallback gives each replica limit/replicas
-	ProbeEvery time.Duration // redis: breaker probe interval
+	Backend    string             // BackendMemory (default) or BackendRedis
+	Addrs      []string           // redis: addresses of a server or of cluster nodes
+	Timeout    time.Duration      // redis: per-call timeout (0: the store's default)
+	OnFailure  gate.FailurePolicy // default failure policy of the gates
+	MaxKeys    int                // memory: key cap per gate (0: the store's default)
+	Replicas   int64              // redis: expected fleet size; local_fallback gives each replica limit ÷ replicas
+	ProbeEvery time.Duration      // redis: breaker probe interval (0: the store's default)
 	Line       int
+	// onFailureSet records whether the file wrote on_failure.
+	onFailureSet bool
 }
 
-// redisKinds are the gate kinds with a Redis script (all of them).
-var redisKinds = map[string]bool{KindTokenBucket: true, KindGCRA: true, KindFixedWindow: true, KindConcurrency: true,
-	KindSlidingWindow: true, KindSlidingLog: true, KindLeakyBucket: true, KindFleetUsage: true,
-	// Utilization and the ladder measure this process; they keep no shared state.
-	KindUtilization: true, KindLadder: true}
-
-// Identity says where tenant and deadline come from.
+// Identity says where tenant, deadline and request id come from.
 type Identity struct {
 	TenantHeader    string
 	TenantRequired  bool
@@ -80,89 +93,67 @@ type Cost struct {
 	Min, Max int64
 }
 
-// Gate is one gate of the chain, as written.
+// Gate is one gate of the chain, as written. The settings common to every
+// kind are parsed into their typed values here; the kind's own settings
+// live with its kind (see the package documentation).
 type Gate struct {
-	Name      string
-	Kind      string
-	Scope     string
-	Mode      string
-	OnFailure string
-	Rate      limit.Rate
-	RateText  string
-	Burst     int64
-	Limit     int64
-	Window    time.Duration
-	Queue     int64
-	TTL       time.Duration
+	// Name is the gate's unique name.
+	Name string
+	// Kind names the gate's kind, e.g. "token_bucket".
+	Kind string
+	// Scope is what the gate counts over (the kind's default when the
+	// file names none).
+	Scope sluice.Scope
+	// Mode is the gate's initial mode.
+	Mode sluice.Mode
+	// OnFailure is what the gate does when its store fails (the store's
+	// default when the file names none; fail_open on the memory store).
+	OnFailure gate.FailurePolicy
+	// RetryHint is the retry-after of rejections without an exact wait
+	// (0: the gate's default).
 	RetryHint time.Duration
-	NoRefund  bool
-	Weighted  bool
-	Classes   []string // applies only to these classes; empty: all
-
-	// Protection gates (fleet_usage, utilization, ladder).
-	Reserve                   map[string]float64 // fleet_usage: share per reserved class
-	Good, Bad                 float64            // utilization thresholds
-	Delay                     time.Duration      // utilization: pressure before the first shed
-	ShedAllAfter              time.Duration      // utilization: full pressure to full shed
-	Tiers                     []string           // utilization: classes, first shed first
-	Workers                   int64              // utilization, ladder: capacity in concurrent requests
-	SampleEvery               time.Duration      // utilization, ladder
-	CostAware                 bool               // utilization
-	Source                    string             // utilization: "workers" (own accounting) or "cpu"
-	DegradeEnter, DegradeExit float64            // ladder
-	ShedEnter, ShedExit       float64            // ladder
-	MinDwell                  time.Duration      // ladder
-	StepEvery                 time.Duration      // ladder
-	RecoverSteps              []float64          // ladder
-	Protected                 []string           // ladder: classes never shed
-
+	// Classes limits the gate to requests of these classes; empty: all.
+	Classes []string
+	// Line is the line of the gate in its file.
 	Line int
-	// fields holds the names of the fields written, for the per-kind check.
-	fields map[string]int
+
+	kind   *kind
+	params params
+	lines  map[string]int // line of each field written, by key
 }
 
-// Gate kinds this version knows.
-const (
-	KindTokenBucket   = "token_bucket"
-	KindGCRA          = "gcra"
-	KindFixedWindow   = "fixed_window"
-	KindSlidingWindow = "sliding_window"
-	KindSlidingLog    = "sliding_log"
-	KindLeakyBucket   = "leaky_bucket"
-	KindConcurrency   = "concurrency"
-	KindFleetUsage    = "fleet_usage"
-	KindUtilization   = "utilization"
-	KindLadder        = "ladder"
-)
-
-// FieldLine returns the line of the gate's field name in its file, or the
+// FieldLine returns the line of the gate's field key in its file, or the
 // gate's own line when the field is not written.
-func (g *Gate) FieldLine(name string) int {
-	if l, ok := g.fields[name]; ok && l > 0 {
+func (g *Gate) FieldLine(key string) int {
+	if l, ok := g.lines[key]; ok && l > 0 {
 		return l
 	}
 	return g.Line
 }
 
-// kindFields lists, per kind, the fields that apply and those required.
-var kindFields = map[string]struct{ allowed, required []string }{
-	KindTokenBucket:   {[]string{"rate", "burst", "refund"}, []string{"rate", "burst"}},
-	KindGCRA:          {[]string{"rate", "burst", "refund"}, []string{"rate", "burst"}},
-	KindFixedWindow:   {[]string{"limit", "window", "refund"}, []string{"limit", "window"}},
-	KindSlidingWindow: {[]string{"limit", "window", "refund"}, []string{"limit", "window"}},
-	KindSlidingLog:    {[]string{"limit", "window", "refund"}, []string{"limit", "window"}},
-	KindLeakyBucket:   {[]string{"rate", "queue"}, []string{"rate", "queue"}},
-	KindConcurrency:   {[]string{"limit", "ttl", "weighted"}, []string{"limit"}},
-	KindFleetUsage:    {[]string{"limit", "reserve", "ttl"}, []string{"limit", "reserve"}},
-	KindUtilization: {[]string{"good", "bad", "delay", "shed_all_after", "tiers", "workers", "sample_every", "cost_aware", "source"},
-		[]string{"tiers"}},
-	KindLadder: {[]string{"degrade", "shed", "min_dwell", "recover", "step_every", "sample_every", "protected", "workers"},
-		[]string{"workers"}},
+// written reports whether the file wrote the gate's field key.
+func (g *Gate) written(key string) bool {
+	_, ok := g.lines[key]
+	return ok
 }
 
-// protectionKinds are per-process or fleet protection gates: they answer
-// 503 and take no rate.
-var protectionKinds = map[string]bool{KindFleetUsage: true, KindUtilization: true, KindLadder: true}
-
-// commonGateFields apply to every kind.
-var commonGateFields = []string{"name", "kind", "scope", "mode", "on_failure", "retry_hint", "classes"}
+// Classes returns the classes the routes name, in first-seen order, with
+// the default class last if some request can fall through to it.
+func (f *File) Classes() []string {
+	var cs []string
+	seen := map[string]bool{}
+	for _, r := range f.Routes {
+		c := r.Class
+		if c == "" {
+			c = sluice.ClassDefault
+		}
+		if !seen[c] {
+			seen[c] = true
+			cs = append(cs, c)
+		}
+	}
+	if !seen[sluice.ClassDefault] {
+		cs = append(cs, sluice.ClassDefault)
+	}
+	return cs
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/store"
 )
 
 const good = `version: 1
@@ -69,19 +70,24 @@ func TestBrokenPolicies(t *testing.T) {
 		{"wrong version", "version: 2\ngates: []\n", 1, "version", "out of range [1, 1]"},
 		{"route path", "version: 1\nroutes:\n  - {match: {path: v1/x}}\ngates: []\n", 3, "routes[0].match.path", "must start with /"},
 		{"cost bounds", "version: 1\nroutes:\n  - {match: {path: /x}, cost: {header: X-N, min: 9, max: 2}}\ngates: []\n", 3, "routes[0].cost", "min 9 is above max 2"},
-		{"huge burst for rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 3, "gates[0]", "too large for rate"},
+		{"huge burst for rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 3, "gates[0].burst", "too large for rate"},
 		{"empty name", "version: 1\ngates:\n  - {name: \"\", kind: concurrency, limit: 1}\n", 3, "gates[0].name", "gate names use"},
 		{"empty kind", "version: 1\ngates:\n  - {name: a, kind: \"\", limit: 1}\n", 3, "gates[0].kind", `unknown kind ""`},
 		{"two documents", "version: 1\ngates: []\n---\nversion: 1\n", 3, "(file)", "more than one YAML document"},
 		{"class no route assigns", "version: 1\nroutes:\n  - {match: {path: /x}, class: critical}\ngates:\n  - {name: a, kind: concurrency, limit: 1, classes: [critcal]}\n", 5, "gates[0].classes[0]", `no route assigns class "critcal"`},
-		{"window too long", "version: 1\ngates:\n  - {name: a, kind: fixed_window, limit: 1, window: 1500000h}\n", 3, "gates[0]", "366 days"},
+		{"window too long", "version: 1\ngates:\n  - {name: a, kind: fixed_window, limit: 1, window: 1500000h}\n", 3, "gates[0].window", "366 days"},
 		{"utilization good above bad", "version: 1\ngates:\n  - name: u\n    kind: utilization\n    workers: 4\n    good: 0.9\n    bad: 0.8\n    tiers: [default]\n", 6, "gates[0].good", "good 0.9 must be below bad 0.8"},
 		{"utilization negative delay", "version: 1\ngates:\n  - {name: u, kind: utilization, workers: 4, delay: -5s, tiers: [default]}\n", 3, "gates[0].delay", "must be at least 0s"},
-		{"utilization unknown tier", "version: 1\nroutes:\n  - {match: {path: /a}, class: sandbox}\ngates:\n  - {name: u, kind: utilization, workers: 4, tiers: [sandbox, sheddabel, default]}\n", 5, "gates[0].tiers", `unknown tier or class "sheddabel"`},
+		{"utilization unknown tier", "version: 1\nroutes:\n  - {match: {path: /a}, class: sandbox}\ngates:\n  - {name: u, kind: utilization, workers: 4, tiers: [sandbox, sheddabel, default]}\n", 5, "gates[0].tiers[1]", `unknown tier or class "sheddabel"`},
 		{"fleet usage reserves everything", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical}\ngates:\n  - {name: f, kind: fleet_usage, limit: 10, reserve: {critical: 100%}}\n", 5, "gates[0].reserve", "want a share in (0, 1)"},
 		{"ladder without hysteresis", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, degrade: {enter: 0.7, exit: 0.8}}\n", 3, "gates[0].degrade", "must be below degrade enter"},
 		{"ladder scope", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, scope: tenant}\n", 3, "gates[0].scope", "does not apply to kind ladder"},
 		{"tab indentation", "version: 1\ngates:\n\t- {name: a, kind: concurrency, limit: 1}\n", 3, "(yaml)", "a tab in the indentation"},
+		{"ladder shed without hysteresis", "version: 1\ngates:\n  - name: l\n    kind: ladder\n    workers: 4\n    shed: {enter: 0.9, exit: 0.95}\n", 6, "gates[0].shed", "shed exit 0.95 must be below shed enter 0.9"},
+		{"ladder recover steps", "version: 1\ngates:\n  - name: l\n    kind: ladder\n    workers: 4\n    recover: [50%, 25%]\n", 6, "gates[0].recover", "must increase"},
+		{"utilization bad above 1", "version: 1\ngates:\n  - name: u\n    kind: utilization\n    workers: 4\n    bad: 1.5\n    tiers: [default]\n", 6, "gates[0].bad", "bad 1.5"},
+		{"redis burst beyond doubles", "version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - name: a\n    kind: token_bucket\n    rate: 1/s\n    burst: 10000000\n", 7, "gates[0].burst", "exceeds 2^53"},
+		{"on_failure of a process gate", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, on_failure: fail_closed}\n", 3, "gates[0].on_failure", "does not apply to kind ladder"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -246,5 +252,23 @@ func TestReloadCarriesStateAcrossLimitChanges(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("after the reload the bucket admitted %d, want the 3 it had left", n)
+	}
+}
+
+// Validation never dials: a Redis policy parses with no Redis anywhere,
+// and only Build, which dials, fails, with an error on store that keeps
+// the store's cause.
+func TestValidationNeverDialsAndBuildKeepsTheCause(t *testing.T) {
+	f, err := Parse("r.yaml", []byte("version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"], timeout: 20ms}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Validate(f); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Build(f, nil, Options{})
+	var pe *Error
+	if !errors.Is(err, store.ErrUnavailable) || !errors.As(err, &pe) || pe.Field != "store" || pe.Line != 2 {
+		t.Fatalf("%v", err)
 	}
 }

@@ -3,15 +3,16 @@ package policy
 import (
 	"fmt"
 	"strings"
-	"time"
 
-	"github.com/sluice-go/sluice/shed"
+	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/store/memory"
+	sredis "github.com/sluice-go/sluice/store/redis"
 	"github.com/sluice-go/sluice/wire"
 )
 
-// SpecText renders the filled-in admission policy spec: the review
-// artifact of the admission-control chapter in seeds/000, with every part
-// the file determines filled from the file and the prose parts taken from
+// SpecText renders the filled-in admission policy spec, the review artifact
+// of an admission policy: every part the file determines is filled from
+// the file, each gate described by its kind, and the prose parts come from
 // its spec section.
 func (f *File) SpecText() string {
 	var b strings.Builder
@@ -77,8 +78,8 @@ func (f *File) SpecText() string {
 	line("Demand unit and pre-admission estimator", "%s", strings.Join(costs, "; "))
 	var bursts []string
 	for _, g := range f.Gates {
-		if g.Burst > 0 {
-			bursts = append(bursts, fmt.Sprintf("%s allows bursts of %d per %s", g.Name, g.Burst, g.Scope))
+		if b, ok := g.params.(burster); ok {
+			bursts = append(bursts, fmt.Sprintf("%s allows bursts of %d per %s", g.Name, b.bursts(), g.Scope))
 		}
 	}
 	if len(bursts) == 0 {
@@ -88,7 +89,7 @@ func (f *File) SpecText() string {
 	if f.Identity.DeadlineHeader != "" {
 		max := f.Identity.MaxDeadline
 		if max == 0 {
-			max = 5 * time.Minute
+			max = identify.DefaultMaxDeadline
 		}
 		def := "none"
 		if f.Identity.DefaultDeadline > 0 {
@@ -102,48 +103,43 @@ func (f *File) SpecText() string {
 	b.WriteString("\nHIERARCHY\n")
 	line("Global / region / worker budgets", "%s", storeText(f.Store))
 	reservations := "none configured"
-	for _, g := range f.Gates {
-		if g.Kind == KindFleetUsage {
-			reservations = fmt.Sprintf("%s reserves %s of %d fleet slots: other classes never hold more than the rest; no borrowing", g.Name, reserveText(g.Reserve), g.Limit)
+	for i := range f.Gates {
+		if r, ok := f.Gates[i].params.(reserver); ok {
+			reservations = r.reservation(&f.Gates[i])
 		}
 	}
 	line("Reservations, weights, borrow rules, and revocation time", "%s", reservations)
 	b.WriteString("  Rate, burst, concurrency, queue, and cost bounds:\n")
-	for _, g := range f.Gates {
-		fmt.Fprintf(&b, "    - %s: %s [%s]\n", g.Name, g.describe(), g.Mode)
+	for i := range f.Gates {
+		g := &f.Gates[i]
+		fmt.Fprintf(&b, "    - %s: %s [%s]\n", g.Name, g.params.describe(g), g.Mode)
 	}
-	if f.Store.Backend == "redis" {
+	if f.Store.Backend == BackendRedis {
 		line("Maximum distributed overshoot or unused lease", "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing")
 	} else {
 		line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
 	}
 
 	b.WriteString("\nSTATE MACHINE\n")
-	ladder := -1
-	for i, g := range f.Gates {
-		if g.Kind == KindLadder {
-			ladder = i
+	var states [][2]string
+	for _, g := range f.Gates {
+		if m, ok := g.params.(stateMachiner); ok {
+			states = m.stateMachine()
 		}
 	}
-	if ladder < 0 {
+	if states == nil {
 		line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
-	} else {
-		g := f.Gates[ladder]
-		lc := shed.LadderDefaults(g.ladderConfig())
-		line("NORMAL entry/exit and full behavior", "entered when demand (offered work ÷ %d workers) falls below %v in DEGRADE for %v, or after the last recovery step; admits everything", g.Workers, lc.DegradeExit, lc.MinDwell)
-		line("DEGRADE entry/exit and quality contract", "demand at or above %v; left below %v after %v; admits everything with level degrade in the request context and a Sluice-Level header, so handlers serve the cheaper result", lc.DegradeEnter, lc.DegradeExit, lc.MinDwell)
-		line("SHED entry/exit and surviving classes", "demand at or above %v from any state, at once; left below %v after %v; only %s are admitted, others get 503 overload", lc.ShedEnter, lc.ShedExit, lc.MinDwell, strings.Join(lc.Protected, ", "))
-		steps := make([]string, len(lc.RecoverSteps))
-		for i, s := range lc.RecoverSteps {
-			steps[i] = fmt.Sprintf("%.0f%%", 100*s)
-		}
-		line("RECOVER ramp, warm-up, and backlog gates", "admits %s of non-protected load, one step every %v, then NORMAL; back to DEGRADE or SHED if demand rises again", strings.Join(steps, ", "), lc.StepEvery)
+	}
+	for _, st := range states {
+		line(st[0], "%s", st[1])
 	}
 
 	b.WriteString("\nFAILURE AND CLIENT CONTRACT\n")
 	var failures []string
 	for _, g := range f.Gates {
-		failures = append(failures, fmt.Sprintf("%s %s", g.Name, g.failure()))
+		if g.kind.stored {
+			failures = append(failures, fmt.Sprintf("%s %s", g.Name, g.OnFailure))
+		}
 	}
 	line("Limiter unavailable/stale/partitioned behavior", "%s; per gate: %s", storeFailure(f.Store), strings.Join(failures, ", "))
 	var e429, e503 []string
@@ -176,8 +172,8 @@ func listOrNone(s []string) string {
 }
 
 func storeText(s Store) string {
-	if s.Backend == "memory" {
-		keys := "default cap 1,048,576 keys (about 128 MB) per gate"
+	if s.Backend != BackendRedis {
+		keys := fmt.Sprintf("default cap %d keys (about %d MB) per gate", memory.DefaultMaxKeys, memory.DefaultMaxKeys*128>>20)
 		if s.MaxKeys > 0 {
 			keys = fmt.Sprintf("cap %d keys per gate", s.MaxKeys)
 		}
@@ -187,12 +183,35 @@ func storeText(s Store) string {
 }
 
 func storeFailure(s Store) string {
-	if s.Backend == "memory" {
+	if s.Backend != BackendRedis {
 		return "the memory store is part of the process and cannot be unreachable"
 	}
 	t := s.Timeout
 	if t == 0 {
-		t = 5 * time.Millisecond
+		t = sredis.DefaultTimeout
 	}
 	return fmt.Sprintf("each Redis call times out after %v; after a failure a breaker answers at once from the failure policy and probes Redis once per interval", t)
+}
+
+// Optional parts of a kind's settings that the spec reads.
+type (
+	// burster is a kind that allows bursts.
+	burster interface{ bursts() int64 }
+	// reserver is a kind that reserves capacity for classes.
+	reserver interface{ reservation(g *Gate) string }
+	// stateMachiner is a kind that moves the service through the
+	// degradation states.
+	stateMachiner interface{ stateMachine() [][2]string }
+)
+
+// scoped ends a rate or concurrency limit's description: its scope and
+// the classes it applies to.
+func scoped(g *Gate) string { return " per " + g.Scope.String() + classesOnly(g) }
+
+// classesOnly names the classes a gate applies to, if it is limited.
+func classesOnly(g *Gate) string {
+	if len(g.Classes) == 0 {
+		return ""
+	}
+	return ", for class " + strings.Join(g.Classes, ", ") + " only"
 }

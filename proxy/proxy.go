@@ -221,7 +221,7 @@ func (s *Server) Reload() (bool, error) {
 // into the new chain when the file did not change that gate's mode: an
 // operator's kill switch must survive an unrelated edit.
 func (s *Server) keepModeOverrides(rt *policy.Runtime) {
-	declared := map[string]string{}
+	declared := map[string]sluice.Mode{}
 	for _, g := range s.rt.File.Gates {
 		declared[g.Name] = g.Mode
 	}
@@ -229,11 +229,11 @@ func (s *Server) keepModeOverrides(rt *policy.Runtime) {
 	for _, g := range rt.File.Gates {
 		was, ok := declared[g.Name]
 		cur, live := old.Mode(g.Name)
-		if !ok || !live || was != g.Mode || cur.String() == g.Mode {
+		if !ok || !live || was != g.Mode || cur == g.Mode {
 			continue
 		}
 		rt.Chain.SetMode(g.Name, cur)
-		s.log.Warn("run-time mode override kept across reload", "gate", g.Name, "mode", cur.String(), "file_mode", g.Mode)
+		s.log.Warn("run-time mode override kept across reload", "gate", g.Name, "mode", cur.String(), "file_mode", g.Mode.String())
 	}
 }
 

@@ -1,12 +1,11 @@
 package shed
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 // ControllerConfig configures a utilization Controller. The defaults are
@@ -40,18 +39,27 @@ func (c *ControllerConfig) defaults() {
 	}
 }
 
-// Validate reports a configuration that cannot work.
+// WithDefaults returns c with the defaults of the zero fields filled in.
+func (c ControllerConfig) WithDefaults() ControllerConfig {
+	c.defaults()
+	return c
+}
+
+// Validate reports a configuration that cannot work; the error names the
+// field at fault.
 func (c ControllerConfig) Validate() error {
 	c.defaults()
 	switch {
-	case math.IsNaN(c.Good) || math.IsNaN(c.Bad) || c.Good <= 0 || c.Bad >= 1:
-		return fmt.Errorf("good %v and bad %v must satisfy 0 < good < bad < 1", c.Good, c.Bad)
+	case !(c.Good > 0 && c.Good < 1):
+		return param.Errorf("Good", "controller: good %v, want a utilization in (0, 1)", c.Good)
+	case !(c.Bad > 0 && c.Bad < 1):
+		return param.Errorf("Bad", "controller: bad %v, want a utilization in (0, 1)", c.Bad)
 	case c.Good >= c.Bad:
-		return fmt.Errorf("good %v must be below bad %v (the dead zone lies between them)", c.Good, c.Bad)
+		return param.Errorf("Good", "controller: good %v must be below bad %v (the dead zone lies between them)", c.Good, c.Bad)
 	case c.Delay < 0:
-		return errors.New("delay must not be negative")
+		return param.Errorf("Delay", "controller: delay %v must not be negative", c.Delay)
 	case c.ShedAllAfter <= 0:
-		return errors.New("shed_all_after must be positive")
+		return param.Errorf("ShedAllAfter", "controller: shed-all-after %v must be positive", c.ShedAllAfter)
 	}
 	return nil
 }

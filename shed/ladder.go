@@ -3,7 +3,6 @@ package shed
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 // LadderConfig configures a degradation Ladder. Thresholds compare with
@@ -78,34 +78,41 @@ func (c *LadderConfig) defaults() {
 	}
 }
 
-// LadderDefaults returns c with the defaults filled in.
-func LadderDefaults(c LadderConfig) LadderConfig {
+// WithDefaults returns c with the defaults of the zero fields filled in.
+func (c LadderConfig) WithDefaults() LadderConfig {
 	c.defaults()
 	return c
 }
 
-// Validate reports a configuration that cannot work.
+// Validate reports a configuration that cannot work; the error names the
+// field at fault.
 func (c LadderConfig) Validate() error {
 	c.defaults()
 	switch {
 	case c.Workers < 1:
-		return errors.New("ladder: workers must be ≥ 1")
-	case !(0 < c.DegradeExit && c.DegradeExit < c.DegradeEnter):
-		return fmt.Errorf("ladder: degrade exit %v must be below degrade enter %v (hysteresis)", c.DegradeExit, c.DegradeEnter)
+		return param.Errorf("Workers", "ladder: workers %d, want ≥ 1", c.Workers)
+	case !(c.DegradeExit > 0):
+		return param.Errorf("DegradeExit", "ladder: degrade exit %v, want > 0", c.DegradeExit)
+	case !(c.DegradeExit < c.DegradeEnter):
+		return param.Errorf("DegradeExit", "ladder: degrade exit %v must be below degrade enter %v (hysteresis)", c.DegradeExit, c.DegradeEnter)
 	case !(c.ShedExit < c.ShedEnter):
-		return fmt.Errorf("ladder: shed exit %v must be below shed enter %v (hysteresis)", c.ShedExit, c.ShedEnter)
+		return param.Errorf("ShedExit", "ladder: shed exit %v must be below shed enter %v (hysteresis)", c.ShedExit, c.ShedEnter)
 	case c.DegradeEnter > c.ShedEnter:
-		return fmt.Errorf("ladder: degrade enter %v must not be above shed enter %v", c.DegradeEnter, c.ShedEnter)
-	case c.MinDwell < 0 || c.StepEvery <= 0 || c.SampleEvery <= 0:
-		return errors.New("ladder: durations must be positive")
+		return param.Errorf("ShedEnter", "ladder: shed enter %v must not be below degrade enter %v", c.ShedEnter, c.DegradeEnter)
+	case c.MinDwell < 0:
+		return param.Errorf("MinDwell", "ladder: min dwell %v must not be negative", c.MinDwell)
+	case c.StepEvery <= 0:
+		return param.Errorf("StepEvery", "ladder: step interval %v must be positive", c.StepEvery)
+	case c.SampleEvery <= 0:
+		return param.Errorf("SampleEvery", "ladder: sample interval %v must be positive", c.SampleEvery)
 	}
 	for _, s := range c.RecoverSteps {
 		if !(s > 0 && s < 1) {
-			return fmt.Errorf("ladder: recover step %v, want a share in (0, 1)", s)
+			return param.Errorf("RecoverSteps", "ladder: recover step %v, want a share in (0, 1)", s)
 		}
 	}
 	if !slices.IsSorted(c.RecoverSteps) {
-		return errors.New("ladder: recover steps must increase")
+		return param.Errorf("RecoverSteps", "ladder: recover steps %v must increase", c.RecoverSteps)
 	}
 	return nil
 }

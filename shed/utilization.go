@@ -42,6 +42,21 @@ type UtilizationOptions struct {
 	Rand func() float64
 }
 
+// WithDefaults returns o with the defaults of the zero fields filled in:
+// SampleEvery 8 s, RetryHint SampleEvery, Rand math/rand/v2.
+func (o UtilizationOptions) WithDefaults() UtilizationOptions {
+	if o.SampleEvery <= 0 {
+		o.SampleEvery = 8 * time.Second
+	}
+	if o.RetryHint <= 0 {
+		o.RetryHint = o.SampleEvery
+	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
+	}
+	return o
+}
+
 // Utilization is the worker utilization load shedder: a Controller turns
 // utilization into a shed fraction, and the fraction sheds tiers in order
 // (TierShed), probabilistically, with reason overload (503). It is safe for
@@ -73,17 +88,9 @@ func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Ut
 	case opts.Source == nil && opts.Workers < 1:
 		return nil, errors.New("utilization: workers must be ≥ 1 (or give a source)")
 	}
-	if opts.SampleEvery <= 0 {
-		opts.SampleEvery = 8 * time.Second
-	}
+	opts = opts.WithDefaults()
 	if opts.Workers < 1 {
 		opts.Workers = 1 // only the own accounting reads it
-	}
-	if opts.RetryHint <= 0 {
-		opts.RetryHint = opts.SampleEvery
-	}
-	if opts.Rand == nil {
-		opts.Rand = rand.Float64
 	}
 	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers)),
 		meter: newMeter(opts.Workers, opts.SampleEvery, false)}, nil

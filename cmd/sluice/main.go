@@ -48,14 +48,13 @@ func checkCmd() *cobra.Command {
 		Short: "Validate a policy file and print its admission policy spec",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Load validates everything a build would (policy.Validate)
+			// without dialing the store: check works anywhere.
 			f, err := policy.Load(file)
 			if err != nil {
 				if n := printPolicyErrors(cmd, err); n > 0 {
 					return fmt.Errorf("%s: %d error(s)", file, n)
 				}
-				return err
-			}
-			if _, err := policy.Build(f, nil, policy.Options{}); err != nil {
 				return err
 			}
 			fmt.Fprint(cmd.OutOrStdout(), f.SpecText())
@@ -181,9 +180,7 @@ func demoCmd() *cobra.Command {
 				}
 				opts.Policy, opts.PolicyName = b, config
 			}
-			if f, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
-				return err
-			} else if _, err := policy.Build(f, nil, policy.Options{}); err != nil {
+			if _, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
 				return err
 			}
 			opts.Progress = cmd.ErrOrStderr()

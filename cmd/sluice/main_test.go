@@ -32,6 +32,17 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// check validates a Redis policy with no Redis to reach: validation never
+// dials.
+func TestCheckRedisPolicyWithoutRedis(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "redis.yaml")
+	os.WriteFile(file, []byte("version: 1\nservice: r\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"), 0o644)
+	out, errOut, err := run("check", "--config", file)
+	if err != nil || !strings.Contains(out, "Redis at 127.0.0.1:1") {
+		t.Fatalf("%v\n%s%s", err, out, errOut)
+	}
+}
+
 func TestVersion(t *testing.T) {
 	out, _, err := run("version")
 	if err != nil || !strings.HasPrefix(out, "sluice ") {

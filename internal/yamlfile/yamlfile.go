@@ -28,11 +28,17 @@ type Error struct {
 	Line  int
 	Field string // dotted path, e.g. "gates[1].rate"
 	Msg   string
+	// Err, if set, is the cause (an error of another package, whose
+	// message Msg repeats): errors.Is and errors.As see it.
+	Err error
 }
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
 }
+
+// Unwrap returns the cause, if any.
+func (e *Error) Unwrap() error { return e.Err }
 
 // Errors is every problem found in a file, in file order.
 type Errors []*Error
@@ -43,6 +49,16 @@ func (es Errors) Error() string {
 		msgs[i] = e.Error()
 	}
 	return strings.Join(msgs, "\n")
+}
+
+// Unwrap returns the errors, so that errors.Is and errors.As look into
+// each one.
+func (es Errors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
 }
 
 var yamlLine = regexp.MustCompile(`line (\d+)`)

@@ -30,7 +30,8 @@ type Options struct {
 }
 
 const (
-	defaultMaxKeys    = 1 << 20
+	// DefaultMaxKeys is the key cap of a Table whose Options name none.
+	DefaultMaxKeys    = 1 << 20
 	defaultSweepEvery = time.Second
 )
 
@@ -107,7 +108,7 @@ type shard[S any] struct {
 // new key's (zero) state at now; it is called under the shard lock.
 func NewTable[S any](opts Options, fresh func(s *S, now int64) bool) *Table[S] {
 	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = defaultMaxKeys
+		opts.MaxKeys = DefaultMaxKeys
 	}
 	if opts.Shards <= 0 {
 		opts.Shards = max(16, 16*runtime.GOMAXPROCS(0))

@@ -43,7 +43,7 @@ func TestBatchedStepsAreSequential(t *testing.T) {
 		t.Run(bname, func(t *testing.T) {
 			const burst, callers = 100, 400
 			tb, _ := limit.NewTokenBucket(limit.PerSecond(10), burst) // 100 ms per token
-			lim, _ := st.TokenBucket("batch-"+bname, tb)
+			lim, _ := bind(st)(TokenBucket("batch-"+bname, tb))
 			lim.(*limiter).now = func() int64 { return 5_000_000 } // one instant (µs)
 			var srvBefore int64
 			if bname == "standalone" {
@@ -106,8 +106,8 @@ func TestBatchOff(t *testing.T) {
 	}
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 5)
-	lim, _ := st.TokenBucket("off", tb)
-	if lim.(*limiter).batch != nil {
+	lim, _ := bind(st)(TokenBucket("off", tb))
+	if lim.(*limiter).batcher != nil {
 		t.Fatal("Batch: 1 still batches")
 	}
 	if r, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil || !r.OK() || r.Remaining != 4 {
@@ -144,7 +144,7 @@ func TestCloseWhileDeciding(t *testing.T) {
 			t.Fatal(err)
 		}
 		tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
-		lim, _ := st.TokenBucket("close", tb)
+		lim, _ := bind(st)(TokenBucket("close", tb))
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
 		for i := range 32 {
@@ -182,8 +182,8 @@ func TestCancelledCallerDoesNotTrip(t *testing.T) {
 		tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 5)
 		c, _ := limit.NewConcurrency(5)
 		lims := map[string]store.Limiter{}
-		lims["bucket"], _ = st.TokenBucket("ctx-bucket-"+strconv.Itoa(batch), tb)
-		lims["concurrency"], _ = st.Concurrency("ctx-conc-"+strconv.Itoa(batch), c, time.Minute)
+		lims["bucket"], _ = bind(st)(TokenBucket("ctx-bucket-"+strconv.Itoa(batch), tb))
+		lims["concurrency"], _ = bind(st)(Concurrency("ctx-conc-"+strconv.Itoa(batch), c, time.Minute))
 		for name, l := range lims {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
@@ -213,7 +213,7 @@ func TestForeignValueFailsOneDecision(t *testing.T) {
 	}
 	defer st.Close()
 	fw, _ := limit.NewFixedWindow(1000, time.Hour)
-	lim, _ := st.FixedWindow("foreign", fw)
+	lim, _ := bind(st)(FixedWindow("foreign", fw))
 	if err := st.client.Do(context.Background(), st.client.B().Set().Key(st.key("foreign", "poison")).Value("x").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestNamesThatWouldCollide(t *testing.T) {
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 5)
 	for _, name := range []string{"api:login", "a{b", "}", ""} {
-		if _, err := st.TokenBucket(name, tb); err == nil {
+		if _, err := TokenBucket(name, tb); err == nil {
 			t.Errorf("limiter name %q accepted", name)
 		}
 	}

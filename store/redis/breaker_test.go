@@ -30,7 +30,7 @@ func TestClusterMasterDownFailsOnlyItsSlots(t *testing.T) {
 	}
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
-	lim, _ := st.TokenBucket("slots", tb)
+	lim, _ := bind(st)(TokenBucket("slots", tb))
 
 	// Keys by the master that owns them.
 	m := st.slots.Load()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 )
@@ -20,23 +20,44 @@ import (
 // maxExact is the largest integer Lua (IEEE doubles) keeps exact.
 const maxExact = 1 << 53
 
-// limiter is one keyed limiter on the store: a script and its fixed
-// arguments. Every script takes ARGV = now override (µs, 0: Redis TIME),
-// op ("take" | "refund"), cost, extra (the permit id for concurrency, the
-// deadline budget in ns for the leaky bucket), then its fixed parameters,
-// and answers {status, remaining, retry_after_ns, reset_after_ns, wait_ns}.
-type limiter struct {
-	s       *Store
+// Spec is one algorithm of package limit in the form Redis runs it: its
+// script, its fixed parameters, its quota and window. The constructors
+// (TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, LeakyBucket,
+// Concurrency) check the name and what Redis' doubles hold exactly, without
+// a connection, so a policy can be validated anywhere; Store.Limiter binds
+// a Spec to a store. A Spec is immutable.
+//
+// Every script takes ARGV = now override (µs, 0: Redis TIME), op ("take" |
+// "refund"), cost, extra (the permit id for concurrency, the deadline
+// budget in ns for the leaky bucket), then its fixed parameters, and
+// answers {status, remaining, retry_after_ns, reset_after_ns, wait_ns}.
+type Spec struct {
 	name    string
 	script  *rueidis.Lua
+	batch   *rueidis.Lua // the batched form (batch.go); nil: never batched
 	fixed   []string
 	limit   int64
 	window  time.Duration
-	permits bool         // concurrency: every take gets a fresh permit id
-	paced   bool         // leaky bucket: extra is the deadline budget
-	meta    bool         // sliding log: a second key (same slot) holds the sum
+	permits bool // concurrency: every take gets a fresh permit id
+	paced   bool // leaky bucket: extra is the deadline budget
+	meta    bool // sliding log: a second key (same slot) holds the sum
+}
+
+// Limiter returns the limiter sp describes, with its state on s.
+func (s *Store) Limiter(sp *Spec) store.Limiter {
+	l := &limiter{s: s, Spec: sp}
+	if sp.batch != nil {
+		l.batcher = newBatcher(l, sp.batch)
+	}
+	return l
+}
+
+// limiter is one keyed limiter on the store.
+type limiter struct {
+	*Spec
+	s       *Store
 	now     func() int64 // test hook: now in µs (nil: Redis TIME)
-	batch   *batcher     // single-key algorithms: concurrent steps share script calls
+	batcher *batcher     // single-key algorithms: concurrent steps share script calls
 }
 
 var _ store.Limiter = (*limiter)(nil)
@@ -64,8 +85,8 @@ func (l *limiter) Take(ctx context.Context, key string, now clock.Instant, cost 
 	}
 	var v [5]int64
 	var err error
-	if l.batch != nil {
-		v, err = l.batch.do(ctx, l.s.key(l.name, key), "take", cost, extra, budget)
+	if l.batcher != nil {
+		v, err = l.batcher.do(ctx, l.s.key(l.name, key), "take", cost, extra, budget)
 	} else {
 		v, err = l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra))
 	}
@@ -85,8 +106,8 @@ func (l *limiter) Take(ctx context.Context, key string, now clock.Instant, cost 
 // Refund gives back cost units, or releases permit h of a concurrency limit.
 func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
 	extra := strconv.FormatUint(uint64(h), 16)
-	if l.batch != nil {
-		_, err := l.batch.do(ctx, l.s.key(l.name, key), "refund", cost, extra, 0)
+	if l.batcher != nil {
+		_, err := l.batcher.do(ctx, l.s.key(l.name, key), "refund", cost, extra, 0)
 		return err
 	}
 	_, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra))
@@ -120,12 +141,10 @@ func newPermit() store.Handle {
 // "c" would meet) or braces.
 func checkName(name string) error {
 	if name == "" || strings.ContainsAny(name, ":{}") {
-		return fmt.Errorf("redis: limiter name %q: want a non-empty name without ':', '{' or '}'", name)
+		return param.Errorf("name", "redis: limiter name %q: want a non-empty name without ':', '{' or '}'", name)
 	}
 	return nil
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // packDoubles encodes integers below 2^53 as little-endian doubles: one
 // argument the script unpacks with struct.unpack instead of many it parses.
@@ -141,125 +160,108 @@ func packDoubles(vs ...int64) string {
 // d, at least a second. TTL only collects garbage; it never limits.
 func ttlMs(d time.Duration) int64 { return max(2*d.Milliseconds(), 1000) }
 
-// TokenBucket returns a keyed token bucket named name (the name scopes the
-// keys). Redis keeps the state exact in doubles, so burst × period must stay
-// below 2^53 ns (per-second rates: bursts up to 9e6 at 1/s).
-func (s *Store) TokenBucket(name string, tb *limit.TokenBucket) (store.Limiter, error) {
+// TokenBucket returns the Spec of a keyed token bucket named name (the name
+// scopes the keys). Redis keeps the state exact in doubles, so burst ×
+// period must stay below 2^53 ns (per-second rates: bursts up to 9e6 at 1/s).
+func TokenBucket(name string, tb *limit.TokenBucket) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	r := tb.Rate()
 	per, tokens, burst := int64(r.Per()), r.Tokens(), tb.Limit()
 	if burst > maxExact/per {
-		return nil, fmt.Errorf("redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
+		return nil, param.Errorf("burst", "redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
 	}
 	fill := int64(tb.Window())
-	l := &limiter{s: s, name: name, script: tokenBucketScript, limit: burst, window: tb.Window(),
-		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}
-	l.batch = newBatcher(l, tokenBucketBatch)
-	return l, nil
+	return &Spec{name: name, script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(),
+		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
 }
 
-// GCRA returns a keyed GCRA named name; burst × period must stay below 2^53.
-func (s *Store) GCRA(name string, g *limit.GCRA) (store.Limiter, error) {
+// GCRA returns the Spec of a keyed GCRA named name; burst × period must
+// stay below 2^53.
+func GCRA(name string, g *limit.GCRA) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	r := g.Rate()
 	per, n, burst := int64(r.Per()), r.Tokens(), g.Limit()
 	if burst > maxExact/max(per, 1000*n) {
-		return nil, fmt.Errorf("redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
+		return nil, param.Errorf("burst", "redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
 	}
-	l := &limiter{s: s, name: name, script: gcraScript, limit: burst, window: g.Window(),
-		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}
-	l.batch = newBatcher(l, gcraBatch)
-	return l, nil
+	return &Spec{name: name, script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(),
+		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
 }
 
-// FixedWindow returns a keyed fixed window named name. Windows are aligned
-// on Redis time and must be whole microseconds.
-func (s *Store) FixedWindow(name string, w *limit.FixedWindow) (store.Limiter, error) {
+// FixedWindow returns the Spec of a keyed fixed window named name. Windows
+// are aligned on Redis time and must be whole microseconds.
+func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	if w.Window()%time.Microsecond != 0 {
-		return nil, fmt.Errorf("redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
+		return nil, param.Errorf("window", "redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
 	}
-	l := &limiter{s: s, name: name, script: fixedWindowScript, limit: w.Limit(), window: w.Window(),
-		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}
-	l.batch = newBatcher(l, fixedWindowBatch)
-	return l, nil
+	return &Spec{name: name, script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(),
+		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
 }
 
-// Concurrency returns a fleet-wide concurrency limit named name: permits are
-// members of a sorted set scored by start time, and permits older than ttl
-// (held by a process that died) are swept.
-func (s *Store) Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (store.Limiter, error) {
+// Concurrency returns the Spec of a fleet-wide concurrency limit named
+// name: permits are members of a sorted set scored by start time, and
+// permits older than ttl (held by a process that died) are swept.
+func Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	if ttl <= 0 {
-		return nil, fmt.Errorf("redis: concurrency %q: ttl must be > 0", name)
+		return nil, param.Errorf("ttl", "redis: concurrency %q: ttl must be > 0", name)
 	}
-	return &limiter{s: s, name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
+	return &Spec{name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
 		fixed: []string{packDoubles(c.Limit(), ttl.Microseconds())}}, nil
 }
 
-// LeakyBucket returns a keyed paced queue named name; (queue+1) × period
-// must stay below 2^53.
-func (s *Store) LeakyBucket(name string, lb *limit.LeakyBucket) (store.Limiter, error) {
+// LeakyBucket returns the Spec of a keyed paced queue named name;
+// (queue+1) × period must stay below 2^53.
+func LeakyBucket(name string, lb *limit.LeakyBucket) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	r := lb.Rate()
 	per, n := int64(r.Per()), r.Tokens()
 	if lb.Queue()+1 > maxExact/max(per, 1000*n) {
-		return nil, fmt.Errorf("redis: leaky bucket %q: queue %d too large for rate %v in Redis' doubles", name, lb.Queue(), r)
+		return nil, param.Errorf("queue", "redis: leaky bucket %q: queue %d too large for rate %v in Redis' doubles", name, lb.Queue(), r)
 	}
-	l := &limiter{s: s, name: name, script: leakyBucketScript, limit: lb.Limit(), window: lb.Window(), paced: true,
-		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(lb.Window()+time.Second))}}
-	l.batch = newBatcher(l, leakyBucketBatch)
-	return l, nil
+	return &Spec{name: name, script: leakyBucketScript, batch: leakyBucketBatch, limit: lb.Limit(), window: lb.Window(), paced: true,
+		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(lb.Window()+time.Second))}}, nil
 }
 
-// SlidingWindow returns a keyed sliding window counter named name. The
-// window must be whole microseconds and limit × window (µs) below 2^53.
-func (s *Store) SlidingWindow(name string, w *limit.SlidingWindow) (store.Limiter, error) {
+// SlidingWindow returns the Spec of a keyed sliding window counter named
+// name. The window must be whole microseconds and limit × window (µs) below
+// 2^53.
+func SlidingWindow(name string, w *limit.SlidingWindow) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	us := w.Window().Microseconds()
 	if w.Window()%time.Microsecond != 0 {
-		return nil, fmt.Errorf("redis: sliding window %q: window %v is not whole microseconds", name, w.Window())
+		return nil, param.Errorf("window", "redis: sliding window %q: window %v is not whole microseconds", name, w.Window())
 	}
 	if w.Limit() > maxExact/us {
-		return nil, fmt.Errorf("redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
+		return nil, param.Errorf("limit", "redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
 	}
-	l := &limiter{s: s, name: name, script: slidingWindowScript, limit: w.Limit(), window: w.Window(),
-		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}
-	l.batch = newBatcher(l, slidingWindowBatch)
-	return l, nil
+	return &Spec{name: name, script: slidingWindowScript, batch: slidingWindowBatch, limit: w.Limit(), window: w.Window(),
+		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}, nil
 }
 
-// SlidingLog returns a keyed exact sliding log named name: a sorted set of
-// up to limit entries per key. The window must be whole microseconds.
-func (s *Store) SlidingLog(name string, w *limit.SlidingLog) (store.Limiter, error) {
+// SlidingLog returns the Spec of a keyed exact sliding log named name: a
+// sorted set of up to limit entries per key. The window must be whole
+// microseconds.
+func SlidingLog(name string, w *limit.SlidingLog) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	if w.Window()%time.Microsecond != 0 {
-		return nil, fmt.Errorf("redis: sliding log %q: window %v is not whole microseconds", name, w.Window())
+		return nil, param.Errorf("window", "redis: sliding log %q: window %v is not whole microseconds", name, w.Window())
 	}
-	return &limiter{s: s, name: name, script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
+	return &Spec{name: name, script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds(), ttlMs(w.Window()+time.Second))}}, nil
-}
-
-// TokenBucketScript returns the Lua source of the token bucket step and the
-// ARGV its Take expects for (tb, cost) with Redis time, so tools (and the
-// client comparison in bench/) can run the same step through another client.
-func TokenBucketScript(tb *limit.TokenBucket, cost int64) (src string, argv []string) {
-	r := tb.Rate()
-	per, burst := int64(r.Per()), tb.Limit()
-	return tokenBucketLua, []string{"0", "take", itoa(cost), "1",
-		packDoubles(per, r.Tokens(), burst*per, burst, int64(tb.Window()), ttlMs(tb.Window()))}
 }

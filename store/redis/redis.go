@@ -24,8 +24,9 @@
 // context and an error reply about one key's data fail that decision alone. Gates turn ErrUnavailable into their failure policy
 // (fail_open, fail_closed, local_fallback).
 //
+//	spec, _ := redis.TokenBucket("request-rate", tb) // checked without a connection
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
-//	lim, _ := st.TokenBucket("request-rate", tb)
+//	lim := st.Limiter(spec)
 //	g, _ := gate.NewRate("request-rate", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
 package redis
 
@@ -90,15 +91,21 @@ var (
 	slidingWindowBatch = rueidis.NewLuaScript(batchSources[4])
 )
 
+// Defaults of Options.
+const (
+	DefaultTimeout    = 5 * time.Millisecond
+	DefaultProbeEvery = time.Second
+)
+
 // Options configures a Store.
 type Options struct {
 	// Addrs are the Redis addresses (one standalone server, or any nodes of
 	// a cluster: the topology is discovered).
 	Addrs []string
-	// Timeout bounds each call. Default 5 ms.
+	// Timeout bounds each call. Default DefaultTimeout (5 ms).
 	Timeout time.Duration
 	// ProbeEvery is how long the breaker stays open after a failure before
-	// one probe call may try again. Default 1 s.
+	// one probe call may try again. Default DefaultProbeEvery (1 s).
 	ProbeEvery time.Duration
 	// Prefix starts every key. Default "sluice".
 	Prefix string
@@ -136,10 +143,10 @@ type Store struct {
 // New connects to Redis.
 func New(opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Millisecond
+		opts.Timeout = DefaultTimeout
 	}
 	if opts.ProbeEvery <= 0 {
-		opts.ProbeEvery = time.Second
+		opts.ProbeEvery = DefaultProbeEvery
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 64

@@ -99,6 +99,16 @@ func differential[S any](t fataler, name string, alg limit.Algorithm[S], lim sto
 
 const ms, sec = int64(1000), int64(1_000_000)
 
+// bind returns a function that puts the result of a Spec constructor on st.
+func bind(st *Store) func(*Spec, error) (store.Limiter, error) {
+	return func(sp *Spec, err error) (store.Limiter, error) {
+		if err != nil {
+			return nil, err
+		}
+		return st.Limiter(sp), nil
+	}
+}
+
 func repeat(n int, s step) []step {
 	out := make([]step, n)
 	for i := range out {
@@ -115,7 +125,7 @@ func TestDifferentialSeedVectors(t *testing.T) {
 
 			// 200/s burst 400: 400 at t=0, the 401st waits 5 ms, full again after 2 s.
 			tb, _ := limit.NewTokenBucket(limit.PerSecond(200), 400)
-			lim, err := st.TokenBucket(fresh(), tb)
+			lim, err := bind(st)(TokenBucket(fresh(), tb))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,7 +135,7 @@ func TestDifferentialSeedVectors(t *testing.T) {
 
 			// Stripe timeline: 100/s capacity 500.
 			tb2, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
-			lim2, _ := st.TokenBucket(fresh(), tb2)
+			lim2, _ := bind(st)(TokenBucket(fresh(), tb2))
 			steps = append(repeat(501, step{atUS: 2 * sec, cost: 1}), step{atUS: 2*sec + 500*ms, cost: 50}, step{atUS: 2*sec + 500*ms, cost: 1})
 			steps = append(steps, repeat(101, step{atUS: 4 * sec, cost: 1})...)
 			steps = append(steps, step{atUS: 4 * sec, cost: 600}, step{atUS: 4 * sec, cost: 0}, step{atUS: 4*sec + 7, cost: 3, op: "refund"})
@@ -134,7 +144,7 @@ func TestDifferentialSeedVectors(t *testing.T) {
 
 			// redis-cell's table (limit 5, 1/s) on GCRA.
 			g, _ := limit.NewGCRA(limit.PerSecond(1), 5)
-			lg, _ := st.GCRA(fresh(), g)
+			lg, _ := bind(st)(GCRA(fresh(), g))
 			base := 10 * sec
 			differential(t, "gcra redis-cell", g, lg, []step{
 				{atUS: base, cost: 6, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""}, {atUS: base, cost: 1, op: ""},
@@ -145,7 +155,7 @@ func TestDifferentialSeedVectors(t *testing.T) {
 			// A non-integral interval: 7 per 3 s.
 			r, _ := limit.ParseRate("7/3s")
 			g2, _ := limit.NewGCRA(r, 4)
-			lg2, _ := st.GCRA(fresh(), g2)
+			lg2, _ := bind(st)(GCRA(fresh(), g2))
 			var steps2 []step
 			for i := int64(0); i < 60; i++ {
 				steps2 = append(steps2, step{atUS: base + i*123457, cost: i%3 + 1})
@@ -155,14 +165,14 @@ func TestDifferentialSeedVectors(t *testing.T) {
 			// seeds/004: 6 ms per request, queue 15; a 50 ms budget refuses a 54 ms wait.
 			r6, _ := limit.NewRate(1, 6*time.Millisecond)
 			lb, _ := limit.NewLeakyBucket(r6, 15)
-			ll, _ := st.LeakyBucket(fresh(), lb)
+			ll, _ := bind(st)(LeakyBucket(fresh(), lb))
 			lsteps := repeat(17, step{atUS: base, cost: 1})
 			lsteps = append(lsteps, step{atUS: base + 60*ms, cost: 1}, step{atUS: base + 60*ms, cost: 1, budget: 50_000_000},
 				step{atUS: base + 60*ms, cost: 1, budget: 200_000_000}, step{atUS: base + 60*ms, cost: 17})
 			differential(t, "leaky bucket", lb, ll, lsteps)
 
 			sw, _ := limit.NewSlidingWindow(10, time.Second)
-			lsw, _ := st.SlidingWindow(fresh(), sw)
+			lsw, _ := bind(st)(SlidingWindow(fresh(), sw))
 			swSteps := repeat(12, step{atUS: base + 500*ms, cost: 1})
 			swSteps = append(swSteps, repeat(3, step{atUS: base + 1250*ms, cost: 1})...)
 			swSteps = append(swSteps, step{atUS: base + 1300*ms - 1, cost: 1}, step{atUS: base + 1300*ms, cost: 1},
@@ -170,7 +180,7 @@ func TestDifferentialSeedVectors(t *testing.T) {
 			differential(t, "sliding window", sw, lsw, swSteps)
 
 			fw, _ := limit.NewFixedWindow(3, time.Second)
-			lf, _ := st.FixedWindow(fresh(), fw)
+			lf, _ := bind(st)(FixedWindow(fresh(), fw))
 			differential(t, "fixed window", fw, lf, []step{
 				{atUS: base + 100*ms, cost: 1, op: ""}, {atUS: base + 200*ms, cost: 2, op: ""}, {atUS: base + 300*ms, cost: 1, op: ""}, {atUS: base + 999*ms, cost: 4, op: ""},
 				{atUS: base + 1000*ms, cost: 3, op: ""}, {atUS: base + 1500*ms, cost: 2, op: "refund"}, {atUS: base + 1600*ms, cost: 2, op: ""}, {atUS: base + 2500*ms, cost: 0, op: ""},
@@ -203,11 +213,11 @@ func TestDifferentialRandom(t *testing.T) {
 		}
 		tb, _ := limit.NewTokenBucket(rate, burst)
 		g, _ := limit.NewGCRA(rate, burst)
-		lt, err := st.TokenBucket(fmt.Sprint("rt", n), tb)
+		lt, err := bind(st)(TokenBucket(fmt.Sprint("rt", n), tb))
 		if err != nil {
 			rt.Skip(err)
 		}
-		lg, err := st.GCRA(fmt.Sprint("rg", n), g)
+		lg, err := bind(st)(GCRA(fmt.Sprint("rg", n), g))
 		if err != nil {
 			rt.Skip(err)
 		}
@@ -215,18 +225,18 @@ func TestDifferentialRandom(t *testing.T) {
 		differential(rt, "gcra", g, lg, steps)
 		if win := time.Duration(burst) * per / time.Duration(tokens); win >= time.Millisecond && win%time.Microsecond == 0 {
 			sw, _ := limit.NewSlidingWindow(burst, win)
-			if ls, err := st.SlidingWindow(fmt.Sprint("rs", n), sw); err == nil {
+			if ls, err := bind(st)(SlidingWindow(fmt.Sprint("rs", n), sw)); err == nil {
 				differential(rt, "sliding window", sw, ls, steps)
 			}
 			fw, _ := limit.NewFixedWindow(burst, win)
-			lf, _ := st.FixedWindow(fmt.Sprint("rf", n), fw)
+			lf, _ := bind(st)(FixedWindow(fmt.Sprint("rf", n), fw))
 			differential(rt, "fixed window", fw, lf, steps)
 			sl, _ := limit.NewSlidingLog(burst, win)
-			lsl, _ := st.SlidingLog(fmt.Sprint("rsl", n), sl)
+			lsl, _ := bind(st)(SlidingLog(fmt.Sprint("rsl", n), sl))
 			differential(rt, "sliding log", sl, lsl, steps)
 		}
 		lb, _ := limit.NewLeakyBucket(rate, burst)
-		if ll, err := st.LeakyBucket(fmt.Sprint("rl", n), lb); err == nil {
+		if ll, err := bind(st)(LeakyBucket(fmt.Sprint("rl", n), lb)); err == nil {
 			budgeted := slices.Clone(steps)
 			for i := range budgeted {
 				if i%3 == 0 {
@@ -253,7 +263,7 @@ func TestAtomicityNoLostUpdates(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer cs.Close()
-				lim, _ := cs.TokenBucket("atomic-"+bname, tb)
+				lim, _ := bind(cs)(TokenBucket("atomic-"+bname, tb))
 				for range 64 {
 					wg.Add(1)
 					go func() {
@@ -313,9 +323,9 @@ func TestCorruptStateReadsFresh(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 20)
 	g, _ := limit.NewGCRA(limit.PerSecond(10), 20)
 	lb, _ := limit.NewLeakyBucket(limit.PerSecond(10), 5)
-	ltb, _ := st.TokenBucket("tb", tb)
-	lg, _ := st.GCRA("gcra", g)
-	llb, _ := st.LeakyBucket("leaky", lb)
+	ltb, _ := bind(st)(TokenBucket("tb", tb))
+	lg, _ := bind(st)(GCRA("gcra", g))
+	llb, _ := bind(st)(LeakyBucket("leaky", lb))
 	nan := string(slices.Repeat([]byte{0xff}, 16))
 	huge := packDoubles(0, 0)[:0] + string(slices.Repeat([]byte{0x7f, 0xef, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 2)) // big-endian 1.8e308 bytes, read little-endian
 	for _, raw := range []string{nan, huge, string(make([]byte, 16)) + "x", "not ours", packDoubles(1<<53, 1<<53),

@@ -56,15 +56,9 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		for i := range pol.Gates {
-			if g := &pol.Gates[i]; g.Kind == policy.KindUtilization && g.Source == "cpu" {
-				return nil, &policy.Error{File: pol.Path, Line: g.FieldLine("source"), Field: fmt.Sprintf("gates[%d].source", i),
-					Msg: "cpu is this process's real CPU; the simulator runs on a virtual clock: use source: workers"}
-			}
-		}
-		if pol.Store.Backend != "memory" && pol.Store.Backend != "" {
+		if pol.Store.Backend != policy.BackendMemory {
 			rep.Note = fmt.Sprintf("the policy's %s store is simulated in memory (one replica)", pol.Store.Backend)
-			pol.Store.Backend = "memory"
+			pol.Store.Backend = policy.BackendMemory
 		}
 		rep.Policy = opts.Policy.Name
 	}
@@ -110,7 +104,7 @@ func prepare(s *Scenario, f *policy.File, seed uint64) (*engine, error) {
 		// The probabilistic gates draw from their own seeded stream, so
 		// the client and service streams stay the same in both runs.
 		rg := rand.New(rand.NewPCG(seed, 0x67617465))
-		rt, err := policy.Build(f, nil, policy.Options{Clock: clk, Rand: rg.Float64})
+		rt, err := policy.Build(f, nil, policy.Options{Clock: clk, Virtual: true, Rand: rg.Float64})
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,86 @@
+package policy
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+	sredis "github.com/sluice-go/sluice/store/redis"
+)
+
+var concurrencyKind = &kind{
+	name: "concurrency",
+	doc: "Concurrency limit (limit.Concurrency): at most limit requests in flight (or demand units, weighted), each holding " +
+		"its slot until it ends. Rejects with reason concurrency: 429 per tenant, 503 at a shared scope, with retry_hint as retry-after.",
+	scope:  sluice.ScopeService,
+	stored: true,
+	reason: always(sluice.ReasonConcurrency),
+	new:    func() params { return &concurrencyParams{} },
+}
+
+type concurrencyParams struct {
+	limit    int64
+	ttl      time.Duration
+	weighted bool
+}
+
+func (p *concurrencyParams) fields() []field {
+	return []field{
+		intField("limit", "requests in flight at once (demand units, when weighted)", &p.limit, 1, 1<<40).must(),
+		ttlField(&p.ttl),
+		boolField("weighted", "each request holds as many slots as its cost", &p.weighted).dflt("false"),
+	}
+}
+
+// ttlField is the permit lifetime of the fleet concurrency kinds.
+func ttlField(dst *time.Duration) field {
+	return durationField("ttl", "redis: how long a permit lives, so the permits of a crashed holder heal", dst, time.Second).
+		dflt("%v", defaultPermitTTL)
+}
+
+// permitTTL returns ttl or its default.
+func permitTTL(ttl time.Duration) time.Duration {
+	if ttl == 0 {
+		return defaultPermitTTL
+	}
+	return ttl
+}
+
+// concurrency is the algorithm of a fleet concurrency count of n slots.
+func concurrency(n int64, ttl time.Duration, g func(string, store.Limiter, gate.Options) (sluice.Gate, error)) algorithm[limit.ConcurrencyState, *limit.Concurrency] {
+	return algorithm[limit.ConcurrencyState, *limit.Concurrency]{
+		alg: func() (*limit.Concurrency, error) { return limit.NewConcurrency(n) },
+		redis: func(name string, a *limit.Concurrency) (*sredis.Spec, error) {
+			return sredis.Concurrency(name, a, permitTTL(ttl))
+		},
+		share: func(a *limit.Concurrency, k int64) (*limit.Concurrency, error) {
+			return limit.NewConcurrency(shareOf(a.Limit(), k))
+		},
+		gate: g,
+	}
+}
+
+func (p *concurrencyParams) algorithm() algorithm[limit.ConcurrencyState, *limit.Concurrency] {
+	return concurrency(p.limit, p.ttl, func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
+		if p.weighted {
+			return gate.NewWeightedConcurrency(name, lim, o)
+		}
+		return gate.NewConcurrency(name, lim, o)
+	})
+}
+
+func (p *concurrencyParams) check(c *checker)                      { p.algorithm().check(c) }
+func (p *concurrencyParams) build(b *builder) (sluice.Gate, error) { return p.algorithm().build(b) }
+func (p *concurrencyParams) stateKey() string                      { return strconv.FormatBool(p.weighted) }
+
+func (p *concurrencyParams) describe(g *Gate) string {
+	w := ""
+	if p.weighted {
+		w = " (weighted by cost)"
+	}
+	return fmt.Sprintf("at most %d in flight%s%s", p.limit, w, scoped(g))
+}

@@ -1,0 +1,44 @@
+package policy
+
+import (
+	"fmt"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/limit"
+	sredis "github.com/sluice-go/sluice/store/redis"
+)
+
+var gcraKind = &kind{
+	name: "gcra",
+	doc: "Generic cell rate algorithm (limit.GCRA; ITU-T I.371): the token bucket's dual, one theoretical arrival time per key. " +
+		"Same settings and decisions as token_bucket.",
+	scope:  sluice.ScopeTenant,
+	stored: true,
+	reason: always(sluice.ReasonPolicyRate),
+	new:    func() params { return &gcraParams{bucketParams{refund: true}} },
+}
+
+// gcraParams are a bucket's settings run as GCRA.
+type gcraParams struct{ bucketParams }
+
+func (p *gcraParams) gcra() algorithm[limit.GCRAState, *limit.GCRA] {
+	return algorithm[limit.GCRAState, *limit.GCRA]{
+		alg:   func() (*limit.GCRA, error) { return limit.NewGCRA(p.rate, p.burst) },
+		redis: sredis.GCRA,
+		share: func(a *limit.GCRA, n int64) (*limit.GCRA, error) {
+			r, err := slower(a.Rate(), n)
+			if err != nil {
+				return nil, err
+			}
+			return limit.NewGCRA(r, shareOf(a.Limit(), n))
+		},
+		gate: rateGate(p.refund),
+	}
+}
+
+func (p *gcraParams) check(c *checker)                      { p.gcra().check(c) }
+func (p *gcraParams) build(b *builder) (sluice.Gate, error) { return p.gcra().build(b) }
+
+func (p *gcraParams) describe(g *Gate) string {
+	return fmt.Sprintf("GCRA %s, burst %d%s", p.rateText, p.burst, scoped(g))
+}

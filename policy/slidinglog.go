@@ -1,0 +1,45 @@
+package policy
+
+import (
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/limit"
+	sredis "github.com/sluice-go/sluice/store/redis"
+)
+
+var slidingLogKind = &kind{
+	name: "sliding_log",
+	doc: "Sliding log (limit.SlidingLog): one entry per admitted unit, exact over any window of the given length. " +
+		"Memory grows with the limit, so the limit is at most 1,000,000 (use sliding_window above). Rejects with reason policy_rate (429).",
+	scope:  sluice.ScopeTenant,
+	stored: true,
+	reason: always(sluice.ReasonPolicyRate),
+	new:    func() params { return &slidingLogParams{newWindowParams()} },
+}
+
+type slidingLogParams struct{ windowParams }
+
+// maxSlidingLog is the largest sliding log limit a policy accepts: the log
+// keeps one entry per unit.
+const maxSlidingLog = 1_000_000
+
+func (p *slidingLogParams) algorithm() algorithm[limit.SlidingLogState, *limit.SlidingLog] {
+	return algorithm[limit.SlidingLogState, *limit.SlidingLog]{
+		alg:   func() (*limit.SlidingLog, error) { return limit.NewSlidingLog(p.limit, p.window) },
+		redis: sredis.SlidingLog,
+		share: func(a *limit.SlidingLog, n int64) (*limit.SlidingLog, error) {
+			return limit.NewSlidingLog(shareOf(a.Limit(), n), a.Window())
+		},
+		gate: rateGate(p.refund),
+	}
+}
+
+func (p *slidingLogParams) check(c *checker) {
+	if p.limit > maxSlidingLog {
+		c.failf("limit", "sliding log keeps one entry per unit: limit %d is too large (at most %d; use sliding_window)", p.limit, maxSlidingLog)
+		return
+	}
+	p.algorithm().check(c)
+}
+
+func (p *slidingLogParams) build(b *builder) (sluice.Gate, error) { return p.algorithm().build(b) }
+func (p *slidingLogParams) describe(g *Gate) string               { return p.text("sliding log", g) + " (exact)" }

@@ -1,0 +1,60 @@
+package policy
+
+import (
+	"fmt"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/limit"
+	sredis "github.com/sluice-go/sluice/store/redis"
+)
+
+var tokenBucketKind = &kind{
+	name: "token_bucket",
+	doc: "Token bucket (limit.TokenBucket): a bucket of burst tokens refilled at rate; a request takes its cost. " +
+		"Rejects with reason policy_rate (429) and the exact retry-after; a cost above the burst is never retryable.",
+	scope:  sluice.ScopeTenant,
+	stored: true,
+	reason: always(sluice.ReasonPolicyRate),
+	new:    func() params { return &bucketParams{refund: true} },
+}
+
+// bucketParams are the settings of the two bucket kinds, token_bucket and
+// gcra, whose decisions are identical (GCRA is the token bucket's dual).
+type bucketParams struct {
+	rate     limit.Rate
+	rateText string
+	burst    int64
+	refund   bool
+}
+
+func (p *bucketParams) fields() []field {
+	return []field{
+		rateField("rate", "sustained rate: tokens per period, e.g. 100/s, 5/m, 1/h", &p.rate, &p.rateText).must(),
+		intField("burst", "bucket size in demand units: what a full bucket admits at once", &p.burst, 1, 1<<40).must(),
+		refundField(&p.refund),
+	}
+}
+
+func (p *bucketParams) tokenBucket() algorithm[limit.TokenBucketState, *limit.TokenBucket] {
+	return algorithm[limit.TokenBucketState, *limit.TokenBucket]{
+		alg:   func() (*limit.TokenBucket, error) { return limit.NewTokenBucket(p.rate, p.burst) },
+		redis: sredis.TokenBucket,
+		share: func(a *limit.TokenBucket, n int64) (*limit.TokenBucket, error) {
+			r, err := slower(a.Rate(), n)
+			if err != nil {
+				return nil, err
+			}
+			return limit.NewTokenBucket(r, shareOf(a.Limit(), n))
+		},
+		gate: rateGate(p.refund),
+	}
+}
+
+func (p *bucketParams) check(c *checker)                      { p.tokenBucket().check(c) }
+func (p *bucketParams) build(b *builder) (sluice.Gate, error) { return p.tokenBucket().build(b) }
+func (p *bucketParams) stateKey() string                      { return p.rate.String() }
+func (p *bucketParams) bursts() int64                         { return p.burst }
+
+func (p *bucketParams) describe(g *Gate) string {
+	return fmt.Sprintf("token bucket %s, burst %d%s", p.rateText, p.burst, scoped(g))
+}

@@ -1,0 +1,93 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/param"
+	"github.com/sluice-go/sluice/shed"
+)
+
+var utilizationKind = &kind{
+	name: "utilization",
+	doc: "Worker utilization shedder (shed.Utilization, after Stripe's \"Scaling your API with rate limiters\"): a slow " +
+		"controller turns utilization into a shed fraction that grows above bad, decays below good and holds between, " +
+		"and the fraction sheds the tiers in order, lowest first. Rejects with reason overload (503).",
+	scope:   sluice.ScopeService,
+	service: true,
+	reason:  always(sluice.ReasonOverload),
+	new:     func() params { return &utilizationParams{} },
+}
+
+// Sources of utilization.
+const (
+	sourceWorkers = "workers"
+	sourceCPU     = "cpu"
+)
+
+type utilizationParams struct {
+	ctrl        shed.ControllerConfig
+	tiers       []string
+	workers     int64
+	sampleEvery time.Duration
+	costAware   bool
+	source      string
+}
+
+func (p *utilizationParams) fields() []field {
+	c := shed.ControllerConfig{}.WithDefaults()
+	o := shed.UtilizationOptions{}.WithDefaults()
+	return []field{
+		shareField("good", "utilization below which shedding decays", &p.ctrl.Good).dflt("%v", c.Good).feeds("Good"),
+		shareField("bad", "utilization above which shedding grows (between good and bad nothing moves)", &p.ctrl.Bad).dflt("%v", c.Bad).feeds("Bad"),
+		durationField("delay", "how long utilization stays above bad before the first shed", &p.ctrl.Delay, 0).dflt("%v", c.Delay).feeds("Delay"),
+		durationField("shed_all_after", "time from the first shed to shedding everything at full pressure", &p.ctrl.ShedAllAfter, time.Second).
+			dflt("%v", c.ShedAllAfter).feeds("ShedAllAfter"),
+		classesField("tiers", "classes in shed order, first shed first", &p.tiers).must(),
+		intField("workers", "workers of the own accounting: utilization is requests in flight through the gate ÷ workers", &p.workers, 1, 1<<30),
+		durationField("sample_every", "sample interval", &p.sampleEvery, time.Millisecond).dflt("%v", o.SampleEvery),
+		boolField("cost_aware", "shed the costliest requests of a partly shed tier first", &p.costAware).dflt("false"),
+		choiceField("source", "what utilization is measured on: the own accounting or this process's CPU", &p.source, sourceWorkers, sourceCPU).
+			dflt(sourceWorkers),
+	}
+}
+
+func (p *utilizationParams) check(c *checker) {
+	if err := p.ctrl.Validate(); err != nil {
+		c.fail(err)
+	}
+	if p.source != sourceCPU && p.workers < 1 {
+		c.failf("workers", "missing: the own accounting needs workers (or set source: cpu)")
+	}
+	c.known("tiers", p.tiers, "unknown tier or class %q (classes the routes assign: %s)")
+}
+
+func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {
+	ctrl, err := shed.NewController(p.ctrl)
+	if err != nil {
+		return nil, err
+	}
+	opts := shed.UtilizationOptions{Tiers: p.tiers, Workers: p.workers, SampleEvery: p.sampleEvery,
+		CostAware: p.costAware, RetryHint: b.g.RetryHint, Rand: b.opts.Rand}
+	if p.source == sourceCPU {
+		if b.opts.Virtual {
+			return nil, param.Errorf("source", "source cpu is this process's real CPU, which a virtual clock does not move: use source: workers")
+		}
+		opts.Source = shed.NewCPUSource()
+	}
+	return shed.NewUtilization(b.g.Name, ctrl, opts)
+}
+
+func (p *utilizationParams) stateKey() string { return "" }
+
+func (p *utilizationParams) describe(g *Gate) string {
+	c := p.ctrl.WithDefaults()
+	src := fmt.Sprintf("in flight ÷ %d workers", p.workers)
+	if p.source == sourceCPU {
+		src = "process CPU"
+	}
+	return fmt.Sprintf("utilization shedder on %s: good %v, bad %v, delay %v, everything shed %v after the first shed at full pressure; tiers shed in order %s; 503 overload%s",
+		src, c.Good, c.Bad, c.Delay, c.ShedAllAfter, strings.Join(p.tiers, " -> "), classesOnly(g))
+}

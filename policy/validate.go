@@ -1,0 +1,83 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/sluice-go/sluice/internal/param"
+	"github.com/sluice-go/sluice/internal/yamlfile"
+)
+
+// Validate checks everything about f that a Build would, without dialing
+// anything: every gate's settings against each other and against the
+// classes the routes assign, each algorithm's parameters, and, on the
+// Redis backend, what Redis can hold exactly and the local fallback's
+// share. Parse and Load call it; call it again after changing a File in
+// code. The error is Errors, each naming the file, line and field, and
+// wrapping the cause when another package found it.
+func Validate(f *File) error {
+	var errs Errors
+	classes := f.Classes()
+	for i := range f.Gates {
+		g := &f.Gates[i]
+		if g.kind == nil || g.params == nil {
+			errs = append(errs, &Error{File: f.Path, Line: g.Line, Field: fmt.Sprintf("gates[%d].kind", i),
+				Msg: fmt.Sprintf("unknown kind %q (known: %s)", g.Kind, kindNames())})
+			continue
+		}
+		c := &checker{file: f, g: g, path: fmt.Sprintf("gates[%d]", i), classes: classes}
+		c.known("classes", g.Classes, "no route assigns class %q, so this gate would never apply (classes: %s)")
+		g.params.check(c)
+		errs = append(errs, c.errs...)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(errs, func(a, b *Error) int { return a.Line - b.Line })
+	return errs
+}
+
+// checker collects the errors of one gate's settings.
+type checker struct {
+	file    *File
+	g       *Gate
+	path    string   // "gates[i]"
+	classes []string // the classes the routes assign
+	errs    Errors
+}
+
+// failf records an error in the gate's field key ("" for the gate itself).
+func (c *checker) failf(key, format string, args ...any) {
+	c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine(key), Field: yamlfile.Join(c.path, key),
+		Msg: fmt.Sprintf(format, args...)})
+}
+
+// fail records err, found by another package, in the field that set the
+// parameter it names (a param.Error), or in the gate itself.
+func (c *checker) fail(err error) {
+	key := ""
+	var pe *param.Error
+	if errors.As(err, &pe) {
+		key = fieldFor(c.g.params.fields(), pe.Param)
+	}
+	path := c.path
+	if key != "" {
+		path = yamlfile.Join(c.path, key)
+	}
+	c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine(key), Field: path, Msg: err.Error(), Err: err})
+}
+
+// known reports the names that no route assigns as a class.
+func (c *checker) known(key string, names []string, format string) {
+	for j, name := range names {
+		if name != "" && !slices.Contains(c.classes, name) {
+			c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine(key), Field: fmt.Sprintf("%s.%s[%d]", c.path, key, j),
+				Msg: fmt.Sprintf(format, name, strings.Join(c.classes, ", "))})
+		}
+	}
+}
+
+// redis reports whether the gate's state lives on Redis.
+func (c *checker) redis() bool { return c.file.Store.Backend == BackendRedis }
