@@ -1,34 +1,35 @@
-// Package examples holds the example policy files, embedded so that
-// `sluice demo` runs from any directory.
+// Package examples holds the example policy files of this directory,
+// embedded so that the sluice command runs them from any directory.
+//
+//	data, file, ok := examples.ByName("routes-api") // examples/routes-api.yaml
 package examples
 
-import _ "embed"
+import (
+	"embed"
+	"io/fs"
+	"strings"
+)
 
-// RoutesAPI is examples/routes-api.yaml.
-//
-//go:embed routes-api.yaml
-var RoutesAPI []byte
+//go:embed *.yaml
+var files embed.FS
 
-// Mercury is examples/mercury.yaml.
-//
-//go:embed mercury.yaml
-var Mercury []byte
-
-// RoutesAPIShedding is examples/routes-api-shedding.yaml.
-//
-//go:embed routes-api-shedding.yaml
-var RoutesAPIShedding []byte
-
-// ByName returns the example policy named name ("routes-api", "mercury",
-// "routes-api-shedding") and its file name.
+// ByName returns the example policy named name (its file name without
+// .yaml, e.g. "routes-api") and its file name.
 func ByName(name string) (data []byte, file string, ok bool) {
-	switch name {
-	case "routes-api":
-		return RoutesAPI, "routes-api.yaml", true
-	case "mercury":
-		return Mercury, "mercury.yaml", true
-	case "routes-api-shedding":
-		return RoutesAPIShedding, "routes-api-shedding.yaml", true
+	file = name + ".yaml"
+	data, err := files.ReadFile(file)
+	if err != nil || strings.ContainsAny(name, "/.") {
+		return nil, "", false
 	}
-	return nil, "", false
+	return data, file, true
+}
+
+// Names lists the example policies, in file name order.
+func Names() []string {
+	entries, _ := fs.ReadDir(files, ".")
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	return names
 }

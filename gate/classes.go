@@ -14,7 +14,6 @@ import (
 type Classes struct {
 	sluice.Gate
 	classes []string
-	except  bool
 }
 
 var _ sluice.Wrapper = (*Classes)(nil)
@@ -24,14 +23,8 @@ func ForClasses(g sluice.Gate, classes []string) *Classes {
 	return &Classes{Gate: g, classes: slices.Clone(classes)}
 }
 
-// ExceptClasses returns g applied to every request except those whose class
-// is in classes (a reservation: the listed classes never draw on g).
-func ExceptClasses(g sluice.Gate, classes []string) *Classes {
-	return &Classes{Gate: g, classes: slices.Clone(classes), except: true}
-}
-
 func (c *Classes) applies(r *sluice.Request) bool {
-	return slices.Contains(c.classes, r.Class) != c.except
+	return slices.Contains(c.classes, r.Class)
 }
 
 // Decide asks the wrapped gate when r's class is listed, and admits

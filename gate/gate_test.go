@@ -181,3 +181,21 @@ func TestPacer(t *testing.T) {
 		}
 	})
 }
+
+// On a virtual clock the caller takes the pacer's wait (sluice.ContextWithWait)
+// instead of the gate sleeping: Decide returns at once with the wait added.
+func TestPacerHandsItsWaitToAVirtualClock(t *testing.T) {
+	rate, _ := limit.NewRate(1, 10*time.Millisecond)
+	lb, _ := limit.NewLeakyBucket(rate, 3)
+	g, _ := gate.NewPacer("smooth", memory.NewKeyed(lb, memory.Options{}), gate.Options{})
+	var wait time.Duration
+	ctx := sluice.ContextWithWait(context.Background(), &wait)
+	for i := range 3 {
+		if d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, 0); !d.Admitted {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+	}
+	if wait != 30*time.Millisecond { // 0 + 10 + 20 ms
+		t.Fatalf("waits added up to %v, want 30ms", wait)
+	}
+}

@@ -180,7 +180,7 @@ func TestRequestIDEchoedWhenValid(t *testing.T) {
 		t.Fatal("request id not echoed")
 	}
 	hdr["X-Request-Id"] = `"><script>`
-	resp, body = f.get(t, "/", hdr)
+	_, body = f.get(t, "/", hdr)
 	if id := decode(t, body).Error.RequestID; id == hdr["X-Request-Id"] || id == "" {
 		t.Fatalf("malformed request id echoed: %q", id)
 	}

@@ -22,8 +22,8 @@ gates:
 `
 
 func TestExamplesPass(t *testing.T) {
-	for name, data := range map[string][]byte{"routes-api.yaml": examples.RoutesAPI, "mercury.yaml": examples.Mercury,
-		"routes-api-shedding.yaml": examples.RoutesAPIShedding} {
+	for _, n := range examples.Names() {
+		data, name, _ := examples.ByName(n)
 		f, err := Parse(name, data)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -155,7 +155,7 @@ func TestReloadKeepsStateOfUnchangedGates(t *testing.T) {
 }
 
 func TestClassesFieldLimitsAGateToClasses(t *testing.T) {
-	f, err := Parse("m.yaml", examples.Mercury)
+	f, err := Parse("m.yaml", example("mercury"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +182,8 @@ func TestClassesFieldLimitsAGateToClasses(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add(good)
-	f.Add(string(examples.RoutesAPI))
-	f.Add(string(examples.Mercury))
+	f.Add(string(example("routes-api")))
+	f.Add(string(example("mercury")))
 	f.Add("version: 1\ngates:\n  - {name: a, kind: leaky_bucket, rate: 3/s, queue: 2}\n")
 	f.Add("{")
 	f.Fuzz(func(t *testing.T, s string) {
@@ -271,4 +271,13 @@ func TestValidationNeverDialsAndBuildKeepsTheCause(t *testing.T) {
 	if !errors.Is(err, store.ErrUnavailable) || !errors.As(err, &pe) || pe.Field != "store" || pe.Line != 2 {
 		t.Fatalf("%v", err)
 	}
+}
+
+// example returns the example policy named name.
+func example(name string) []byte {
+	data, _, ok := examples.ByName(name)
+	if !ok {
+		panic("no example " + name)
+	}
+	return data
 }

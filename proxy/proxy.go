@@ -175,9 +175,6 @@ func (s *Server) Handler() http.Handler { return s.mw.Wrap(s.proxy) }
 // Chain returns the chain serving now.
 func (s *Server) Chain() *sluice.Chain { return s.mw.Chain() }
 
-// Metrics returns the proxy's metrics.
-func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
-
 // Reload re-reads the policy file. A valid file replaces the policy without
 // dropping requests in flight and keeps the state of unchanged gates; an
 // invalid one is refused, logged, and the old policy keeps serving. It

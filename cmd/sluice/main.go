@@ -172,7 +172,8 @@ func demoCmd() *cobra.Command {
 			if scenario != "" && scenario != "sweep" {
 				return fmt.Errorf("--scenario %q: want sweep or ladder", scenario)
 			}
-			opts.Policy, opts.PolicyName = examples.RoutesAPI, "examples/routes-api.yaml (embedded)"
+			opts.Policy, _, _ = examples.ByName("routes-api")
+			opts.PolicyName = "examples/routes-api.yaml (embedded)"
 			if config != "" {
 				b, err := os.ReadFile(config)
 				if err != nil {

@@ -71,8 +71,10 @@ func TestSingleRunsAnyAlgorithm(t *testing.T) {
 	w, _ := limit.NewSlidingLog(2, time.Second)
 	clk := fakeclock.New(0)
 	l := NewSingle(w, clk)
-	if !l.Allow(1) || !l.Allow(1) || l.Allow(1) {
-		t.Fatal("sliding log of 2 per second")
+	for i, want := range []bool{true, true, false} {
+		if l.Allow(1) != want {
+			t.Fatalf("sliding log of 2 per second: call %d", i+1)
+		}
 	}
 	clk.Advance(time.Second)
 	if r := l.Take(1); !r.OK() || r.Remaining != 1 {

@@ -16,12 +16,9 @@ import (
 )
 
 // faultLoad runs callers against the three failure policies until stop is
-// closed and records the slowest decision and what each policy answered.
+// closed and records the slowest decision and how many decisions there were.
 type faultLoad struct {
 	maxLatency atomic.Int64
-	open       atomic.Int64 // fail_open admissions while failing
-	closed     atomic.Int64 // fail_closed rejections with reason dependency
-	fallback   atomic.Int64 // local_fallback decisions
 	total      atomic.Int64
 }
 

@@ -4,7 +4,7 @@
 // once through sluice, with client deadlines. It reports goodput (useful
 // completions per second) per step as a table, JSON and a plot.
 //
-//	rep, err := demo.Run(ctx, demo.Options{Policy: examples.RoutesAPI})
+//	rep, err := demo.Run(ctx, demo.Options{Policy: routes-api policy})
 package demo
 
 import (

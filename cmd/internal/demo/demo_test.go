@@ -22,7 +22,7 @@ func TestDemoSmallScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real load for several seconds")
 	}
-	policy := bytes.Replace(examples.RoutesAPI, []byte("limit: 10, retry_hint"), []byte("limit: 6, retry_hint"), 1)
+	policy := bytes.Replace(routesAPI(t), []byte("limit: 10, retry_hint"), []byte("limit: 6, retry_hint"), 1)
 	rep, err := Run(context.Background(), Options{
 		Policy: policy, Workers: 4, Multipliers: []float64{0.5, 4},
 		Step: 1500 * time.Millisecond, CapacityWindow: 2 * time.Second, Tenants: 10,
@@ -57,4 +57,12 @@ func TestDemoSmallScale(t *testing.T) {
 	if !strings.Contains(b.String(), "no admission") || !strings.Contains(b.String(), "sluice") {
 		t.Fatal(b.String())
 	}
+}
+
+func routesAPI(t *testing.T) []byte {
+	data, _, ok := examples.ByName("routes-api")
+	if !ok {
+		t.Fatal("no routes-api example")
+	}
+	return data
 }

@@ -2,8 +2,6 @@ package sim
 
 import (
 	"testing"
-
-	"github.com/sluice-go/sluice/examples"
 )
 
 // BenchmarkMercuryStep is one 60 s simulated step of the Mercury scenario
@@ -14,7 +12,7 @@ func BenchmarkMercuryStep(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		pol  *Policy
-	}{{"no-admission", nil}, {"admission", &Policy{Name: "mercury.yaml", Data: examples.Mercury}}} {
+	}{{"no-admission", nil}, {"admission", examplePolicy(b, "mercury")}} {
 		b.Run(bc.name, func(b *testing.B) {
 			d, _ := s.withDefaults()
 			var f = mustPolicy(b, bc.pol)

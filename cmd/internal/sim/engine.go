@@ -153,7 +153,6 @@ type engine struct {
 	m        *Row  // counters of the current window
 	hist     hist
 	level    sluice.Level
-	onRow    func(int64) // time series: called at each interval boundary
 }
 
 // ring is a growable FIFO of attempt indexes.

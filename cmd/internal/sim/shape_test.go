@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/cmd/internal/demo"
-	"github.com/sluice-go/sluice/examples"
 )
 
 // The simulator and the real demo (real HTTP, real goroutines, an
@@ -20,7 +19,7 @@ func TestSimAndDemoAgree(t *testing.T) {
 	}
 	multiples := []float64{2, 5}
 	// Both with 4 workers: the worker-pool gate allows 4 + 2 in flight.
-	pol := bytes.Replace(examples.RoutesAPI, []byte("limit: 10, retry_hint"), []byte("limit: 6, retry_hint"), 1)
+	pol := bytes.Replace(examplePolicy(t, "routes-api").Data, []byte("limit: 10, retry_hint"), []byte("limit: 6, retry_hint"), 1)
 
 	s := builtin(t, "routes-api")
 	s.Workers = 4
