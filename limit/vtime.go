@@ -55,4 +55,3 @@ func (a vtime) ceil() int64 {
 
 // scaled returns a·n: the span in units of 1/n ns. REQUIRES: it fits in int64.
 func (a vtime) scaled(n int64) int64 { return a.ns*n + a.f }
-
