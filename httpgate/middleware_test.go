@@ -142,21 +142,7 @@ func TestRetryAfterExactOn501st(t *testing.T) {
 		}
 	}
 	resp, body := f.get(t, "/v1/routes/42", key)
-	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || resp.Header.Get("RateLimit") != `"request-rate";r=0;t=1` {
-		t.Fatalf("501st: %d Retry-After %q RateLimit %q", resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"))
-	}
-	if resp.Header.Get("Cache-Control") != "no-store" || resp.Header.Get("Content-Type") != "application/json" {
-		t.Fatal("rejection headers")
-	}
-	e := decode(t, body)
-	if e.Error.Reason != "policy_rate" || e.Error.Scope != "tenant" || e.Error.Gate != "request-rate" || !e.Error.Retryable ||
-		e.Error.EffectPossible || e.Error.RetryAfter != 1 || e.Error.RequestID == "" || resp.Header.Get("X-Request-Id") != e.Error.RequestID ||
-		!strings.Contains(e.Error.Message, "retry after 1s") || !strings.Contains(e.Error.Message, "500 requests per 5s") {
-		t.Fatalf("envelope %+v", e.Error)
-	}
-	if len(body) > 400 {
-		t.Fatalf("envelope of %d bytes", len(body))
-	}
+	check501st(t, resp, body)
 	// Another tenant is unaffected.
 	if resp, _ := f.get(t, "/v1/routes/42", map[string]string{"X-Api-Key": "other"}); resp.StatusCode != 200 {
 		t.Fatal("tenants share a bucket")
@@ -165,6 +151,31 @@ func TestRetryAfterExactOn501st(t *testing.T) {
 	f.clk.Advance(10 * time.Millisecond)
 	if resp, _ := f.get(t, "/v1/routes/42", key); resp.StatusCode != 200 {
 		t.Fatal("token not back after 10ms")
+	}
+}
+
+// check501st checks the rejection of the 501st request: status, headers
+// and envelope.
+func check501st(t *testing.T, resp *http.Response, body []byte) {
+	t.Helper()
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || resp.Header.Get("RateLimit") != `"request-rate";r=0;t=1` {
+		t.Fatalf("501st: %d Retry-After %q RateLimit %q", resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"))
+	}
+	if resp.Header.Get("Cache-Control") != "no-store" || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatal("rejection headers")
+	}
+	e := decode(t, body).Error
+	if e.Reason != "policy_rate" || e.Scope != "tenant" || e.Gate != "request-rate" || !e.Retryable || e.EffectPossible || e.RetryAfter != 1 {
+		t.Fatalf("envelope %+v", e)
+	}
+	if e.RequestID == "" || resp.Header.Get("X-Request-Id") != e.RequestID {
+		t.Fatalf("request id %q, header %q", e.RequestID, resp.Header.Get("X-Request-Id"))
+	}
+	if !strings.Contains(e.Message, "retry after 1s") || !strings.Contains(e.Message, "500 requests per 5s") {
+		t.Fatalf("message %q", e.Message)
+	}
+	if len(body) > 400 {
+		t.Fatalf("envelope of %d bytes", len(body))
 	}
 }
 

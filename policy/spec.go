@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
@@ -15,67 +16,59 @@ import (
 // the file, each gate described by its kind, and the prose parts come from
 // its spec section.
 func (f *File) SpecText() string {
-	var b strings.Builder
-	line := func(label, format string, args ...any) {
-		fmt.Fprintf(&b, "  %s: %s\n", label, fmt.Sprintf(format, args...))
+	w := &specWriter{f: f}
+	w.header()
+	w.workModel()
+	w.hierarchy()
+	w.stateMachine()
+	w.contract()
+	w.evidence()
+	return w.b.String()
+}
+
+// specWriter writes the sections of a file's spec.
+type specWriter struct {
+	f *File
+	b strings.Builder
+}
+
+func (w *specWriter) line(label, format string, args ...any) {
+	fmt.Fprintf(&w.b, "  %s: %s\n", label, fmt.Sprintf(format, args...))
+}
+
+// prose is a free-text part of the spec, or how to add it.
+func prose(s, field string) string {
+	if s == "" {
+		return "(not stated: add spec." + field + " to the policy file)"
 	}
-	prose := func(s, field string) string {
-		if s == "" {
-			return "(not stated: add spec." + field + " to the policy file)"
-		}
-		return s
+	return s
+}
+
+func (w *specWriter) service() string {
+	if w.f.Service == "" {
+		return "(unnamed service)"
 	}
-	service := f.Service
-	if service == "" {
-		service = "(unnamed service)"
-	}
-	fmt.Fprintf(&b, "ADMISSION POLICY  %s  (%s)\n", service, f.Path)
-	line("Protected operation and useful-completion definition", "%s", prose(f.Spec.Operation, "operation"))
-	line("Scarce resource(s), capacity evidence, and safe operating region", "%s", prose(f.Spec.Resource, "resource"))
+	return w.f.Service
+}
+
+func (w *specWriter) header() {
+	f := w.f
+	fmt.Fprintf(&w.b, "ADMISSION POLICY  %s  (%s)\n", w.service(), f.Path)
+	w.line("Protected operation and useful-completion definition", "%s", prose(f.Spec.Operation, "operation"))
+	w.line("Scarce resource(s), capacity evidence, and safe operating region", "%s", prose(f.Spec.Resource, "resource"))
 	names := make([]string, len(f.Gates))
 	for i, g := range f.Gates {
 		names[i] = g.Name
 	}
-	line("Decision point and rejection cost budget", "sluice in front of %s, one chain evaluated in order: %s; a rejection is answered in process, before any upstream work, with a small fixed-size body",
-		service, strings.Join(names, " -> "))
+	w.line("Decision point and rejection cost budget", "sluice in front of %s, one chain evaluated in order: %s; a rejection is answered in process, before any upstream work, with a small fixed-size body",
+		w.service(), strings.Join(names, " -> "))
+}
 
-	b.WriteString("\nWORK MODEL\n")
-	tenant := "one shared anonymous tenant (no identity.tenant.header)"
-	if f.Identity.TenantHeader != "" {
-		tenant = "tenant = header " + f.Identity.TenantHeader
-		if f.Identity.TenantRequired {
-			tenant += " (required)"
-		}
-	}
-	var classes []string
-	for _, c := range f.Classes() {
-		var where []string
-		for _, r := range f.Routes {
-			if r.Class == c || (r.Class == "" && c == "default") {
-				where = append(where, strings.TrimSpace(r.Method+" "+r.Path))
-			}
-		}
-		if len(where) == 0 {
-			where = []string{"requests no route matches"}
-		}
-		classes = append(classes, fmt.Sprintf("%s (%s)", c, strings.Join(where, ", ")))
-	}
-	line("Classes / tenants / authorized priority", "%s; classes from server-side routes only, never from the client: %s", tenant, strings.Join(classes, "; "))
-	costs := []string{"1 unit per request unless a route says otherwise"}
-	for _, r := range f.Routes {
-		switch {
-		case r.Cost.Header != "":
-			per, lo, hi := max(r.Cost.Per, 1), max(r.Cost.Min, 1), r.Cost.Max
-			bound := fmt.Sprintf("[%d, %d]", lo, hi)
-			if hi == 0 {
-				bound = fmt.Sprintf("[%d, no max]", lo)
-			}
-			costs = append(costs, fmt.Sprintf("%s: ceil(%s / %d) clamped to %s", strings.TrimSpace(r.Method+" "+r.Path), r.Cost.Header, per, bound))
-		case r.Cost.Fixed > 1:
-			costs = append(costs, fmt.Sprintf("%s: %d units", strings.TrimSpace(r.Method+" "+r.Path), r.Cost.Fixed))
-		}
-	}
-	line("Demand unit and pre-admission estimator", "%s", strings.Join(costs, "; "))
+func (w *specWriter) workModel() {
+	f := w.f
+	w.b.WriteString("\nWORK MODEL\n")
+	w.line("Classes / tenants / authorized priority", "%s; classes from server-side routes only, never from the client: %s", tenantText(f.Identity), strings.Join(w.classes(), "; "))
+	w.line("Demand unit and pre-admission estimator", "%s", strings.Join(costsText(f.Routes), "; "))
 	var bursts []string
 	for _, g := range f.Gates {
 		if b, ok := g.params.(burster); ok {
@@ -85,83 +78,140 @@ func (f *File) SpecText() string {
 	if len(bursts) == 0 {
 		bursts = []string{"no burst allowance configured"}
 	}
-	line("Arrival, burst, skew, retry, and failure assumptions", "%s; retries arrive as new offered load and are decided like any request", strings.Join(bursts, "; "))
-	if f.Identity.DeadlineHeader != "" {
-		max := f.Identity.MaxDeadline
-		if max == 0 {
-			max = identify.DefaultMaxDeadline
-		}
-		def := "none"
-		if f.Identity.DefaultDeadline > 0 {
-			def = f.Identity.DefaultDeadline.String()
-		}
-		line("Deadline and correctness invariants", "remaining budget from header %s (longer budgets clamped to %v; without the header: %s) bounds the work's context; a response after it counts as late, not useful", f.Identity.DeadlineHeader, max, def)
-	} else {
-		line("Deadline and correctness invariants", "no deadline header configured: every completion counts as useful")
-	}
+	w.line("Arrival, burst, skew, retry, and failure assumptions", "%s; retries arrive as new offered load and are decided like any request", strings.Join(bursts, "; "))
+	w.line("Deadline and correctness invariants", "%s", deadlineText(f.Identity))
+}
 
-	b.WriteString("\nHIERARCHY\n")
-	line("Global / region / worker budgets", "%s", storeText(f.Store))
+func tenantText(id Identity) string {
+	if id.TenantHeader == "" {
+		return "one shared anonymous tenant (no identity.tenant.header)"
+	}
+	if id.TenantRequired {
+		return "tenant = header " + id.TenantHeader + " (required)"
+	}
+	return "tenant = header " + id.TenantHeader
+}
+
+// classes describes each class by the routes that assign it.
+func (w *specWriter) classes() []string {
+	var out []string
+	for _, c := range w.f.Classes() {
+		var where []string
+		for _, r := range w.f.Routes {
+			if r.Class == c || (r.Class == "" && c == sluice.ClassDefault) {
+				where = append(where, strings.TrimSpace(r.Method+" "+r.Path))
+			}
+		}
+		if len(where) == 0 {
+			where = []string{"requests no route matches"}
+		}
+		out = append(out, fmt.Sprintf("%s (%s)", c, strings.Join(where, ", ")))
+	}
+	return out
+}
+
+func costsText(routes []Route) []string {
+	costs := []string{"1 unit per request unless a route says otherwise"}
+	for _, r := range routes {
+		where := strings.TrimSpace(r.Method + " " + r.Path)
+		switch {
+		case r.Cost.Header != "":
+			per, lo, hi := max(r.Cost.Per, 1), max(r.Cost.Min, 1), r.Cost.Max
+			bound := fmt.Sprintf("[%d, %d]", lo, hi)
+			if hi == 0 {
+				bound = fmt.Sprintf("[%d, no max]", lo)
+			}
+			costs = append(costs, fmt.Sprintf("%s: ceil(%s / %d) clamped to %s", where, r.Cost.Header, per, bound))
+		case r.Cost.Fixed > 1:
+			costs = append(costs, fmt.Sprintf("%s: %d units", where, r.Cost.Fixed))
+		}
+	}
+	return costs
+}
+
+func deadlineText(id Identity) string {
+	if id.DeadlineHeader == "" {
+		return "no deadline header configured: every completion counts as useful"
+	}
+	maxBudget := id.MaxDeadline
+	if maxBudget == 0 {
+		maxBudget = identify.DefaultMaxDeadline
+	}
+	def := "none"
+	if id.DefaultDeadline > 0 {
+		def = id.DefaultDeadline.String()
+	}
+	return fmt.Sprintf("remaining budget from header %s (longer budgets clamped to %v; without the header: %s) bounds the work's context; a response after it counts as late, not useful",
+		id.DeadlineHeader, maxBudget, def)
+}
+
+func (w *specWriter) hierarchy() {
+	f := w.f
+	w.b.WriteString("\nHIERARCHY\n")
+	w.line("Global / region / worker budgets", "%s", storeText(f.Store))
 	reservations := "none configured"
 	for i := range f.Gates {
 		if r, ok := f.Gates[i].params.(reserver); ok {
 			reservations = r.reservation(&f.Gates[i])
 		}
 	}
-	line("Reservations, weights, borrow rules, and revocation time", "%s", reservations)
-	b.WriteString("  Rate, burst, concurrency, queue, and cost bounds:\n")
+	w.line("Reservations, weights, borrow rules, and revocation time", "%s", reservations)
+	w.b.WriteString("  Rate, burst, concurrency, queue, and cost bounds:\n")
 	for i := range f.Gates {
 		g := &f.Gates[i]
-		fmt.Fprintf(&b, "    - %s: %s [%s]\n", g.Name, g.params.describe(g), g.Mode)
+		fmt.Fprintf(&w.b, "    - %s: %s [%s]\n", g.Name, g.params.describe(g), g.Mode)
 	}
 	if f.Store.Backend == BackendRedis {
-		line("Maximum distributed overshoot or unused lease", "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing")
+		w.line("Maximum distributed overshoot or unused lease", "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing")
 	} else {
-		line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
+		w.line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
 	}
+}
 
-	b.WriteString("\nSTATE MACHINE\n")
+func (w *specWriter) stateMachine() {
+	w.b.WriteString("\nSTATE MACHINE\n")
 	var states [][2]string
-	for _, g := range f.Gates {
+	for _, g := range w.f.Gates {
 		if m, ok := g.params.(stateMachiner); ok {
 			states = m.stateMachine()
 		}
 	}
 	if states == nil {
-		line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
+		w.line("NORMAL / DEGRADE / SHED / RECOVER", "no degradation ladder configured: every gate acts the same in every state")
 	}
 	for _, st := range states {
-		line(st[0], "%s", st[1])
+		w.line(st[0], "%s", st[1])
 	}
+}
 
-	b.WriteString("\nFAILURE AND CLIENT CONTRACT\n")
-	var failures []string
+func (w *specWriter) contract() {
+	f := w.f
+	w.b.WriteString("\nFAILURE AND CLIENT CONTRACT\n")
+	var failures, e429, e503 []string
 	for _, g := range f.Gates {
 		if g.kind.stored {
 			failures = append(failures, fmt.Sprintf("%s %s", g.Name, g.OnFailure))
 		}
-	}
-	line("Limiter unavailable/stale/partitioned behavior", "%s; per gate: %s", storeFailure(f.Store), strings.Join(failures, ", "))
-	var e429, e503 []string
-	for _, g := range f.Gates {
 		if g.entitlement() {
 			e429 = append(e429, g.Name)
 		} else {
 			e503 = append(e503, g.Name)
 		}
 	}
-	line("429/503 or protocol-specific rejection semantics", "429 Too Many Requests (the caller's entitlement): %s; 503 Service Unavailable (capacity): %s; 400 for malformed identity, cost or deadline headers",
+	w.line("Limiter unavailable/stale/partitioned behavior", "%s; per gate: %s", storeFailure(f.Store), strings.Join(failures, ", "))
+	w.line("429/503 or protocol-specific rejection semantics", "429 Too Many Requests (the caller's entitlement): %s; 503 Service Unavailable (capacity): %s; 400 for malformed identity, cost or deadline headers",
 		listOrNone(e429), listOrNone(e503))
 	j := wire.DefaultJitter
-	line("Effect possibility, retry eligibility, delay, jitter, and attempt budget", "every rejection happens before execution (effect_possible false); Retry-After is the exact wait rounded up to whole seconds plus jitter over [w, w + max(%d, ceil(w x %.1f))]; a cost above a burst is not retryable and gets no Retry-After; RateLimit-Policy and RateLimit fields (%s) on admitted and rate-limited responses", j.Min, j.Fraction, wire.Draft)
-	line("Static fallback / disable / operator override", "each gate switches between enforce, shadow and off at run time (admin endpoint /v1/gates); the file reloads on SIGHUP or change, and an invalid file is refused while the old policy keeps serving")
+	w.line("Effect possibility, retry eligibility, delay, jitter, and attempt budget", "every rejection happens before execution (effect_possible false); Retry-After is the exact wait rounded up to whole seconds plus jitter over [w, w + max(%d, ceil(w x %.1f))]; a cost above a burst is not retryable and gets no Retry-After; RateLimit-Policy and RateLimit fields (%s) on admitted and rate-limited responses", j.Min, j.Fraction, wire.Draft)
+	w.line("Static fallback / disable / operator override", "each gate switches between enforce, shadow and off at run time (admin endpoint /v1/gates); the file reloads on SIGHUP or change, and an invalid file is refused while the old policy keeps serving")
+}
 
-	b.WriteString("\nEVIDENCE\n")
-	line("Offered, admitted, completed, late, rejected, and retried demand", "/metrics: sluice_requests_offered_total, _admitted_total, _rejected_total{reason,gate,mode}, _completed_total{outcome}")
-	line("Goodput and fairness by class/tenant", "sluice_goodput_units_total{class,tenant} and completions by outcome, per class and tenant (tenant label capped)")
-	line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice sim --config` runs this file's gates on a virtual clock against modeled overload (load sweeps, load and service-time steps, retry storms); `sluice demo` sweeps real open-loop load from 0.5x to 10x capacity with and without admission")
-	line("Abort, rollback, and policy review owner", "%s", prose(f.Spec.Owner, "owner"))
-	return b.String()
+func (w *specWriter) evidence() {
+	w.b.WriteString("\nEVIDENCE\n")
+	w.line("Offered, admitted, completed, late, rejected, and retried demand", "/metrics: sluice_requests_offered_total, _admitted_total, _rejected_total{reason,gate,mode}, _completed_total{outcome}")
+	w.line("Goodput and fairness by class/tenant", "sluice_goodput_units_total{class,tenant} and completions by outcome, per class and tenant (tenant label capped)")
+	w.line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice sim --config` runs this file's gates on a virtual clock against modeled overload (load sweeps, load and service-time steps, retry storms); `sluice demo` sweeps real open-loop load from 0.5x to 10x capacity with and without admission")
+	w.line("Abort, rollback, and policy review owner", "%s", prose(w.f.Spec.Owner, "owner"))
 }
 
 func listOrNone(s []string) string {

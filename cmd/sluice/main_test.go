@@ -50,10 +50,16 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func TestSim(t *testing.T) {
-	dir := t.TempDir()
-	scn := filepath.Join(dir, "small.yaml")
+// smallScenario writes a short routes-api sweep into a temporary folder.
+func smallScenario(t *testing.T) (dir, scn string) {
+	dir = t.TempDir()
+	scn = filepath.Join(dir, "small.yaml")
 	os.WriteFile(scn, []byte("base: routes-api\nloads: [100, 1000]\nstep: 3s\nwarmup: 1s\n"), 0o644)
+	return dir, scn
+}
+
+func TestSimWritesRowsAndPlot(t *testing.T) {
+	dir, scn := smallScenario(t)
 	js := filepath.Join(dir, "rows.json")
 	out, _, err := run("sim", "--scenario", scn, "--config", "../../examples/routes-api.yaml", "--json", js, "--plot", filepath.Join(dir, "p"))
 	if err != nil || !strings.Contains(out, "no admission") || !strings.Contains(out, "sluice (../../examples/routes-api.yaml)") {
@@ -75,41 +81,48 @@ func TestSim(t *testing.T) {
 		len(rows.Runs[1].Steps) != 2 || rows.Runs[1].Steps[1].Offered < 900 || rows.Runs[1].Steps[1].Goodput < 150 {
 		t.Fatalf("json: %v %+v", err, rows)
 	}
+	// --json - writes to stdout, instead of the table.
+	out, _, err = run("sim", "--scenario", scn, "--no-policy", "--json", "-", "--plot", "")
+	if err != nil || !strings.HasPrefix(out, "{") || strings.Contains(out, "offered  retried") {
+		t.Fatalf("--json -: %v\n%.200s", err, out)
+	}
+}
 
-	// Same seed, same bytes.
+// Same seed, same bytes.
+func TestSimIsDeterministic(t *testing.T) {
+	_, scn := smallScenario(t)
 	out2, _, _ := run("sim", "--scenario", scn, "--config", "../../examples/routes-api.yaml", "--plot", "")
 	out3, _, _ := run("sim", "--scenario", scn, "--config", "../../examples/routes-api.yaml", "--plot", "")
 	if out2 != out3 {
 		t.Fatalf("two runs differ:\n%s\n%s", out2, out3)
 	}
+}
 
+func TestSimErrors(t *testing.T) {
+	dir, scn := smallScenario(t)
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("base: routes-api\nclient:\n  attempts: -1\n"), 0o644)
-	_, errOut, err := run("sim", "--scenario", bad, "--plot", "")
-	if err == nil || !strings.Contains(errOut, "bad.yaml:3: client.attempts") {
-		t.Fatalf("%v\n%s", err, errOut)
-	}
-	if _, _, err := run("sim", "--scenario", "venus", "--plot", ""); err == nil || !strings.Contains(err.Error(), "mercury") {
-		t.Fatalf("unknown scenario: %v", err)
-	}
-	// Output paths are checked before simulating; --json - writes to stdout.
-	if _, _, err := run("sim", "--scenario", scn, "--json", filepath.Join(dir, "no", "such", "dir.json")); err == nil {
-		t.Fatal("--json into a missing directory: no error")
-	}
-	if _, _, err := run("sim", "--scenario", scn, "--plot", filepath.Join(dir, "no", "such", "p")); err == nil || !strings.Contains(err.Error(), `--plot ""`) {
-		t.Fatalf("--plot into a missing directory: %v", err)
-	}
-	out, _, err = run("sim", "--scenario", scn, "--no-policy", "--json", "-", "--plot", "")
-	if err != nil || !strings.HasPrefix(out, "{") || strings.Contains(out, "offered  retried") {
-		t.Fatalf("--json -: %v\n%.200s", err, out)
-	}
-	if _, _, err := run("sim", "--no-policy", "--config", "x.yaml"); err == nil {
-		t.Fatal("--no-policy with --config: no error")
-	}
 	// A utilization gate on real CPU cannot run on a virtual clock.
 	cpu := filepath.Join(dir, "cpu.yaml")
 	os.WriteFile(cpu, []byte("version: 1\ngates:\n  - {name: u, kind: utilization, source: cpu, tiers: [default]}\n"), 0o644)
-	if _, errOut, err := run("sim", "--scenario", scn, "--config", cpu, "--plot", ""); err == nil || !strings.Contains(errOut+err.Error(), "cpu.yaml:3: gates[0].source") {
-		t.Fatalf("cpu source: %v\n%s", err, errOut)
+	for _, c := range []struct {
+		name string
+		args []string
+		want string // in the error or its output
+	}{
+		{"scenario field", []string{"--scenario", bad, "--plot", ""}, "bad.yaml:3: client.attempts"},
+		{"unknown scenario", []string{"--scenario", "venus", "--plot", ""}, "mercury"},
+		// Output paths are checked before simulating.
+		{"json dir", []string{"--scenario", scn, "--json", filepath.Join(dir, "no", "such", "dir.json")}, "no such file"},
+		{"plot dir", []string{"--scenario", scn, "--plot", filepath.Join(dir, "no", "such", "p")}, `--plot ""`},
+		{"no-policy and config", []string{"--no-policy", "--config", "x.yaml"}, "choose one"},
+		{"cpu source", []string{"--scenario", scn, "--config", cpu, "--plot", ""}, "cpu.yaml:3: gates[0].source"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, errOut, err := run(append([]string{"sim"}, c.args...)...)
+			if err == nil || !strings.Contains(errOut+err.Error(), c.want) {
+				t.Fatalf("%v\n%s", err, errOut)
+			}
+		})
 	}
 }

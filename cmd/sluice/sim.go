@@ -11,13 +11,17 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/internal/sim"
 	"github.com/sluice-go/sluice/examples"
-	"github.com/sluice-go/sluice/policy"
 )
 
+// simFlags are the flags of sluice sim.
+type simFlags struct {
+	config, scenario, jsonPath, plotBase string
+	seed                                 uint64
+	noPolicy                             bool
+}
+
 func simCmd() *cobra.Command {
-	var config, scenario, jsonPath, plotBase string
-	var seed uint64
-	var noPolicy bool
+	var fl simFlags
 	cmd := &cobra.Command{
 		Use:   "sim [--scenario NAME|FILE] [--config POLICY]",
 		Short: "Simulate a service under overload on a virtual clock, with and without the policy's real gates",
@@ -26,99 +30,118 @@ func simCmd() *cobra.Command {
 			"policy's gates, on a virtual clock. Built-in scenarios: " + strings.Join(sim.Builtins(), ", ") + ".\n" +
 			"The same seed gives the same output, bit for bit.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, ok := sim.Builtin(scenario)
-			if !ok {
-				if !strings.HasSuffix(scenario, ".yaml") && !strings.HasSuffix(scenario, ".yml") {
-					if _, err := os.Stat(scenario); err != nil {
-						return fmt.Errorf("--scenario %q: no such built-in scenario (%s) or file", scenario, strings.Join(sim.Builtins(), ", "))
-					}
-				}
-				var err error
-				if s, err = sim.LoadScenario(scenario); err != nil {
-					if n := printPolicyErrors(cmd, err); n > 0 {
-						return fmt.Errorf("%s: %d error(s)", scenario, n)
-					}
-					return err
-				}
-				// A policy path in a scenario file is relative to the file.
-				if _, _, example := examples.ByName(s.Policy); !example && s.Policy != "" && !filepath.IsAbs(s.Policy) {
-					s.Policy = filepath.Join(filepath.Dir(scenario), s.Policy)
-				}
-			}
-			if noPolicy && config != "" {
-				return errors.New("--no-policy and --config: choose one")
-			}
-			// Output paths are checked before a possibly long simulation.
-			var jsonFile *os.File
-			if jsonPath != "" && jsonPath != "-" {
-				f, err := os.Create(jsonPath)
-				if err != nil {
-					return err
-				}
-				defer f.Close() // after an error; the success path closes it and checks
-				jsonFile = f
-			}
-			if st, err := os.Stat(plotBase); plotBase != "" && (strings.HasSuffix(plotBase, "/") || err == nil && st.IsDir()) {
-				plotBase = filepath.Join(plotBase, "sluice-sim")
-			}
-			if plotBase != "" {
-				for _, ext := range []string{".png", ".svg"} {
-					f, err := os.OpenFile(plotBase+ext, os.O_WRONLY|os.O_CREATE, 0o644)
-					if err != nil {
-						return fmt.Errorf("%w (--plot \"\" for no plot)", err)
-					}
-					f.Close()
-				}
-			}
-			var opts sim.Options
-			if !noPolicy {
-				pol, err := simPolicy(config, s.Policy)
-				if err != nil {
-					if config == "" && s.Policy != "" {
-						return fmt.Errorf("%s: policy: %w", scenario, err)
-					}
-					return err
-				}
-				opts.Policy = pol
-			}
-			opts.Seed = seed
-			rep, err := sim.Simulate(s, opts)
-			if err != nil {
-				var pe policy.Errors
-				if errors.As(err, &pe) {
-					printPolicyErrors(cmd, err)
-					return fmt.Errorf("%d error(s)", len(pe))
-				}
-				return err
-			}
-			if jsonPath != "-" {
-				rep.WriteTable(cmd.OutOrStdout())
-			}
-			switch {
-			case jsonPath == "-":
-				if err := rep.WriteJSON(cmd.OutOrStdout()); err != nil {
-					return err
-				}
-			case jsonFile != nil:
-				if err := rep.WriteJSON(jsonFile); err != nil {
-					return err
-				}
-				if err := jsonFile.Close(); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
-			}
-			return savePlot(cmd, rep, plotBase)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return fl.run(cmd) },
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "mercury", "a built-in scenario ("+strings.Join(sim.Builtins(), ", ")+") or a scenario file")
-	cmd.Flags().StringVar(&config, "config", "", "policy file for the run with admission (default: the scenario's policy)")
-	cmd.Flags().BoolVar(&noPolicy, "no-policy", false, "only the run without admission")
-	cmd.Flags().Uint64Var(&seed, "seed", 0, "random seed (default: the scenario's)")
-	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the rows as JSON to this file (-: stdout, instead of the table)")
-	cmd.Flags().StringVar(&plotBase, "plot", "sluice-sim", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
+	cmd.Flags().StringVar(&fl.scenario, "scenario", "mercury", "a built-in scenario ("+strings.Join(sim.Builtins(), ", ")+") or a scenario file")
+	cmd.Flags().StringVar(&fl.config, "config", "", "policy file for the run with admission (default: the scenario's policy)")
+	cmd.Flags().BoolVar(&fl.noPolicy, "no-policy", false, "only the run without admission")
+	cmd.Flags().Uint64Var(&fl.seed, "seed", 0, "random seed (default: the scenario's)")
+	cmd.Flags().StringVar(&fl.jsonPath, "json", "", "also write the rows as JSON to this file (-: stdout, instead of the table)")
+	cmd.Flags().StringVar(&fl.plotBase, "plot", "sluice-sim", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
 	return cmd
+}
+
+func (fl *simFlags) run(cmd *cobra.Command) error {
+	s, err := fl.loadScenario(cmd)
+	if err != nil {
+		return err
+	}
+	if fl.noPolicy && fl.config != "" {
+		return errors.New("--no-policy and --config: choose one")
+	}
+	// Output paths are checked before a possibly long simulation.
+	jsonFile, err := fl.outputs()
+	if err != nil {
+		return err
+	}
+	if jsonFile != nil {
+		defer jsonFile.Close() // after an error; the success path closes it and checks
+	}
+	opts := sim.Options{Seed: fl.seed}
+	if !fl.noPolicy {
+		if opts.Policy, err = simPolicy(fl.config, s.Policy); err != nil {
+			if fl.config == "" && s.Policy != "" {
+				return fmt.Errorf("%s: policy: %w", fl.scenario, err)
+			}
+			return err
+		}
+	}
+	rep, err := sim.Simulate(s, opts)
+	if err != nil {
+		if n := printPolicyErrors(cmd, err); n > 0 {
+			return fmt.Errorf("%d error(s)", n)
+		}
+		return err
+	}
+	if err := fl.write(cmd, rep, jsonFile); err != nil {
+		return err
+	}
+	return savePlot(cmd, rep, fl.plotBase)
+}
+
+// loadScenario returns the built-in scenario or the scenario file named by
+// --scenario; a policy path in a file is relative to the file.
+func (fl *simFlags) loadScenario(cmd *cobra.Command) (sim.Scenario, error) {
+	if s, ok := sim.Builtin(fl.scenario); ok {
+		return s, nil
+	}
+	if !strings.HasSuffix(fl.scenario, ".yaml") && !strings.HasSuffix(fl.scenario, ".yml") {
+		if _, err := os.Stat(fl.scenario); err != nil {
+			return sim.Scenario{}, fmt.Errorf("--scenario %q: no such built-in scenario (%s) or file", fl.scenario, strings.Join(sim.Builtins(), ", "))
+		}
+	}
+	s, err := sim.LoadScenario(fl.scenario)
+	if err != nil {
+		if n := printPolicyErrors(cmd, err); n > 0 {
+			return s, fmt.Errorf("%s: %d error(s)", fl.scenario, n)
+		}
+		return s, err
+	}
+	if _, _, example := examples.ByName(s.Policy); !example && s.Policy != "" && !filepath.IsAbs(s.Policy) {
+		s.Policy = filepath.Join(filepath.Dir(fl.scenario), s.Policy)
+	}
+	return s, nil
+}
+
+// outputs checks that the plot can be written and opens the JSON file,
+// if any (nil for none or stdout).
+func (fl *simFlags) outputs() (*os.File, error) {
+	if st, err := os.Stat(fl.plotBase); fl.plotBase != "" && (strings.HasSuffix(fl.plotBase, "/") || err == nil && st.IsDir()) {
+		fl.plotBase = filepath.Join(fl.plotBase, "sluice-sim")
+	}
+	if fl.plotBase != "" {
+		for _, ext := range []string{".png", ".svg"} {
+			f, err := os.OpenFile(fl.plotBase+ext, os.O_WRONLY|os.O_CREATE, 0o644)
+			if err != nil {
+				return nil, fmt.Errorf("%w (--plot \"\" for no plot)", err)
+			}
+			f.Close()
+		}
+	}
+	if fl.jsonPath == "" || fl.jsonPath == "-" {
+		return nil, nil
+	}
+	return os.Create(fl.jsonPath)
+}
+
+// write prints the table and writes the JSON rows where asked.
+func (fl *simFlags) write(cmd *cobra.Command, rep *sim.Report, jsonFile *os.File) error {
+	switch {
+	case fl.jsonPath == "-":
+		return rep.WriteJSON(cmd.OutOrStdout())
+	case jsonFile != nil:
+		rep.WriteTable(cmd.OutOrStdout())
+		if err := rep.WriteJSON(jsonFile); err != nil {
+			return err
+		}
+		if err := jsonFile.Close(); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", fl.jsonPath)
+	default:
+		rep.WriteTable(cmd.OutOrStdout())
+	}
+	return nil
 }
 
 // simPolicy reads --config, or else the scenario's policy: a built-in

@@ -74,78 +74,98 @@ var scenarioFields = []string{"base", "name", "description", "unit", "capacity",
 	"loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
 
 func (p *sparser) scenario(n *yaml.Node) Scenario {
-	var s Scenario
-	// base first, so the file's fields override it wherever they are.
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if k, v := n.Content[i], n.Content[i+1]; k.Value == "base" {
-				name := p.Str(v, "base")
-				b, ok := Builtin(name)
-				if !ok && name != "" {
-					p.Errf(v, "base", "unknown built-in scenario %q (known: %s)", name, strings.Join(Builtins(), ", "))
-				}
-				s = b
-				// The base's published curve belongs to its own model,
-				// not to a variant of it.
-				s.Reference, s.ReferenceName = nil, ""
-			}
-		}
-	}
+	s := p.base(n) // first, so the file's fields override it wherever they are
 	p.Fields(n, "", scenarioFields, func(key string, v *yaml.Node) {
 		p.at(key, v)
-		switch key {
-		case "name":
-			s.Name = p.Str(v, key)
-		case "description":
-			s.Description = p.Str(v, key)
-		case "unit":
-			s.Unit = p.Str(v, key)
-		case "capacity":
-			s.Capacity = p.Float(v, key, 0, maxLoad)
-		case "workers":
-			s.Workers = int(p.Integer(v, key, 1, maxWorkers))
-		case "server":
-			p.server(v, &s.Server)
-		case "client":
-			p.client(v, &s.Client)
-		case "classes":
-			s.Classes = p.classes(v)
-		case "loads":
-			s.Loads = nil
-			p.list(v, key, func(i int, e *yaml.Node) {
-				s.Loads = append(s.Loads, p.Float(e, fmt.Sprintf("loads[%d]", i), math.SmallestNonzeroFloat64, maxLoad))
-			})
-		case "step":
-			s.Step = p.Duration(v, key, time.Millisecond)
-		case "warmup":
-			if s.Warmup = p.Duration(v, key, 0); s.Warmup == 0 {
-				s.Warmup = -1 // explicitly none, not the default
-			}
-		case "phases":
-			s.Phases = p.phases(v)
-		case "length":
-			s.Length = p.Duration(v, key, time.Millisecond)
-		case "interval":
-			s.Interval = p.Duration(v, key, time.Millisecond)
-		case "seed":
-			s.Seed = uint64(p.Integer(v, key, 1, math.MaxInt64))
-		case "policy":
-			s.Policy = p.Str(v, key)
-		}
+		p.field(&s, key, v)
 	})
 	// The file chooses between a sweep and a time series: loads given
 	// without phases replace the base's phases, and the other way round.
-	if _, ok := p.lines["loads"]; ok {
-		if _, ok := p.lines["phases"]; !ok {
-			s.Phases = nil
-		}
-	} else if _, ok := p.lines["phases"]; ok {
+	_, loads := p.lines["loads"]
+	_, phases := p.lines["phases"]
+	switch {
+	case loads && !phases:
+		s.Phases = nil
+	case phases && !loads:
 		s.Loads = nil
 	}
 	if s.Name == "" {
 		s.Name = "scenario"
 	}
 	return s
+}
+
+// base returns the built-in scenario the file names as its base, if any.
+func (p *sparser) base(n *yaml.Node) Scenario {
+	var s Scenario
+	if n.Kind != yaml.MappingNode {
+		return s
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k, v := n.Content[i], n.Content[i+1]; k.Value == "base" {
+			name := p.Str(v, "base")
+			b, ok := Builtin(name)
+			if !ok && name != "" {
+				p.Errf(v, "base", "unknown built-in scenario %q (known: %s)", name, strings.Join(Builtins(), ", "))
+			}
+			s = b
+			// The base's published curve belongs to its own model,
+			// not to a variant of it.
+			s.Reference, s.ReferenceName = nil, ""
+		}
+	}
+	return s
+}
+
+// field parses one top-level field into s.
+func (p *sparser) field(s *Scenario, key string, v *yaml.Node) {
+	switch key {
+	case "name":
+		s.Name = p.Str(v, key)
+	case "description":
+		s.Description = p.Str(v, key)
+	case "unit":
+		s.Unit = p.Str(v, key)
+	case "capacity":
+		s.Capacity = p.Float(v, key, 0, maxLoad)
+	case "workers":
+		s.Workers = int(p.Integer(v, key, 1, maxWorkers))
+	case "server":
+		p.server(v, &s.Server)
+	case "client":
+		p.client(v, &s.Client)
+	case "classes":
+		s.Classes = p.classes(v)
+	case "phases":
+		s.Phases = p.phases(v)
+	case "policy":
+		s.Policy = p.Str(v, key)
+	default:
+		p.timing(s, key, v)
+	}
+}
+
+// timing parses the fields of a run's length and shape.
+func (p *sparser) timing(s *Scenario, key string, v *yaml.Node) {
+	switch key {
+	case "loads":
+		s.Loads = nil
+		p.list(v, key, func(i int, e *yaml.Node) {
+			s.Loads = append(s.Loads, p.Float(e, fmt.Sprintf("loads[%d]", i), math.SmallestNonzeroFloat64, maxLoad))
+		})
+	case "step":
+		s.Step = p.Duration(v, key, time.Millisecond)
+	case "warmup":
+		if s.Warmup = p.Duration(v, key, 0); s.Warmup == 0 {
+			s.Warmup = -1 // explicitly none, not the default
+		}
+	case "length":
+		s.Length = p.Duration(v, key, time.Millisecond)
+	case "interval":
+		s.Interval = p.Duration(v, key, time.Millisecond)
+	case "seed":
+		s.Seed = uint64(p.Integer(v, key, 1, math.MaxInt64))
+	}
 }
 
 func (p *sparser) list(v *yaml.Node, field string, each func(i int, e *yaml.Node)) {

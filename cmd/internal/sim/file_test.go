@@ -36,18 +36,26 @@ func TestParseScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Name != "small" || s.Workers != 4 || !s.Server.CheckQueue || s.Server.ScanCost != 100*time.Microsecond ||
-		s.Client.Attempts != 2 || s.Client.Timeout.Kind != "uniform" || s.Client.Timeout.Max != 300*time.Millisecond ||
-		len(s.Classes) != 2 || s.Classes[1].Units != 2 || s.Classes[1].Headers["X-Cost"] != "2" ||
-		s.Classes[0].Service != Const(10*time.Millisecond) || len(s.Loads) != 2 || s.Seed != 42 || s.Policy != "routes-api" {
-		t.Fatalf("%+v", s)
+	if s.Name != "small" || s.Workers != 4 || !s.Server.CheckQueue || s.Server.ScanCost != 100*time.Microsecond {
+		t.Fatalf("service: %+v", s)
+	}
+	if c := s.Client; c.Attempts != 2 || c.Timeout.Kind != "uniform" || c.Timeout.Max != 300*time.Millisecond {
+		t.Fatalf("client: %+v", c)
+	}
+	if len(s.Classes) != 2 || s.Classes[1].Units != 2 || s.Classes[1].Headers["X-Cost"] != "2" || s.Classes[0].Service != Const(10*time.Millisecond) {
+		t.Fatalf("classes: %+v", s.Classes)
+	}
+	if len(s.Loads) != 2 || s.Seed != 42 || s.Policy != "routes-api" {
+		t.Fatalf("run: %+v", s)
 	}
 	if _, err := Simulate(s, Options{}); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	// base: a built-in, with the file's fields on top.
-	s, err = ParseScenario("b.yaml", []byte("base: mercury\nclient: {attempts: 5}\nloads: [9000]\n"))
+// base: a built-in, with the file's fields on top.
+func TestParseScenarioOnABase(t *testing.T) {
+	s, err := ParseScenario("b.yaml", []byte("base: mercury\nclient: {attempts: 5}\nloads: [9000]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,12 +71,15 @@ func TestParseScenario(t *testing.T) {
 	if d, _ := s.withDefaults(); d.Warmup != 0 {
 		t.Fatalf("warmup %v, want none", d.Warmup)
 	}
-	// The example file parses and names its policy.
+}
+
+// The example file parses and names its policy.
+func TestParseScenarioExample(t *testing.T) {
 	data, err := os.ReadFile("../../../examples/scenarios/retry-storm.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, err = ParseScenario("retry-storm.yaml", data); err != nil || s.Client.Attempts != 5 || s.Policy != "../mercury.yaml" {
+	if s, err := ParseScenario("retry-storm.yaml", data); err != nil || s.Client.Attempts != 5 || s.Policy != "../mercury.yaml" {
 		t.Fatalf("%v %+v", err, s)
 	}
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -229,7 +230,8 @@ func ferr(field, format string, args ...any) error {
 }
 
 // withDefaults returns a copy of s with defaults filled in, or the first
-// invalid field.
+// invalid field. Each part of the scenario is checked by its own step, in
+// the order of the fields.
 func (s Scenario) withDefaults() (Scenario, error) {
 	if s.Unit == "" {
 		s.Unit = "units"
@@ -240,11 +242,25 @@ func (s Scenario) withDefaults() (Scenario, error) {
 	if s.Capacity < 0 || math.IsNaN(s.Capacity) || s.Capacity > maxLoad {
 		return s, ferr("capacity", "%v, want a number of units/s in [0, %g]", s.Capacity, float64(maxLoad))
 	}
+	s.Classes = append([]Class(nil), s.Classes...)
+	s.Phases = append([]Phase(nil), s.Phases...)
+	for _, step := range []func(*Scenario) error{(*Scenario).server, (*Scenario).client, (*Scenario).classes, (*Scenario).sweep, (*Scenario).series} {
+		if err := step(&s); err != nil {
+			return s, err
+		}
+	}
+	if s.Seed == 0 {
+		s.Seed = 1
+	}
+	return s, nil
+}
+
+func (s *Scenario) server() error {
 	if s.Server.CancelPoint < 0 || math.IsNaN(s.Server.CancelPoint) {
-		return s, ferr("server.cancel_point", "%v, want a fraction ≥ 0", s.Server.CancelPoint)
+		return ferr("server.cancel_point", "%v, want a fraction ≥ 0", s.Server.CancelPoint)
 	}
 	if s.Server.ScanCost < 0 {
-		return s, ferr("server.scan_cost", "%v, want ≥ 0", s.Server.ScanCost)
+		return ferr("server.scan_cost", "%v, want ≥ 0", s.Server.ScanCost)
 	}
 	switch s.Server.Service {
 	case "":
@@ -252,23 +268,27 @@ func (s Scenario) withDefaults() (Scenario, error) {
 	case "exponential", "constant":
 	case "lognormal":
 		if !(s.Server.ServiceCV > 0) || s.Server.ServiceCV > 10 {
-			return s, ferr("server.service_cv", "%v, want a coefficient of variation in (0, 10]", s.Server.ServiceCV)
+			return ferr("server.service_cv", "%v, want a coefficient of variation in (0, 10]", s.Server.ServiceCV)
 		}
 	default:
-		return s, ferr("server.service", "%q, want exponential, constant or lognormal", s.Server.Service)
+		return ferr("server.service", "%q, want exponential, constant or lognormal", s.Server.Service)
 	}
+	return nil
+}
+
+func (s *Scenario) client() error {
 	c := &s.Client
 	if c.Timeout.isZero() {
 		c.Timeout = Const(time.Second)
 	}
 	if err := c.Timeout.validate(); err != nil {
-		return s, ferr("client.timeout", "%v", err)
+		return ferr("client.timeout", "%v", err)
 	}
 	if c.Attempts == 0 {
 		c.Attempts = 1
 	}
 	if c.Attempts < 1 || c.Attempts > 100 {
-		return s, ferr("client.attempts", "%d, want 1 to 100", c.Attempts)
+		return ferr("client.attempts", "%d, want 1 to 100", c.Attempts)
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 100 * time.Millisecond
@@ -277,17 +297,22 @@ func (s Scenario) withDefaults() (Scenario, error) {
 		c.BackoffMax = 10 * time.Second
 	}
 	if c.Backoff < 0 || c.BackoffMax < c.Backoff {
-		return s, ferr("client.backoff", "base %v, max %v: want 0 < base ≤ max", c.Backoff, c.BackoffMax)
+		return ferr("client.backoff", "base %v, max %v: want 0 < base ≤ max", c.Backoff, c.BackoffMax)
 	}
 	if c.Budget < 0 || math.IsNaN(c.Budget) || c.Budget > 100 {
-		return s, ferr("client.budget", "%v, want retries per request in [0, 100]", c.Budget)
+		return ferr("client.budget", "%v, want retries per request in [0, 100]", c.Budget)
 	}
+	return c.choices()
+}
+
+// choices fills in and checks the client's named choices.
+func (c *Client) choices() error {
 	if c.RetryOn == nil {
 		c.RetryOn = []string{"timeout", "overload", "policy"}
 	}
 	for _, r := range c.RetryOn {
 		if r != "timeout" && r != "overload" && r != "policy" {
-			return s, ferr("client.retry_on", "%q, want timeout, overload or policy", r)
+			return ferr("client.retry_on", "%q, want timeout, overload or policy", r)
 		}
 	}
 	switch c.Arrivals {
@@ -295,78 +320,109 @@ func (s Scenario) withDefaults() (Scenario, error) {
 		c.Arrivals = "poisson"
 	case "poisson", "uniform":
 	default:
-		return s, ferr("client.arrivals", "%q, want poisson or uniform", c.Arrivals)
+		return ferr("client.arrivals", "%q, want poisson or uniform", c.Arrivals)
 	}
+	return nil
+}
+
+func (s *Scenario) classes() error {
 	if len(s.Classes) == 0 {
-		return s, ferr("classes", "none, want at least one request class")
+		return ferr("classes", "none, want at least one request class")
 	}
-	s.Classes = append([]Class(nil), s.Classes...)
 	total, tenants := 0.0, 0
 	names := map[string]bool{}
 	for i := range s.Classes {
 		cl := &s.Classes[i]
-		f := fmt.Sprintf("classes[%d]", i)
-		if cl.Name == "" {
-			return s, ferr(f+".name", "missing")
-		}
-		if names[cl.Name] {
-			return s, ferr(f+".name", "duplicate class %q", cl.Name)
-		}
-		names[cl.Name] = true
-		if cl.Method == "" {
-			cl.Method = "GET"
-		}
-		if cl.Path == "" {
-			cl.Path = "/" + cl.Name
-		}
-		if cl.Path[0] != '/' {
-			return s, ferr(f+".path", "%q must start with /", cl.Path)
-		}
-		if cl.Units == 0 {
-			cl.Units = 1
-		}
-		if cl.Units < 1 || cl.Units > 1<<20 {
-			return s, ferr(f+".units", "%d, want 1 to %d", cl.Units, 1<<20)
-		}
-		if cl.Share == 0 {
-			return s, ferr(f+".share", "missing: the class's part of the load, a number > 0")
-		}
-		if !(cl.Share > 0) || cl.Share > 1e6 {
-			return s, ferr(f+".share", "%v, want > 0 and ≤ 1e6", cl.Share)
+		if err := s.class(i, cl, names); err != nil {
+			return err
 		}
 		total += cl.Share
-		if cl.Tenants == 0 {
-			cl.Tenants = 1
-		}
-		if cl.Tenants < 1 || cl.Tenants > maxTenants {
-			return s, ferr(f+".tenants", "%d, want 1 to %d", cl.Tenants, maxTenants)
-		}
 		tenants += cl.Tenants
 		if tenants > maxTenants {
-			return s, ferr(f+".tenants", "%d tenants in all classes up to this one; at most %d", tenants, maxTenants)
-		}
-		if cl.Service.isZero() {
-			if s.Capacity == 0 {
-				return s, ferr("capacity", "0, and class %s has no service time: want a capacity to derive it from, or classes[%d].service", cl.Name, i)
-			}
-			mean := time.Duration(float64(cl.Units) * float64(s.Workers) / s.Capacity * 1e9)
-			if mean < 1 {
-				return s, ferr("capacity", "%v units/s with %d workers gives a service time below 1 ns", s.Capacity, s.Workers)
-			}
-			cl.Service = Dist{Kind: s.Server.Service, Mean: mean, CV: s.Server.ServiceCV}
-		}
-		if err := cl.Service.validate(); err != nil {
-			return s, ferr(f+".service", "%v", err)
-		}
-		if !cl.Timeout.isZero() {
-			if err := cl.Timeout.validate(); err != nil {
-				return s, ferr(f+".timeout", "%v", err)
-			}
+			return ferr(fmt.Sprintf("classes[%d].tenants", i), "%d tenants in all classes up to this one; at most %d", tenants, maxTenants)
 		}
 	}
 	for i := range s.Classes {
 		s.Classes[i].Share /= total
 	}
+	return nil
+}
+
+// class fills in and checks class i.
+func (s *Scenario) class(i int, cl *Class, names map[string]bool) error {
+	f := fmt.Sprintf("classes[%d]", i)
+	if cl.Name == "" {
+		return ferr(f+".name", "missing")
+	}
+	if names[cl.Name] {
+		return ferr(f+".name", "duplicate class %q", cl.Name)
+	}
+	names[cl.Name] = true
+	if cl.Method == "" {
+		cl.Method = "GET"
+	}
+	if cl.Path == "" {
+		cl.Path = "/" + cl.Name
+	}
+	if cl.Path[0] != '/' {
+		return ferr(f+".path", "%q must start with /", cl.Path)
+	}
+	if cl.Units == 0 {
+		cl.Units = 1
+	}
+	if cl.Units < 1 || cl.Units > 1<<20 {
+		return ferr(f+".units", "%d, want 1 to %d", cl.Units, 1<<20)
+	}
+	if cl.Share == 0 {
+		return ferr(f+".share", "missing: the class's part of the load, a number > 0")
+	}
+	if !(cl.Share > 0) || cl.Share > 1e6 {
+		return ferr(f+".share", "%v, want > 0 and ≤ 1e6", cl.Share)
+	}
+	if cl.Tenants == 0 {
+		cl.Tenants = 1
+	}
+	if cl.Tenants < 1 || cl.Tenants > maxTenants {
+		return ferr(f+".tenants", "%d, want 1 to %d", cl.Tenants, maxTenants)
+	}
+	return s.classTimes(i, cl)
+}
+
+// classTimes fills in and checks class i's service time and timeout.
+func (s *Scenario) classTimes(i int, cl *Class) error {
+	f := fmt.Sprintf("classes[%d]", i)
+	if cl.Service.isZero() {
+		if s.Capacity == 0 {
+			return ferr("capacity", "0, and class %s has no service time: want a capacity to derive it from, or classes[%d].service", cl.Name, i)
+		}
+		mean := time.Duration(float64(cl.Units) * float64(s.Workers) / s.Capacity * 1e9)
+		if mean < 1 {
+			return ferr("capacity", "%v units/s with %d workers gives a service time below 1 ns", s.Capacity, s.Workers)
+		}
+		cl.Service = Dist{Kind: s.Server.Service, Mean: mean, CV: s.Server.ServiceCV}
+	}
+	if err := cl.Service.validate(); err != nil {
+		return ferr(f+".service", "%v", err)
+	}
+	if !cl.Timeout.isZero() {
+		if err := cl.Timeout.validate(); err != nil {
+			return ferr(f+".timeout", "%v", err)
+		}
+	}
+	return nil
+}
+
+// perUnit is the requests per unit of load and second, for the work bound.
+func (s *Scenario) perUnit() float64 {
+	n := 0.0
+	for _, cl := range s.Classes {
+		n += cl.Share / float64(cl.Units)
+	}
+	return n
+}
+
+// sweep fills in and checks the step and the loads of a sweep.
+func (s *Scenario) sweep() error {
 	if s.Step == 0 {
 		s.Step = 60 * time.Second
 	}
@@ -377,79 +433,87 @@ func (s Scenario) withDefaults() (Scenario, error) {
 		s.Warmup = 10 * time.Second
 	}
 	if s.Step <= 0 || s.Step > maxLength || s.Warmup < 0 || s.Warmup >= s.Step {
-		return s, ferr("step", "step %v with warmup %v: want 0 ≤ warmup < step ≤ %v", s.Step, s.Warmup, maxLength)
+		return ferr("step", "step %v with warmup %v: want 0 ≤ warmup < step ≤ %v", s.Step, s.Warmup, maxLength)
 	}
 	if len(s.Loads) > 0 && len(s.Phases) > 0 {
-		return s, ferr("phases", "both loads (a sweep) and phases (a time series) are set: want one of them")
+		return ferr("phases", "both loads (a sweep) and phases (a time series) are set: want one of them")
 	}
-	// requests per unit of load and second, for the work bound
-	perUnit := 0.0
-	for _, cl := range s.Classes {
-		perUnit += cl.Share / float64(cl.Units)
+	if len(s.Loads) == 0 && len(s.Phases) == 0 {
+		return ferr("loads", "none, and no phases: want a sweep (loads) or a time series (phases)")
 	}
 	for i, l := range s.Loads {
 		if !(l > 0) || l > maxLoad {
-			return s, ferr(fmt.Sprintf("loads[%d]", i), "%v, want units/s in (0, %g]", l, float64(maxLoad))
+			return ferr(fmt.Sprintf("loads[%d]", i), "%v, want units/s in (0, %g]", l, float64(maxLoad))
 		}
-		if n := l * perUnit * s.Step.Seconds(); n > maxRequests {
-			return s, ferr(fmt.Sprintf("loads[%d]", i), "%g %s/s for a %v step is %.3g requests; the simulator takes at most %g per step: shorten the step or lower the load",
+		if n := l * s.perUnit() * s.Step.Seconds(); n > maxRequests {
+			return ferr(fmt.Sprintf("loads[%d]", i), "%g %s/s for a %v step is %.3g requests; the simulator takes at most %g per step: shorten the step or lower the load",
 				l, s.Unit, s.Step, n, float64(maxRequests))
 		}
 	}
-	if len(s.Phases) > 0 {
-		var last time.Duration
-		for i := range s.Phases {
-			p := &s.Phases[i]
-			f := fmt.Sprintf("phases[%d]", i)
-			if p.At < last || (i == 0 && p.At != 0) {
-				return s, ferr(f+".at", "%v: phases start at 0 and go forward in time", p.At)
-			}
-			last = p.At
-			if p.Load < 0 || math.IsNaN(p.Load) || p.Load > maxLoad {
-				return s, ferr(f+".load", "%v, want units/s in [0, %g]", p.Load, float64(maxLoad))
-			}
-			if p.Slowdown == 0 {
-				p.Slowdown = 1
-			}
-			if !(p.Slowdown > 0) || p.Slowdown > 1000 {
-				return s, ferr(f+".slowdown", "%v, want a factor in (0, 1000]", p.Slowdown)
-			}
-			for j, name := range p.Classes {
-				if !names[name] {
-					return s, ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
-				}
-			}
-		}
-		if s.Length == 0 {
-			s.Length = last + 30*time.Second
-		}
-		if s.Interval == 0 {
-			s.Interval = time.Second
-		}
-		if s.Length <= last || s.Length > maxLength || s.Interval <= 0 || s.Interval > s.Length {
-			return s, ferr("length", "length %v, interval %v: want the last phase inside the length, ≤ %v, and 0 < interval ≤ length", s.Length, s.Interval, maxLength)
-		}
-		if rows := s.Length / s.Interval; rows > maxRows {
-			return s, ferr("interval", "%v over a length of %v is %d rows; at most %d", s.Interval, s.Length, rows, maxRows)
-		}
-		n := 0.0
-		for i, p := range s.Phases {
-			end := s.Length
-			if i+1 < len(s.Phases) {
-				end = s.Phases[i+1].At
-			}
-			n += p.Load * perUnit * (end - p.At).Seconds()
-		}
-		if n > maxRequests {
-			return s, ferr("phases", "%.3g requests over the series; the simulator takes at most %g: shorten the length or lower the loads", n, float64(maxRequests))
-		}
-	} else if len(s.Loads) == 0 {
-		return s, ferr("loads", "none, and no phases: want a sweep (loads) or a time series (phases)")
+	return nil
+}
+
+// series fills in and checks the phases, length and interval of a time
+// series.
+func (s *Scenario) series() error {
+	if len(s.Phases) == 0 {
+		return nil
 	}
-	if s.Seed == 0 {
-		s.Seed = 1
+	var last time.Duration
+	for i := range s.Phases {
+		if err := s.phase(i, &last); err != nil {
+			return err
+		}
 	}
-	return s, nil
+	if s.Length == 0 {
+		s.Length = last + 30*time.Second
+	}
+	if s.Interval == 0 {
+		s.Interval = time.Second
+	}
+	if s.Length <= last || s.Length > maxLength || s.Interval <= 0 || s.Interval > s.Length {
+		return ferr("length", "length %v, interval %v: want the last phase inside the length, ≤ %v, and 0 < interval ≤ length", s.Length, s.Interval, maxLength)
+	}
+	if rows := s.Length / s.Interval; rows > maxRows {
+		return ferr("interval", "%v over a length of %v is %d rows; at most %d", s.Interval, s.Length, rows, maxRows)
+	}
+	n := 0.0
+	for i, p := range s.Phases {
+		end := s.Length
+		if i+1 < len(s.Phases) {
+			end = s.Phases[i+1].At
+		}
+		n += p.Load * s.perUnit() * (end - p.At).Seconds()
+	}
+	if n > maxRequests {
+		return ferr("phases", "%.3g requests over the series; the simulator takes at most %g: shorten the length or lower the loads", n, float64(maxRequests))
+	}
+	return nil
+}
+
+// phase fills in and checks phase i, which starts at or after *last.
+func (s *Scenario) phase(i int, last *time.Duration) error {
+	p := &s.Phases[i]
+	f := fmt.Sprintf("phases[%d]", i)
+	if p.At < *last || (i == 0 && p.At != 0) {
+		return ferr(f+".at", "%v: phases start at 0 and go forward in time", p.At)
+	}
+	*last = p.At
+	if p.Load < 0 || math.IsNaN(p.Load) || p.Load > maxLoad {
+		return ferr(f+".load", "%v, want units/s in [0, %g]", p.Load, float64(maxLoad))
+	}
+	if p.Slowdown == 0 {
+		p.Slowdown = 1
+	}
+	if !(p.Slowdown > 0) || p.Slowdown > 1000 {
+		return ferr(f+".slowdown", "%v, want a factor in (0, 1000]", p.Slowdown)
+	}
+	for j, name := range p.Classes {
+		if !slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) {
+			return ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
+		}
+	}
+	return nil
 }
 
 // ModeledCapacity returns the capacity the mix gives the worker pool, in
