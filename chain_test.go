@@ -18,12 +18,13 @@ import (
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func rateGate(t testing.TB, name, rate string, burst int64, scope sluice.Scope) *gate.Rate {
+func rateGate(t testing.TB, name, rate string, burst int64, scope sluice.Scope) *gate.RateLimit {
 	t.Helper()
 	r, err := limit.ParseRate(rate)
 	if err != nil {
@@ -33,23 +34,35 @@ func rateGate(t testing.TB, name, rate string, burst int64, scope sluice.Scope) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gate.NewRate(name, memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: scope})
+	lim := memory.NewKeyed(tb, memory.Options{})
+	g, err := gate.NewRateLimit(name, lim, gate.Options{Scope: scope})
 	if err != nil {
 		t.Fatal(err)
 	}
+	limiterOf.Store(g, lim)
 	return g
 }
 
-func concGate(t testing.TB, name string, n int64, scope sluice.Scope) *gate.Concurrency {
+// limiterOf maps the gates the helpers make to their store limiters.
+var limiterOf sync.Map
+
+func limiter(g sluice.Gate) store.Limiter {
+	l, _ := limiterOf.Load(g)
+	return l.(store.Limiter)
+}
+
+func concGate(t testing.TB, name string, n int64, scope sluice.Scope) *gate.InFlight {
 	t.Helper()
 	c, err := limit.NewConcurrency(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gate.NewConcurrency(name, memory.NewKeyed(c, memory.Options{}), gate.Options{Scope: scope})
+	lim := memory.NewKeyed(c, memory.Options{})
+	g, err := gate.NewInFlight(name, lim, gate.Options{Scope: scope})
 	if err != nil {
 		t.Fatal(err)
 	}
+	limiterOf.Store(g, lim)
 	return g
 }
 
@@ -108,7 +121,7 @@ func TestChainRejectReleasesEarlierPermits(t *testing.T) {
 	}
 	t3.Done(sluice.OutcomeUseful)
 	// Two admitted requests took two tokens; the rejected one was refunded.
-	if r, _, _ := rate.Limiter().Take(ctx, "acme", 0, 499, 0); r.Status.String() != "denied" || r.Remaining != 498 {
+	if r, _, _ := limiter(rate).Take(ctx, "acme", 0, 499, 0); r.Status.String() != "denied" || r.Remaining != 498 {
 		t.Fatalf("refund missing: %+v", r)
 	}
 }
@@ -330,13 +343,13 @@ func TestChainConcurrencyStressWithPanicsAndCancellations(t *testing.T) {
 	for tenant := range 4 {
 		key := fmt.Sprint("tenant-", tenant)
 		for range perTenant {
-			if r, _, _ := tenantGate.Limiter().Take(ctx, key, 0, 1, 0); !r.OK() {
+			if r, _, _ := limiter(tenantGate).Take(ctx, key, 0, 1, 0); !r.OK() {
 				t.Fatalf("%s: a permit leaked", key)
 			}
 		}
 	}
 	for range total {
-		if r, _, _ := serviceGate.Limiter().Take(ctx, "", 0, 1, 0); !r.OK() {
+		if r, _, _ := limiter(serviceGate).Take(ctx, "", 0, 1, 0); !r.OK() {
 			t.Fatal("a service permit leaked")
 		}
 	}

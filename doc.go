@@ -12,7 +12,7 @@
 // useful completions before the deadline are goodput.
 //
 //	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
-//	rate, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}),
+//	rate, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}),
 //		gate.Options{Scope: sluice.ScopeTenant})
 //	chain, _ := sluice.NewChain(sluice.ChainOptions{}, rate)
 //

@@ -1,5 +1,5 @@
-// Package gate holds sluice's gates over a store: Rate (token bucket, GCRA
-// and window entitlements, 429), Concurrency (in-flight slots held until the
+// Package gate holds sluice's gates over a store: RateLimit (token bucket,
+// GCRA and window entitlements, 429), InFlight (in-flight slots held until the
 // Ticket is done), Pacer (a bounded paced queue) and FleetUsage (a
 // fleet-wide in-flight count with reserved classes, 503), each over a
 // store.Limiter so it runs unchanged in memory or on Redis, with an explicit
@@ -7,10 +7,10 @@
 // applies any gate to some classes only.
 //
 //	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
-//	rate, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}),
+//	rate, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}),
 //		gate.Options{Scope: sluice.ScopeTenant})
 //	c, _ := limit.NewConcurrency(20)
-//	inflight, _ := gate.NewConcurrency("concurrent-requests", memory.NewKeyed(c, memory.Options{}),
+//	inflight, _ := gate.NewInFlight("concurrent-requests", memory.NewKeyed(c, memory.Options{}),
 //		gate.Options{Scope: sluice.ScopeTenant})
 //	chain, _ := sluice.NewChain(sluice.ChainOptions{}, rate, inflight)
 package gate

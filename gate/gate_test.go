@@ -52,21 +52,21 @@ func TestFailurePolicies(t *testing.T) {
 	req := &sluice.Request{Tenant: "a", Cost: 1}
 	down := broken{keyedTB(t, "1/s", 1)}
 
-	open, _ := gate.NewRate("open", down, gate.Options{Scope: sluice.ScopeTenant})
+	open, _ := gate.NewRateLimit("open", down, gate.Options{Scope: sluice.ScopeTenant})
 	d, p := open.Decide(ctx, req, 0)
 	if !d.Admitted || p != 0 || open.Failures() != 1 {
 		t.Fatalf("fail_open: %+v permit %d", d, p)
 	}
 	open.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeRejected}) // holds nothing
 
-	closed, _ := gate.NewRate("closed", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed, RetryHint: 2 * time.Second})
+	closed, _ := gate.NewRateLimit("closed", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed, RetryHint: 2 * time.Second})
 	d, _ = closed.Decide(ctx, req, 0)
 	if d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable || d.RetryAfter != 2*time.Second || d.Entitlement() {
 		t.Fatalf("fail_closed: %+v", d)
 	}
 
 	fb := keyedTB(t, "1/s", 1)
-	local, _ := gate.NewRate("local", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: fb})
+	local, _ := gate.NewRateLimit("local", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: fb})
 	d, p = local.Decide(ctx, req, 0)
 	if !d.Admitted {
 		t.Fatalf("local_fallback: %+v", d)
@@ -80,7 +80,7 @@ func TestFailurePolicies(t *testing.T) {
 		t.Fatal("refund did not reach the fallback")
 	}
 
-	if _, err := gate.NewRate("x", down, gate.Options{OnFailure: gate.LocalFallback}); err == nil {
+	if _, err := gate.NewRateLimit("x", down, gate.Options{OnFailure: gate.LocalFallback}); err == nil {
 		t.Fatal("local_fallback without a fallback accepted")
 	}
 	if _, err := gate.ParseFailurePolicy("fail_sometimes"); err == nil {
@@ -89,7 +89,7 @@ func TestFailurePolicies(t *testing.T) {
 }
 
 func TestRateGateDecisionFields(t *testing.T) {
-	g, _ := gate.NewRate("request-rate", keyedTB(t, "100/s", 500), gate.Options{Scope: sluice.ScopeTenant})
+	g, _ := gate.NewRateLimit("request-rate", keyedTB(t, "100/s", 500), gate.Options{Scope: sluice.ScopeTenant})
 	ctx := context.Background()
 	req := &sluice.Request{Tenant: "a", Cost: 500}
 	d, _ := g.Decide(ctx, req, 0)
@@ -105,7 +105,7 @@ func TestRateGateDecisionFields(t *testing.T) {
 
 func TestConcurrencyGateScopes(t *testing.T) {
 	c, _ := limit.NewConcurrency(1)
-	svc, _ := gate.NewConcurrency("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+	svc, _ := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
 	ctx := context.Background()
 	req := &sluice.Request{Tenant: "a"}
 	_, p := svc.Decide(ctx, req, 0)
@@ -119,7 +119,7 @@ func TestConcurrencyGateScopes(t *testing.T) {
 	}
 
 	w, _ := limit.NewConcurrency(10)
-	weighted, _ := gate.NewWeightedConcurrency("work", memory.NewKeyed(w, memory.Options{}), gate.Options{})
+	weighted, _ := gate.NewWeightedInFlight("work", memory.NewKeyed(w, memory.Options{}), gate.Options{})
 	big := &sluice.Request{Cost: 7}
 	_, p = weighted.Decide(ctx, big, 0)
 	if d, _ := weighted.Decide(ctx, &sluice.Request{Cost: 4}, 0); d.Admitted {

@@ -26,7 +26,7 @@ func (d *discard) WriteHeader(int)             {}
 func benchMiddleware(b *testing.B, rate string, burst int64) {
 	r, _ := limit.ParseRate(rate)
 	tb, _ := limit.NewTokenBucket(r, burst)
-	g, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
 	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
@@ -54,7 +54,7 @@ func BenchmarkAdmittedNoop(b *testing.B) { benchMiddleware(b, "1e9/s", 1e9) }
 // net/http's parsing and response writing and the middleware.
 func BenchmarkAdmittedNoopHTTP(b *testing.B) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
-	g, _ := gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
 	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}})
 	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))

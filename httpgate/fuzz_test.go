@@ -33,7 +33,7 @@ func FuzzHeaders(f *testing.F) {
 		f.Add(seed[0], seed[1], seed[2])
 	}
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
-	g, _ := gate.NewRate("r", memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 16}), gate.Options{Scope: sluice.ScopeTenant})
+	g, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 16}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
 	mw, _ := httpgate.New(chain, httpgate.Config{
 		Rules: identify.Rules{

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
@@ -25,6 +26,7 @@ import (
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/metrics"
+	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -48,11 +50,13 @@ type envelope struct {
 
 type fixture struct {
 	clk      *fakeclock.Clock
-	rate     *gate.Rate
-	tenantIn *gate.Concurrency
-	pool     *gate.Concurrency
+	rate     *gate.RateLimit
+	tenantIn *gate.InFlight
+	pool     *gate.InFlight
+	poolLim  store.Limiter
 	chain    *sluice.Chain
 	metrics  *metrics.Metrics
+	reg      *prometheus.Registry
 	srv      *httptest.Server
 	mw       *httpgate.Middleware
 }
@@ -64,12 +68,14 @@ func newFixture(t *testing.T, handler http.Handler, modes map[string]sluice.Mode
 	t.Helper()
 	f := &fixture{clk: fakeclock.New(1)}
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
-	f.rate, _ = gate.NewRate("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	f.rate, _ = gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	c20, _ := limit.NewConcurrency(20)
-	f.tenantIn, _ = gate.NewConcurrency("tenant-inflight", memory.NewKeyed(c20, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	f.tenantIn, _ = gate.NewInFlight("tenant-inflight", memory.NewKeyed(c20, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	cp, _ := limit.NewConcurrency(poolSize)
-	f.pool, _ = gate.NewConcurrency("pool", memory.NewKeyed(cp, memory.Options{}), gate.Options{RetryHint: 2 * time.Second})
-	f.metrics = metrics.New(metrics.Options{})
+	f.poolLim = memory.NewKeyed(cp, memory.Options{})
+	f.pool, _ = gate.NewInFlight("pool", f.poolLim, gate.Options{RetryHint: 2 * time.Second})
+	f.reg = prometheus.NewRegistry()
+	f.metrics = metrics.New(metrics.Options{Registry: f.reg})
 	var err error
 	f.chain, err = sluice.NewChain(sluice.ChainOptions{Clock: f.clk, Observer: f.metrics, Modes: modes}, f.rate, f.tenantIn, f.pool)
 	if err != nil {
@@ -225,7 +231,7 @@ func Test429VersusProtection503(t *testing.T) {
 
 func TestCostAboveBurstIsNotRetryable(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 10)
-	g, _ := gate.NewRate("stops-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	g, _ := gate.NewRateLimit("stops-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, g)
 	mw, _ := httpgate.New(chain, httpgate.Config{
 		Rules: identify.Rules{
@@ -304,7 +310,7 @@ func TestShadowModePassesAndCounts(t *testing.T) {
 
 // metric sums the samples of the named metric whose labels include want.
 func (f *fixture) metric(name string, want map[string]string) float64 {
-	mfs, err := f.metrics.Registry().Gather()
+	mfs, err := f.reg.Gather()
 	if err != nil {
 		panic(err)
 	}
@@ -336,7 +342,7 @@ func completed(f *fixture, outcome string) float64 {
 
 func (f *fixture) inflight() int64 {
 	// Every slot of the pool can be taken again when nothing is held.
-	lim := f.pool.Limiter()
+	lim := f.poolLim
 	res, h, _ := lim.Take(context.Background(), "", 0, 1, 0)
 	if !res.OK() {
 		return res.Limit
@@ -415,7 +421,7 @@ func TestLateResponseCountsAsLate(t *testing.T) {
 
 func TestJitterSpreadsRetryAfter(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 1)
-	g, _ := gate.NewRate("r", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	g, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	clk := fakeclock.New(1)
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
 	jitter := wire.Jitter{Fraction: 0.5, Min: 2}
@@ -458,7 +464,7 @@ func TestUpdateSwapsChainWithoutDroppingInFlight(t *testing.T) {
 	}()
 	waitFor(t, func() bool { return f.inflight() == 1 })
 	c, _ := limit.NewConcurrency(1)
-	pool2, _ := gate.NewConcurrency("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+	pool2, _ := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
 	chain2, _ := sluice.NewChain(sluice.ChainOptions{Clock: f.clk}, pool2)
 	if err := f.mw.Update(chain2, httpgate.Config{Jitter: noJitter}); err != nil {
 		t.Fatal(err)

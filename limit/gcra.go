@@ -41,7 +41,7 @@ var _ Algorithm[GCRAState] = (*GCRA)(nil)
 // NewGCRA returns the GCRA with emission interval 1/rate and tolerance
 // (burst−1)/rate.
 func NewGCRA(rate Rate, burst int64) (*GCRA, error) {
-	if rate.IsZero() {
+	if rate.isZero() {
 		return nil, paramErr("rate", "gcra: rate must be > 0")
 	}
 	if burst < 1 {
@@ -65,11 +65,11 @@ func (g *GCRA) Limit() int64 { return g.burst }
 // Window returns τ + T = Burst·T, rounded up to the nanosecond.
 func (g *GCRA) Window() time.Duration { return time.Duration(g.dvt.ceil()) }
 
-// EmissionInterval returns T rounded up to the nanosecond (exact internally).
-func (g *GCRA) EmissionInterval() time.Duration { return time.Duration(g.t.times(1).ceil()) }
+// emissionInterval returns T rounded up to the nanosecond (exact internally).
+func (g *GCRA) emissionInterval() time.Duration { return time.Duration(g.t.times(1).ceil()) }
 
-// Tolerance returns τ = (Burst−1)·T rounded up to the nanosecond.
-func (g *GCRA) Tolerance() time.Duration { return time.Duration(g.t.times(g.burst - 1).ceil()) }
+// tolerance returns τ = (Burst−1)·T rounded up to the nanosecond.
+func (g *GCRA) tolerance() time.Duration { return time.Duration(g.t.times(g.burst - 1).ceil()) }
 
 // remaining returns ⌊(τ + T − x)/T⌋ for a span x ≥ 0, 0 if x exceeds τ + T.
 func (g *GCRA) remaining(x vtime) int64 {

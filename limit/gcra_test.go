@@ -89,8 +89,8 @@ func TestGCRARedisCellReadme(t *testing.T) {
 // Standard form (algorithms.md §8.6): T = 100 ms, burst 10, τ = 900 ms.
 func TestGCRAStandardForm(t *testing.T) {
 	g := mustGCRA(t, PerSecond(10), 10)
-	if g.EmissionInterval() != 100*time.Millisecond || g.Tolerance() != 900*time.Millisecond {
-		t.Fatalf("T=%v τ=%v", g.EmissionInterval(), g.Tolerance())
+	if g.emissionInterval() != 100*time.Millisecond || g.tolerance() != 900*time.Millisecond {
+		t.Fatalf("T=%v τ=%v", g.emissionInterval(), g.tolerance())
 	}
 	var s GCRAState
 	if got := takeN(g, &s, 0, 10); got != 10 {

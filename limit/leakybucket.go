@@ -39,7 +39,7 @@ var _ Algorithm[LeakyBucketState] = (*LeakyBucket)(nil)
 // NewLeakyBucket returns a paced queue draining at rate with room for queue
 // waiting units (queue ≥ 0; 0 admits only when the bucket is idle).
 func NewLeakyBucket(rate Rate, queue int64) (*LeakyBucket, error) {
-	if rate.IsZero() {
+	if rate.isZero() {
 		return nil, paramErr("rate", "leaky bucket: rate must be > 0")
 	}
 	if queue < 0 {
@@ -66,8 +66,6 @@ func (l *LeakyBucket) Rate() Rate { return l.rate }
 // Queue returns the units that may wait.
 func (l *LeakyBucket) Queue() int64 { return l.queue }
 
-// MaxWait returns the longest wait an admitted request can be given.
-func (l *LeakyBucket) MaxWait() time.Duration { return l.Window() }
 
 // Take is TakeBy without a deadline.
 func (l *LeakyBucket) Take(s *LeakyBucketState, now, cost int64) Result {

@@ -264,15 +264,15 @@ func TestLeakyBucketProperties(t *testing.T) {
 			cost := rapid.Int64Range(1, 2).Draw(t, "cost")
 			deadline := int64(0)
 			if rapid.Bool().Draw(t, "has deadline") {
-				deadline = at + rapid.Int64Range(1, int64(l.MaxWait())+2).Draw(t, "budget")
+				deadline = at + rapid.Int64Range(1, int64(l.Window())+2).Draw(t, "budget")
 			}
 			r := l.TakeBy(&s, at, cost, deadline)
 			checkResult(t, r, l.Limit())
 			if !r.OK() {
 				continue
 			}
-			if r.Wait > l.MaxWait() {
-				t.Fatalf("wait %v beyond max %v", r.Wait, l.MaxWait())
+			if r.Wait > l.Window() {
+				t.Fatalf("wait %v beyond max %v", r.Wait, l.Window())
 			}
 			if deadline != 0 && at+int64(r.Wait) >= deadline {
 				t.Fatal("held past its deadline")

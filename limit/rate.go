@@ -169,11 +169,8 @@ func (r Rate) Tokens() int64 { return r.tokens }
 // Per returns the denominator of the reduced rate.
 func (r Rate) Per() time.Duration { return time.Duration(r.per) }
 
-// PerSecond returns the rate in units per second, as a float for display.
-func (r Rate) PerSecond() float64 { return float64(r.tokens) * 1e9 / float64(r.per) }
-
-// IsZero reports whether r is the invalid zero Rate.
-func (r Rate) IsZero() bool { return r.per == 0 }
+// isZero reports whether r is the invalid zero Rate.
+func (r Rate) isZero() bool { return r.per == 0 }
 
 // String formats r as "N/PERIOD", e.g. "100/s", "1/1h0m0s".
 func (r Rate) String() string {

@@ -43,7 +43,7 @@ var _ Algorithm[TokenBucketState] = (*TokenBucket)(nil)
 // NewTokenBucket returns a token bucket refilling at rate up to burst units.
 // It fails for a zero rate, burst < 1, or burst × period beyond 2^61.
 func NewTokenBucket(rate Rate, burst int64) (*TokenBucket, error) {
-	if rate.IsZero() {
+	if rate.isZero() {
 		return nil, paramErr("rate", "token bucket: rate must be > 0")
 	}
 	if burst < 1 {

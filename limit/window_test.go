@@ -111,8 +111,8 @@ func TestLeakyBucketSeedQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.MaxWait() != 90*time.Millisecond {
-		t.Fatalf("max wait %v", l.MaxWait())
+	if l.Window() != 90*time.Millisecond {
+		t.Fatalf("max wait %v", l.Window())
 	}
 	var s LeakyBucketState
 	for i := range int64(16) {

@@ -121,9 +121,6 @@ func New(opts Options) *Metrics {
 	return m
 }
 
-// Registry returns the registry the metrics live in.
-func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
 // Handler serves the registry in the Prometheus exposition format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})

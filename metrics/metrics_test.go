@@ -63,7 +63,7 @@ func TestStoreFailuresOfEveryStoreGate(t *testing.T) {
 	c, _ := limit.NewConcurrency(10)
 	down := failing{memory.NewKeyed(c, memory.Options{})}
 	fleet, _ := gate.NewFleetUsage("fleet", down, []string{"critical"}, gate.Options{})
-	rate, _ := gate.NewRate("rate", down, gate.Options{})
+	rate, _ := gate.NewRateLimit("rate", down, gate.Options{})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, fleet, gate.ForClasses(rate, []string{"default"}))
 	m := New(Options{})
 	m.Gates(func() *sluice.Chain { return chain })

@@ -100,7 +100,7 @@ const defaultPermitTTL = time.Minute
 func rateGate(refund bool) func(string, store.Limiter, gate.Options) (sluice.Gate, error) {
 	return func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
 		o.NoRefund = !refund
-		return gate.NewRate(name, lim, o)
+		return gate.NewRateLimit(name, lim, o)
 	}
 }
 

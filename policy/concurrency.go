@@ -67,9 +67,9 @@ func concurrency(n int64, ttl time.Duration, g func(string, store.Limiter, gate.
 func (p *concurrencyParams) algorithm() algorithm[limit.ConcurrencyState, *limit.Concurrency] {
 	return concurrency(p.limit, p.ttl, func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
 		if p.weighted {
-			return gate.NewWeightedConcurrency(name, lim, o)
+			return gate.NewWeightedInFlight(name, lim, o)
 		}
-		return gate.NewConcurrency(name, lim, o)
+		return gate.NewInFlight(name, lim, o)
 	})
 }
 

@@ -122,9 +122,9 @@ type Gate struct {
 	lines  map[string]int // line of each field written, by key
 }
 
-// FieldLine returns the line of the gate's field key in its file, or the
+// fieldLine returns the line of the gate's field key in its file, or the
 // gate's own line when the field is not written.
-func (g *Gate) FieldLine(key string) int {
+func (g *Gate) fieldLine(key string) int {
 	if l, ok := g.lines[key]; ok && l > 0 {
 		return l
 	}

@@ -52,7 +52,7 @@ func (p *fleetUsageParams) algorithm() algorithm[limit.ConcurrencyState, *limit.
 func (p *fleetUsageParams) check(c *checker) {
 	for _, class := range sortedKeys(p.reserve) {
 		if !slices.Contains(c.classes, class) {
-			c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine("reserve"), Field: yamlfile.Join(c.path, "reserve."+class),
+			c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.fieldLine("reserve"), Field: yamlfile.Join(c.path, "reserve."+class),
 				Msg: fmt.Sprintf("no route assigns class %q (classes: %s)", class, strings.Join(c.classes, ", "))})
 		}
 	}

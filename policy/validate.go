@@ -50,7 +50,7 @@ type checker struct {
 
 // failf records an error in the gate's field key ("" for the gate itself).
 func (c *checker) failf(key, format string, args ...any) {
-	c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine(key), Field: yamlfile.Join(c.path, key),
+	c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.fieldLine(key), Field: yamlfile.Join(c.path, key),
 		Msg: fmt.Sprintf(format, args...)})
 }
 
@@ -66,14 +66,14 @@ func (c *checker) fail(err error) {
 	if key != "" {
 		path = yamlfile.Join(c.path, key)
 	}
-	c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine(key), Field: path, Msg: err.Error(), Err: err})
+	c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.fieldLine(key), Field: path, Msg: err.Error(), Err: err})
 }
 
 // known reports the names that no route assigns as a class.
 func (c *checker) known(key string, names []string, format string) {
 	for j, name := range names {
 		if name != "" && !slices.Contains(c.classes, name) {
-			c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.FieldLine(key), Field: fmt.Sprintf("%s.%s[%d]", c.path, key, j),
+			c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.fieldLine(key), Field: fmt.Sprintf("%s.%s[%d]", c.path, key, j),
 				Msg: fmt.Sprintf(format, name, strings.Join(c.classes, ", "))})
 		}
 	}

@@ -11,11 +11,11 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-// GateState is one gate as the admin API shows it.
+// gateState is one gate as the admin API shows it.
 // Limit is the gate's quota in Unit (the burst of a bucket, the limit of a
 // window or of a concurrency gate) and WindowSeconds the exact time a used
 // quota takes to come back (0 for concurrency).
-type GateState struct {
+type gateState struct {
 	Name          string  `json:"name"`
 	Mode          string  `json:"mode"`
 	Limit         int64   `json:"limit,omitempty"`
@@ -90,16 +90,16 @@ func (s *Server) authorized(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func (s *Server) gateStates() []GateState {
+func (s *Server) gateStates() []gateState {
 	c := s.Chain()
 	policies := map[string]sluice.Policy{}
 	for _, p := range c.Policies() {
 		policies[p.Name] = p
 	}
-	var out []GateState
+	var out []gateState
 	for _, g := range c.Gates() {
 		m, _ := c.Mode(g.Name())
-		st := GateState{Name: g.Name(), Mode: m.String()}
+		st := gateState{Name: g.Name(), Mode: m.String()}
 		if p, ok := policies[g.Name()]; ok {
 			st.Limit, st.WindowSeconds = p.Quota, p.Window.Seconds()
 			st.Unit = "requests"

@@ -74,8 +74,8 @@ type Jitter struct {
 // DefaultJitter spreads a wait of w seconds over [w, w + max(1, ⌈w/2⌉)].
 var DefaultJitter = Jitter{Fraction: 0.5, Min: 1}
 
-// Spread returns the jitter range in seconds for a base wait.
-func (j Jitter) Spread(base int64) int64 {
+// spread returns the jitter range in seconds for a base wait.
+func (j Jitter) spread(base int64) int64 {
 	if j.Fraction <= 0 && j.Min <= 0 {
 		return 0
 	}
@@ -91,15 +91,15 @@ func RetryAfter(wait time.Duration, j Jitter, rnd uint64) int64 {
 	if base == 0 {
 		return 0
 	}
-	if s := j.Spread(base); s > 0 {
+	if s := j.spread(base); s > 0 {
 		base += int64(rnd % uint64(s+1))
 	}
 	return min(base, maxSFInt)
 }
 
-// AppendString appends s as a Structured Field String: printable ASCII,
+// appendString appends s as a Structured Field String: printable ASCII,
 // with `"` and `\` escaped and anything else replaced by '?'.
-func AppendString(b []byte, s string) []byte {
+func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -119,7 +119,7 @@ func appendInt(b []byte, n int64) []byte {
 	return strconv.AppendInt(b, min(max(n, 0), maxSFInt), 10)
 }
 
-// AppendPolicy appends one RateLimit-Policy member: "name";q=Q;w=W, with
+// appendPolicy appends one RateLimit-Policy member: "name";q=Q;w=W, with
 // qu="concurrent-requests" for concurrency quotas (which have no window).
 //
 // The draft's window is whole seconds, but a policy's window need not be
@@ -127,9 +127,9 @@ func appendInt(b []byte, n int64) []byte {
 // rounded to whole seconds (at least 1) and the quota scaled to keep the
 // sustained rate: q = Quota × w / Window, rounded. Where that differs from
 // the burst, the burst follows as the vendor parameter sluice-burst.
-func AppendPolicy(b []byte, p sluice.Policy) []byte {
-	b = AppendString(b, p.Name)
-	q, w := PolicyQuota(p)
+func appendPolicy(b []byte, p sluice.Policy) []byte {
+	b = appendString(b, p.Name)
+	q, w := policyQuota(p)
 	b = append(b, ";q="...)
 	b = appendInt(b, q)
 	if p.Unit == sluice.UnitConcurrentRequests {
@@ -146,9 +146,9 @@ func AppendPolicy(b []byte, p sluice.Policy) []byte {
 	return b
 }
 
-// PolicyQuota returns the quota and whole-second window p is advertised
-// with (see AppendPolicy); w is 0 for policies without a window.
-func PolicyQuota(p sluice.Policy) (q, w int64) {
+// policyQuota returns the quota and whole-second window p is advertised
+// with (see appendPolicy); w is 0 for policies without a window.
+func policyQuota(p sluice.Policy) (q, w int64) {
 	if p.Window <= 0 {
 		return p.Quota, 0
 	}
@@ -174,7 +174,7 @@ func AppendPolicies(b []byte, ps []sluice.Policy) []byte {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = AppendPolicy(b, p)
+		b = appendPolicy(b, p)
 	}
 	return b
 }
@@ -182,7 +182,7 @@ func AppendPolicies(b []byte, ps []sluice.Policy) []byte {
 // AppendRateLimit appends a RateLimit field member: "name";r=R;t=T, leaving
 // t out when t is 0 (nothing to wait for).
 func AppendRateLimit(b []byte, name string, remaining, t int64) []byte {
-	b = AppendString(b, name)
+	b = appendString(b, name)
 	b = append(b, ";r="...)
 	b = appendInt(b, remaining)
 	if t > 0 {
@@ -211,11 +211,11 @@ type Envelope struct {
 //	 "request_id":"…","message":"…"}}
 func AppendEnvelope(b []byte, e *Envelope) []byte {
 	b = append(b, `{"error":{"reason":`...)
-	b = AppendJSONString(b, e.Reason.String())
+	b = appendJSONString(b, e.Reason.String())
 	b = append(b, `,"scope":`...)
-	b = AppendJSONString(b, e.Scope.String())
+	b = appendJSONString(b, e.Scope.String())
 	b = append(b, `,"gate":`...)
-	b = AppendJSONString(b, e.Gate)
+	b = appendJSONString(b, e.Gate)
 	b = append(b, `,"retryable":`...)
 	b = strconv.AppendBool(b, e.Retryable)
 	b = append(b, `,"effect_possible":`...)
@@ -225,17 +225,17 @@ func AppendEnvelope(b []byte, e *Envelope) []byte {
 		b = strconv.AppendInt(b, e.RetryAfter, 10)
 	}
 	b = append(b, `,"request_id":`...)
-	b = AppendJSONString(b, e.RequestID)
+	b = appendJSONString(b, e.RequestID)
 	b = append(b, `,"message":`...)
-	b = AppendJSONString(b, e.Message)
+	b = appendJSONString(b, e.Message)
 	return append(b, "}}\n"...)
 }
 
 const hexDigits = "0123456789abcdef"
 
-// AppendJSONString appends s as a JSON string, escaping quotes, backslashes,
+// appendJSONString appends s as a JSON string, escaping quotes, backslashes,
 // control characters and invalid UTF-8 (as U+FFFD).
-func AppendJSONString(b []byte, s string) []byte {
+func appendJSONString(b []byte, s string) []byte {
 	b = append(b, '"')
 	// Fast path: most strings need no escaping at all.
 	clean := 0
@@ -365,16 +365,16 @@ type EnvelopeTemplate struct {
 func NewEnvelopeTemplate(d *sluice.Decision, cost int64, hide bool) *EnvelopeTemplate {
 	t := &EnvelopeTemplate{}
 	t.head = append(t.head, `{"error":{"reason":`...)
-	t.head = AppendJSONString(t.head, d.Reason.String())
+	t.head = appendJSONString(t.head, d.Reason.String())
 	t.head = append(t.head, `,"scope":`...)
-	t.head = AppendJSONString(t.head, d.Scope.String())
+	t.head = appendJSONString(t.head, d.Scope.String())
 	t.head = append(t.head, `,"gate":`...)
-	t.head = AppendJSONString(t.head, d.Gate)
+	t.head = appendJSONString(t.head, d.Gate)
 	t.head = append(t.head, `,"retryable":`...)
 	t.head = strconv.AppendBool(t.head, d.Retryable)
 	t.head = append(t.head, `,"effect_possible":`...)
 	t.head = strconv.AppendBool(t.head, d.EffectPossible)
-	q := AppendJSONString(nil, string(AppendMessage(nil, d, cost, 0, hide, "")))
+	q := appendJSONString(nil, string(AppendMessage(nil, d, cost, 0, hide, "")))
 	t.msg = q[1 : len(q)-1]
 	return t
 }

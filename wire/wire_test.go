@@ -23,7 +23,7 @@ func TestRetryAfterJitterRange(t *testing.T) {
 	j := Jitter{Fraction: 0.5, Min: 1}
 	for _, wait := range []time.Duration{10 * time.Millisecond, 3 * time.Second, 10 * time.Second} {
 		base := Seconds(wait)
-		spread := j.Spread(base)
+		spread := j.spread(base)
 		seen := map[int64]bool{}
 		for r := uint64(0); r < 1000; r++ {
 			v := RetryAfter(wait, j, r)
@@ -122,12 +122,12 @@ func FuzzAppendJSONString(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		b := AppendJSONString(nil, s)
+		b := appendJSONString(nil, s)
 		var out string
 		if err := json.Unmarshal(b, &out); err != nil {
 			t.Fatalf("%q rendered as invalid JSON %s: %v", s, b, err)
 		}
-		sf := AppendString(nil, s)
+		sf := appendString(nil, s)
 		for _, c := range sf {
 			if c < 0x20 || c > 0x7e {
 				t.Fatalf("structured field string %q has byte %x", sf, c)

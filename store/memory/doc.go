@@ -1,6 +1,6 @@
 // Package memory is sluice's in-process state store: it makes each step of a
 // package limit algorithm atomic per key, for one key (Bucket, Single) or for
-// millions (Keyed over a sharded, capped Table), with no allocation on the
+// millions (Keyed over a sharded, capped table), with no allocation on the
 // decision path of an existing key.
 //
 //	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
@@ -10,6 +10,6 @@
 //	one, _ := memory.NewBucket(limit.PerSecond(100), 500, nil) // nil: clock.System
 //	if one.Allow(1) { ... }
 //
-// At its key cap a Table drops fresh keys first and then lets new keys share
-// a per-shard overflow state; see Table.
+// At its key cap a Keyed drops fresh keys first and then lets new keys share
+// a per-shard overflow state; see Keyed.
 package memory

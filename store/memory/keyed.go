@@ -11,19 +11,29 @@ import (
 
 // Handles a memory Keyed hands out.
 const (
-	// HandleKey: the step ran on the key's own state.
-	HandleKey store.Handle = 1
-	// HandleOverflow: the table was full and the step ran on the shard's
+	// handleKey: the step ran on the key's own state.
+	handleKey store.Handle = 1
+	// handleOverflow: the table was full and the step ran on the shard's
 	// shared overflow state.
-	HandleOverflow store.Handle = 2
+	handleOverflow store.Handle = 2
 )
 
 // Keyed is a store.Limiter in process memory: algorithm A over one state S
-// per key, held in a Table. Take and Refund never fail and, for a key that
-// already exists, never allocate.
+// per key. Take and Refund never fail and, for a key that already exists,
+// never allocate.
+//
+// The states live in a hash table sharded by a seeded hash of the key, each
+// shard under its own mutex, so decisions on different keys rarely contend.
+// It holds at most about Options.MaxKeys keys: when a new key arrives at a
+// full shard, the shard first drops every key whose state is fresh (equal
+// to a new key's, so dropping it changes no decision), at most once per
+// Options.SweepEvery; if the shard is still full, the new key shares the
+// shard's one overflow state with every other such key until room frees
+// up. No existing key ever loses its state, and keys beyond the cap are
+// limited together (more strictly, never less).
 type Keyed[S any, A limit.Algorithm[S]] struct {
 	alg   A
-	table *Table[S]
+	table *table[S]
 	byDL  func(s *S, now, cost, deadline int64) limit.Result
 }
 
@@ -36,7 +46,7 @@ var _ store.Limiter = (*Keyed[limit.TokenBucketState, *limit.TokenBucket])(nil)
 // NewKeyed returns a keyed limiter running alg. Algorithms with a TakeBy
 // method (limit.LeakyBucket) receive the request's deadline.
 func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
-	k := &Keyed[S, A]{alg: alg, table: NewTable(opts, alg.Fresh)}
+	k := &Keyed[S, A]{alg: alg, table: newTable(opts, alg.Fresh)}
 	if dt, ok := any(alg).(deadlineTaker[S]); ok {
 		k.byDL = dt.TakeBy
 	}
@@ -45,33 +55,33 @@ func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
 
 // Take runs one step for key; err is always nil.
 func (k *Keyed[S, A]) Take(_ context.Context, key string, now clock.Instant, cost int64, deadline clock.Instant) (limit.Result, store.Handle, error) {
-	s, overflow, g := k.table.Lock(key, int64(now), true)
+	s, overflow, g := k.table.lock(key, int64(now), true)
 	var r limit.Result
 	if k.byDL != nil {
 		r = k.byDL(s, int64(now), cost, int64(deadline))
 	} else {
 		r = k.alg.Take(s, int64(now), cost)
 	}
-	g.Unlock()
+	g.unlock()
 	if overflow {
-		return r, HandleOverflow, nil
+		return r, handleOverflow, nil
 	}
-	return r, HandleKey, nil
+	return r, handleKey, nil
 }
 
 // Refund gives cost units back to the state h names; err is always nil.
 func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
-	if h == HandleOverflow {
-		s, g := k.table.LockOverflow(key)
+	if h == handleOverflow {
+		s, g := k.table.lockOverflow(key)
 		k.alg.Refund(s, int64(now), cost)
-		g.Unlock()
+		g.unlock()
 		return nil
 	}
-	s, _, g := k.table.Lock(key, int64(now), false)
+	s, _, g := k.table.lock(key, int64(now), false)
 	if s != nil {
 		k.alg.Refund(s, int64(now), cost)
 	}
-	g.Unlock()
+	g.unlock()
 	return nil
 }
 
@@ -93,6 +103,3 @@ func (k *Keyed[S, A]) Limit() int64 { return k.alg.Limit() }
 
 // Window returns the algorithm's window.
 func (k *Keyed[S, A]) Window() time.Duration { return k.alg.Window() }
-
-// Table returns the underlying table (for sizes and overflow counts).
-func (k *Keyed[S, A]) Table() *Table[S] { return k.table }

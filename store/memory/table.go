@@ -11,7 +11,7 @@ import (
 	"unsafe"
 )
 
-// Options configures a Table. The zero value is valid.
+// Options configures the table of a Keyed. The zero value is valid.
 type Options struct {
 	// MaxKeys caps the keys held. Default 1,048,576. Each key costs about
 	// 128 bytes (a 64-byte slot at most three quarters full, plus its key
@@ -30,28 +30,28 @@ type Options struct {
 }
 
 const (
-	// DefaultMaxKeys is the key cap of a Table whose Options name none.
+	// DefaultMaxKeys is the key cap when Options name none.
 	DefaultMaxKeys    = 1 << 20
 	defaultSweepEvery = time.Second
 )
 
-// Table holds one state S per key for millions of keys. It is sharded by a
+// table holds one state S per key for millions of keys. It is sharded by a
 // seeded hash of the key; each shard is an open-addressing hash table
 // (linear probing, backward-shift deletion) under its own mutex, so
 // decisions on different keys rarely contend and a decision on an existing
 // key allocates nothing.
 //
-// Bounded cardinality: a Table never holds more than about MaxKeys keys.
+// Bounded cardinality: a table never holds more than about MaxKeys keys.
 // When a new key arrives at a full shard, the shard first drops every key
 // whose state is fresh (equal to a new key's state, so dropping it changes
 // no decision), at most once per SweepEvery. If the shard is still full,
 // the new key is not stored: it shares the shard's single overflow state
 // with every other such key until room frees up. This is safe: no existing
 // key ever loses its state, and keys beyond the cap are limited together
-// (more strictly, never less), and Overflowed counts each such decision.
+// (more strictly, never less), and overflows counts each such decision.
 //
-// A Table is safe for concurrent use.
-type Table[S any] struct {
+// A table is safe for concurrent use.
+type table[S any] struct {
 	shards     []shard[S]
 	shift      uint // hash >> shift selects the shard
 	perShard   int
@@ -104,9 +104,9 @@ type shard[S any] struct {
 	_         [64]byte // keep hot shard headers on separate cache lines
 }
 
-// NewTable returns an empty table. fresh reports whether a state equals a
+// newTable returns an empty table. fresh reports whether a state equals a
 // new key's (zero) state at now; it is called under the shard lock.
-func NewTable[S any](opts Options, fresh func(s *S, now int64) bool) *Table[S] {
+func newTable[S any](opts Options, fresh func(s *S, now int64) bool) *table[S] {
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = DefaultMaxKeys
 	}
@@ -117,7 +117,7 @@ func NewTable[S any](opts Options, fresh func(s *S, now int64) bool) *Table[S] {
 		opts.SweepEvery = defaultSweepEvery
 	}
 	n := 1 << bits.Len(uint(opts.Shards-1))
-	t := &Table[S]{
+	t := &table[S]{
 		shards:     make([]shard[S], n),
 		shift:      uint(64 - bits.Len(uint(n-1))),
 		perShard:   max((opts.MaxKeys+n-1)/n, 1),
@@ -136,7 +136,7 @@ func NewTable[S any](opts Options, fresh func(s *S, now int64) bool) *Table[S] {
 	return t
 }
 
-func (t *Table[S]) hash(key string) uint64 {
+func (t *table[S]) hash(key string) uint64 {
 	h := maphash.String(t.seed, key)
 	if h == 0 {
 		h = 1
@@ -144,26 +144,26 @@ func (t *Table[S]) hash(key string) uint64 {
 	return h
 }
 
-func (t *Table[S]) shard(h uint64) *shard[S] {
+func (t *table[S]) shard(h uint64) *shard[S] {
 	return &t.shards[(h>>t.shift)&uint64(len(t.shards)-1)]
 }
 
-// Guard holds one shard's lock; Unlock must be called exactly once.
-type Guard[S any] struct{ sh *shard[S] }
+// guard holds one shard's lock; Unlock must be called exactly once.
+type guard[S any] struct{ sh *shard[S] }
 
 // Unlock releases the shard lock.
-func (g Guard[S]) Unlock() { g.sh.mu.Unlock() }
+func (g guard[S]) unlock() { g.sh.mu.Unlock() }
 
 // Lock locks the shard of key and returns the key's state. With create, a
 // missing key is inserted with a zero (fresh) state, or, when its shard is
 // full, the shard's overflow state is returned with overflow true; without
 // create, a missing key returns nil. The pointer is valid until the guard is
 // unlocked, which the caller must do exactly once.
-func (t *Table[S]) Lock(key string, now int64, create bool) (s *S, overflow bool, g Guard[S]) {
+func (t *table[S]) lock(key string, now int64, create bool) (s *S, overflow bool, g guard[S]) {
 	h := t.hash(key)
 	sh := t.shard(h)
 	sh.mu.Lock()
-	g = Guard[S]{sh}
+	g = guard[S]{sh}
 	if i := sh.findLocked(h, key); i >= 0 {
 		return &sh.slots[i].state, false, g
 	}
@@ -183,14 +183,14 @@ func (t *Table[S]) Lock(key string, now int64, create bool) (s *S, overflow bool
 
 // LockOverflow locks the shard of key and returns that shard's overflow
 // state: the state an earlier Lock with create reported as overflow.
-func (t *Table[S]) LockOverflow(key string) (s *S, g Guard[S]) {
+func (t *table[S]) lockOverflow(key string) (s *S, g guard[S]) {
 	sh := t.shard(t.hash(key))
 	sh.mu.Lock()
-	return &sh.overflow, Guard[S]{sh}
+	return &sh.overflow, guard[S]{sh}
 }
 
 // Len returns the number of keys held.
-func (t *Table[S]) Len() int {
+func (t *table[S]) size() int {
 	n := 0
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -202,11 +202,11 @@ func (t *Table[S]) Len() int {
 }
 
 // Overflowed returns how many decisions used an overflow state.
-func (t *Table[S]) Overflowed() int64 { return t.overflowed.Load() }
+func (t *table[S]) overflows() int64 { return t.overflowed.Load() }
 
 // Sweep drops every fresh key at now from every shard and returns how many
 // it dropped.
-func (t *Table[S]) Sweep(now int64) int {
+func (t *table[S]) sweep(now int64) int {
 	dropped := 0
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -296,7 +296,7 @@ func (sh *shard[S]) deleteLocked(i int) {
 
 // sweepLocked drops fresh keys if the shard has not been swept within
 // SweepEvery. REQUIRES: sh.mu held.
-func (t *Table[S]) sweepLocked(sh *shard[S], now int64) {
+func (t *table[S]) sweepLocked(sh *shard[S], now int64) {
 	if sh.swept && now-sh.lastSweep < t.sweepEvery {
 		return
 	}
@@ -305,7 +305,7 @@ func (t *Table[S]) sweepLocked(sh *shard[S], now int64) {
 }
 
 // dropFreshLocked deletes every key whose state is fresh at now. REQUIRES: sh.mu held.
-func (t *Table[S]) dropFreshLocked(sh *shard[S], now int64) {
+func (t *table[S]) dropFreshLocked(sh *shard[S], now int64) {
 	for i := 0; i < len(sh.slots); {
 		s := &sh.slots[i]
 		if s.hash != 0 && t.fresh(&s.state, now) {

@@ -19,16 +19,16 @@ type counter struct{ n int64 }
 
 func freshCounter(c *counter, _ int64) bool { return c.n == 0 }
 
-func bump(t *Table[counter], key string, delta int64) (int64, bool) {
-	s, overflow, g := t.Lock(key, 0, true)
-	defer g.Unlock()
+func bump(t *table[counter], key string, delta int64) (int64, bool) {
+	s, overflow, g := t.lock(key, 0, true)
+	defer g.unlock()
 	s.n += delta
 	return s.n, overflow
 }
 
-func get(t *Table[counter], key string) (int64, bool) {
-	s, _, g := t.Lock(key, 0, false)
-	defer g.Unlock()
+func get(t *table[counter], key string) (int64, bool) {
+	s, _, g := t.lock(key, 0, false)
+	defer g.unlock()
 	if s == nil {
 		return 0, false
 	}
@@ -39,7 +39,7 @@ func get(t *Table[counter], key string) (int64, bool) {
 // with short (inline) and long keys.
 func TestTableMatchesMap(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		tbl := NewTable(Options{Shards: rapid.SampledFrom([]int{1, 2, 8}).Draw(rt, "shards"), MaxKeys: 1 << 20}, freshCounter)
+		tbl := newTable(Options{Shards: rapid.SampledFrom([]int{1, 2, 8}).Draw(rt, "shards"), MaxKeys: 1 << 20}, freshCounter)
 		model := map[string]int64{}
 		keyGen := rapid.OneOf(
 			rapid.StringMatching(`[a-d]{0,3}`),
@@ -49,7 +49,7 @@ func TestTableMatchesMap(t *testing.T) {
 			k := keyGen.Draw(rt, "key")
 			switch rapid.IntRange(0, 9).Draw(rt, "op") {
 			case 0:
-				tbl.Sweep(0)
+				tbl.sweep(0)
 				for mk, v := range model {
 					if v == 0 {
 						delete(model, mk)
@@ -70,15 +70,15 @@ func TestTableMatchesMap(t *testing.T) {
 					rt.Fatalf("key %q: got %d %v, want %d", mk, got, ok, want)
 				}
 			}
-			if tbl.Len() != len(model) {
-				rt.Fatalf("len %d, model %d", tbl.Len(), len(model))
+			if tbl.size() != len(model) {
+				rt.Fatalf("len %d, model %d", tbl.size(), len(model))
 			}
 		}
 	})
 }
 
 func TestTableCapDropsFreshKeysFirst(t *testing.T) {
-	tbl := NewTable(Options{Shards: 1, MaxKeys: 4}, freshCounter)
+	tbl := newTable(Options{Shards: 1, MaxKeys: 4}, freshCounter)
 	for i := range 4 {
 		bump(tbl, fmt.Sprint("busy", i), 1)
 	}
@@ -94,14 +94,14 @@ func TestTableCapDropsFreshKeysFirst(t *testing.T) {
 			t.Fatalf("existing key lost its state at the cap")
 		}
 	}
-	if tbl.Overflowed() != 2 {
-		t.Fatalf("overflowed %d", tbl.Overflowed())
+	if tbl.overflows() != 2 {
+		t.Fatalf("overflowed %d", tbl.overflows())
 	}
 	// Make two keys fresh; after SweepEvery the next new key gets a slot.
 	bump(tbl, "busy0", -1)
 	bump(tbl, "busy1", -1)
-	s, overflow, g := tbl.Lock("new3", int64(2e9), true)
-	g.Unlock()
+	s, overflow, g := tbl.lock("new3", int64(2e9), true)
+	g.unlock()
 	if overflow || s == nil {
 		t.Fatal("fresh keys were not dropped to make room")
 	}
@@ -114,7 +114,7 @@ func TestTableCapDropsFreshKeysFirst(t *testing.T) {
 }
 
 func TestTableConcurrentUse(t *testing.T) {
-	tbl := NewTable(Options{Shards: 4, MaxKeys: 64}, freshCounter)
+	tbl := newTable(Options{Shards: 4, MaxKeys: 64}, freshCounter)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
@@ -128,9 +128,9 @@ func TestTableConcurrentUse(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	tbl.Sweep(0)
-	if tbl.Len() != 0 {
-		t.Fatalf("%d keys left after all became fresh", tbl.Len())
+	tbl.sweep(0)
+	if tbl.size() != 0 {
+		t.Fatalf("%d keys left after all became fresh", tbl.size())
 	}
 }
 
@@ -138,11 +138,11 @@ func TestKeyedOverflowRefundGoesToOverflowState(t *testing.T) {
 	c, _ := limit.NewConcurrency(1)
 	k := NewKeyed(c, Options{Shards: 1, MaxKeys: 1})
 	ctx := context.Background()
-	if _, h, _ := k.Take(ctx, "a", 0, 1, 0); h != HandleKey {
+	if _, h, _ := k.Take(ctx, "a", 0, 1, 0); h != handleKey {
 		t.Fatal("first key not stored")
 	}
 	r, h, _ := k.Take(ctx, "b", 0, 1, 0)
-	if !r.OK() || h != HandleOverflow {
+	if !r.OK() || h != handleOverflow {
 		t.Fatalf("%+v %v", r, h)
 	}
 	if r, _, _ := k.Take(ctx, "c", 0, 1, 0); r.OK() {

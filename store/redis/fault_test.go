@@ -33,9 +33,9 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
 	lim, _ := bind(st)(TokenBucket("faults", tb))
 	fb, _ := limit.NewTokenBucket(limit.PerSecond(1000), 1000) // the conservative local budget
-	gOpen, _ := gate.NewRate("open", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
-	gClosed, _ := gate.NewRate("closed", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed})
-	gLocal, _ := gate.NewRate("local", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback,
+	gOpen, _ := gate.NewRateLimit("open", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
+	gClosed, _ := gate.NewRateLimit("closed", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed})
+	gLocal, _ := gate.NewRateLimit("local", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback,
 		Fallback: memory.NewKeyed(fb, memory.Options{})})
 
 	var load faultLoad
@@ -45,7 +45,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g := []*gate.Rate{gOpen, gClosed, gLocal}[i%3]
+			g := []*gate.RateLimit{gOpen, gClosed, gLocal}[i%3]
 			req := &sluice.Request{Tenant: "t", Cost: 1}
 			for {
 				select {
@@ -113,7 +113,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 }
 
 // checkPolicies asks each gate once while Redis is down.
-func checkPolicies(t *testing.T, open, closed, local *gate.Rate) {
+func checkPolicies(t *testing.T, open, closed, local *gate.RateLimit) {
 	t.Helper()
 	req := &sluice.Request{Tenant: "probe", Cost: 1}
 	ctx := context.Background()

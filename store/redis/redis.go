@@ -27,7 +27,7 @@
 //	spec, _ := redis.TokenBucket("request-rate", tb) // checked without a connection
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
 //	lim := st.Limiter(spec)
-//	g, _ := gate.NewRate("request-rate", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
+//	g, _ := gate.NewRateLimit("request-rate", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
 package redis
 
 import (

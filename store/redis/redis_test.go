@@ -240,7 +240,7 @@ func TestDifferentialRandom(t *testing.T) {
 			budgeted := slices.Clone(steps)
 			for i := range budgeted {
 				if i%3 == 0 {
-					budgeted[i].budget = rapid.Int64Range(1, int64(lb.MaxWait())+2).Draw(rt, "budget")
+					budgeted[i].budget = rapid.Int64Range(1, int64(lb.Window())+2).Draw(rt, "budget")
 				}
 			}
 			differential(rt, "leaky bucket", lb, ll, budgeted)

@@ -56,8 +56,9 @@ func ParseFailurePolicy(s string) (FailurePolicy, error) {
 // when Options names none.
 const DefaultRetryHint = time.Second
 
-// Options configures the limit gates (Rate, Concurrency, Pacer). The zero
-// value is valid: scope service, refunds on, fail open.
+// Options configures the gates over a store (RateLimit, InFlight, Pacer,
+// FleetUsage). The zero value is valid: scope service, refunds on, fail
+// open.
 type Options struct {
 	// Scope is what the limit is counted over; it picks the state key from
 	// the request (see sluice.Scope.Key). Default ScopeService.
@@ -116,9 +117,6 @@ type base struct {
 
 // Name returns the gate's name.
 func (b *base) Name() string { return b.name }
-
-// Limiter returns the gate's store limiter.
-func (b *base) Limiter() store.Limiter { return b.lim }
 
 // Policy returns the gate's quota for the RateLimit-Policy header field.
 func (b *base) Policy() sluice.Policy {
@@ -231,32 +229,32 @@ func (b *base) unavailable() sluice.Decision {
 	}
 }
 
-// Rate is an entitlement gate over a rate limiter (token bucket, GCRA or a
+// RateLimit is an entitlement gate over a rate limiter (token bucket, GCRA or a
 // window algorithm): it rejects with reason policy_rate (429) when the
 // scope's quota is exhausted, with the exact retry-after, and rejects a cost
 // the quota can never grant as not retryable. By default it refunds the
 // tokens of a request that a later gate rejected (Options.NoRefund).
-type Rate struct {
+type RateLimit struct {
 	base
 }
 
-var _ sluice.Advertiser = (*Rate)(nil)
+var _ sluice.Advertiser = (*RateLimit)(nil)
 
-// NewRate returns a rate gate named name over lim.
-func NewRate(name string, lim store.Limiter, opts Options) (*Rate, error) {
+// NewRateLimit returns a rate gate named name over lim.
+func NewRateLimit(name string, lim store.Limiter, opts Options) (*RateLimit, error) {
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &Rate{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests}}, nil
+	return &RateLimit{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests}}, nil
 }
 
 // Decide takes r.Cost units from r's scope.
-func (g *Rate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *RateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	return g.decide(ctx, r, now, r.Cost)
 }
 
 // Release refunds the tokens when a later gate rejected r (unless NoRefund).
-func (g *Rate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+func (g *RateLimit) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	if c.Outcome == sluice.OutcomeRejected && !g.opts.NoRefund {
 		g.refund(g.opts.Scope.Key(r), p, c.Now, r.Cost)
 	}
