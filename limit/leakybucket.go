@@ -66,7 +66,6 @@ func (l *LeakyBucket) Rate() Rate { return l.rate }
 // Queue returns the units that may wait.
 func (l *LeakyBucket) Queue() int64 { return l.queue }
 
-
 // Take is TakeBy without a deadline.
 func (l *LeakyBucket) Take(s *LeakyBucketState, now, cost int64) Result {
 	return l.TakeBy(s, now, cost, 0)
