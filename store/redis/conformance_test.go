@@ -1,0 +1,54 @@
+package redis
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+	"github.com/sluice-go/sluice/store/storetest"
+)
+
+// Redis standalone and Redis Cluster pass the conformance suite of every
+// store: each algorithm's script decides exactly as the algorithm, step
+// for step, on Redis time set to the suite's clock.
+func TestConformance(t *testing.T) {
+	for bname, st := range backends(t) {
+		t.Run(bname, func(t *testing.T) {
+			n := 0
+			storetest.Run(t, storetest.Backend{New: func(alg any, now func() clock.Instant) (store.Limiter, error) {
+				n++
+				sp, err := spec(fmt.Sprint("conf", n), alg)
+				if err != nil {
+					return nil, err
+				}
+				l := st.Limiter(sp).(*limiter)
+				l.now = func() int64 { return int64(now()) / 1000 } // µs
+				return l, nil
+			}})
+		})
+	}
+}
+
+// spec returns the Spec of any algorithm of package limit.
+func spec(name string, alg any) (*Spec, error) {
+	switch a := alg.(type) {
+	case *limit.TokenBucket:
+		return TokenBucket(name, a)
+	case *limit.GCRA:
+		return GCRA(name, a)
+	case *limit.FixedWindow:
+		return FixedWindow(name, a)
+	case *limit.SlidingWindow:
+		return SlidingWindow(name, a)
+	case *limit.SlidingLog:
+		return SlidingLog(name, a)
+	case *limit.LeakyBucket:
+		return LeakyBucket(name, a)
+	case *limit.Concurrency:
+		return Concurrency(name, a, time.Minute)
+	}
+	return nil, fmt.Errorf("no script for %T", alg)
+}
