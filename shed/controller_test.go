@@ -1,10 +1,11 @@
 package shed
 
 import (
-	"github.com/sluice-go/sluice/clock"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 const sec = clock.Instant(time.Second)

@@ -2,9 +2,10 @@ package shed
 
 import (
 	"context"
-	"github.com/sluice-go/sluice/clock"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 
 	"github.com/sluice-go/sluice"
 )
