@@ -33,10 +33,9 @@ func (s *switchable) Take(ctx context.Context, key string, now clock.Instant, co
 // fleetDriver runs a FleetUsage gate through its public API and keeps the
 // permits of admitted requests by class.
 type fleetDriver struct {
-	g     *gate.FleetUsage
-	st    *switchable
-	held  map[string][]sluice.Permit
-	total int64
+	g    *gate.FleetUsage
+	st   *switchable
+	held map[string][]sluice.Permit
 }
 
 func (d *fleetDriver) decide(t *testing.T, cmd *tracefile.Cmd) string {
