@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/store"
@@ -481,13 +482,7 @@ func TestUpdateSwapsChainWithoutDroppingInFlight(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, cond)
 }
 
 // levelGate admits at a fixed degradation level.

@@ -50,6 +50,9 @@ type Options struct {
 	// ReloadEvery is how often the policy file is checked for changes.
 	// Default 1 s; negative: never (SIGHUP only).
 	ReloadEvery time.Duration
+	// Ticks, if set, replaces the ReloadEvery ticker: each value received
+	// is one check of the policy file (tests drive the watcher with it).
+	Ticks <-chan time.Time
 	// Logger receives operational logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Clock for the chain (tests). Default: the real clock.
@@ -234,6 +237,29 @@ func (s *Server) keepModeOverrides(rt *policy.Runtime) {
 	}
 }
 
+// watch checks the policy file on every tick until ctx is done. It applies
+// a change only once two checks read the same content, so a file caught
+// mid-write is never loaded.
+func (s *Server) watch(ctx context.Context, ticks <-chan time.Time) {
+	pending := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticks:
+			data, err := os.ReadFile(s.opts.Config)
+			if err != nil {
+				continue
+			}
+			if v := digest(data); v != pending {
+				pending = v
+				continue
+			}
+			s.Reload()
+		}
+	}
+}
+
 // Addrs returns the bound proxy and admin addresses once Run has started
 // listening (it blocks until then).
 func (s *Server) Addrs() (proxy, admin net.Addr) {
@@ -264,31 +290,17 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { errc <- ps.Serve(pl) }()
 	go func() { errc <- as.Serve(al) }()
 	var wg sync.WaitGroup
-	if s.opts.ReloadEvery > 0 {
+	ticks := s.opts.Ticks
+	if ticks == nil && s.opts.ReloadEvery > 0 && s.opts.ConfigData == nil {
+		t := time.NewTicker(s.opts.ReloadEvery)
+		defer t.Stop()
+		ticks = t.C
+	}
+	if ticks != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := time.NewTicker(s.opts.ReloadEvery)
-			defer t.Stop()
-			pending := ""
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					// Apply a change only once two polls read the same
-					// content, so a file caught mid-write is never loaded.
-					data, err := os.ReadFile(s.opts.Config)
-					if err != nil {
-						continue
-					}
-					if v := digest(data); v != pending {
-						pending = v
-						continue
-					}
-					s.Reload()
-				}
-			}
+			s.watch(ctx, ticks)
 		}()
 	}
 	var serveErr error

@@ -36,6 +36,7 @@ gates:
 type harness struct {
 	t       *testing.T
 	s       *Server
+	ticks   chan time.Time // the reload watcher's ticks
 	base    string
 	admin   string
 	file    string
@@ -43,9 +44,9 @@ type harness struct {
 	entered chan struct{}
 }
 
-func newHarness(t *testing.T, policy string, reloadEvery time.Duration) *harness {
+func newHarness(t *testing.T, policy string) *harness {
 	t.Helper()
-	h := &harness{t: t, release: make(chan struct{}), entered: make(chan struct{}, 100)}
+	h := &harness{t: t, release: make(chan struct{}), entered: make(chan struct{}, 100), ticks: make(chan time.Time)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/slow/") {
 			h.entered <- struct{}{}
@@ -61,7 +62,7 @@ func newHarness(t *testing.T, policy string, reloadEvery time.Duration) *harness
 	u, _ := url.Parse(up.URL)
 	s, err := New(Options{
 		Config: h.file, Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
-		AdminToken: "secret", ReloadEvery: reloadEvery, Clock: fakeclock.New(1),
+		AdminToken: "secret", Ticks: h.ticks, Clock: fakeclock.New(1),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -106,7 +107,7 @@ func (h *harness) do(method, url, token, body string, hdr map[string]string) (*h
 }
 
 func TestProxyEnforcesPolicy(t *testing.T) {
-	h := newHarness(t, policyV1, -1)
+	h := newHarness(t, policyV1)
 	key := map[string]string{"X-Api-Key": "acme"}
 	for i := range 3 {
 		resp, body := h.do("GET", h.base+"/v1/x", "", "", key)
@@ -163,7 +164,7 @@ func grep(s, sub string) string {
 }
 
 func TestHotReloadKeepsInFlightAndState(t *testing.T) {
-	h := newHarness(t, policyV1, -1)
+	h := newHarness(t, policyV1)
 	key := map[string]string{"X-Api-Key": "acme"}
 	for range 3 {
 		h.do("GET", h.base+"/v1/x", "", "", key) // acme's bucket is now empty
@@ -199,11 +200,20 @@ func TestHotReloadKeepsInFlightAndState(t *testing.T) {
 	}
 }
 
+// poll makes the reload watcher check the file n times and returns once it
+// has acted on each (it takes a tick only when done with the one before, so
+// the extra tick sent last proves the n-th handled; it is one check more).
+func (h *harness) poll(n int) {
+	for range n + 1 {
+		h.ticks <- time.Time{}
+	}
+}
+
 func TestInvalidReloadIsRefused(t *testing.T) {
-	h := newHarness(t, policyV1, 20*time.Millisecond)
+	h := newHarness(t, policyV1)
 	before := h.s.Chain()
 	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "rate: 1/s", "rate: 1/x", 1)), 0o644)
-	time.Sleep(100 * time.Millisecond) // several reload ticks
+	h.poll(3)
 	if h.s.Chain() != before {
 		t.Fatal("an invalid policy replaced the serving one")
 	}
@@ -213,19 +223,16 @@ func TestInvalidReloadIsRefused(t *testing.T) {
 	if resp, _ := h.do("GET", h.base+"/v1/x", "", "", map[string]string{"X-Api-Key": "z"}); resp.StatusCode != 200 {
 		t.Fatal("old policy stopped serving")
 	}
-	// A valid file is picked up by the watcher.
+	// A valid file is picked up by the watcher once two reads agree.
 	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "burst: 3", "burst: 4", 1)), 0o644)
-	deadline := time.Now().Add(5 * time.Second)
-	for h.s.Chain() == before {
-		if time.Now().After(deadline) {
-			t.Fatal("file change not reloaded")
-		}
-		time.Sleep(10 * time.Millisecond)
+	h.poll(2)
+	if h.s.Chain() == before {
+		t.Fatal("file change not reloaded")
 	}
 }
 
 func TestAdminModeSwitch(t *testing.T) {
-	h := newHarness(t, policyV1, -1)
+	h := newHarness(t, policyV1)
 	if resp, _ := h.do("GET", h.admin+"/v1/gates", "", "", nil); resp.StatusCode != 401 {
 		t.Fatalf("no token: %d", resp.StatusCode)
 	}
@@ -346,7 +353,7 @@ gates:
 }
 
 func TestModeOverrideSurvivesUnrelatedReload(t *testing.T) {
-	h := newHarness(t, policyV1, -1)
+	h := newHarness(t, policyV1)
 	if resp, _ := h.do("POST", h.admin+"/v1/gates/request-rate", "secret", `{"mode":"off"}`, nil); resp.StatusCode != 200 {
 		t.Fatal(resp.StatusCode)
 	}
@@ -371,7 +378,7 @@ gates:
   - {name: ladder, kind: ladder, workers: 4}
   - {name: util, kind: utilization, workers: 4, tiers: [default]}
   - {name: fleet, kind: fleet_usage, limit: 10, reserve: {default: 10%}}
-`, -1)
+`)
 	h.do("GET", h.base+"/x", "", "", nil)
 	_, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
 	for _, want := range []string{`"name":"ladder"`, `"level":"normal"`, `"seconds_in"`, `"shed_fraction":0`, `"name":"fleet"`, `"limit":9`} {
@@ -398,7 +405,7 @@ gates:
   - {name: ladder, kind: ladder, workers: 4, classes: [sheddable]}
   - {name: util, kind: utilization, workers: 4, tiers: [sheddable, default], classes: [sheddable]}
   - {name: request-rate, kind: token_bucket, scope: tenant, rate: 10/s, burst: 10}
-`, -1)
+`)
 	resp, _ := h.do("GET", h.base+"/a/x", "", "", nil)
 	if p := resp.Header.Get("RateLimit-Policy"); p != `"request-rate";q=10;w=1` {
 		t.Errorf("RateLimit-Policy %q: want only the token bucket", p)

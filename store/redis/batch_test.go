@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -146,6 +147,7 @@ func TestCloseWhileDeciding(t *testing.T) {
 		tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
 		lim, _ := bind(st)(TokenBucket("close", tb))
 		var wg sync.WaitGroup
+		var calls atomic.Int64
 		stop := make(chan struct{})
 		for i := range 32 {
 			wg.Add(1)
@@ -158,12 +160,14 @@ func TestCloseWhileDeciding(t *testing.T) {
 					default:
 					}
 					lim.Take(context.Background(), strconv.Itoa(i), 0, 1, 0)
+					calls.Add(1)
 				}
 			}()
 		}
-		time.Sleep(20 * time.Millisecond)
+		poll.Until(t, 10*time.Second, func() bool { return calls.Load() >= 100 }) // deciding on Redis
 		st.Close()
-		time.Sleep(20 * time.Millisecond)
+		n := calls.Load()
+		poll.Until(t, 10*time.Second, func() bool { return calls.Load() >= n+100 }) // and on the closed client
 		close(stop)
 		wg.Wait()
 		st.probes.Wait()

@@ -18,7 +18,7 @@ const slotCount = 16384
 type breaker struct {
 	addr      string
 	open      atomic.Bool
-	openUntil atomic.Int64 // unix ns before which no probe goes
+	openUntil atomic.Int64 // the clock.Instant before which no probe goes
 	probing   atomic.Bool  // one probe at a time
 }
 

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strconv"
 	"sync"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -67,7 +70,7 @@ func TestClusterMasterDownFailsOnlyItsSlots(t *testing.T) {
 	// finds it (within a probe interval of it rejoining).
 	victim.Restart()
 	back := time.Now()
-	eventually(t, 5*time.Second, func() bool {
+	poll.Until(t, 5*time.Second, func() bool {
 		_, _, err := lim.Take(context.Background(), load.deadKeys[0], 0, 1, 0)
 		return err == nil
 	})
@@ -157,7 +160,7 @@ func (l *slotLoad) decide(g, i int) {
 // reset and cond holds.
 func (l *slotLoad) await(t *testing.T, n int64, cond func() bool) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() bool { return l.liveOK.Load() >= n && cond() })
+	poll.Until(t, 10*time.Second, func() bool { return l.liveOK.Load() >= n && cond() })
 }
 
 func (l *slotLoad) reset() {
@@ -171,17 +174,44 @@ func (l *slotLoad) stop() {
 	l.wg.Wait()
 }
 
-// eventually polls cond until it holds, failing the test after limit (a
-// generous bound for a busy machine, not a timing claim).
-func eventually(t *testing.T, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v", limit)
-		}
-		<-tick.C
+// The breaker on a manual clock: once a call fails, no call reaches Redis
+// until a probe interval has passed on the store's clock, whatever the
+// wall clock does; then one probe goes, and when it finds Redis back the
+// decisions resume.
+func TestBreakerProbesOncePerInterval(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := fakeclock.New(1)
+	const probe = time.Second // of the manual clock: the wall clock never gets there
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 100 * time.Millisecond, ProbeEvery: probe, Clock: clk, Batch: 1})
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer st.Close()
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1000), 1000)
+	lim, _ := bind(st)(TokenBucket("probe", tb))
+	ctx := context.Background()
+	if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	if _, _, err := lim.Take(ctx, "k", 0, 1, 0); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Redis down: %v", err)
+	}
+	failed := st.Failures()
+	srv.Restart()
+	// Redis is back, but the breaker holds until the interval has passed.
+	for range 1000 {
+		if _, _, err := lim.Take(ctx, "k", 0, 1, 0); !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("a call went through the open breaker: %v", err)
+		}
+	}
+	if st.Failures() != failed {
+		t.Fatalf("%d calls reached Redis while the breaker was open", st.Failures()-failed)
+	}
+	clk.Advance(probe)
+	lim.Take(ctx, "k", 0, 1, 0) // answered by the breaker; starts the probe
+	poll.Until(t, 10*time.Second, func() bool {
+		_, _, err := lim.Take(ctx, "k", 0, 1, 0)
+		return err == nil
+	})
 }

@@ -87,7 +87,7 @@ func fleetHold() {
 		}
 	}
 	fmt.Println("HELD")
-	time.Sleep(time.Hour)
+	select {} // until killed
 }
 
 func helper(t *testing.T, mode, addr string, limit int) *exec.Cmd {

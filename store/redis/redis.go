@@ -43,6 +43,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -121,6 +122,9 @@ type Options struct {
 	Batch int
 	// Client, if set, is used instead of dialing Addrs.
 	Client rueidis.Client
+	// Clock times the breaker: how long it stays open before a probe.
+	// Default clock.System. (Decisions take their time from Redis.)
+	Clock clock.Clock
 }
 
 // Store is a Redis-backed state store. It is safe for concurrent use.
@@ -153,6 +157,9 @@ func New(opts Options) (*Store, error) {
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = "sluice"
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.System
 	}
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("redis: prefix %q: braces would change the keys' hash tags", opts.Prefix)
@@ -259,7 +266,7 @@ func dataError(err error) bool {
 // ProbeEvery a probe runs (with a generous timeout, since a fresh
 // connection must be set up) and closes it when Redis answers.
 func (s *Store) maybeProbe(b *breaker) {
-	if time.Now().UnixNano() >= b.openUntil.Load() && b.probing.CompareAndSwap(false, true) {
+	if s.opts.Clock.Now() >= clock.Instant(b.openUntil.Load()) && b.probing.CompareAndSwap(false, true) {
 		s.closeMu.Lock()
 		defer s.closeMu.Unlock()
 		if s.closed {
@@ -274,7 +281,7 @@ func (s *Store) maybeProbe(b *breaker) {
 // trip counts a failed call and opens b for ProbeEvery.
 func (s *Store) trip(b *breaker) {
 	s.failures.Add(1)
-	b.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
+	b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
 	b.open.Store(true)
 }
 
@@ -313,7 +320,7 @@ func (s *Store) probe(b *breaker) {
 	}
 	if err != nil {
 		s.failures.Add(1)
-		b.openUntil.Store(time.Now().UnixNano() + int64(s.opts.ProbeEvery))
+		b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
 		return
 	}
 	b.open.Store(false)
