@@ -1,6 +1,10 @@
 package limit
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // Concurrency bounds in-flight work: a request takes cost slots when it is
 // admitted and gives them back (Refund) when it ends, whatever the outcome.
@@ -40,7 +44,7 @@ func (c *Concurrency) Limit() int64 { return c.limit }
 func (c *Concurrency) Window() time.Duration { return 0 }
 
 // Take acquires cost slots if they are free.
-func (c *Concurrency) Take(s *ConcurrencyState, now, cost int64) Result {
+func (c *Concurrency) Take(s *ConcurrencyState, now clock.Instant, cost int64) Result {
 	r := Result{Limit: c.limit}
 	switch {
 	case cost <= 0:
@@ -57,7 +61,7 @@ func (c *Concurrency) Take(s *ConcurrencyState, now, cost int64) Result {
 }
 
 // Refund releases cost slots, never below zero.
-func (c *Concurrency) Refund(s *ConcurrencyState, now, cost int64) {
+func (c *Concurrency) Refund(s *ConcurrencyState, now clock.Instant, cost int64) {
 	if cost <= 0 {
 		return
 	}
@@ -65,4 +69,4 @@ func (c *Concurrency) Refund(s *ConcurrencyState, now, cost int64) {
 }
 
 // Fresh reports whether nothing is in flight.
-func (c *Concurrency) Fresh(s *ConcurrencyState, now int64) bool { return s.InFlight == 0 }
+func (c *Concurrency) Fresh(s *ConcurrencyState, now clock.Instant) bool { return s.InFlight == 0 }

@@ -1,6 +1,10 @@
 package limit
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // FixedWindow counts demand units per aligned window: windows are
 // [k·Window, (k+1)·Window) on the clock, and a request is admitted while the
@@ -56,7 +60,8 @@ func (w *FixedWindow) roll(s *FixedWindowState, now int64) {
 }
 
 // Take counts cost units in the current window if they fit.
-func (w *FixedWindow) Take(s *FixedWindowState, now, cost int64) Result {
+func (w *FixedWindow) Take(s *FixedWindowState, at clock.Instant, cost int64) Result {
+	now := int64(at)
 	w.roll(s, now)
 	r := Result{Limit: w.limit}
 	switch {
@@ -79,7 +84,8 @@ func (w *FixedWindow) Take(s *FixedWindowState, now, cost int64) Result {
 
 // Refund uncounts cost units taken at now, only if the state still counts
 // now's window: a refund never lands in a later window than its take.
-func (w *FixedWindow) Refund(s *FixedWindowState, now, cost int64) {
+func (w *FixedWindow) Refund(s *FixedWindowState, at clock.Instant, cost int64) {
+	now := int64(at)
 	if cost <= 0 || floorDiv(now, w.window)*w.window != s.Start {
 		return
 	}
@@ -87,6 +93,7 @@ func (w *FixedWindow) Refund(s *FixedWindowState, now, cost int64) {
 }
 
 // Fresh reports whether the window is empty at now.
-func (w *FixedWindow) Fresh(s *FixedWindowState, now int64) bool {
+func (w *FixedWindow) Fresh(s *FixedWindowState, at clock.Instant) bool {
+	now := int64(at)
 	return s.Used == 0 || now >= s.Start+w.window
 }

@@ -1,6 +1,10 @@
 package limit
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // GCRA is the generic cell rate algorithm (ITU-T I.371, the "virtual
 // scheduling" form), as used by redis-cell and go-redis/redis_rate: each key
@@ -88,7 +92,8 @@ func (g *GCRA) tat(s *GCRAState, now int64) vtime {
 }
 
 // Take applies one arrival of cost at now.
-func (g *GCRA) Take(s *GCRAState, now, cost int64) Result {
+func (g *GCRA) Take(s *GCRAState, at clock.Instant, cost int64) Result {
+	now := int64(at)
 	n := g.t.n
 	nowv := vtime{ns: now}
 	tat := g.tat(s, now)
@@ -116,7 +121,8 @@ func (g *GCRA) Take(s *GCRAState, now, cost int64) Result {
 }
 
 // Refund moves TAT back by cost·T, never before now (a full bucket).
-func (g *GCRA) Refund(s *GCRAState, now, cost int64) {
+func (g *GCRA) Refund(s *GCRAState, at clock.Instant, cost int64) {
+	now := int64(at)
 	if cost <= 0 || cost > g.burst {
 		return
 	}
@@ -130,7 +136,8 @@ func (g *GCRA) Refund(s *GCRAState, now, cost int64) {
 }
 
 // Fresh reports whether TAT ≤ now.
-func (g *GCRA) Fresh(s *GCRAState, now int64) bool {
+func (g *GCRA) Fresh(s *GCRAState, at clock.Instant) bool {
+	now := int64(at)
 	return !(vtime{ns: now}).less(vtime{ns: s.TAT, f: s.TATFrac})
 }
 
@@ -142,7 +149,8 @@ func (g *GCRA) Integral() bool { return g.t.r == 0 }
 
 // TakeTAT is Take for an Integral GCRA on a bare TAT: it returns the new TAT
 // (unchanged unless Allowed) and the result. REQUIRES: g.Integral().
-func (g *GCRA) TakeTAT(tat, now, cost int64) (int64, Result) {
+func (g *GCRA) TakeTAT(tat int64, at clock.Instant, cost int64) (int64, Result) {
+	now := int64(at)
 	t := max(tat, now)
 	ahead := t - now
 	switch {
@@ -164,7 +172,8 @@ func (g *GCRA) TakeTAT(tat, now, cost int64) (int64, Result) {
 // returns the new TAT and whether cost was admitted, without the result's
 // remaining and reset figures. Costs outside [1, burst] are never admitted.
 // REQUIRES: g.Integral().
-func (g *GCRA) AdmitTAT(tat, now, cost int64) (int64, bool) {
+func (g *GCRA) AdmitTAT(tat int64, at clock.Instant, cost int64) (int64, bool) {
+	now := int64(at)
 	if cost <= 0 || cost > g.burst {
 		return tat, false
 	}
@@ -176,7 +185,8 @@ func (g *GCRA) AdmitTAT(tat, now, cost int64) (int64, bool) {
 }
 
 // RefundTAT is Refund for an Integral GCRA on a bare TAT.
-func (g *GCRA) RefundTAT(tat, now, cost int64) int64 {
+func (g *GCRA) RefundTAT(tat int64, at clock.Instant, cost int64) int64 {
+	now := int64(at)
 	if cost <= 0 || cost > g.burst {
 		return tat
 	}

@@ -3,6 +3,8 @@ package limit
 import (
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 func mustGCRA(t *testing.T, rate Rate, burst int64) *GCRA {
@@ -15,7 +17,7 @@ func mustGCRA(t *testing.T, rate Rate, burst int64) *GCRA {
 }
 
 type gcraStep struct {
-	at        int64
+	at        clock.Instant
 	cost      int64
 	status    Status
 	remaining int64
@@ -103,7 +105,7 @@ func TestGCRAStandardForm(t *testing.T) {
 	if !r.OK() || r.Remaining != 1 {
 		t.Fatalf("t=250ms: %+v, want allowed with remaining 1", r)
 	}
-	if s.TAT != 1100*ms {
+	if clock.Instant(s.TAT) != 1100*ms {
 		t.Fatalf("TAT %v, want 1.1s", time.Duration(s.TAT))
 	}
 }
@@ -130,7 +132,7 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 		var bs TokenBucketState
 		step := max(int64(rate.Per())/rate.Tokens()/3, 1)
 		for i := int64(0); i < 200; i++ {
-			now := i * step
+			now := clock.Instant(i * step)
 			cost := i%3 + 1
 			gr, br := g.Take(&gs, now, cost), b.Take(&bs, now, cost)
 			if gr.Status != br.Status || gr.RetryAfter != br.RetryAfter || gr.Remaining != br.Remaining {
@@ -145,7 +147,7 @@ func TestGCRAClockStepBackCreatesNoCapacity(t *testing.T) {
 	var s GCRAState
 	takeN(g, &s, 10*sec, 400)
 	tat := s
-	for _, back := range []int64{10*sec - 1, 5 * sec, 0} {
+	for _, back := range []clock.Instant{10*sec - 1, 5 * sec, 0} {
 		if g.Take(&s, back, 1).OK() {
 			t.Fatalf("admitted at %v after the bucket was emptied at 10s", time.Duration(back))
 		}
@@ -173,7 +175,7 @@ func TestGCRAExtremeRates(t *testing.T) {
 	g := mustGCRA(t, mustRate(t, "1/h"), 1)
 	var s GCRAState
 	g.Take(&s, 0, 1)
-	if r := g.Take(&s, int64(time.Hour)-1, 1); r.RetryAfter != 1 {
+	if r := g.Take(&s, clock.Instant(time.Hour)-1, 1); r.RetryAfter != 1 {
 		t.Fatalf("1/h: %+v", r)
 	}
 	g = mustGCRA(t, mustRate(t, "1e9/s"), 1_000_000_000)
@@ -181,7 +183,7 @@ func TestGCRAExtremeRates(t *testing.T) {
 	if !g.Take(&s, 0, 1_000_000_000).OK() || g.Take(&s, 0, 1).RetryAfter != 1 {
 		t.Fatal("1e9/s: not one unit per ns")
 	}
-	thirtyDays := int64(30 * 24 * time.Hour)
+	thirtyDays := clock.Instant(30 * 24 * time.Hour)
 	if got := takeN(g, &s, thirtyDays, 10); got != 10 {
 		t.Fatalf("after 30 days admitted %d of 10", got)
 	}

@@ -1,6 +1,10 @@
 package limit
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // LeakyBucket is the leaky bucket as a bounded, paced queue: arrivals join a
 // queue that drains at Rate, and each admitted request is told how long to
@@ -67,13 +71,14 @@ func (l *LeakyBucket) Rate() Rate { return l.rate }
 func (l *LeakyBucket) Queue() int64 { return l.queue }
 
 // Take is TakeBy without a deadline.
-func (l *LeakyBucket) Take(s *LeakyBucketState, now, cost int64) Result {
+func (l *LeakyBucket) Take(s *LeakyBucketState, now clock.Instant, cost int64) Result {
 	return l.TakeBy(s, now, cost, 0)
 }
 
 // TakeBy schedules cost units at now for a request that must proceed before
-// deadline (monotonic ns; 0 = none).
-func (l *LeakyBucket) TakeBy(s *LeakyBucketState, now, cost, deadline int64) Result {
+// deadline (0 = none).
+func (l *LeakyBucket) TakeBy(s *LeakyBucketState, at clock.Instant, cost int64, by clock.Instant) Result {
+	now, deadline := int64(at), int64(by)
 	n := l.t.n
 	nowv := vtime{ns: now}
 	start := vtime{ns: s.Next, f: s.NextFrac}
@@ -118,9 +123,10 @@ func (l *LeakyBucket) room(x vtime) int64 {
 }
 
 // Refund does nothing (see the type doc).
-func (l *LeakyBucket) Refund(s *LeakyBucketState, now, cost int64) {}
+func (l *LeakyBucket) Refund(s *LeakyBucketState, now clock.Instant, cost int64) {}
 
 // Fresh reports whether the queue is empty at now.
-func (l *LeakyBucket) Fresh(s *LeakyBucketState, now int64) bool {
+func (l *LeakyBucket) Fresh(s *LeakyBucketState, at clock.Instant) bool {
+	now := int64(at)
 	return !(vtime{ns: now}).less(vtime{ns: s.Next, f: s.NextFrac})
 }

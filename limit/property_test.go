@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"pgregory.net/rapid"
 )
 
@@ -98,7 +99,7 @@ func rateProperty[S any](t *rapid.T, a Algorithm[S], rate Rate, burst int64, onR
 	for i := range real {
 		cost := rapid.Int64Range(1, burst+1).Draw(t, "cost")
 		probe := s
-		r := a.Take(&s, seen[i], cost)
+		r := a.Take(&s, clock.Instant(seen[i]), cost)
 		checkResult(t, r, a.Limit())
 		if !invariant(&s) {
 			t.Fatalf("state invariant broken: %+v", s)
@@ -106,7 +107,7 @@ func rateProperty[S any](t *rapid.T, a Algorithm[S], rate Rate, burst int64, onR
 		switch r.Status {
 		case Allowed:
 			if rapid.IntRange(0, 9).Draw(t, "refund") == 0 {
-				a.Refund(&s, seen[i], cost) // a later gate rejected it
+				a.Refund(&s, clock.Instant(seen[i]), cost) // a later gate rejected it
 				if !invariant(&s) {
 					t.Fatalf("refund broke the state: %+v", s)
 				}
@@ -117,10 +118,10 @@ func rateProperty[S any](t *rapid.T, a Algorithm[S], rate Rate, burst int64, onR
 			// Exact retry-after: 1 ns earlier is still denied, at it admitted.
 			early := probe
 			at := seen[i] + int64(r.RetryAfter)
-			if a.Take(&early, at-1, cost).OK() {
+			if a.Take(&early, clock.Instant(at-1), cost).OK() {
 				t.Fatalf("admitted 1ns before retry-after %v", r.RetryAfter)
 			}
-			if !a.Take(&probe, at, cost).OK() {
+			if !a.Take(&probe, clock.Instant(at), cost).OK() {
 				t.Fatalf("denied at retry-after %v", r.RetryAfter)
 			}
 		case Exceeded:
@@ -169,14 +170,14 @@ func windowProperty[S any](t *rapid.T, a Algorithm[S], window int64, clone func(
 	for _, at := range real {
 		cost := rapid.Int64Range(1, a.Limit()+1).Draw(t, "cost")
 		probe := clone(s)
-		r := a.Take(&s, at, cost)
+		r := a.Take(&s, clock.Instant(at), cost)
 		checkResult(t, r, a.Limit())
 		if r.OK() {
 			adm = append(adm, admitted{at: at, cost: cost})
 		}
 		if r.Status == Denied {
 			early := clone(probe)
-			if a.Take(&early, at+int64(r.RetryAfter)-1, cost).OK() || !a.Take(&probe, at+int64(r.RetryAfter), cost).OK() {
+			if a.Take(&early, clock.Instant(at+int64(r.RetryAfter)-1), cost).OK() || !a.Take(&probe, clock.Instant(at+int64(r.RetryAfter)), cost).OK() {
 				t.Fatalf("retry-after %v not exact", r.RetryAfter)
 			}
 		}
@@ -266,7 +267,7 @@ func TestLeakyBucketProperties(t *testing.T) {
 			if rapid.Bool().Draw(t, "has deadline") {
 				deadline = at + rapid.Int64Range(1, int64(l.Window())+2).Draw(t, "budget")
 			}
-			r := l.TakeBy(&s, at, cost, deadline)
+			r := l.TakeBy(&s, clock.Instant(at), cost, clock.Instant(deadline))
 			checkResult(t, r, l.Limit())
 			if !r.OK() {
 				continue

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/param"
 )
 
@@ -67,13 +68,13 @@ func (r Result) OK() bool { return r.Status == Allowed }
 // not synchronize: the store that holds S makes each call atomic.
 type Algorithm[S any] interface {
 	// Take tries to take cost units at instant now (monotonic ns).
-	Take(s *S, now, cost int64) Result
+	Take(s *S, now clock.Instant, cost int64) Result
 	// Refund returns cost units taken by an earlier Allowed Take (a later
 	// gate rejected the request). It never lifts the state above fresh.
-	Refund(s *S, now, cost int64)
+	Refund(s *S, now clock.Instant, cost int64)
 	// Fresh reports whether s is equivalent to the zero state at now, so a
 	// store may drop it without changing any later decision.
-	Fresh(s *S, now int64) bool
+	Fresh(s *S, now clock.Instant) bool
 	// Limit returns the quota in demand units (for headers).
 	Limit() int64
 	// Window returns the time a fully used quota takes to come back.

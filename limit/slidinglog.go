@@ -1,6 +1,10 @@
 package limit
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // SlidingLog keeps the timestamp and cost of every admitted request of the
 // last Window and admits a request while the logged cost in (now−Window,
@@ -68,7 +72,8 @@ func (l *SlidingLog) expire(s *SlidingLogState, now int64) {
 // Take logs cost units at now if they fit. A now earlier than the newest
 // entry (clock step back) is logged at the newest entry's time, so entries
 // stay ordered and none expires early.
-func (l *SlidingLog) Take(s *SlidingLogState, now, cost int64) Result {
+func (l *SlidingLog) Take(s *SlidingLogState, at clock.Instant, cost int64) Result {
+	now := int64(at)
 	l.expire(s, now)
 	r := Result{Limit: l.limit}
 	switch {
@@ -106,7 +111,8 @@ func (l *SlidingLog) Take(s *SlidingLogState, now, cost int64) Result {
 // later after a clock step back). If other takes were logged after it, it is
 // still that entry that goes, so the log stays exact. Nothing matching:
 // nothing is removed (the limit only errs strict).
-func (l *SlidingLog) Refund(s *SlidingLogState, now, cost int64) {
+func (l *SlidingLog) Refund(s *SlidingLogState, at clock.Instant, cost int64) {
+	now := int64(at)
 	if cost <= 0 {
 		return
 	}
@@ -120,7 +126,8 @@ func (l *SlidingLog) Refund(s *SlidingLogState, now, cost int64) {
 }
 
 // Fresh reports whether no logged entry is inside the window at now.
-func (l *SlidingLog) Fresh(s *SlidingLogState, now int64) bool {
+func (l *SlidingLog) Fresh(s *SlidingLogState, at clock.Instant) bool {
+	now := int64(at)
 	n := len(s.entries)
 	return n == s.head || s.entries[n-1].at+l.window <= now
 }

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/bits"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // SlidingWindow is the sliding window counter (as described in Cloudflare's
@@ -120,7 +122,8 @@ func mulDivCeil(a, b, c int64) int64 {
 }
 
 // Take counts cost units in the current window if the estimate allows.
-func (w *SlidingWindow) Take(s *SlidingWindowState, now, cost int64) Result {
+func (w *SlidingWindow) Take(s *SlidingWindowState, at clock.Instant, cost int64) Result {
+	now := int64(at)
 	el := w.roll(s, now)
 	r := Result{Limit: w.limit}
 	switch {
@@ -159,7 +162,8 @@ func (w *SlidingWindow) retryAfter(s *SlidingWindowState, el, cost int64) int64 
 
 // Refund uncounts cost units taken at now from the window that counted
 // them: the current one, or the previous one if the state rolled over since.
-func (w *SlidingWindow) Refund(s *SlidingWindowState, now, cost int64) {
+func (w *SlidingWindow) Refund(s *SlidingWindowState, at clock.Instant, cost int64) {
+	now := int64(at)
 	if cost <= 0 {
 		return
 	}
@@ -172,7 +176,8 @@ func (w *SlidingWindow) Refund(s *SlidingWindowState, now, cost int64) {
 }
 
 // Fresh reports whether the estimate is zero at now and stays zero.
-func (w *SlidingWindow) Fresh(s *SlidingWindowState, now int64) bool {
+func (w *SlidingWindow) Fresh(s *SlidingWindowState, at clock.Instant) bool {
+	now := int64(at)
 	if now >= s.Start+2*w.window {
 		return true
 	}

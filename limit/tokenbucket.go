@@ -1,6 +1,10 @@
 package limit
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
 
 // TokenBucket is a token bucket: tokens refill continuously at Rate up to
 // Burst, and a request of cost c is admitted when at least c tokens are in
@@ -91,9 +95,10 @@ func (b *TokenBucket) refill(s *TokenBucketState, now int64) {
 }
 
 // Take takes cost tokens at now if they are there.
-func (b *TokenBucket) Take(s *TokenBucketState, now, cost int64) Result {
+func (b *TokenBucket) Take(s *TokenBucketState, at clock.Instant, cost int64) Result {
+	now := int64(at)
 	if cost <= 0 {
-		return Result{Status: Invalid, Limit: b.burst, Remaining: b.Tokens(s, now)}
+		return Result{Status: Invalid, Limit: b.burst, Remaining: b.Tokens(s, at)}
 	}
 	b.refill(s, now)
 	// A now behind Last (stale reading) waits for Last first: refill is
@@ -123,7 +128,8 @@ func (b *TokenBucket) Take(s *TokenBucketState, now, cost int64) Result {
 
 // Refund puts back cost tokens taken earlier, never above a full bucket.
 // Costs outside [1, burst] are ignored.
-func (b *TokenBucket) Refund(s *TokenBucketState, now, cost int64) {
+func (b *TokenBucket) Refund(s *TokenBucketState, at clock.Instant, cost int64) {
+	now := int64(at)
 	if cost <= 0 || cost > b.burst {
 		return
 	}
@@ -135,7 +141,8 @@ func (b *TokenBucket) Refund(s *TokenBucketState, now, cost int64) {
 }
 
 // Fresh reports whether the bucket is full at now.
-func (b *TokenBucket) Fresh(s *TokenBucketState, now int64) bool {
+func (b *TokenBucket) Fresh(s *TokenBucketState, at clock.Instant) bool {
+	now := int64(at)
 	if s.Deficit == 0 {
 		return true
 	}
@@ -144,7 +151,8 @@ func (b *TokenBucket) Fresh(s *TokenBucketState, now int64) bool {
 }
 
 // Tokens returns the whole tokens in the bucket at now, without changing s.
-func (b *TokenBucket) Tokens(s *TokenBucketState, now int64) int64 {
+func (b *TokenBucket) Tokens(s *TokenBucketState, at clock.Instant) int64 {
+	now := int64(at)
 	t := *s
 	b.refill(&t, now)
 	return b.perUnit.floor(b.capacity - t.Deficit)

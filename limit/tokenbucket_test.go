@@ -4,12 +4,14 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 const (
-	ns  = int64(time.Nanosecond)
-	ms  = int64(time.Millisecond)
-	sec = int64(time.Second)
+	ns  = clock.Instant(time.Nanosecond)
+	ms  = clock.Instant(time.Millisecond)
+	sec = clock.Instant(time.Second)
 )
 
 func mustTB(t *testing.T, rate Rate, burst int64) *TokenBucket {
@@ -31,7 +33,7 @@ func mustRate(t *testing.T, s string) Rate {
 }
 
 // takeN takes cost 1 n times at now and returns how many were allowed.
-func takeN[S any](a Algorithm[S], s *S, now int64, n int) int {
+func takeN[S any](a Algorithm[S], s *S, now clock.Instant, n int) int {
 	ok := 0
 	for range n {
 		if a.Take(s, now, 1).OK() {
@@ -41,7 +43,8 @@ func takeN[S any](a Algorithm[S], s *S, now int64, n int) int {
 	return ok
 }
 
-// Seed vector (DESIGN.md §7, seeds/000): 200 tokens/s, burst 400, cost 1.
+// Published vector (the article "Admission Control, Rate Limiting, and Load Shedding"):
+// 200 tokens/s, burst 400, cost 1.
 func TestTokenBucketSeed200PerSecondBurst400(t *testing.T) {
 	b := mustTB(t, PerSecond(200), 400)
 	var s TokenBucketState
@@ -64,12 +67,13 @@ func TestTokenBucketSeed200PerSecondBurst400(t *testing.T) {
 	}
 }
 
-// Seed vector (seeds/002): refill 100/s, capacity 500, the timeline drawn there.
+// Published vector (the post "Token Buckets, Concurrency Caps, and Load Shedders: Rate Limiting That Holds Under Pressure",
+// after Stripe's example): refill 100/s, capacity 500, the timeline drawn there.
 func TestTokenBucketSeedStripeTimeline(t *testing.T) {
 	b := mustTB(t, PerSecond(100), 500)
 	var s TokenBucketState
 	for _, step := range []struct {
-		at   int64
+		at   clock.Instant
 		want int64
 	}{{0, 500}, {1 * sec, 500}} {
 		if got := b.Tokens(&s, step.at); got != step.want {
@@ -86,7 +90,7 @@ func TestTokenBucketSeedStripeTimeline(t *testing.T) {
 		t.Fatalf("tokens at 3s = %d, want 100", got)
 	}
 	// Steady state: each second 100 pass and the 101st is rejected.
-	for k := int64(3); k < 10; k++ {
+	for k := clock.Instant(3); k < 10; k++ {
 		if got := takeN(b, &s, k*sec, 100); got != 100 {
 			t.Fatalf("second %d: admitted %d of 100", k, got)
 		}
@@ -105,10 +109,10 @@ func TestTokenBucketRetryAfterIsExact(t *testing.T) {
 		t.Fatalf("%+v, want retry-after 666666667ns", r)
 	}
 	probe := s
-	if b.Take(&probe, int64(r.RetryAfter)-1, 2).OK() {
+	if b.Take(&probe, clock.Instant(r.RetryAfter)-1, 2).OK() {
 		t.Fatal("admitted 1ns before retry-after")
 	}
-	if !b.Take(&s, int64(r.RetryAfter), 2).OK() {
+	if !b.Take(&s, clock.Instant(r.RetryAfter), 2).OK() {
 		t.Fatal("denied at retry-after")
 	}
 }
@@ -164,12 +168,12 @@ func TestTokenBucketClockStepBackCreatesNoTokens(t *testing.T) {
 	b := mustTB(t, PerSecond(200), 400)
 	var s TokenBucketState
 	takeN(b, &s, 10*sec, 400)
-	for _, back := range []int64{10*sec - 1, 5 * sec, 0, -sec} {
+	for _, back := range []clock.Instant{10*sec - 1, 5 * sec, 0, -sec} {
 		if r := b.Take(&s, back, 1); r.OK() {
 			t.Fatalf("now=%v after t=10s: admitted with an empty bucket", time.Duration(back))
 		}
 	}
-	if s.Last != 10*sec {
+	if clock.Instant(s.Last) != 10*sec {
 		t.Fatalf("Last moved backwards to %d", s.Last)
 	}
 	if b.Take(&s, 10*sec+5*ms-1, 1).OK() || !b.Take(&s, 10*sec+5*ms, 1).OK() {
@@ -183,7 +187,7 @@ func TestTokenBucketStaleTimestamp(t *testing.T) {
 	b := mustTB(t, PerSecond(1), 1)
 	var s TokenBucketState
 	b.Take(&s, 0, 1)
-	t1, t2 := int64(900*ms), int64(1000*ms)
+	t1, t2 := 900*ms, 1000*ms
 	if !b.Take(&s, t2, 1).OK() { // the fresher reading refills one token
 		t.Fatal("token not back at 1s")
 	}
@@ -212,7 +216,7 @@ func TestTokenBucketRefundLeavesNoRoundingError(t *testing.T) {
 	var s TokenBucketState
 	takeN(b, &s, 0, 3)
 	for i := int64(1); i <= 1000; i++ {
-		now := i * 123456789
+		now := clock.Instant(i * 123456789)
 		r := b.Take(&s, now, 1)
 		if r.OK() {
 			b.Refund(&s, now, 1)
@@ -221,7 +225,7 @@ func TestTokenBucketRefundLeavesNoRoundingError(t *testing.T) {
 	// Back to the exact schedule: empty at 0, full at 3/(7/3) s = 9/7 s.
 	var fresh TokenBucketState
 	takeN(b, &fresh, 0, 3)
-	at := int64(1000 * 123456789)
+	at := clock.Instant(1000 * 123456789)
 	if b.Tokens(&s, at) != b.Tokens(&fresh, at) || s.Deficit != 0 {
 		t.Fatalf("refunds drifted: %+v", s)
 	}
@@ -236,7 +240,7 @@ func TestTokenBucketRefundLeavesNoRoundingError(t *testing.T) {
 func TestTokenBucketOnePerHour(t *testing.T) {
 	b := mustTB(t, mustRate(t, "1/h"), 1)
 	var s TokenBucketState
-	hour := int64(time.Hour)
+	hour := clock.Instant(time.Hour)
 	if !b.Take(&s, 0, 1).OK() {
 		t.Fatal("first denied")
 	}
@@ -267,7 +271,7 @@ func TestTokenBucketDaysOfIdle(t *testing.T) {
 	b := mustTB(t, mustRate(t, "3/s"), 7)
 	var s TokenBucketState
 	takeN(b, &s, 0, 7)
-	thirtyDays := int64(30 * 24 * time.Hour)
+	thirtyDays := clock.Instant(30 * 24 * time.Hour)
 	if got := takeN(b, &s, thirtyDays, 8); got != 7 {
 		t.Fatalf("after 30 days admitted %d, want exactly the burst 7", got)
 	}
@@ -283,15 +287,15 @@ func TestTokenBucketNoDriftAtNonIntegerInterval(t *testing.T) {
 	admitted := 0
 	// Arrivals every 100 ms for a million seconds would be slow; step by the
 	// exact retry-after instead, which exercises the same arithmetic.
-	now := int64(0)
-	end := int64(1_000_000) * sec
+	now := clock.Instant(0)
+	end := 1_000_000 * sec
 	for now <= end {
 		r := b.Take(&s, now, 1)
 		if r.OK() {
 			admitted++
 			continue
 		}
-		now += int64(r.RetryAfter)
+		now = now.Add(r.RetryAfter)
 	}
 	if admitted != 3_000_000+2 {
 		t.Fatalf("admitted %d, want %d", admitted, 3_000_000+2)

@@ -3,6 +3,8 @@ package limit
 import (
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 func TestFixedWindowVectors(t *testing.T) {
@@ -12,7 +14,8 @@ func TestFixedWindowVectors(t *testing.T) {
 	}
 	var s FixedWindowState
 	for i, c := range []struct {
-		at, cost  int64
+		at        clock.Instant
+		cost      int64
 		status    Status
 		remaining int64
 		retry     time.Duration
@@ -105,7 +108,8 @@ func TestSlidingWindowVectors(t *testing.T) {
 }
 
 func TestLeakyBucketSeedQueue(t *testing.T) {
-	// seeds/004: 6 ms per request, queue 15: worst wait ≈ 90 ms.
+	// The lesson "Admission control and load shedding": 6 ms per request,
+	// queue 15: worst wait ≈ 90 ms.
 	rate, _ := NewRate(1, 6*time.Millisecond)
 	l, err := NewLeakyBucket(rate, 15)
 	if err != nil {
@@ -117,7 +121,7 @@ func TestLeakyBucketSeedQueue(t *testing.T) {
 	var s LeakyBucketState
 	for i := range int64(16) {
 		r := l.Take(&s, 0, 1)
-		if !r.OK() || r.Wait != time.Duration(i*6*ms) {
+		if !r.OK() || r.Wait != time.Duration(clock.Instant(i)*6*ms) {
 			t.Fatalf("arrival %d: %+v, want wait %dms", i, r, i*6)
 		}
 	}

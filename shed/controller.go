@@ -9,7 +9,9 @@ import (
 )
 
 // ControllerConfig configures a utilization Controller. The defaults are
-// the numbers of seeds/002 (Stripe's worker utilization load shedder).
+// the numbers of Stripe's worker utilization load shedder as the post
+// "Token Buckets, Concurrency Caps, and Load Shedders: Rate Limiting That Holds Under Pressure"
+// gives them.
 type ControllerConfig struct {
 	// Good is the utilization below which shedding decays. Default 0.7.
 	Good float64
@@ -77,7 +79,8 @@ func (c ControllerConfig) Validate() error {
 // fraction reaches 1 exactly ShedAllAfter later; after recovery to u it
 // decays at (1 − u/Good)/ShedAllAfter per second; a signal that stays in
 // the dead zone never moves it. Source: the worker utilization load shedder
-// of seeds/002 (after Paul Tarjan's "Scaling your API with rate limiters").
+// of Paul Tarjan's "Scaling your API with rate limiters" (Stripe, 2017),
+// with the thresholds and timings of the post "Token Buckets, Concurrency Caps, and Load Shedders: Rate Limiting That Holds Under Pressure".
 //
 // Times are monotonic ns. Controller is not safe for concurrent use; the
 // Utilization gate serializes it.

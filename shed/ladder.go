@@ -124,10 +124,11 @@ type Transition struct {
 	Pressure float64 // the demand utilization that caused it
 }
 
-// Ladder is the degradation state machine of seeds/000: NORMAL → DEGRADE →
-// SHED → RECOVER → NORMAL, with hysteresis (each state is entered above a
-// higher threshold than it is left), a minimum dwell before stepping down,
-// and a staged recovery ramp of admitted non-protected load.
+// Ladder is the degradation state machine of the article "Admission
+// Control, Rate Limiting, and Load Shedding": NORMAL → DEGRADE → SHED →
+// RECOVER → NORMAL, with hysteresis (each state is entered above a higher
+// threshold than it is left), a minimum dwell before stepping down, and a
+// staged recovery ramp of admitted non-protected load.
 //
 // Its input is demand utilization from its own accounting: requests in
 // flight through the gate per worker, plus, for each request it sheds, the

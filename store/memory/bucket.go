@@ -41,11 +41,11 @@ func NewBucket(rate limit.Rate, burst int64, clk clock.Clock) (*Bucket, error) {
 	return &Bucket{g: g, clk: clk}, nil
 }
 
-func (b *Bucket) now() int64 {
+func (b *Bucket) now() clock.Instant {
 	if b.clk == nil {
-		return int64(clock.Now())
+		return clock.Now()
 	}
-	return int64(b.clk.Now())
+	return b.clk.Now()
 }
 
 // Allow reports whether cost units can be taken now, and takes them if so.
@@ -68,8 +68,8 @@ func (b *Bucket) Allow(cost int64) bool {
 // Take takes cost units now and reports the full result.
 func (b *Bucket) Take(cost int64) limit.Result { return b.TakeAt(b.now(), cost) }
 
-// TakeAt takes cost units at now (monotonic ns) and reports the full result.
-func (b *Bucket) TakeAt(now, cost int64) limit.Result {
+// TakeAt takes cost units at now and reports the full result.
+func (b *Bucket) TakeAt(now clock.Instant, cost int64) limit.Result {
 	if !b.g.Integral() {
 		b.mu.Lock()
 		r := b.g.Take(&b.state, now, cost)

@@ -53,7 +53,7 @@ func TestBucketMatchesAlgorithm(t *testing.T) {
 		var s limit.TokenBucketState
 		for i := range 2000 {
 			clk.Set(int64(i) * int64(time.Millisecond) / 3)
-			want := tb.Take(&s, int64(clk.Now()), 1)
+			want := tb.Take(&s, clk.Now(), 1)
 			got := b.Take(1)
 			if got != want {
 				t.Fatalf("%s step %d: bucket %+v, algorithm %+v", rs, i, got, want)

@@ -34,11 +34,11 @@ const (
 type Keyed[S any, A limit.Algorithm[S]] struct {
 	alg   A
 	table *table[S]
-	byDL  func(s *S, now, cost, deadline int64) limit.Result
+	byDL  func(s *S, now clock.Instant, cost int64, deadline clock.Instant) limit.Result
 }
 
 type deadlineTaker[S any] interface {
-	TakeBy(s *S, now, cost, deadline int64) limit.Result
+	TakeBy(s *S, now clock.Instant, cost int64, deadline clock.Instant) limit.Result
 }
 
 var _ store.Limiter = (*Keyed[limit.TokenBucketState, *limit.TokenBucket])(nil)
@@ -55,12 +55,12 @@ func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
 
 // Take runs one step for key; err is always nil.
 func (k *Keyed[S, A]) Take(_ context.Context, key string, now clock.Instant, cost int64, deadline clock.Instant) (limit.Result, store.Handle, error) {
-	s, overflow, g := k.table.lock(key, int64(now), true)
+	s, overflow, g := k.table.lock(key, now, true)
 	var r limit.Result
 	if k.byDL != nil {
-		r = k.byDL(s, int64(now), cost, int64(deadline))
+		r = k.byDL(s, now, cost, deadline)
 	} else {
-		r = k.alg.Take(s, int64(now), cost)
+		r = k.alg.Take(s, now, cost)
 	}
 	g.unlock()
 	if overflow {
@@ -73,13 +73,13 @@ func (k *Keyed[S, A]) Take(_ context.Context, key string, now clock.Instant, cos
 func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
 	if h == handleOverflow {
 		s, g := k.table.lockOverflow(key)
-		k.alg.Refund(s, int64(now), cost)
+		k.alg.Refund(s, now, cost)
 		g.unlock()
 		return nil
 	}
-	s, _, g := k.table.lock(key, int64(now), false)
+	s, _, g := k.table.lock(key, now, false)
 	if s != nil {
-		k.alg.Refund(s, int64(now), cost)
+		k.alg.Refund(s, now, cost)
 	}
 	g.unlock()
 	return nil

@@ -23,11 +23,11 @@ func NewSingle[S any, A limit.Algorithm[S]](alg A, clk clock.Clock) *Single[S, A
 	return &Single[S, A]{alg: alg, clk: clk}
 }
 
-func (l *Single[S, A]) now() int64 {
+func (l *Single[S, A]) now() clock.Instant {
 	if l.clk == nil {
-		return int64(clock.Now())
+		return clock.Now()
 	}
-	return int64(l.clk.Now())
+	return l.clk.Now()
 }
 
 // Allow reports whether cost units can be taken now, and takes them if so.
@@ -36,8 +36,8 @@ func (l *Single[S, A]) Allow(cost int64) bool { return l.TakeAt(l.now(), cost).O
 // Take takes cost units now and reports the full result.
 func (l *Single[S, A]) Take(cost int64) limit.Result { return l.TakeAt(l.now(), cost) }
 
-// TakeAt takes cost units at now (monotonic ns).
-func (l *Single[S, A]) TakeAt(now, cost int64) limit.Result {
+// TakeAt takes cost units at now.
+func (l *Single[S, A]) TakeAt(now clock.Instant, cost int64) limit.Result {
 	l.mu.Lock()
 	r := l.alg.Take(&l.state, now, cost)
 	l.mu.Unlock()

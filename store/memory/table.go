@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Options configures the table of a Keyed. The zero value is valid.
@@ -55,9 +57,9 @@ type table[S any] struct {
 	shards     []shard[S]
 	shift      uint // hash >> shift selects the shard
 	perShard   int
-	sweepEvery int64
+	sweepEvery time.Duration
 	seed       maphash.Seed
-	fresh      func(*S, int64) bool
+	fresh      func(*S, clock.Instant) bool
 	overflowed atomic.Int64
 }
 
@@ -98,7 +100,7 @@ type shard[S any] struct {
 	slots     []slot[S] // length is a power of two
 	count     int
 	maxSlots  int
-	lastSweep int64
+	lastSweep clock.Instant
 	swept     bool
 	overflow  S
 	_         [64]byte // keep hot shard headers on separate cache lines
@@ -106,7 +108,7 @@ type shard[S any] struct {
 
 // newTable returns an empty table. fresh reports whether a state equals a
 // new key's (zero) state at now; it is called under the shard lock.
-func newTable[S any](opts Options, fresh func(s *S, now int64) bool) *table[S] {
+func newTable[S any](opts Options, fresh func(s *S, now clock.Instant) bool) *table[S] {
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = DefaultMaxKeys
 	}
@@ -121,7 +123,7 @@ func newTable[S any](opts Options, fresh func(s *S, now int64) bool) *table[S] {
 		shards:     make([]shard[S], n),
 		shift:      uint(64 - bits.Len(uint(n-1))),
 		perShard:   max((opts.MaxKeys+n-1)/n, 1),
-		sweepEvery: int64(opts.SweepEvery),
+		sweepEvery: opts.SweepEvery,
 		seed:       maphash.MakeSeed(),
 		fresh:      fresh,
 	}
@@ -159,7 +161,7 @@ func (g guard[S]) unlock() { g.sh.mu.Unlock() }
 // full, the shard's overflow state is returned with overflow true; without
 // create, a missing key returns nil. The pointer is valid until the guard is
 // unlocked, which the caller must do exactly once.
-func (t *table[S]) lock(key string, now int64, create bool) (s *S, overflow bool, g guard[S]) {
+func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, overflow bool, g guard[S]) {
 	h := t.hash(key)
 	sh := t.shard(h)
 	sh.mu.Lock()
@@ -206,7 +208,7 @@ func (t *table[S]) overflows() int64 { return t.overflowed.Load() }
 
 // Sweep drops every fresh key at now from every shard and returns how many
 // it dropped.
-func (t *table[S]) sweep(now int64) int {
+func (t *table[S]) sweep(now clock.Instant) int {
 	dropped := 0
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -296,8 +298,8 @@ func (sh *shard[S]) deleteLocked(i int) {
 
 // sweepLocked drops fresh keys if the shard has not been swept within
 // SweepEvery. REQUIRES: sh.mu held.
-func (t *table[S]) sweepLocked(sh *shard[S], now int64) {
-	if sh.swept && now-sh.lastSweep < t.sweepEvery {
+func (t *table[S]) sweepLocked(sh *shard[S], now clock.Instant) {
+	if sh.swept && now.Sub(sh.lastSweep) < t.sweepEvery {
 		return
 	}
 	sh.swept, sh.lastSweep = true, now
@@ -305,7 +307,7 @@ func (t *table[S]) sweepLocked(sh *shard[S], now int64) {
 }
 
 // dropFreshLocked deletes every key whose state is fresh at now. REQUIRES: sh.mu held.
-func (t *table[S]) dropFreshLocked(sh *shard[S], now int64) {
+func (t *table[S]) dropFreshLocked(sh *shard[S], now clock.Instant) {
 	for i := 0; i < len(sh.slots); {
 		s := &sh.slots[i]
 		if s.hash != 0 && t.fresh(&s.state, now) {

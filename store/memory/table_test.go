@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 )
 
@@ -17,7 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type counter struct{ n int64 }
 
-func freshCounter(c *counter, _ int64) bool { return c.n == 0 }
+func freshCounter(c *counter, _ clock.Instant) bool { return c.n == 0 }
 
 func bump(t *table[counter], key string, delta int64) (int64, bool) {
 	s, overflow, g := t.lock(key, 0, true)
@@ -100,7 +101,7 @@ func TestTableCapDropsFreshKeysFirst(t *testing.T) {
 	// Make two keys fresh; after SweepEvery the next new key gets a slot.
 	bump(tbl, "busy0", -1)
 	bump(tbl, "busy1", -1)
-	s, overflow, g := tbl.lock("new3", int64(2e9), true)
+	s, overflow, g := tbl.lock("new3", clock.Instant(2e9), true)
 	g.unlock()
 	if overflow || s == nil {
 		t.Fatal("fresh keys were not dropped to make room")

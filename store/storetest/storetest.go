@@ -84,7 +84,7 @@ type fataler interface {
 
 // deadlineTaker is an algorithm whose step takes the request's deadline.
 type deadlineTaker[S any] interface {
-	TakeBy(s *S, now, cost, deadline int64) limit.Result
+	TakeBy(s *S, now clock.Instant, cost int64, deadline clock.Instant) limit.Result
 }
 
 // differential runs steps on the backend and on alg over local state, and
@@ -109,21 +109,21 @@ func differential[S any](t fataler, b Backend, name string, alg limit.Algorithm[
 			s = new(S)
 			states[key] = s
 		}
-		at := st.at * 1000
-		now.Store(at)
+		at := clock.Instant(st.at * 1000)
+		now.Store(int64(at))
 		if st.refund {
 			if _, ok := handles[key]; !ok {
 				continue // a refund gives back what a take took: nothing yet
 			}
 			alg.Refund(s, at, st.cost)
-			if err := lim.Refund(ctx, key, handles[key], clock.Instant(at), st.cost); err != nil {
+			if err := lim.Refund(ctx, key, handles[key], at, st.cost); err != nil {
 				t.Fatalf("%s step %d: refund: %v", name, i, err)
 			}
 			continue
 		}
-		deadline := int64(0)
+		var deadline clock.Instant
 		if st.budget > 0 {
-			deadline = at + st.budget
+			deadline = at + clock.Instant(st.budget)
 		}
 		var want limit.Result
 		if dt, ok := any(alg).(deadlineTaker[S]); ok {
@@ -131,7 +131,7 @@ func differential[S any](t fataler, b Backend, name string, alg limit.Algorithm[
 		} else {
 			want = alg.Take(s, at, st.cost)
 		}
-		got, h, err := lim.Take(ctx, key, clock.Instant(at), st.cost, clock.Instant(deadline))
+		got, h, err := lim.Take(ctx, key, at, st.cost, deadline)
 		if err != nil {
 			t.Fatalf("%s step %d: %v", name, i, err)
 		}

@@ -5,19 +5,20 @@ import (
 	"time"
 )
 
-// Mercury is the overload model of seeds/000: a downstream of 4,000 work
+// Mercury is the Mercury overload model of the article
+// "Admission Control, Rate Limiting, and Load Shedding": a downstream of 4,000 work
 // units/s (40 workers, 10 ms of worker time per unit, exponential service
 // times), premium queries of 3 units and free queries of 1 unit in the
-// seed's proportions (1,000 and 6,000 req/s at 9,000 units/s), behind an
+// article's proportions (1,000 and 6,000 req/s at 9,000 units/s), behind an
 // unbounded FIFO queue, swept over 4k, 5k, 8k and 10k units/s offered.
 //
 // How its parameters were chosen: capacity, costs and the mix are the
-// seed's. The clients are ordinary ones, set before looking at the curve:
+// article's. The clients are ordinary ones, set before looking at the curve:
 // each attempt waits between 0.25 s and 1.25 s (uniform across callers),
 // a failed attempt is retried up to 3 attempts in all with exponential
 // backoff from 200 ms and full jitter, under a retry budget of 5% (a
 // client-side retry throttle). One parameter was fitted, once, to the
-// seed's four points together: the service notices that a caller has gone
+// article's four points together: the service notices that a caller has gone
 // only at its first cancellation checkpoint, 30% into the work
 // (CancelPoint 0.3). Everything else follows from the mechanisms: a queue
 // that keeps growing until callers give up, the 30% of every abandoned
@@ -25,7 +26,7 @@ import (
 // retries that add load exactly when the service is slowest.
 var Mercury = Scenario{
 	Name:        "mercury",
-	Description: "seeds/000 overload model: 4,000 units/s, premium (3 units) and free (1 unit) queries, naive FIFO service",
+	Description: "Mercury overload model: 4,000 units/s, premium (3 units) and free (1 unit) queries, naive FIFO service",
 	Unit:        "units",
 	Capacity:    4000,
 	Workers:     40,
@@ -45,7 +46,7 @@ var Mercury = Scenario{
 	Warmup:        10 * time.Second,
 	Policy:        "mercury",
 	Reference:     []Point{{4000, 3900}, {5000, 3700}, {8000, 1900}, {10000, 1200}},
-	ReferenceName: "seeds/000 model",
+	ReferenceName: "published Mercury model",
 }
 
 // RoutesAPI is the upstream of `sluice demo` as a model: 8 workers, the

@@ -19,7 +19,8 @@
 // attempt, retries with exponential backoff and full jitter, an optional
 // retry budget (a token per first attempt, the client-side throttle of
 // gRPC and Finagle), and Retry-After honoured with the jitter of package
-// wire. The waste mechanisms of seeds/000 are all mechanisms here, not
+// wire. The waste mechanisms of an overload
+// collapse are all mechanisms here, not
 // constants: work that finishes after its caller left (late), work a
 // caller abandoned that the service notices only at its cancellation
 // checkpoint (Server.CancelPoint of the service time) or never, queued
@@ -49,21 +50,21 @@
 //
 // # Mercury, and how its parameters were chosen
 //
-// Mercury reproduces the overload model of seeds/000 (4,000 units/s of
+// Mercury reproduces the Mercury overload model of the article "Admission Control, Rate Limiting, and Load Shedding" (4,000 units/s of
 // capacity; goodput about 3,900 / 3,700 / 1,900 / 1,200 at 4k / 5k / 8k /
-// 10k offered). The capacity, the work units and the mix are the seed's.
+// 10k offered). The capacity, the work units and the mix are the article's.
 // The client parameters are ordinary ones fixed before looking at the
 // curve: timeouts spread uniformly over 0.25–1.25 s across callers, 3
 // attempts, 200 ms backoff, a 5% retry budget. One parameter was fitted,
 // once, to the four points together: the cancellation checkpoint at 30% of
 // the work. The model is close to linear in the excess load while the
-// seed's curve bends, which bounds the agreement: seed 1 gives 3,942 /
+// article's curve bends, which bounds the agreement: seed 1 gives 3,942 /
 // 3,422 / 2,060 / 1,161 (+1.1%, −7.5%, +8.4%, −3.2%).
 //
 // Seeds 1–10 (60 s steps, 10 s warmup) spread goodput without admission
 // over 3,886–3,993 at 4k, 3,415–3,446 at 5k, 2,035–2,076 at 8k and
 // 1,121–1,170 at 10k (at most 4.4% from lowest to highest), every one
-// within 10% of the seed; with examples/mercury.yaml goodput stays within
+// within 10% of the article's; with examples/mercury.yaml goodput stays within
 // 3,970–4,021 at every load and seed.
 //
 // The routes-api scenario models the upstream of `sluice demo`; a test runs

@@ -47,7 +47,7 @@ type Scenario struct {
 	// given: a built-in example ("mercury", "routes-api", ...) or a path.
 	Policy string
 	// Reference is a published curve to compare the run without admission
-	// with: goodput at offered loads (e.g. the seed's model), named
+	// with: goodput at offered loads (e.g. the published Mercury model), named
 	// ReferenceName. Reports print the deviation; the plot shows the points.
 	Reference     []Point
 	ReferenceName string

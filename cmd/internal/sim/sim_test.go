@@ -33,7 +33,7 @@ func examplePolicy(t testing.TB, name string) *Policy {
 	return &Policy{Name: file, Data: data}
 }
 
-// The acceptance run: the Mercury scenario reproduces the seed's collapse
+// The acceptance run: the Mercury scenario reproduces the published collapse
 // curve without admission (each point within 10%) and mercury.yaml keeps
 // goodput at or above 3,950 units/s at 10,000 offered.
 func TestMercuryReproducesSeed(t *testing.T) {
