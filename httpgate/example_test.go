@@ -1,0 +1,60 @@
+package httpgate_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store/memory"
+	"github.com/sluice-go/sluice/wire"
+)
+
+// stopped is a clock at which time stands still, so the example's output
+// does not depend on how fast it runs.
+type stopped struct{}
+
+func (stopped) Now() clock.Instant { return 1 }
+
+// The middleware in front of a handler: tenants are told apart by their
+// X-Api-Key, route solves are critical and cost one unit per 100 stops,
+// and a tenant past its token bucket gets 429 with Retry-After and the
+// RateLimit fields.
+func ExampleMiddleware_Wrap() {
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 2) // 1/s, bursts of 2
+	rate, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}),
+		gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: stopped{}}, rate)
+
+	mw, _ := httpgate.New(chain, httpgate.Config{
+		Rules: identify.Rules{
+			TenantHeader:   "X-Api-Key",
+			DeadlineHeader: "X-Request-Timeout",
+			Routes: []identify.Route{
+				{Method: "POST", Path: "/v1/routes", Class: sluice.ClassCritical,
+					Cost: identify.Cost{Header: "X-Stops", Per: 100, Min: 1, Max: 50}},
+				{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
+			},
+		},
+		Jitter: &wire.Jitter{}, // exact Retry-After, for the example's output
+	})
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	h := mw.Wrap(app) // in a service: http.ListenAndServe(":8080", h)
+
+	for range 3 {
+		req := httptest.NewRequest("GET", "/v1/routes/42", nil)
+		req.Header.Set("X-Api-Key", "acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Header().Get("Retry-After"), rec.Header().Get("RateLimit"))
+	}
+	// Output:
+	// 200  "request-rate";r=1;t=1
+	// 200  "request-rate";r=0;t=2
+	// 429 1 "request-rate";r=0;t=1
+}
