@@ -50,12 +50,17 @@ func (w *FixedWindow) Limit() int64 { return w.limit }
 // Window returns the window length.
 func (w *FixedWindow) Window() time.Duration { return time.Duration(w.window) }
 
-// roll moves s forward to the window containing now. A now in an earlier
-// window than s.Start (clock step back) keeps the current window: a count is
-// never reset, and a window once left is never reopened.
+// roll moves s forward to the window containing now. A stale now in an
+// earlier window keeps the current one: a count is never reset, and a
+// window once left is never reopened. A now more than ClockTolerance before
+// s.Start is a clock step back: the count moves to now's window.
 func (w *FixedWindow) roll(s *FixedWindowState, now int64) {
-	if ws := floorDiv(now, w.window) * w.window; ws > s.Start {
+	ws := floorDiv(now, w.window) * w.window
+	switch {
+	case ws > s.Start:
 		s.Start, s.Used = ws, 0
+	case s.Start-now > tolerance:
+		s.Start = ws
 	}
 }
 
@@ -75,7 +80,7 @@ func (w *FixedWindow) Take(s *FixedWindowState, at clock.Instant, cost int64) Re
 		r.Status = Denied
 		r.RetryAfter = time.Duration(s.Start + w.window - now)
 	}
-	r.Remaining = w.limit - s.Used
+	r.Remaining = max(w.limit-s.Used, 0) // Used > limit: kept across a lowered limit
 	if s.Used > 0 {
 		r.ResetAfter = time.Duration(s.Start + w.window - now)
 	}
@@ -95,5 +100,5 @@ func (w *FixedWindow) Refund(s *FixedWindowState, at clock.Instant, cost int64) 
 // Fresh reports whether the window is empty at now.
 func (w *FixedWindow) Fresh(s *FixedWindowState, at clock.Instant) bool {
 	now := int64(at)
-	return s.Used == 0 || now >= s.Start+w.window
+	return (s.Used == 0 && s.Start <= now) || now >= s.Start+w.window
 }

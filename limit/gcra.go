@@ -29,6 +29,7 @@ type GCRA struct {
 	burst int64
 	t     interval
 	dvt   vtime   // τ + T = Burst·T
+	step  vtime   // τ + T + ClockTolerance: a TAT further ahead means the clock stepped back
 	perT  divider // by T, when Integral
 }
 
@@ -56,6 +57,7 @@ func NewGCRA(rate Rate, burst int64) (*GCRA, error) {
 	}
 	g := &GCRA{rate: rate, burst: burst, t: newInterval(rate)}
 	g.dvt = g.t.times(burst)
+	g.step = g.dvt.add(vtime{ns: tolerance}, g.t.n)
 	g.perT = newDivider(max(g.t.q, 1))
 	return g, nil
 }
@@ -83,10 +85,17 @@ func (g *GCRA) remaining(x vtime) int64 {
 	return g.dvt.sub(x, g.t.n).scaled(g.t.n) / g.rate.per
 }
 
+// tat returns max(TAT, now). A TAT more than τ + T + ClockTolerance ahead
+// of now cannot come from this rate and burst: the clock stepped back (or
+// the burst was lowered a lot), and the bucket becomes empty at now.
 func (g *GCRA) tat(s *GCRAState, now int64) vtime {
-	tat := vtime{ns: s.TAT, f: s.TATFrac}
-	if tat.less(vtime{ns: now}) {
-		return vtime{ns: now}
+	tat, nowv := vtime{ns: s.TAT, f: s.TATFrac}, vtime{ns: now}
+	if tat.less(nowv) {
+		return nowv
+	}
+	if g.step.less(tat.sub(nowv, g.t.n)) {
+		tat = nowv.add(g.dvt, g.t.n)
+		s.TAT, s.TATFrac = tat.ns, tat.f
 	}
 	return tat
 }
@@ -148,10 +157,15 @@ func (g *GCRA) Fresh(s *GCRAState, at clock.Instant) bool {
 func (g *GCRA) Integral() bool { return g.t.r == 0 }
 
 // TakeTAT is Take for an Integral GCRA on a bare TAT: it returns the new TAT
-// (unchanged unless Allowed) and the result. REQUIRES: g.Integral().
+// (unchanged unless Allowed or the clock stepped back) and the result.
+// REQUIRES: g.Integral().
 func (g *GCRA) TakeTAT(tat int64, at clock.Instant, cost int64) (int64, Result) {
 	now := int64(at)
 	t := max(tat, now)
+	if t-now > g.step.ns {
+		t = now + g.dvt.ns // the clock stepped back (see tat)
+		tat = t
+	}
 	ahead := t - now
 	switch {
 	case cost <= 0:
@@ -168,16 +182,21 @@ func (g *GCRA) TakeTAT(tat int64, at clock.Instant, cost int64) (int64, Result) 
 	return next, Result{Limit: g.burst, Remaining: g.remainingTAT(diff), ResetAfter: time.Duration(diff)}
 }
 
-// AdmitTAT is the bare decision of TakeTAT, small enough to inline: it
-// returns the new TAT and whether cost was admitted, without the result's
-// remaining and reset figures. Costs outside [1, burst] are never admitted.
+// AdmitTAT is the bare decision of TakeTAT: it returns the new TAT and
+// whether cost was admitted, without the result's remaining and reset
+// figures. Costs outside [1, burst] are never admitted.
 // REQUIRES: g.Integral().
 func (g *GCRA) AdmitTAT(tat int64, at clock.Instant, cost int64) (int64, bool) {
 	now := int64(at)
 	if cost <= 0 || cost > g.burst {
 		return tat, false
 	}
-	next := max(tat, now) + cost*g.t.q
+	t := max(tat, now)
+	if t-now > g.step.ns {
+		t = now + g.dvt.ns // the clock stepped back (see tat)
+		tat = t
+	}
+	next := t + cost*g.t.q
 	if next-now > g.dvt.ns {
 		return tat, false
 	}

@@ -142,18 +142,51 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 	}
 }
 
-func TestGCRAClockStepBackCreatesNoCapacity(t *testing.T) {
+func TestGCRAStaleReadingsCreateNoCapacity(t *testing.T) {
 	g := mustGCRA(t, PerSecond(200), 400)
 	var s GCRAState
 	takeN(g, &s, 10*sec, 400)
 	tat := s
-	for _, back := range []clock.Instant{10*sec - 1, 5 * sec, 0} {
-		if g.Take(&s, back, 1).OK() {
-			t.Fatalf("admitted at %v after the bucket was emptied at 10s", time.Duration(back))
+	for _, back := range []clock.Instant{10*sec - 1, 9 * sec} {
+		if r := g.Take(&s, back, 1); r.OK() || r.RetryAfter != time.Duration(10*sec-back+5*ms) {
+			t.Fatalf("now=%v after the bucket was emptied at 10s: %+v", time.Duration(back), r)
 		}
 	}
 	if s != tat {
 		t.Fatal("a rejected stale take moved TAT")
+	}
+}
+
+// A TAT further ahead than τ + T + ClockTolerance means the clock stepped
+// back: the bucket counts as empty at the new time, never fresh, and frees
+// one unit per emission interval from there.
+func TestGCRAClockStepBack(t *testing.T) {
+	for _, g := range []*GCRA{mustGCRA(t, PerSecond(200), 400), mustGCRA(t, mustRate(t, "7/3s"), 4)} {
+		var s GCRAState
+		hour := clock.Instant(time.Hour)
+		takeN(g, &s, hour, int(g.Limit()))
+		for _, back := range []clock.Instant{10 * sec, 0} {
+			if r := g.Take(&s, back, 1); r.OK() || r.RetryAfter != g.emissionInterval() || r.Remaining != 0 {
+				t.Fatalf("%v: step back to %v: %+v, want denied for one emission interval", g.Rate(), time.Duration(back), r)
+			}
+			if !g.Take(&s, back+clock.Instant(g.emissionInterval()), 1).OK() {
+				t.Fatalf("%v: locked out after the step back", g.Rate())
+			}
+		}
+		// The integral fast path (memory.Bucket) agrees.
+		if g.Integral() {
+			tat, r := g.TakeTAT(int64(hour)*2, 0, 1)
+			if r.OK() || r.RetryAfter != g.emissionInterval() || tat != int64(g.Window()) {
+				t.Fatalf("TakeTAT after a step: %+v, TAT %v (want the new time plus the window)", r, time.Duration(tat))
+			}
+			tat, ok := g.AdmitTAT(int64(hour)*2, 0, 1)
+			if ok || tat != int64(g.Window()) {
+				t.Fatalf("AdmitTAT at the step: %v, TAT %v", ok, time.Duration(tat))
+			}
+			if _, ok := g.AdmitTAT(tat, clock.Instant(g.emissionInterval()), 1); !ok {
+				t.Fatal("AdmitTAT locked out after a step")
+			}
+		}
 	}
 }
 

@@ -28,6 +28,7 @@ type LeakyBucket struct {
 	queue int64
 	t     interval
 	dvt   vtime // (Queue+1)·T: the most the schedule may run ahead of now
+	step  vtime // dvt + ClockTolerance: further ahead, the clock stepped back
 }
 
 // LeakyBucketState is one queue's state. The zero value is an empty queue.
@@ -54,6 +55,7 @@ func NewLeakyBucket(rate Rate, queue int64) (*LeakyBucket, error) {
 	}
 	l := &LeakyBucket{rate: rate, queue: queue, t: newInterval(rate)}
 	l.dvt = l.t.times(queue + 1)
+	l.step = l.dvt.add(vtime{ns: tolerance}, l.t.n)
 	return l, nil
 }
 
@@ -84,6 +86,9 @@ func (l *LeakyBucket) TakeBy(s *LeakyBucketState, at clock.Instant, cost int64, 
 	start := vtime{ns: s.Next, f: s.NextFrac}
 	if start.less(nowv) {
 		start = nowv
+	} else if l.step.less(start.sub(nowv, n)) {
+		start = nowv.add(l.dvt, n) // the clock stepped back: a full queue at now
+		s.Next, s.NextFrac = start.ns, start.f
 	}
 	r := Result{Limit: l.queue + 1, Remaining: l.room(start.sub(nowv, n)), ResetAfter: time.Duration(start.sub(nowv, n).ceil())}
 	switch {

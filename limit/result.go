@@ -73,13 +73,30 @@ type Algorithm[S any] interface {
 	// gate rejected the request). It never lifts the state above fresh.
 	Refund(s *S, now clock.Instant, cost int64)
 	// Fresh reports whether s is equivalent to the zero state at now, so a
-	// store may drop it without changing any later decision.
+	// store may drop it without changing any later decision: nothing held,
+	// and no instant later than now that a stale reading would be counted
+	// at.
 	Fresh(s *S, now clock.Instant) bool
 	// Limit returns the quota in demand units (for headers).
 	Limit() int64
 	// Window returns the time a fully used quota takes to come back.
 	Window() time.Duration
 }
+
+// ClockTolerance is how far a reading of now may lag behind a state's
+// latest instant and still be a stale reading: a goroutine that read the
+// clock before another one updated the state, or the small skew between the
+// clocks of two Redis nodes after a failover. Stale readings are exact (they
+// never create capacity; a denial waits for the state's own instant first,
+// so a retry-after can exceed the algorithm's window by up to this much). A
+// reading further behind is a step of the clock: the state is moved to the
+// new time with what it holds (the bucket's deficit, the window's count),
+// so a step back neither locks a key out for the step's length nor hands
+// out capacity the state did not have. A step forward looks like elapsed
+// time: it refills at most one full quota per key, once.
+const ClockTolerance = 5 * time.Second
+
+const tolerance = int64(ClockTolerance)
 
 // ErrInvalidParams wraps every construction error of an algorithm.
 var ErrInvalidParams = errors.New("limit: invalid parameters")

@@ -27,10 +27,16 @@ type logEntry struct {
 // SlidingLogState is one key's log. The zero value is an empty log. Taking
 // into a log may grow its buffer (amortized, up to Limit entries); a
 // steady-state key does not allocate.
+//
+// Entries are logged on the log's own time line: now plus shift, where
+// shift grows by the length of every clock step back (see ClockTolerance),
+// so the entries of a key keep their order and age across a step.
 type SlidingLogState struct {
 	entries []logEntry // entries[head:] are live, oldest first
 	head    int
 	sum     int64 // cost of entries[head:]
+	last    int64 // the latest instant seen, on the log's time line
+	shift   int64 // log time − clock time
 }
 
 var _ Algorithm[SlidingLogState] = (*SlidingLog)(nil)
@@ -69,11 +75,24 @@ func (l *SlidingLog) expire(s *SlidingLogState, now int64) {
 	}
 }
 
-// Take logs cost units at now if they fit. A now earlier than the newest
-// entry (clock step back) is logged at the newest entry's time, so entries
-// stay ordered and none expires early.
+// logTime returns now on s's time line. A now behind the latest instant the
+// log has seen by more than ClockTolerance is a clock step back: the time
+// line shifts so that now continues from that instant.
+func (s *SlidingLogState) logTime(now int64) int64 {
+	t := now + s.shift
+	if s.last-t > tolerance {
+		s.shift += s.last - t
+		t = s.last
+	}
+	return t
+}
+
+// Take logs cost units at now if they fit. A stale now (earlier than the
+// latest instant the log has seen) is logged at that instant, so entries
+// stay ordered and none expires early, even after a refund removed the
+// newest entry.
 func (l *SlidingLog) Take(s *SlidingLogState, at clock.Instant, cost int64) Result {
-	now := int64(at)
+	now := s.logTime(int64(at))
 	l.expire(s, now)
 	r := Result{Limit: l.limit}
 	switch {
@@ -82,11 +101,7 @@ func (l *SlidingLog) Take(s *SlidingLogState, at clock.Instant, cost int64) Resu
 	case cost > l.limit:
 		r.Status = Exceeded
 	case s.sum+cost <= l.limit:
-		at := now
-		if n := len(s.entries); n > s.head && s.entries[n-1].at > at {
-			at = s.entries[n-1].at
-		}
-		s.entries = append(s.entries, logEntry{at: at, cost: cost})
+		s.entries = append(s.entries, logEntry{at: max(now, s.last), cost: cost})
 		s.sum += cost
 	default:
 		r.Status = Denied
@@ -99,10 +114,11 @@ func (l *SlidingLog) Take(s *SlidingLogState, at clock.Instant, cost int64) Resu
 			}
 		}
 	}
-	r.Remaining = l.limit - s.sum
+	r.Remaining = max(l.limit-s.sum, 0) // sum > limit: kept across a lowered limit
 	if n := len(s.entries); n > s.head {
 		r.ResetAfter = time.Duration(max(s.entries[n-1].at+l.window-now, 0))
 	}
+	s.last = max(s.last, now)
 	return r
 }
 
@@ -112,10 +128,10 @@ func (l *SlidingLog) Take(s *SlidingLogState, at clock.Instant, cost int64) Resu
 // still that entry that goes, so the log stays exact. Nothing matching:
 // nothing is removed (the limit only errs strict).
 func (l *SlidingLog) Refund(s *SlidingLogState, at clock.Instant, cost int64) {
-	now := int64(at)
 	if cost <= 0 {
 		return
 	}
+	now := s.logTime(int64(at))
 	for i := len(s.entries) - 1; i >= s.head && s.entries[i].at >= now; i-- {
 		if s.entries[i].at == now && s.entries[i].cost == cost {
 			s.sum -= cost
@@ -127,7 +143,7 @@ func (l *SlidingLog) Refund(s *SlidingLogState, at clock.Instant, cost int64) {
 
 // Fresh reports whether no logged entry is inside the window at now.
 func (l *SlidingLog) Fresh(s *SlidingLogState, at clock.Instant) bool {
-	now := int64(at)
+	now := int64(at) + s.shift
 	n := len(s.entries)
-	return n == s.head || s.entries[n-1].at+l.window <= now
+	return s.last <= now && (n == s.head || s.entries[n-1].at+l.window <= now)
 }

@@ -67,10 +67,14 @@ func (w *SlidingWindow) Limit() int64 { return w.limit }
 func (w *SlidingWindow) Window() time.Duration { return time.Duration(w.window) }
 
 // roll moves s to the window containing now and returns the elapsed part of
-// it. A now before s.Start (clock step back) keeps the window and counts
-// the previous window fully.
+// it. A stale now before s.Start keeps the window and counts the previous
+// window fully; one more than ClockTolerance before it is a clock step
+// back, and the counts move to now's window.
 func (w *SlidingWindow) roll(s *SlidingWindowState, now int64) int64 {
 	ws := floorDiv(now, w.window) * w.window
+	if ws <= s.Start && s.Start-now > tolerance {
+		s.Start = ws
+	}
 	if ws > s.Start {
 		if ws == s.Start+w.window {
 			s.Prev = s.Cur
@@ -181,5 +185,5 @@ func (w *SlidingWindow) Fresh(s *SlidingWindowState, at clock.Instant) bool {
 	if now >= s.Start+2*w.window {
 		return true
 	}
-	return s.Cur == 0 && (s.Prev == 0 || now >= s.Start+w.window)
+	return s.Start <= now && s.Cur == 0 && (s.Prev == 0 || now >= s.Start+w.window)
 }

@@ -38,7 +38,7 @@ type TokenBucketState struct {
 	// Deficit is the scaled units missing from a full bucket.
 	Deficit int64
 	// Last is the latest instant the refill was applied (monotonic ns).
-	// It never moves backwards.
+	// It moves backwards only on a clock step (see ClockTolerance).
 	Last int64
 }
 
@@ -71,11 +71,17 @@ func (b *TokenBucket) Limit() int64 { return b.burst }
 // Window returns the time an empty bucket takes to refill completely.
 func (b *TokenBucket) Window() time.Duration { return time.Duration(b.fill) }
 
-// refill applies the refill up to now. A now earlier than s.Last (a clock
-// step back, or a timestamp read before another goroutine's update) adds
-// nothing and leaves Last where it is.
+// refill applies the refill up to now. A now earlier than s.Last (a
+// timestamp read before another goroutine's update) adds nothing and leaves
+// Last where it is; one more than ClockTolerance earlier is a clock step
+// back, and Last moves to now with the deficit kept. A deficit beyond the
+// capacity (state kept across a lowered burst) is an empty bucket.
 func (b *TokenBucket) refill(s *TokenBucketState, now int64) {
+	s.Deficit = min(s.Deficit, b.capacity)
 	if now <= s.Last {
+		if s.Last-now > tolerance {
+			s.Last = now
+		}
 		return
 	}
 	e := now - s.Last
@@ -144,10 +150,10 @@ func (b *TokenBucket) Refund(s *TokenBucketState, at clock.Instant, cost int64) 
 func (b *TokenBucket) Fresh(s *TokenBucketState, at clock.Instant) bool {
 	now := int64(at)
 	if s.Deficit == 0 {
-		return true
+		return s.Last <= now
 	}
 	e := now - s.Last
-	return e >= b.fill || (e > 0 && e*b.gain >= s.Deficit)
+	return e >= b.fill || (e > 0 && e*b.gain >= min(s.Deficit, b.capacity))
 }
 
 // Tokens returns the whole tokens in the bucket at now, without changing s.

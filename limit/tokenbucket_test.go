@@ -164,20 +164,59 @@ func TestTokenBucketBadInput(t *testing.T) {
 	}
 }
 
-func TestTokenBucketClockStepBackCreatesNoTokens(t *testing.T) {
+// Readings up to ClockTolerance behind the bucket are stale: they create
+// no tokens, and the refill goes on from the bucket's own instant.
+func TestTokenBucketStaleReadingsCreateNoTokens(t *testing.T) {
 	b := mustTB(t, PerSecond(200), 400)
 	var s TokenBucketState
 	takeN(b, &s, 10*sec, 400)
-	for _, back := range []clock.Instant{10*sec - 1, 5 * sec, 0, -sec} {
-		if r := b.Take(&s, back, 1); r.OK() {
-			t.Fatalf("now=%v after t=10s: admitted with an empty bucket", time.Duration(back))
+	for _, back := range []clock.Instant{10*sec - 1, 10*sec - 500*ms, 9 * sec} {
+		if r := b.Take(&s, back, 1); r.OK() || r.RetryAfter != time.Duration(10*sec-back+5*ms) {
+			t.Fatalf("now=%v after t=10s: %+v, want denied until 10.005s", time.Duration(back), r)
 		}
 	}
 	if clock.Instant(s.Last) != 10*sec {
 		t.Fatalf("Last moved backwards to %d", s.Last)
 	}
 	if b.Take(&s, 10*sec+5*ms-1, 1).OK() || !b.Take(&s, 10*sec+5*ms, 1).OK() {
+		t.Fatal("refill after a stale reading is not exactly one token per 5 ms")
+	}
+}
+
+// A reading more than ClockTolerance behind is a clock step back: the
+// bucket moves to the new time with its deficit, so the step creates no
+// tokens and locks nobody out for its length.
+func TestTokenBucketClockStepBack(t *testing.T) {
+	b := mustTB(t, PerSecond(200), 400)
+	var s TokenBucketState
+	takeN(b, &s, clock.Instant(time.Hour), 400) // empty at 1 h
+	hour := clock.Instant(time.Hour)
+	for _, back := range []clock.Instant{hour - 6*sec, 10 * sec, -sec} {
+		if r := b.Take(&s, back, 1); r.OK() || r.RetryAfter != 5*time.Millisecond {
+			t.Fatalf("after a step back to %v: %+v, want denied for one token's 5 ms", time.Duration(back), r)
+		}
+		if clock.Instant(s.Last) != back {
+			t.Fatalf("Last %d, want the new time %d", s.Last, back)
+		}
+	}
+	if b.Take(&s, -sec+5*ms-1, 1).OK() || !b.Take(&s, -sec+5*ms, 1).OK() {
 		t.Fatal("refill after the step back is not exactly one token per 5 ms")
+	}
+}
+
+// A burst lowered under a kept state (a reload) leaves at most an empty
+// bucket: remaining in [0, burst], retry-after within the new refill.
+func TestTokenBucketLoweredBurst(t *testing.T) {
+	old := mustTB(t, PerSecond(10), 100)
+	var s TokenBucketState
+	takeN(old, &s, 0, 95) // 5 tokens left
+	b := mustTB(t, PerSecond(10), 10)
+	r := b.Take(&s, 0, 1)
+	if r.Status != Denied || r.Remaining != 0 || r.RetryAfter != 100*time.Millisecond || r.ResetAfter != time.Second {
+		t.Fatalf("%+v, want denied, remaining 0, retry 100ms, reset 1s", r)
+	}
+	if got := takeN(b, &s, sec, 11); got != 10 {
+		t.Fatalf("a second later admitted %d, want the new burst 10", got)
 	}
 }
 

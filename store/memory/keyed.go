@@ -55,7 +55,7 @@ func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
 
 // Take runs one step for key; err is always nil.
 func (k *Keyed[S, A]) Take(_ context.Context, key string, now clock.Instant, cost int64, deadline clock.Instant) (limit.Result, store.Handle, error) {
-	s, overflow, g := k.table.lock(key, now, true)
+	s, now, overflow, g := k.table.lock(key, now, true)
 	var r limit.Result
 	if k.byDL != nil {
 		r = k.byDL(s, now, cost, deadline)
@@ -72,12 +72,12 @@ func (k *Keyed[S, A]) Take(_ context.Context, key string, now clock.Instant, cos
 // Refund gives cost units back to the state h names; err is always nil.
 func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
 	if h == handleOverflow {
-		s, g := k.table.lockOverflow(key)
+		s, now, g := k.table.lockOverflow(key, now)
 		k.alg.Refund(s, now, cost)
 		g.unlock()
 		return nil
 	}
-	s, _, g := k.table.lock(key, now, false)
+	s, now, _, g := k.table.lock(key, now, false)
 	if s != nil {
 		k.alg.Refund(s, now, cost)
 	}

@@ -102,8 +102,13 @@ type shard[S any] struct {
 	maxSlots  int
 	lastSweep clock.Instant
 	swept     bool
-	overflow  S
-	_         [64]byte // keep hot shard headers on separate cache lines
+	// floor is the latest instant at which the shard dropped a key: a
+	// reading older than that (read before the drop, applied after it)
+	// is moved up to it, so a dropped key's successor never starts at a
+	// time the dropped state had already passed.
+	floor    clock.Instant
+	overflow S
+	_        [64]byte // keep hot shard headers on separate cache lines
 }
 
 // newTable returns an empty table. fresh reports whether a state equals a
@@ -156,39 +161,42 @@ type guard[S any] struct{ sh *shard[S] }
 // Unlock releases the shard lock.
 func (g guard[S]) unlock() { g.sh.mu.Unlock() }
 
-// Lock locks the shard of key and returns the key's state. With create, a
+// lock locks the shard of key and returns the key's state and the instant
+// to step it at: now, or the shard's floor if now is older. With create, a
 // missing key is inserted with a zero (fresh) state, or, when its shard is
 // full, the shard's overflow state is returned with overflow true; without
 // create, a missing key returns nil. The pointer is valid until the guard is
 // unlocked, which the caller must do exactly once.
-func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, overflow bool, g guard[S]) {
+func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, at clock.Instant, overflow bool, g guard[S]) {
 	h := t.hash(key)
 	sh := t.shard(h)
 	sh.mu.Lock()
 	g = guard[S]{sh}
+	at = max(now, sh.floor)
 	if i := sh.findLocked(h, key); i >= 0 {
-		return &sh.slots[i].state, false, g
+		return &sh.slots[i].state, at, false, g
 	}
 	if !create {
-		return nil, false, g
+		return nil, at, false, g
 	}
 	if sh.count >= t.perShard {
-		t.sweepLocked(sh, now)
+		t.sweepLocked(sh, at)
 		if sh.count >= t.perShard {
 			t.overflowed.Add(1)
-			return &sh.overflow, true, g
+			return &sh.overflow, at, true, g
 		}
 	}
 	i := sh.insertLocked(h, key)
-	return &sh.slots[i].state, false, g
+	return &sh.slots[i].state, at, false, g
 }
 
-// LockOverflow locks the shard of key and returns that shard's overflow
-// state: the state an earlier Lock with create reported as overflow.
-func (t *table[S]) lockOverflow(key string) (s *S, g guard[S]) {
+// lockOverflow locks the shard of key and returns that shard's overflow
+// state (the state an earlier lock with create reported as overflow) and
+// the instant to step it at, as lock does.
+func (t *table[S]) lockOverflow(key string, now clock.Instant) (s *S, at clock.Instant, g guard[S]) {
 	sh := t.shard(t.hash(key))
 	sh.mu.Lock()
-	return &sh.overflow, guard[S]{sh}
+	return &sh.overflow, max(now, sh.floor), guard[S]{sh}
 }
 
 // Len returns the number of keys held.
@@ -302,12 +310,13 @@ func (t *table[S]) sweepLocked(sh *shard[S], now clock.Instant) {
 	if sh.swept && now.Sub(sh.lastSweep) < t.sweepEvery {
 		return
 	}
-	sh.swept, sh.lastSweep = true, now
+	sh.swept, sh.lastSweep = true, max(now, sh.lastSweep)
 	t.dropFreshLocked(sh, now)
 }
 
 // dropFreshLocked deletes every key whose state is fresh at now. REQUIRES: sh.mu held.
 func (t *table[S]) dropFreshLocked(sh *shard[S], now clock.Instant) {
+	sh.floor = max(sh.floor, now)
 	for i := 0; i < len(sh.slots); {
 		s := &sh.slots[i]
 		if s.hash != 0 && t.fresh(&s.state, now) {

@@ -21,14 +21,14 @@ type counter struct{ n int64 }
 func freshCounter(c *counter, _ clock.Instant) bool { return c.n == 0 }
 
 func bump(t *table[counter], key string, delta int64) (int64, bool) {
-	s, overflow, g := t.lock(key, 0, true)
+	s, _, overflow, g := t.lock(key, 0, true)
 	defer g.unlock()
 	s.n += delta
 	return s.n, overflow
 }
 
 func get(t *table[counter], key string) (int64, bool) {
-	s, _, g := t.lock(key, 0, false)
+	s, _, _, g := t.lock(key, 0, false)
 	defer g.unlock()
 	if s == nil {
 		return 0, false
@@ -101,7 +101,7 @@ func TestTableCapDropsFreshKeysFirst(t *testing.T) {
 	// Make two keys fresh; after SweepEvery the next new key gets a slot.
 	bump(tbl, "busy0", -1)
 	bump(tbl, "busy1", -1)
-	s, overflow, g := tbl.lock("new3", clock.Instant(2e9), true)
+	s, _, overflow, g := tbl.lock("new3", clock.Instant(2e9), true)
 	g.unlock()
 	if overflow || s == nil {
 		t.Fatal("fresh keys were not dropped to make room")

@@ -27,6 +27,15 @@ func TestConformance(t *testing.T) {
 				l := st.Limiter(sp).(*limiter)
 				l.now = func() int64 { return int64(now()) / 1000 } // µs
 				return l, nil
+			}, Rebind: func(lim store.Limiter, alg any) (store.Limiter, error) {
+				old := lim.(*limiter)
+				sp, err := spec(old.name, alg) // the same name: the same keys
+				if err != nil {
+					return nil, err
+				}
+				l := st.Limiter(sp).(*limiter)
+				l.now = old.now
+				return l, nil
 			}})
 		})
 	}

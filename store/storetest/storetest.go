@@ -45,6 +45,11 @@ type Backend struct {
 	// must decide at now() for the suite, through a test hook. The suite's
 	// instants are whole microseconds.
 	New func(alg any, now func() clock.Instant) (store.Limiter, error)
+	// Rebind returns a limiter running alg, an algorithm of the same kind as
+	// lim's (from New or Rebind) with other limits, over lim's state: what a
+	// reload that changes only a limit or burst does. Nil: the suite skips
+	// the reload cases.
+	Rebind func(lim store.Limiter, alg any) (store.Limiter, error)
 }
 
 // Run runs the conformance suite against b.
@@ -54,6 +59,55 @@ func Run(t *testing.T, b Backend) {
 	t.Run("ExactUnderConcurrency", func(t *testing.T) { exactUnderConcurrency(t, b) })
 	t.Run("KeysAreIndependent", func(t *testing.T) { keysAreIndependent(t, b) })
 	t.Run("ConcurrencyPermits", func(t *testing.T) { concurrencyPermits(t, b) })
+	t.Run("BoundUnderStaleReadings", func(t *testing.T) { boundUnderStaleReadings(t, b) })
+	if b.Rebind != nil {
+		t.Run("ReloadKeepsState", func(t *testing.T) { reloadKeepsState(t, b) })
+	}
+}
+
+// reloadKeepsState: a limit or burst changed over kept state (lowered and
+// raised again) decides as the algorithm does over the same state, with
+// 0 ≤ remaining ≤ the new limit throughout.
+func reloadKeepsState(t *testing.T, b Backend) {
+	rapid.Check(t, func(rt *rapid.T) {
+		rate := must(limit.NewRate(rapid.Int64Range(1, 200).Draw(rt, "tokens"), time.Second))
+		hi := rapid.Int64Range(2, 60).Draw(rt, "high")
+		lo := rapid.Int64Range(1, hi-1).Draw(rt, "low")
+		win := time.Duration(rapid.Int64Range(1, 3000).Draw(rt, "window ms")) * time.Millisecond
+		phase := func(n int64) []step { return randomSteps(rt, int64(time.Second/time.Microsecond)/rate.Tokens()*n, n) }
+		p1, p2, p3 := phase(hi), phase(lo), phase(hi)
+		reload(rt, b, "token bucket", must(limit.NewTokenBucket(rate, hi)), must(limit.NewTokenBucket(rate, lo)), p1, p2, p3)
+		reload(rt, b, "gcra", must(limit.NewGCRA(rate, hi)), must(limit.NewGCRA(rate, lo)), p1, p2, p3)
+		reload(rt, b, "leaky bucket", must(limit.NewLeakyBucket(rate, hi)), must(limit.NewLeakyBucket(rate, lo)), p1, p2, p3)
+		reload(rt, b, "fixed window", must(limit.NewFixedWindow(hi, win)), must(limit.NewFixedWindow(lo, win)), p1, p2, p3)
+		reload(rt, b, "sliding window", must(limit.NewSlidingWindow(hi, win)), must(limit.NewSlidingWindow(lo, win)), p1, p2, p3)
+		reload(rt, b, "sliding log", must(limit.NewSlidingLog(hi, win)), must(limit.NewSlidingLog(lo, win)), p1, p2, p3)
+		// Concurrency keeps no time on its own; a backend may expire permits
+		// by age (Redis' ttl), so its steps stay at one instant.
+		c1, c2, c3 := atOneInstant(p1), atOneInstant(p2), atOneInstant(p3)
+		reload(rt, b, "concurrency", must(limit.NewConcurrency(hi)), must(limit.NewConcurrency(lo)), c1, c2, c3)
+	})
+}
+
+func atOneInstant(steps []step) []step {
+	out := append([]step(nil), steps...)
+	for i := range out {
+		out[i].at = 3600 * sec
+	}
+	return out
+}
+
+// reload runs p1 with high, p2 with low, p3 with high again, over one state.
+func reload[S any](rt *rapid.T, b Backend, name string, high, low limit.Algorithm[S], p1, p2, p3 []step) {
+	if _, err := b.New(high, clock.Now); err != nil {
+		return // beyond what the backend holds
+	}
+	r := newRun(rt, b, name, high)
+	r.steps(high, p1)
+	r.rebind(b, low)
+	r.steps(low, p2)
+	r.rebind(b, high)
+	r.steps(high, p3)
 }
 
 // Times in the vectors are microseconds.
@@ -91,32 +145,66 @@ type deadlineTaker[S any] interface {
 // requires identical results.
 func differential[S any](t fataler, b Backend, name string, alg limit.Algorithm[S], steps []step) {
 	t.Helper()
-	var now atomic.Int64
+	r := newRun[S](t, b, name, alg)
+	r.steps(alg, steps)
+}
+
+// run is one differential run: a backend limiter and the algorithm's own
+// states, key by key, stepped together.
+type run[S any] struct {
+	t       fataler
+	name    string
+	now     *atomic.Int64
+	lim     store.Limiter
+	states  map[string]*S
+	handles map[string]store.Handle
+	costs   map[string]int64 // the cost of each key's last admitted take
+	i       int
+}
+
+func newRun[S any](t fataler, b Backend, name string, alg limit.Algorithm[S]) *run[S] {
+	t.Helper()
+	now := new(atomic.Int64)
 	lim, err := b.New(alg, func() clock.Instant { return clock.Instant(now.Load()) })
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	states := map[string]*S{}
-	handles := map[string]store.Handle{}
+	return &run[S]{t: t, name: name, now: now, lim: lim, states: map[string]*S{}, handles: map[string]store.Handle{}, costs: map[string]int64{}}
+}
+
+// steps runs steps with alg on both sides.
+func (r *run[S]) steps(alg limit.Algorithm[S], steps []step) {
+	t := r.t
+	t.Helper()
+	name, lim := r.name, r.lim
 	ctx := context.Background()
-	for i, st := range steps {
+	for _, st := range steps {
+		i := r.i
+		r.i++
 		key := st.key
 		if key == "" {
 			key = "k"
 		}
-		s := states[key]
+		s := r.states[key]
 		if s == nil {
 			s = new(S)
-			states[key] = s
+			r.states[key] = s
 		}
 		at := clock.Instant(st.at * 1000)
-		now.Store(int64(at))
+		r.now.Store(int64(at))
 		if st.refund {
-			if _, ok := handles[key]; !ok {
+			h, ok := r.handles[key]
+			if !ok {
 				continue // a refund gives back what a take took: nothing yet
 			}
-			alg.Refund(s, at, st.cost)
-			if err := lim.Refund(ctx, key, handles[key], at, st.cost); err != nil {
+			cost := st.cost
+			if _, permits := any(alg).(*limit.Concurrency); permits {
+				// A permit is released once, with the slots it holds.
+				cost = r.costs[key]
+				delete(r.handles, key)
+			}
+			alg.Refund(s, at, cost)
+			if err := lim.Refund(ctx, key, h, at, cost); err != nil {
 				t.Fatalf("%s step %d: refund: %v", name, i, err)
 			}
 			continue
@@ -139,15 +227,29 @@ func differential[S any](t fataler, b Backend, name string, alg limit.Algorithm[
 			if h == 0 || h>>63 != 0 {
 				t.Fatalf("%s step %d: handle %#x of an admitted take (want nonzero, bit 63 clear)", name, i, uint64(h))
 			}
-			handles[key] = h
+			r.handles[key], r.costs[key] = h, st.cost
 		}
 		if got != want {
 			t.Fatalf("%s step %d (t=%dµs cost %d):\n backend   %+v\n algorithm %+v", name, i, st.at, st.cost, got, want)
+		}
+		if got.Remaining < 0 || got.Remaining > got.Limit {
+			t.Fatalf("%s step %d: remaining %d outside [0, %d]", name, i, got.Remaining, got.Limit)
 		}
 	}
 	if lim.Limit() != alg.Limit() || lim.Window() != alg.Window() {
 		t.Fatalf("%s: limit %d window %v, algorithm %d %v", name, lim.Limit(), lim.Window(), alg.Limit(), alg.Window())
 	}
+}
+
+// rebind makes the run continue with alg over the same states, as a reload
+// that changes only a limit or burst does.
+func (r *run[S]) rebind(b Backend, alg limit.Algorithm[S]) {
+	r.t.Helper()
+	lim, err := b.Rebind(r.lim, alg)
+	if err != nil {
+		r.t.Fatalf("%s: rebind: %v", r.name, err)
+	}
+	r.lim = lim
 }
 
 func must[A any](a A, err error) A {
@@ -251,12 +353,18 @@ func differentialRandom(t *testing.T, b Backend) {
 }
 
 // randomSteps draws a sequence on two keys with gaps up to maxGap µs,
-// some of them back in time.
+// some of them back in time: mostly stale readings (a few ms), sometimes a
+// step of the clock, back or forward, beyond limit.ClockTolerance.
 func randomSteps(rt *rapid.T, maxGap, burst int64) []step {
 	var steps []step
-	now := 5 * sec
+	now := 3 * 3600 * sec
+	tol := limit.ClockTolerance.Microseconds()
 	for range rapid.IntRange(1, 60).Draw(rt, "steps") {
-		now = max(now+rapid.Int64Range(-2000, maxGap).Draw(rt, "gap"), 1)
+		gap := rapid.Int64Range(-2000, maxGap).Draw(rt, "gap")
+		if rapid.IntRange(0, 15).Draw(rt, "clock step") == 0 {
+			gap = rapid.SampledFrom([]int64{-tol - 1, -tol, -2 * tol, -3600 * sec, tol + 1, 3600 * sec}).Draw(rt, "step")
+		}
+		now = max(now+gap, 1)
 		steps = append(steps, step{at: now, cost: rapid.Int64Range(0, burst+1).Draw(rt, "cost"),
 			refund: rapid.IntRange(0, 8).Draw(rt, "refund") == 0, key: rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "key")})
 	}
@@ -351,3 +459,85 @@ func concurrencyPermits(t *testing.T, b Backend) {
 		t.Fatalf("cost 0: %+v", r)
 	}
 }
+
+// boundUnderStaleReadings: with clock readings up to ClockTolerance stale,
+// refunds and several keys, no key is admitted more than its algorithm's
+// bound, counted at the latest reading that key has been stepped at (a
+// stale reading must not be counted earlier than a time the key's state had
+// passed, even after the backend dropped or expired it):
+// a token bucket at most burst + rate·T in any interval T, a sliding log at
+// most its limit in any window.
+func boundUnderStaleReadings(t *testing.T, b Backend) {
+	rapid.Check(t, func(rt *rapid.T) {
+		limitN := rapid.Int64Range(1, 5).Draw(rt, "limit")
+		window := time.Duration(rapid.Int64Range(1, 2000).Draw(rt, "window ms")) * time.Millisecond
+		rate := must(limit.NewRate(limitN, window))
+		for _, c := range []struct {
+			name string
+			alg  any
+		}{
+			{"token bucket", must(limit.NewTokenBucket(rate, limitN))},
+			{"sliding log", must(limit.NewSlidingLog(limitN, window))},
+		} {
+			name, alg := c.name, c.alg
+			var now atomic.Int64
+			lim, err := b.New(alg, func() clock.Instant { return clock.Instant(now.Load()) })
+			if err != nil {
+				rt.Fatalf("%s: %v", name, err)
+			}
+			admitted := map[string][]stamp{}
+			seen := map[string]int64{}     // per key: the latest reading it was stepped at
+			real := int64(10 * sec * 1000) // ns; late readings stay above 0 (Redis reads 0 as "use TIME")
+			for range rapid.IntRange(1, 80).Draw(rt, "steps") {
+				real += rapid.Int64Range(0, int64(window)/4).Draw(rt, "gap") / 1000 * 1000
+				at := real
+				if rapid.IntRange(0, 2).Draw(rt, "is stale") == 0 {
+					at -= rapid.Int64Range(0, int64(limit.ClockTolerance)).Draw(rt, "late") / 1000 * 1000
+				}
+				key := rapid.SampledFrom(staleKeys).Draw(rt, "key")
+				latest := max(seen[key], at)
+				seen[key] = latest
+				now.Store(at)
+				r, h, err := lim.Take(context.Background(), key, clock.Instant(at), 1, 0)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				if !r.OK() {
+					continue
+				}
+				if rapid.IntRange(0, 5).Draw(rt, "refund") == 0 {
+					if err := lim.Refund(context.Background(), key, h, clock.Instant(at), 1); err != nil {
+						rt.Fatal(err)
+					}
+					continue
+				}
+				admitted[key] = append(admitted[key], stamp(latest))
+			}
+			for _, key := range staleKeys {
+				ts := admitted[key]
+				for i := range ts {
+					n := int64(0)
+					for j := i; j < len(ts) && ts[j]-ts[i] < stamp(window); j++ {
+						n++
+					}
+					// Within one window: at most the limit for the log; for the
+					// bucket, burst + rate·window = 2·limit.
+					bound := limitN
+					if name == "token bucket" {
+						bound = 2 * limitN
+					}
+					if n > bound {
+						rt.Fatalf("%s key %s: %d admitted within %v from %v (bound %d)", name, key, n, window, time.Duration(ts[i]), bound)
+					}
+				}
+			}
+		}
+	})
+}
+
+// staleKeys are the keys of boundUnderStaleReadings: more than a small
+// memory table holds, so that it sweeps and overflows.
+var staleKeys = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"}
+
+// stamp is an instant in ns on the suite's clock.
+type stamp int64

@@ -2,6 +2,10 @@
 -- every value kept here stays below 2^53 (times in microseconds), and
 -- integer division is corrected so it is exact.
 
+-- TOLERANCE: limit.ClockTolerance in microseconds. A now further behind a
+-- state's latest instant is a step of Redis' clock, not a stale reading.
+local TOLERANCE = 5000000
+
 -- now_us: the caller's test override (ARGV[1] > 0) or Redis TIME.
 local function now_us()
   local o = tonumber(ARGV[1])
@@ -45,6 +49,22 @@ end
 
 local function save2(key, a, b, ttl_ms)
   redis.call('SET', key, struct.pack('<dd', a, b), 'PX', ttl_ms)
+end
+
+-- ahead_beyond: whether a virtual instant u us + r ticks (0 <= r < tpu) is
+-- more than d ticks + TOLERANCE ahead of now, exactly, without products
+-- that could pass 2^53.
+local function ahead_beyond(u, r, now, d, tpu)
+  local q = idiv(d, tpu)
+  local x = u - now - q - TOLERANCE
+  if x ~= 0 then return x > 0 end
+  return r > d - q * tpu
+end
+
+-- plus_ticks: now + d ticks as u us + r ticks.
+local function plus_ticks(now, d, tpu)
+  local q = idiv(d, tpu)
+  return now + q, d - q * tpu
 end
 
 -- str: an integer as an exact decimal string, for commands that need one.

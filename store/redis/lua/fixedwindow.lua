@@ -16,7 +16,10 @@ if op == 'refund' then
   end
   return {0, 0, 0, 0, 0}
 end
-if ws > s then s, c = ws, 0 end -- forward only: a left window never reopens
+-- Forward only: a left window never reopens; but a now more than the
+-- clock tolerance before the window is a step of Redis' clock, and the
+-- count moves to now's window.
+if ws > s then s, c = ws, 0 elseif s - now > TOLERANCE then s = ws end
 local status, retry = 0, 0
 if cost <= 0 then
   status = 3
@@ -32,4 +35,4 @@ local reset = 0
 if c > 0 then reset = (s + win - now) * 1000 end
 redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
 redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + 2 * win - now) / 1000), 0) + 1))
-return {status, limit - c, retry, reset, 0}
+return {status, math.max(limit - c, 0), retry, reset, 0}

@@ -14,8 +14,15 @@ local dvt = burst * per          -- tau + T, in ticks
 local u, r = load2(KEYS[1])
 local ou, orr = u, r
 
--- tat = max(TAT, now)
-if u < now then u, r = now, 0 end
+-- tat = max(TAT, now); a TAT beyond tau + T + the clock tolerance ahead
+-- means Redis' clock stepped back: the bucket is empty at now.
+local stepped = false
+if u < now then
+  u, r = now, 0
+elseif ahead_beyond(u, r, now, dvt, tpu) then
+  u, r = plus_ticks(now, dvt, tpu)
+  stepped = true
+end
 local ahead = (u - now) * tpu + r
 
 local function remaining(x)
@@ -39,6 +46,7 @@ if op == 'refund' then
   return {0, 0, 0, 0, 0}
 end
 
+if stepped then save(u, r) end
 if cost <= 0 then return {3, remaining(ahead), 0, cdiv(ahead, n), 0} end
 if cost > burst then return {2, remaining(ahead), 0, cdiv(ahead, n), 0} end
 local diff = ahead + cost * per

@@ -13,7 +13,13 @@ if op == 'refund' then return {0, 0, 0, 0, 0} end -- a scheduled slot stays spen
 local tpu = 1000 * n
 local dvt = (queue + 1) * per
 local u, r = load2(KEYS[1])
-if u < now then u, r = now, 0 end
+if u < now then
+  u, r = now, 0
+elseif ahead_beyond(u, r, now, dvt, tpu) then
+  -- Redis' clock stepped back: the queue is full at now.
+  u, r = plus_ticks(now, dvt, tpu)
+  save2(KEYS[1], u, r, ttl)
+end
 local ahead0 = (u - now) * tpu + r
 
 local function room(x)

@@ -1,21 +1,38 @@
 -- Sliding log step: the Redis twin of limit.SlidingLog. KEYS[1] is a sorted
--- set of entries "seq:cost" scored by their time (us); KEYS[2] (same slot)
--- holds the logged sum and the next seq. Exact: no window of length W holds
+-- set of entries "seq:cost" scored by their time (us) on the log's own time
+-- line; KEYS[2] (same slot) holds the logged sum, the next seq, the latest
+-- instant seen and the shift of the time line (log time - Redis time, grown
+-- by every step back of Redis' clock). Exact: no window of length W holds
 -- more than limit admitted units.
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
 --       doubles: limit, window (us), ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
-local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local limit, win, ttl = struct.unpack('<ddd', ARGV[5])
-local sum, seq = load2(KEYS[2])
+local sum, seq, last, shift = 0, 0, 0, 0
+local raw = redis.call('GET', KEYS[2])
+if raw and #raw == 32 then
+  sum, seq, last, shift = struct.unpack('<dddd', raw)
+  if not (sum >= 0 and seq >= 0 and last >= 0 and shift >= 0 and last < 9007199254740992 and shift < 9007199254740992) then
+    sum, seq, last, shift = 0, 0, 0, 0
+  end
+elseif raw and #raw == 16 then
+  sum, seq = load2(KEYS[2]) -- the state before the time line was kept
+end
+-- now on the log's time line; more than the tolerance behind the latest
+-- instant seen is a step back of Redis' clock, and the line shifts.
+local now = now_us() + shift
+if last - now > TOLERANCE then
+  shift = shift + last - now
+  now = last
+end
 
 local function costof(member)
   return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
 end
 
 local function save()
-  save2(KEYS[2], sum, seq, ttl)
+  redis.call('SET', KEYS[2], struct.pack('<dddd', sum, seq, last, shift), 'PX', ttl)
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
 
@@ -47,10 +64,9 @@ if cost <= 0 then
 elseif cost > limit then
   status = 2
 elseif sum + cost <= limit then
-  local at = now
-  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  if #newest == 2 and tonumber(newest[2]) > at then at = tonumber(newest[2]) end
-  redis.call('ZADD', KEYS[1], str(at), str(seq) .. ':' .. str(cost))
+  -- a stale now is logged at the latest instant seen, so nothing expires
+  -- early, even after a refund removed the newest entry
+  redis.call('ZADD', KEYS[1], str(math.max(now, last)), str(seq) .. ':' .. str(cost))
   seq = seq + 1
   sum = sum + cost
 else
@@ -68,5 +84,6 @@ end
 local reset = 0
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if #newest == 2 then reset = math.max(tonumber(newest[2]) + win - now, 0) * 1000 end
+last = math.max(last, now)
 save()
-return {status, limit - sum, retry, reset, 0}
+return {status, math.max(limit - sum, 0), retry, reset, 0}

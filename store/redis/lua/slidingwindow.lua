@@ -22,7 +22,9 @@ if op == 'refund' then
   end
   return {0, 0, 0, 0, 0}
 end
--- roll to the window holding now (a now in an earlier window keeps it)
+-- roll to the window holding now (a now in an earlier window keeps it,
+-- unless it is a step of Redis' clock: then the counts move to now's)
+if ws <= s and s - now > TOLERANCE then s = ws end
 if ws > s then
   if ws == s + win then prev = cur else prev = 0 end
   cur, s = 0, ws

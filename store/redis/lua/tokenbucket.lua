@@ -23,16 +23,21 @@ local unit, gain, cap, burst, fill, ttl = struct.unpack('<dddddd', ARGV[5])
 if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0} end
 
 -- The state; a missing, foreign or corrupted value (wrong length, NaN,
--- outside its range) reads as a full bucket.
+-- outside its range) reads as a full bucket. A deficit above the capacity
+-- (kept across a lowered burst) is an empty bucket.
 local d, last = 0, 0
 local raw = redis.call('GET', KEYS[1])
 if raw and #raw == 16 then
   local a, b = struct.unpack('<dd', raw)
-  if a >= 0 and a <= cap and b >= 0 and b < 9007199254740992 then d, last = a, b end
+  if a >= 0 and a < 9007199254740992 and b >= 0 and b < 9007199254740992 then d, last = math.min(a, cap), b end
 end
 
--- Refill up to now; a now behind last adds nothing and keeps last.
-if now > last then
+-- Refill up to now; a now behind last adds nothing and keeps last, unless
+-- it is more than the clock tolerance (limit.ClockTolerance, 5 s) behind:
+-- a step of Redis' clock, and last moves to now with the deficit kept.
+if now <= last then
+  if last - now > 5000000 then last = now end
+else
   local e = (now - last) * 1000
   last = now
   if d > 0 then
