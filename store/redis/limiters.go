@@ -20,6 +20,19 @@ import (
 // maxExact is the largest integer Lua (IEEE doubles) keeps exact.
 const maxExact = 1 << 53
 
+// MaxCount is the largest limit of a counting algorithm (fixed window,
+// sliding log, concurrency) on Redis: a count plus a cost, each up to the
+// limit, must stay exact in a double.
+const MaxCount = maxExact / 2
+
+// checkCount refuses a limit beyond MaxCount.
+func checkCount(kind, name string, limit int64) error {
+	if limit > MaxCount {
+		return param.Errorf("limit", "redis: %s %q: limit %d exceeds 2^52, the largest count Redis' doubles keep exact", kind, name, limit)
+	}
+	return nil
+}
+
 // Spec is one algorithm of package limit in the form Redis runs it: its
 // script, its fixed parameters, its quota and window. The constructors
 // (TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, LeakyBucket,
@@ -40,7 +53,7 @@ type Spec struct {
 	window  time.Duration
 	permits bool // concurrency: every take gets a fresh permit id
 	paced   bool // leaky bucket: extra is the deadline budget
-	meta    bool // sliding log: a second key (same slot) holds the sum
+	meta    bool // sliding log, concurrency: a second key (same slot) holds the sum
 }
 
 // Limiter returns the limiter sp describes, with its state on s.
@@ -117,7 +130,10 @@ func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now cl
 // keys returns the script's keys for a state key, all in one slot.
 func (l *limiter) keys(key string) []string {
 	k := l.s.key(l.name, key)
-	if l.meta {
+	switch {
+	case l.permits:
+		return []string{k + ":permits", k + ":held"}
+	case l.meta:
 		return []string{k, k + ":meta"}
 	}
 	return []string{k}
@@ -156,9 +172,13 @@ func packDoubles(vs ...int64) string {
 	return string(b)
 }
 
-// ttlMs is the key TTL (ms) for state that is back to fresh after d: twice
-// d, at least a second. TTL only collects garbage; it never limits.
-func ttlMs(d time.Duration) int64 { return max(2*d.Milliseconds(), 1000) }
+// ttlMs is the key TTL (ms) for state that is back to fresh at most d after
+// the step that writes it: twice d, and at least d plus the clock tolerance
+// (a state may run that far ahead of a stale now). TTL only collects
+// garbage; it never limits.
+func ttlMs(d time.Duration) int64 {
+	return max(2*d, d+limit.ClockTolerance).Milliseconds() + 1
+}
 
 // TokenBucket returns the Spec of a keyed token bucket named name (the name
 // scopes the keys). Redis keeps the state exact in doubles, so burst ×
@@ -201,6 +221,9 @@ func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
 	if w.Window()%time.Microsecond != 0 {
 		return nil, param.Errorf("window", "redis: fixed window %q: window %v is not whole microseconds", name, w.Window())
 	}
+	if err := checkCount("fixed window", name, w.Limit()); err != nil {
+		return nil, err
+	}
 	return &Spec{name: name, script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(),
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
 }
@@ -215,7 +238,10 @@ func Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (*Spec, e
 	if ttl <= 0 {
 		return nil, param.Errorf("ttl", "redis: concurrency %q: ttl must be > 0", name)
 	}
-	return &Spec{name: name, script: concurrencyScript, limit: c.Limit(), permits: true,
+	if err := checkCount("concurrency", name, c.Limit()); err != nil {
+		return nil, err
+	}
+	return &Spec{name: name, script: concurrencyScript, limit: c.Limit(), permits: true, meta: true,
 		fixed: []string{packDoubles(c.Limit(), ttl.Microseconds())}}, nil
 }
 
@@ -230,8 +256,11 @@ func LeakyBucket(name string, lb *limit.LeakyBucket) (*Spec, error) {
 	if lb.Queue()+1 > maxExact/max(per, 1000*n) {
 		return nil, param.Errorf("queue", "redis: leaky bucket %q: queue %d too large for rate %v in Redis' doubles", name, lb.Queue(), r)
 	}
+	// The schedule runs at most (queue+1)·T ahead of now: the last admitted
+	// request's slot, which Window (the longest wait, queue·T) leaves out.
+	ahead := time.Duration(ceilDiv((lb.Queue()+1)*per, n))
 	return &Spec{name: name, script: leakyBucketScript, batch: leakyBucketBatch, limit: lb.Limit(), window: lb.Window(), paced: true,
-		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(lb.Window()+time.Second))}}, nil
+		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(ahead))}}, nil
 }
 
 // SlidingWindow returns the Spec of a keyed sliding window counter named
@@ -262,6 +291,12 @@ func SlidingLog(name string, w *limit.SlidingLog) (*Spec, error) {
 	if w.Window()%time.Microsecond != 0 {
 		return nil, param.Errorf("window", "redis: sliding log %q: window %v is not whole microseconds", name, w.Window())
 	}
+	if err := checkCount("sliding log", name, w.Limit()); err != nil {
+		return nil, err
+	}
 	return &Spec{name: name, script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
-		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds(), ttlMs(w.Window()+time.Second))}}, nil
+		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds(), ttlMs(w.Window()))}}, nil
 }
+
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 { return a/b + min(a%b, 1) }

@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,4 +100,82 @@ func TestCorruptStateReadsFresh(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Limits Redis' doubles cannot count exactly are refused at construction
+// (a fixed window or sliding log of 2^53 + 2 admitted forever), without a
+// connection, by every Spec constructor.
+func TestLimitsBeyondDoublesRefused(t *testing.T) {
+	huge := int64(1)<<53 + 2
+	fw := must(limit.NewFixedWindow(huge, time.Second))
+	sl := must(limit.NewSlidingLog(huge, time.Second))
+	sw := must(limit.NewSlidingWindow(huge, time.Second))
+	c := must(limit.NewConcurrency(huge))
+	tb := must(limit.NewTokenBucket(limit.PerSecond(1), huge/1e9*2))
+	g := must(limit.NewGCRA(limit.PerSecond(1), huge/1e9*2))
+	lb := must(limit.NewLeakyBucket(limit.PerSecond(1), huge/1e9*2))
+	for name, err := range map[string]error{
+		"fixed window":   second(FixedWindow("a", fw)),
+		"sliding log":    second(SlidingLog("a", sl)),
+		"sliding window": second(SlidingWindow("a", sw)),
+		"concurrency":    second(Concurrency("a", c, time.Minute)),
+		"token bucket":   second(TokenBucket("a", tb)),
+		"gcra":           second(GCRA("a", g)),
+		"leaky bucket":   second(LeakyBucket("a", lb)),
+	} {
+		if err == nil {
+			t.Errorf("%s: a limit beyond 2^53 was accepted", name)
+		}
+	}
+	// The largest count is accepted.
+	if _, err := FixedWindow("a", must(limit.NewFixedWindow(MaxCount, time.Second))); err != nil {
+		t.Error(err)
+	}
+}
+
+func second[A any](_ A, err error) error { return err }
+
+// A concurrency take and release cost one permit's work on Redis however
+// many slots it holds (a release of 3·10^6 slots ran one ZREM per slot and
+// kept Redis busy for 4.5 s): commands counted by the server.
+func TestConcurrencyWorkIndependentOfCost(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim, _ := bind(st)(Concurrency("weighted", must(limit.NewConcurrency(10_000_000)), time.Minute))
+	ctx := context.Background()
+	srv.Do("config", "resetstat")
+	r, h, err := lim.Take(ctx, "k", 0, 3_000_000, 0)
+	if err != nil || !r.OK() || r.Remaining != 7_000_000 {
+		t.Fatalf("take: %+v %v", r, err)
+	}
+	if err := lim.Refund(ctx, "k", h, 0, 3_000_000); err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Refund(ctx, "k", h, 0, 3_000_000); err != nil { // twice: a no-op
+		t.Fatal(err)
+	}
+	stats := srv.Do("info", "commandstats")
+	for _, cmd := range []string{"zadd", "zrem"} {
+		calls := commandCalls(stats, cmd)
+		if calls > 2 {
+			t.Errorf("%d %s calls for one weighted permit", calls, cmd)
+		}
+	}
+	if r, _, _ := lim.Take(ctx, "k", 0, 10_000_000, 0); !r.OK() {
+		t.Fatalf("after the release (and a repeated one) the limit is not whole: %+v", r)
+	}
+}
+
+// commandCalls reads cmdstat_<cmd>:calls=N from INFO commandstats.
+func commandCalls(stats, cmd string) int {
+	i := strings.Index(stats, "cmdstat_"+cmd+":calls=")
+	if i < 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.SplitN(stats[i+len("cmdstat_"+cmd+":calls="):], ",", 2)[0])
+	return n
 }

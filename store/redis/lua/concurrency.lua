@@ -1,21 +1,52 @@
--- Fleet concurrency: a sorted set of permit ids scored by start time (us).
--- Entries older than the TTL belong to holders that died: they are swept.
--- KEYS[1]: the sorted set.
+-- Fleet concurrency: the Redis twin of limit.Concurrency. KEYS[1] is a
+-- sorted set of permits "id:slots" scored by start time (us); KEYS[2]
+-- (same slot) holds the slots they hold in all. Permits older than the TTL
+-- belong to holders that died: each call sweeps at most 64 of them, so no
+-- call's work grows with a cost, a limit or a crowd of dead permits (the
+-- rest are swept by the next calls, and count as held until then).
 -- ARGV: 1 now override (us), 2 op ("take" | "refund"), 3 slots,
 --       4 permit id, 5 packed doubles: limit, ttl (us).
 -- Reply: {status, remaining, 0, 0, 0}.
 local now = now_us()
 local op, slots, id = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local limit, ttl = struct.unpack('<dd', ARGV[5])
+local member = id .. ':' .. str(slots)
+local keep = str(math.floor(2 * ttl / 1000) + 1)
+
+local function held()
+  local n = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if n < 0 or n ~= n or redis.call('EXISTS', KEYS[1]) == 0 then
+    -- no permits (all released or expired), or a foreign value: nothing held
+    n = 0
+    redis.call('DEL', KEYS[2])
+  end
+  return n
+end
+
 if op == 'refund' then
-  for i = 1, slots do redis.call('ZREM', KEYS[1], id .. ':' .. i) end
+  -- A release is idempotent: a permit that is not there (already released,
+  -- swept, or never taken by a call that timed out) changes nothing.
+  if slots > 0 and redis.call('ZREM', KEYS[1], member) == 1 then
+    if redis.call('DECRBY', KEYS[2], str(slots)) <= 0 then redis.call('DEL', KEYS[2]) end
+  end
   return {0, 0, 0, 0, 0}
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', str(now - ttl))
-local held = redis.call('ZCARD', KEYS[1])
-if slots <= 0 then return {3, math.max(limit - held, 0), 0, 0, 0} end
-if slots > limit then return {2, math.max(limit - held, 0), 0, 0, 0} end
-if held + slots > limit then return {1, math.max(limit - held, 0), 0, 0, 0} end
-for i = 1, slots do redis.call('ZADD', KEYS[1], str(now), id .. ':' .. i) end
-redis.call('PEXPIRE', KEYS[1], str(math.floor(2 * ttl / 1000) + 1))
-return {0, limit - held - slots, 0, 0, 0}
+
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', str(now - ttl), 'LIMIT', 0, 64)
+if #gone > 0 then
+  local freed = 0
+  for _, m in ipairs(gone) do
+    freed = freed + (tonumber(string.sub(m, string.find(m, ':', 1, true) + 1)) or 0)
+  end
+  redis.call('ZREM', KEYS[1], unpack(gone))
+  redis.call('DECRBY', KEYS[2], str(freed))
+end
+local n = held()
+if slots <= 0 then return {3, math.max(limit - n, 0), 0, 0, 0} end
+if slots > limit then return {2, math.max(limit - n, 0), 0, 0, 0} end
+if n + slots > limit then return {1, math.max(limit - n, 0), 0, 0, 0} end
+redis.call('ZADD', KEYS[1], str(now), member)
+redis.call('INCRBY', KEYS[2], str(slots))
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
+return {0, limit - n - slots, 0, 0, 0}
