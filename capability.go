@@ -47,8 +47,12 @@ type Advertiser interface {
 // FailureCounter is a gate whose state lives in a store that can fail.
 // Failures returns how many of its decisions the store could not make
 // (each decided by the gate's failure policy instead); it only grows.
+// FailurePolicy names that policy ("fail_open", "fail_closed" or
+// "local_fallback"), so that the rate of decisions made without the store,
+// and the fail-open rate above all, can be watched.
 type FailureCounter interface {
 	Failures() int64
+	FailurePolicy() string
 }
 
 // Leveler is a gate that moves the service through degradation levels.

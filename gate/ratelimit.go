@@ -126,6 +126,9 @@ func (b *base) Policy() sluice.Policy {
 // Failures returns how many decisions the store could not make.
 func (b *base) Failures() int64 { return b.failures.Load() }
 
+// FailurePolicy names what decides while the store cannot.
+func (b *base) FailurePolicy() string { return b.opts.OnFailure.String() }
+
 // take runs the store step, applying the failure policy on error. The
 // returned handle is 0 when nothing is held (fail open). Permits encode the
 // handle in the low bits and whether the fallback holds it in bit 63.

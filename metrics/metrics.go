@@ -176,14 +176,14 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 // themselves (read through wrappers with sluice.As, and from the chain
 // serving at that moment, so it follows reloads):
 //
-//	sluice_gate_store_failures_total{gate}  decisions a gate's store could not make (FailureCounter)
+//	sluice_gate_store_failures_total{gate,policy}  decisions a gate's store could not make, each decided by its failure policy (FailureCounter)
 //	sluice_ladder_level{gate}               degradation level: 0 normal, 1 degrade, 2 shed, 3 recover (Leveler)
 //	sluice_ladder_seconds_total{gate,level} time spent in each level (Leveler)
 //	sluice_shed_fraction{gate}              fraction of load shed (Shedder)
 func (m *Metrics) Gates(chain func() *sluice.Chain) {
 	m.reg.MustRegister(&gateCollector{chain: chain,
 		failures: prometheus.NewDesc("sluice_gate_store_failures_total",
-			"Decisions a gate's state store could not make (decided by the gate's failure policy).", []string{"gate"}, nil),
+			"Decisions a gate's state store could not make, each decided by the gate's failure policy (fail_open admits: watch its rate).", []string{"gate", "policy"}, nil),
 		level:    prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
 		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
 		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil)})
@@ -207,7 +207,7 @@ func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, gt := range c.Gates() {
 		name := gt.Name()
 		if f, ok := sluice.As[sluice.FailureCounter](gt); ok {
-			ch <- prometheus.MustNewConstMetric(g.failures, prometheus.CounterValue, float64(f.Failures()), name)
+			ch <- prometheus.MustNewConstMetric(g.failures, prometheus.CounterValue, float64(f.Failures()), name, f.FailurePolicy())
 		}
 		if l, ok := sluice.As[sluice.Leveler](gt); ok {
 			lv, spent := l.Levels(now)

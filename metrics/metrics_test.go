@@ -69,7 +69,7 @@ func TestStoreFailuresOfEveryStoreGate(t *testing.T) {
 	m.Gates(func() *sluice.Chain { return chain })
 	chain.Decide(context.Background(), &sluice.Request{Class: "default"})
 	out := scrape(t, m)
-	for _, want := range []string{`sluice_gate_store_failures_total{gate="fleet"} 1`, `sluice_gate_store_failures_total{gate="rate"} 1`} {
+	for _, want := range []string{`sluice_gate_store_failures_total{gate="fleet",policy="fail_open"} 1`, `sluice_gate_store_failures_total{gate="rate",policy="fail_open"} 1`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(out, "store_failures"))
 		}

@@ -84,8 +84,9 @@ func (b *builder) gateOptions() gate.Options {
 }
 
 // Build turns a parsed file into a chain. It validates f (Validate) and
-// dials the store; only the dial can fail on a valid file, with an Error
-// on store that wraps the store's error (store.ErrUnavailable). Gates whose
+// opens the store, which does not need Redis to be up: until Redis answers,
+// the gates on it decide by their failure policies. A store the options
+// refuse is an Error on store that wraps the store's error. Gates whose
 // configuration is the same as in prev (a previous build, may be nil) are
 // reused with their state, so a reload does not reset unchanged limits;
 // gates whose state means the same (see the kinds) continue from it.

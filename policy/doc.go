@@ -7,9 +7,9 @@
 //	if err != nil {
 //		log.Fatal(err) // routes-api.yaml:12: gates[1].rate: limit: invalid rate "100/x" ...
 //	}
-//	rt, err := policy.Build(f, nil, policy.Options{}) // opens the store
+//	rt, err := policy.Build(f, nil, policy.Options{}) // opens the store (Redis need not be up)
 //	if err != nil {
-//		log.Fatal(err) // errors.Is(err, store.ErrUnavailable) when Redis is down
+//		log.Fatal(err)
 //	}
 //	defer rt.Close()
 //	mw, _ := httpgate.New(rt.Chain, httpgate.Config{Rules: rt.Rules})
@@ -19,8 +19,9 @@
 // Parse reads a file and Validate checks everything a build would check
 // (each algorithm's parameters, what a Redis script can hold, classes and
 // tiers against the routes) as a pure function of the file: `sluice check`
-// works on a laptop without Redis. Build validates again, then dials the
-// store and builds the gates; only the dial can fail on a valid file. A
+// works on a laptop without Redis. Build validates again, then opens the
+// store and builds the gates; Redis need not be up (the gates decide by
+// their failure policies until it answers). A
 // Build with the previous Runtime keeps the state of gates whose meaning
 // did not change, so a hot reload does not reset limits.
 //

@@ -11,7 +11,6 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/internal/fakeclock"
-	"github.com/sluice-go/sluice/store"
 )
 
 const good = `version: 1
@@ -255,21 +254,26 @@ func TestReloadCarriesStateAcrossLimitChanges(t *testing.T) {
 	}
 }
 
-// Validation never dials: a Redis policy parses with no Redis anywhere,
-// and only Build, which dials, fails, with an error on store that keeps
-// the store's cause.
-func TestValidationNeverDialsAndBuildKeepsTheCause(t *testing.T) {
-	f, err := Parse("r.yaml", []byte("version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"], timeout: 20ms}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"))
+// Validation never dials: a Redis policy parses with no Redis anywhere.
+// Build does not need Redis either: a service restarted during an outage
+// starts, and its gates decide by their failure policies until Redis
+// answers (here fail_closed: 503 dependency).
+func TestValidationNeverDialsAndBuildStartsWithRedisDown(t *testing.T) {
+	f, err := Parse("r.yaml", []byte("version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"], timeout: 20ms, on_failure: fail_closed}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := Validate(f); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Build(f, nil, Options{})
-	var pe *Error
-	if !errors.Is(err, store.ErrUnavailable) || !errors.As(err, &pe) || pe.Field != "store" || pe.Line != 2 {
-		t.Fatalf("%v", err)
+	rt, err := Build(f, nil, Options{})
+	if err != nil {
+		t.Fatalf("Build with Redis down: %v", err)
+	}
+	defer rt.Close()
+	d, _ := rt.Chain.Decide(context.Background(), &sluice.Request{Tenant: "t"})
+	if d.Admitted || d.Reason != sluice.ReasonDependency || d.Gate != "a" {
+		t.Fatalf("with Redis down: %+v, want the failure policy's rejection", d)
 	}
 }
 

@@ -2,15 +2,16 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -36,30 +37,41 @@ const (
 )
 
 // batchSource wraps an algorithm script (which reads KEYS[1] and ARGV[1..5]
-// and returns five integers) into one that runs it for every key of
-// KEYS. ARGV of the batch: 1 now override (µs, 0: Redis TIME, read once
-// for the whole batch), 2 the fixed parameters, then op, cost, extra per
-// key. The reply is the five integers of each step, in order; a step that
-// raised an error (WRONGTYPE under a foreign key) answers status -1 without
-// failing the others.
-func batchSource(body string) string {
-	return `local function step(KEYS, ARGV)
+// and returns five integers and Redis' time) into one that runs it for every
+// key of KEYS, after the helpers it needs. ARGV of the batch: 1 now
+// override (µs, 0: Redis TIME, read once for the whole batch), 2 the
+// expiry (the Redis time after which the batch's oldest caller gives up, as
+// in prelude.lua; 0: none), 3 the fixed parameters, then op, cost, extra
+// per key. The reply is the five integers of each step, in order, then
+// Redis' time; a step that raised an error (WRONGTYPE under a foreign key)
+// answers status -1 without failing the others. A batch that Redis reaches
+// after its expiry does nothing and answers {-2, time}.
+func batchSource(helpers, body string) string {
+	return `local TIME_US
+do
+  local t = redis.call('TIME')
+  TIME_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+do
+  local expiry = tonumber(ARGV[2])
+  if expiry > 0 and TIME_US > expiry then return {-2, TIME_US} end
+end
+` + helpers + `
+local function step(KEYS, ARGV)
 ` + body + `
 end
 local now = tonumber(ARGV[1])
-if now <= 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+if now <= 0 then now = TIME_US end
 ARGV[1] = now -- for helpers of common.lua that read the global ARGV
-local fixed, out, k = ARGV[2], {}, 0
+local fixed, out, k = ARGV[3], {}, 0
 for i = 1, #KEYS do
-  local j = 3 * i
+  local j = 3 * i + 1
   local ok, r = pcall(step, {KEYS[i]}, {now, ARGV[j], ARGV[j + 1], ARGV[j + 2], fixed})
   if not ok then r = {-1, 0, 0, 0, 0} end -- an error reply for this step alone
   out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r[1], r[2], r[3], r[4], r[5]
   k = k + 5
 end
+out[k + 1] = TIME_US
 return out
 `
 }
@@ -69,7 +81,7 @@ type call struct {
 	key, op, extra string
 	cost           int64
 	budget         int64 // paced steps: ns to the caller's deadline at arrival (0: none)
-	arrived        time.Time
+	arrived        clock.Instant
 	queued         bool // waited in pending for a batch
 	res            [5]int64
 	err            error
@@ -89,9 +101,8 @@ type group struct {
 
 // batcher batches the steps of one limiter.
 type batcher struct {
-	l       *limiter
-	script  *rueidis.Lua
-	cluster bool
+	l      *limiter
+	script *rueidis.Lua
 
 	mu     sync.Mutex
 	groups map[uint16]*group // by slot; slot 0 on a standalone server
@@ -103,12 +114,12 @@ func newBatcher(l *limiter, script *rueidis.Lua) *batcher {
 	if l.s.opts.Batch <= 1 {
 		return nil
 	}
-	return &batcher{l: l, script: script, cluster: l.s.client.Mode() == rueidis.ClientModeCluster, groups: map[uint16]*group{}}
+	return &batcher{l: l, script: script, groups: map[uint16]*group{}}
 }
 
 // group returns the batching group of key, and the breaker of its node.
 func (b *batcher) group(key string) (*group, *breaker) {
-	if !b.cluster {
+	if cn := b.l.s.conn.Load(); cn == nil || !cn.cluster {
 		return &b.single, b.l.s.breakerFor(key)
 	}
 	slot := keySlot(key)
@@ -138,7 +149,7 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 		return [5]int64{}, store.ErrUnavailable
 	}
 	c := callPool.Get().(*call)
-	c.key, c.op, c.cost, c.extra, c.budget, c.arrived = key, op, cost, extra, budget, time.Now()
+	c.key, c.op, c.cost, c.extra, c.budget, c.arrived = key, op, cost, extra, budget, clock.Now()
 	g.mu.Lock()
 	if g.inflight < maxInflight {
 		g.inflight++
@@ -214,7 +225,8 @@ func (b *batcher) lead(g *group, batch []*call) {
 
 // exec runs one batch under the store's breaker, with the deadline of its
 // oldest call. The batch serves many callers, so no one caller's context
-// cancels it; each caller waits at most Options.Timeout from its arrival.
+// cancels it; each caller waits at most Options.Timeout from its arrival,
+// and Redis does nothing with a batch it reaches later than that.
 func (b *batcher) exec(batch []*call) {
 	s, l := b.l.s, b.l
 	fail := func(err error) {
@@ -223,53 +235,59 @@ func (b *batcher) exec(batch []*call) {
 		}
 	}
 	br := s.breakerFor(batch[0].key) // one slot, one master
-	if br.open.Load() {
+	cn := s.conn.Load()
+	if cn == nil || br.open.Load() {
 		s.maybeProbe(br)
 		fail(store.ErrUnavailable)
 		return
 	}
 	oldest := batch[0].arrived
 	for _, c := range batch[1:] {
-		if c.arrived.Before(oldest) {
+		if c.arrived < oldest {
 			oldest = c.arrived
 		}
 	}
 	deadline := oldest.Add(s.opts.Timeout)
-	left := time.Until(deadline)
+	left := deadline.Sub(clock.Now())
 	if left <= 0 {
 		// Queued past the timeout (the client is starved, or the batch
-		// before was slow and already tripped the breaker): these fail,
-		// but they are no news about Redis.
+		// before was slow): these fail, but they are no news about Redis.
 		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
 		return
 	}
 	keys := make([]string, len(batch))
-	args := make([]string, 0, 2+3*len(batch))
+	args := make([]string, 0, 3+3*len(batch))
 	now := "0"
 	if l.now != nil {
 		now = strconv.FormatInt(l.now(), 10)
 	}
-	args = append(args, now, l.fixed[0])
+	args = append(args, now, br.expiry(oldest, s.opts.Timeout), l.fixed[0])
 	for i, c := range batch {
 		keys[i] = c.key
 		extra := c.extra
 		if c.budget > 0 && c.queued {
 			// The deadline came closer while the step waited for a batch.
-			extra = strconv.FormatInt(max(c.budget-int64(time.Since(c.arrived)), 1), 10)
+			extra = strconv.FormatInt(max(c.budget-int64(clock.Now().Sub(c.arrived)), 1), 10)
 		}
 		args = append(args, c.op, strconv.FormatInt(c.cost, 10), extra)
 	}
-	cctx, cancel := context.WithDeadline(context.Background(), deadline)
-	vals, err := b.script.Exec(cctx, s.client, keys, args).AsIntSlice()
+	cctx, cancel := context.WithTimeout(context.Background(), left)
+	vals, err := b.script.Exec(cctx, cn.client, keys, args).AsIntSlice()
 	cancel()
-	if err == nil && len(vals) != 5*len(batch) {
+	switch {
+	case err == nil && len(vals) == 2 && vals[0] == -2:
+		br.observe(vals[1], clock.Now())
+		err = errLate
+	case err == nil && len(vals) != 5*len(batch)+1:
 		err = fmt.Errorf("batch script returned %d values for %d steps", len(vals), len(batch))
+	case err == nil:
+		br.observe(vals[len(vals)-1], clock.Now())
 	}
 	if err != nil {
 		// A timeout counts against Redis only when the batch had at least
-		// half the timeout to run; an error reply about the data never.
-		if !dataError(err) && 2*left >= s.opts.Timeout {
-			s.trip(br)
+		// half the timeout to run.
+		if !errors.Is(err, context.DeadlineExceeded) || 2*left >= s.opts.Timeout {
+			s.failed(context.Background(), br, err)
 		}
 		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
 		return

@@ -19,7 +19,7 @@ import (
 // evalCalls returns how many script calls (EVALSHA + EVAL) srv has served.
 func evalCalls(t *testing.T, st *Store) int64 {
 	t.Helper()
-	info, err := st.client.Do(context.Background(), st.client.B().Info().Section("commandstats").Build()).ToString()
+	info, err := st.rc().Do(context.Background(), st.rc().B().Info().Section("commandstats").Build()).ToString()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestKeySlot(t *testing.T) {
 	}
 	defer st.Close()
 	for _, k := range []string{"", "a", "foo", "sluice:{gate:tenant-1}", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "123456789"} {
-		want, err := st.client.Do(context.Background(), st.client.B().ClusterKeyslot().Key(k).Build()).AsInt64()
+		want, err := st.rc().Do(context.Background(), st.rc().B().ClusterKeyslot().Key(k).Build()).AsInt64()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +218,7 @@ func TestForeignValueFailsOneDecision(t *testing.T) {
 	defer st.Close()
 	fw, _ := limit.NewFixedWindow(1000, time.Hour)
 	lim, _ := bind(st)(FixedWindow("foreign", fw))
-	if err := st.client.Do(context.Background(), st.client.B().Set().Key(st.key("foreign", "poison")).Value("x").Build()).Error(); err != nil {
+	if err := st.rc().Do(context.Background(), st.rc().B().Set().Key(st.key("foreign", "poison")).Value("x").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

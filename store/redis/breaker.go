@@ -4,6 +4,11 @@ import (
 	"context"
 	"strconv"
 	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // slotCount is the number of Redis Cluster hash slots.
@@ -15,11 +20,183 @@ const slotCount = 16384
 // On a Cluster each master has its own, so a dead master sends only its
 // slots to the gates' failure policies while the others keep deciding on
 // Redis.
+//
+// It also keeps the node's clock as seen from here: offset is the largest
+// lower bound of Redis TIME − this process's monotonic clock (µs) among
+// the replies of the current second, so that a call can tell Redis when
+// its caller gives up.
 type breaker struct {
 	addr      string
 	open      atomic.Bool
 	openUntil atomic.Int64 // the clock.Instant before which no probe goes
 	probing   atomic.Bool  // one probe at a time
+	offset    atomic.Int64 // µs
+	epoch     atomic.Int64 // local µs when the current offset estimate began
+	known     atomic.Bool  // offset holds an estimate
+}
+
+// observe takes a reply's Redis time (µs) received at local instant at.
+// Redis ran the call between its sending and at, so Redis time − at is a
+// lower bound of the offset; the largest of a second is the estimate, and
+// a new second starts afresh, so a step of either clock is followed
+// within a second.
+func (b *breaker) observe(redisUs int64, at clock.Instant) {
+	if redisUs <= 0 {
+		return
+	}
+	local := int64(at) / 1000
+	l := redisUs - local
+	if !b.known.Load() || local-b.epoch.Load() > 1e6 {
+		b.offset.Store(l)
+		b.epoch.Store(local)
+		b.known.Store(true)
+		return
+	}
+	for {
+		old := b.offset.Load()
+		if l <= old || b.offset.CompareAndSwap(old, l) {
+			return
+		}
+	}
+}
+
+// expiry returns the Redis time (µs, as a script argument) after which a
+// call sent at local instant start is given up: start + timeout on Redis'
+// clock, by the offset estimate; "0" (none) before any reply. The estimate
+// errs early by the return time of its best reply, so Redis treats a call
+// as late slightly before its caller does, never after.
+func (b *breaker) expiry(start clock.Instant, timeout time.Duration) string {
+	if !b.known.Load() {
+		return "0"
+	}
+	return strconv.FormatInt(int64(start)/1000+b.offset.Load()+timeout.Microseconds(), 10)
+}
+
+// maybeProbe starts a background probe of b when it is open and its
+// interval has passed. Open: every decision it guards fails fast; once per
+// ProbeEvery a probe runs (with a generous timeout, since a fresh
+// connection must be set up) and closes it when Redis answers.
+func (s *Store) maybeProbe(b *breaker) {
+	if s.opts.Clock.Now() >= clock.Instant(b.openUntil.Load()) {
+		s.startProbe(b, s.probe)
+	}
+}
+
+// suspect starts a check of b's node after a call timed out, unless a
+// probe is under way: the breaker opens only if the node does not answer a
+// PING within a few timeouts either. A timeout alone may be this
+// process's own doing (a busy host) and must not send every gate to its
+// failure policy.
+func (s *Store) suspect(b *breaker) { s.startProbe(b, s.confirm) }
+
+// startProbe runs probe(b) in the background unless one runs already or
+// the store is closed.
+func (s *Store) startProbe(b *breaker, probe func(*breaker)) {
+	if !b.probing.CompareAndSwap(false, true) {
+		return
+	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed {
+		b.probing.Store(false)
+		return
+	}
+	s.probes.Add(1)
+	go func() {
+		defer s.probes.Done()
+		defer b.probing.Store(false)
+		probe(b)
+	}()
+}
+
+// trip counts a failed call and opens b for ProbeEvery.
+func (s *Store) trip(b *breaker) {
+	s.failures.Add(1)
+	s.reopen(b)
+}
+
+// reopen opens b for another ProbeEvery.
+func (s *Store) reopen(b *breaker) {
+	b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
+	b.open.Store(true)
+}
+
+// nodesOf returns the clients of b's node: one master, or every node for
+// the store's own breaker.
+func (s *Store) nodesOf(ctx context.Context, cn *connection, b *breaker) (map[string]rueidis.Client, bool) {
+	nodes := cn.client.Nodes()
+	if b.addr == "" {
+		return nodes, true
+	}
+	s.refreshSlots(ctx)
+	node, ok := nodes[b.addr]
+	if !ok || !s.owns(b) {
+		return nil, false // no longer a master of any slot
+	}
+	return map[string]rueidis.Client{b.addr: node}, true
+}
+
+// confirm checks, after a timeout, whether b's node answers a PING within
+// a few timeouts; if not, b opens.
+func (s *Store) confirm(b *breaker) {
+	cn := s.conn.Load()
+	if cn == nil || b.open.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(4*s.opts.Timeout, 100*time.Millisecond))
+	defer cancel()
+	nodes, ok := s.nodesOf(ctx, cn, b)
+	if !ok {
+		return
+	}
+	for _, node := range nodes {
+		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
+			s.trip(b)
+			return
+		}
+	}
+}
+
+// probe checks whether the node(s) behind an open b answer again and
+// closes b if so. It connects first if the store never reached Redis, and
+// loads the scripts: a restarted Redis has lost them, and a burst of
+// decisions must not all fall back to EVAL at once. A node's probe first
+// refreshes the slot map, so slots that failed over to another master
+// leave the dead one's breaker. Then the releases owed to Redis go out.
+func (s *Store) probe(b *breaker) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ProbeEvery, 100*time.Millisecond))
+	defer cancel()
+	if s.conn.Load() == nil && s.dial() != nil {
+		s.failures.Add(1)
+		s.reopen(b)
+		return
+	}
+	cn := s.conn.Load()
+	nodes, ok := s.nodesOf(ctx, cn, b)
+	if !ok {
+		b.open.Store(false)
+		return
+	}
+	var err error
+	srcs := append(sources[:len(sources):len(sources)], batchSources...)
+	for _, node := range nodes {
+		cmds := make(rueidis.Commands, len(srcs))
+		for i, src := range srcs {
+			cmds[i] = node.B().ScriptLoad().Script(src).Build()
+		}
+		for _, r := range node.DoMulti(ctx, cmds...) {
+			if err == nil {
+				err = r.Error()
+			}
+		}
+	}
+	if err != nil {
+		s.failures.Add(1)
+		s.reopen(b)
+		return
+	}
+	b.open.Store(false)
+	s.journal.kick()
 }
 
 // breakerFor returns the breaker that guards key: its slot's master's on a
@@ -47,7 +224,11 @@ func (s *Store) breakerForSlot(slot uint16) *breaker {
 // breakers (and their state) of masters already known. On error the
 // previous map stays.
 func (s *Store) refreshSlots(ctx context.Context) {
-	entries, err := s.client.Do(ctx, s.client.B().ClusterSlots().Build()).ToArray()
+	cn := s.conn.Load()
+	if cn == nil {
+		return
+	}
+	entries, err := cn.client.Do(ctx, cn.client.B().ClusterSlots().Build()).ToArray()
 	if err != nil {
 		return
 	}

@@ -60,7 +60,7 @@ func fleetLoad() {
 					time.Sleep(time.Millisecond)
 					continue
 				}
-				n, _ := st.client.Do(ctx, st.client.B().Incr().Key("holders").Build()).AsInt64()
+				n, _ := st.rc().Do(ctx, st.rc().B().Incr().Key("holders").Build()).AsInt64()
 				mu.Lock()
 				admitted++
 				if n > l.limit {
@@ -68,7 +68,7 @@ func fleetLoad() {
 				}
 				mu.Unlock()
 				time.Sleep(time.Duration(1+rand.IntN(4)) * time.Millisecond)
-				st.client.Do(ctx, st.client.B().Decr().Key("holders").Build())
+				st.rc().Do(ctx, st.rc().B().Decr().Key("holders").Build())
 				l.Refund(ctx, "svc", h, 0, 1)
 			}
 		}()

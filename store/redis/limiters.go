@@ -75,14 +75,17 @@ type limiter struct {
 
 var _ store.Limiter = (*limiter)(nil)
 
+// args returns a script's arguments; the sixth, the expiry, is filled in
+// by Store.run ("0": none).
 func (l *limiter) args(op string, cost int64, extra string) []string {
 	now := "0"
 	if l.now != nil {
 		now = strconv.FormatInt(l.now(), 10)
 	}
-	a := make([]string, 0, 4+len(l.fixed))
+	a := make([]string, 0, 6+len(l.fixed))
 	a = append(a, now, op, strconv.FormatInt(cost, 10), extra)
-	return append(a, l.fixed...)
+	a = append(a, l.fixed...)
+	return append(a, "0")
 }
 
 // Take runs one step on Redis. now is ignored: Redis time decides.
@@ -101,7 +104,12 @@ func (l *limiter) Take(ctx context.Context, key string, now clock.Instant, cost 
 	if l.batcher != nil {
 		v, err = l.batcher.do(ctx, l.s.key(l.name, key), "take", cost, extra, budget)
 	} else {
-		v, err = l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra))
+		var sent bool
+		v, sent, err = l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra), true)
+		if err != nil && sent && l.permits {
+			// Redis may have granted the permit after all: give it back.
+			l.s.journal.add(release{l: l, key: key, h: h, cost: cost})
+		}
 	}
 	if err != nil {
 		return limit.Result{}, 0, err
@@ -116,14 +124,36 @@ func (l *limiter) Take(ctx context.Context, key string, now clock.Instant, cost 
 	}, h, nil
 }
 
-// Refund gives back cost units, or releases permit h of a concurrency limit.
+// Refund gives back cost units, or releases permit h of a concurrency
+// limit. A permit whose release fails is released again once Redis
+// answers (journal.go).
 func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
+	if l.permits {
+		err := l.release(ctx, key, h, cost, 0)
+		if err != nil && ctx.Err() == nil {
+			l.s.journal.add(release{l: l, key: key, h: h, cost: cost})
+		}
+		return err
+	}
 	extra := strconv.FormatUint(uint64(h), 16)
 	if l.batcher != nil {
 		_, err := l.batcher.do(ctx, l.s.key(l.name, key), "refund", cost, extra, 0)
 		return err
 	}
-	_, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra))
+	_, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra), false)
+	return err
+}
+
+// release frees permit h (cost slots) once. It is idempotent, so it never
+// expires: a release that reaches Redis late still frees what it should.
+// timeout, if set, replaces the store's.
+func (l *limiter) release(ctx context.Context, key string, h store.Handle, cost int64, timeout time.Duration) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	_, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, strconv.FormatUint(uint64(h), 16)), false)
 	return err
 }
 

@@ -3,31 +3,73 @@
 // atomic Lua script (EVALSHA, reloaded on NOSCRIPT), on Redis time, with
 // keys hash-tagged so one limiter key lives in one slot.
 //
-// The client is redis/rueidis: it pipelines concurrent commands on shared
-// connections automatically, which is what a decision path with many
-// concurrent callers needs (measured: about 2× go-redis/v9 on the same script;
-// BENCHMARKS.md). On top of that, concurrent decisions of one limiter that
-// share a node and slot are sent as one script call that runs each step in
-// turn (batch.go, Options.Batch): every step is still atomic and exact, and
-// Redis, whose one core is the bottleneck, pays its per-command costs once
-// per batch.
-//
-// Every call has a short timeout (Options.Timeout, default 5 ms) and runs
-// behind a breaker: after a failure the store answers ErrUnavailable at once
-// without calling Redis, and a background probe (loading the scripts) once
-// per Options.ProbeEvery (default 1 s) closes the breaker when Redis
-// answers again: while Redis is down the decision path pays the timeout
-// only for the calls already in flight when it failed, and normal decisions
-// resume within one probe interval of Redis returning. On a Cluster each
-// master has its own breaker (breaker.go, from CLUSTER SLOTS), so a dead
-// master sends only its slots to the failure policies. A caller's ended
-// context and an error reply about one key's data fail that decision alone. Gates turn ErrUnavailable into their failure policy
-// (fail_open, fail_closed, local_fallback).
-//
 //	spec, _ := redis.TokenBucket("request-rate", tb) // checked without a connection
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
 //	lim := st.Limiter(spec)
 //	g, _ := gate.NewRateLimit("request-rate", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
+//
+// The client is redis/rueidis: it pipelines concurrent commands on shared
+// connections automatically, which is what a decision path with many
+// concurrent callers needs (measured: about 2× go-redis/v9 on the same
+// script; BENCHMARKS.md). On top of that, concurrent decisions of one
+// limiter that share a node and slot are sent as one script call that runs
+// each step in turn (batch.go, Options.Batch): every step is still atomic
+// and exact, and Redis, whose one core is the bottleneck, pays its
+// per-command costs once per batch.
+//
+// # Failures
+//
+// Every call has a timeout (Options.Timeout, default 50 ms: long enough
+// that a busy 2-core host does not turn its own scheduling delays into
+// store failures) and runs behind a breaker per Redis master. A connection
+// that fails opens the breaker at once; a call that only times out makes
+// the store check the node with a probe first, and the breaker opens only
+// if the probe fails too, so a slow moment of this process does not send
+// every gate to its failure policy. Open, the store answers ErrUnavailable
+// at once without calling Redis, and a background probe (loading the
+// scripts) once per Options.ProbeEvery (default 1 s) closes it when Redis
+// answers again: normal decisions resume within one probe interval of
+// Redis returning. On a Cluster each master has its own breaker
+// (breaker.go, from CLUSTER SLOTS), so a dead master sends only its slots
+// to the failure policies. A caller's ended context and an error reply
+// about one key's data fail that decision alone. Gates turn ErrUnavailable
+// into their failure policy (fail_open, fail_closed, local_fallback).
+//
+// New does not need Redis to be up: a store created while Redis is
+// unreachable answers ErrUnavailable and connects when a probe first
+// reaches it, so a service restarted during an outage starts and decides
+// by its failure policies.
+//
+// # Bounds
+//
+// A timed-out call has no lasting effect, with one bounded exception.
+// Every call carries the Redis time after which its caller gives up (its
+// timeout, on Redis' clock as estimated from earlier replies, which tell
+// Redis' time): a call that Redis reaches later — queued behind a stall, a
+// CLIENT PAUSE or a DEBUG SLEEP — changes nothing. A call that Redis ran
+// in time but whose reply came back late has taken effect: tokens taken
+// then stay taken (the limit errs strict by at most the cost of the calls
+// whose replies were in flight when their callers gave up), and a
+// concurrency permit taken then is released by the store: permits of
+// failed takes and releases that failed are retried (journal.go) when the
+// node answers again, so no permit stays held by a request that is not in
+// flight beyond one probe interval after Redis returns (not the permit
+// TTL). A release is idempotent; a retried one can never free a permit
+// twice.
+//
+// Clock steps of the Redis host: the scripts follow package limit (see
+// limit.ClockTolerance): a step back of more than 5 s moves each state to
+// the new time with what it holds; a smaller one delays its keys by at most
+// the step; a step forward refills at most one quota per key, once, and a
+// step forward beyond a concurrency ttl frees the permits in flight then.
+//
+// Largest limits: Lua numbers are doubles, exact below 2^53. A token
+// bucket needs burst × rate period below 2^53 ns (bursts up to 9e6 at 1/s),
+// GCRA and the leaky bucket burst (queue+1) × max(period, 1000 × tokens)
+// below 2^53, a sliding window limit × window in µs below 2^53, and the
+// counting algorithms (fixed window, sliding log, concurrency) a limit of
+// at most MaxCount (2^52). The constructors refuse anything larger; the
+// memory store holds every limit package limit accepts (up to 2^61).
 package redis
 
 import (
@@ -46,6 +88,9 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/store"
 )
+
+//go:embed lua/prelude.lua
+var preludeLua string
 
 //go:embed lua/common.lua
 var commonLua string
@@ -72,8 +117,9 @@ var slidingWindowLua string
 var slidingLogLua string
 
 var (
-	sources = []string{tokenBucketLua, commonLua + gcraLua, commonLua + fixedWindowLua,
-		commonLua + concurrencyLua, commonLua + leakyBucketLua, commonLua + slidingWindowLua, commonLua + slidingLogLua}
+	sources = []string{preludeLua + tokenBucketLua, preludeLua + commonLua + gcraLua, preludeLua + commonLua + fixedWindowLua,
+		preludeLua + commonLua + concurrencyLua, preludeLua + commonLua + leakyBucketLua, preludeLua + commonLua + slidingWindowLua,
+		preludeLua + commonLua + slidingLogLua}
 	tokenBucketScript   = rueidis.NewLuaScript(sources[0])
 	gcraScript          = rueidis.NewLuaScript(sources[1])
 	fixedWindowScript   = rueidis.NewLuaScript(sources[2])
@@ -83,8 +129,8 @@ var (
 	slidingLogScript    = rueidis.NewLuaScript(sources[6])
 
 	// The batched forms (batch.go) of the single-key algorithms.
-	batchSources = []string{batchSource(tokenBucketLua), commonLua + batchSource(gcraLua), commonLua + batchSource(fixedWindowLua),
-		commonLua + batchSource(leakyBucketLua), commonLua + batchSource(slidingWindowLua)}
+	batchSources = []string{batchSource("", tokenBucketLua), batchSource(commonLua, gcraLua), batchSource(commonLua, fixedWindowLua),
+		batchSource(commonLua, leakyBucketLua), batchSource(commonLua, slidingWindowLua)}
 	tokenBucketBatch   = rueidis.NewLuaScript(batchSources[0])
 	gcraBatch          = rueidis.NewLuaScript(batchSources[1])
 	fixedWindowBatch   = rueidis.NewLuaScript(batchSources[2])
@@ -94,7 +140,7 @@ var (
 
 // Defaults of Options.
 const (
-	DefaultTimeout    = 5 * time.Millisecond
+	DefaultTimeout    = 50 * time.Millisecond
 	DefaultProbeEvery = time.Second
 )
 
@@ -103,7 +149,7 @@ type Options struct {
 	// Addrs are the Redis addresses (one standalone server, or any nodes of
 	// a cluster: the topology is discovered).
 	Addrs []string
-	// Timeout bounds each call. Default DefaultTimeout (5 ms).
+	// Timeout bounds each call. Default DefaultTimeout (50 ms).
 	Timeout time.Duration
 	// ProbeEvery is how long the breaker stays open after a failure before
 	// one probe call may try again. Default DefaultProbeEvery (1 s).
@@ -122,18 +168,20 @@ type Options struct {
 	Batch int
 	// Client, if set, is used instead of dialing Addrs.
 	Client rueidis.Client
-	// Clock times the breaker: how long it stays open before a probe.
-	// Default clock.System. (Decisions take their time from Redis.)
+	// Clock times the breaker (how long it stays open before a probe) and
+	// the calls' expiry. Default clock.System. (Decisions take their time
+	// from Redis.)
 	Clock clock.Clock
 }
 
 // Store is a Redis-backed state store. It is safe for concurrent use.
 type Store struct {
-	client rueidis.Client
-	opts   Options
-	own    bool
+	opts Options
+	own  bool // the store dialed its client and closes it
 
-	breaker // the store's own: standalone, or a Cluster whose slots are unknown
+	conn    atomic.Pointer[connection] // nil until Redis was first reached
+	connMu  sync.Mutex                 // one dial at a time
+	breaker                            // the store's own: standalone, or a Cluster whose slots are unknown
 	// Cluster: the breaker of each slot's master (nil: not known yet).
 	slots    atomic.Pointer[[slotCount]*breaker]
 	nodes    map[string]*breaker // by address, guarded by nodesMu
@@ -142,9 +190,20 @@ type Store struct {
 	closeMu  sync.Mutex // orders probes.Add against Close
 	closed   bool
 	failures atomic.Int64
+	journal  journal
+	noExpiry bool // tests: calls never expire, so only the journal cleans up
 }
 
-// New connects to Redis.
+// connection is a connected client and what it found.
+type connection struct {
+	client  rueidis.Client
+	cluster bool
+}
+
+// New returns a store on Redis. It checks the options but does not need
+// Redis to be up: while it cannot be reached the store answers
+// ErrUnavailable (the gates decide by their failure policies) and its
+// probe connects once per ProbeEvery until Redis answers.
 func New(opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
@@ -170,39 +229,78 @@ func New(opts Options) (*Store, error) {
 	case opts.FlushDelay < 0:
 		opts.FlushDelay = 0
 	}
-	s := &Store{opts: opts, client: opts.Client}
-	if s.client == nil {
-		if len(opts.Addrs) == 0 {
-			return nil, errors.New("redis: no addresses")
-		}
-		c, err := rueidis.NewClient(rueidis.ClientOption{
-			InitAddress:      opts.Addrs,
-			DisableCache:     true,
-			ConnWriteTimeout: 200 * time.Millisecond,
-			MaxFlushDelay:    opts.FlushDelay,
-			Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
-		}
-		s.client, s.own = c, true
+	s := &Store{opts: opts}
+	s.journal.s = s
+	if opts.Client != nil {
+		s.setConn(opts.Client)
+		return s, nil
 	}
-	if s.client.Mode() == rueidis.ClientModeCluster {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		s.refreshSlots(ctx) // if this fails, the store's own breaker guards every slot until a probe succeeds
-		cancel()
+	if len(opts.Addrs) == 0 {
+		return nil, errors.New("redis: no addresses")
+	}
+	for _, a := range opts.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("redis: address %q: %v", a, err)
+		}
+	}
+	s.own = true
+	if s.dial() != nil {
+		// Not reachable now: start open, and let the probe connect.
+		s.breaker.openUntil.Store(int64(opts.Clock.Now()))
+		s.breaker.open.Store(true)
 	}
 	return s, nil
 }
 
-// Close waits for a running probe and closes the client the store dialed.
+// dial connects to Addrs unless connected already.
+func (s *Store) dial() error {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.conn.Load() != nil {
+		return nil
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:      s.opts.Addrs,
+		DisableCache:     true,
+		ConnWriteTimeout: 200 * time.Millisecond,
+		MaxFlushDelay:    s.opts.FlushDelay,
+		Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
+	s.closeMu.Lock()
+	closed := s.closed
+	s.closeMu.Unlock()
+	if closed {
+		c.Close()
+		return store.ErrUnavailable
+	}
+	s.setConn(c)
+	return nil
+}
+
+// setConn starts using c, learning the Cluster's slot map.
+func (s *Store) setConn(c rueidis.Client) {
+	cn := &connection{client: c, cluster: c.Mode() == rueidis.ClientModeCluster}
+	s.conn.Store(cn)
+	if cn.cluster {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.refreshSlots(ctx) // if this fails, the store's own breaker guards every slot until a probe succeeds
+		cancel()
+	}
+}
+
+// Close waits for a running probe, tries once to send the releases still
+// owed to Redis, and closes the client the store dialed.
 func (s *Store) Close() {
 	s.closeMu.Lock()
 	s.closed = true
 	s.closeMu.Unlock()
 	s.probes.Wait()
-	if s.own {
-		s.client.Close()
+	s.journal.flush(s.opts.Timeout)
+	if cn := s.conn.Load(); cn != nil && s.own {
+		cn.client.Close()
 	}
 }
 
@@ -215,32 +313,64 @@ func (s *Store) key(limiter, key string) string {
 	return s.opts.Prefix + ":{" + limiter + ":" + key + "}"
 }
 
-// run executes a script under the timeout and the breaker. It returns the
-// script's five integers.
-func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []string) ([5]int64, error) {
-	var out [5]int64
+// errLate: Redis reached the call after its caller had given up, and did
+// nothing.
+var errLate = errors.New("redis: the call reached Redis after its timeout and did nothing")
+
+// run executes a script under the timeout and the breaker and returns the
+// script's five integers. With expires, the call does nothing if Redis
+// reaches it after the timeout (args' last element is its expiry). sent
+// reports whether the call may have reached Redis (an error with sent
+// false had no effect there).
+func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
 	b := s.breakerFor(keys[0])
-	if b.open.Load() {
+	cn := s.conn.Load()
+	if cn == nil || b.open.Load() {
 		s.maybeProbe(b)
-		return out, store.ErrUnavailable
+		return out, false, store.ErrUnavailable
+	}
+	if expires && !s.noExpiry {
+		args[len(args)-1] = b.expiry(clock.Now(), s.opts.Timeout)
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	vals, err := sc.Exec(cctx, s.client, keys, args).AsIntSlice()
+	vals, err := sc.Exec(cctx, cn.client, keys, args).AsIntSlice()
 	cancel()
-	if err == nil && len(vals) != 5 {
+	if err == nil && len(vals) != 6 {
 		err = fmt.Errorf("script returned %d values", len(vals))
 	}
-	if err != nil {
-		// The caller's own context ending, or an answer about the data
-		// (WRONGTYPE on a foreign key), says nothing about Redis' health:
-		// only this decision fails.
-		if ctx.Err() == nil && !dataError(err) {
-			s.trip(b)
+	if err == nil {
+		b.observe(vals[5], clock.Now())
+		if vals[0] == -2 {
+			err = errLate
 		}
-		return out, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
+	if err != nil {
+		s.failed(ctx, b, err)
+		return out, true, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	copy(out[:], vals)
-	return out, nil
+	if s.journal.owes.Load() {
+		s.journal.kick() // the node answers: send the releases owed to it
+	}
+	return out, true, nil
+}
+
+// failed counts a failed call and decides what it says about b's node:
+// nothing when the caller's own context ended, Redis answered about the
+// data, or the call came late (the caller's timeout already reported it);
+// a timeout starts a probe of the node, which opens b only if the node
+// does not answer it either; any other failure (connection refused, reset,
+// closed) opens b at once.
+func (s *Store) failed(ctx context.Context, b *breaker, err error) {
+	switch {
+	case ctx.Err() != nil, dataError(err), errors.Is(err, errLate):
+		return
+	case errors.Is(err, context.DeadlineExceeded):
+		s.failures.Add(1)
+		s.suspect(b)
+	default:
+		s.trip(b)
+	}
 }
 
 // dataError reports whether err is an error reply about the data or the
@@ -259,69 +389,4 @@ func dataError(err error) bool {
 		}
 	}
 	return true
-}
-
-// maybeProbe starts a background probe of b when it is open and its
-// interval has passed. Open: every decision it guards fails fast; once per
-// ProbeEvery a probe runs (with a generous timeout, since a fresh
-// connection must be set up) and closes it when Redis answers.
-func (s *Store) maybeProbe(b *breaker) {
-	if s.opts.Clock.Now() >= clock.Instant(b.openUntil.Load()) && b.probing.CompareAndSwap(false, true) {
-		s.closeMu.Lock()
-		defer s.closeMu.Unlock()
-		if s.closed {
-			b.probing.Store(false)
-			return
-		}
-		s.probes.Add(1)
-		go s.probe(b)
-	}
-}
-
-// trip counts a failed call and opens b for ProbeEvery.
-func (s *Store) trip(b *breaker) {
-	s.failures.Add(1)
-	b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
-	b.open.Store(true)
-}
-
-// probe checks whether the node(s) behind b answer again and closes b if
-// so. It loads the scripts first: a restarted Redis has lost them, and a
-// burst of decisions must not all fall back to EVAL at once. A node's
-// probe first refreshes the slot map, so slots that failed over to another
-// master leave the dead one's breaker.
-func (s *Store) probe(b *breaker) {
-	defer s.probes.Done()
-	defer b.probing.Store(false)
-	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ProbeEvery, 100*time.Millisecond))
-	defer cancel()
-	nodes := s.client.Nodes()
-	if b.addr != "" {
-		s.refreshSlots(ctx)
-		node, ok := nodes[b.addr]
-		if !ok || !s.owns(b) {
-			b.open.Store(false) // no longer a master of any slot
-			return
-		}
-		nodes = map[string]rueidis.Client{b.addr: node}
-	}
-	var err error
-	srcs := append(sources[:len(sources):len(sources)], batchSources...)
-	for _, node := range nodes {
-		cmds := make(rueidis.Commands, len(srcs))
-		for i, src := range srcs {
-			cmds[i] = node.B().ScriptLoad().Script(src).Build()
-		}
-		for _, r := range node.DoMulti(ctx, cmds...) {
-			if err == nil {
-				err = r.Error()
-			}
-		}
-	}
-	if err != nil {
-		s.failures.Add(1)
-		b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
-		return
-	}
-	b.open.Store(false)
 }

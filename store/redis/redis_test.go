@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/redis/rueidis"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -86,7 +87,7 @@ func TestCorruptStateReadsFresh(t *testing.T) {
 		"\x00\x00\x00\x00\x00\x00\xf0\x7f\x00\x00\x00\x00\x00\x00\xf0\x7f" /* +Inf, +Inf */, "\x00\x00\x00\x00\x00\x00\xf0\xff\x00\x00\x00\x00\x00\x00\xf0\xff" /* -Inf */} {
 		for name, lim := range map[string]store.Limiter{"tb": ltb, "gcra": lg, "leaky": llb} {
 			key := st.key(name, "k")
-			if err := st.client.Do(context.Background(), st.client.B().Set().Key(key).Value(raw).Build()).Error(); err != nil {
+			if err := st.rc().Do(context.Background(), st.rc().B().Set().Key(key).Value(raw).Build()).Error(); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -178,4 +179,12 @@ func commandCalls(stats, cmd string) int {
 	}
 	n, _ := strconv.Atoi(strings.SplitN(stats[i+len("cmdstat_"+cmd+":calls="):], ",", 2)[0])
 	return n
+}
+
+// rc returns the store's client (nil before it reached Redis).
+func (s *Store) rc() rueidis.Client {
+	if cn := s.conn.Load(); cn != nil {
+		return cn.client
+	}
+	return nil
 }

@@ -78,7 +78,7 @@ func ttlCase[S any](rt *rapid.T, st *Store, name string, alg limit.Algorithm[S])
 			rt.Fatalf("%v: backend %+v, algorithm %+v", alg, got, want)
 		}
 		for _, key := range lim.keys("k") {
-			ttl, err := st.client.Do(ctx, st.client.B().Pttl().Key(key).Build()).AsInt64()
+			ttl, err := st.rc().Do(ctx, st.rc().B().Pttl().Key(key).Build()).AsInt64()
 			if err != nil {
 				rt.Fatal(err)
 			}

@@ -10,8 +10,7 @@ local TOLERANCE = 5000000
 local function now_us()
   local o = tonumber(ARGV[1])
   if o > 0 then return o end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return TIME_US
 end
 
 -- idiv: exact floor(x / g) for |x| < 2^53, g >= 1. Outside that range

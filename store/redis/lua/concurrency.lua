@@ -6,7 +6,7 @@
 -- rest are swept by the next calls, and count as held until then).
 -- ARGV: 1 now override (us), 2 op ("take" | "refund"), 3 slots,
 --       4 permit id, 5 packed doubles: limit, ttl (us).
--- Reply: {status, remaining, 0, 0, 0}.
+-- Reply: {status, remaining, 0, 0, 0, Redis TIME (us)}.
 local now = now_us()
 local op, slots, id = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local limit, ttl = struct.unpack('<dd', ARGV[5])
@@ -29,7 +29,7 @@ if op == 'refund' then
   if slots > 0 and redis.call('ZREM', KEYS[1], member) == 1 then
     if redis.call('DECRBY', KEYS[2], str(slots)) <= 0 then redis.call('DEL', KEYS[2]) end
   end
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, TIME_US}
 end
 
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', str(now - ttl), 'LIMIT', 0, 64)
@@ -42,11 +42,11 @@ if #gone > 0 then
   redis.call('DECRBY', KEYS[2], str(freed))
 end
 local n = held()
-if slots <= 0 then return {3, math.max(limit - n, 0), 0, 0, 0} end
-if slots > limit then return {2, math.max(limit - n, 0), 0, 0, 0} end
-if n + slots > limit then return {1, math.max(limit - n, 0), 0, 0, 0} end
+if slots <= 0 then return {3, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
+if slots > limit then return {2, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
+if n + slots > limit then return {1, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
 redis.call('ZADD', KEYS[1], str(now), member)
 redis.call('INCRBY', KEYS[2], str(slots))
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
-return {0, limit - n - slots, 0, 0, 0}
+return {0, limit - n - slots, 0, 0, 0, TIME_US}

@@ -2,7 +2,7 @@
 -- KEYS[1]: hash {s = window start (us), c = used}.
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
 --       doubles: limit, window (us).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0, Redis TIME (us)}.
 local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local limit, win = struct.unpack('<dd', ARGV[5])
@@ -14,7 +14,7 @@ if op == 'refund' then
     c = math.max(c - cost, 0)
     redis.call('HSET', KEYS[1], 'c', str(c))
   end
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, TIME_US}
 end
 -- Forward only: a left window never reopens; but a now more than the
 -- clock tolerance before the window is a step of Redis' clock, and the
@@ -35,4 +35,4 @@ local reset = 0
 if c > 0 then reset = (s + win - now) * 1000 end
 redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
 redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + 2 * win - now) / 1000), 0) + 1))
-return {status, math.max(limit - c, 0), retry, reset, 0}
+return {status, math.max(limit - c, 0), retry, reset, 0, TIME_US}

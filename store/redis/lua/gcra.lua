@@ -5,7 +5,7 @@
 -- KEYS[1]: u and r, packed (load2/save2).
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
 --       doubles: n (rate tokens), per (rate period, ns), burst, ttl (ms).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0, Redis TIME (us)}.
 local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local n, per, burst, ttl = struct.unpack('<dddd', ARGV[5])
@@ -43,19 +43,19 @@ if op == 'refund' then
     if nu < now then nu, nr = now, 0 end
     if nu < ou or (nu == ou and nr < orr) then save(nu, nr) end
   end
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, TIME_US}
 end
 
 if stepped then save(u, r) end
-if cost <= 0 then return {3, remaining(ahead), 0, cdiv(ahead, n), 0} end
-if cost > burst then return {2, remaining(ahead), 0, cdiv(ahead, n), 0} end
+if cost <= 0 then return {3, remaining(ahead), 0, cdiv(ahead, n), 0, TIME_US} end
+if cost > burst then return {2, remaining(ahead), 0, cdiv(ahead, n), 0, TIME_US} end
 local diff = ahead + cost * per
 if diff > dvt then
-  return {1, remaining(ahead), cdiv(diff - dvt, n), cdiv(ahead, n), 0}
+  return {1, remaining(ahead), cdiv(diff - dvt, n), cdiv(ahead, n), 0, TIME_US}
 end
 -- next = tat + cost*T
 local nr = r + cost * per
 local nu = u + idiv(nr, tpu)
 nr = nr - idiv(nr, tpu) * tpu
 save(nu, nr)
-return {0, remaining(diff), 0, cdiv(diff, n), 0}
+return {0, remaining(diff), 0, cdiv(diff, n), 0, TIME_US}

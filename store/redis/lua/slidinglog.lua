@@ -6,7 +6,7 @@
 -- more than limit admitted units.
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
 --       doubles: limit, window (us), ttl (ms).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0, Redis TIME (us)}.
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local limit, win, ttl = struct.unpack('<ddd', ARGV[5])
 local sum, seq, last, shift = 0, 0, 0, 0
@@ -48,7 +48,7 @@ if op == 'refund' then
     end
   end
   if cost > 0 then save() end
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, TIME_US}
 end
 
 -- expire entries at or before now - window
@@ -86,4 +86,4 @@ local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if #newest == 2 then reset = math.max(tonumber(newest[2]) + win - now, 0) * 1000 end
 last = math.max(last, now)
 save()
-return {status, math.max(limit - sum, 0), retry, reset, 0}
+return {status, math.max(limit - sum, 0), retry, reset, 0, TIME_US}

@@ -5,7 +5,7 @@
 -- KEYS[1]: start (us), cur, prev packed as three doubles.
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
 --       doubles: limit, window (us), ttl (ms).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}.
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0, Redis TIME (us)}.
 local now = now_us()
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local limit, win, ttl = struct.unpack('<ddd', ARGV[5])
@@ -20,7 +20,7 @@ if op == 'refund' then
     if ws == s then cur = math.max(cur - cost, 0); save()
     elseif ws == s - win then prev = math.max(prev - cost, 0); save() end
   end
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, TIME_US}
 end
 -- roll to the window holding now (a now in an earlier window keeps it,
 -- unless it is a step of Redis' clock: then the counts move to now's)
@@ -57,4 +57,4 @@ local weighted = cdiv(prev * (win - el), win)
 local reset = 0
 if cur > 0 then reset = (s + 2 * win - now) * 1000 elseif prev > 0 then reset = (s + win - now) * 1000 end
 save() -- the roll is state too, even when nothing was counted
-return {status, math.max(limit - cur - weighted, 0), retry, reset, 0}
+return {status, math.max(limit - cur - weighted, 0), retry, reset, 0, TIME_US}

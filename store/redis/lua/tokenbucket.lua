@@ -1,5 +1,5 @@
 -- Token bucket step: the Redis twin of limit.TokenBucket.Take/Refund.
--- The busiest script, so it stands alone (common.lua is not prepended):
+-- The busiest script, so it stands alone (only prelude.lua is prepended):
 -- every `local function` of a script body is a new closure on every call,
 -- and the hot path here has none. Lua numbers are doubles; every value
 -- stays below 2^53 and divisions are corrected to be exact.
@@ -11,16 +11,13 @@
 --       little-endian doubles: unit (scaled units per token = rate period in
 --       ns), gain (scaled units per ns = rate tokens), capacity (burst *
 --       unit), burst, fill (ns from empty to full), ttl (ms).
--- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0}
+-- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0, Redis TIME (us)}
 --   status 0 allowed, 1 denied, 2 exceeded, 3 invalid.
 local now = tonumber(ARGV[1])
-if now <= 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+if now <= 0 then now = TIME_US end
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local unit, gain, cap, burst, fill, ttl = struct.unpack('<dddddd', ARGV[5])
-if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0} end
+if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0, TIME_US} end
 
 -- The state; a missing, foreign or corrupted value (wrong length, NaN,
 -- outside its range) reads as a full bucket. A deficit above the capacity
@@ -48,7 +45,7 @@ end
 if op == 'refund' then
   d = math.max(d - cost * unit, 0)
   redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, TIME_US}
 end
 
 local status, retry, reset = 0, 0, 0
@@ -91,4 +88,4 @@ local x = cap - d
 local rem = math.floor(x / unit)
 while rem * unit > x do rem = rem - 1 end
 while (rem + 1) * unit <= x do rem = rem + 1 end
-return {status, rem, retry, reset, 0}
+return {status, rem, retry, reset, 0, TIME_US}
