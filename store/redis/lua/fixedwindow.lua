@@ -34,5 +34,7 @@ end
 local reset = 0
 if c > 0 then reset = (s + win - now) * 1000 end
 redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
-redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + 2 * win - now) / 1000), 0) + 1))
+-- the state is fresh at s + win; the TTL outlives that by the clock
+-- tolerance, like every key's
+redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + win - now + TOLERANCE) / 1000), 0) + 1))
 return {status, math.max(limit - c, 0), retry, reset, 0, TIME_US}
