@@ -29,9 +29,9 @@ func held(t *testing.T, st *Store, lim store.Limiter, key string) (permits, slot
 	return permits, slots
 }
 
-// stall stops the server for d (SIGSTOP: commands queue on its sockets, as
+// pause stops the server for d (SIGSTOP: commands queue on its sockets, as
 // under DEBUG SLEEP or CLIENT PAUSE) while fn runs.
-func stall(srv *redistest.Server, d time.Duration, fn func()) {
+func pause(srv *redistest.Server, d time.Duration, fn func()) {
 	srv.Pause()
 	done := make(chan struct{})
 	go func() { fn(); close(done) }()
@@ -67,7 +67,7 @@ func TestTimedOutTakeLeavesNoPermit(t *testing.T) {
 				t.Fatal(err)
 			}
 			var failed atomic.Int64
-			stall(srv, 80*time.Millisecond, func() {
+			pause(srv, 80*time.Millisecond, func() {
 				var wg sync.WaitGroup
 				for range 4 {
 					wg.Add(1)
@@ -130,7 +130,7 @@ func TestStallUnderConcurrentAcquires(t *testing.T) {
 		}()
 	}
 	poll.Until(t, 10*time.Second, func() bool { return ok.Load() > 500 })
-	stall(srv, 2*timeout, func() {})
+	pause(srv, 2*timeout, func() {})
 	poll.Until(t, 10*time.Second, func() bool { return ok.Load() > 1000 }) // deciding on Redis again
 	stop.Store(true)
 	wg.Wait()
@@ -157,7 +157,7 @@ func TestLateTakeTakesNothing(t *testing.T) {
 	if _, _, err := lim.Take(ctx, "warm", 0, 1, 0); err != nil { // learn Redis' clock
 		t.Fatal(err)
 	}
-	stall(srv, 100*time.Millisecond, func() {
+	pause(srv, 100*time.Millisecond, func() {
 		var wg sync.WaitGroup
 		for range 8 {
 			wg.Add(1)
@@ -213,7 +213,7 @@ func TestTimeoutAloneDoesNotOpenBreaker(t *testing.T) {
 	ctx := context.Background()
 	lim.Take(ctx, "k", 0, 1, 0)
 	// A 20 ms stall: the call times out, the PING (up to 100 ms) answers.
-	stall(srv, 20*time.Millisecond, func() {
+	pause(srv, 20*time.Millisecond, func() {
 		if _, _, err := lim.Take(ctx, "k", 0, 1, 0); !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("a call during the stall: %v", err)
 		}
@@ -223,7 +223,7 @@ func TestTimeoutAloneDoesNotOpenBreaker(t *testing.T) {
 		t.Fatal("one timeout opened the breaker although Redis answered the check")
 	}
 	// A 1 s stall: the check fails too, and the breaker opens.
-	stall(srv, time.Second, func() {
+	pause(srv, time.Second, func() {
 		lim.Take(ctx, "k", 0, 1, 0)
 		poll.Until(t, 10*time.Second, func() bool { return !st.breaker.probing.Load() })
 		if !st.breaker.open.Load() {
