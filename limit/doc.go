@@ -5,9 +5,13 @@
 //
 // Every algorithm keeps integer or fixed-point state, so very low rates
 // (1/h), very high rates (1e9/s) and days of idle time give exact results;
-// a now earlier than the state's last update (a clock step back, or a
-// timestamp read before another goroutine's update) never creates capacity;
-// a refund never lifts state above fresh.
+// a now earlier than the state's last update never creates capacity: up to
+// ClockTolerance (5 s) it is a stale reading (a timestamp read before
+// another goroutine's update) and counts at the state's own instant;
+// further back it is a step of the clock, and the state moves to the new
+// time with what it holds, so nobody is locked out for the step's length.
+// A refund never lifts state above fresh, and state kept across a lowered
+// limit reads as at most empty.
 //
 //	tb, _ := limit.NewTokenBucket(limit.PerSecond(200), 400)
 //	var s limit.TokenBucketState          // zero value: full bucket

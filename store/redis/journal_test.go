@@ -47,52 +47,83 @@ func pause(srv *redistest.Server, d time.Duration, fn func()) {
 // within a probe interval, both by the takes' expiry and, when a take did
 // run, by the release journal.
 func TestTimedOutTakeLeavesNoPermit(t *testing.T) {
-	for _, c := range []struct {
-		name     string
-		noExpiry bool // only the journal cleans up
-	}{{"expiry", false}, {"journal", true}} {
-		t.Run(c.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 30 * time.Millisecond, ProbeEvery: 200 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			st.noExpiry = c.noExpiry
-			lim, _ := bind(st)(Concurrency("fleet", must(limit.NewConcurrency(4)), time.Minute))
-			ctx := context.Background()
-			if _, h, err := lim.Take(ctx, "svc", 0, 1, 0); err != nil { // learn Redis' clock
-				t.Fatal(err)
-			} else if err := lim.Refund(ctx, "svc", h, 0, 1); err != nil {
-				t.Fatal(err)
-			}
-			var failed atomic.Int64
-			pause(srv, 80*time.Millisecond, func() {
-				var wg sync.WaitGroup
-				for range 4 {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if _, _, err := lim.Take(ctx, "svc", 0, 1, 0); errors.Is(err, store.ErrUnavailable) {
-							failed.Add(1)
-						}
-					}()
+	for _, topo := range []string{"standalone", "cluster"} {
+		for _, c := range []struct {
+			name     string
+			noExpiry bool // only the journal cleans up
+		}{{"expiry", false}, {"journal", true}} {
+			t.Run(topo+"/"+c.name, func(t *testing.T) { timedOutTake(t, topo == "cluster", c.noExpiry) })
+		}
+	}
+}
+
+// topology starts a standalone server or a 3-master Cluster and returns a
+// store on it (timeout 30 ms, probes every 200 ms) and the server that
+// holds key of limiter name.
+func topology(t *testing.T, cluster bool, name, key string, timeout time.Duration) (*Store, *redistest.Server) {
+	t.Helper()
+	var addrs []string
+	var nodes []*redistest.Server
+	if cluster {
+		cl := redistest.StartCluster(t, 3)
+		addrs, nodes = cl.Addrs, cl.Nodes
+	} else {
+		srv := redistest.Start(t)
+		addrs, nodes = []string{srv.Addr}, []*redistest.Server{srv}
+	}
+	st, err := New(Options{Addrs: addrs, Timeout: timeout, ProbeEvery: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if !cluster {
+		return st, nodes[0]
+	}
+	addr := st.breakerFor(st.key(name, key)).addr
+	for _, n := range nodes {
+		if n.Addr == addr {
+			return st, n
+		}
+	}
+	t.Fatalf("no node %s holds %s", addr, key)
+	return nil, nil
+}
+
+func timedOutTake(t *testing.T, cluster, noExpiry bool) {
+	st, srv := topology(t, cluster, "fleet", "svc", 30*time.Millisecond)
+	st.noExpiry = noExpiry
+	lim, _ := bind(st)(Concurrency("fleet", must(limit.NewConcurrency(4)), time.Minute))
+	ctx := context.Background()
+	if _, h, err := lim.Take(ctx, "svc", 0, 1, 0); err != nil { // learn Redis' clock
+		t.Fatal(err)
+	} else if err := lim.Refund(ctx, "svc", h, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Int64
+	pause(srv, 80*time.Millisecond, func() {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, _, err := lim.Take(ctx, "svc", 0, 1, 0); errors.Is(err, store.ErrUnavailable) {
+					failed.Add(1)
 				}
-				wg.Wait()
-			})
-			if failed.Load() != 4 {
-				t.Fatalf("%d of 4 takes failed during the stall", failed.Load())
-			}
-			back := time.Now()
-			poll.Until(t, 10*time.Second, func() bool {
-				p, n := held(t, st, lim, "svc")
-				return p == 0 && n == 0 && st.journal.owed() == 0
-			})
-			t.Logf("no permit held %v after Redis answered again (permit TTL: 1m)", time.Since(back).Round(time.Millisecond))
-			if r, _, err := lim.Take(ctx, "svc", 0, 4, 0); err != nil || !r.OK() {
-				t.Fatalf("the whole limit is not free again: %+v %v", r, err)
-			}
-		})
+			}()
+		}
+		wg.Wait()
+	})
+	if failed.Load() != 4 {
+		t.Fatalf("%d of 4 takes failed during the stall", failed.Load())
+	}
+	back := time.Now()
+	poll.Until(t, 10*time.Second, func() bool {
+		p, n := held(t, st, lim, "svc")
+		return p == 0 && n == 0 && st.journal.owed() == 0
+	})
+	t.Logf("no permit held %v after Redis answered again (permit TTL: 1m)", time.Since(back).Round(time.Millisecond))
+	if r, _, err := lim.Take(ctx, "svc", 0, 4, 0); err != nil || !r.OK() {
+		t.Fatalf("the whole limit is not free again: %+v %v", r, err)
 	}
 }
 
@@ -145,16 +176,17 @@ func TestStallUnderConcurrentAcquires(t *testing.T) {
 // A take that Redis reaches after its caller gave up takes nothing: the
 // tokens of a bucket stalled under 8 takes are all still there.
 func TestLateTakeTakesNothing(t *testing.T) {
-	srv := redistest.Start(t)
-	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 20 * time.Millisecond, ProbeEvery: 100 * time.Millisecond, Batch: 1})
-	if err != nil {
-		t.Fatal(err)
+	for _, topo := range []string{"standalone", "cluster"} {
+		t.Run(topo, func(t *testing.T) { lateTake(t, topo == "cluster") })
 	}
-	defer st.Close()
+}
+
+func lateTake(t *testing.T, cluster bool) {
+	st, srv := topology(t, cluster, "late", "k", 20*time.Millisecond)
 	tb := must(limit.NewTokenBucket(must(limit.ParseRate("1/h")), 10))
 	lim, _ := bind(st)(TokenBucket("late", tb))
 	ctx := context.Background()
-	if _, _, err := lim.Take(ctx, "warm", 0, 1, 0); err != nil { // learn Redis' clock
+	if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil { // learn Redis' clock
 		t.Fatal(err)
 	}
 	pause(srv, 100*time.Millisecond, func() {
@@ -166,10 +198,10 @@ func TestLateTakeTakesNothing(t *testing.T) {
 		wg.Wait()
 	})
 	poll.Until(t, 10*time.Second, func() bool {
-		r, _, err := lim.Take(ctx, "probe", 0, 1, 0)
-		return err == nil && r.OK()
+		r, _, err := lim.Take(ctx, "k", 0, 0, 0) // cost 0: a look, takes nothing
+		return err == nil && r.Status == limit.Invalid
 	})
-	if r, _, err := lim.Take(ctx, "k", 0, 10, 0); err != nil || !r.OK() {
+	if r, _, err := lim.Take(ctx, "k", 0, 9, 0); err != nil || !r.OK() {
 		t.Fatalf("takes that reached Redis after their timeout took tokens: %+v %v", r, err)
 	}
 }

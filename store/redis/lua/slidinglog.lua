@@ -70,15 +70,22 @@ elseif sum + cost <= limit then
   seq = seq + 1
   sum = sum + cost
 else
+  -- the oldest entries, 16 at a time, until enough cost would be gone:
+  -- the work is the entries that must expire, not the whole log
   status = 1
-  local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-  local freed = 0
-  for i = 1, #all, 2 do
-    freed = freed + costof(all[i])
-    if sum - freed + cost <= limit then
-      retry = (tonumber(all[i + 1]) + win - now) * 1000
-      break
+  local freed, from, found = 0, 0, false
+  while not found do
+    local part = redis.call('ZRANGE', KEYS[1], from, from + 15, 'WITHSCORES')
+    if #part == 0 then break end
+    for i = 1, #part, 2 do
+      freed = freed + costof(part[i])
+      if sum - freed + cost <= limit then
+        retry = (tonumber(part[i + 1]) + win - now) * 1000
+        found = true
+        break
+      end
     end
+    from = from + 16
   end
 end
 local reset = 0
