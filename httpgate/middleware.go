@@ -252,6 +252,17 @@ func (m *Middleware) UpstreamError(w http.ResponseWriter, r *http.Request, err e
 	m.reject(w, r, m.state.Load(), &d, &req, "")
 }
 
+// Invalid answers a request the caller got wrong before it reached the
+// gates (for example a body the proxy will not take): 400 with reason
+// invalid and detail as the message, in the JSON envelope of every other
+// answer.
+func (m *Middleware) Invalid(w http.ResponseWriter, r *http.Request, detail string) {
+	st := m.state.Load()
+	var req sluice.Request
+	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
+	m.reject(w, r, st, &d, &req, detail)
+}
+
 // outcome classifies a finished handler: the client went away →
 // cancelled; a 5xx → errored; anything else useful (the Ticket turns it
 // into late past the deadline).

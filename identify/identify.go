@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -66,6 +67,48 @@ type Rules struct {
 	// RequestIDHeader names the header a request id is read from and
 	// echoed in. Default DefaultRequestIDHeader.
 	RequestIDHeader string
+	// PathMatch is how request paths are compared with route paths.
+	// Default PathLenient.
+	PathMatch PathMatch
+}
+
+// PathMatch is a rule for comparing a request path with a route's path.
+// Route matching must be no weaker than the upstream's own routing, or a
+// client reaches a handler under a class that is not its own: most
+// routers (Express, Rails, Spring, ASP.NET) match case-insensitively,
+// ignore a trailing slash, and some collapse duplicate slashes or dot
+// segments, so the default is lenient.
+type PathMatch uint8
+
+const (
+	// PathLenient resolves dot segments ("/a/./b/../c" is "/a/c"),
+	// collapses duplicate slashes, ignores a trailing slash and compares
+	// segments ignoring ASCII case. Percent-encoding is decoded once, as
+	// net/http does for URL.Path (so "/v1/%61nalytics" is
+	// "/v1/analytics").
+	PathLenient PathMatch = iota
+	// PathExact compares the decoded path segment by segment as written.
+	PathExact
+)
+
+var pathMatchNames = [...]string{"lenient", "exact"}
+
+// String returns "lenient" or "exact".
+func (m PathMatch) String() string {
+	if int(m) < len(pathMatchNames) {
+		return pathMatchNames[m]
+	}
+	return "unknown"
+}
+
+// ParsePathMatch parses "lenient" or "exact". The error lists the names.
+func ParsePathMatch(s string) (PathMatch, error) {
+	for i, n := range pathMatchNames {
+		if n == s {
+			return PathMatch(i), nil
+		}
+	}
+	return 0, fmt.Errorf("identify: path match %q is not one of %s", s, strings.Join(pathMatchNames[:], ", "))
 }
 
 // Route is one server-side rule: requests matching Method and Path get
@@ -155,6 +198,9 @@ func New(r Rules) (*Identifier, error) {
 	if r.MaxDeadline < 0 || r.DefaultDeadline < 0 {
 		return nil, errors.New("identify: negative deadline bound")
 	}
+	if r.PathMatch.String() == "unknown" {
+		return nil, fmt.Errorf("identify: unknown path match %d", r.PathMatch)
+	}
 	if r.DefaultClass == "" {
 		r.DefaultClass = sluice.ClassDefault
 	}
@@ -197,19 +243,35 @@ func (id *Identifier) RequestIDHeader() string { return id.requestIDHeader }
 
 // match returns the first route matching method and path.
 func (id *Identifier) match(method, path string) *route {
+	fold := id.rules.PathMatch == PathLenient
+	if fold {
+		path = cleanPath(path)
+	}
 	for i := range id.routes {
 		r := &id.routes[i]
-		if (r.method == "" || r.method == method) && matchPath(r.pattern, path) {
+		if (r.method == "" || r.method == method) && matchPath(r.pattern, path, fold) {
 			return r
 		}
 	}
 	return &id.fallback
 }
 
+// cleanPath resolves dot segments, collapses duplicate slashes and drops a
+// trailing slash (path.Clean), allocating only for paths that need it.
+func cleanPath(p string) string {
+	if p == "" || p == "/" {
+		return "/"
+	}
+	if strings.Contains(p, "//") || strings.Contains(p, "/.") || p[len(p)-1] == '/' || p[0] != '/' {
+		return path.Clean("/" + p)
+	}
+	return p
+}
+
 // matchPath matches path against pattern segment by segment: "*" matches
-// one non-empty segment, and a final "*" matches one or more. It does not
-// allocate.
-func matchPath(pattern, path string) bool {
+// one non-empty segment, and a final "*" matches one or more; with fold,
+// segments compare ignoring ASCII case. It does not allocate.
+func matchPath(pattern, path string, fold bool) bool {
 	pattern = strings.TrimPrefix(pattern, "/")
 	path = strings.TrimPrefix(path, "/")
 	for {
@@ -222,7 +284,7 @@ func matchPath(pattern, path string) bool {
 			if seg == "" {
 				return false
 			}
-		case pseg != seg:
+		case pseg != seg && !(fold && strings.EqualFold(pseg, seg)):
 			return false
 		}
 		if !pmore || !more {

@@ -199,6 +199,7 @@ func (f *File) rules() identify.Rules {
 		MaxDeadline:     f.Identity.MaxDeadline,
 		DefaultDeadline: f.Identity.DefaultDeadline,
 		RequestIDHeader: f.Identity.RequestIDHeader,
+		PathMatch:       f.Identity.PathMatch,
 	}
 	for _, rt := range f.Routes {
 		r.Routes = append(r.Routes, identify.Route{

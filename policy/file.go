@@ -5,6 +5,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 )
 
@@ -75,6 +76,8 @@ type Identity struct {
 	DefaultDeadline time.Duration
 	MaxDeadline     time.Duration
 	RequestIDHeader string
+	// PathMatch is how request paths meet route paths.
+	PathMatch identify.PathMatch
 }
 
 // Route is one server-side class and cost rule.

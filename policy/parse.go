@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 )
 
@@ -167,8 +168,16 @@ func (p *parser) failurePolicy(v *yaml.Node, path string) gate.FailurePolicy {
 
 func (p *parser) identity(n *yaml.Node) Identity {
 	var id Identity
-	p.Fields(n, "identity", []string{"tenant", "deadline", "request_id"}, func(k string, v *yaml.Node) {
+	p.Fields(n, "identity", []string{"tenant", "deadline", "request_id", "path_match"}, func(k string, v *yaml.Node) {
 		path := yamlfile.Join("identity", k)
+		if k == "path_match" {
+			m, err := identify.ParsePathMatch(p.Str(v, path))
+			if err != nil && v.Kind == yaml.ScalarNode {
+				p.fail(v, path, err)
+			}
+			id.PathMatch = m
+			return
+		}
 		known := map[string][]string{"tenant": {"header", "required"}, "deadline": {"header", "max", "default"}, "request_id": {"header"}}[k]
 		p.Fields(v, path, known, func(kk string, vv *yaml.Node) {
 			p.identityField(&id, k, kk, vv, yamlfile.Join(path, kk))

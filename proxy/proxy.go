@@ -60,9 +60,29 @@ type Options struct {
 	// Transport for upstream calls. Default: a transport tuned for many
 	// concurrent requests to one host.
 	Transport http.RoundTripper
-	// ReadTimeout bounds reading a whole request, body included, so slow
-	// clients cannot hold admitted slots for long. Default 30 s.
+	// ReadTimeout bounds reading a whole request, body included. Default
+	// 30 s. Bodies are read before the request is decided (buffer.go), so
+	// a slow sender holds no admitted slot meanwhile.
 	ReadTimeout time.Duration
+	// WriteTimeout bounds writing a buffered response to the client (its
+	// slot is already free by then). Default 60 s.
+	WriteTimeout time.Duration
+	// Grace is how long past its deadline a request whose response
+	// streams may hold its slot while the client reads. Default 1 s.
+	Grace time.Duration
+	// MaxBodyBytes is the largest request body the proxy takes; a larger
+	// one is answered 400. Default 16 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBuffer is the most of one response the proxy buffers; the
+	// rest streams, holding the request's slot. Default 256 MiB.
+	MaxResponseBuffer int64
+	// BufferMemory and BufferDisk bound the memory and the temporary-file
+	// bytes all buffered bodies and responses hold at once (each buffer
+	// keeps its first 64 KiB in memory). Defaults 64 MiB and 1 GiB.
+	BufferMemory, BufferDisk int64
+	// BufferDir is where temporary buffer files go. Default: the system's
+	// temporary directory.
+	BufferDir string
 }
 
 // Server is a running proxy.
@@ -72,6 +92,9 @@ type Server struct {
 	metrics *metrics.Metrics
 	mw      *httpgate.Middleware
 	proxy   *httputil.ReverseProxy
+	handler http.Handler
+
+	memBudget, diskBudget *budget
 
 	mu      sync.Mutex // serializes reloads
 	rt      *policy.Runtime
@@ -101,6 +124,24 @@ func New(opts Options) (*Server, error) {
 	if opts.ReadTimeout == 0 {
 		opts.ReadTimeout = 30 * time.Second
 	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = time.Minute
+	}
+	if opts.Grace == 0 {
+		opts.Grace = time.Second
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 16 << 20
+	}
+	if opts.MaxResponseBuffer == 0 {
+		opts.MaxResponseBuffer = 256 << 20
+	}
+	if opts.BufferMemory == 0 {
+		opts.BufferMemory = 64 << 20
+	}
+	if opts.BufferDisk == 0 {
+		opts.BufferDisk = 1 << 30
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -110,7 +151,8 @@ func New(opts Options) (*Server, error) {
 		opts.AdminToken = hex.EncodeToString(b[:])
 		opts.Logger.Info("admin token generated", "token", opts.AdminToken)
 	}
-	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{}), ready: make(chan struct{})}
+	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{}), ready: make(chan struct{}),
+		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
 	data := opts.ConfigData
 	if data == nil {
 		var err error
@@ -152,6 +194,12 @@ func New(opts Options) (*Server, error) {
 		ErrorHandler: s.upstreamError,
 		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	s.handler = s.buffered(s.mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if bw := bufferedOf(w); bw != nil {
+			bw.setDeadline(r) // admitted: a streamed response holds the slot until the deadline at most
+		}
+		s.proxy.ServeHTTP(w, r)
+	})))
 	return s, nil
 }
 
@@ -172,8 +220,9 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	s.mw.UpstreamError(w, r, err)
 }
 
-// Handler is the proxy handler: the middleware in front of the upstream.
-func (s *Server) Handler() http.Handler { return s.mw.Wrap(s.proxy) }
+// Handler is the proxy handler: buffering (buffer.go) around the
+// middleware in front of the upstream.
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Chain returns the chain serving now.
 func (s *Server) Chain() *sluice.Chain { return s.mw.Chain() }

@@ -1,0 +1,203 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/poll"
+)
+
+// slowPolicy protects an upstream of 10 workers with a service-wide
+// concurrency limit of 10, as the demo's worker-pool gate does.
+const slowPolicy = `version: 1
+service: slow
+identity:
+  deadline: {header: X-Request-Timeout, default: 5s, max: 30s}
+gates:
+  - {name: worker-pool, kind: concurrency, scope: service, limit: 10}
+`
+
+// attackHarness is a proxy with slowPolicy in front of an upstream that
+// serves /big (64 MB) and /x (a few bytes) at once.
+func attackHarness(t *testing.T) (proxyURL string, s *Server) {
+	t.Helper()
+	chunk := make([]byte, 64<<10)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/big" {
+			w.Header().Set("Content-Length", fmt.Sprint(1024*len(chunk)))
+			for range 1024 {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(slowPolicy), Upstream: u, AdminToken: "x",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.rt.Close)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL, s
+}
+
+// legit runs 4 well-behaved clients for d and returns how many of their
+// requests got 200 and how many were made.
+func legit(t *testing.T, base string, d time.Duration) (ok, total int64) {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	var okN, n atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				resp, err := client.Get(base + "/x")
+				n.Add(1)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					okN.Add(1)
+				}
+				time.Sleep(5 * time.Millisecond) // a client's think time
+			}
+		}()
+	}
+	wg.Wait()
+	return okN.Load(), n.Load()
+}
+
+// dial opens a raw connection to the proxy.
+func dial(t *testing.T, base string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Ten connections that ask for a 64 MB response and read 100 bytes of it
+// held all 10 worker-pool slots for 75 s despite a 5 s deadline, and
+// legitimate clients got 100% 503. The response is now read from the
+// upstream into the proxy's buffer and the slot freed: the slow readers
+// cost buffer space, not slots.
+func TestSlowReadersDoNotHoldSlots(t *testing.T) {
+	base, _ := attackHarness(t)
+	for range 10 {
+		c := dial(t, base)
+		fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+		if _, err := io.ReadFull(c, make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+		// and read nothing more
+	}
+	ok, total := legit(t, base, 2*time.Second)
+	t.Logf("legitimate clients: %d of %d answered 200 beside 10 slow readers", ok, total)
+	if ok*10 < total*9 {
+		t.Fatalf("legitimate clients got %d of %d 200s beside 10 slow readers", ok, total)
+	}
+}
+
+// Ten connections that send their body one byte every 0.8 s with a 30 s
+// budget gave legitimate clients 100% 503 (each slot held 30 s and taken
+// again at once). A body is now read before the request is decided: the
+// slow senders hold no slot.
+func TestSlowBodiesDoNotHoldSlots(t *testing.T) {
+	base, _ := attackHarness(t)
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	defer func() { close(done); wg.Wait() }()
+	for range 10 {
+		c := dial(t, base)
+		fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nX-Request-Timeout: 30s\r\n\r\n")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(800 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+					if _, err := c.Write([]byte("a")); err != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+	ok, total := legit(t, base, 2*time.Second)
+	t.Logf("legitimate clients: %d of %d answered 200 beside 10 slow senders", ok, total)
+	if ok*10 < total*9 {
+		t.Fatalf("legitimate clients got %d of %d 200s beside 10 slow senders", ok, total)
+	}
+}
+
+// A response that must stream (server-sent events) holds its slot, but
+// never past the request's deadline plus the grace, however slowly the
+// client reads.
+func TestStreamedResponseHoldsSlotUntilDeadlineOnly(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := []byte("data: " + strings.Repeat("x", 64<<10) + "\n\n")
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(strings.Replace(slowPolicy, "default: 5s", "default: 300ms", 1)),
+		Upstream: u, AdminToken: "x", Grace: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.rt.Close()
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	c := dial(t, srv.URL)
+	fmt.Fprintf(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads nothing more; the slot comes back after 300 ms +
+	// 200 ms (well within the poll's bound).
+	start := time.Now()
+	poll.Until(t, 10*time.Second, func() bool {
+		d, tk := s.Chain().Decide(context.Background(), &sluice.Request{})
+		tk.Done(sluice.OutcomeUseful)
+		return d.Admitted && d.Remaining == 9 // nothing else in flight
+	})
+	t.Logf("slot free %v after the request started (deadline 300ms + grace 200ms)", time.Since(start).Round(time.Millisecond))
+}

@@ -1,0 +1,235 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Buffering keeps slow clients off the upstream's admitted slots, as
+// nginx's request and response buffering do:
+//
+//   - A request body is read whole into a spool before the request is
+//     decided, so a client that sends its body one byte at a time holds no
+//     slot while it does (only buffer space, and only until the server's
+//     ReadTimeout).
+//   - A response is read from the upstream into a spool at the upstream's
+//     speed; the request's slot is released when the upstream is done, and
+//     the proxy then writes the response to the client, however slowly it
+//     reads, within WriteTimeout.
+//
+// What cannot be buffered streams and holds its slot, never past the
+// request's deadline plus Grace: a response that flushes (server-sent
+// events, long polls), an upgrade, and bodies or responses beyond their
+// caps or the shared budgets (BufferMemory, BufferDisk). The budgets bound
+// what slow clients can cost the proxy.
+
+// bufferLimits returns the spool limits of request bodies or responses.
+func (s *Server) bufferLimits(max int64) spoolLimits {
+	return spoolLimits{memory: 64 << 10, max: max, memPool: s.memBudget, disk: s.diskBudget, dir: s.opts.BufferDir}
+}
+
+// buffered is the proxy's handler: bodies in, then the middleware and the
+// upstream, then the response out.
+func (s *Server) buffered(inner http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "PRI" || r.Method == http.MethodConnect {
+			s.mw.Invalid(w, r, "method "+r.Method+" is not proxied")
+			return
+		}
+		body, ok := s.readBody(w, r)
+		if !ok {
+			return
+		}
+		if body != nil {
+			defer body.Close()
+		}
+		bw := &bufferedWriter{client: w, header: w.Header(), body: newSpool(s.bufferLimits(s.opts.MaxResponseBuffer)), grace: s.opts.Grace}
+		defer bw.body.Close()
+		inner.ServeHTTP(bw, r)
+		bw.finish(r, s.opts.WriteTimeout)
+	})
+}
+
+// readBody reads r's body into a spool and makes it r's body. It answers
+// 400 itself and reports false for a body that is too large or broken
+// (the client's fault: the upstream never sees it). A body the budgets
+// cannot hold right now is left to stream, holding its slot.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return nil, true
+	}
+	if r.ContentLength > s.opts.MaxBodyBytes {
+		s.mw.Invalid(w, r, "request body of "+strconv.FormatInt(r.ContentLength, 10)+" bytes, more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" the proxy takes")
+		return nil, false
+	}
+	sp := newSpool(s.bufferLimits(s.opts.MaxBodyBytes))
+	n, err := io.Copy(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1))
+	switch {
+	case err == nil && n > s.opts.MaxBodyBytes:
+		sp.Close()
+		s.mw.Invalid(w, r, "request body more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" bytes the proxy takes")
+		return nil, false
+	case errors.Is(err, errSpoolFull):
+		// The budgets are spent: what was read goes first, the rest streams.
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(sp, r.Body), r.Body}
+		return sp, true
+	case err != nil:
+		sp.Close()
+		s.mw.Invalid(w, r, "request body unreadable: "+err.Error())
+		return nil, false
+	}
+	r.Body.Close()
+	r.Body = io.NopCloser(sp)
+	r.ContentLength = n
+	r.TransferEncoding = nil
+	return sp, true
+}
+
+// bufferedWriter is the ResponseWriter the middleware and the upstream
+// see: it keeps the response in a spool, or streams it to the client once
+// buffering is not possible (a flush, an upgrade, a full spool).
+type bufferedWriter struct {
+	client   http.ResponseWriter
+	header   http.Header // the client's: headers written before streaming
+	body     *spool
+	status   int
+	stream   bool // writing through to the client
+	deadline time.Time
+	grace    time.Duration
+	err      error
+}
+
+func (b *bufferedWriter) Header() http.Header { return b.header }
+
+func (b *bufferedWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		b.client.WriteHeader(code) // informational: straight through
+		return
+	}
+	if b.status != 0 {
+		return
+	}
+	b.status = code
+	if b.stream {
+		b.client.WriteHeader(code)
+	}
+}
+
+func (b *bufferedWriter) Write(p []byte) (int, error) {
+	if b.status == 0 {
+		b.WriteHeader(http.StatusOK)
+	}
+	if b.stream {
+		return b.client.Write(p)
+	}
+	n, err := b.body.Write(p)
+	if err == nil {
+		return n, nil
+	}
+	b.startStream()
+	if b.err != nil {
+		return n, b.err
+	}
+	m, err := b.client.Write(p[n:])
+	return n + m, err
+}
+
+// startStream turns buffering off: what is buffered goes to the client,
+// and from now on writes go straight through, under a write deadline of
+// the request's deadline plus the grace, so a slow reader cannot hold the
+// slot longer.
+func (b *bufferedWriter) startStream() {
+	if b.stream {
+		return
+	}
+	b.stream = true
+	if !b.deadline.IsZero() {
+		http.NewResponseController(b.client).SetWriteDeadline(b.deadline)
+	}
+	if b.status != 0 {
+		b.client.WriteHeader(b.status)
+	}
+	if b.body.Len() > 0 {
+		_, b.err = io.Copy(b.client, b.body)
+	}
+}
+
+// setDeadline records the request's deadline (the slot is held until then
+// at most) and bounds reading a streamed body by it.
+func (b *bufferedWriter) setDeadline(r *http.Request) {
+	dl, ok := r.Context().Deadline()
+	if !ok {
+		return
+	}
+	b.deadline = dl.Add(b.grace)
+	http.NewResponseController(b.client).SetReadDeadline(b.deadline)
+}
+
+// Flush streams a response that asks to be streamed: server-sent events,
+// or an upstream's "X-Accel-Buffering: no" (nginx's convention). Other
+// flushes (httputil.ReverseProxy flushes every response without a
+// Content-Length) are no reason to hold the slot while a client reads.
+func (b *bufferedWriter) Flush() {
+	if !b.stream && !streamed(b.header) {
+		return
+	}
+	b.startStream()
+	http.NewResponseController(b.client).Flush()
+}
+
+// streamed reports whether a response's headers ask for streaming.
+func streamed(h http.Header) bool {
+	if strings.EqualFold(h.Get("X-Accel-Buffering"), "no") {
+		return true
+	}
+	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
+
+// Hijack hands the connection over (an upgrade); it holds its slot.
+func (b *bufferedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	b.stream = true
+	return http.NewResponseController(b.client).Hijack()
+}
+
+// finish writes a buffered response to the client, within timeout: the
+// slot was already released, so only the proxy's buffer waits on a slow
+// reader.
+func (b *bufferedWriter) finish(r *http.Request, timeout time.Duration) {
+	if b.stream {
+		return
+	}
+	if b.status == 0 {
+		b.status = http.StatusOK
+	}
+	bodyless := r.Method == http.MethodHead || b.status == http.StatusNoContent || b.status == http.StatusNotModified
+	if !bodyless && b.header.Get("Content-Length") == "" && b.header.Get("Transfer-Encoding") == "" {
+		b.header.Set("Content-Length", strconv.FormatInt(b.body.Len(), 10))
+	}
+	http.NewResponseController(b.client).SetWriteDeadline(time.Now().Add(timeout))
+	b.client.WriteHeader(b.status)
+	io.Copy(b.client, b.body)
+}
+
+// bufferedOf finds the bufferedWriter under the middleware's writer.
+func bufferedOf(w http.ResponseWriter) *bufferedWriter {
+	for {
+		switch x := w.(type) {
+		case *bufferedWriter:
+			return x
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return nil
+		}
+	}
+}
