@@ -62,7 +62,13 @@ func (s *Server) AdminHandler() http.Handler {
 			return
 		}
 		name := r.PathValue("name")
-		if err := s.Chain().SetMode(name, m); err != nil {
+		// Under the reload lock: a reload carries run-time modes into the
+		// chain it builds, so a switch must land before it reads them or
+		// after it installs the new chain, never in between.
+		s.mu.Lock()
+		err = s.Chain().SetMode(name, m)
+		s.mu.Unlock()
+		if err != nil {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
 			return
 		}

@@ -250,6 +250,9 @@ func (s *Server) Reload() (bool, error) {
 		return false, s.why // refused and logged before: stay quiet
 	}
 	f, err := policy.Parse(s.opts.Config, data)
+	if err == nil && len(f.Gates) == 0 && len(s.rt.File.Gates) > 0 {
+		err = errors.New("the new policy has no gates: every limit would be off at once (to pass all traffic, set the gates' mode to off)")
+	}
 	if err == nil {
 		var rt *policy.Runtime
 		if rt, err = policy.Build(f, s.rt, policy.Options{Clock: s.opts.Clock, Observer: s.metrics}); err == nil {
@@ -286,27 +289,57 @@ func (s *Server) keepModeOverrides(rt *policy.Runtime) {
 	}
 }
 
-// watch checks the policy file on every tick until ctx is done. It applies
-// a change only once two checks read the same content, so a file caught
-// mid-write is never loaded.
+// watch checks the policy file on every tick until ctx is done and reloads
+// it when it was replaced: a new file renamed over the path (what editors,
+// `mv`, configuration management and Kubernetes' ConfigMap volumes do),
+// once two checks read the same content. A file changed in place is not
+// loaded: a writer may pause anywhere (a truncated file can be a valid
+// policy with fewer gates), so the watcher cannot know it is complete. It
+// logs that the change waits for SIGHUP, once per change.
 func (s *Server) watch(ctx context.Context, ticks <-chan time.Time) {
-	pending := ""
+	loaded, _ := os.Stat(s.opts.Config)
+	pending, told := "", ""
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticks:
+			fi, err := os.Stat(s.opts.Config)
+			if err != nil || (loaded != nil && os.SameFile(fi, loaded) && fi.ModTime().Equal(loaded.ModTime()) && fi.Size() == loaded.Size()) {
+				continue // unchanged
+			}
 			data, err := os.ReadFile(s.opts.Config)
 			if err != nil {
 				continue
 			}
-			if v := digest(data); v != pending {
+			v := digest(data)
+			if v == s.serving() {
+				loaded = fi // what serves (reloaded on SIGHUP, say)
+				continue
+			}
+			if loaded != nil && os.SameFile(fi, loaded) {
+				if v != told {
+					told = v
+					s.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", s.opts.Config)
+				}
+				continue
+			}
+			if v != pending {
 				pending = v
 				continue
 			}
-			s.Reload()
+			if _, err := s.Reload(); err == nil {
+				loaded = fi
+			}
 		}
 	}
+}
+
+// serving returns the digest of the policy serving now.
+func (s *Server) serving() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version
 }
 
 // Addrs returns the bound proxy and admin addresses once Run has started

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 )
 
@@ -214,6 +216,76 @@ func (h *harness) poll(n int) {
 	}
 }
 
+// replace writes content to a new file and renames it over the policy
+// file: the atomic replacement the watcher reloads.
+func (h *harness) replace(content string) {
+	h.t.Helper()
+	tmp := h.file + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.file); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// A file written in place is never loaded by the watcher, however long its
+// writer pauses: before, a write that stalled 2 s mid-file loaded a
+// truncated but valid policy (3 gates, then 1, then 3, with fresh state).
+// Here the first half (a valid policy with one gate) stays on disk across
+// many checks, then the second half follows: the chain never had one gate.
+// SIGHUP (Reload) loads what is there; an atomic replacement reloads by
+// itself.
+func TestHalfWrittenFileNeverLoads(t *testing.T) {
+	const full = policyV1 + "  - {name: second, kind: concurrency, scope: tenant, limit: 7}\n  - {name: third, kind: concurrency, limit: 50}\n"
+	h := newHarness(t, full)
+	gates := len(h.s.Chain().Gates())
+	half := strings.SplitAfter(full, "scope: tenant, limit: 7}\n")[0] // ends before the third gate: valid on its own
+	f, err := os.OpenFile(h.file, os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(half)
+	h.poll(10) // the writer pauses (for any length of time)
+	if n := len(h.s.Chain().Gates()); n != gates {
+		t.Fatalf("a half-written file was loaded: %d gates of %d", n, gates)
+	}
+	f.WriteString(strings.TrimPrefix(full, half))
+	f.Close()
+	h.poll(3)
+	if n := len(h.s.Chain().Gates()); n != gates {
+		t.Fatalf("%d gates of %d after the write completed", n, gates)
+	}
+	// An in-place change loads on SIGHUP.
+	os.WriteFile(h.file, []byte(strings.Replace(full, "limit: 50", "limit: 60", 1)), 0o644)
+	h.poll(3)
+	if p := h.policyOf("third"); p.Quota != 50 {
+		t.Fatalf("an in-place change was loaded by the watcher: %+v", p)
+	}
+	if changed, err := h.s.Reload(); !changed || err != nil {
+		t.Fatal(changed, err)
+	}
+	if p := h.policyOf("third"); p.Quota != 60 {
+		t.Fatalf("SIGHUP did not load the file: %+v", p)
+	}
+	// A policy without gates is refused on reload: every limit off at once.
+	h.replace("version: 1\ngates: []\n")
+	h.poll(3)
+	if n := len(h.s.Chain().Gates()); n != gates {
+		t.Fatalf("a policy with no gates replaced the serving one: %d gates", n)
+	}
+}
+
+// policyOf returns the advertised policy of gate name.
+func (h *harness) policyOf(name string) sluice.Policy {
+	for _, p := range h.s.Chain().Policies() {
+		if p.Name == name {
+			return p
+		}
+	}
+	return sluice.Policy{}
+}
+
 func TestInvalidReloadIsRefused(t *testing.T) {
 	h := newHarness(t, policyV1)
 	before := h.s.Chain()
@@ -228,8 +300,9 @@ func TestInvalidReloadIsRefused(t *testing.T) {
 	if resp, _ := h.do("GET", h.base+"/v1/x", "", "", map[string]string{"X-Api-Key": "z"}); resp.StatusCode != 200 {
 		t.Fatal("old policy stopped serving")
 	}
-	// A valid file is picked up by the watcher once two reads agree.
-	os.WriteFile(h.file, []byte(strings.Replace(policyV1, "burst: 3", "burst: 4", 1)), 0o644)
+	// A valid file renamed over the path is picked up by the watcher once
+	// two reads agree.
+	h.replace(strings.Replace(policyV1, "burst: 3", "burst: 4", 1))
 	h.poll(2)
 	if h.s.Chain() == before {
 		t.Fatal("file change not reloaded")
@@ -426,5 +499,47 @@ gates:
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// Mode switches made while the policy reloads are never lost: before, 19
+// of 5,973 switches under concurrent reloads were, 13 of them already
+// answered 200. Here 10,000 switches go in during 500 reloads of an
+// unrelated change, and after each one answered 200 the gate is in the
+// mode it set.
+func TestModeSwitchesDuringReloadsAreNeverLost(t *testing.T) {
+	h := newHarness(t, policyV1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 500 {
+			os.WriteFile(h.file, []byte(strings.Replace(policyV1, "limit: 5", "limit: "+strconv.Itoa(5+i%2), 1)), 0o644)
+			h.s.Reload()
+		}
+	}()
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	modes := []string{"shadow", "off", "enforce"}
+	lost := 0
+	for i := range 10_000 {
+		m := modes[i%3]
+		req, _ := http.NewRequest("POST", h.admin+"/v1/gates/request-rate", strings.NewReader(`{"mode":"`+m+`"}`))
+		req.Header.Set("Authorization", "Bearer secret")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("switch %d: %d", i, resp.StatusCode)
+		}
+		if got, _ := h.s.Chain().Mode("request-rate"); got.String() != m {
+			lost++
+		}
+	}
+	<-done
+	if lost > 0 {
+		t.Fatalf("%d of 10,000 switches answered 200 were lost to a concurrent reload", lost)
 	}
 }

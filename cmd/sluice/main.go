@@ -57,6 +57,9 @@ func checkCmd() *cobra.Command {
 				}
 				return err
 			}
+			if len(f.Gates) == 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s: warning: the policy has no gates: every request is admitted\n", file)
+			}
 			fmt.Fprint(cmd.OutOrStdout(), f.SpecText())
 			return nil
 		},
