@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -44,9 +45,14 @@ type Options struct {
 	// Admin is the admin listener's address. Default "127.0.0.1:9901"
 	// (loopback: the admin API can switch gates off).
 	Admin string
-	// AdminToken protects /v1/gates (Authorization: Bearer TOKEN). Empty:
-	// a random token is generated and logged at start.
+	// AdminToken protects /v1/gates (Authorization: Bearer TOKEN). Empty: a
+	// random token is generated and written to a file only this user can
+	// read, whose path is logged (the token itself never is); allowed only
+	// on a loopback admin address: New refuses any other without a token.
 	AdminToken string
+	// AdminTimeout bounds reading and answering one admin request, and an
+	// idle admin connection. Default 10 s.
+	AdminTimeout time.Duration
 	// ReloadEvery is how often the policy file is checked for changes.
 	// Default 1 s; negative: never (SIGHUP only).
 	ReloadEvery time.Duration
@@ -145,11 +151,19 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.AdminTimeout == 0 {
+		opts.AdminTimeout = 10 * time.Second
+	}
 	if opts.AdminToken == "" {
-		var b [16]byte
-		rand.Read(b[:])
-		opts.AdminToken = hex.EncodeToString(b[:])
-		opts.Logger.Info("admin token generated", "token", opts.AdminToken)
+		if !loopback(opts.Admin) {
+			return nil, fmt.Errorf("proxy: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one", opts.Admin)
+		}
+		token, file, err := generateToken()
+		if err != nil {
+			return nil, err
+		}
+		opts.AdminToken = token
+		opts.Logger.Info("admin token generated (the file is readable by this user only)", "file", file)
 	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{}), ready: make(chan struct{}),
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
@@ -201,6 +215,36 @@ func New(opts Options) (*Server, error) {
 		s.proxy.ServeHTTP(w, r)
 	})))
 	return s, nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// generateToken makes a random admin token and writes it to a new file
+// only this user can read.
+func generateToken() (token, file string, err error) {
+	var b [16]byte
+	rand.Read(b[:])
+	token = hex.EncodeToString(b[:])
+	f, err := os.CreateTemp("", "sluice-admin-token-*") // mode 0600
+	if err != nil {
+		return "", "", fmt.Errorf("proxy: writing the generated admin token: %v", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(token + "\n"); err != nil {
+		return "", "", fmt.Errorf("proxy: writing the generated admin token: %v", err)
+	}
+	return token, f.Name(), nil
 }
 
 func digest(b []byte) string {
@@ -365,7 +409,9 @@ func (s *Server) Run(ctx context.Context) error {
 	close(s.ready)
 	ps := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
-	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	at := s.opts.AdminTimeout
+	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: at, ReadTimeout: at, WriteTimeout: at, IdleTimeout: at,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.version)
 
 	errc := make(chan error, 2)

@@ -3,13 +3,16 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -541,5 +544,54 @@ func TestModeSwitchesDuringReloadsAreNeverLost(t *testing.T) {
 	<-done
 	if lost > 0 {
 		t.Fatalf("%d of 10,000 switches answered 200 were lost to a concurrent reload", lost)
+	}
+}
+
+// The admin API can switch gates off: on a non-loopback address it needs a
+// configured token, a generated one is never logged (it goes to a file
+// only this user can read), and the admin listener cuts idle and dripping
+// connections.
+func TestAdminListenerGuards(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1")
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, addr := range []string{"0.0.0.0:0", ":9901", "192.0.2.1:9901"} {
+		if _, err := New(Options{ConfigData: []byte(policyV1), Upstream: u, Admin: addr, Logger: quiet}); err == nil {
+			t.Errorf("admin on %s without a token: started", addr)
+		}
+	}
+	var logs strings.Builder
+	s, err := New(Options{ConfigData: []byte(policyV1), Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+		AdminTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), s.opts.AdminToken) {
+		t.Fatal("the generated admin token was logged")
+	}
+	file := regexp.MustCompile(`file=(\S+)`).FindStringSubmatch(logs.String())
+	if file == nil {
+		t.Fatalf("no token file in the log: %s", logs.String())
+	}
+	defer os.Remove(file[1])
+	data, err := os.ReadFile(file[1])
+	fi, _ := os.Stat(file[1])
+	if err != nil || strings.TrimSpace(string(data)) != s.opts.AdminToken || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %q %v %v", data, err, fi.Mode())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	_, admin := s.Addrs()
+	// A POST that drips its body is cut by the read timeout.
+	c, err := net.Dial("tcp", admin.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/gates/request-rate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a bound for a broken test only
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("a dripped admin request was not cut: %v", err)
 	}
 }
