@@ -75,6 +75,7 @@ func (a algorithm[S, A]) build(b *builder) (sluice.Gate, error) {
 		}
 	case ok:
 		k := prev.WithAlgorithm(alg)
+		k.SetMaxKeys(b.store.MaxKeys)
 		lim, b.state = k, k
 	default:
 		k := memory.NewKeyed(alg, mopts)

@@ -36,8 +36,23 @@ type Runtime struct {
 	Chain *sluice.Chain
 	Rules identify.Rules
 	gates map[string]builtGate
-	redis *redisConn // the Redis store, when the backend is redis
+	// retired are gates of earlier builds that this one dropped, kept a
+	// while (retireFor) so that a gate dropped and added again continues
+	// from its state: the requests still in flight hold its permits.
+	retired map[string]retiredGate
+	redis   *redisConn // the Redis store, when the backend is redis
 }
+
+// retiredGate is a dropped gate and when it was dropped.
+type retiredGate struct {
+	builtGate
+	at time.Time
+}
+
+// retireFor is how long a dropped gate's state is kept for its return:
+// longer than any request may hold its permits (identity deadlines are
+// capped at 5 minutes by default).
+const retireFor = 10 * time.Minute
 
 // redisConn is a Redis store and the settings it was opened with.
 type redisConn struct {
@@ -94,7 +109,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	if err := Validate(f); err != nil {
 		return nil, err
 	}
-	rt := &Runtime{File: f, gates: map[string]builtGate{}}
+	rt := &Runtime{File: f, gates: map[string]builtGate{}, retired: map[string]retiredGate{}}
 	if err := rt.openStore(prev); err != nil {
 		return nil, err
 	}
@@ -112,6 +127,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 		gates = append(gates, bg.g)
 		modes[g.Name] = g.Mode
 	}
+	rt.retire(prev)
 	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: opts.Clock, Observer: opts.Observer, Modes: modes}, gates...)
 	if err != nil {
 		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error(), Err: err}
@@ -152,6 +168,8 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	if prev != nil {
 		if o, ok := prev.gates[g.Name]; ok {
 			old = &o
+		} else if r, ok := prev.retired[g.Name]; ok {
+			old = &r.builtGate
 		}
 	}
 	if old != nil && old.fp == fp {
@@ -174,6 +192,25 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	return builtGate{fp: fp, sk: sk, g: built, state: b.state}, nil
 }
 
+// retire keeps the gates of prev that rt dropped, and prev's own retired
+// gates not yet too old.
+func (rt *Runtime) retire(prev *Runtime) {
+	if prev == nil {
+		return
+	}
+	now := time.Now()
+	for name, r := range prev.retired {
+		if _, back := rt.gates[name]; !back && now.Sub(r.at) < retireFor {
+			rt.retired[name] = r
+		}
+	}
+	for name, g := range prev.gates {
+		if _, kept := rt.gates[name]; !kept {
+			rt.retired[name] = retiredGate{builtGate: g, at: now}
+		}
+	}
+}
+
 // fingerprint identifies the gate's whole configuration: a reload reuses a
 // gate whose fingerprint did not change as it is. The mode is not part of
 // it (modes switch without a new gate).
@@ -183,11 +220,12 @@ func (g *Gate) fingerprint(st Store) string {
 
 // stateKey identifies what the gate's stored state means. A reload that
 // changes a gate but not its stateKey (a new limit, burst or queue, a new
-// retry hint or failure policy) builds the new gate over the old state: in
+// retry hint or failure policy, the store's key cap) builds the new gate
+// over the old state: in
 // flight counts and bucket levels carry over, so a reload never opens a
 // fresh budget. What else is part of it is the kind's to say.
 func (g *Gate) stateKey(st Store) string {
-	return fmt.Sprintf("%s|%s|%v|%d|%s|%s", g.Name, g.Kind, g.Scope, st.MaxKeys, st.Backend, g.params.stateKey())
+	return fmt.Sprintf("%s|%s|%v|%s|%s", g.Name, g.Kind, g.Scope, st.Backend, g.params.stateKey())
 }
 
 // rules returns the file's identification rules.

@@ -52,6 +52,7 @@ type harness struct {
 	file    string
 	release chan struct{}
 	entered chan struct{}
+	probes  int
 }
 
 func newHarness(t *testing.T, policy string) *harness {
@@ -593,5 +594,70 @@ func TestAdminListenerGuards(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a bound for a broken test only
 	if _, err := io.ReadAll(c); err != nil {
 		t.Fatalf("a dripped admin request was not cut: %v", err)
+	}
+}
+
+// inFlight returns what the pool gate (limit 5) counts in flight now: a
+// probe of a fresh tenant takes and gives back one slot. The decision
+// describes the tightest gate; when that is the fresh tenant's bucket (2 of
+// 3 left), the pool had at least 4 of 5 left after the probe: nothing else
+// in flight.
+func (h *harness) inFlight() int64 {
+	h.t.Helper()
+	h.probes++
+	d, tk := h.s.Chain().Decide(context.Background(), &sluice.Request{Tenant: "probe-" + strconv.Itoa(h.probes), Class: "default"})
+	if !d.Admitted {
+		return 5
+	}
+	tk.Done(sluice.OutcomeUseful)
+	if d.Gate != "pool" {
+		return 0
+	}
+	return 5 - 1 - d.Remaining
+}
+
+// A reload that changes only the store's key cap, or drops a gate and adds
+// it again, keeps the gates' state: before, both reset every in-flight
+// count, and the upstream reached 30 requests in flight against a limit of
+// 10.
+func TestReloadKeepsStateAcrossKeyCapAndReturn(t *testing.T) {
+	const pool = "  - {name: pool, kind: concurrency, scope: service, limit: 5}\n"
+	h := newHarness(t, policyV1)
+	codes := make(chan int, 3)
+	for i := range 3 {
+		go func() {
+			resp, _ := h.do("GET", h.base+"/slow/"+strconv.Itoa(i), "", "", map[string]string{"X-Api-Key": "t" + strconv.Itoa(i)})
+			codes <- resp.StatusCode
+		}()
+	}
+	for range 3 {
+		<-h.entered
+	}
+	if n := h.inFlight(); n != 3 {
+		t.Fatalf("%d in flight before the reloads", n)
+	}
+	for _, step := range []struct{ name, policy string }{
+		{"key cap", strings.Replace(policyV1, "gates:", "store: {backend: memory, max_keys: 1000}\ngates:", 1)},
+		{"pool dropped", strings.Replace(policyV1, pool, "", 1)},
+		{"pool back", policyV1},
+	} {
+		os.WriteFile(h.file, []byte(step.policy), 0o644)
+		if changed, err := h.s.Reload(); !changed || err != nil {
+			t.Fatalf("%s: reload %v %v", step.name, changed, err)
+		}
+		if step.name != "pool dropped" {
+			if n := h.inFlight(); n != 3 {
+				t.Fatalf("after the %s reload the pool counts %d in flight, want the 3 still running", step.name, n)
+			}
+		}
+	}
+	close(h.release)
+	for range 3 {
+		if c := <-codes; c != 200 {
+			t.Fatalf("an in-flight request got %d across the reloads", c)
+		}
+	}
+	if n := h.inFlight(); n != 0 {
+		t.Fatalf("%d in flight after every request ended", n)
 	}
 }

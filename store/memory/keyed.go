@@ -98,6 +98,12 @@ func (k *Keyed[S, A]) WithAlgorithm(alg A) *Keyed[S, A] {
 	return n
 }
 
+// SetMaxKeys changes the key cap (Options.MaxKeys) of k's table, and so of
+// every limiter sharing it (WithAlgorithm), keeping every key's state: a
+// reload that changes only the cap resets nothing. Lowering it drops no
+// key; new keys get slots as old ones become fresh.
+func (k *Keyed[S, A]) SetMaxKeys(n int) { k.table.setMaxKeys(n) }
+
 // Limit returns the algorithm's quota.
 func (k *Keyed[S, A]) Limit() int64 { return k.alg.Limit() }
 

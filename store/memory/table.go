@@ -56,7 +56,6 @@ const (
 type table[S any] struct {
 	shards     []shard[S]
 	shift      uint // hash >> shift selects the shard
-	perShard   int
 	sweepEvery time.Duration
 	seed       maphash.Seed
 	fresh      func(*S, clock.Instant) bool
@@ -99,6 +98,7 @@ type shard[S any] struct {
 	mu        sync.Mutex
 	slots     []slot[S] // length is a power of two
 	count     int
+	cap       int // keys the shard holds at most
 	maxSlots  int
 	lastSweep clock.Instant
 	swept     bool
@@ -127,7 +127,6 @@ func newTable[S any](opts Options, fresh func(s *S, now clock.Instant) bool) *ta
 	t := &table[S]{
 		shards:     make([]shard[S], n),
 		shift:      uint(64 - bits.Len(uint(n-1))),
-		perShard:   max((opts.MaxKeys+n-1)/n, 1),
 		sweepEvery: opts.SweepEvery,
 		seed:       maphash.MakeSeed(),
 		fresh:      fresh,
@@ -135,12 +134,25 @@ func newTable[S any](opts Options, fresh func(s *S, now clock.Instant) bool) *ta
 	if n == 1 {
 		t.shift = 63 // hash >> 63 is 0 or 1; masked below
 	}
-	// Load factor at most 3/4 at the cap.
-	maxSlots := 1 << bits.Len(uint(t.perShard*4/3))
-	for i := range t.shards {
-		t.shards[i].maxSlots = maxSlots
-	}
+	t.setMaxKeys(opts.MaxKeys)
 	return t
+}
+
+// setMaxKeys sets the key cap (0: DefaultMaxKeys), split evenly across the
+// shards. Lowering it drops no key: a shard over its new cap takes new keys
+// only as its keys become fresh.
+func (t *table[S]) setMaxKeys(maxKeys int) {
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	per := max((maxKeys+len(t.shards)-1)/len(t.shards), 1)
+	maxSlots := 1 << bits.Len(uint(per*4/3)) // load factor at most 3/4 at the cap
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		sh.cap, sh.maxSlots = per, max(maxSlots, len(sh.slots))
+		sh.mu.Unlock()
+	}
 }
 
 func (t *table[S]) hash(key string) uint64 {
@@ -179,9 +191,9 @@ func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, at cl
 	if !create {
 		return nil, at, false, g
 	}
-	if sh.count >= t.perShard {
+	if sh.count >= sh.cap {
 		t.sweepLocked(sh, at)
-		if sh.count >= t.perShard {
+		if sh.count >= sh.cap {
 			t.overflowed.Add(1)
 			return &sh.overflow, at, true, g
 		}
