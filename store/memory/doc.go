@@ -10,6 +10,7 @@
 //	one, _ := memory.NewBucket(limit.PerSecond(100), 500, nil) // nil: clock.System
 //	if one.Allow(1) { ... }
 //
-// At its key cap a Keyed drops fresh keys first and then lets new keys share
-// a per-shard overflow state; see Keyed.
+// At its key cap a Keyed drops fresh keys first, then evicts keys seen only
+// once before established ones, so a flood of distinct keys never locks new
+// tenants out; see Keyed.
 package memory

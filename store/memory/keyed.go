@@ -24,13 +24,18 @@ const (
 //
 // The states live in a hash table sharded by a seeded hash of the key, each
 // shard under its own mutex, so decisions on different keys rarely contend.
-// It holds at most about Options.MaxKeys keys: when a new key arrives at a
+// It holds at most about Options.MaxKeys keys. When a new key arrives at a
 // full shard, the shard first drops every key whose state is fresh (equal
 // to a new key's, so dropping it changes no decision), at most once per
-// Options.SweepEvery; if the shard is still full, the new key shares the
-// shard's one overflow state with every other such key until room frees
-// up. No existing key ever loses its state, and keys beyond the cap are
-// limited together (more strictly, never less).
+// Options.SweepEvery; if the shard is still full, it evicts a key so that
+// the new one has its own state: a flood of distinct keys never locks new
+// tenants out. Of 16 keys sampled, one seen only once goes first (a flood
+// of one-shot keys churns among itself while established tenants keep
+// their state), the longest idle first. An evicted key starts fresh if it
+// returns, so it may gain one quota per eviction, and only while more
+// distinct keys arrive than the table holds. A concurrency key with
+// requests in flight is never evicted; a new key that finds only those
+// shares the shard's overflow state (limited more strictly, never less).
 type Keyed[S any, A limit.Algorithm[S]] struct {
 	alg   A
 	table *table[S]
@@ -50,7 +55,19 @@ func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
 	if dt, ok := any(alg).(deadlineTaker[S]); ok {
 		k.byDL = dt.TakeBy
 	}
+	if alg.Window() == 0 {
+		// A concurrency count: forgetting a key with requests in flight
+		// would admit them again.
+		k.table.forgettable = alg.Fresh
+	}
 	return k
+}
+
+// Keys returns the keys held, and how many decisions so far evicted a key
+// to make room for a new one (the table was full) or ran on a shard's
+// shared overflow state (only keys with requests in flight were left).
+func (k *Keyed[S, A]) Keys() (held int, evicted, overflowed int64) {
+	return k.table.size(), k.table.evicted.Load(), k.table.overflows()
 }
 
 // Take runs one step for key; err is always nil.

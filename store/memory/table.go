@@ -15,9 +15,12 @@ import (
 
 // Options configures the table of a Keyed. The zero value is valid.
 type Options struct {
-	// MaxKeys caps the keys held. Default 1,048,576. Each key costs about
-	// 128 bytes (a 64-byte slot at most three quarters full, plus its key
-	// if longer than 28 bytes), so the default bounds a table near 128 MB.
+	// MaxKeys caps the keys held. Default 1,048,576. At the cap a key costs
+	// 128 bytes of heap (a 64-byte slot in an array kept between half and
+	// three quarters full), plus its bytes if longer than 28, and about 192
+	// bytes resident while the Go runtime keeps the smaller arrays the table
+	// outgrew (measured, TestKeyCostAtTheCap): the default bounds a table
+	// near 128 MB of heap, 200 MB resident.
 	// The cap is split evenly across shards, so a shard may fill a little
 	// before the table does.
 	MaxKeys int
@@ -47,10 +50,16 @@ const (
 // When a new key arrives at a full shard, the shard first drops every key
 // whose state is fresh (equal to a new key's state, so dropping it changes
 // no decision), at most once per SweepEvery. If the shard is still full,
-// the new key is not stored: it shares the shard's single overflow state
-// with every other such key until room frees up. This is safe: no existing
-// key ever loses its state, and keys beyond the cap are limited together
-// (more strictly, never less), and overflows counts each such decision.
+// it evicts one key (evictLocked) so that a new tenant gets its own state
+// however many keys a flood of others brought: of 16 keys sampled, one
+// used only once goes before any used more (a flood of one-shot keys
+// churns among itself while established tenants keep their state), the
+// longest idle first. An evicted key starts fresh if it returns: it can
+// gain at most one quota per eviction, and only while more distinct keys
+// arrive than the table holds. Keys whose state may not be forgotten (a
+// concurrency count with requests in flight) are never evicted; a new key
+// finding only those shares the shard's overflow state (more strictly
+// limited, never less), which overflows counts.
 //
 // A table is safe for concurrent use.
 type table[S any] struct {
@@ -60,6 +69,11 @@ type table[S any] struct {
 	seed       maphash.Seed
 	fresh      func(*S, clock.Instant) bool
 	overflowed atomic.Int64
+	evicted    atomic.Int64
+	// forgettable reports whether a state may be evicted: false for
+	// states whose loss would admit more than the limit (permits in
+	// flight). Nil: every state.
+	forgettable func(*S, clock.Instant) bool
 }
 
 // inlineKey is the longest key stored inside its slot. With a 16-byte
@@ -69,7 +83,8 @@ const inlineKey = 28
 
 type slot[S any] struct {
 	hash  uint64 // 0 marks an empty slot
-	klen  uint32
+	klen  uint16 // at most sluice.MaxKeyLen
+	use   uint16 // recency and frequency, for eviction (see touch)
 	inl   [inlineKey]byte // the key, when klen ≤ inlineKey
 	long  *byte           // the key's bytes, when klen > inlineKey
 	state S
@@ -85,8 +100,20 @@ func (s *slot[S]) is(h uint64, key string) bool {
 	return unsafe.String(s.long, len(key)) == key
 }
 
+// touch records a use at now: the low 2 bits count uses (saturating at
+// 3), the other 14 hold the second of the last one (wrapping every 4.5 h).
+func (s *slot[S]) touch(now clock.Instant) {
+	uses := min(s.use&3+1, 3)
+	s.use = uint16(int64(now)/int64(time.Second))<<2 | uses
+}
+
+// idle returns the seconds since s's last use at now, modulo 2^14.
+func (s *slot[S]) idle(now clock.Instant) int {
+	return int((uint16(int64(now)/int64(time.Second)) - s.use>>2) & (1<<14 - 1))
+}
+
 func (s *slot[S]) setKey(key string) {
-	s.klen = uint32(len(key))
+	s.klen = uint16(len(key))
 	if len(key) <= inlineKey {
 		copy(s.inl[:], key)
 		return
@@ -186,6 +213,7 @@ func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, at cl
 	g = guard[S]{sh}
 	at = max(now, sh.floor)
 	if i := sh.findLocked(h, key); i >= 0 {
+		sh.slots[i].touch(at)
 		return &sh.slots[i].state, at, false, g
 	}
 	if !create {
@@ -193,12 +221,13 @@ func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, at cl
 	}
 	if sh.count >= sh.cap {
 		t.sweepLocked(sh, at)
-		if sh.count >= sh.cap {
+		if sh.count >= sh.cap && !t.evictLocked(sh, h, at) {
 			t.overflowed.Add(1)
 			return &sh.overflow, at, true, g
 		}
 	}
 	i := sh.insertLocked(h, key)
+	sh.slots[i].touch(at)
 	return &sh.slots[i].state, at, false, g
 }
 
@@ -314,6 +343,43 @@ func (sh *shard[S]) deleteLocked(i int) {
 	}
 	sh.slots[i] = slot[S]{}
 	sh.count--
+}
+
+// evictSample is how many keys eviction compares.
+const evictSample = 16
+
+// evictLocked deletes one key of a full shard to make room for a new one
+// with hash h: of the first evictSample keys from h's home slot on, one
+// used only once before any used more, the longest idle first, skipping
+// keys that may not be forgotten. It reports whether it deleted one.
+// REQUIRES: sh.mu held.
+func (t *table[S]) evictLocked(sh *shard[S], h uint64, now clock.Instant) bool {
+	mask := uint64(len(sh.slots) - 1)
+	victim, best := -1, -1
+	for i, seen := h&mask, 0; seen < evictSample && seen < sh.count; i = (i + 1) & mask {
+		s := &sh.slots[i]
+		if s.hash == 0 {
+			continue
+		}
+		seen++
+		if t.forgettable != nil && !t.forgettable(&s.state, now) {
+			continue
+		}
+		score := s.idle(now) // longest idle first
+		if s.use&3 <= 1 {
+			score += 1 << 15 // seen once: before any key seen more
+		}
+		if score > best {
+			victim, best = int(i), score
+		}
+	}
+	if victim < 0 {
+		return false
+	}
+	sh.floor = max(sh.floor, now) // the evicted key's successor starts no earlier
+	sh.deleteLocked(victim)
+	t.evicted.Add(1)
+	return true
 }
 
 // sweepLocked drops fresh keys if the shard has not been swept within

@@ -78,8 +78,12 @@ func TestTableMatchesMap(t *testing.T) {
 	})
 }
 
+// A table of states that may not be forgotten (counts in flight, as a
+// concurrency limit keeps): at the cap fresh keys go first, and a new key
+// that finds only held ones shares the overflow state.
 func TestTableCapDropsFreshKeysFirst(t *testing.T) {
 	tbl := newTable(Options{Shards: 1, MaxKeys: 4}, freshCounter)
+	tbl.forgettable = freshCounter
 	for i := range 4 {
 		bump(tbl, fmt.Sprint("busy", i), 1)
 	}
@@ -111,6 +115,35 @@ func TestTableCapDropsFreshKeysFirst(t *testing.T) {
 	}
 	if n, _ := get(tbl, "busy2"); n != 1 {
 		t.Fatal("non-fresh key lost")
+	}
+}
+
+// A table full of keys that may be forgotten (rate limits) makes room for
+// a new key by evicting: keys seen once before keys seen more, and an
+// established key (used three times) survives a flood of one-shot keys.
+func TestTableEvictsOneShotKeysFirst(t *testing.T) {
+	tbl := newTable(Options{Shards: 1, MaxKeys: 64}, freshCounter)
+	for i := range 8 {
+		for range 3 {
+			bump(tbl, fmt.Sprint("tenant", i), 1) // established: n = 3
+		}
+	}
+	for i := range 10_000 { // the flood: one request per key
+		if _, overflow := bump(tbl, fmt.Sprint("flood", i), 1); overflow {
+			t.Fatalf("flood key %d shared the overflow state of a table that may evict", i)
+		}
+	}
+	for i := range 8 {
+		if n, ok := get(tbl, fmt.Sprint("tenant", i)); !ok || n != 3 {
+			t.Fatalf("established tenant %d lost its state to the flood: %d %v", i, n, ok)
+		}
+	}
+	// A new tenant after the flood gets its own fresh state.
+	if n, overflow := bump(tbl, "newcomer", 1); overflow || n != 1 {
+		t.Fatalf("new tenant after the flood: %d, overflow %v", n, overflow)
+	}
+	if tbl.size() > 64 || tbl.evicted.Load() < 10_000-64 {
+		t.Fatalf("%d keys held, %d evicted", tbl.size(), tbl.evicted.Load())
 	}
 }
 
