@@ -82,9 +82,9 @@ type table[S any] struct {
 const inlineKey = 28
 
 type slot[S any] struct {
-	hash  uint64 // 0 marks an empty slot
-	klen  uint16 // at most sluice.MaxKeyLen
-	use   uint16 // recency and frequency, for eviction (see touch)
+	hash  uint64          // 0 marks an empty slot
+	klen  uint16          // at most sluice.MaxKeyLen
+	use   uint16          // recency and frequency, for eviction (see touch)
 	inl   [inlineKey]byte // the key, when klen ≤ inlineKey
 	long  *byte           // the key's bytes, when klen > inlineKey
 	state S
