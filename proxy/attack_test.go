@@ -201,3 +201,67 @@ func TestStreamedResponseHoldsSlotUntilDeadlineOnly(t *testing.T) {
 	})
 	t.Logf("slot free %v after the request started (deadline 300ms + grace 200ms)", time.Since(start).Round(time.Millisecond))
 }
+
+// Over real HTTP: case, slash and dot-segment variants of a sheddable route
+// are sheddable (the upstream's router, like Express's, serves them all
+// with the analytics handler); before, /V1/ANALYTICS/x was default and
+// escaped the sheddable budget.
+func TestPathVariantsKeepTheirClass(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(`version: 1
+routes:
+  - {match: {path: "/v1/analytics/*"}, class: sheddable}
+gates:
+  - {name: no-analytics, kind: concurrency, limit: 1, classes: [sheddable]}
+`), Upstream: u, AdminToken: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.rt.Close()
+	// Hold the one sheddable slot, so any request classified sheddable is
+	// refused and any other passes.
+	d, tk := s.Chain().Decide(context.Background(), &sluice.Request{Class: sluice.ClassSheddable})
+	if !d.Admitted {
+		t.Fatal(d)
+	}
+	defer tk.Done(sluice.OutcomeUseful)
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	for _, path := range []string{"/v1/analytics/x", "/V1/ANALYTICS/x", "/v1/Analytics/x/", "//v1//analytics/x", "/v1/./analytics/x", "/v1/y/../analytics/x", "/v1/%61nalytics/x"} {
+		c := dial(t, srv.URL)
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("%s: %d, want 503 (classified sheddable)", path, resp.StatusCode)
+		}
+	}
+}
+
+// What the proxy must not pass on: PRI and CONNECT are not proxied, and a
+// broken chunked body is the client's 400, never a 502 blamed on the
+// upstream.
+func TestMalformedRequestsAreTheClientsFault(t *testing.T) {
+	base, _ := attackHarness(t)
+	for _, raw := range []string{
+		"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+		"PRI /x HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nbroken\r\n0\r\n\r\n",
+	} {
+		c := dial(t, base)
+		io.WriteString(c, raw)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%q: %d, want 400", strings.SplitN(raw, "\r\n", 2)[0], resp.StatusCode)
+		}
+	}
+}
