@@ -149,7 +149,14 @@ func (rt *Runtime) openStore(prev *Runtime) error {
 		rt.redis = prev.redis
 		return nil
 	}
-	st, err := sredis.New(sredis.Options{Addrs: s.Addrs, Timeout: s.Timeout, ProbeEvery: s.ProbeEvery, Prefix: "sluice:" + rt.File.Service})
+	o := sredis.Options{Addrs: s.Addrs, Timeout: s.Timeout, ProbeEvery: s.ProbeEvery, Prefix: "sluice:" + rt.File.Service}
+	var st *sredis.Store
+	var err error
+	if prev != nil && prev.redis != nil {
+		st, err = prev.redis.st.Share(o) // the same addresses: no new connection
+	} else {
+		st, err = sredis.New(o)
+	}
 	if err != nil {
 		return &Error{File: rt.File.Path, Line: s.Line, Field: "store", Msg: err.Error(), Err: err}
 	}

@@ -78,6 +78,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -177,7 +178,7 @@ type Options struct {
 // Store is a Redis-backed state store. It is safe for concurrent use.
 type Store struct {
 	opts Options
-	own  bool // the store dialed its client and closes it
+	own  bool // the store dialed its client: the last of its sharers closes it
 
 	conn    atomic.Pointer[connection] // nil until Redis was first reached
 	connMu  sync.Mutex                 // one dial at a time
@@ -194,10 +195,12 @@ type Store struct {
 	noExpiry bool // tests: calls never expire, so only the journal cleans up
 }
 
-// connection is a connected client and what it found.
+// connection is a connected client and what it found, and how many stores
+// share it (Share).
 type connection struct {
 	client  rueidis.Client
 	cluster bool
+	users   atomic.Int32
 }
 
 // New returns a store on Redis. It checks the options but does not need
@@ -283,6 +286,12 @@ func (s *Store) dial() error {
 // setConn starts using c, learning the Cluster's slot map.
 func (s *Store) setConn(c rueidis.Client) {
 	cn := &connection{client: c, cluster: c.Mode() == rueidis.ClientModeCluster}
+	cn.users.Store(1)
+	s.useConn(cn)
+}
+
+// useConn starts using cn.
+func (s *Store) useConn(cn *connection) {
 	s.conn.Store(cn)
 	if cn.cluster {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -299,9 +308,34 @@ func (s *Store) Close() {
 	s.closeMu.Unlock()
 	s.probes.Wait()
 	s.journal.flush(s.opts.Timeout)
-	if cn := s.conn.Load(); cn != nil && s.own {
+	if cn := s.conn.Load(); cn != nil && s.own && cn.users.Add(-1) == 0 {
 		cn.client.Close()
 	}
+}
+
+// Share returns a store with opts (its timeout, probe interval, prefix) on
+// s's connection, so that a reload that changes only those settings opens
+// no new connection: the connection closes with the last store using it.
+// The addresses must be s's. Before s has reached Redis, the new store
+// connects on its own.
+func (s *Store) Share(opts Options) (*Store, error) {
+	cn := s.conn.Load()
+	if cn == nil || !s.own || !slices.Equal(opts.Addrs, s.opts.Addrs) {
+		return New(opts)
+	}
+	if cn.users.Add(1) <= 1 { // closed meanwhile
+		cn.users.Add(-1)
+		return New(opts)
+	}
+	n, err := New(Options{Timeout: opts.Timeout, ProbeEvery: opts.ProbeEvery, Prefix: opts.Prefix, FlushDelay: opts.FlushDelay,
+		Batch: opts.Batch, Clock: opts.Clock, Client: cn.client})
+	if err != nil {
+		cn.users.Add(-1)
+		return nil, err
+	}
+	n.opts.Addrs, n.own = opts.Addrs, true
+	n.useConn(cn)
+	return n, nil
 }
 
 // Failures returns how many calls failed (timeouts included).
