@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // OtherTenant is the tenant label of tenants beyond Options.MaxTenants.
@@ -31,11 +32,21 @@ type Options struct {
 	// Registry receives the metrics. Default: a new registry, with the Go
 	// and process collectors, served by Handler.
 	Registry *prometheus.Registry
-	// MaxTenants caps the distinct tenant label values; later tenants are
-	// counted as OtherTenant. Only admitted tenants take a label slot, so
-	// junk keys that are rejected cannot crowd real tenants out. Default
-	// 100. Negative: no tenant label values at all.
+	// MaxTenants caps the distinct tenant label values; other tenants are
+	// counted as OtherTenant. A tenant takes a free label slot once it has
+	// been admitted TenantAfter times, so a flood of one-shot or rejected
+	// keys cannot crowd real tenants out, and a tenant idle for TenantIdle
+	// gives its slot back (its series are removed). Default 100. Negative:
+	// no tenant label values at all.
 	MaxTenants int
+	// TenantAfter is the admissions that earn a tenant a label slot.
+	// Default 10.
+	TenantAfter int
+	// TenantIdle is how long a labelled tenant may stay unseen before its
+	// slot goes to another. Default 10 minutes.
+	TenantIdle time.Duration
+	// Clock tells the time for TenantIdle. Default clock.System.
+	Clock clock.Clock
 	// TenantLabel turns a tenant (often a secret API key) into its label.
 	// Default: "t-" and the first 12 hex digits of its SHA-256, so /metrics
 	// never shows a key. Return the tenant itself only if it is not secret.
@@ -65,8 +76,21 @@ type Metrics struct {
 	latency    *prometheus.HistogramVec
 	maxTenants int64
 	label      func(string) string
-	tenants    sync.Map // tenant → label
+	tenants    sync.Map // tenant → *tenantLabel
 	nTenants   atomic.Int64
+	after      int64
+	idle       time.Duration
+	clock      clock.Clock
+
+	mu         sync.Mutex       // guards candidates and reclaims
+	candidates map[string]int64 // admissions of tenants without a label, bounded
+	reclaimed  clock.Instant    // when idle labels were last reclaimed
+}
+
+// tenantLabel is a labelled tenant.
+type tenantLabel struct {
+	label string
+	seen  atomic.Int64 // clock.Instant of the last event
 }
 
 var _ sluice.Observer = (*Metrics)(nil)
@@ -81,6 +105,15 @@ func New(opts Options) *Metrics {
 	if opts.MaxTenants == 0 {
 		opts.MaxTenants = 100
 	}
+	if opts.TenantAfter <= 0 {
+		opts.TenantAfter = 10
+	}
+	if opts.TenantIdle <= 0 {
+		opts.TenantIdle = 10 * time.Minute
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.System
+	}
 	ct := []string{"class", "tenant"}
 	if opts.TenantLabel == nil {
 		opts.TenantLabel = HashTenant
@@ -89,6 +122,10 @@ func New(opts Options) *Metrics {
 		reg:        reg,
 		label:      opts.TenantLabel,
 		maxTenants: int64(max(opts.MaxTenants, 0)),
+		after:      int64(opts.TenantAfter),
+		idle:       opts.TenantIdle,
+		clock:      opts.Clock,
+		candidates: map[string]int64{},
 		offered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_requests_offered_total", Help: "Requests offered to the admission chain.",
 		}, ct),
@@ -126,21 +163,73 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
-// tenant returns the label for t; with admit, a new tenant takes a label
-// slot while there is one.
+// tenant returns the label for t. An admitted tenant without one counts
+// towards a slot: after TenantAfter admissions it takes a free one, or one
+// given back by a tenant idle for TenantIdle.
 func (m *Metrics) tenant(t string, admit bool) string {
-	if l, ok := m.tenants.Load(t); ok {
-		return l.(string)
+	if v, ok := m.tenants.Load(t); ok {
+		tl := v.(*tenantLabel)
+		tl.seen.Store(int64(m.clock.Now()))
+		return tl.label
 	}
-	if !admit || m.nTenants.Load() >= m.maxTenants {
+	if !admit || m.maxTenants == 0 {
 		return OtherTenant
 	}
-	l, loaded := m.tenants.LoadOrStore(t, m.label(t))
-	if !loaded && m.nTenants.Add(1) > m.maxTenants {
-		m.tenants.Delete(t)
+	return m.promote(t)
+}
+
+// maxCandidates bounds the tenants counted towards a slot; when full, the
+// counts start over (a flood of distinct keys then earns nothing).
+const maxCandidates = 4096
+
+// promote counts one admission of t, which has no label, and gives it one
+// when it has earned it and a slot is free (reclaiming idle ones).
+func (m *Metrics) promote(t string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.candidates[t] + 1
+	if n < m.after {
+		if len(m.candidates) >= maxCandidates {
+			clear(m.candidates)
+		}
+		m.candidates[t] = n
 		return OtherTenant
 	}
-	return l.(string)
+	now := m.clock.Now()
+	if m.nTenants.Load() >= m.maxTenants && now.Sub(m.reclaimed) >= time.Minute {
+		m.reclaimed = now
+		m.reclaimLocked(now)
+	}
+	if m.nTenants.Load() >= m.maxTenants {
+		m.candidates[t] = n
+		return OtherTenant
+	}
+	delete(m.candidates, t)
+	tl := &tenantLabel{label: m.label(t)}
+	tl.seen.Store(int64(now))
+	if v, loaded := m.tenants.LoadOrStore(t, tl); loaded {
+		return v.(*tenantLabel).label
+	}
+	m.nTenants.Add(1)
+	return tl.label
+}
+
+// reclaimLocked removes the labels (and series) of tenants idle for
+// TenantIdle. REQUIRES: m.mu held.
+func (m *Metrics) reclaimLocked(now clock.Instant) {
+	m.tenants.Range(func(k, v any) bool {
+		tl := v.(*tenantLabel)
+		if now.Sub(clock.Instant(tl.seen.Load())) < m.idle {
+			return true
+		}
+		m.tenants.Delete(k)
+		m.nTenants.Add(-1)
+		match := prometheus.Labels{"tenant": tl.label}
+		for _, vec := range []*prometheus.CounterVec{m.offered, m.admitted, m.rejected, m.completed, m.goodput} {
+			vec.DeletePartialMatch(match)
+		}
+		return true
+	})
 }
 
 // Decided records a final verdict.

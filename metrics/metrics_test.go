@@ -7,10 +7,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
@@ -24,7 +26,7 @@ func scrape(t *testing.T, m *Metrics) string {
 }
 
 func TestTenantLabelsNeverShowKeysAndAreCapped(t *testing.T) {
-	m := New(Options{MaxTenants: 2})
+	m := New(Options{MaxTenants: 2, TenantAfter: 1})
 	secret := "sk_live_SECRET123"
 	adm := &sluice.Decision{Admitted: true}
 	rej := &sluice.Decision{Reason: sluice.ReasonInvalid}
@@ -47,6 +49,40 @@ func TestTenantLabelsNeverShowKeysAndAreCapped(t *testing.T) {
 	}
 	if !strings.Contains(out, `sluice_goodput_units_total{class="default",tenant="`+HashTenant(secret)+`"} 3`) {
 		t.Fatal("goodput units not counted")
+	}
+}
+
+// Label slots go to tenants with traffic, not to the first keys seen: a
+// flood of admitted one-shot keys earns none, a tenant admitted
+// TenantAfter times takes a slot, and one idle for TenantIdle gives it
+// back (its series go) to the next that earns one. Before, the 100 slots
+// went to the first admitted keys forever, junk keys included.
+func TestTenantLabelSlotsFollowTraffic(t *testing.T) {
+	clk := fakeclock.New(1)
+	m := New(Options{MaxTenants: 1, TenantAfter: 5, TenantIdle: time.Minute, Clock: clk})
+	adm := &sluice.Decision{Admitted: true}
+	decide := func(tenant string, n int) {
+		for range n {
+			m.Decided(&sluice.Request{Tenant: tenant, Class: "default"}, adm, 0)
+		}
+	}
+	for i := range 10_000 {
+		decide(fmt.Sprint("junk", i), 1)
+	}
+	decide("steady", 5)
+	out := scrape(t, m)
+	if !strings.Contains(out, `tenant="`+HashTenant("steady")+`"`) || strings.Contains(out, HashTenant("junk0")) {
+		t.Fatalf("the slot did not go to the tenant with traffic:\n%s", grepLines(out, "admitted"))
+	}
+	decide("newcomer", 5) // no slot free yet
+	if strings.Contains(scrape(t, m), HashTenant("newcomer")) {
+		t.Fatal("a second tenant got a label beyond MaxTenants")
+	}
+	clk.Advance(2 * time.Minute) // steady goes idle
+	decide("newcomer", 1)
+	out = scrape(t, m)
+	if !strings.Contains(out, HashTenant("newcomer")) || strings.Contains(out, HashTenant("steady")) {
+		t.Fatalf("the idle tenant's slot did not pass on:\n%s", grepLines(out, "admitted"))
 	}
 }
 
