@@ -118,52 +118,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Upstream == nil {
 		return nil, errors.New("proxy: no upstream")
 	}
-	if opts.Listen == "" {
-		opts.Listen = "127.0.0.1:8080"
-	}
-	if opts.Admin == "" {
-		opts.Admin = "127.0.0.1:9901"
-	}
-	if opts.ReloadEvery == 0 {
-		opts.ReloadEvery = time.Second
-	}
-	if opts.ReadTimeout == 0 {
-		opts.ReadTimeout = 30 * time.Second
-	}
-	if opts.WriteTimeout == 0 {
-		opts.WriteTimeout = time.Minute
-	}
-	if opts.Grace == 0 {
-		opts.Grace = time.Second
-	}
-	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 16 << 20
-	}
-	if opts.MaxResponseBuffer == 0 {
-		opts.MaxResponseBuffer = 256 << 20
-	}
-	if opts.BufferMemory == 0 {
-		opts.BufferMemory = 64 << 20
-	}
-	if opts.BufferDisk == 0 {
-		opts.BufferDisk = 1 << 30
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.AdminTimeout == 0 {
-		opts.AdminTimeout = 10 * time.Second
-	}
-	if opts.AdminToken == "" {
-		if !loopback(opts.Admin) {
-			return nil, fmt.Errorf("proxy: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one", opts.Admin)
-		}
-		token, file, err := generateToken()
-		if err != nil {
-			return nil, err
-		}
-		opts.AdminToken = token
-		opts.Logger.Info("admin token generated (the file is readable by this user only)", "file", file)
+	opts.withDefaults()
+	if err := opts.adminToken(); err != nil {
+		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{}), ready: make(chan struct{}),
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
@@ -215,6 +172,50 @@ func New(opts Options) (*Server, error) {
 		s.proxy.ServeHTTP(w, r)
 	})))
 	return s, nil
+}
+
+// set puts def in *v when *v is the zero value.
+func set[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// withDefaults fills in the documented defaults.
+func (o *Options) withDefaults() {
+	set(&o.Listen, "127.0.0.1:8080")
+	set(&o.Admin, "127.0.0.1:9901")
+	set(&o.ReloadEvery, time.Second)
+	set(&o.ReadTimeout, 30*time.Second)
+	set(&o.WriteTimeout, time.Minute)
+	set(&o.Grace, time.Second)
+	set(&o.MaxBodyBytes, 16<<20)
+	set(&o.MaxResponseBuffer, 256<<20)
+	set(&o.BufferMemory, 64<<20)
+	set(&o.BufferDisk, 1<<30)
+	set(&o.AdminTimeout, 10*time.Second)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// adminToken refuses a non-loopback admin address without a token, and
+// generates one for a loopback address.
+func (o *Options) adminToken() error {
+	if o.AdminToken != "" {
+		return nil
+	}
+	if !loopback(o.Admin) {
+		return fmt.Errorf("proxy: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one", o.Admin)
+	}
+	token, file, err := generateToken()
+	if err != nil {
+		return err
+	}
+	o.AdminToken = token
+	o.Logger.Info("admin token generated (the file is readable by this user only)", "file", file)
+	return nil
 }
 
 // loopback reports whether addr (host:port) listens on loopback only.

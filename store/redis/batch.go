@@ -228,7 +228,7 @@ func (b *batcher) lead(g *group, batch []*call) {
 // cancels it; each caller waits at most Options.Timeout from its arrival,
 // and Redis does nothing with a batch it reaches later than that.
 func (b *batcher) exec(batch []*call) {
-	s, l := b.l.s, b.l
+	s := b.l.s
 	fail := func(err error) {
 		for _, c := range batch {
 			c.err = err
@@ -255,22 +255,7 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
 		return
 	}
-	keys := make([]string, len(batch))
-	args := make([]string, 0, 3+3*len(batch))
-	now := "0"
-	if l.now != nil {
-		now = strconv.FormatInt(l.now(), 10)
-	}
-	args = append(args, now, br.expiry(oldest, s.opts.Timeout), l.fixed[0])
-	for i, c := range batch {
-		keys[i] = c.key
-		extra := c.extra
-		if c.budget > 0 && c.queued {
-			// The deadline came closer while the step waited for a batch.
-			extra = strconv.FormatInt(max(c.budget-int64(clock.Now().Sub(c.arrived)), 1), 10)
-		}
-		args = append(args, c.op, strconv.FormatInt(c.cost, 10), extra)
-	}
+	keys, args := b.args(batch, br.expiry(oldest, s.opts.Timeout))
 	cctx, cancel := context.WithTimeout(context.Background(), left)
 	vals, err := b.script.Exec(cctx, cn.client, keys, args).AsIntSlice()
 	cancel()
@@ -295,6 +280,31 @@ func (b *batcher) exec(batch []*call) {
 	for i, c := range batch {
 		copy(c.res[:], vals[5*i:5*i+5])
 	}
+}
+
+// args returns a batch's keys and script arguments (see batchSource).
+func (b *batcher) args(batch []*call, expiry string) (keys, args []string) {
+	l := b.l
+	keys = make([]string, len(batch))
+	args = make([]string, 0, 3+3*len(batch))
+	now := "0"
+	if l.now != nil {
+		now = strconv.FormatInt(l.now(), 10)
+	}
+	if l.s.noExpiry {
+		expiry = "0"
+	}
+	args = append(args, now, expiry, l.fixed[0])
+	for i, c := range batch {
+		keys[i] = c.key
+		extra := c.extra
+		if c.budget > 0 && c.queued {
+			// The deadline came closer while the step waited for a batch.
+			extra = strconv.FormatInt(max(c.budget-int64(clock.Now().Sub(c.arrived)), 1), 10)
+		}
+		args = append(args, c.op, strconv.FormatInt(c.cost, 10), extra)
+	}
+	return keys, args
 }
 
 // keySlot is the Redis Cluster slot of key: CRC16 (XMODEM) of its hash tag
