@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,6 +263,49 @@ func TestMalformedRequestsAreTheClientsFault(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("%q: %d, want 400", strings.SplitN(raw, "\r\n", 2)[0], resp.StatusCode)
+		}
+	}
+}
+
+// Over real HTTP: a flood of distinct API keys, 5 times what the key table
+// holds, does not lock new tenants out; each is admitted on its first
+// request (the memory store's test floods 2M keys into the default 1M).
+func TestKeyFloodOverHTTP(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(`version: 1
+store: {backend: memory, max_keys: 1000}
+identity:
+  tenant: {header: X-Api-Key}
+gates:
+  - {name: per-key, kind: token_bucket, scope: tenant, rate: 1/h, burst: 1}
+`), Upstream: u, AdminToken: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.rt.Close()
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	get := func(key string) int {
+		req, _ := http.NewRequest("GET", srv.URL+"/x", nil)
+		req.Header.Set("X-Api-Key", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := range 5000 {
+		get("flood-" + strconv.Itoa(i))
+		if i%250 == 0 {
+			if code := get("new-" + strconv.Itoa(i)); code != 200 {
+				t.Fatalf("a new tenant's first request after %d flood keys: %d", i, code)
+			}
 		}
 	}
 }
