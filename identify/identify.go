@@ -83,7 +83,8 @@ type PathMatch uint8
 const (
 	// PathLenient resolves dot segments ("/a/./b/../c" is "/a/c"),
 	// collapses duplicate slashes, ignores a trailing slash and compares
-	// segments ignoring ASCII case. Percent-encoding is decoded once, as
+	// segments ignoring ASCII case (not Unicode case: "K", the Kelvin
+	// sign, is not "k"). Percent-encoding is decoded once, as
 	// net/http does for URL.Path (so "/v1/%61nalytics" is
 	// "/v1/analytics").
 	PathLenient PathMatch = iota
@@ -262,10 +263,31 @@ func cleanPath(p string) string {
 	if p == "" || p == "/" {
 		return "/"
 	}
-	if strings.Contains(p, "//") || strings.Contains(p, "/.") || p[len(p)-1] == '/' || p[0] != '/' {
-		return path.Clean("/" + p)
+	clean := p[0] == '/' && p[len(p)-1] != '/'
+	for i := 0; clean && i+1 < len(p); i++ {
+		clean = p[i] != '/' || (p[i+1] != '/' && p[i+1] != '.')
 	}
-	return p
+	if clean {
+		return p
+	}
+	return path.Clean("/" + p)
+}
+
+// equalFold reports whether a and b are equal ignoring ASCII case.
+func equalFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == y {
+			continue
+		}
+		if x|0x20 != y|0x20 || x|0x20 < 'a' || x|0x20 > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 // matchPath matches path against pattern segment by segment: "*" matches
@@ -284,7 +306,7 @@ func matchPath(pattern, path string, fold bool) bool {
 			if seg == "" {
 				return false
 			}
-		case pseg != seg && !(fold && strings.EqualFold(pseg, seg)):
+		case pseg != seg && !(fold && equalFold(pseg, seg)):
 			return false
 		}
 		if !pmore || !more {
