@@ -244,6 +244,9 @@ func (id *Identifier) RequestIDHeader() string { return id.requestIDHeader }
 
 // match returns the first route matching method and path.
 func (id *Identifier) match(method, path string) *route {
+	if len(id.routes) == 0 {
+		return &id.fallback
+	}
 	fold := id.rules.PathMatch == PathLenient
 	if fold {
 		path = cleanPath(path)
@@ -263,11 +266,7 @@ func cleanPath(p string) string {
 	if p == "" || p == "/" {
 		return "/"
 	}
-	clean := p[0] == '/' && p[len(p)-1] != '/'
-	for i := 0; clean && i+1 < len(p); i++ {
-		clean = p[i] != '/' || (p[i+1] != '/' && p[i+1] != '.')
-	}
-	if clean {
+	if p[0] == '/' && p[len(p)-1] != '/' && !strings.Contains(p, "//") && !strings.Contains(p, "/.") {
 		return p
 	}
 	return path.Clean("/" + p)
