@@ -5,11 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,10 +30,10 @@ gates:
 
 // attackHarness is a proxy with slowPolicy in front of an upstream that
 // serves /big (64 MB) and /x (a few bytes) at once.
-func attackHarness(t *testing.T) (proxyURL string, s *Server) {
+func attackHarness(t *testing.T) (s *Server, proxyURL string) {
 	t.Helper()
 	chunk := make([]byte, 64<<10)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return serve(t, slowPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		if r.URL.Path == "/big" {
 			w.Header().Set("Content-Length", fmt.Sprint(1024*len(chunk)))
@@ -49,17 +46,6 @@ func attackHarness(t *testing.T) (proxyURL string, s *Server) {
 		}
 		io.WriteString(w, "ok")
 	}))
-	t.Cleanup(up.Close)
-	u, _ := url.Parse(up.URL)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(slowPolicy), Upstream: u, AdminToken: "x",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.rt.Close)
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	return srv.URL, s
 }
 
 // legit runs 4 well-behaved clients for d and returns how many of their
@@ -111,7 +97,7 @@ func dial(t *testing.T, base string) net.Conn {
 // upstream into the proxy's buffer and the slot freed: the slow readers
 // cost buffer space, not slots.
 func TestSlowReadersDoNotHoldSlots(t *testing.T) {
-	base, _ := attackHarness(t)
+	_, base := attackHarness(t)
 	for range 10 {
 		c := dial(t, base)
 		fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -132,7 +118,7 @@ func TestSlowReadersDoNotHoldSlots(t *testing.T) {
 // again at once). A body is now read before the request is decided: the
 // slow senders hold no slot.
 func TestSlowBodiesDoNotHoldSlots(t *testing.T) {
-	base, _ := attackHarness(t)
+	_, base := attackHarness(t)
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	defer func() { close(done); wg.Wait() }()
@@ -167,7 +153,7 @@ func TestSlowBodiesDoNotHoldSlots(t *testing.T) {
 // never past the request's deadline plus the grace, however slowly the
 // client reads.
 func TestStreamedResponseHoldsSlotUntilDeadlineOnly(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s, base := serve(t, strings.Replace(slowPolicy, "default: 5s", "default: 300ms", 1), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		chunk := []byte("data: " + strings.Repeat("x", 64<<10) + "\n\n")
 		for {
@@ -176,18 +162,8 @@ func TestStreamedResponseHoldsSlotUntilDeadlineOnly(t *testing.T) {
 			}
 			w.(http.Flusher).Flush()
 		}
-	}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(strings.Replace(slowPolicy, "default: 5s", "default: 300ms", 1)),
-		Upstream: u, AdminToken: "x", Grace: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.rt.Close()
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
-	c := dial(t, srv.URL)
+	}), func(o *Options) { o.Grace = 200 * time.Millisecond })
+	c := dial(t, base)
 	fmt.Fprintf(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
 	if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
 		t.Fatal(err)
@@ -208,19 +184,12 @@ func TestStreamedResponseHoldsSlotUntilDeadlineOnly(t *testing.T) {
 // with the analytics handler); before, /V1/ANALYTICS/x was default and
 // escaped the sheddable budget.
 func TestPathVariantsKeepTheirClass(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(`version: 1
+	s, base := serve(t, `version: 1
 routes:
   - {match: {path: "/v1/analytics/*"}, class: sheddable}
 gates:
   - {name: no-analytics, kind: concurrency, limit: 1, classes: [sheddable]}
-`), Upstream: u, AdminToken: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.rt.Close()
+`, nil)
 	// Hold the one sheddable slot, so any request classified sheddable is
 	// refused and any other passes.
 	d, tk := s.Chain().Decide(context.Background(), &sluice.Request{Class: sluice.ClassSheddable})
@@ -228,10 +197,8 @@ gates:
 		t.Fatal(d)
 	}
 	defer tk.Done(sluice.OutcomeUseful)
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
 	for _, path := range []string{"/v1/analytics/x", "/V1/ANALYTICS/x", "/v1/Analytics/x/", "//v1//analytics/x", "/v1/./analytics/x", "/v1/y/../analytics/x", "/v1/%61nalytics/x"} {
-		c := dial(t, srv.URL)
+		c := dial(t, base)
 		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
@@ -248,7 +215,7 @@ gates:
 // broken chunked body is the client's 400, never a 502 blamed on the
 // upstream.
 func TestMalformedRequestsAreTheClientsFault(t *testing.T) {
-	base, _ := attackHarness(t)
+	_, base := attackHarness(t)
 	for _, raw := range []string{
 		"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
 		"PRI /x HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -271,26 +238,17 @@ func TestMalformedRequestsAreTheClientsFault(t *testing.T) {
 // holds, does not lock new tenants out; each is admitted on its first
 // request (the memory store's test floods 2M keys into the default 1M).
 func TestKeyFloodOverHTTP(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(`version: 1
+	_, base := serve(t, `version: 1
 store: {backend: memory, max_keys: 1000}
 identity:
   tenant: {header: X-Api-Key}
 gates:
   - {name: per-key, kind: token_bucket, scope: tenant, rate: 1/h, burst: 1}
-`), Upstream: u, AdminToken: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.rt.Close()
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
+`, nil)
 	client := &http.Client{}
 	defer client.CloseIdleConnections()
 	get := func(key string) int {
-		req, _ := http.NewRequest("GET", srv.URL+"/x", nil)
+		req, _ := http.NewRequest("GET", base+"/x", nil)
 		req.Header.Set("X-Api-Key", key)
 		resp, err := client.Do(req)
 		if err != nil {

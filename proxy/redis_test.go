@@ -68,25 +68,15 @@ gates:
 func TestProxyStartsWithRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Kill()
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
 	policy := strings.ReplaceAll(`version: 1
 service: startup
 store: {backend: redis, addrs: [ADDR], probe_every: 100ms, on_failure: fail_closed}
 gates:
   - {name: rate, kind: token_bucket, scope: tenant, rate: 100/s, burst: 100}
 `, "ADDR", srv.Addr)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatalf("the proxy refused to start with Redis down: %v", err)
-	}
-	defer s.rt.Close()
-	proxy := httptest.NewServer(s.Handler())
-	defer proxy.Close()
+	_, base := serve(t, policy, nil) // fails the test if the proxy refuses to start
 	get := func() int {
-		resp, err := http.Get(proxy.URL + "/x")
+		resp, err := http.Get(base + "/x")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,11 +121,6 @@ func TestRedisPauseLeavesNoPermitsOverProxy(t *testing.T) {
 
 func redisPause(t *testing.T, pause time.Duration) {
 	srv := redistest.Start(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(2 * time.Millisecond) // a little work
-	}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
 	const probe = 200 * time.Millisecond
 	policy := strings.ReplaceAll(`version: 1
 service: pause
@@ -145,14 +130,9 @@ identity:
 gates:
   - {name: tenant-inflight, kind: concurrency, scope: tenant, limit: 20, ttl: 60s}
 `, "ADDR", srv.Addr)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.rt.Close()
-	proxy := httptest.NewServer(s.Handler())
-	defer proxy.Close()
+	_, base := serve(t, policy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond) // a little work
+	}))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
 
@@ -167,7 +147,7 @@ gates:
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
-				req, _ := http.NewRequest("GET", proxy.URL+"/x", nil)
+				req, _ := http.NewRequest("GET", base+"/x", nil)
 				req.Header.Set("X-Api-Key", "acme")
 				resp, err := client.Do(req)
 				if err != nil {
@@ -234,9 +214,6 @@ func TestTwoProxiesOnABusyHostKeepTheLimit(t *testing.T) {
 		t.Skip("a load test")
 	}
 	srv := redistest.Start(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
 	policy := strings.ReplaceAll(`version: 1
 service: busy
 store: {backend: redis, addrs: [ADDR]}
@@ -248,15 +225,8 @@ gates:
 	var proxies []*Server
 	var urls []string
 	for range 2 {
-		s, err := New(Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.rt.Close()
-		p := httptest.NewServer(s.Handler())
-		defer p.Close()
-		proxies, urls = append(proxies, s), append(urls, p.URL)
+		s, base := serve(t, policy, nil)
+		proxies, urls = append(proxies, s), append(urls, base)
 	}
 	burnCPU(t, 2)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
