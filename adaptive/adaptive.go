@@ -1,0 +1,95 @@
+// Package adaptive holds sluice's concurrency-limit controllers: each turns
+// what a window of completed requests showed (their round-trip times, the
+// in-flight count they saw, whether any was dropped, how long they queued)
+// into a new concurrency limit, so that protection sizes itself to the
+// service instead of to a number a person guessed.
+//
+//	g, _ := adaptive.NewGradient2(adaptive.Gradient2Config{})
+//	w, _ := adaptive.NewWindower(adaptive.WindowConfig{})
+//	// for each completed request:
+//	if win, ok := w.Add(now, adaptive.Sample{RTT: rtt, InFlight: n}); ok {
+//		limit = g.Update(win)
+//	}
+//
+// The controllers are exact step functions of their state and a Window,
+// with no clock, lock or randomness of their own (Vegas' probe draws from
+// an injected source): tests replay them as traces. Gradient2, Vegas and
+// AIMD follow Netflix's concurrency-limits (Gradient2Limit.java,
+// VegasLimit.java, AIMDLimit.java, with their defaults); QueueDelay follows
+// Breakwater's credit controller (Cho et al., OSDI 2020) on queueing delay,
+// the overload signal of DAGOR and Breakwater. Every controller keeps its
+// limit within [Min, Max].
+//
+// What a window holds is the caller's to censor: only requests whose
+// latency says something about the service belong in it. Rejected and
+// cancelled requests, and those that failed fast, must not teach a
+// controller that latency is low (Netflix/concurrency-limits#176: dropped
+// requests with near-zero RTT pushed Gradient2 the wrong way).
+package adaptive
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Window is what one window of samples showed.
+type Window struct {
+	// Samples is how many requests completed in the window.
+	Samples int
+	// RTT is the window's round-trip time: the mean of its samples (or a
+	// percentile, see WindowConfig.Percentile).
+	RTT time.Duration
+	// MinRTT is the window's shortest round trip.
+	MinRTT time.Duration
+	// InFlight is the most requests in flight that any sample saw at its
+	// admission (itself included).
+	InFlight int
+	// Dropped reports whether any request of the window was dropped: it
+	// ran past its deadline or the service shed it.
+	Dropped bool
+	// QueueDelay is the longest time a request of the window waited before
+	// it started (QueueDelay controller).
+	QueueDelay time.Duration
+}
+
+// Controller sets a concurrency limit from windows of samples. A
+// Controller is not safe for concurrent use; the gate serializes it.
+type Controller interface {
+	// Update takes one window and returns the new limit.
+	Update(w Window) int
+	// Limit returns the current limit, in [Min, Max].
+	Limit() int
+}
+
+// ErrInvalidConfig wraps every configuration error of a controller.
+var ErrInvalidConfig = errors.New("adaptive: invalid configuration")
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+}
+
+// bounds checks and fills the limits every controller has.
+func bounds(initial, lo, hi *int, defInitial, defMin, defMax int) error {
+	if *lo == 0 {
+		*lo = defMin
+	}
+	if *hi == 0 {
+		*hi = defMax
+	}
+	if *initial == 0 {
+		*initial = min(max(defInitial, *lo), *hi)
+	}
+	switch {
+	case *lo < 1:
+		return configErr("min limit %d, want ≥ 1", *lo)
+	case *hi < *lo:
+		return configErr("max limit %d below min %d", *hi, *lo)
+	case *initial < *lo || *initial > *hi:
+		return configErr("initial limit %d outside [%d, %d]", *initial, *lo, *hi)
+	}
+	return nil
+}
+
+// clamp returns v within [lo, hi].
+func clamp(v float64, lo, hi int) float64 { return min(max(v, float64(lo)), float64(hi)) }

@@ -1,0 +1,88 @@
+package adaptive_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluice-go/sluice/adaptive"
+	"github.com/sluice-go/sluice/clock"
+)
+
+// Whatever windows arrive (any RTT, in-flight count, drop, queueing delay,
+// empty ones), every controller's limit stays within [Min, Max].
+func TestLimitsStayWithinBounds(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		lo := rapid.IntRange(1, 50).Draw(rt, "min")
+		hi := rapid.IntRange(lo, 500).Draw(rt, "max")
+		initial := rapid.IntRange(lo, hi).Draw(rt, "initial")
+		u := rapid.Float64Range(0, 0.999).Draw(rt, "rand")
+		g, err1 := adaptive.NewGradient2(adaptive.Gradient2Config{Initial: initial, Min: lo, Max: hi})
+		v, err2 := adaptive.NewVegas(adaptive.VegasConfig{Initial: initial, Min: lo, Max: hi, Rand: func() float64 { return u }})
+		a, err3 := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: initial, Min: lo, Max: hi})
+		q, err4 := adaptive.NewQueueDelay(adaptive.QueueDelayConfig{Initial: initial, Min: lo, Max: hi, Target: 5 * time.Millisecond})
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			rt.Fatal(err)
+		}
+		for range rapid.IntRange(1, 200).Draw(rt, "windows") {
+			w := adaptive.Window{
+				Samples:    rapid.IntRange(0, 100).Draw(rt, "samples"),
+				RTT:        time.Duration(rapid.Int64Range(0, int64(10*time.Second)).Draw(rt, "rtt")),
+				InFlight:   rapid.IntRange(0, 2*hi).Draw(rt, "inflight"),
+				Dropped:    rapid.IntRange(0, 5).Draw(rt, "drop") == 0,
+				QueueDelay: time.Duration(rapid.Int64Range(0, int64(time.Second)).Draw(rt, "delay")),
+			}
+			w.MinRTT = w.RTT
+			for _, c := range []adaptive.Controller{g, v, a, q} {
+				if l := c.Update(w); l < lo || l > hi || l != c.Limit() {
+					rt.Fatalf("%T: limit %d outside [%d, %d] (or Limit %d)", c, l, lo, hi, c.Limit())
+				}
+			}
+		}
+	})
+}
+
+// Configurations outside their ranges are refused with ErrInvalidConfig.
+func TestInvalidConfigs(t *testing.T) {
+	_, e1 := adaptive.NewGradient2(adaptive.Gradient2Config{Min: 10, Max: 5})
+	_, e2 := adaptive.NewGradient2(adaptive.Gradient2Config{Tolerance: 0.5})
+	_, e3 := adaptive.NewVegas(adaptive.VegasConfig{Smoothing: 2})
+	_, e4 := adaptive.NewAIMD(adaptive.AIMDConfig{Backoff: 1})
+	_, e5 := adaptive.NewQueueDelay(adaptive.QueueDelayConfig{})
+	_, e6 := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: 500})
+	_, e7 := adaptive.NewWindower(adaptive.WindowConfig{MinTime: 2 * time.Second, MaxTime: time.Second})
+	for i, err := range []error{e1, e2, e3, e4, e5, e6, e7} {
+		if !errors.Is(err, adaptive.ErrInvalidConfig) {
+			t.Errorf("config %d: %v", i+1, err)
+		}
+	}
+}
+
+// The Windower closes a window at the first sample after its end, counts
+// it only with enough samples, drops samples faster than MinRTT, and
+// takes the next window's length from twice the shortest RTT.
+func TestWindower(t *testing.T) {
+	w, err := adaptive.NewWindower(adaptive.WindowConfig{MinTime: 100 * time.Millisecond, MaxTime: time.Second, MinSamples: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := func(n int) clock.Instant { return clock.Instant(time.Duration(n) * time.Millisecond) }
+	// The very first sample closes a one-sample window, which does not count.
+	if _, ok := w.Add(ms(1), adaptive.Sample{RTT: 60 * time.Millisecond, InFlight: 3}); ok {
+		t.Fatal("a one-sample window counted")
+	}
+	// The next window ends 120 ms later (twice the 60 ms minimum).
+	w.Add(ms(10), adaptive.Sample{RTT: 10 * time.Microsecond}) // too fast: ignored
+	w.Add(ms(20), adaptive.Sample{RTT: 20 * time.Millisecond, InFlight: 5})
+	w.Add(ms(60), adaptive.Sample{RTT: 40 * time.Millisecond, InFlight: 7, QueueDelay: 3 * time.Millisecond})
+	if _, ok := w.Add(ms(121), adaptive.Sample{RTT: 30 * time.Millisecond, InFlight: 6, Dropped: true}); ok {
+		t.Fatal("window closed early")
+	}
+	win, ok := w.Add(ms(122), adaptive.Sample{RTT: 50 * time.Millisecond, InFlight: 2})
+	want := adaptive.Window{Samples: 4, RTT: 35 * time.Millisecond, MinRTT: 20 * time.Millisecond, InFlight: 7, Dropped: true, QueueDelay: 3 * time.Millisecond}
+	if !ok || win != want {
+		t.Fatalf("window %+v %v, want %+v", win, ok, want)
+	}
+}

@@ -1,0 +1,94 @@
+package adaptive
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
+
+// Sample is one completed request as a controller sees it.
+type Sample struct {
+	// RTT is the time from its admission to its completion.
+	RTT time.Duration
+	// InFlight is the requests in flight at its admission, itself
+	// included.
+	InFlight int
+	// Dropped reports that it ran past its deadline or was shed.
+	Dropped bool
+	// QueueDelay is how long it waited before it started.
+	QueueDelay time.Duration
+}
+
+// WindowConfig configures a Windower. Zero fields take the defaults of
+// Netflix's WindowedLimit.
+type WindowConfig struct {
+	// MinTime and MaxTime bound a window's length, which is twice the
+	// shortest RTT of the window before. Defaults 1 s and 1 s.
+	MinTime, MaxTime time.Duration
+	// MinSamples is the fewest samples a window needs to count; a window
+	// with fewer is dropped. Default 10.
+	MinSamples int
+	// MinRTT is the shortest RTT that counts as a sample: faster ones
+	// (failed at once, answered from a cache) say nothing about the
+	// service's queue. Default 100 µs.
+	MinRTT time.Duration
+}
+
+// Windower gathers samples into windows for a Controller, as Netflix's
+// WindowedLimit does: a window ends at the first sample after its end
+// time, and counts only with at least MinSamples samples; its RTT is their
+// mean. It is not safe for concurrent use.
+type Windower struct {
+	cfg  WindowConfig
+	next clock.Instant // end of the current window
+	cur  Window
+	sum  time.Duration
+}
+
+// NewWindower returns an empty Windower.
+func NewWindower(cfg WindowConfig) (*Windower, error) {
+	if cfg.MinTime == 0 {
+		cfg.MinTime = time.Second
+	}
+	if cfg.MaxTime == 0 {
+		cfg.MaxTime = max(time.Second, cfg.MinTime)
+	}
+	if cfg.MinSamples == 0 {
+		cfg.MinSamples = 10
+	}
+	if cfg.MinRTT == 0 {
+		cfg.MinRTT = 100 * time.Microsecond
+	}
+	switch {
+	case cfg.MinTime < 0 || cfg.MaxTime < cfg.MinTime:
+		return nil, configErr("window: times [%v, %v]", cfg.MinTime, cfg.MaxTime)
+	case cfg.MinSamples < 1:
+		return nil, configErr("window: min samples %d, want ≥ 1", cfg.MinSamples)
+	}
+	return &Windower{cfg: cfg}, nil
+}
+
+// Add takes a sample completed at now. When it ends a window that has
+// enough samples, it returns that window and true.
+func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
+	if s.RTT < w.cfg.MinRTT {
+		return Window{}, false
+	}
+	c := &w.cur
+	if c.Samples == 0 || s.RTT < c.MinRTT {
+		c.MinRTT = s.RTT
+	}
+	c.Samples++
+	w.sum += s.RTT
+	c.InFlight = max(c.InFlight, s.InFlight)
+	c.Dropped = c.Dropped || s.Dropped
+	c.QueueDelay = max(c.QueueDelay, s.QueueDelay)
+	if now <= w.next {
+		return Window{}, false
+	}
+	win := *c
+	win.RTT = w.sum / time.Duration(c.Samples)
+	w.next = now.Add(min(max(2*c.MinRTT, w.cfg.MinTime), w.cfg.MaxTime))
+	*c, w.sum = Window{}, 0
+	return win, win.Samples >= w.cfg.MinSamples
+}
