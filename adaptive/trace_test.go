@@ -32,7 +32,9 @@ func newTraced(t *testing.T, cmd *tracefile.Cmd) (traced, error) {
 		if err != nil {
 			return traced{}, err
 		}
-		return traced{g, func() string { return fmt.Sprintf("estimate=%.4f long=%v", g.Estimate(), g.LongRTT().Round(100*time.Nanosecond)) }}, nil
+		return traced{g, func() string {
+			return fmt.Sprintf("estimate=%.4f long=%v", g.Estimate(), g.LongRTT().Round(100*time.Nanosecond))
+		}}, nil
 	case "vegas":
 		cfg := adaptive.VegasConfig{Initial: initial, Min: lo, Max: hi, Smoothing: cmd.Float(t, "smoothing", 0),
 			Alpha: fixed("alpha"), Beta: fixed("beta"), Rand: func() float64 { return 0.999 }}
