@@ -20,6 +20,7 @@ var kinds = []*kind{
 	fleetUsageKind,
 	utilizationKind,
 	ladderKind,
+	deadlineKind,
 }
 
 // kind is one gate kind: everything a policy file needs to parse, check,

@@ -87,6 +87,8 @@ func TestBrokenPolicies(t *testing.T) {
 		{"utilization bad above 1", "version: 1\ngates:\n  - name: u\n    kind: utilization\n    workers: 4\n    bad: 1.5\n    tiers: [default]\n", 6, "gates[0].bad", "bad 1.5"},
 		{"redis burst beyond doubles", "version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - name: a\n    kind: token_bucket\n    rate: 1/s\n    burst: 10000000\n", 7, "gates[0].burst", "exceeds 2^53"},
 		{"on_failure of a process gate", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, on_failure: fail_closed}\n", 3, "gates[0].on_failure", "does not apply to kind ladder"},
+		{"deadline percentile", "version: 1\ngates:\n  - {name: d, kind: deadline, percentile: 100%}\n", 3, "gates[0].percentile", "want (0, 1)"},
+		{"deadline scope", "version: 1\ngates:\n  - {name: d, kind: deadline, scope: tenant}\n", 3, "gates[0].scope", "does not apply to kind deadline"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

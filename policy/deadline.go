@@ -1,0 +1,58 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/shed"
+)
+
+var deadlineKind = &kind{
+	name: "deadline",
+	doc: "Deadline test (shed.Deadline): admit only when a percentile of the class's recent service times, plus reserve " +
+		"and margin, is less than the time the request has left (Q + S + R + U < D). Rejects with reason deadline (503), " +
+		"not retryable as sent; requests without a deadline, and classes with too few completions yet, pass.",
+	scope:   sluice.ScopeService,
+	service: true,
+	reason:  always(sluice.ReasonDeadline),
+	new:     func() params { return &deadlineParams{} },
+}
+
+type deadlineParams struct {
+	percentile float64
+	reserve    time.Duration
+	margin     time.Duration
+	minSamples int64
+}
+
+func (p *deadlineParams) fields() []field {
+	return []field{
+		shareField("percentile", "the percentile of recent service times a request is predicted to take, e.g. 90%", &p.percentile).dflt("90%%"),
+		durationField("reserve", "time a response still needs after the work (R)", &p.reserve, 0).dflt("0s"),
+		durationField("margin", "safety margin (U)", &p.margin, 0).dflt("0s"),
+		intField("min_samples", "completions of a class before its estimate is trusted", &p.minSamples, 1, 1<<20).dflt("20").feeds("MinSamples"),
+	}
+}
+
+func (p *deadlineParams) options() shed.DeadlineOptions {
+	return shed.DeadlineOptions{Percentile: p.percentile, Reserve: p.reserve, Margin: p.margin, MinSamples: int(p.minSamples)}
+}
+
+func (p *deadlineParams) check(c *checker) {
+	if _, err := shed.NewDeadline(c.g.Name, p.options()); err != nil {
+		c.fail(err)
+	}
+}
+
+func (p *deadlineParams) build(b *builder) (sluice.Gate, error) { return shed.NewDeadline(b.g.Name, p.options()) }
+
+func (p *deadlineParams) stateKey() string { return "" }
+
+func (p *deadlineParams) describe(g *Gate) string {
+	pct := p.percentile
+	if pct == 0 {
+		pct = 0.9
+	}
+	return fmt.Sprintf("deadline test: p%.0f of recent service times + reserve %v + margin %v < the time left%s", 100*pct, p.reserve, p.margin, classesOnly(g))
+}

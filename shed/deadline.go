@@ -1,0 +1,203 @@
+package shed
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
+)
+
+// Fits is the deadline test: a request whose predicted queueing delay q,
+// service time s, time still needed after the work r (the response's way
+// back) and margin for uncertainty u add up to less than its remaining
+// budget d can finish in time. 45 + 35 + 10 + 15 = 105 ms does not fit
+// 80 ms and fits 120 ms; with a 10 ms queue, 70 ms fits 80 ms.
+func Fits(q, s, r, u, d time.Duration) bool { return q+s+r+u < d }
+
+// DeadlineOptions configures a Deadline gate. The zero value is valid.
+type DeadlineOptions struct {
+	// Percentile of recent service times a request is predicted to take,
+	// in (0, 1). Default 0.9.
+	Percentile float64
+	// Reserve is the time a response still needs after the work (the way
+	// back to the caller), R in the test. Default 0.
+	Reserve time.Duration
+	// Margin is the safety margin U. Default 0.
+	Margin time.Duration
+	// MinSamples is how many completions of a class its estimate needs
+	// before the gate trusts it; until then the class is admitted.
+	// Default 20.
+	MinSamples int
+	// Queue predicts the queueing delay a request of class would meet
+	// before it starts (Q), from the live state of a wait queue. Nil: 0.
+	Queue func(class string) time.Duration
+}
+
+// Deadline rejects, before any scarce work, a request that cannot finish
+// before its deadline: the predicted queueing delay plus a percentile of
+// its class's recent service times plus Reserve and Margin must be less
+// than the budget it has left (Fits). Service times are learned from the
+// latencies of the class's useful and late completions (failed and
+// cancelled ones say nothing about how long the work takes). Requests
+// without a deadline, and classes not yet known well enough, pass.
+// Rejections have reason deadline (503) and are not retryable as they are:
+// the same budget would fail again. It is safe for concurrent use.
+type Deadline struct {
+	name  string
+	opts  DeadlineOptions
+	times *ServiceTimes
+}
+
+var _ sluice.Gate = (*Deadline)(nil)
+
+// NewDeadline returns a deadline gate named name.
+func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
+	if name == "" {
+		return nil, param.Errorf("name", "deadline: empty name")
+	}
+	if opts.Percentile == 0 {
+		opts.Percentile = 0.9
+	}
+	if opts.MinSamples == 0 {
+		opts.MinSamples = 20
+	}
+	switch {
+	case !(opts.Percentile > 0 && opts.Percentile < 1):
+		return nil, param.Errorf("percentile", "deadline: percentile %v, want (0, 1)", opts.Percentile)
+	case opts.Reserve < 0 || opts.Margin < 0:
+		return nil, param.Errorf("reserve", "deadline: negative reserve or margin")
+	case opts.MinSamples < 1:
+		return nil, param.Errorf("min_samples", "deadline: min samples %d, want ≥ 1", opts.MinSamples)
+	}
+	return &Deadline{name: name, opts: opts, times: NewServiceTimes()}, nil
+}
+
+// Name returns the gate's name.
+func (g *Deadline) Name() string { return g.name }
+
+// ServiceTimes returns the gate's service-time estimates.
+func (g *Deadline) ServiceTimes() *ServiceTimes { return g.times }
+
+// Decide applies the deadline test.
+func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+	if r.Deadline == 0 {
+		return sluice.Decision{Admitted: true}, 0
+	}
+	s, n := g.times.Percentile(r.Class, g.opts.Percentile)
+	if n < g.opts.MinSamples {
+		return sluice.Decision{Admitted: true}, 0
+	}
+	var q time.Duration
+	if g.opts.Queue != nil {
+		q = g.opts.Queue(r.Class)
+	}
+	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) {
+		return sluice.Decision{Admitted: true}, 0
+	}
+	return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: sluice.ScopeService, Gate: g.name}, 0
+}
+
+// Release learns the service time of useful and late completions.
+func (g *Deadline) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+	if c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate {
+		g.times.Observe(r.Class, c.Latency)
+	}
+}
+
+// ServiceTimes keeps, per class, a histogram of recent service times on
+// logarithmic buckets (8 per doubling, 9% wide, from 10 µs to about 3
+// hours) whose counts halve whenever they pass 256, so estimates follow the
+// last few hundred completions. It is safe for concurrent use.
+type ServiceTimes struct {
+	mu      sync.Mutex
+	classes map[string]*histogram
+}
+
+// NewServiceTimes returns empty estimates.
+func NewServiceTimes() *ServiceTimes { return &ServiceTimes{classes: map[string]*histogram{}} }
+
+// Observe records one service time of class.
+func (s *ServiceTimes) Observe(class string, d time.Duration) {
+	s.mu.Lock()
+	h := s.classes[class]
+	if h == nil {
+		if len(s.classes) >= maxServiceClasses {
+			s.mu.Unlock()
+			return
+		}
+		h = &histogram{}
+		s.classes[class] = h
+	}
+	h.add(d)
+	s.mu.Unlock()
+}
+
+// maxServiceClasses bounds the classes kept: classes are few and server-defined.
+const maxServiceClasses = 256
+
+// Percentile returns the p-th percentile of class's recent service times
+// (the upper edge of its bucket, so it errs long) and how many samples
+// stand behind it.
+func (s *ServiceTimes) Percentile(class string, p float64) (time.Duration, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.classes[class]
+	if h == nil {
+		return 0, 0
+	}
+	return h.percentile(p), h.samples
+}
+
+const (
+	bucketsPerDoubling = 8
+	histBuckets        = 8 * 30 // 10 µs · 2^30 ≈ 3 h
+	histBase           = 10 * time.Microsecond
+	histHalveAt        = 256
+)
+
+// histogram is decaying counts on logarithmic buckets.
+type histogram struct {
+	counts  [histBuckets]float64
+	total   float64
+	samples int // every sample ever, for MinSamples
+}
+
+func bucketOf(d time.Duration) int {
+	if d <= histBase {
+		return 0
+	}
+	i := int(math.Ceil(math.Log2(float64(d)/float64(histBase)) * bucketsPerDoubling))
+	return min(max(i, 0), histBuckets-1)
+}
+
+// upper returns bucket i's upper edge.
+func upper(i int) time.Duration {
+	return time.Duration(math.Ceil(float64(histBase) * math.Exp2(float64(i)/bucketsPerDoubling)))
+}
+
+func (h *histogram) add(d time.Duration) {
+	h.counts[bucketOf(d)]++
+	h.total++
+	h.samples++
+	if h.total > histHalveAt {
+		for i := range h.counts {
+			h.counts[i] /= 2
+		}
+		h.total /= 2
+	}
+}
+
+func (h *histogram) percentile(p float64) time.Duration {
+	want, sum := p*h.total, 0.0
+	for i, c := range h.counts {
+		sum += c
+		if sum >= want && c > 0 {
+			return upper(i)
+		}
+	}
+	return upper(histBuckets - 1)
+}

@@ -1,0 +1,90 @@
+package shed_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/shed"
+)
+
+const ms = time.Millisecond
+
+// The published fixture: Q + S + R + U < D with 45 + 35 + 10 + 15 = 105 ms
+// rejects at 80 ms and admits at 120 ms; a 10 ms queue makes 70 ms, which
+// admits at 80 ms.
+func TestDeadlineFixture(t *testing.T) {
+	if shed.Fits(45*ms, 35*ms, 10*ms, 15*ms, 80*ms) {
+		t.Error("105 ms fits 80 ms")
+	}
+	if !shed.Fits(45*ms, 35*ms, 10*ms, 15*ms, 120*ms) {
+		t.Error("105 ms does not fit 120 ms")
+	}
+	if !shed.Fits(10*ms, 35*ms, 10*ms, 15*ms, 80*ms) {
+		t.Error("70 ms does not fit 80 ms")
+	}
+	if shed.Fits(10*ms, 35*ms, 10*ms, 25*ms, 80*ms) {
+		t.Error("exactly the budget fits: the test is strict")
+	}
+}
+
+// The gate learns a class's service time from its completions and applies
+// the test with the queue's prediction, Reserve and Margin.
+func TestDeadlineGate(t *testing.T) {
+	queue := 45 * ms
+	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{Reserve: 10 * ms, Margin: 15 * ms, MinSamples: 5,
+		Queue: func(string) time.Duration { return queue }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := clock.Instant(time.Second)
+	req := func(budget time.Duration) *sluice.Request {
+		return &sluice.Request{Class: "default", Deadline: now.Add(budget)}
+	}
+	// Unknown class: admitted (nothing to predict from).
+	if d, _ := g.Decide(ctx, req(80*ms), now); !d.Admitted {
+		t.Fatalf("before any sample: %+v", d)
+	}
+	for range 10 {
+		g.Release(req(0), 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 34 * ms})
+		g.Release(req(0), 0, sluice.Completion{Outcome: sluice.OutcomeErrored, Latency: time.Microsecond}) // censored
+	}
+	s, n := g.ServiceTimes().Percentile("default", 0.9)
+	if n != 10 || s < 34*ms || s > 37*ms {
+		t.Fatalf("service time %v from %d samples, want 34 ms within a bucket", s, n)
+	}
+	if d, _ := g.Decide(ctx, req(80*ms), now); d.Admitted || d.Reason != sluice.ReasonDeadline || d.Retryable || d.Entitlement() {
+		t.Fatalf("45 + ~35 + 10 + 15 against 80 ms: %+v", d)
+	}
+	if d, _ := g.Decide(ctx, req(120*ms), now); !d.Admitted {
+		t.Fatalf("against 120 ms: %+v", d)
+	}
+	queue = 10 * ms
+	if d, _ := g.Decide(ctx, req(80*ms), now); !d.Admitted {
+		t.Fatalf("a 10 ms queue against 80 ms: %+v", d)
+	}
+	if d, _ := g.Decide(ctx, &sluice.Request{Class: "default"}, now); !d.Admitted {
+		t.Fatalf("no deadline: %+v", d)
+	}
+}
+
+// Estimates follow a change of service time within a few hundred
+// completions, and percentiles land within one bucket (9%).
+func TestServiceTimesFollowChange(t *testing.T) {
+	st := shed.NewServiceTimes()
+	for i := range 1000 {
+		st.Observe("c", time.Duration(1+i%10)*ms) // 1..10 ms, uniform
+	}
+	if p, _ := st.Percentile("c", 0.9); p < 9*ms || p > 10*ms*110/100 {
+		t.Fatalf("p90 of 1..10 ms: %v", p)
+	}
+	for range 2000 {
+		st.Observe("c", 50*ms)
+	}
+	if p, _ := st.Percentile("c", 0.5); p < 50*ms || p > 55*ms {
+		t.Fatalf("after the service got slower, p50 %v", p)
+	}
+}
