@@ -45,7 +45,9 @@ func (p *deadlineParams) check(c *checker) {
 	}
 }
 
-func (p *deadlineParams) build(b *builder) (sluice.Gate, error) { return shed.NewDeadline(b.g.Name, p.options()) }
+func (p *deadlineParams) build(b *builder) (sluice.Gate, error) {
+	return shed.NewDeadline(b.g.Name, p.options())
+}
 
 func (p *deadlineParams) stateKey() string { return "" }
 
