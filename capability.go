@@ -74,3 +74,10 @@ type Shedder interface {
 type StateReporter interface {
 	ReportState(now clock.Instant) any
 }
+
+// Sizer is a gate whose concurrency limit moves at run time (an adaptive
+// limit). ConcurrencyLimit returns the limit now and the requests in flight
+// under it.
+type Sizer interface {
+	ConcurrencyLimit() (limit, inFlight int)
+}

@@ -31,6 +31,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 // Window is what one window of samples showed.
@@ -69,6 +71,12 @@ func configErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 }
 
+// paramErr is configErr about one named setting (so that a policy file
+// reports it on that field).
+func paramErr(name, format string, args ...any) error {
+	return param.Errorf(name, "%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+}
+
 // bounds checks and fills the limits every controller has.
 func bounds(initial, lo, hi *int, defInitial, defMin, defMax int) error {
 	if *lo == 0 {
@@ -82,11 +90,11 @@ func bounds(initial, lo, hi *int, defInitial, defMin, defMax int) error {
 	}
 	switch {
 	case *lo < 1:
-		return configErr("min limit %d, want ≥ 1", *lo)
+		return paramErr("min", "min limit %d, want ≥ 1", *lo)
 	case *hi < *lo:
-		return configErr("max limit %d below min %d", *hi, *lo)
+		return paramErr("max", "max limit %d below min %d", *hi, *lo)
 	case *initial < *lo || *initial > *hi:
-		return configErr("initial limit %d outside [%d, %d]", *initial, *lo, *hi)
+		return paramErr("initial", "initial limit %d outside [%d, %d]", *initial, *lo, *hi)
 	}
 	return nil
 }

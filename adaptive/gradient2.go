@@ -71,7 +71,7 @@ func NewGradient2(cfg Gradient2Config) (*Gradient2, error) {
 	case cfg.LongWindow < 1:
 		return nil, configErr("gradient2: long window %d, want ≥ 1", cfg.LongWindow)
 	case !(cfg.Tolerance >= 1) || math.IsInf(cfg.Tolerance, 0):
-		return nil, configErr("gradient2: tolerance %v, want ≥ 1", cfg.Tolerance)
+		return nil, paramErr("tolerance", "gradient2: tolerance %v, want ≥ 1", cfg.Tolerance)
 	}
 	return &Gradient2{cfg: cfg, est: float64(cfg.Initial), long: newExpAvg(cfg.LongWindow, 10)}, nil
 }

@@ -49,7 +49,7 @@ func NewQueueDelay(cfg QueueDelayConfig) (*QueueDelay, error) {
 		return nil, err
 	}
 	if cfg.Target <= 0 {
-		return nil, configErr("queue delay: target %v, want > 0", cfg.Target)
+		return nil, paramErr("target", "queue delay: target %v, want > 0", cfg.Target)
 	}
 	if cfg.Increase == nil {
 		cfg.Increase = math.Sqrt

@@ -269,18 +269,23 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 //	sluice_ladder_level{gate}               degradation level: 0 normal, 1 degrade, 2 shed, 3 recover (Leveler)
 //	sluice_ladder_seconds_total{gate,level} time spent in each level (Leveler)
 //	sluice_shed_fraction{gate}              fraction of load shed (Shedder)
+//	sluice_concurrency_limit{gate}          the limit an adaptive gate set (Sizer)
+//	sluice_concurrency_inflight{gate}       requests in flight under it (Sizer)
 func (m *Metrics) Gates(chain func() *sluice.Chain) {
 	m.reg.MustRegister(&gateCollector{chain: chain,
 		failures: prometheus.NewDesc("sluice_gate_store_failures_total",
 			"Decisions a gate's state store could not make, each decided by the gate's failure policy (fail_open admits: watch its rate).", []string{"gate", "policy"}, nil),
 		level:    prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
 		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
-		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil)})
+		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil),
+		limit:    prometheus.NewDesc("sluice_concurrency_limit", "The concurrency limit an adaptive gate set.", []string{"gate"}, nil),
+		inflight: prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil)})
 }
 
 type gateCollector struct {
 	chain                              func() *sluice.Chain
 	failures, level, seconds, fraction *prometheus.Desc
+	limit, inflight                    *prometheus.Desc
 }
 
 func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -288,6 +293,8 @@ func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.level
 	ch <- g.seconds
 	ch <- g.fraction
+	ch <- g.limit
+	ch <- g.inflight
 }
 
 func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -297,6 +304,11 @@ func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
 		name := gt.Name()
 		if f, ok := sluice.As[sluice.FailureCounter](gt); ok {
 			ch <- prometheus.MustNewConstMetric(g.failures, prometheus.CounterValue, float64(f.Failures()), name, f.FailurePolicy())
+		}
+		if sz, ok := sluice.As[sluice.Sizer](gt); ok {
+			l, n := sz.ConcurrencyLimit()
+			ch <- prometheus.MustNewConstMetric(g.limit, prometheus.GaugeValue, float64(l), name)
+			ch <- prometheus.MustNewConstMetric(g.inflight, prometheus.GaugeValue, float64(n), name)
 		}
 		if l, ok := sluice.As[sluice.Leveler](gt); ok {
 			lv, spent := l.Levels(now)

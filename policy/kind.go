@@ -21,6 +21,7 @@ var kinds = []*kind{
 	utilizationKind,
 	ladderKind,
 	deadlineKind,
+	adaptiveKind,
 }
 
 // kind is one gate kind: everything a policy file needs to parse, check,

@@ -89,6 +89,9 @@ func TestBrokenPolicies(t *testing.T) {
 		{"on_failure of a process gate", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, on_failure: fail_closed}\n", 3, "gates[0].on_failure", "does not apply to kind ladder"},
 		{"deadline percentile", "version: 1\ngates:\n  - {name: d, kind: deadline, percentile: 100%}\n", 3, "gates[0].percentile", "want (0, 1)"},
 		{"deadline scope", "version: 1\ngates:\n  - {name: d, kind: deadline, scope: tenant}\n", 3, "gates[0].scope", "does not apply to kind deadline"},
+		{"adaptive target of gradient2", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, target: 5ms}\n", 3, "gates[0].target", "queue_delay only"},
+		{"adaptive bounds", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, min: 50, max: 10}\n", 3, "gates[0].max", "below min"},
+		{"adaptive queue delay without target", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, controller: queue_delay}\n", 3, "gates[0].target", "target"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,91 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/adaptive"
+)
+
+var adaptiveKind = &kind{
+	name: "adaptive_concurrency",
+	doc: "Adaptive concurrency limit (adaptive.Gate): a service-wide limit on requests in flight that a controller sets " +
+		"from the service's own latencies — gradient2, vegas or aimd (Netflix concurrency-limits) on response times, " +
+		"queue_delay (Breakwater) on this process's goroutine scheduling delay. Completed work feeds it, failed and " +
+		"cancelled work does not. Rejects with reason concurrency (503) and retry_hint as retry-after.",
+	scope:   sluice.ScopeService,
+	service: true,
+	reason:  always(sluice.ReasonConcurrency),
+	new:     func() params { return &adaptiveParams{controller: "gradient2"} },
+}
+
+type adaptiveParams struct {
+	controller      string
+	initial, lo, hi int64
+	target          time.Duration
+	window          time.Duration
+	minSamples      int64
+	tolerance       float64
+}
+
+func (p *adaptiveParams) fields() []field {
+	return []field{
+		choiceField("controller", "what sets the limit", &p.controller, "gradient2", "vegas", "aimd", "queue_delay").dflt("gradient2"),
+		intField("initial", "the limit before the first window", &p.initial, 1, 1<<20).dflt("20 (within min and max)"),
+		intField("min", "the lowest limit", &p.lo, 1, 1<<20).dflt("the controller's (gradient2, aimd: 20; vegas, queue_delay: 1)"),
+		intField("max", "the highest limit", &p.hi, 1, 1<<20).dflt("the controller's (gradient2, aimd: 200; vegas, queue_delay: 1000)"),
+		durationField("target", "queue_delay: the scheduling delay to stay under", &p.target, time.Microsecond).dflt("required for queue_delay"),
+		durationField("window", "the length of a controller window (twice the shortest RTT, within this)", &p.window, time.Millisecond).dflt("1s"),
+		intField("min_samples", "completions a window needs to count", &p.minSamples, 1, 1<<20).dflt("10"),
+		shareField("tolerance", "gradient2: how much slower than the long-term RTT a window may be before the limit shrinks, ≥ 1", &p.tolerance).dflt("1.5"),
+	}
+}
+
+// gate builds the gate (and checks the settings).
+func (p *adaptiveParams) gate(name string, retry time.Duration) (*adaptive.Gate, error) {
+	initial, lo, hi := int(p.initial), int(p.lo), int(p.hi)
+	var c adaptive.Controller
+	var err error
+	opts := adaptive.GateOptions{RetryHint: retry, Window: adaptive.WindowConfig{MinTime: p.window, MaxTime: p.window, MinSamples: int(p.minSamples)}}
+	switch p.controller {
+	case "gradient2":
+		c, err = adaptive.NewGradient2(adaptive.Gradient2Config{Initial: initial, Min: lo, Max: hi, Tolerance: p.tolerance})
+	case "vegas":
+		c, err = adaptive.NewVegas(adaptive.VegasConfig{Initial: initial, Min: lo, Max: hi})
+	case "aimd":
+		c, err = adaptive.NewAIMD(adaptive.AIMDConfig{Initial: initial, Min: lo, Max: hi})
+	case "queue_delay":
+		c, err = adaptive.NewQueueDelay(adaptive.QueueDelayConfig{Initial: initial, Min: lo, Max: hi, Target: p.target})
+		opts.QueueDelay = adaptive.SchedulingDelay()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return adaptive.NewGate(name, c, opts)
+}
+
+func (p *adaptiveParams) check(c *checker) {
+	if p.target != 0 && p.controller != "queue_delay" {
+		c.failf("target", "applies to controller queue_delay only")
+	}
+	if p.tolerance != 0 && p.controller != "gradient2" {
+		c.failf("tolerance", "applies to controller gradient2 only")
+	}
+	if _, err := p.gate(c.g.Name, c.g.RetryHint); err != nil {
+		c.fail(err)
+	}
+}
+
+func (p *adaptiveParams) build(b *builder) (sluice.Gate, error) {
+	if b.opts.Virtual && p.controller == "queue_delay" {
+		return nil, fmt.Errorf("controller queue_delay reads this process's scheduler, which a simulated clock does not drive")
+	}
+	return p.gate(b.g.Name, b.g.RetryHint)
+}
+
+func (p *adaptiveParams) stateKey() string { return "" }
+
+func (p *adaptiveParams) describe(g *Gate) string {
+	return fmt.Sprintf("adaptive concurrency limit (%s)%s", p.controller, classesOnly(g))
+}
