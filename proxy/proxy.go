@@ -413,7 +413,7 @@ func (s *Server) Run(ctx context.Context) error {
 	at := s.opts.AdminTimeout
 	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: at, ReadTimeout: at, WriteTimeout: at, IdleTimeout: at,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
-	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.version)
+	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.serving())
 
 	errc := make(chan error, 2)
 	go func() { errc <- ps.Serve(pl) }()
