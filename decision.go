@@ -37,9 +37,13 @@ const (
 	// admitted request whose upstream failed (the proxy's 502). The work may
 	// have had an effect.
 	ReasonUpstream
+	// ReasonQueue: the request waited in a concurrency gate's queue and
+	// got no slot within the queue's bound (full, or standing: CoDel's
+	// drops). The service is at fault, not the caller.
+	ReasonQueue
 )
 
-var reasonNames = [...]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid", "upstream"}
+var reasonNames = [...]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid", "upstream", "queue"}
 
 // String returns the wire name, e.g. "policy_rate"; "" for ReasonNone.
 func (r Reason) String() string {

@@ -318,6 +318,9 @@ func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bo
 		}
 	case sluice.ReasonOverload:
 		b = append(b, "service overloaded, shedding load"...)
+	case sluice.ReasonQueue:
+		b = append(b, d.Gate...)
+		b = append(b, ": no slot within the time a request may wait"...)
 	case sluice.ReasonDeadline:
 		if d.EffectPossible {
 			b = append(b, "the upstream did not answer before the request's deadline"...)

@@ -1,0 +1,429 @@
+// Package queue is the bounded wait queue in front of a concurrency gate: a
+// request that finds no free slot waits for one instead of being turned
+// away, but only as long as waiting can still end in a useful answer. A
+// short queue absorbs the variance of arrivals below a service's deadline;
+// a queue that stands is not a kinder rejection, so this one bounds every
+// wait, drops from a standing queue (CoDel) and serves it newest first.
+//
+//	pool, _ := gate.NewInFlight("worker-pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+//	q, _ := queue.New("worker-pool", pool, queue.Options{MaxWait: 100 * time.Millisecond,
+//		Classes: []string{"critical", "default", "sheddable"}})
+//	chain, _ := sluice.NewChain(sluice.ChainOptions{}, rate, q)
+//
+// What it does:
+//   - Waiting never holds a slot, and ends with the caller's context.
+//   - Per-class queues, served in the order of Options.Classes: a premium
+//     request never waits behind a backlog of free ones.
+//   - A request waits at most MaxWait, and not at all when it is predicted
+//     to start too late for its deadline (the requests ahead of it × a
+//     service time ÷ the slots, plus its own service time).
+//   - CoDel (Nichols and Jacobson, RFC 8289: target 5 ms, interval 100 ms)
+//     watches how long requests waited when they got their slot; once that
+//     has stayed above the target for an interval, the queue drops waiting
+//     requests on CoDel's schedule (interval/√count) and serves the newest
+//     first (adaptive LIFO, as in Facebook's "Fail at Scale", Maurer 2015):
+//     under a standing queue the requests most likely still wanted go first.
+//
+// Rejections: reason queue (503) for a full queue, a wait past MaxWait or a
+// CoDel drop; reason deadline for a request predicted to start too late.
+package queue
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+)
+
+// Options configures a Queue. The zero value is valid.
+type Options struct {
+	// MaxWait is the longest a request waits for a slot. Default 100 ms.
+	MaxWait time.Duration
+	// MaxLen is the most requests waiting at once. Default 1,000.
+	MaxLen int
+	// Classes are the classes with a queue of their own, highest priority
+	// first; requests of other classes share one queue served after them.
+	Classes []string
+	// Target and Interval are CoDel's: the queueing delay a queue may keep,
+	// and how long it may keep more before drops begin. Defaults 5 ms and
+	// 100 ms.
+	Target, Interval time.Duration
+	// ServiceTime predicts how long a request of class holds its slot
+	// (0: unknown), for the start-in-time test. Nil: no prediction.
+	ServiceTime func(class string) time.Duration
+	// Clock times waits and CoDel. Default clock.System. It must be the
+	// chain's clock.
+	Clock clock.Clock
+}
+
+// Queue is a sluice.Gate that waits for a slot of the concurrency gate it
+// wraps. It is safe for concurrent use.
+type Queue struct {
+	name  string
+	inner sluice.Gate
+	opts  Options
+	slots func() int // the inner gate's slots now, for predictions (0: unknown)
+
+	mu       sync.Mutex
+	queues   [][]*waiter // by class priority; the last is for other classes
+	n        int
+	codel    codel
+	waits    int64         // requests that waited
+	dropped  int64         // requests the queue turned away after waiting
+	lastWait time.Duration // the last wait that ended in a slot
+}
+
+var (
+	_ sluice.Gate          = (*Queue)(nil)
+	_ sluice.Wrapper       = (*Queue)(nil)
+	_ sluice.StateReporter = (*Queue)(nil)
+)
+
+// waiter is a request waiting for a slot.
+type waiter struct {
+	req   *sluice.Request
+	since clock.Instant
+	ready chan struct{} // closed when the waiter should try again, or is dropped
+	drop  bool          // set with ready when the queue drops it
+}
+
+// New returns a queue named name in front of inner, a concurrency gate
+// whose rejections with reason concurrency mean "no slot free now".
+func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
+	if name == "" || inner == nil {
+		return nil, errors.New("queue: a name and a gate to wrap are required")
+	}
+	if opts.MaxWait == 0 {
+		opts.MaxWait = 100 * time.Millisecond
+	}
+	if opts.MaxLen == 0 {
+		opts.MaxLen = 1000
+	}
+	if opts.Target == 0 {
+		opts.Target = 5 * time.Millisecond
+	}
+	if opts.Interval == 0 {
+		opts.Interval = 100 * time.Millisecond
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.System
+	}
+	if opts.MaxWait < 0 || opts.MaxLen < 0 || opts.Target < 0 || opts.Interval <= 0 {
+		return nil, errors.New("queue: negative wait, length or CoDel times")
+	}
+	q := &Queue{name: name, inner: inner, opts: opts, queues: make([][]*waiter, len(opts.Classes)+1)}
+	q.codel = codel{target: opts.Target, interval: opts.Interval}
+	switch g := any(inner).(type) {
+	case sluice.Sizer:
+		q.slots = func() int { l, _ := g.ConcurrencyLimit(); return l }
+	case sluice.Advertiser:
+		q.slots = func() int { return int(g.Policy().Quota) }
+	default:
+		q.slots = func() int { return 0 }
+	}
+	return q, nil
+}
+
+// Name returns the queue's name.
+func (q *Queue) Name() string { return q.name }
+
+// Unwrap returns the gate the queue waits on.
+func (q *Queue) Unwrap() sluice.Gate { return q.inner }
+
+func (q *Queue) classOf(class string) int {
+	for i, c := range q.opts.Classes {
+		if c == class {
+			return i
+		}
+	}
+	return len(q.opts.Classes)
+}
+
+// ahead counts the waiters served before a new request of class index c.
+// REQUIRES: q.mu held.
+func (q *Queue) ahead(c int) int {
+	n := 0
+	for i := 0; i <= c; i++ {
+		n += len(q.queues[i])
+	}
+	return n
+}
+
+// Decide admits through the inner gate, waiting for a slot when there is
+// none and the request can still start in time.
+func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+	q.mu.Lock()
+	c := q.classOf(r.Class)
+	if q.ahead(c) == 0 { // nobody to wait behind: try at once
+		d, p := q.inner.Decide(ctx, r, now)
+		if d.Admitted || d.Reason != sluice.ReasonConcurrency {
+			q.mu.Unlock()
+			return d, p
+		}
+	}
+	wait, why := q.budget(r, c, now)
+	if why != sluice.ReasonNone {
+		q.mu.Unlock()
+		return q.reject(why), 0
+	}
+	w := &waiter{req: r, since: now, ready: make(chan struct{})}
+	q.queues[c] = append(q.queues[c], w)
+	q.n++
+	q.waits++
+	q.mu.Unlock()
+	return q.await(ctx, w, c, wait)
+}
+
+// budget returns how long a new request may wait, or why it may not.
+// REQUIRES: q.mu held.
+func (q *Queue) budget(r *sluice.Request, c int, now clock.Instant) (time.Duration, sluice.Reason) {
+	if q.n >= q.opts.MaxLen || q.opts.MaxWait == 0 {
+		return 0, sluice.ReasonQueue
+	}
+	wait := q.opts.MaxWait
+	if r.Deadline == 0 {
+		return wait, sluice.ReasonNone
+	}
+	var s time.Duration
+	if q.opts.ServiceTime != nil {
+		s = q.opts.ServiceTime(r.Class)
+	}
+	left := r.Deadline.Sub(now) - s // the latest it may start
+	if slots := q.slots(); s > 0 && slots > 0 {
+		predicted := time.Duration(q.ahead(c)+1) * s / time.Duration(slots)
+		if predicted >= left {
+			return 0, sluice.ReasonDeadline
+		}
+	}
+	if left <= 0 {
+		return 0, sluice.ReasonDeadline
+	}
+	return min(wait, left), sluice.ReasonNone
+}
+
+// await waits for a slot: until woken (then it tries the inner gate), its
+// wait runs out, it is dropped, or ctx ends.
+func (q *Queue) await(ctx context.Context, w *waiter, c int, wait time.Duration) (sluice.Decision, sluice.Permit) {
+	until := w.since.Add(wait)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-w.ready:
+			q.mu.Lock()
+			if w.drop {
+				q.mu.Unlock()
+				return q.reject(sluice.ReasonQueue), 0
+			}
+			now := q.opts.Clock.Now()
+			d, p := q.inner.Decide(ctx, w.req, now)
+			if d.Admitted || d.Reason != sluice.ReasonConcurrency {
+				q.lastWait = now.Sub(w.since)
+				q.mu.Unlock()
+				return d, p
+			}
+			// Another request took the slot first: wait again, at the head,
+			// for what is left of the wait.
+			left := until.Sub(now)
+			if left <= 0 {
+				q.dropped++
+				q.mu.Unlock()
+				return q.reject(sluice.ReasonQueue), 0
+			}
+			w.ready = make(chan struct{})
+			q.queues[c] = append([]*waiter{w}, q.queues[c]...)
+			q.n++
+			q.mu.Unlock()
+			timer.Reset(left)
+		case <-timer.C:
+			q.mu.Lock()
+			if q.remove(w, c) {
+				q.dropped++
+				q.mu.Unlock()
+				return q.reject(sluice.ReasonQueue), 0
+			}
+			q.mu.Unlock() // woken meanwhile: take the turn
+		case <-ctx.Done():
+			q.mu.Lock()
+			if q.remove(w, c) {
+				q.mu.Unlock()
+				return q.reject(sluice.ReasonQueue), 0
+			}
+			q.mu.Unlock()
+			<-w.ready // woken meanwhile: pass the turn on
+			q.handOff()
+			return q.reject(sluice.ReasonQueue), 0
+		}
+	}
+}
+
+// remove takes w out of queue c, reporting whether it was there (not yet
+// woken). REQUIRES: q.mu held.
+func (q *Queue) remove(w *waiter, c int) bool {
+	for i, x := range q.queues[c] {
+		if x == w {
+			q.queues[c] = append(q.queues[c][:i], q.queues[c][i+1:]...)
+			q.n--
+			return true
+		}
+	}
+	return false
+}
+
+// Release frees the inner gate's slot and wakes the next waiter.
+func (q *Queue) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+	q.inner.Release(r, p, c)
+	q.handOff()
+}
+
+// handOff wakes the waiter that gets the freed slot: the first class with
+// waiters, its oldest (its newest while CoDel sees a standing queue),
+// dropping on CoDel's schedule first.
+func (q *Queue) handOff() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.opts.Clock.Now()
+	for q.n > 0 {
+		c := 0
+		for len(q.queues[c]) == 0 {
+			c++
+		}
+		queue := q.queues[c]
+		w := queue[0]
+		lifo := q.codel.dropping
+		if lifo {
+			w = queue[len(queue)-1]
+			q.queues[c] = queue[:len(queue)-1]
+		} else {
+			q.queues[c] = queue[1:]
+		}
+		q.n--
+		if q.codel.drop(now, now.Sub(w.since), q.n) {
+			w.drop = true
+			q.dropped++
+			close(w.ready)
+			continue
+		}
+		close(w.ready)
+		return
+	}
+}
+
+// reject is the queue's rejection: reason queue is retryable (after a
+// second: the service is busy now); a request predicted to miss its
+// deadline is not, as it was sent.
+func (q *Queue) reject(why sluice.Reason) sluice.Decision {
+	d := sluice.Decision{Reason: why, Scope: sluice.ScopeService, Gate: q.name}
+	if why == sluice.ReasonQueue {
+		d.Retryable, d.RetryAfter = true, time.Second
+	}
+	return d
+}
+
+// QueueDelay predicts the wait of a new request of class now: the
+// requests ahead of it × the service time ÷ the slots (0 when either is
+// unknown). A deadline gate's Queue option takes it.
+func (q *Queue) QueueDelay(class string) time.Duration {
+	if q.opts.ServiceTime == nil {
+		return 0
+	}
+	s, slots := q.opts.ServiceTime(class), q.slots()
+	if s <= 0 || slots <= 0 {
+		return 0
+	}
+	q.mu.Lock()
+	ahead := q.ahead(q.classOf(class))
+	q.mu.Unlock()
+	return time.Duration(ahead) * s / time.Duration(slots)
+}
+
+// State is what the admin API shows of a Queue.
+type State struct {
+	Waiting  int     `json:"waiting"`
+	OldestMs float64 `json:"oldest_ms"`
+	LastWait float64 `json:"last_wait_ms"`
+	Waits    int64   `json:"waits"`
+	Dropped  int64   `json:"dropped"`
+	Standing bool    `json:"standing"`
+}
+
+// ReportState returns the queue's length, the age of its oldest waiter,
+// the last wait that ended in a slot, how many requests waited and how
+// many of them it turned away, and whether CoDel sees a standing queue.
+func (q *Queue) ReportState(now clock.Instant) any {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	st := State{Waiting: q.n, LastWait: ms(q.lastWait), Waits: q.waits, Dropped: q.dropped, Standing: q.codel.dropping}
+	for _, queue := range q.queues {
+		if len(queue) > 0 {
+			st.OldestMs = max(st.OldestMs, ms(now.Sub(queue[0].since)))
+		}
+	}
+	return st
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// codel is CoDel's dequeue-time state machine (RFC 8289, §5): sojourn is
+// how long the dequeued request waited.
+type codel struct {
+	target, interval time.Duration
+	firstAbove       clock.Instant // when the sojourn has been above target for an interval; 0: not above
+	dropNext         clock.Instant
+	count            int
+	lastCount        int
+	dropping         bool
+}
+
+// drop reports whether the request dequeued at now after sojourn should be
+// dropped; left is how many remain queued.
+func (c *codel) drop(now clock.Instant, sojourn time.Duration, left int) bool {
+	ok := c.okToDrop(now, sojourn, left)
+	if c.dropping {
+		if !ok {
+			c.dropping = false
+			return false
+		}
+		if now >= c.dropNext {
+			c.count++
+			c.dropNext = c.controlLaw(c.dropNext)
+			return true
+		}
+		return false
+	}
+	if ok {
+		c.dropping = true
+		delta := c.count - c.lastCount
+		c.count = 1
+		if delta > 1 && now.Sub(c.dropNext) < 16*c.interval {
+			c.count = delta
+		}
+		c.dropNext = c.controlLaw(now)
+		c.lastCount = c.count
+		return true
+	}
+	return false
+}
+
+// okToDrop tracks whether the sojourn has stayed above target for an
+// interval.
+func (c *codel) okToDrop(now clock.Instant, sojourn time.Duration, left int) bool {
+	if sojourn < c.target || left == 0 {
+		c.firstAbove = 0
+		return false
+	}
+	if c.firstAbove == 0 {
+		c.firstAbove = now.Add(c.interval)
+		return false
+	}
+	return now >= c.firstAbove
+}
+
+// controlLaw is the next drop time: t + interval/√count.
+func (c *codel) controlLaw(t clock.Instant) clock.Instant {
+	return t.Add(time.Duration(float64(c.interval) / math.Sqrt(float64(c.count))))
+}

@@ -1,0 +1,196 @@
+package queue_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/queue"
+	"github.com/sluice-go/sluice/store/memory"
+)
+
+// pool is a service-wide concurrency gate of n slots.
+func pool(t *testing.T, n int64) sluice.Gate {
+	c, _ := limit.NewConcurrency(n)
+	g, err := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// result is what one waiting request got.
+type result struct {
+	d      sluice.Decision
+	p      sluice.Permit
+	waited time.Duration
+}
+
+func decide(q *queue.Queue, ctx context.Context, r *sluice.Request, out chan<- result) {
+	start := time.Now()
+	d, p := q.Decide(ctx, r, clock.Now())
+	out <- result{d, p, time.Since(start)}
+}
+
+// A request that finds no slot waits for one, and gets it when a slot
+// frees; one that waits longer than MaxWait is turned away with reason
+// queue, retryable.
+func TestWaitsForASlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: 100 * time.Millisecond})
+		ctx := context.Background()
+		a := &sluice.Request{}
+		d, pa := q.Decide(ctx, a, clock.Now())
+		if !d.Admitted {
+			t.Fatal(d)
+		}
+		out := make(chan result, 2)
+		go decide(q, ctx, &sluice.Request{}, out)
+		time.Sleep(30 * time.Millisecond) // fake time: the work of a
+		q.Release(a, pa, sluice.Completion{Outcome: sluice.OutcomeUseful})
+		b := <-out
+		if !b.d.Admitted || b.waited != 30*time.Millisecond {
+			t.Fatalf("the waiter: %+v after %v, want admitted after 30ms", b.d, b.waited)
+		}
+		go decide(q, ctx, &sluice.Request{}, out) // b holds the slot for good
+		c := <-out
+		if c.d.Admitted || c.d.Reason != sluice.ReasonQueue || !c.d.Retryable || c.waited != 100*time.Millisecond {
+			t.Fatalf("past MaxWait: %+v after %v", c.d, c.waited)
+		}
+		q.Release(a, b.p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+	})
+}
+
+// Classes are served in priority order: a critical request that arrives
+// after a backlog of sheddable ones gets the next slot.
+func TestPriorityBetweenClasses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second, Classes: []string{"critical", "sheddable"}})
+		ctx := context.Background()
+		holder := &sluice.Request{}
+		_, p := q.Decide(ctx, holder, clock.Now())
+		out := make(chan result, 10)
+		for range 3 {
+			go decide(q, ctx, &sluice.Request{Class: "sheddable"}, out)
+		}
+		synctest.Wait()
+		crit := make(chan result, 1)
+		go decide(q, ctx, &sluice.Request{Class: "critical"}, crit)
+		synctest.Wait()
+		q.Release(holder, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+		got := <-crit
+		if !got.d.Admitted {
+			t.Fatalf("critical: %+v", got.d)
+		}
+		select {
+		case r := <-out:
+			t.Fatalf("a sheddable request went before the critical one: %+v", r.d)
+		default:
+		}
+		q.Release(holder, got.p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+		for range 3 {
+			r := <-out
+			if r.d.Admitted {
+				q.Release(holder, r.p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+			}
+		}
+	})
+}
+
+// A request predicted to start too late for its deadline does not wait:
+// with one slot, a service time of 50 ms and two ahead, a 120 ms budget
+// cannot be met (3 × 50 ms ahead of the work, then 50 ms of work).
+func TestPredictedLateIsRejectedAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second,
+			ServiceTime: func(string) time.Duration { return 50 * time.Millisecond }})
+		ctx := context.Background()
+		holder := &sluice.Request{}
+		_, p := q.Decide(ctx, holder, clock.Now())
+		out := make(chan result, 3)
+		for range 2 {
+			go decide(q, ctx, &sluice.Request{}, out)
+		}
+		synctest.Wait()
+		if got := q.QueueDelay("default"); got != 100*time.Millisecond {
+			t.Fatalf("predicted queue delay %v, want 2 × 50 ms", got)
+		}
+		now := clock.Now()
+		d, _ := q.Decide(ctx, &sluice.Request{Deadline: now.Add(120 * time.Millisecond)}, now)
+		if d.Admitted || d.Reason != sluice.ReasonDeadline || d.Retryable {
+			t.Fatalf("predicted late: %+v", d)
+		}
+		for range 2 {
+			q.Release(holder, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+			if r := <-out; r.d.Admitted {
+				p = r.p
+			}
+		}
+		q.Release(holder, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+	})
+}
+
+// A waiter whose caller gives up leaves at once and holds nothing; the
+// next slot goes to the next waiter.
+func TestCancelledWaiterLeaves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second})
+		holder := &sluice.Request{}
+		_, p := q.Decide(context.Background(), holder, clock.Now())
+		ctx, cancel := context.WithCancel(context.Background())
+		gone, next := make(chan result, 1), make(chan result, 1)
+		go decide(q, ctx, &sluice.Request{}, gone)
+		synctest.Wait()
+		go decide(q, context.Background(), &sluice.Request{}, next)
+		synctest.Wait()
+		cancel()
+		if r := <-gone; r.d.Admitted || r.waited != 0 {
+			t.Fatalf("cancelled waiter: %+v after %v", r.d, r.waited)
+		}
+		q.Release(holder, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+		if r := <-next; !r.d.Admitted {
+			t.Fatalf("the next waiter: %+v", r.d)
+		}
+	})
+}
+
+// Under concurrent callers, waiting or not, the slots are never exceeded,
+// and every request ends admitted or turned away.
+func TestNeverAboveTheSlots(t *testing.T) {
+	q, _ := queue.New("pool", pool(t, 3), queue.Options{MaxWait: 20 * time.Millisecond})
+	var mu sync.Mutex
+	inflight, worst := 0, 0
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				r := &sluice.Request{}
+				d, p := q.Decide(context.Background(), r, clock.Now())
+				if !d.Admitted {
+					continue
+				}
+				mu.Lock()
+				inflight++
+				worst = max(worst, inflight)
+				mu.Unlock()
+				time.Sleep(50 * time.Microsecond)
+				mu.Lock()
+				inflight--
+				mu.Unlock()
+				q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
+			}
+		}()
+	}
+	wg.Wait()
+	if worst > 3 {
+		t.Fatalf("%d in flight through a queue in front of 3 slots", worst)
+	}
+}
