@@ -27,6 +27,7 @@ type adaptiveParams struct {
 	window          time.Duration
 	minSamples      int64
 	tolerance       float64
+	queue           queueSettings
 }
 
 func (p *adaptiveParams) fields() []field {
@@ -39,6 +40,7 @@ func (p *adaptiveParams) fields() []field {
 		durationField("window", "the length of a controller window (twice the shortest RTT, within this)", &p.window, time.Millisecond).dflt("1s"),
 		intField("min_samples", "completions a window needs to count", &p.minSamples, 1, 1<<20).dflt("10"),
 		shareField("tolerance", "gradient2: how much slower than the long-term RTT a window may be before the limit shrinks, ≥ 1", &p.tolerance).dflt("1.5"),
+		queueField(&p.queue),
 	}
 }
 
@@ -75,17 +77,22 @@ func (p *adaptiveParams) check(c *checker) {
 	if _, err := p.gate(c.g.Name, c.g.RetryHint); err != nil {
 		c.fail(err)
 	}
+	p.queue.check(c)
 }
 
 func (p *adaptiveParams) build(b *builder) (sluice.Gate, error) {
 	if b.opts.Virtual && p.controller == "queue_delay" {
 		return nil, fmt.Errorf("controller queue_delay reads this process's scheduler, which a simulated clock does not drive")
 	}
-	return p.gate(b.g.Name, b.g.RetryHint)
+	g, err := p.gate(b.g.Name, b.g.RetryHint)
+	if err != nil {
+		return nil, err
+	}
+	return p.queue.wrap(b, g)
 }
 
 func (p *adaptiveParams) stateKey() string { return "" }
 
 func (p *adaptiveParams) describe(g *Gate) string {
-	return fmt.Sprintf("adaptive concurrency limit (%s)%s", p.controller, classesOnly(g))
+	return fmt.Sprintf("adaptive concurrency limit (%s)%s%s", p.controller, p.queue.describe(), classesOnly(g))
 }

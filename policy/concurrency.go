@@ -26,6 +26,7 @@ type concurrencyParams struct {
 	limit    int64
 	ttl      time.Duration
 	weighted bool
+	queue    queueSettings
 }
 
 func (p *concurrencyParams) fields() []field {
@@ -33,6 +34,7 @@ func (p *concurrencyParams) fields() []field {
 		intField("limit", "requests in flight at once (demand units, when weighted)", &p.limit, 1, 1<<40).must(),
 		ttlField(&p.ttl),
 		boolField("weighted", "each request holds as many slots as its cost", &p.weighted).dflt("false"),
+		queueField(&p.queue),
 	}
 }
 
@@ -73,14 +75,25 @@ func (p *concurrencyParams) algorithm() algorithm[limit.ConcurrencyState, *limit
 	})
 }
 
-func (p *concurrencyParams) check(c *checker)                      { p.algorithm().check(c) }
-func (p *concurrencyParams) build(b *builder) (sluice.Gate, error) { return p.algorithm().build(b) }
-func (p *concurrencyParams) stateKey() string                      { return strconv.FormatBool(p.weighted) }
+func (p *concurrencyParams) check(c *checker) {
+	p.algorithm().check(c)
+	p.queue.check(c)
+}
+
+func (p *concurrencyParams) build(b *builder) (sluice.Gate, error) {
+	g, err := p.algorithm().build(b)
+	if err != nil {
+		return nil, err
+	}
+	return p.queue.wrap(b, g)
+}
+
+func (p *concurrencyParams) stateKey() string { return strconv.FormatBool(p.weighted) }
 
 func (p *concurrencyParams) describe(g *Gate) string {
 	w := ""
 	if p.weighted {
 		w = " (weighted by cost)"
 	}
-	return fmt.Sprintf("at most %d in flight%s%s", p.limit, w, scoped(g))
+	return fmt.Sprintf("at most %d in flight%s%s%s", p.limit, w, p.queue.describe(), scoped(g))
 }

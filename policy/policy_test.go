@@ -92,6 +92,10 @@ func TestBrokenPolicies(t *testing.T) {
 		{"adaptive target of gradient2", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, target: 5ms}\n", 3, "gates[0].target", "queue_delay only"},
 		{"adaptive bounds", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, min: 50, max: 10}\n", 3, "gates[0].max", "below min"},
 		{"adaptive queue delay without target", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, controller: queue_delay}\n", 3, "gates[0].target", "target"},
+		{"queue per tenant", "version: 1\ngates:\n  - {name: c, kind: concurrency, scope: tenant, limit: 5, queue: {max_wait: 50ms}}\n", 3, "gates[0].queue", "needs scope service"},
+		{"queue on redis", "version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {max_wait: 50ms}}\n", 4, "gates[0].queue", "on redis"},
+		{"queue class", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical}\ngates:\n  - {name: c, kind: adaptive_concurrency, queue: {classes: [critcal]}}\n", 5, "gates[0].queue", `unknown class "critcal"`},
+		{"queue field", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {wait: 50ms}}\n", 3, "gates[0].queue.wait", "unknown field"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -267,3 +267,42 @@ gates:
 		}
 	}
 }
+
+// Over real HTTP: a worker pool of 2 with a wait queue serves a burst of
+// 8 concurrent requests (each 20 ms of work) instead of answering 6 of
+// them 503 at once; without the queue, the burst's excess is refused.
+func TestWaitQueueServesABurst(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond) // the work
+	})
+	for _, c := range []struct {
+		policy string
+		min200 int
+	}{
+		{"  - {name: pool, kind: concurrency, limit: 2, queue: {max_wait: 2s}}\n", 8},
+		{"  - {name: pool, kind: concurrency, limit: 2}\n", 0},
+	} {
+		_, base := serve(t, "version: 1\ngates:\n"+c.policy, up)
+		var ok atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := http.Get(base + "/x")
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					ok.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("%s→ %d of 8 served", c.policy, ok.Load())
+		if c.min200 > 0 && ok.Load() < int64(c.min200) {
+			t.Errorf("with a queue, %d of 8 served", ok.Load())
+		}
+	}
+}

@@ -37,6 +37,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/shed"
 )
 
 // Options configures a Queue. The zero value is valid.
@@ -53,7 +54,9 @@ type Options struct {
 	// 100 ms.
 	Target, Interval time.Duration
 	// ServiceTime predicts how long a request of class holds its slot
-	// (0: unknown), for the start-in-time test. Nil: no prediction.
+	// (0: unknown), for the start-in-time test. Default: the median of the
+	// class's recent useful completions through this queue, once there are
+	// 20 of them.
 	ServiceTime func(class string) time.Duration
 	// Clock times waits and CoDel. Default clock.System. It must be the
 	// chain's clock.
@@ -66,7 +69,8 @@ type Queue struct {
 	name  string
 	inner sluice.Gate
 	opts  Options
-	slots func() int // the inner gate's slots now, for predictions (0: unknown)
+	slots func() int         // the inner gate's slots now, for predictions (0: unknown)
+	times *shed.ServiceTimes // learned service times, unless Options.ServiceTime
 
 	mu       sync.Mutex
 	queues   [][]*waiter // by class priority; the last is for other classes
@@ -116,6 +120,15 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		return nil, errors.New("queue: negative wait, length or CoDel times")
 	}
 	q := &Queue{name: name, inner: inner, opts: opts, queues: make([][]*waiter, len(opts.Classes)+1)}
+	if q.opts.ServiceTime == nil {
+		q.times = shed.NewServiceTimes()
+		q.opts.ServiceTime = func(class string) time.Duration {
+			if s, n := q.times.Percentile(class, 0.5); n >= 20 {
+				return s
+			}
+			return 0
+		}
+	}
 	q.codel = codel{target: opts.Target, interval: opts.Interval}
 	switch g := any(inner).(type) {
 	case sluice.Sizer:
@@ -277,6 +290,9 @@ func (q *Queue) remove(w *waiter, c int) bool {
 // Release frees the inner gate's slot and wakes the next waiter.
 func (q *Queue) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	q.inner.Release(r, p, c)
+	if q.times != nil && c.Outcome == sluice.OutcomeUseful {
+		q.times.Observe(r.Class, c.Latency)
+	}
 	q.handOff()
 }
 
