@@ -296,9 +296,11 @@ func (q *Queue) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion)
 	q.handOff()
 }
 
-// handOff wakes the waiter that gets the freed slot: the first class with
-// waiters, its oldest (its newest while CoDel sees a standing queue),
-// dropping on CoDel's schedule first.
+// handOff wakes the waiter that gets the freed slot: from the first class
+// with waiters, its oldest, or its newest while CoDel sees a standing
+// queue. CoDel judges the queue by its oldest waiter's age and, on its
+// schedule, drops that oldest waiter first (the one least likely still
+// wanted).
 func (q *Queue) handOff() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -309,21 +311,23 @@ func (q *Queue) handOff() {
 			c++
 		}
 		queue := q.queues[c]
-		w := queue[0]
-		lifo := q.codel.dropping
-		if lifo {
+		oldest := queue[0]
+		if q.codel.drop(now, now.Sub(oldest.since), q.n-1) {
+			q.queues[c] = queue[1:]
+			q.n--
+			oldest.drop = true
+			q.dropped++
+			close(oldest.ready)
+			continue
+		}
+		w := oldest
+		if q.codel.dropping { // adaptive LIFO
 			w = queue[len(queue)-1]
 			q.queues[c] = queue[:len(queue)-1]
 		} else {
 			q.queues[c] = queue[1:]
 		}
 		q.n--
-		if q.codel.drop(now, now.Sub(w.since), q.n) {
-			w.drop = true
-			q.dropped++
-			close(w.ready)
-			continue
-		}
 		close(w.ready)
 		return
 	}
