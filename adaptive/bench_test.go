@@ -1,0 +1,47 @@
+package adaptive_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/adaptive"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store/memory"
+)
+
+// admitRelease is the admitted path of a concurrency gate: one decision
+// and its release with a useful completion.
+func admitRelease(b *testing.B, g sluice.Gate) {
+	r := &sluice.Request{}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now := clock.Now()
+		d, p := g.Decide(ctx, r, now)
+		if !d.Admitted {
+			b.Fatal(d)
+		}
+		g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now, Latency: time.Millisecond})
+	}
+}
+
+// BenchmarkStaticConcurrency: the static service-wide concurrency gate
+// (gate.InFlight on the memory store).
+func BenchmarkStaticConcurrency(b *testing.B) {
+	c, _ := limit.NewConcurrency(1000)
+	g, _ := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+	admitRelease(b, g)
+}
+
+// BenchmarkAdaptiveConcurrency: the adaptive gate with Gradient2, every
+// completion a sample.
+func BenchmarkAdaptiveConcurrency(b *testing.B) {
+	ctrl, _ := adaptive.NewGradient2(adaptive.Gradient2Config{Initial: 1000, Max: 2000})
+	g, _ := adaptive.NewGate("pool", ctrl, adaptive.GateOptions{})
+	admitRelease(b, g)
+}
