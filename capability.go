@@ -81,3 +81,11 @@ type StateReporter interface {
 type Sizer interface {
 	ConcurrencyLimit() (limit, inFlight int)
 }
+
+// Queuer is a gate where requests wait for capacity (a wait queue).
+// QueueStats returns, at now, the requests waiting, the age of the oldest,
+// and how many requests have waited and how many of those were turned away
+// after waiting; the last two only grow.
+type Queuer interface {
+	QueueStats(now clock.Instant) (waiting int, oldest time.Duration, waited, dropped int64)
+}

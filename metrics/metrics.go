@@ -271,6 +271,10 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 //	sluice_shed_fraction{gate}              fraction of load shed (Shedder)
 //	sluice_concurrency_limit{gate}          the limit an adaptive gate set (Sizer)
 //	sluice_concurrency_inflight{gate}       requests in flight under it (Sizer)
+//	sluice_queue_waiting{gate}              requests waiting in a wait queue (Queuer)
+//	sluice_queue_oldest_seconds{gate}       the age of the oldest of them (Queuer)
+//	sluice_queue_waits_total{gate}          requests that waited (Queuer)
+//	sluice_queue_dropped_total{gate}        of those, turned away after waiting (Queuer)
 func (m *Metrics) Gates(chain func() *sluice.Chain) {
 	m.reg.MustRegister(&gateCollector{chain: chain,
 		failures: prometheus.NewDesc("sluice_gate_store_failures_total",
@@ -279,13 +283,18 @@ func (m *Metrics) Gates(chain func() *sluice.Chain) {
 		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
 		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil),
 		limit:    prometheus.NewDesc("sluice_concurrency_limit", "The concurrency limit an adaptive gate set.", []string{"gate"}, nil),
-		inflight: prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil)})
+		inflight: prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil),
+		waiting:  prometheus.NewDesc("sluice_queue_waiting", "Requests waiting in a wait queue.", []string{"gate"}, nil),
+		oldest:   prometheus.NewDesc("sluice_queue_oldest_seconds", "Age of the oldest request in a wait queue.", []string{"gate"}, nil),
+		waits:    prometheus.NewDesc("sluice_queue_waits_total", "Requests that waited in a wait queue.", []string{"gate"}, nil),
+		dropped:  prometheus.NewDesc("sluice_queue_dropped_total", "Requests a wait queue turned away after they waited.", []string{"gate"}, nil)})
 }
 
 type gateCollector struct {
 	chain                              func() *sluice.Chain
 	failures, level, seconds, fraction *prometheus.Desc
 	limit, inflight                    *prometheus.Desc
+	waiting, oldest, waits, dropped    *prometheus.Desc
 }
 
 func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -295,6 +304,10 @@ func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.fraction
 	ch <- g.limit
 	ch <- g.inflight
+	ch <- g.waiting
+	ch <- g.oldest
+	ch <- g.waits
+	ch <- g.dropped
 }
 
 func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -304,6 +317,13 @@ func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
 		name := gt.Name()
 		if f, ok := sluice.As[sluice.FailureCounter](gt); ok {
 			ch <- prometheus.MustNewConstMetric(g.failures, prometheus.CounterValue, float64(f.Failures()), name, f.FailurePolicy())
+		}
+		if qu, ok := sluice.As[sluice.Queuer](gt); ok {
+			n, oldest, waits, dropped := qu.QueueStats(now)
+			ch <- prometheus.MustNewConstMetric(g.waiting, prometheus.GaugeValue, float64(n), name)
+			ch <- prometheus.MustNewConstMetric(g.oldest, prometheus.GaugeValue, oldest.Seconds(), name)
+			ch <- prometheus.MustNewConstMetric(g.waits, prometheus.CounterValue, float64(waits), name)
+			ch <- prometheus.MustNewConstMetric(g.dropped, prometheus.CounterValue, float64(dropped), name)
 		}
 		if sz, ok := sluice.As[sluice.Sizer](gt); ok {
 			l, n := sz.ConcurrencyLimit()

@@ -462,18 +462,20 @@ gates:
   - {name: fleet, kind: fleet_usage, limit: 10, reserve: {default: 10%}}
   - {name: adaptive, kind: adaptive_concurrency, initial: 30, min: 5, max: 100}
   - {name: deadline, kind: deadline}
+  - {name: pool, kind: concurrency, limit: 5, queue: {max_wait: 50ms}}
 `)
 	h.do("GET", h.base+"/x", "", "", nil)
 	_, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
 	for _, want := range []string{`"name":"ladder"`, `"level":"normal"`, `"seconds_in"`, `"shed_fraction":0`, `"name":"fleet"`, `"limit":9`,
-		`"name":"adaptive"`, `"state":{"limit":30,"in_flight":0}`, `"name":"deadline"`} {
+		`"name":"adaptive"`, `"state":{"limit":30,"in_flight":0}`, `"name":"deadline"`, `"waiting":0`} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("/v1/gates lacks %s:\n%s", want, body)
 		}
 	}
 	_, metrics := h.do("GET", h.admin+"/metrics", "", "", nil)
 	for _, want := range []string{`sluice_ladder_level{gate="ladder"} 0`, `sluice_ladder_seconds_total{gate="ladder",level="normal"}`, `sluice_shed_fraction{gate="util"} 0`,
-		`sluice_concurrency_limit{gate="adaptive"} 30`, `sluice_concurrency_inflight{gate="adaptive"} 0`} {
+		`sluice_concurrency_limit{gate="adaptive"} 30`, `sluice_concurrency_inflight{gate="adaptive"} 0`,
+		`sluice_queue_waiting{gate="pool"} 0`, `sluice_queue_waits_total{gate="pool"} 0`} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("/metrics lacks %s", want)
 		}

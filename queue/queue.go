@@ -85,6 +85,7 @@ var (
 	_ sluice.Gate          = (*Queue)(nil)
 	_ sluice.Wrapper       = (*Queue)(nil)
 	_ sluice.StateReporter = (*Queue)(nil)
+	_ sluice.Queuer        = (*Queue)(nil)
 )
 
 // waiter is a request waiting for a slot.
@@ -384,6 +385,19 @@ func (q *Queue) ReportState(now clock.Instant) any {
 		}
 	}
 	return st
+}
+
+// QueueStats returns the waiting requests, the oldest one's age, and the
+// requests that waited and were turned away after waiting.
+func (q *Queue) QueueStats(now clock.Instant) (waiting int, oldest time.Duration, waited, dropped int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, queue := range q.queues {
+		if len(queue) > 0 {
+			oldest = max(oldest, now.Sub(queue[0].since))
+		}
+	}
+	return q.n, oldest, q.waits, q.dropped
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
