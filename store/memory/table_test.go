@@ -149,6 +149,7 @@ func TestTableEvictsOneShotKeysFirst(t *testing.T) {
 
 func TestTableConcurrentUse(t *testing.T) {
 	tbl := newTable(Options{Shards: 4, MaxKeys: 64}, freshCounter)
+	tbl.forgettable = freshCounter // counts in flight, like a concurrency limit's: never evicted while held
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
