@@ -210,13 +210,21 @@ func (r *Report) WriteJSON(path string) error {
 func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "upstream: %d workers, mean service %.1f ms, measured capacity %.0f req/s (modeled %.0f); client deadline %.0f ms; %.0f s per step, open-loop load\n",
 		r.Workers, r.MeanServiceMs, r.CapacityRPS, r.ModeledRPS, r.DeadlineMs, r.StepSeconds)
+	behind := 0
 	for _, run := range r.Runs {
 		fmt.Fprintf(w, "\n%s\n", run.Name)
 		fmt.Fprintf(w, "%6s %9s %9s %9s %8s %8s %9s %9s  %s\n", "load", "offered", "admitted", "goodput", "good%", "late", "p50 ms", "p99 ms", "rejected by reason (req/s)")
 		for _, s := range run.Steps {
-			fmt.Fprintf(w, "%5.1fx %9.0f %9.0f %9.0f %7.0f%% %8.0f %9.1f %9.1f  %s\n",
-				s.Multiplier, s.OfferedRPS, s.AdmittedRPS, s.GoodputRPS, 100*s.GoodputRPS/r.CapacityRPS, s.LateRPS, s.P50Ms, s.P99Ms, fmtReasons(s.RejectedRPS))
+			mark := ""
+			if s.Behind() {
+				mark, behind = "  (!)", behind+1
+			}
+			fmt.Fprintf(w, "%5.1fx %9.0f %9.0f %9.0f %7.0f%% %8.0f %9.1f %9.1f  %s%s\n",
+				s.Multiplier, s.OfferedRPS, s.AdmittedRPS, s.GoodputRPS, 100*s.GoodputRPS/r.CapacityRPS, s.LateRPS, s.P50Ms, s.P99Ms, fmtReasons(s.RejectedRPS), mark)
 		}
 	}
 	fmt.Fprintf(w, "\ngood%% is goodput as a share of the measured capacity. %.0f s in all.\n", r.ElapsedSeconds)
+	if behind > 0 {
+		fmt.Fprintf(w, "(!) on %d step(s) the load generator sent less than 95%% of the target rate: this machine was too busy to offer the load, so those figures understate it.\n", behind)
+	}
 }

@@ -47,7 +47,10 @@ func MeanServiceTime() time.Duration {
 
 // Step is one load level of a sweep. Rates are per second of attack.
 type Step struct {
-	Multiplier  float64            `json:"multiplier"`
+	Multiplier float64 `json:"multiplier"`
+	// TargetRPS is the rate the step asked for; OfferedRPS is what the load
+	// generator sent. On a busy machine it can fall behind (Behind).
+	TargetRPS   float64            `json:"target_rps"`
 	OfferedRPS  float64            `json:"offered_rps"`
 	AdmittedRPS float64            `json:"admitted_rps"`
 	GoodputRPS  float64            `json:"goodput_rps"`
@@ -63,6 +66,17 @@ type Step struct {
 // goodput), late (no useful answer by the deadline), rejected by reason
 // (429/503/400, read from the envelope), errored (anything else).
 func attack(ctx context.Context, base string, rps float64, d, deadline time.Duration, tenants int) Step {
+	st := attackAt(ctx, base, rps, d, deadline, tenants)
+	st.TargetRPS = rps
+	return st
+}
+
+// Behind reports whether the load generator sent less than 95% of the
+// step's target rate (its own machine was too busy): the step's figures
+// then understate the load.
+func (s *Step) Behind() bool { return s.TargetRPS > 0 && s.OfferedRPS < 0.95*s.TargetRPS }
+
+func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Duration, tenants int) Step {
 	atk := vegeta.NewAttacker(
 		vegeta.Timeout(deadline),
 		vegeta.KeepAlive(true),
