@@ -82,6 +82,15 @@ type Sizer interface {
 	ConcurrencyLimit() (limit, inFlight int)
 }
 
+// Waiter is a gate that may hold a request inside Decide before admitting
+// it (a pacer until its departure slot, a wait queue until a slot frees).
+// A Chain with such a gate starts a request's latency clock after all its
+// gates have decided, so Completion.Latency, which adaptive limits and
+// service-time estimates learn from, measures the work and not the wait.
+type Waiter interface {
+	MayWait() bool
+}
+
 // Queuer is a gate where requests wait for capacity (a wait queue).
 // QueueStats returns, at now, the requests waiting, the age of the oldest,
 // and how many requests have waited and how many of those were turned away

@@ -54,6 +54,7 @@ type Chain struct {
 	clock    clock.Clock
 	obs      Observer
 	pool     sync.Pool
+	waits    bool // a gate may wait in Decide (Waiter)
 }
 
 type entry struct {
@@ -98,6 +99,9 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 		c.gates = append(c.gates, e)
 		if a, ok := As[Advertiser](g); ok {
 			c.policies = append(c.policies, a.Policy())
+		}
+		if w, ok := As[Waiter](g); ok && w.MayWait() {
+			c.waits = true
 		}
 	}
 	for name := range opts.Modes {
@@ -206,6 +210,9 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	t := c.pool.Get().(*ticket)
 	t.req = *r
 	t.start = now
+	if c.waits { // the work starts after any wait in a gate
+		t.start = c.clock.Now()
+	}
 	t.n = n
 	t.held = hs
 	tk := Ticket{t: t, gen: t.gen.Load()}

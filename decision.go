@@ -43,7 +43,11 @@ const (
 	ReasonQueue
 )
 
-var reasonNames = [...]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid", "upstream", "queue"}
+// ReasonCount is the number of reasons, ReasonNone included: every Reason
+// is below it, so it sizes a table indexed by reason.
+const ReasonCount = int(ReasonQueue) + 1
+
+var reasonNames = [ReasonCount]string{"", "policy_rate", "concurrency", "deadline", "overload", "dependency", "invalid", "upstream", "queue"}
 
 // String returns the wire name, e.g. "policy_rate"; "" for ReasonNone.
 func (r Reason) String() string {

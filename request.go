@@ -101,6 +101,7 @@ type Completion struct {
 	Outcome Outcome
 	// Now is the release instant on the Chain's clock.
 	Now clock.Instant
-	// Latency is the time from admission to release.
+	// Latency is the time from admission to release: from the moment the
+	// request held all its permits, after any wait in a gate (Waiter).
 	Latency time.Duration
 }

@@ -23,7 +23,10 @@ type Pacer struct {
 	base
 }
 
-var _ sluice.Gate = (*Pacer)(nil)
+var (
+	_ sluice.Gate   = (*Pacer)(nil)
+	_ sluice.Waiter = (*Pacer)(nil)
+)
 
 // NewPacer returns a pacing gate named name over lim.
 func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
@@ -66,6 +69,9 @@ func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 		return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: g.opts.Scope, Gate: g.name}, 0
 	}
 }
+
+// MayWait reports true: Decide waits for the departure slot.
+func (g *Pacer) MayWait() bool { return true }
 
 // Release does nothing: a paced slot is spent once it is scheduled.
 func (g *Pacer) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {}

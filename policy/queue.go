@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -76,10 +75,8 @@ func (q *queueSettings) wrap(b *builder, g sluice.Gate) (sluice.Gate, error) {
 	if !q.set {
 		return g, nil
 	}
-	if b.opts.Virtual {
-		return nil, errors.New("queue: the simulator does not run wait queues yet (requests would wait on real timers)")
-	}
-	return queue.New(b.g.Name, g, queue.Options{MaxWait: q.maxWait, MaxLen: int(q.maxLen), Classes: q.classes, Clock: b.opts.Clock})
+	return queue.New(b.g.Name, g, queue.Options{MaxWait: q.maxWait, MaxLen: int(q.maxLen), Classes: q.classes,
+		Clock: b.opts.Clock, Events: b.opts.Virtual})
 }
 
 // describe is the queue's part of the spec line.

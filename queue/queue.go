@@ -61,6 +61,9 @@ type Options struct {
 	// Clock times waits and CoDel. Default clock.System. It must be the
 	// chain's clock.
 	Clock clock.Clock
+	// Events makes Decide never block, for an event loop that cannot (a
+	// simulator on a virtual clock): see Park.
+	Events bool
 }
 
 // Queue is a sluice.Gate that waits for a slot of the concurrency gate it
@@ -70,15 +73,21 @@ type Queue struct {
 	inner sluice.Gate
 	opts  Options
 	slots func() int         // the inner gate's slots now, for predictions (0: unknown)
+	sizer sluice.Sizer       // the inner gate's moving limit, if it has one
 	times *shed.ServiceTimes // learned service times, unless Options.ServiceTime
 
 	mu       sync.Mutex
 	queues   [][]*waiter // by class priority; the last is for other classes
 	n        int
 	codel    codel
+	woken    int           // waiters woken for a slot and not yet back
 	waits    int64         // requests that waited
 	dropped  int64         // requests the queue turned away after waiting
 	lastWait time.Duration // the last wait that ended in a slot
+
+	// event mode (Options.Events): every permit is an id of held
+	held   map[uint64]*waiter
+	nextID uint64
 }
 
 var (
@@ -86,6 +95,7 @@ var (
 	_ sluice.Wrapper       = (*Queue)(nil)
 	_ sluice.StateReporter = (*Queue)(nil)
 	_ sluice.Queuer        = (*Queue)(nil)
+	_ sluice.Waiter        = (*Queue)(nil)
 )
 
 // waiter is a request waiting for a slot.
@@ -94,6 +104,16 @@ type waiter struct {
 	since clock.Instant
 	ready chan struct{} // closed when the waiter should try again, or is dropped
 	drop  bool          // set with ready when the queue drops it
+	class int           // index of its queue
+
+	// event mode
+	own     sluice.Request // the request, copied: the caller's is gone after Decide
+	tag     uint64
+	notify  func(tag uint64, d sluice.Decision)
+	waiting bool          // in a queue now
+	granted bool          // holds permit of the inner gate
+	permit  sluice.Permit // the inner gate's
+	waited  time.Duration
 }
 
 // New returns a queue named name in front of inner, a concurrency gate
@@ -131,13 +151,16 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		}
 	}
 	q.codel = codel{target: opts.Target, interval: opts.Interval}
-	switch g := any(inner).(type) {
-	case sluice.Sizer:
-		q.slots = func() int { l, _ := g.ConcurrencyLimit(); return l }
-	case sluice.Advertiser:
-		q.slots = func() int { return int(g.Policy().Quota) }
-	default:
+	if sz, ok := sluice.As[sluice.Sizer](inner); ok {
+		q.sizer = sz
+		q.slots = func() int { l, _ := sz.ConcurrencyLimit(); return l }
+	} else if a, ok := sluice.As[sluice.Advertiser](inner); ok {
+		q.slots = func() int { return int(a.Policy().Quota) }
+	} else {
 		q.slots = func() int { return 0 }
+	}
+	if opts.Events {
+		q.held = make(map[uint64]*waiter)
 	}
 	return q, nil
 }
@@ -147,6 +170,9 @@ func (q *Queue) Name() string { return q.name }
 
 // Unwrap returns the gate the queue waits on.
 func (q *Queue) Unwrap() sluice.Gate { return q.inner }
+
+// MayWait reports whether Decide may block (not in event mode).
+func (q *Queue) MayWait() bool { return !q.opts.Events }
 
 func (q *Queue) classOf(class string) int {
 	for i, c := range q.opts.Classes {
@@ -170,9 +196,12 @@ func (q *Queue) ahead(c int) int {
 // Decide admits through the inner gate, waiting for a slot when there is
 // none and the request can still start in time.
 func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+	if q.opts.Events {
+		return q.decideEvent(ctx, r, now)
+	}
 	q.mu.Lock()
 	c := q.classOf(r.Class)
-	if q.ahead(c) == 0 { // nobody to wait behind: try at once
+	if q.ahead(c) == 0 && q.woken == 0 { // nobody to wait behind: try at once
 		d, p := q.inner.Decide(ctx, r, now)
 		if d.Admitted || d.Reason != sluice.ReasonConcurrency {
 			q.mu.Unlock()
@@ -184,12 +213,31 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 		q.mu.Unlock()
 		return q.reject(why), 0
 	}
-	w := &waiter{req: r, since: now, ready: make(chan struct{})}
-	q.queues[c] = append(q.queues[c], w)
-	q.n++
-	q.waits++
+	w := &waiter{req: r, since: now, ready: make(chan struct{}), class: c}
+	q.push(w)
+	q.wake(now, q.free(0)) // a moving limit may have grown
 	q.mu.Unlock()
 	return q.await(ctx, w, c, wait)
+}
+
+// push queues w at the back of its class. REQUIRES: q.mu held.
+func (q *Queue) push(w *waiter) {
+	q.queues[w.class] = append(q.queues[w.class], w)
+	w.waiting = true
+	q.n++
+	q.waits++
+}
+
+// free is how many waiters a release of released slots (0 or 1) lets
+// start: the inner gate's free slots when its limit moves, less the
+// waiters already woken for a slot; else the released slot.
+// REQUIRES: q.mu held.
+func (q *Queue) free(released int) int {
+	if q.sizer == nil {
+		return released
+	}
+	l, f := q.sizer.ConcurrencyLimit()
+	return l - f - q.woken
 }
 
 // budget returns how long a new request may wait, or why it may not.
@@ -233,6 +281,7 @@ func (q *Queue) await(ctx context.Context, w *waiter, c int, wait time.Duration)
 				q.mu.Unlock()
 				return q.reject(sluice.ReasonQueue), 0
 			}
+			q.woken--
 			now := q.opts.Clock.Now()
 			d, p := q.inner.Decide(ctx, w.req, now)
 			if d.Admitted || d.Reason != sluice.ReasonConcurrency {
@@ -250,6 +299,7 @@ func (q *Queue) await(ctx context.Context, w *waiter, c int, wait time.Duration)
 			}
 			w.ready = make(chan struct{})
 			q.queues[c] = append([]*waiter{w}, q.queues[c]...)
+			w.waiting = true
 			q.n++
 			q.mu.Unlock()
 			timer.Reset(left)
@@ -269,7 +319,12 @@ func (q *Queue) await(ctx context.Context, w *waiter, c int, wait time.Duration)
 			}
 			q.mu.Unlock()
 			<-w.ready // woken meanwhile: pass the turn on
-			q.handOff()
+			if !w.drop {
+				q.mu.Lock()
+				q.woken--
+				q.wake(q.opts.Clock.Now(), q.free(1))
+				q.mu.Unlock()
+			}
 			return q.reject(sluice.ReasonQueue), 0
 		}
 	}
@@ -278,10 +333,14 @@ func (q *Queue) await(ctx context.Context, w *waiter, c int, wait time.Duration)
 // remove takes w out of queue c, reporting whether it was there (not yet
 // woken). REQUIRES: q.mu held.
 func (q *Queue) remove(w *waiter, c int) bool {
+	if !w.waiting {
+		return false
+	}
 	for i, x := range q.queues[c] {
 		if x == w {
 			q.queues[c] = append(q.queues[c][:i], q.queues[c][i+1:]...)
 			q.n--
+			w.waiting = false
 			return true
 		}
 	}
@@ -290,22 +349,43 @@ func (q *Queue) remove(w *waiter, c int) bool {
 
 // Release frees the inner gate's slot and wakes the next waiter.
 func (q *Queue) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+	if q.opts.Events {
+		q.releaseEvent(r, p, c)
+		return
+	}
 	q.inner.Release(r, p, c)
 	if q.times != nil && c.Outcome == sluice.OutcomeUseful {
 		q.times.Observe(r.Class, c.Latency)
 	}
-	q.handOff()
+	q.mu.Lock()
+	q.wake(q.opts.Clock.Now(), q.free(1))
+	q.mu.Unlock()
 }
 
-// handOff wakes the waiter that gets the freed slot: from the first class
-// with waiters, its oldest, or its newest while CoDel sees a standing
-// queue. CoDel judges the queue by its oldest waiter's age and, on its
-// schedule, drops that oldest waiter first (the one least likely still
-// wanted).
-func (q *Queue) handOff() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	now := q.opts.Clock.Now()
+// wake wakes up to n waiters to take a slot each. REQUIRES: q.mu held.
+func (q *Queue) wake(now clock.Instant, n int) {
+	var drops []*waiter
+	for ; n > 0; n-- {
+		w, _, ok := q.pop(now, &drops)
+		if !ok {
+			break
+		}
+		q.woken++
+		close(w.ready)
+	}
+	for _, w := range drops {
+		w.drop = true
+		close(w.ready)
+	}
+}
+
+// pop takes the next waiter to serve: from the first class with waiters,
+// its oldest, or its newest while CoDel sees a standing queue. CoDel
+// judges the queue by its oldest waiter's age and, on its schedule, drops
+// that oldest waiter first (the one least likely still wanted): dropped
+// waiters are appended to drops. lifo reports that w came from the back.
+// REQUIRES: q.mu held.
+func (q *Queue) pop(now clock.Instant, drops *[]*waiter) (w *waiter, lifo, ok bool) {
 	for q.n > 0 {
 		c := 0
 		for len(q.queues[c]) == 0 {
@@ -313,25 +393,36 @@ func (q *Queue) handOff() {
 		}
 		queue := q.queues[c]
 		oldest := queue[0]
-		if q.codel.drop(now, now.Sub(oldest.since), q.n-1) {
+		q.n--
+		if q.codel.drop(now, now.Sub(oldest.since), q.n) {
 			q.queues[c] = queue[1:]
-			q.n--
-			oldest.drop = true
+			oldest.waiting = false
 			q.dropped++
-			close(oldest.ready)
+			*drops = append(*drops, oldest)
 			continue
 		}
-		w := oldest
-		if q.codel.dropping { // adaptive LIFO
+		w, lifo = oldest, q.codel.dropping // adaptive LIFO
+		if lifo {
 			w = queue[len(queue)-1]
 			q.queues[c] = queue[:len(queue)-1]
 		} else {
 			q.queues[c] = queue[1:]
 		}
-		q.n--
-		close(w.ready)
-		return
+		w.waiting = false
+		return w, lifo, true
 	}
+	return nil, false, false
+}
+
+// unpop puts back a waiter pop took. REQUIRES: q.mu held.
+func (q *Queue) unpop(w *waiter, lifo bool) {
+	if lifo {
+		q.queues[w.class] = append(q.queues[w.class], w)
+	} else {
+		q.queues[w.class] = append([]*waiter{w}, q.queues[w.class]...)
+	}
+	w.waiting = true
+	q.n++
 }
 
 // reject is the queue's rejection: reason queue is retryable (after a

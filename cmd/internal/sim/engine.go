@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/wire"
 )
 
@@ -28,6 +29,8 @@ const (
 	evFree                 // a worker finishes (aux says how)
 	evRetry                // a caller sends its next attempt
 	evPhase                // a time-series phase begins
+	evReady                // a request parked in a wait queue got a slot or was turned away (aux: the reason)
+	evExpire               // a parked request's wait runs out
 )
 
 // how a worker's busy period ended
@@ -110,6 +113,9 @@ type attempt struct {
 	units     int64
 	ticket    sluice.Ticket
 	admission bool // holds a ticket
+	parked    bool // waiting in a wait queue (pq, pid) for a slot
+	pq        *queue.Queue
+	pid       uint64
 }
 
 // class is a scenario class prepared for the engine.
@@ -130,6 +136,7 @@ type engine struct {
 	clk     *vclock
 	ctx     context.Context
 	wait    time.Duration // paced wait reported by gates (sluice.ContextWithWait)
+	park    queue.Park    // where a request waits in a wait queue
 	classes []class
 	events  heap
 	timers  wheel // the callers' timeouts
@@ -189,7 +196,8 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 		return nil, err
 	}
 	e := &engine{s: s, clk: clk, chain: chain, rules: id.Rules(), idle: s.Workers}
-	e.ctx = sluice.ContextWithWait(context.Background(), &e.wait)
+	e.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &e.wait), &e.park)
+	e.park.Ready = e.ready
 	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
 	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
 	e.rCli = rand.New(rand.NewPCG(seed, 0x636c6921))
@@ -383,6 +391,10 @@ func (e *engine) run(end int64) {
 			p := &e.s.Phases[ev.ref]
 			e.setSlowdown(p)
 			e.setLoad(p.Load)
+		case evReady:
+			e.unpark(ev.ref, sluice.Reason(ev.aux))
+		case evExpire:
+			e.expire(ev.ref)
 		}
 	}
 	e.advance(end)
@@ -449,6 +461,7 @@ func (e *engine) send(i int32) {
 			req.Deadline = clock.Instant(now).Add(budget)
 		}
 		e.wait = 0
+		e.park.Tag, e.park.Queue = uint64(i), nil
 		d, t := e.chain.Decide(e.ctx, &req)
 		e.level = max(e.level, d.Level)
 		if !d.Admitted {
@@ -464,15 +477,90 @@ func (e *engine) send(i int32) {
 		wait = int64(e.wait)
 	}
 	if a.measured {
+		// A request parked in a wait queue counts as admitted until the
+		// queue turns it away (unadmit).
 		e.m.Admitted += float64(a.units)
 	}
 	a.refs++ // the service
 	e.at(a.giveUp, evTimeout, 0, i)
+	if e.park.Queue != nil && e.chain != nil {
+		a.parked, a.pq, a.pid = true, e.park.Queue, e.park.ID
+		a.refs++ // the expiry
+		e.at(max(int64(e.park.Until), now), evExpire, 0, i)
+		return
+	}
+	e.admit(i, wait)
+}
+
+// admit sends admitted attempt i on to the service after a paced wait.
+func (e *engine) admit(i int32, wait int64) {
+	now := e.clk.now
 	if wait > 0 {
 		e.at(now+wait, evEnqueue, 0, i)
 		return
 	}
 	e.enqueue(i)
+}
+
+// ready is the wait queues' Park.Ready: attempt tag got a slot (d
+// admitted) or was turned away. It runs inside a release, so it only
+// schedules the outcome.
+func (e *engine) ready(tag uint64, d sluice.Decision) {
+	e.at(e.clk.now, evReady, uint8(d.Reason), int32(tag))
+}
+
+// unpark ends parked attempt i's wait: admitted (ReasonNone) or turned
+// away for reason.
+func (e *engine) unpark(i int32, reason sluice.Reason) {
+	a := &e.slab[i]
+	if !a.parked {
+		return
+	}
+	a.parked = false
+	switch {
+	case reason == sluice.ReasonNone && a.answered: // its caller left before the slot came
+		e.drop(i, sluice.OutcomeCancelled)
+	case reason == sluice.ReasonNone:
+		e.admit(i, 0)
+	default:
+		e.turnAway(i, reason)
+	}
+}
+
+// expire ends parked attempt i's wait when it runs out.
+func (e *engine) expire(i int32) {
+	if a := &e.slab[i]; a.parked && a.pq.Expire(a.pid) {
+		a.parked = false
+		e.turnAway(i, sluice.ReasonQueue)
+	}
+	e.unref(i)
+}
+
+// unadmit counts parked attempt i as turned away for reason instead of
+// admitted.
+func (e *engine) unadmit(a *attempt, reason sluice.Reason) {
+	if a.measured {
+		e.m.Admitted -= float64(a.units)
+		e.m.reject(reason, float64(a.units))
+	}
+}
+
+// turnAway answers parked attempt i with a rejection for reason, as the
+// queue would have from Decide.
+func (e *engine) turnAway(i int32, reason sluice.Reason) {
+	a := &e.slab[i]
+	if !a.answered {
+		a.answered = true
+		e.unadmit(a, reason)
+		retryAfter := time.Duration(0)
+		if reason == sluice.ReasonQueue {
+			retryAfter = time.Second
+		}
+		e.retry(i, reason, reason == sluice.ReasonQueue, retryAfter)
+		a = &e.slab[i]
+	}
+	e.done(a, sluice.OutcomeRejected)
+	e.unref(i)
 }
 
 // retry schedules the operation's next attempt after a failed attempt i,
@@ -612,7 +700,17 @@ func (e *engine) done(a *attempt, o sluice.Outcome) {
 // timeout: the caller stops waiting for attempt i.
 func (e *engine) timeout(i int32) {
 	a := &e.slab[i]
-	if !a.answered {
+	if a.parked && a.pq.Cancel(a.pid) {
+		// Still waiting for a slot: the queue turns it away as its caller
+		// leaves (reason queue, never admitted), which counts as that
+		// rejection rather than as a timeout of admitted work.
+		a.parked, a.answered = false, true
+		e.unadmit(a, sluice.ReasonQueue)
+		e.done(a, sluice.OutcomeCancelled)
+		a.refs-- // the service's; the caller's goes below
+		e.retry(i, sluice.ReasonNone, true, 0)
+	}
+	if a = &e.slab[i]; !a.answered {
 		a.answered = true
 		if e.inWindow() {
 			e.m.TimedOut += float64(a.units)

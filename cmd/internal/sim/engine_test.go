@@ -12,11 +12,20 @@ import (
 
 // Small policies, one per kind of gate the engine must drive: a bucket,
 // a concurrency limit (permits released on every path), a paced queue
-// (the engine schedules its wait on the virtual clock) and a shedder.
+// (the engine schedules its wait on the virtual clock), a shedder, and wait
+// queues in front of a static and an adaptive limit (requests park and are
+// woken by releases).
 var propPolicies = []*Policy{
 	nil,
 	{Name: "bucket.yaml", Data: []byte("version: 1\ngates:\n  - {name: rate, kind: token_bucket, scope: tenant, rate: 20/s, burst: 40}\n")},
 	{Name: "inflight.yaml", Data: []byte("version: 1\ngates:\n  - {name: inflight, kind: concurrency, scope: service, limit: 6}\n")},
+	{Name: "queued.yaml", Data: []byte("version: 1\ngates:\n  - {name: inflight, kind: concurrency, scope: service, limit: 4, queue: {max_wait: 80ms, max_len: 30}}\n")},
+	{Name: "adaptive.yaml", Data: []byte(`version: 1
+routes:
+  - {match: {path: /c0}, class: critical}
+gates:
+  - {name: pool, kind: adaptive_concurrency, controller: gradient2, min: 2, max: 40, initial: 4, window: 200ms, queue: {max_wait: 50ms, classes: [critical]}}
+`)},
 	{Name: "paced.yaml", Data: []byte("version: 1\ngates:\n  - {name: paced, kind: leaky_bucket, scope: service, rate: 150/s, queue: 20}\n")},
 	{Name: "shed.yaml", Data: []byte(`version: 1
 routes:

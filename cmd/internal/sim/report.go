@@ -53,7 +53,7 @@ type Row struct {
 	// Level is the highest degradation level decided in the interval.
 	Level string `json:"level,omitempty"`
 
-	rejected [8]float64
+	rejected [sluice.ReasonCount]float64
 }
 
 func (r *Row) reject(reason sluice.Reason, units float64) {
