@@ -50,8 +50,11 @@ type Step struct {
 	Multiplier float64 `json:"multiplier"`
 	// TargetRPS is the rate the step asked for; OfferedRPS is what the load
 	// generator sent. On a busy machine it can fall behind (Behind).
-	TargetRPS   float64            `json:"target_rps"`
-	OfferedRPS  float64            `json:"offered_rps"`
+	TargetRPS  float64 `json:"target_rps"`
+	OfferedRPS float64 `json:"offered_rps"`
+	// UsefulWork is the upstream worker time spent on useful answers per
+	// second of attack, in workers (8 means all of 8 workers all the time).
+	UsefulWork  float64            `json:"useful_work"`
 	AdmittedRPS float64            `json:"admitted_rps"`
 	GoodputRPS  float64            `json:"goodput_rps"`
 	LateRPS     float64            `json:"late_rps"`
@@ -87,6 +90,7 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 	)
 	rate := vegeta.ConstantPacer{Freq: int(rps + 0.5), Per: time.Second}
 	var useful, late, errored, offered int64
+	var work time.Duration // the upstream's, for useful answers
 	rejected := map[string]int64{}
 	var lat []time.Duration
 	res := atk.Attack(mixTarget(base, tenants, deadline), rate, d, "step")
@@ -98,6 +102,8 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 		case r.Code == http.StatusOK && r.Latency <= deadline:
 			useful++
 			lat = append(lat, r.Latency)
+			us, _ := strconv.ParseInt(r.Headers.Get(WorkHeader), 10, 64)
+			work += time.Duration(us) * time.Microsecond
 		case r.Code == http.StatusOK || r.Code == 0 && isTimeout(r.Error):
 			late++
 			lat = append(lat, deadline) // censored: the caller stopped waiting
@@ -111,6 +117,7 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 	st := Step{
 		OfferedRPS:  float64(offered) / secs,
 		GoodputRPS:  float64(useful) / secs,
+		UsefulWork:  work.Seconds() / secs,
 		LateRPS:     float64(late) / secs,
 		ErroredRPS:  float64(errored) / secs,
 		RejectedRPS: map[string]float64{},
@@ -146,12 +153,13 @@ func reasonOf(body []byte, code int) string {
 }
 
 // measureCapacity drives the upstream at saturation with a closed loop of
-// 4 callers per worker for d and returns completions per second.
-func measureCapacity(ctx context.Context, base string, workers int, d time.Duration) float64 {
+// 4 callers per worker for d and returns completions per second and the
+// worker time they took per second (in workers).
+func measureCapacity(ctx context.Context, base string, workers int, d time.Duration) (rps, work float64) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * workers}}
 	defer client.CloseIdleConnections()
 	tgt := mixTarget(base, 1, time.Minute)
-	var done atomic.Int64
+	var done, workUs atomic.Int64
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	start := time.Now()
@@ -172,12 +180,15 @@ func measureCapacity(ctx context.Context, base string, workers int, d time.Durat
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK && ctx.Err() == nil {
 					done.Add(1)
+					us, _ := strconv.ParseInt(resp.Header.Get(WorkHeader), 10, 64)
+					workUs.Add(us)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	return float64(done.Load()) / time.Since(start).Seconds()
+	secs := time.Since(start).Seconds()
+	return float64(done.Load()) / secs, float64(workUs.Load()) / 1e6 / secs
 }
 
 func fmtReasons(m map[string]float64) string {

@@ -29,6 +29,12 @@ type job struct {
 	done    chan struct{}
 }
 
+// WorkHeader is the response header in which the upstream reports the
+// worker time it spent on the request, in µs: the load generator adds up
+// the useful work (answers in time), which, unlike a count of requests,
+// does not change with the mix of cheap and costly requests admitted.
+const WorkHeader = "X-Work-Us"
+
 // ServiceTime returns the modeled service time of a request.
 func ServiceTime(method, path string, stops int) time.Duration {
 	switch {
@@ -106,5 +112,6 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Unlock()
 	<-j.done // a naive service waits even if the client is gone
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(WorkHeader, strconv.FormatInt(j.service.Microseconds(), 10))
 	w.Write([]byte(`{"ok":true}` + "\n"))
 }

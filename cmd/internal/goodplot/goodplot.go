@@ -8,6 +8,7 @@ package goodplot
 import (
 	"fmt"
 	"image/color"
+	"os"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -17,19 +18,30 @@ import (
 )
 
 // Line is one run: its name and its (offered, goodput) points, joined by a
-// line unless Dots (reference points).
+// line unless Dots (reference points). Color picks the palette entry
+// (0: by the line's position).
 type Line struct {
 	Name   string
 	Points [][2]float64
 	Dots   bool
+	Color  int
 }
 
-// Chart is what to draw. Capacity ≤ 0 draws no reference line.
+// Chart is what to draw. Capacity ≤ 0 draws no reference line. Lower,
+// if set, is a second panel under the first on the same x axis (an
+// adaptive limit under the goodput it allowed).
 type Chart struct {
 	Title, XLabel, YLabel string
 	CapacityLabel         string
 	Capacity              float64
 	Lines                 []Line
+	Lower                 *Panel
+}
+
+// Panel is a lower panel: its y label and lines.
+type Panel struct {
+	YLabel string
+	Lines  []Line
 }
 
 var palette = []color.Color{
@@ -41,13 +53,62 @@ var palette = []color.Color{
 
 // Save draws c to each path; paths must end in .png or .svg.
 func Save(c Chart, paths ...string) error {
+	for _, path := range paths {
+		if !strings.HasSuffix(path, ".png") && !strings.HasSuffix(path, ".svg") {
+			return fmt.Errorf("plot %s: want a .png or .svg file name", path)
+		}
+	}
+	p, err := panel(c.Title, c.XLabel, c.YLabel, c.Lines, c.Capacity, c.CapacityLabel)
+	if err != nil {
+		return err
+	}
+	if c.Lower == nil {
+		for _, path := range paths {
+			if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	low, err := panel("", c.XLabel, c.Lower.YLabel, c.Lower.Lines, 0, "")
+	if err != nil {
+		return err
+	}
+	p.X.Label.Text = ""
+	low.X.Min, low.X.Max = p.X.Min, p.X.Max
+	for _, path := range paths {
+		w, h := 8*vg.Inch, 7.5*vg.Inch
+		img, err := draw.NewFormattedCanvas(w, h, strings.TrimPrefix(path[strings.LastIndexByte(path, '.'):], "."))
+		if err != nil {
+			return err
+		}
+		tiles := plot.Align([][]*plot.Plot{{p}, {low}}, draw.Tiles{Rows: 2, Cols: 1, PadY: vg.Points(6)}, draw.New(img))
+		p.Draw(tiles[0][0])
+		low.Draw(tiles[1][0])
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		_, err = img.WriteTo(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// panel draws lines, and the capacity as a dashed line when > 0.
+func panel(title, xlabel, ylabel string, lines []Line, capacity float64, capLabel string) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = c.Title
-	p.X.Label.Text = c.XLabel
-	p.Y.Label.Text = c.YLabel
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = ylabel
 	p.Add(plotter.NewGrid())
-	maxX, maxY := 0.0, c.Capacity
-	for i, l := range c.Lines {
+	maxX, maxY := 0.0, capacity
+	for i, l := range lines {
 		pts := make(plotter.XYs, len(l.Points))
 		for j, xy := range l.Points {
 			pts[j].X, pts[j].Y = xy[0], xy[1]
@@ -56,7 +117,7 @@ func Save(c Chart, paths ...string) error {
 		if l.Dots {
 			sc, err := plotter.NewScatter(pts)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			sc.Color = color.Black
 			sc.Shape = draw.CrossGlyph{}
@@ -67,35 +128,32 @@ func Save(c Chart, paths ...string) error {
 		}
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		line.Color = palette[i%len(palette)]
+		k := i
+		if l.Color > 0 {
+			k = l.Color - 1
+		}
+		line.Color = palette[k%len(palette)]
 		line.Width = vg.Points(2)
 		points.Color = line.Color
 		points.Shape = draw.CircleGlyph{}
 		p.Add(line, points)
 		p.Legend.Add(l.Name, line, points)
 	}
-	if c.Capacity > 0 {
-		capLine, err := plotter.NewLine(plotter.XYs{{X: 0, Y: c.Capacity}, {X: maxX, Y: c.Capacity}})
+	if capacity > 0 {
+		capLine, err := plotter.NewLine(plotter.XYs{{X: 0, Y: capacity}, {X: maxX, Y: capacity}})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		capLine.Color = color.Gray{Y: 120}
 		capLine.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(capLine)
-		p.Legend.Add(c.CapacityLabel, capLine)
+		p.Legend.Add(capLabel, capLine)
 	}
 	p.Legend.Top = true
 	p.Y.Min = 0
 	p.Y.Max = 1.35 * maxY
-	for _, path := range paths {
-		if !strings.HasSuffix(path, ".png") && !strings.HasSuffix(path, ".svg") {
-			return fmt.Errorf("plot %s: want a .png or .svg file name", path)
-		}
-		if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
-			return err
-		}
-	}
-	return nil
+	p.X.Min, p.X.Max = 0, maxX
+	return p, nil
 }

@@ -125,7 +125,27 @@ var Dependency = func() Scenario {
 	return s
 }()
 
-var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency}
+// ServiceStep is a time series on the routes-api workers for the adaptive
+// limit: reads of 5 ms mean (capacity 1,600 req/s) offered at 960 req/s,
+// three times the capacity of 25 ms reads, while service times step to
+// 25 ms for 30 s (capacity 320 req/s) and back. The limit must follow.
+var ServiceStep = Scenario{
+	Name:        "service-step",
+	Description: "routes-api workers: 5 ms reads at 960 req/s; service times 25 ms (3x overload) from 30 s to 60 s",
+	Unit:        "req",
+	Workers:     8,
+	Client:      Client{Timeout: Const(500 * time.Millisecond), Attempts: 1, Arrivals: "poisson"},
+	Classes: []Class{
+		{Name: "read", Method: "GET", Path: "/v1/routes/42", Share: 1, Tenants: 40,
+			Service: Dist{Kind: "lognormal", Mean: 5 * time.Millisecond, CV: 0.5}},
+	},
+	Phases:   []Phase{{At: 0, Load: 960}, {At: 30 * time.Second, Load: 960, Slowdown: 5}, {At: 60 * time.Second, Load: 960}},
+	Length:   90 * time.Second,
+	Interval: time.Second,
+	Policy:   "routes-api",
+}
+
+var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep}
 
 // Builtin returns the built-in scenario named name.
 func Builtin(name string) (Scenario, bool) {

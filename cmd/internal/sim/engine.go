@@ -160,6 +160,7 @@ type engine struct {
 	m        *Row  // counters of the current window
 	hist     hist
 	level    sluice.Level
+	sizer    sluice.Sizer // the chain's first gate with a moving limit, if any
 }
 
 // ring is a growable FIFO of attempt indexes.
@@ -198,6 +199,14 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 	e := &engine{s: s, clk: clk, chain: chain, rules: id.Rules(), idle: s.Workers}
 	e.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &e.wait), &e.park)
 	e.park.Ready = e.ready
+	if chain != nil {
+		for _, g := range chain.Gates() {
+			if sz, ok := sluice.As[sluice.Sizer](g); ok {
+				e.sizer = sz
+				break
+			}
+		}
+	}
 	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
 	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
 	e.rCli = rand.New(rand.NewPCG(seed, 0x636c6921))

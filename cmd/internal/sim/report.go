@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -52,6 +53,9 @@ type Row struct {
 	Queue int `json:"queue,omitempty"`
 	// Level is the highest degradation level decided in the interval.
 	Level string `json:"level,omitempty"`
+	// Limit is the adaptive concurrency limit at the end of a time-series
+	// interval (the first gate of the chain whose limit moves).
+	Limit int `json:"limit,omitempty"`
 
 	rejected [sluice.ReasonCount]float64
 }
@@ -149,10 +153,14 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "\n%s (%s)\n", run.Name, u)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		if r.Series {
-			fmt.Fprintln(tw, "t\toffered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tqueue\tp99 ms\tlevel\t")
+			fmt.Fprintln(tw, "t\toffered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tqueue\tp99 ms\tlevel\tlimit\t")
 			for _, s := range run.Steps {
-				fmt.Fprintf(tw, "%.0fs\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%s\t%s\t\n",
-					s.T, s.Offered, s.Retried, s.Admitted, s.RejectedTotal(), s.Started, s.Goodput, s.Late, s.Abandoned, s.Queue, ms(s.P99Ms, s.Goodput), s.Level)
+				limit := "-"
+				if s.Limit > 0 {
+					limit = strconv.Itoa(s.Limit)
+				}
+				fmt.Fprintf(tw, "%.0fs\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%s\t%s\t%s\t\n",
+					s.T, s.Offered, s.Retried, s.Admitted, s.RejectedTotal(), s.Started, s.Goodput, s.Late, s.Abandoned, s.Queue, ms(s.P99Ms, s.Goodput), s.Level, limit)
 			}
 		} else {
 			fmt.Fprintln(tw, "offered\tretried\tadmitted\trejected\tstarted\tgoodput\tlate\tabandoned\tp50 ms\tp99 ms\tbusy\t")
@@ -229,6 +237,22 @@ func (r *Report) WritePlot(paths ...string) error {
 		}
 		c.Lines = append(c.Lines, l)
 	}
+	if r.Series {
+		for i, run := range r.Runs {
+			l := goodplot.Line{Name: run.Name + ": adaptive limit", Color: i + 1}
+			for _, s := range run.Steps {
+				if s.Limit > 0 {
+					l.Points = append(l.Points, [2]float64{s.T, float64(s.Limit)})
+				}
+			}
+			if len(l.Points) > 0 {
+				if c.Lower == nil {
+					c.Lower = &goodplot.Panel{YLabel: "concurrency limit (requests)"}
+				}
+				c.Lower.Lines = append(c.Lower.Lines, l)
+			}
+		}
+	}
 	if len(r.Reference) > 0 && !r.Series {
 		l := goodplot.Line{Name: r.ReferenceName, Dots: true}
 		for _, p := range r.Reference {
@@ -276,4 +300,44 @@ func (h *hist) quantile(q float64) float64 {
 		}
 	}
 	return 0
+}
+
+// Settling is how an adaptive limit answered a change at row From of a
+// time series: Windows is how many rows (intervals) it took to enter, for
+// good, the band of ±max(2, 10%) around Final, its median over the last 5
+// rows before row To (the next change); -1 if it never did. Swing is the
+// limit's range (max − min) over the rows after it settled.
+type Settling struct {
+	From, To int
+	Final    int
+	Windows  int
+	Swing    int
+}
+
+// Settle measures the limit's settling between rows from and to.
+func Settle(rows []Row, from, to int) Settling {
+	st := Settling{From: from, To: to, Windows: -1}
+	if from < 0 || to > len(rows) || to-from < 5 {
+		return st
+	}
+	last := make([]int, 0, 5)
+	for _, r := range rows[to-5 : to] {
+		last = append(last, r.Limit)
+	}
+	slices.Sort(last)
+	st.Final = last[2]
+	band := max(2, st.Final/10)
+	in := func(l int) bool { return l >= st.Final-band && l <= st.Final+band }
+	for i := to - 1; i >= from && in(rows[i].Limit); i-- {
+		st.Windows = i - from + 1
+	}
+	if st.Windows < 0 {
+		return st
+	}
+	lo, hi := rows[from+st.Windows-1].Limit, rows[from+st.Windows-1].Limit
+	for _, r := range rows[from+st.Windows-1 : to] {
+		lo, hi = min(lo, r.Limit), max(hi, r.Limit)
+	}
+	st.Swing = hi - lo
+	return st
 }

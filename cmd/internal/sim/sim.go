@@ -149,6 +149,9 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		if f != nil {
 			row.Level = e.level.String()
 		}
+		if e.sizer != nil {
+			row.Limit, _ = e.sizer.ConcurrencyLimit()
+		}
 		row.finish(time.Duration(end-t).Seconds(), &e.hist, float64(e.busy), s.Workers)
 		rows = append(rows, row)
 	}

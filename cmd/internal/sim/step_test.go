@@ -1,0 +1,32 @@
+package sim
+
+import (
+	"testing"
+)
+
+// The service-time step (5 ms → 25 ms for 30 s at three times the slow
+// capacity) under the demo's own policy: goodput holds through the step,
+// and the adaptive limit settles after it (Settle's measure).
+func TestServiceStep(t *testing.T) {
+	s := builtin(t, "service-step")
+	rep, err := Simulate(s, Options{Policy: examplePolicy(t, "routes-api")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := rep.Runs[1].Steps
+	const up, down = 30, 60 // the rows where the service time changes
+	slowCap := float64(s.Workers) / 0.025
+	for _, r := range rows[up:down] {
+		if r.Goodput < 0.85*slowCap {
+			t.Errorf("t=%vs: goodput %.0f < 85%% of the slow capacity %.0f", r.T, r.Goodput, slowCap)
+		}
+	}
+	for _, r := range rows {
+		if (r.T < up || r.T >= down+1) && r.Goodput < 0.95*r.Offered {
+			t.Errorf("t=%vs: goodput %.0f of %.0f offered outside the step", r.T, r.Goodput, r.Offered)
+		}
+	}
+	for _, ch := range []Settling{Settle(rows, up, down), Settle(rows, down, len(rows))} {
+		t.Logf("after row %d: settled at %d within %d windows, swing %d after", ch.From, ch.Final, ch.Windows, ch.Swing)
+	}
+}
