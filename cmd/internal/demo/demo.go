@@ -61,7 +61,7 @@ type RunResult struct {
 type Report struct {
 	CapacityRPS float64 `json:"capacity_rps"`
 	// CapacityWork is the worker time the upstream delivered per second at
-	// saturation (in workers), against which UsefulWork is measured.
+	// saturation, in workers (at most Workers: the closed loop leaves gaps).
 	CapacityWork   float64     `json:"capacity_work"`
 	ModeledRPS     float64     `json:"modeled_capacity_rps"`
 	Workers        int         `json:"workers"`
@@ -224,13 +224,13 @@ func (r *Report) WriteTable(w io.Writer) {
 				mark, behind = "  (!)", behind+1
 			}
 			fmt.Fprintf(w, "%5.1fx %9.0f %9.0f %9.0f %7.0f%% %7.0f%% %8.0f %9.1f %9.1f  %s%s\n",
-				s.Multiplier, s.OfferedRPS, s.AdmittedRPS, s.GoodputRPS, 100*s.GoodputRPS/r.CapacityRPS, 100*s.UsefulWork/r.CapacityWork,
+				s.Multiplier, s.OfferedRPS, s.AdmittedRPS, s.GoodputRPS, 100*s.GoodputRPS/r.CapacityRPS, 100*s.UsefulWork/float64(r.Workers),
 				s.LateRPS, s.P50Ms, s.P99Ms, fmtReasons(s.RejectedRPS), mark)
 		}
 	}
-	fmt.Fprintf(w, "\ngood%% is goodput (answers in time) as a share of the measured capacity in req/s; work%% is the upstream's worker\n"+
-		"time spent on those answers as a share of what it delivers at saturation, which does not move when admission\n"+
-		"favours cheap or costly requests (critical route solves cost 5x a read). %.0f s in all.\n", r.ElapsedSeconds)
+	fmt.Fprintf(w, "\ngood%% is goodput (answers in time) as a share of the measured capacity in req/s; work%% is the share of the upstream's\n"+
+		"worker time spent on those answers, which does not move when admission favours cheap or costly requests\n"+
+		"(a critical route solve costs 5x a read). %.0f s in all.\n", r.ElapsedSeconds)
 	if behind > 0 {
 		fmt.Fprintf(w, "(!) on %d step(s) the load generator sent less than 95%% of the target rate: this machine was too busy to offer the load, so those figures understate it.\n", behind)
 	}

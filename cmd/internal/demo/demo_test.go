@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -22,9 +21,8 @@ func TestDemoSmallScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real load for several seconds")
 	}
-	policy := bytes.Replace(routesAPI(t), []byte("limit: 10, retry_hint"), []byte("limit: 6, retry_hint"), 1)
 	rep, err := Run(context.Background(), Options{
-		Policy: policy, Workers: 4, Multipliers: []float64{0.5, 4},
+		Policy: routesAPI(t), Workers: 4, Multipliers: []float64{0.5, 4},
 		Step: 1500 * time.Millisecond, CapacityWindow: 2 * time.Second, Tenants: 10,
 	})
 	if err != nil {
@@ -65,4 +63,39 @@ func routesAPI(t *testing.T) []byte {
 		t.Fatal("no routes-api example")
 	}
 	return data
+}
+
+// The service-time step at small scale runs end to end: a row a second
+// with the adaptive limit, its settling measured after both changes, the
+// table, JSON and plot written. (Its figures are the README's, from the
+// full run: a loaded machine moves them.)
+func TestServiceStepRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real load for several seconds")
+	}
+	rep, err := RunServiceStep(context.Background(), StepOptions{Policy: routesAPI(t), Workers: 4,
+		Before: 2 * time.Second, During: 5 * time.Second, After: 5 * time.Second, Tenants: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 12 || len(rep.Settling) != 2 || rep.Changes[0] != 2 || rep.Changes[1] != 7 {
+		t.Fatalf("%d rows, settling %+v, changes %v", len(rep.Rows), rep.Settling, rep.Changes)
+	}
+	for _, r := range rep.Rows {
+		if r.Limit <= 0 || r.OfferedRPS <= 0 {
+			t.Fatalf("row %+v: no limit or no load", r)
+		}
+	}
+	var b strings.Builder
+	rep.WriteTable(&b)
+	if !strings.Contains(b.String(), "after the step up") {
+		t.Fatal(b.String())
+	}
+	dir := t.TempDir()
+	if err := rep.WriteJSON(filepath.Join(dir, "s.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WritePlot(filepath.Join(dir, "s.png")); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -93,6 +93,7 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 	var work time.Duration // the upstream's, for useful answers
 	rejected := map[string]int64{}
 	var lat []time.Duration
+	begin := time.Now()
 	res := atk.Attack(mixTarget(base, tenants, deadline), rate, d, "step")
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
 	defer stop()
@@ -102,8 +103,10 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 		case r.Code == http.StatusOK && r.Latency <= deadline:
 			useful++
 			lat = append(lat, r.Latency)
-			us, _ := strconv.ParseInt(r.Headers.Get(WorkHeader), 10, 64)
-			work += time.Duration(us) * time.Microsecond
+			if r.Timestamp.Add(r.Latency).Sub(begin) <= d { // done within the step: work of its d seconds
+				us, _ := strconv.ParseInt(r.Headers.Get(WorkHeader), 10, 64)
+				work += time.Duration(us) * time.Microsecond
+			}
 		case r.Code == http.StatusOK || r.Code == 0 && isTimeout(r.Error):
 			late++
 			lat = append(lat, deadline) // censored: the caller stopped waiting

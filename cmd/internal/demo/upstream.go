@@ -1,10 +1,13 @@
 package demo
 
 import (
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,6 +20,7 @@ import (
 // Service times: GET /v1/routes/{id} 10 ms; POST /v1/routes 20 ms plus
 // 0.2 ms per stop (X-Stops); GET /v1/analytics/* 150 ms; anything else 10 ms.
 type Upstream struct {
+	fixed   atomic.Int64 // if > 0: every request's mean service time, ns (SetServiceTime)
 	mu      sync.Mutex
 	cond    *sync.Cond
 	queue   []*job
@@ -84,6 +88,20 @@ func (u *Upstream) Queued() int {
 	return len(u.queue)
 }
 
+// SetServiceTime makes every request take a service time drawn around
+// mean (lognormal, coefficient of variation 0.5, as the simulator's
+// service-step scenario), whatever its route; 0 returns to the modeled
+// routes. It applies to requests that arrive after it.
+func (u *Upstream) SetServiceTime(mean time.Duration) { u.fixed.Store(int64(mean)) }
+
+// lognormal draws a duration of the given mean and a coefficient of
+// variation of 0.5.
+func lognormal(mean time.Duration) time.Duration {
+	const cv = 0.5
+	s2 := math.Log1p(cv * cv)
+	return time.Duration(float64(mean) * math.Exp(rand.NormFloat64()*math.Sqrt(s2)-s2/2))
+}
+
 // Close stops the workers; queued work is abandoned.
 func (u *Upstream) Close() {
 	u.mu.Lock()
@@ -100,7 +118,11 @@ func (u *Upstream) Close() {
 // ServeHTTP queues the request and answers when a worker has served it.
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stops, _ := strconv.Atoi(r.Header.Get("X-Stops"))
-	j := &job{service: ServiceTime(r.Method, r.URL.Path, stops), done: make(chan struct{})}
+	svc := ServiceTime(r.Method, r.URL.Path, stops)
+	if m := u.fixed.Load(); m > 0 {
+		svc = lognormal(time.Duration(m))
+	}
+	j := &job{service: svc, done: make(chan struct{})}
 	u.mu.Lock()
 	if u.closed {
 		u.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/internal/goodplot"
+	"github.com/sluice-go/sluice/cmd/internal/settle"
 )
 
 // Row is one sweep step or one time-series interval. Loads are in the
@@ -302,42 +303,12 @@ func (h *hist) quantile(q float64) float64 {
 	return 0
 }
 
-// Settling is how an adaptive limit answered a change at row From of a
-// time series: Windows is how many rows (intervals) it took to enter, for
-// good, the band of ±max(2, 10%) around Final, its median over the last 5
-// rows before row To (the next change); -1 if it never did. Swing is the
-// limit's range (max − min) over the rows after it settled.
-type Settling struct {
-	From, To int
-	Final    int
-	Windows  int
-	Swing    int
-}
-
-// Settle measures the limit's settling between rows from and to.
-func Settle(rows []Row, from, to int) Settling {
-	st := Settling{From: from, To: to, Windows: -1}
-	if from < 0 || to > len(rows) || to-from < 5 {
-		return st
+// Settle measures the limit's settling between rows from and to (see
+// package settle).
+func Settle(rows []Row, from, to int) settle.Settling {
+	limits := make([]int, len(rows))
+	for i, r := range rows {
+		limits[i] = r.Limit
 	}
-	last := make([]int, 0, 5)
-	for _, r := range rows[to-5 : to] {
-		last = append(last, r.Limit)
-	}
-	slices.Sort(last)
-	st.Final = last[2]
-	band := max(2, st.Final/10)
-	in := func(l int) bool { return l >= st.Final-band && l <= st.Final+band }
-	for i := to - 1; i >= from && in(rows[i].Limit); i-- {
-		st.Windows = i - from + 1
-	}
-	if st.Windows < 0 {
-		return st
-	}
-	lo, hi := rows[from+st.Windows-1].Limit, rows[from+st.Windows-1].Limit
-	for _, r := range rows[from+st.Windows-1 : to] {
-		lo, hi = min(lo, r.Limit), max(hi, r.Limit)
-	}
-	st.Swing = hi - lo
-	return st
+	return settle.Measure(limits, from, to)
 }

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"testing"
+
+	"github.com/sluice-go/sluice/cmd/internal/settle"
 )
 
 // The service-time step (5 ms → 25 ms for 30 s at three times the slow
@@ -26,7 +28,7 @@ func TestServiceStep(t *testing.T) {
 			t.Errorf("t=%vs: goodput %.0f of %.0f offered outside the step", r.T, r.Goodput, r.Offered)
 		}
 	}
-	for _, ch := range []Settling{Settle(rows, up, down), Settle(rows, down, len(rows))} {
+	for _, ch := range []settle.Settling{Settle(rows, up, down), Settle(rows, down, len(rows))} {
 		t.Logf("after row %d: settled at %d within %d windows, swing %d after", ch.From, ch.Final, ch.Windows, ch.Swing)
 	}
 }
