@@ -67,7 +67,7 @@ func NewGradient2(cfg Gradient2Config) (*Gradient2, error) {
 	}
 	switch {
 	case !(cfg.Smoothing > 0 && cfg.Smoothing <= 1):
-		return nil, configErr("gradient2: smoothing %v, want (0, 1]", cfg.Smoothing)
+		return nil, paramErr("smoothing", "gradient2: smoothing %v, want (0, 1]", cfg.Smoothing)
 	case cfg.LongWindow < 1:
 		return nil, configErr("gradient2: long window %d, want ≥ 1", cfg.LongWindow)
 	case !(cfg.Tolerance >= 1) || math.IsInf(cfg.Tolerance, 0):

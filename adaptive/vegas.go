@@ -67,7 +67,7 @@ func NewVegas(cfg VegasConfig) (*Vegas, error) {
 		cfg.Smoothing = 1
 	}
 	if !(cfg.Smoothing > 0 && cfg.Smoothing <= 1) {
-		return nil, configErr("vegas: smoothing %v, want (0, 1]", cfg.Smoothing)
+		return nil, paramErr("smoothing", "vegas: smoothing %v, want (0, 1]", cfg.Smoothing)
 	}
 	if cfg.Alpha == nil {
 		cfg.Alpha = func(l int) int { return 3 * log10root(l) }

@@ -27,6 +27,7 @@ type adaptiveParams struct {
 	window          time.Duration
 	minSamples      int64
 	tolerance       float64
+	smoothing       float64
 	queue           queueSettings
 }
 
@@ -39,7 +40,8 @@ func (p *adaptiveParams) fields() []field {
 		durationField("target", "queue_delay: the scheduling delay to stay under", &p.target, time.Microsecond).dflt("required for queue_delay"),
 		durationField("window", "the length of a controller window (twice the shortest RTT, within this)", &p.window, time.Millisecond).dflt("1s"),
 		intField("min_samples", "completions a window needs to count", &p.minSamples, 1, 1<<20).dflt("10"),
-		shareField("tolerance", "gradient2: how much slower than the long-term RTT a window may be before the limit shrinks, ≥ 1", &p.tolerance).dflt("1.5"),
+		positiveShareField("tolerance", "gradient2: how much slower than the long-term RTT a window may be before the limit shrinks, ≥ 1", &p.tolerance).dflt("1.5"),
+		positiveShareField("smoothing", "gradient2, vegas: how much of each window's new limit is taken, in (0, 1] (1: no smoothing)", &p.smoothing).dflt("gradient2 0.2, vegas 1"),
 		queueField(&p.queue),
 	}
 }
@@ -52,9 +54,9 @@ func (p *adaptiveParams) gate(name string, retry time.Duration) (*adaptive.Gate,
 	opts := adaptive.GateOptions{RetryHint: retry, Window: adaptive.WindowConfig{MinTime: p.window, MaxTime: p.window, MinSamples: int(p.minSamples)}}
 	switch p.controller {
 	case "gradient2":
-		c, err = adaptive.NewGradient2(adaptive.Gradient2Config{Initial: initial, Min: lo, Max: hi, Tolerance: p.tolerance})
+		c, err = adaptive.NewGradient2(adaptive.Gradient2Config{Initial: initial, Min: lo, Max: hi, Tolerance: p.tolerance, Smoothing: p.smoothing})
 	case "vegas":
-		c, err = adaptive.NewVegas(adaptive.VegasConfig{Initial: initial, Min: lo, Max: hi})
+		c, err = adaptive.NewVegas(adaptive.VegasConfig{Initial: initial, Min: lo, Max: hi, Smoothing: p.smoothing})
 	case "aimd":
 		c, err = adaptive.NewAIMD(adaptive.AIMDConfig{Initial: initial, Min: lo, Max: hi})
 	case "queue_delay":
@@ -73,6 +75,9 @@ func (p *adaptiveParams) check(c *checker) {
 	}
 	if p.tolerance != 0 && p.controller != "gradient2" {
 		c.failf("tolerance", "applies to controller gradient2 only")
+	}
+	if p.smoothing != 0 && p.controller != "gradient2" && p.controller != "vegas" {
+		c.failf("smoothing", "applies to controllers gradient2 and vegas only")
 	}
 	if _, err := p.gate(c.g.Name, c.g.RetryHint); err != nil {
 		c.fail(err)

@@ -87,6 +87,17 @@ func shareField(key, doc string, dst *float64) field {
 	}}
 }
 
+// positiveShareField is a share that must not be 0 (0 would read as
+// "unset" and fall back to the default).
+func positiveShareField(key, doc string, dst *float64) field {
+	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+		*dst = p.share(v, path)
+		if f, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v.Value), "%"), 64); err == nil && f == 0 {
+			p.Errf(v, path, "must be above 0")
+		}
+	}}
+}
+
 func choiceField(key, doc string, dst *string, choices ...string) field {
 	return field{key: key, doc: doc + " (" + strings.Join(choices, " or ") + ")", parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.OneOf(v, path, choices...)

@@ -85,6 +85,10 @@ type StepRow struct {
 	GoodputRPS float64 `json:"goodput_rps"`
 	P99Ms      float64 `json:"p99_ms"`
 	Limit      int     `json:"limit"`
+	// Waited counts requests that waited for a slot in the second; Refused
+	// those turned away for want of one (reasons queue, concurrency).
+	Waited  int64 `json:"waited"`
+	Refused int64 `json:"refused"`
 }
 
 // StepReport is the result of the service-time step.
@@ -128,10 +132,13 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		<-done
 	}()
 	var sizer sluice.Sizer
+	var queuer sluice.Queuer
 	for _, g := range s.Chain().Gates() {
-		if sz, ok := sluice.As[sluice.Sizer](g); ok {
+		if sz, ok := sluice.As[sluice.Sizer](g); ok && sizer == nil {
 			sizer = sz
-			break
+		}
+		if q, ok := sluice.As[sluice.Queuer](g); ok && queuer == nil {
+			queuer = q
 		}
 	}
 	if sizer == nil {
@@ -183,10 +190,17 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 				rows[i].GoodputRPS++
 				lat[i] = append(lat[i], r.Latency)
 			}
+			if r.Code == http.StatusServiceUnavailable {
+				if why := reasonOf(r.Body, 503); why == "queue" || why == "concurrency" {
+					rows[i].Refused++
+				}
+			}
 			mu.Unlock()
 		}
 	}()
 	// The phases, and the limit at the end of every second.
+	clk := s.Chain().Clock()
+	var waited int64
 	for i := 1; i <= secs; i++ {
 		select {
 		case <-ctx.Done():
@@ -196,6 +210,10 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		}
 		l, _ := sizer.ConcurrencyLimit()
 		rows[i-1].Limit = l
+		if queuer != nil {
+			_, _, w, _ := queuer.QueueStats(clk.Now())
+			rows[i-1].Waited, waited = w-waited, w
+		}
 		switch i {
 		case rep.Changes[0]:
 			up.SetServiceTime(opts.Slow)
@@ -204,7 +222,7 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		}
 	}
 	wg.Wait()
-	limits := make([]int, secs)
+	ws := make([]settle.Window, secs)
 	for i := range rows {
 		if l := lat[i]; len(l) > 0 {
 			slices.Sort(l)
@@ -213,10 +231,10 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		if rows[i].OfferedRPS < 0.95*rows[i].TargetRPS {
 			rep.Behind++
 		}
-		limits[i] = rows[i].Limit
+		ws[i] = settle.Window{Limit: rows[i].Limit, Binding: rows[i].Waited > 0 || rows[i].Refused > 0}
 	}
 	rep.Rows = rows
-	rep.Settling = []settle.Settling{settle.Measure(limits, rep.Changes[0], rep.Changes[1]), settle.Measure(limits, rep.Changes[1], secs)}
+	rep.Settling = []settle.Settling{settle.Measure(ws, rep.Changes[0], rep.Changes[1]), settle.Measure(ws, rep.Changes[1], secs)}
 	return rep, nil
 }
 
@@ -231,19 +249,20 @@ func (r *StepReport) WriteJSON(path string) error {
 
 // WriteTable prints the time series and the limit's settling.
 func (r *StepReport) WriteTable(w io.Writer) {
-	fmt.Fprintf(w, "%5s %8s %9s %9s %9s %7s %8s %6s\n", "t", "service", "capacity", "offered", "goodput", "good%", "p99 ms", "limit")
+	fmt.Fprintf(w, "%5s %8s %9s %9s %9s %7s %8s %6s %7s %8s\n", "t", "service", "capacity", "offered", "goodput", "good%", "p99 ms", "limit", "waited", "refused")
 	for _, row := range r.Rows {
-		fmt.Fprintf(w, "%4.0fs %6.0fms %9.0f %9.0f %9.0f %6.0f%% %8.1f %6d\n", row.T, row.ServiceMs, row.CapacityPS, row.OfferedRPS,
-			row.GoodputRPS, 100*min(row.GoodputRPS/min(row.CapacityPS, row.OfferedRPS), 9.99), row.P99Ms, row.Limit)
+		fmt.Fprintf(w, "%4.0fs %6.0fms %9.0f %9.0f %9.0f %6.0f%% %8.1f %6d %7d %8d\n", row.T, row.ServiceMs, row.CapacityPS, row.OfferedRPS,
+			row.GoodputRPS, 100*min(row.GoodputRPS/min(row.CapacityPS, row.OfferedRPS), 9.99), row.P99Ms, row.Limit, row.Waited, row.Refused)
 	}
 	for i, st := range r.Settling {
 		what := []string{"after the step up", "after the step down"}[i]
 		if st.Windows < 0 {
-			fmt.Fprintf(w, "limit %s (t=%ds): did not settle (stay within ±max(2, 10%%) of %d for 5 s)\n", what, st.From, st.Final)
+			fmt.Fprintf(w, "limit %s (t=%ds): did not settle (stay within ±max(2, 10%%) of %d, or bind nothing, for 5 s)\n", what, st.From, st.Final)
 			continue
 		}
-		fmt.Fprintf(w, "limit %s (t=%ds): settled at %d within %d windows (s), then stayed within a range of %d\n", what, st.From, st.Final, st.Windows, st.Swing)
+		fmt.Fprintf(w, "limit %s (t=%ds): settled at %d within %d windows (s), then stayed within a range of %d where it bound\n", what, st.From, st.Final, st.Windows, st.Swing)
 	}
+	fmt.Fprintln(w, "settled: within ±max(2, 10%) of the final limit, or binding nothing (no request waited for a slot or was refused one).")
 	fmt.Fprintln(w, "good% is goodput as a share of what could be served: the offered load or, when more, the capacity.")
 	if r.Behind > 0 {
 		fmt.Fprintf(w, "(!) in %d second(s) the load generator sent less than 95%% of the target rate: this machine was too busy to offer the load.\n", r.Behind)

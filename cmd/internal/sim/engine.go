@@ -160,7 +160,8 @@ type engine struct {
 	m        *Row  // counters of the current window
 	hist     hist
 	level    sluice.Level
-	sizer    sluice.Sizer // the chain's first gate with a moving limit, if any
+	sizer    sluice.Sizer  // the chain's first gate with a moving limit, if any
+	queuer   sluice.Queuer // and its first wait queue
 }
 
 // ring is a growable FIFO of attempt indexes.
@@ -201,9 +202,11 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 	e.park.Ready = e.ready
 	if chain != nil {
 		for _, g := range chain.Gates() {
-			if sz, ok := sluice.As[sluice.Sizer](g); ok {
+			if sz, ok := sluice.As[sluice.Sizer](g); ok && e.sizer == nil {
 				e.sizer = sz
-				break
+			}
+			if q, ok := sluice.As[sluice.Queuer](g); ok && e.queuer == nil {
+				e.queuer = q
 			}
 		}
 	}

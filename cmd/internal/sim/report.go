@@ -55,8 +55,10 @@ type Row struct {
 	// Level is the highest degradation level decided in the interval.
 	Level string `json:"level,omitempty"`
 	// Limit is the adaptive concurrency limit at the end of a time-series
-	// interval (the first gate of the chain whose limit moves).
-	Limit int `json:"limit,omitempty"`
+	// interval (the first gate of the chain whose limit moves), and Waited
+	// the requests per second that waited in a wait queue for a slot.
+	Limit  int     `json:"limit,omitempty"`
+	Waited float64 `json:"waited,omitempty"`
 
 	rejected [sluice.ReasonCount]float64
 }
@@ -304,11 +306,12 @@ func (h *hist) quantile(q float64) float64 {
 }
 
 // Settle measures the limit's settling between rows from and to (see
-// package settle).
+// package settle): the limit binds in a row where requests waited for a
+// slot or were turned away for want of one.
 func Settle(rows []Row, from, to int) settle.Settling {
-	limits := make([]int, len(rows))
+	ws := make([]settle.Window, len(rows))
 	for i, r := range rows {
-		limits[i] = r.Limit
+		ws[i] = settle.Window{Limit: r.Limit, Binding: r.Waited > 0 || r.Rejected["queue"] > 0 || r.Rejected["concurrency"] > 0}
 	}
-	return settle.Measure(limits, from, to)
+	return settle.Measure(ws, from, to)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/policy"
 )
@@ -144,6 +145,10 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		row := Row{T: time.Duration(t).Seconds(), Load: e.load}
 		e.m, e.from, e.to = &row, t, end
 		e.hist, e.busy, e.level = hist{}, 0, sluice.LevelNormal
+		var waited0 int64
+		if e.queuer != nil {
+			_, _, waited0, _ = e.queuer.QueueStats(clock.Instant(t))
+		}
 		e.run(end)
 		row.Queue = e.queue.size
 		if f != nil {
@@ -151,6 +156,10 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		}
 		if e.sizer != nil {
 			row.Limit, _ = e.sizer.ConcurrencyLimit()
+		}
+		if e.queuer != nil {
+			_, _, waited, _ := e.queuer.QueueStats(clock.Instant(end))
+			row.Waited = float64(waited-waited0) / time.Duration(end-t).Seconds()
 		}
 		row.finish(time.Duration(end-t).Seconds(), &e.hist, float64(e.busy), s.Workers)
 		rows = append(rows, row)
