@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -173,11 +174,18 @@ func TestGrownLimitWakesWaiters(t *testing.T) {
 }
 
 // latencies is an Observer that records completions.
-type latencies struct{ got []time.Duration }
+type latencies struct {
+	mu  sync.Mutex
+	got []time.Duration
+}
 
 func (l *latencies) Decided(*sluice.Request, *sluice.Decision, time.Duration) {}
 func (l *latencies) ShadowRejected(*sluice.Request, *sluice.Decision)         {}
-func (l *latencies) Done(_ *sluice.Request, c sluice.Completion)              { l.got = append(l.got, c.Latency) }
+func (l *latencies) Done(_ *sluice.Request, c sluice.Completion) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, c.Latency)
+}
 
 // A chain with a queue starts a request's latency clock once the request
 // holds its slot: 30 ms waiting and 10 ms of work is 10 ms of latency,
@@ -206,6 +214,8 @@ func TestChainLatencyLeavesOutTheWait(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 		first.Done(sluice.OutcomeUseful)
 		<-done
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
 		if len(obs.got) != 2 || obs.got[0] != 30*time.Millisecond || obs.got[1] != 10*time.Millisecond {
 			t.Fatalf("latencies %v, want [30ms 10ms]", obs.got)
 		}
