@@ -28,7 +28,13 @@ func TestServiceStep(t *testing.T) {
 			t.Errorf("t=%vs: goodput %.0f of %.0f offered outside the step", r.T, r.Goodput, r.Offered)
 		}
 	}
+	// The limit's windows are the rows (1 s each): settled within 5 of them
+	// after each change, and holding within its band after (no swing beyond
+	// it where it binds).
 	for _, ch := range []settle.Settling{Settle(rows, up, down), Settle(rows, down, len(rows))} {
 		t.Logf("after row %d: settled at %d within %d windows, swing %d after", ch.From, ch.Final, ch.Windows, ch.Swing)
+		if ch.Windows < 1 || ch.Windows > 5 || ch.Swing > 2*max(2, ch.Final/10) {
+			t.Errorf("after row %d: %+v; want settled within 5 windows, swing within the band", ch.From, ch)
+		}
 	}
 }
