@@ -167,6 +167,36 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	return rep, nil
 }
 
+// running is a sluice proxy in front of a demo upstream.
+type running struct {
+	url  string // the proxy's
+	s    *proxy.Server
+	stop func() // stops the upstream's workers, then the proxy
+}
+
+// startProxy runs the proxy with policy in front of up (served at base)
+// on loopback ports until stop.
+func startProxy(ctx context.Context, name string, policy []byte, base string, up *Upstream) (*running, error) {
+	u, _ := url.Parse(base)
+	s, err := proxy.New(proxy.Options{
+		Config: name, ConfigData: policy, Upstream: u,
+		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "demo",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(pctx) }()
+	addr, _ := s.Addrs()
+	return &running{url: "http://" + addr.String(), s: s, stop: func() {
+		up.Close() // release handlers blocked on the upstream first
+		cancel()
+		<-done
+	}}, nil
+}
+
 // step runs one load level against a fresh upstream (and a fresh proxy).
 func step(ctx context.Context, opts Options, admission bool, rps float64) (Step, error) {
 	up := NewUpstream(opts.Workers)
@@ -178,25 +208,12 @@ func step(ctx context.Context, opts Options, admission bool, rps float64) (Step,
 	defer stopUp()
 	target := base
 	if admission {
-		u, _ := url.Parse(base)
-		s, err := proxy.New(proxy.Options{
-			Config: opts.PolicyName, ConfigData: opts.Policy, Upstream: u,
-			Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "demo",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
+		p, err := startProxy(ctx, opts.PolicyName, opts.Policy, base, up)
 		if err != nil {
 			return Step{}, err
 		}
-		pctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- s.Run(pctx) }()
-		addr, _ := s.Addrs()
-		target = "http://" + addr.String()
-		defer func() {
-			up.Close() // release handlers blocked on the upstream first
-			cancel()
-			<-done
-		}()
+		defer p.stop()
+		target = p.url
 	}
 	return attack(ctx, target, rps, opts.Step, opts.Deadline, opts.Tenants), nil
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/proxy"
 	"github.com/sluice-go/sluice/shed"
 )
 
@@ -82,22 +79,12 @@ func RunLadderStep(ctx context.Context, phases []LadderPhase) (*LadderReport, er
 		return nil, err
 	}
 	defer stopUp()
-	u, _ := url.Parse(base)
-	s, err := proxy.New(proxy.Options{Config: "ladder-step.yaml", ConfigData: []byte(LadderPolicy), Upstream: u,
-		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "demo", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p, err := startProxy(ctx, "ladder-step.yaml", []byte(LadderPolicy), base, up)
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(pctx) }()
-	defer func() {
-		up.Close()
-		cancel()
-		<-done
-	}()
-	addr, _ := s.Addrs()
-	target := "http://" + addr.String()
+	defer p.stop()
+	s, target := p.s, p.url
 	var ladder *shed.Ladder
 	for _, g := range s.Chain().Gates() {
 		if l, ok := sluice.As[*shed.Ladder](g); ok {

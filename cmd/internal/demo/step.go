@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -21,7 +19,6 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/internal/goodplot"
 	"github.com/sluice-go/sluice/cmd/internal/settle"
-	"github.com/sluice-go/sluice/proxy"
 )
 
 // StepOptions configures the service-time step. The zero value with a
@@ -117,20 +114,12 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		return nil, err
 	}
 	defer stopUp()
-	u, _ := url.Parse(base)
-	s, err := proxy.New(proxy.Options{Config: opts.PolicyName, ConfigData: opts.Policy, Upstream: u,
-		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "demo", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p, err := startProxy(ctx, opts.PolicyName, opts.Policy, base, up)
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(pctx) }()
-	defer func() {
-		up.Close()
-		cancel()
-		<-done
-	}()
+	defer p.stop()
+	s := p.s
 	var sizer sluice.Sizer
 	var queuer sluice.Queuer
 	for _, g := range s.Chain().Gates() {
@@ -144,8 +133,7 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 	if sizer == nil {
 		return nil, errors.New("demo: the policy has no adaptive concurrency gate to watch")
 	}
-	addr, _ := s.Addrs()
-	target := "http://" + addr.String()
+	target := p.url
 
 	total := opts.Before + opts.During + opts.After
 	secs := int(total / time.Second)
