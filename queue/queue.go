@@ -26,6 +26,13 @@
 //
 // Rejections: reason queue (503) for a full queue, a wait past MaxWait or a
 // CoDel drop; reason deadline for a request predicted to start too late.
+//
+// Under an inner gate whose limit moves (sluice.Sizer: an adaptive limit),
+// a release or an arrival lets as many waiters start as there are free
+// slots. The Chain starts a request's latency clock after the wait
+// (sluice.Waiter), so what the inner gate learns is the work's latency.
+// An event loop that cannot block (the simulator) uses Options.Events and
+// a Park instead of waiting in Decide.
 package queue
 
 import (

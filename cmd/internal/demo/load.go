@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,8 +61,11 @@ type Step struct {
 	LateRPS     float64            `json:"late_rps"`
 	ErroredRPS  float64            `json:"errored_rps"`
 	RejectedRPS map[string]float64 `json:"rejected_rps"`
-	P50Ms       float64            `json:"p50_ms"`
-	P99Ms       float64            `json:"p99_ms"`
+	// GoodputByClass splits goodput by the policy's classes of the demo's
+	// routes: critical (route solves), default (reads), sheddable (analytics).
+	GoodputByClass map[string]float64 `json:"goodput_by_class_rps"`
+	P50Ms          float64            `json:"p50_ms"`
+	P99Ms          float64            `json:"p99_ms"`
 }
 
 // attack sends open-loop load at rate rps to base for d, with a client
@@ -91,6 +95,7 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 	rate := vegeta.ConstantPacer{Freq: int(rps + 0.5), Per: time.Second}
 	var useful, late, errored, offered int64
 	var work time.Duration // the upstream's, for useful answers
+	byClass := map[string]int64{}
 	rejected := map[string]int64{}
 	var lat []time.Duration
 	begin := time.Now()
@@ -102,6 +107,7 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 		switch {
 		case r.Code == http.StatusOK && r.Latency <= deadline:
 			useful++
+			byClass[classOf(r.Method, r.URL)]++
 			lat = append(lat, r.Latency)
 			if r.Timestamp.Add(r.Latency).Sub(begin) <= d { // done within the step: work of its d seconds
 				us, _ := strconv.ParseInt(r.Headers.Get(WorkHeader), 10, 64)
@@ -125,6 +131,10 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 		ErroredRPS:  float64(errored) / secs,
 		RejectedRPS: map[string]float64{},
 	}
+	st.GoodputByClass = map[string]float64{}
+	for k, v := range byClass {
+		st.GoodputByClass[k] = float64(v) / secs
+	}
 	var rej int64
 	for k, v := range rejected {
 		st.RejectedRPS[k] = float64(v) / secs
@@ -137,6 +147,17 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 		st.P99Ms = float64(lat[min(len(lat)*99/100, len(lat)-1)]) / 1e6
 	}
 	return st
+}
+
+// classOf is the class examples/routes-api.yaml gives a request of the mix.
+func classOf(method, url string) string {
+	switch {
+	case strings.Contains(url, "/v1/analytics/"):
+		return "sheddable"
+	case method == http.MethodPost:
+		return "critical"
+	}
+	return "default"
 }
 
 func isTimeout(msg string) bool {
