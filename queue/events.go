@@ -9,17 +9,17 @@ import (
 
 // Park is how an event loop that cannot block in Decide (a simulator on a
 // virtual clock) waits in a queue built with Options.Events. The loop owns
-// one Park, passes it with ContextWithPark, sets Tag before each Decide and
-// reads Queue after it. A non-nil Queue means the request was admitted
-// with its wait still ahead: the loop must not start the work until Ready
-// reports a slot, must call Queue.Expire(ID) at Until and
-// Queue.Cancel(ID) if the caller gives up first; the request's ticket is
-// done as usual in every case. A request waits in at most one queue of a
+// one Park and passes it with ContextWithPark; before each Decide it sets
+// Tag and clears Queue, and after it reads Queue. A non-nil Queue means the
+// request was admitted with its wait still ahead: the loop must not start
+// the work until Ready reports a slot, must call Queue.Expire(ID) at Until
+// and Queue.Cancel(ID) if the caller gives up first; the request's ticket
+// is done as usual in every case. A request waits in at most one queue of a
 // chain in this mode; a second queue turns it away (reason queue).
 type Park struct {
 	// Ready is called once for each parked request that got its slot
-	// (d.Admitted) or was turned away while waiting (a CoDel drop, reason
-	// queue), outside the queue's lock; it may schedule work but must not
+	// (d.Admitted) or was turned away while waiting (a CoDel drop: reason
+	// queue; or the inner gate's own rejection), outside the queue's lock; it may schedule work but must not
 	// call the queue.
 	Ready func(tag uint64, d sluice.Decision)
 	// Tag is the loop's name for the next request to Decide.
@@ -44,7 +44,7 @@ func parkFrom(ctx context.Context) *Park {
 	return p
 }
 
-// note is a Ready call to make once the lock is released.
+// note tells a waiter its outcome once the lock is released.
 type note struct {
 	w *waiter
 	d sluice.Decision
@@ -52,7 +52,10 @@ type note struct {
 
 func deliver(notes []note) {
 	for _, n := range notes {
-		if n.w.notify != nil {
+		switch {
+		case n.w.ready != nil:
+			close(n.w.ready)
+		case n.w.notify != nil:
 			n.w.notify(n.w.tag, n.d)
 		}
 	}
@@ -72,14 +75,15 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 	c := q.classOf(r.Class)
 	if q.ahead(c) == 0 {
 		d, p := q.inner.Decide(ctx, r, now)
-		if d.Admitted {
-			id := q.hold(&waiter{granted: true, permit: p})
+		if !noSlot(&d) {
+			id := sluice.Permit(0)
+			if d.Admitted {
+				id = q.hold(&waiter{granted: true, permit: p})
+			}
+			notes := q.grown(now)
 			q.mu.Unlock()
+			deliver(notes)
 			return d, id
-		}
-		if d.Reason != sluice.ReasonConcurrency {
-			q.mu.Unlock()
-			return d, 0
 		}
 	}
 	wait, why := q.budget(r, c, now)
@@ -96,36 +100,10 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 	q.push(w)
 	id := q.hold(w)
 	park.Queue, park.ID, park.Until = q, uint64(id), now.Add(wait)
-	notes := q.grant(now, q.free(0), nil) // a moving limit may have grown
+	notes := q.grown(now)
 	q.mu.Unlock()
 	deliver(notes)
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: q.name}, id
-}
-
-// grant gives up to n waiters a slot of the inner gate, stopping when it
-// has none; notes collects the Ready calls. REQUIRES: q.mu held.
-func (q *Queue) grant(now clock.Instant, n int, notes []note) []note {
-	var drops []*waiter
-	for ; n > 0; n-- {
-		w, lifo, ok := q.pop(now, &drops)
-		if !ok {
-			break
-		}
-		d, p := q.inner.Decide(context.Background(), w.req, now)
-		if !d.Admitted && d.Reason == sluice.ReasonConcurrency {
-			q.unpop(w, lifo)
-			break
-		}
-		if d.Admitted {
-			w.granted, w.permit, w.waited = true, p, now.Sub(w.since)
-			q.lastWait = w.waited
-		}
-		notes = append(notes, note{w, d})
-	}
-	for _, w := range drops {
-		notes = append(notes, note{w, q.reject(sluice.ReasonQueue)})
-	}
-	return notes
 }
 
 // releaseEvent is Release in event mode: p is an id of held. The latency
@@ -145,13 +123,7 @@ func (q *Queue) releaseEvent(r *sluice.Request, p sluice.Permit, c sluice.Comple
 	q.mu.Unlock()
 	c.Latency = max(c.Latency-w.waited, 0)
 	q.inner.Release(r, w.permit, c)
-	if q.times != nil && c.Outcome == sluice.OutcomeUseful {
-		q.times.Observe(r.Class, c.Latency)
-	}
-	q.mu.Lock()
-	notes := q.grant(q.opts.Clock.Now(), q.free(1), nil)
-	q.mu.Unlock()
-	deliver(notes)
+	q.released(r, c)
 }
 
 // Expire ends the wait of parked request id when it runs out (Park.Until),

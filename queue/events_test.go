@@ -23,7 +23,7 @@ type spy struct {
 func (s *spy) Name() string { return "spy" }
 func (s *spy) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
 	if s.used >= s.n {
-		return sluice.Decision{Reason: sluice.ReasonConcurrency, Gate: "spy"}, 0
+		return sluice.Decision{Reason: sluice.ReasonConcurrency, Gate: "spy", Retryable: true}, 0
 	}
 	s.used++
 	return sluice.Decision{Admitted: true}, sluice.Permit(100 + s.used)

@@ -87,7 +87,6 @@ type Queue struct {
 	queues   [][]*waiter // by class priority; the last is for other classes
 	n        int
 	codel    codel
-	woken    int           // waiters woken for a slot and not yet back
 	waits    int64         // requests that waited
 	dropped  int64         // requests the queue turned away after waiting
 	lastWait time.Duration // the last wait that ended in a slot
@@ -105,22 +104,26 @@ var (
 	_ sluice.Waiter        = (*Queue)(nil)
 )
 
-// waiter is a request waiting for a slot.
+// waiter is a request waiting for a slot. The queue decides the inner
+// gate for it, under its lock, when a slot may be free (grant): a waiter
+// is never woken to find its slot taken.
 type waiter struct {
-	req   *sluice.Request
-	since clock.Instant
-	ready chan struct{} // closed when the waiter should try again, or is dropped
-	drop  bool          // set with ready when the queue drops it
-	class int           // index of its queue
-
-	// event mode
-	own     sluice.Request // the request, copied: the caller's is gone after Decide
-	tag     uint64
-	notify  func(tag uint64, d sluice.Decision)
+	req     *sluice.Request
+	ctx     context.Context // the caller's, for the inner gate (blocking mode)
+	since   clock.Instant
+	class   int           // index of its queue
+	ready   chan struct{} // blocking mode: closed once decided or dropped
 	waiting bool          // in a queue now
+	drop    bool          // turned away by CoDel
 	granted bool          // holds permit of the inner gate
 	permit  sluice.Permit // the inner gate's
+	d       sluice.Decision
 	waited  time.Duration
+
+	// event mode
+	own    sluice.Request // the request, copied: the caller's is gone after Decide
+	tag    uint64
+	notify func(tag uint64, d sluice.Decision)
 }
 
 // New returns a queue named name in front of inner, a concurrency gate
@@ -208,10 +211,12 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 	}
 	q.mu.Lock()
 	c := q.classOf(r.Class)
-	if q.ahead(c) == 0 && q.woken == 0 { // nobody to wait behind: try at once
+	if q.ahead(c) == 0 { // nobody to wait behind: try at once
 		d, p := q.inner.Decide(ctx, r, now)
-		if d.Admitted || d.Reason != sluice.ReasonConcurrency {
+		if !noSlot(&d) {
+			notes := q.grown(now)
 			q.mu.Unlock()
+			deliver(notes)
 			return d, p
 		}
 	}
@@ -220,11 +225,19 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 		q.mu.Unlock()
 		return q.reject(why), 0
 	}
-	w := &waiter{req: r, since: now, ready: make(chan struct{}), class: c}
+	w := &waiter{req: r, ctx: ctx, since: now, ready: make(chan struct{}), class: c}
 	q.push(w)
-	q.wake(now, q.free(0)) // a moving limit may have grown
+	notes := q.grown(now)
 	q.mu.Unlock()
-	return q.await(ctx, w, c, wait)
+	deliver(notes)
+	return q.await(ctx, w, wait)
+}
+
+// noSlot reports whether d is the inner gate's "no slot free now": a
+// retryable concurrency rejection. A request the gate could never admit
+// (its cost above the limit: not retryable) must not wait for one.
+func noSlot(d *sluice.Decision) bool {
+	return !d.Admitted && d.Reason == sluice.ReasonConcurrency && d.Retryable
 }
 
 // push queues w at the back of its class. REQUIRES: q.mu held.
@@ -235,16 +248,51 @@ func (q *Queue) push(w *waiter) {
 	q.waits++
 }
 
-// free is how many waiters a release of released slots (0 or 1) lets
-// start: the inner gate's free slots when its limit moves, less the
-// waiters already woken for a slot; else the released slot.
-// REQUIRES: q.mu held.
-func (q *Queue) free(released int) int {
-	if q.sizer == nil {
-		return released
+// grown gives slots to waiters when the inner gate's limit moves and may
+// have grown since the last release. REQUIRES: q.mu held.
+func (q *Queue) grown(now clock.Instant) []note {
+	if q.sizer == nil || q.n == 0 {
+		return nil
 	}
-	l, f := q.sizer.ConcurrencyLimit()
-	return l - f - q.woken
+	return q.grant(now)
+}
+
+// grant gives waiters, in serving order, slots of the inner gate until it
+// has none free: it decides the inner gate for each under the lock, so a
+// freed slot goes to the waiter it is meant for, however many a release
+// freed (a weighted limit) or a grown limit added. A waiter the gate
+// rejects for another reason gets that rejection and the next one is
+// tried. The returned notes tell the waiters, once the lock is released.
+// REQUIRES: q.mu held.
+func (q *Queue) grant(now clock.Instant) []note {
+	var notes []note
+	var drops []*waiter
+	for q.n > 0 {
+		w, lifo, ok := q.pop(now, &drops)
+		if !ok {
+			break
+		}
+		ctx := w.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		d, p := q.inner.Decide(ctx, w.req, now)
+		if noSlot(&d) {
+			q.unpop(w, lifo)
+			break
+		}
+		w.d = d
+		if d.Admitted {
+			w.granted, w.permit, w.waited = true, p, now.Sub(w.since)
+			q.lastWait = w.waited
+		}
+		notes = append(notes, note{w, d})
+	}
+	for _, w := range drops {
+		w.drop, w.d = true, q.reject(sluice.ReasonQueue)
+		notes = append(notes, note{w, w.d})
+	}
+	return notes
 }
 
 // budget returns how long a new request may wait, or why it may not.
@@ -274,67 +322,49 @@ func (q *Queue) budget(r *sluice.Request, c int, now clock.Instant) (time.Durati
 	return min(wait, left), sluice.ReasonNone
 }
 
-// await waits for a slot: until woken (then it tries the inner gate), its
-// wait runs out, it is dropped, or ctx ends.
-func (q *Queue) await(ctx context.Context, w *waiter, c int, wait time.Duration) (sluice.Decision, sluice.Permit) {
-	until := w.since.Add(wait)
+// await waits until w is decided, its wait runs out, or ctx ends.
+func (q *Queue) await(ctx context.Context, w *waiter, wait time.Duration) (sluice.Decision, sluice.Permit) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	for {
-		select {
-		case <-w.ready:
-			q.mu.Lock()
-			if w.drop {
-				q.mu.Unlock()
-				return q.reject(sluice.ReasonQueue), 0
-			}
-			q.woken--
-			now := q.opts.Clock.Now()
-			d, p := q.inner.Decide(ctx, w.req, now)
-			if d.Admitted || d.Reason != sluice.ReasonConcurrency {
-				q.lastWait = now.Sub(w.since)
-				q.mu.Unlock()
-				return d, p
-			}
-			// Another request took the slot first: wait again, at the head,
-			// for what is left of the wait.
-			left := until.Sub(now)
-			if left <= 0 {
-				q.dropped++
-				q.mu.Unlock()
-				return q.reject(sluice.ReasonQueue), 0
-			}
-			w.ready = make(chan struct{})
-			q.queues[c] = append([]*waiter{w}, q.queues[c]...)
-			w.waiting = true
-			q.n++
+	select {
+	case <-w.ready:
+		return q.outcome(w)
+	case <-timer.C:
+		q.mu.Lock()
+		if q.remove(w, w.class) {
+			q.dropped++
 			q.mu.Unlock()
-			timer.Reset(left)
-		case <-timer.C:
-			q.mu.Lock()
-			if q.remove(w, c) {
-				q.dropped++
-				q.mu.Unlock()
-				return q.reject(sluice.ReasonQueue), 0
-			}
-			q.mu.Unlock() // woken meanwhile: take the turn
-		case <-ctx.Done():
-			q.mu.Lock()
-			if q.remove(w, c) {
-				q.mu.Unlock()
-				return q.reject(sluice.ReasonQueue), 0
-			}
-			q.mu.Unlock()
-			<-w.ready // woken meanwhile: pass the turn on
-			if !w.drop {
-				q.mu.Lock()
-				q.woken--
-				q.wake(q.opts.Clock.Now(), q.free(1))
-				q.mu.Unlock()
-			}
 			return q.reject(sluice.ReasonQueue), 0
 		}
+		q.mu.Unlock()
+		<-w.ready // decided meanwhile: take it
+		return q.outcome(w)
+	case <-ctx.Done():
+		q.mu.Lock()
+		if q.remove(w, w.class) {
+			q.mu.Unlock()
+			return q.reject(sluice.ReasonQueue), 0
+		}
+		q.mu.Unlock()
+		<-w.ready
+		if w.granted { // a slot came as the caller left: pass it on
+			now := q.opts.Clock.Now()
+			q.inner.Release(w.req, w.permit, sluice.Completion{Outcome: sluice.OutcomeCancelled, Now: now})
+			q.mu.Lock()
+			notes := q.grant(now)
+			q.mu.Unlock()
+			deliver(notes)
+		}
+		return q.reject(sluice.ReasonQueue), 0
 	}
+}
+
+// outcome is what a decided waiter returns.
+func (q *Queue) outcome(w *waiter) (sluice.Decision, sluice.Permit) {
+	if w.granted {
+		return w.d, w.permit
+	}
+	return w.d, 0
 }
 
 // remove takes w out of queue c, reporting whether it was there (not yet
@@ -354,36 +384,25 @@ func (q *Queue) remove(w *waiter, c int) bool {
 	return false
 }
 
-// Release frees the inner gate's slot and wakes the next waiter.
+// Release frees the inner gate's slot and gives it to the next waiter.
 func (q *Queue) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	if q.opts.Events {
 		q.releaseEvent(r, p, c)
 		return
 	}
 	q.inner.Release(r, p, c)
+	q.released(r, c)
+}
+
+// released learns from a completion and hands the freed slots on.
+func (q *Queue) released(r *sluice.Request, c sluice.Completion) {
 	if q.times != nil && c.Outcome == sluice.OutcomeUseful {
 		q.times.Observe(r.Class, c.Latency)
 	}
 	q.mu.Lock()
-	q.wake(q.opts.Clock.Now(), q.free(1))
+	notes := q.grant(q.opts.Clock.Now())
 	q.mu.Unlock()
-}
-
-// wake wakes up to n waiters to take a slot each. REQUIRES: q.mu held.
-func (q *Queue) wake(now clock.Instant, n int) {
-	var drops []*waiter
-	for ; n > 0; n-- {
-		w, _, ok := q.pop(now, &drops)
-		if !ok {
-			break
-		}
-		q.woken++
-		close(w.ready)
-	}
-	for _, w := range drops {
-		w.drop = true
-		close(w.ready)
-	}
+	deliver(notes)
 }
 
 // pop takes the next waiter to serve: from the first class with waiters,
