@@ -15,8 +15,9 @@
 //   - Per-class queues, served in the order of Options.Classes: a premium
 //     request never waits behind a backlog of free ones.
 //   - A request waits at most MaxWait, and not at all when it is predicted
-//     to start too late for its deadline (the requests ahead of it × a
-//     service time ÷ the slots, plus its own service time).
+//     to start too late for its deadline (the requests ahead of it × the
+//     mean service time of recent completions ÷ the slots, plus its own
+//     service time).
 //   - CoDel (Nichols and Jacobson, RFC 8289: target 5 ms, interval 100 ms)
 //     watches how long requests waited when they got their slot; once that
 //     has stayed above the target for an interval, the queue drops waiting
@@ -90,6 +91,7 @@ type Queue struct {
 	waits    int64         // requests that waited
 	dropped  int64         // requests the queue turned away after waiting
 	lastWait time.Duration // the last wait that ended in a slot
+	mix      serviceMean   // of every class's useful completions
 
 	// event mode (Options.Events): every permit is an id of held
 	held   map[uint64]*waiter
@@ -310,11 +312,8 @@ func (q *Queue) budget(r *sluice.Request, c int, now clock.Instant) (time.Durati
 		s = q.opts.ServiceTime(r.Class)
 	}
 	left := r.Deadline.Sub(now) - s // the latest it may start
-	if slots := q.slots(); s > 0 && slots > 0 {
-		predicted := time.Duration(q.ahead(c)+1) * s / time.Duration(slots)
-		if predicted >= left {
-			return 0, sluice.ReasonDeadline
-		}
+	if predicted := q.predict(q.ahead(c)+1, s); predicted > 0 && predicted >= left {
+		return 0, sluice.ReasonDeadline
 	}
 	if left <= 0 {
 		return 0, sluice.ReasonDeadline
@@ -400,6 +399,9 @@ func (q *Queue) released(r *sluice.Request, c sluice.Completion) {
 		q.times.Observe(r.Class, c.Latency)
 	}
 	q.mu.Lock()
+	if c.Outcome == sluice.OutcomeUseful {
+		q.mix.add(c.Latency)
+	}
 	notes := q.grant(q.opts.Clock.Now())
 	q.mu.Unlock()
 	deliver(notes)
@@ -466,17 +468,55 @@ func (q *Queue) reject(why sluice.Reason) sluice.Decision {
 // requests ahead of it × the service time ÷ the slots (0 when either is
 // unknown). A deadline gate's Queue option takes it.
 func (q *Queue) QueueDelay(class string) time.Duration {
-	if q.opts.ServiceTime == nil {
-		return 0
+	var s time.Duration
+	if q.opts.ServiceTime != nil {
+		s = q.opts.ServiceTime(class)
 	}
-	s, slots := q.opts.ServiceTime(class), q.slots()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.predict(q.ahead(q.classOf(class)), s)
+}
+
+// predict is the wait before a request with n requests to start ahead of
+// it (the one ahead in a slot included): n × the mean service time of the
+// mix ÷ the slots. The requests ahead take the mix's time, not the new
+// request's own (a cheap read behind costly solves waits as long as a
+// solve would); own, the request's service time, stands in until the mix
+// has 20 completions. 0: unknown. REQUIRES: q.mu held.
+func (q *Queue) predict(n int, own time.Duration) time.Duration {
+	s := q.mix.value()
+	if s <= 0 {
+		s = own
+	}
+	slots := q.slots()
 	if s <= 0 || slots <= 0 {
 		return 0
 	}
-	q.mu.Lock()
-	ahead := q.ahead(q.classOf(class))
-	q.mu.Unlock()
-	return time.Duration(ahead) * s / time.Duration(slots)
+	return time.Duration(n) * s / time.Duration(slots)
+}
+
+// serviceMean is the mean service time of useful completions: a plain
+// mean of the first 20, then an exponential average weighing each new one
+// 1/50.
+type serviceMean struct {
+	mean float64
+	n    int
+}
+
+func (m *serviceMean) add(d time.Duration) {
+	if m.n < 20 {
+		m.n++
+		m.mean += (float64(d) - m.mean) / float64(m.n)
+		return
+	}
+	m.mean += (float64(d) - m.mean) / 50
+}
+
+func (m *serviceMean) value() time.Duration {
+	if m.n < 20 {
+		return 0
+	}
+	return time.Duration(m.mean)
 }
 
 // State is what the admin API shows of a Queue.

@@ -194,3 +194,55 @@ func TestNeverAboveTheSlots(t *testing.T) {
 		t.Fatalf("%d in flight through a queue in front of 3 slots", worst)
 	}
 }
+
+// The wait ahead of a request is predicted from the mix's service time,
+// whatever the request's own class: behind three waiters, with a mean of
+// 30 ms over recent completions and one slot, a read (10 ms) and a route
+// solve (50 ms) both expect 90 ms; their own service times decide only
+// whether they can still finish in time. (The prediction once used the
+// request's own service time for the requests ahead, so costly classes
+// were turned away five times as readily.)
+func TestPredictionUsesTheMixAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		own := map[string]time.Duration{"read": 10 * time.Millisecond, "solve": 50 * time.Millisecond}
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second,
+			ServiceTime: func(c string) time.Duration { return own[c] }})
+		ctx := context.Background()
+		for range 20 {
+			r := &sluice.Request{Class: "read"}
+			_, p := q.Decide(ctx, r, clock.Now())
+			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 30 * time.Millisecond})
+		}
+		holder := &sluice.Request{}
+		_, p := q.Decide(ctx, holder, clock.Now())
+		out := make(chan result, 3)
+		for range 3 {
+			go decide(q, ctx, &sluice.Request{Class: "solve"}, out)
+		}
+		synctest.Wait()
+		if r, s := q.QueueDelay("read"), q.QueueDelay("solve"); r != 90*time.Millisecond || s != r {
+			t.Fatalf("predicted waits: read %v, solve %v; want 90ms both", r, s)
+		}
+		// Starting after 4 × 30 ms: a read fits 135 ms (120 + 10), a solve does not (120 + 50).
+		now := clock.Now()
+		if d, _ := q.Decide(ctx, &sluice.Request{Class: "solve", Deadline: now.Add(135 * time.Millisecond)}, now); d.Reason != sluice.ReasonDeadline {
+			t.Fatalf("solve: %+v, want reason deadline", d)
+		}
+		readOut := make(chan result, 1)
+		go decide(q, ctx, &sluice.Request{Class: "read", Deadline: now.Add(135 * time.Millisecond)}, readOut)
+		synctest.Wait()
+		if w, _, _, _ := q.QueueStats(clock.Now()); w != 4 {
+			t.Fatalf("%d waiting, want the read to wait as the 4th", w)
+		}
+		for range 4 {
+			q.Release(holder, p, sluice.Completion{Outcome: sluice.OutcomeRejected})
+			select {
+			case r := <-out:
+				p = r.p
+			case r := <-readOut:
+				p = r.p
+			}
+		}
+		q.Release(holder, p, sluice.Completion{Outcome: sluice.OutcomeRejected})
+	})
+}
