@@ -9,6 +9,8 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/queue"
+	"github.com/sluice-go/sluice/shed"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
@@ -128,6 +130,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 		modes[g.Name] = g.Mode
 	}
 	rt.retire(prev)
+	bindQueue(gates)
 	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: opts.Clock, Observer: opts.Observer, Modes: modes}, gates...)
 	if err != nil {
 		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error(), Err: err}
@@ -135,6 +138,23 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	rt.Chain = chain
 	rt.Rules = f.rules()
 	return rt, nil
+}
+
+// bindQueue gives every deadline gate its Q: the predicted wait of the
+// policy's wait queue (the first gate with a queue), none without one.
+func bindQueue(gates []sluice.Gate) {
+	var delay func(class string) time.Duration
+	for _, g := range gates {
+		if q, ok := sluice.As[*queue.Queue](g); ok {
+			delay = q.QueueDelay
+			break
+		}
+	}
+	for _, g := range gates {
+		if d, ok := sluice.As[*shed.Deadline](g); ok {
+			d.UseQueue(delay)
+		}
+	}
 }
 
 // openStore dials Redis, or keeps prev's connection when its settings are

@@ -10,9 +10,11 @@ import (
 
 var deadlineKind = &kind{
 	name: "deadline",
-	doc: "Deadline test (shed.Deadline): admit only when a percentile of the class's recent service times, plus reserve " +
-		"and margin, is less than the time the request has left (Q + S + R + U < D). Rejects with reason deadline (503), " +
-		"not retryable as sent; requests without a deadline, and classes with too few completions yet, pass.",
+	doc: "Deadline test (shed.Deadline): admit only when the predicted wait in the policy's wait queue (Q: the first " +
+		"gate with queue:, 0 without one), plus a percentile of the class's recent service times (S), plus reserve and " +
+		"margin, is less than the time the request has left (Q + S + R + U < D). Place it before the gates it protects. " +
+		"Rejects with reason deadline (503), not retryable as sent; requests without a deadline, and classes with too " +
+		"few completions yet, pass.",
 	scope:   sluice.ScopeService,
 	service: true,
 	reason:  always(sluice.ReasonDeadline),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -50,6 +51,7 @@ type Deadline struct {
 	name  string
 	opts  DeadlineOptions
 	times *ServiceTimes
+	queue atomic.Pointer[func(class string) time.Duration] // Q, if set
 }
 
 var _ sluice.Gate = (*Deadline)(nil)
@@ -73,7 +75,20 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 	case opts.MinSamples < 1:
 		return nil, param.Errorf("min_samples", "deadline: min samples %d, want ≥ 1", opts.MinSamples)
 	}
-	return &Deadline{name: name, opts: opts, times: NewServiceTimes()}, nil
+	g := &Deadline{name: name, opts: opts, times: NewServiceTimes()}
+	g.UseQueue(opts.Queue)
+	return g, nil
+}
+
+// UseQueue makes the gate read Q from fn (a wait queue's QueueDelay) from
+// now on; nil: Q is 0. A policy build binds it to the policy's wait queue,
+// which comes later in the chain than the deadline gate.
+func (g *Deadline) UseQueue(fn func(class string) time.Duration) {
+	if fn == nil {
+		g.queue.Store(nil)
+		return
+	}
+	g.queue.Store(&fn)
 }
 
 // Name returns the gate's name.
@@ -92,8 +107,8 @@ func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instan
 		return sluice.Decision{Admitted: true}, 0
 	}
 	var q time.Duration
-	if g.opts.Queue != nil {
-		q = g.opts.Queue(r.Class)
+	if fn := g.queue.Load(); fn != nil {
+		q = (*fn)(r.Class)
 	}
 	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) {
 		return sluice.Decision{Admitted: true}, 0
