@@ -30,10 +30,10 @@ func staticPool(t *testing.T, n int64) sluice.Gate {
 // counting wraps the inner gate and counts the slots held through it.
 type counting struct {
 	sluice.Gate
-	held, worst atomic.Int64
-	limit       func() int64
-	over        atomic.Int64
-	pinMu       *sync.Mutex
+	held  atomic.Int64
+	limit func() int64
+	over  atomic.Int64
+	pinMu *sync.Mutex
 }
 
 func (c *counting) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
@@ -57,6 +57,21 @@ func (c *counting) Release(r *sluice.Request, p sluice.Permit, x sluice.Completi
 
 // Unwrap lets As find the adaptive gate's Sizer.
 func (c *counting) Unwrap() sluice.Gate { return c.Gate }
+
+// quiescentCheck checks q with every goroutine blocked: its count matches
+// its queues; it reports a waiter beside a free slot of a static gate.
+func quiescentCheck(t *testing.T, q *Queue, inner *counting, static bool, slots int64) (stranded bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for _, x := range q.queues {
+		n += len(x)
+	}
+	if n != q.n {
+		t.Errorf("q.n=%d, queues hold %d", q.n, n)
+	}
+	return static && q.n > 0 && inner.held.Load() < slots
+}
 
 // Random load with cancels and timeouts; at every quiescent point (all
 // goroutines durably blocked) check: n matches the queues, and (static) no
@@ -123,18 +138,9 @@ func stress(t *testing.T, seed uint64, sized bool, classes bool) {
 			default:
 			}
 			synctest.Wait()
-			q.mu.Lock()
-			n := 0
-			for _, x := range q.queues {
-				n += len(x)
-			}
-			if n != q.n {
-				t.Errorf("q.n=%d, queues hold %d", q.n, n)
-			}
-			if !sized && q.n > 0 && inner.held.Load() < slots {
+			if quiescentCheck(t, q, inner, !sized, slots) {
 				stranded++
 			}
-			q.mu.Unlock()
 			checks++
 			time.Sleep(50 * time.Microsecond)
 		}

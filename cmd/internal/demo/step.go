@@ -119,85 +119,34 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		return nil, err
 	}
 	defer p.stop()
-	s := p.s
-	var sizer sluice.Sizer
-	var queuer sluice.Queuer
-	for _, g := range s.Chain().Gates() {
-		if sz, ok := sluice.As[sluice.Sizer](g); ok && sizer == nil {
-			sizer = sz
-		}
-		if q, ok := sluice.As[sluice.Queuer](g); ok && queuer == nil {
-			queuer = q
-		}
-	}
+	sizer, queuer := watched(p.s.Chain())
 	if sizer == nil {
 		return nil, errors.New("demo: the policy has no adaptive concurrency gate to watch")
 	}
-	target := p.url
-
-	total := opts.Before + opts.During + opts.After
-	secs := int(total / time.Second)
-	rate := opts.Overload * float64(opts.Workers) / opts.Slow.Seconds()
 	rep := &StepReport{Workers: opts.Workers, Policy: opts.PolicyName, DeadlineM: float64(opts.Deadline) / 1e6,
 		Changes: []int{int(opts.Before / time.Second), int((opts.Before + opts.During) / time.Second)}}
-	rows := make([]StepRow, secs)
-	lat := make([][]time.Duration, secs)
-	for i := range rows {
-		svc := opts.Fast
-		if i >= rep.Changes[0] && i < rep.Changes[1] {
-			svc = opts.Slow
-		}
-		rows[i] = StepRow{T: float64(i), ServiceMs: float64(svc) / 1e6, CapacityPS: float64(opts.Workers) / svc.Seconds(), TargetRPS: rate}
-	}
+	rate := opts.Overload * float64(opts.Workers) / opts.Slow.Seconds()
+	rows := stepRows(&opts, rep.Changes, rate)
+	lat := make([][]time.Duration, len(rows))
 
-	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		atk := vegeta.NewAttacker(vegeta.Timeout(opts.Deadline), vegeta.KeepAlive(true), vegeta.Workers(64),
-			vegeta.MaxWorkers(20000), vegeta.Connections(20000), vegeta.Redirects(vegeta.NoFollow))
-		timeout := opts.Deadline.String()
-		tgt := func(t *vegeta.Target) error {
-			t.Method = http.MethodGet
-			t.URL = target + "/v1/routes/" + strconv.Itoa(rand.IntN(100000))
-			t.Header = http.Header{"X-Api-Key": {"tenant-" + strconv.Itoa(rand.IntN(opts.Tenants))}, "X-Request-Timeout": {timeout}}
-			return nil
-		}
-		stop := context.AfterFunc(ctx, func() { atk.Stop() })
-		defer stop()
-		for r := range atk.Attack(tgt, vegeta.ConstantPacer{Freq: int(rate + 0.5), Per: time.Second}, total, "step") {
-			i := int(r.Timestamp.Sub(start) / time.Second)
-			if i < 0 || i >= secs {
-				continue
-			}
-			mu.Lock()
-			rows[i].OfferedRPS++
-			if r.Code == http.StatusOK && r.Latency <= opts.Deadline {
-				rows[i].GoodputRPS++
-				lat[i] = append(lat[i], r.Latency)
-			}
-			if r.Code == http.StatusServiceUnavailable {
-				if why := reasonOf(r.Body, 503); why == "queue" || why == "concurrency" {
-					rows[i].Refused++
-				}
-			}
-			mu.Unlock()
-		}
+		stepLoad(ctx, &opts, p.url, rate, start, rows, lat)
 	}()
 	// The phases, and the limit at the end of every second.
-	clk := s.Chain().Clock()
+	clk := p.s.Chain().Clock()
 	var waited int64
-	for i := 1; i <= secs; i++ {
+	for i := 1; i <= len(rows); i++ {
 		select {
 		case <-ctx.Done():
 			wg.Wait()
 			return nil, ctx.Err()
 		case <-time.After(time.Until(start.Add(time.Duration(i) * time.Second))):
 		}
-		l, _ := sizer.ConcurrencyLimit()
-		rows[i-1].Limit = l
+		rows[i-1].Limit, _ = sizer.ConcurrencyLimit()
 		if queuer != nil {
 			_, _, w, _ := queuer.QueueStats(clk.Now())
 			rows[i-1].Waited, waited = w-waited, w
@@ -210,20 +159,88 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 		}
 	}
 	wg.Wait()
-	ws := make([]settle.Window, secs)
+	rep.finish(rows, lat)
+	return rep, nil
+}
+
+// watched finds the chain's first moving limit and first wait queue.
+func watched(c *sluice.Chain) (sluice.Sizer, sluice.Queuer) {
+	var sizer sluice.Sizer
+	var queuer sluice.Queuer
+	for _, g := range c.Gates() {
+		if sz, ok := sluice.As[sluice.Sizer](g); ok && sizer == nil {
+			sizer = sz
+		}
+		if q, ok := sluice.As[sluice.Queuer](g); ok && queuer == nil {
+			queuer = q
+		}
+	}
+	return sizer, queuer
+}
+
+// stepRows lays out a row a second, with the service time and capacity
+// of its phase.
+func stepRows(opts *StepOptions, changes []int, rate float64) []StepRow {
+	rows := make([]StepRow, int((opts.Before+opts.During+opts.After)/time.Second))
+	for i := range rows {
+		svc := opts.Fast
+		if i >= changes[0] && i < changes[1] {
+			svc = opts.Slow
+		}
+		rows[i] = StepRow{T: float64(i), ServiceMs: float64(svc) / 1e6, CapacityPS: float64(opts.Workers) / svc.Seconds(), TargetRPS: rate}
+	}
+	return rows
+}
+
+// stepLoad sends reads open-loop at rate for the whole series and counts
+// each result in the row of the second it was sent in.
+func stepLoad(ctx context.Context, opts *StepOptions, target string, rate float64, start time.Time, rows []StepRow, lat [][]time.Duration) {
+	atk := vegeta.NewAttacker(vegeta.Timeout(opts.Deadline), vegeta.KeepAlive(true), vegeta.Workers(64),
+		vegeta.MaxWorkers(20000), vegeta.Connections(20000), vegeta.Redirects(vegeta.NoFollow))
+	timeout := opts.Deadline.String()
+	tgt := func(t *vegeta.Target) error {
+		t.Method = http.MethodGet
+		t.URL = target + "/v1/routes/" + strconv.Itoa(rand.IntN(100000))
+		t.Header = http.Header{"X-Api-Key": {"tenant-" + strconv.Itoa(rand.IntN(opts.Tenants))}, "X-Request-Timeout": {timeout}}
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() { atk.Stop() })
+	defer stop()
+	total := time.Duration(len(rows)) * time.Second
+	for r := range atk.Attack(tgt, vegeta.ConstantPacer{Freq: int(rate + 0.5), Per: time.Second}, total, "step") {
+		i := int(r.Timestamp.Sub(start) / time.Second)
+		if i < 0 || i >= len(rows) {
+			continue
+		}
+		rows[i].OfferedRPS++
+		if r.Code == http.StatusOK && r.Latency <= opts.Deadline {
+			rows[i].GoodputRPS++
+			lat[i] = append(lat[i], r.Latency)
+		}
+		if r.Code == http.StatusServiceUnavailable {
+			if why := reasonOf(r.Body, 503); why == "queue" || why == "concurrency" {
+				rows[i].Refused++
+			}
+		}
+	}
+}
+
+// finish computes the rows' p99s, the seconds the load generator fell
+// behind, and the limit's settling after both changes.
+func (r *StepReport) finish(rows []StepRow, lat [][]time.Duration) {
+	ws := make([]settle.Window, len(rows))
 	for i := range rows {
 		if l := lat[i]; len(l) > 0 {
 			slices.Sort(l)
 			rows[i].P99Ms = float64(l[min(len(l)*99/100, len(l)-1)]) / 1e6
 		}
 		if rows[i].OfferedRPS < 0.95*rows[i].TargetRPS {
-			rep.Behind++
+			r.Behind++
 		}
 		ws[i] = settle.Window{Limit: rows[i].Limit, Binding: rows[i].Waited > 0 || rows[i].Refused > 0}
 	}
-	rep.Rows = rows
-	rep.Settling = []settle.Settling{settle.Measure(ws, rep.Changes[0], rep.Changes[1]), settle.Measure(ws, rep.Changes[1], secs)}
-	return rep, nil
+	r.Rows = rows
+	r.Settling = []settle.Settling{settle.Measure(ws, r.Changes[0], r.Changes[1]), settle.Measure(ws, r.Changes[1], len(rows))}
 }
 
 // WriteJSON writes the report as JSON to path.
