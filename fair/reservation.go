@@ -1,0 +1,340 @@
+package fair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+)
+
+// MaxRate is the largest capacity, reserve or maximum a Reservation takes,
+// in work units/s: with a bucket depth of at most MaxDepth, every balance
+// (kept in nano-units) fits in an int64.
+const MaxRate = 1 << 30
+
+// MaxDepth is the longest Burst or Revocation a Reservation takes.
+const MaxDepth = time.Minute
+
+// ClassShare is one class's part of a Reservation's capacity, in work
+// units/s.
+type ClassShare struct {
+	// Class is the server-authorized class it applies to.
+	Class string
+	// Reserve is the rate the class always finds, whatever the others do.
+	Reserve int64
+	// Max caps everything the class takes, its reserve and what it borrows;
+	// 0 means the usable capacity (Capacity − Recovery).
+	Max int64
+	// NoBorrow keeps the class to its reserve: it never spends the pool.
+	NoBorrow bool
+}
+
+// ReservationOptions configures a Reservation. Rates are in work units/s
+// (the cost of a request is its units).
+type ReservationOptions struct {
+	// Capacity is what the protected resource serves, units/s. Required.
+	Capacity int64
+	// Recovery is kept out of every class's reach, units/s: the headroom a
+	// service needs to recover and to run its control plane.
+	Recovery int64
+	// Classes are the reservations; their reserves sum to at most
+	// Capacity − Recovery. Classes not listed have no reserve and only
+	// borrow. What no class reserves goes to the pool.
+	Classes []ClassShare
+	// Burst is the depth of each class's own bucket, as time at its
+	// reserve (a class idle for Burst may then admit Reserve·Burst units at
+	// once). Default 100 ms.
+	Burst time.Duration
+	// Revocation bounds a reclaim: the pool that borrowers spend holds at
+	// most (Capacity − Recovery)·Revocation units, so once an owner takes
+	// its reserve again the borrowed work admitted after it came back is
+	// served within Revocation. Default 1 s.
+	Revocation time.Duration
+}
+
+// Reservation is a gate that divides a capacity in work units/s between
+// classes (the class reservations of a hierarchical budget). Each class
+// with a reserve has a token bucket filled at its reserve; a full bucket's
+// overflow, and the rate no class reserves, fill a shared pool that any
+// class that may borrow spends once its own bucket is short. An idle
+// reservation is so lent at once, and reclaimed at once: the owner's
+// bucket is full when it comes back, new borrowing stops as its overflow
+// stops, and the pool drains; admitted work is never cancelled.
+//
+// Accounting (stated, and checked by property tests): every balance is
+// filled by flows that add up to Capacity − Recovery, so the work admitted
+// in any window of length T is at most (Capacity − Recovery)·T + Depth(),
+// and a class with demand at or above its reserve admits at least
+// Reserve·T − its bucket's depth. A request of the class rejected here has
+// reason overload (503) and is retryable after its own bucket refills its
+// cost. A request a later gate rejects gets its units back. It is safe for
+// concurrent use.
+type Reservation struct {
+	name   string
+	opts   ReservationOptions
+	usable int64
+	byName map[string]int
+	other  *classState // classes not listed: no reserve, borrow only
+
+	mu      sync.Mutex
+	last    clock.Instant
+	started bool
+	classes []classState
+	pool    bucket // nano-units
+	spare   int64  // units/s no class reserves, into the pool
+}
+
+type classState struct {
+	share ClassShare
+	own   bucket // nano-units, filled at share.Reserve
+	cap   bucket // nano-units, filled at share.Max; unused when Max is 0
+	// counters, in units
+	admitted, borrowed, rejected int64
+}
+
+// bucket is a balance in nano-units (1e-9 units): at a rate of r units/s it
+// gains r nano-units per nanosecond, exactly.
+type bucket struct {
+	rate, size, n int64
+}
+
+// fill adds elapsed ns at b's rate and returns what did not fit, at most
+// about spill (the room the overflow can go to).
+func (b *bucket) fill(elapsed, spill int64) (overflow int64) {
+	if b.rate == 0 || elapsed <= 0 {
+		return 0
+	}
+	// Past one full bucket the rest is all overflow; cap the products.
+	if limit := b.size/b.rate + 1; elapsed > limit {
+		overflow = min(elapsed-limit, spill/b.rate+1) * b.rate
+		elapsed = limit
+	}
+	b.n += elapsed * b.rate
+	if b.n > b.size {
+		overflow += b.n - b.size
+		b.n = b.size
+	}
+	return overflow
+}
+
+func (b *bucket) add(n int64) { b.n = min(b.n+n, b.size) }
+
+const nano = int64(time.Second) // nano-units per unit
+
+// NewReservation returns a reservation gate named name. An error names the
+// option or class at fault.
+func NewReservation(name string, opts ReservationOptions) (*Reservation, error) {
+	if name == "" {
+		return nil, errors.New("reservation: empty name")
+	}
+	if opts.Burst == 0 {
+		opts.Burst = 100 * time.Millisecond
+	}
+	if opts.Revocation == 0 {
+		opts.Revocation = time.Second
+	}
+	switch {
+	case opts.Capacity < 1 || opts.Capacity > MaxRate:
+		return nil, fmt.Errorf("reservation %s: capacity %d units/s outside [1, %d]", name, opts.Capacity, int64(MaxRate))
+	case opts.Recovery < 0 || opts.Recovery >= opts.Capacity:
+		return nil, fmt.Errorf("reservation %s: recovery %d units/s, want in [0, capacity %d)", name, opts.Recovery, opts.Capacity)
+	case opts.Burst < time.Millisecond || opts.Burst > MaxDepth:
+		return nil, fmt.Errorf("reservation %s: burst %v outside [1ms, %v]", name, opts.Burst, MaxDepth)
+	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
+		return nil, fmt.Errorf("reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
+	}
+	g := &Reservation{name: name, opts: opts, usable: opts.Capacity - opts.Recovery, byName: map[string]int{}}
+	var reserved int64
+	for i, c := range opts.Classes {
+		switch {
+		case c.Class == "":
+			return nil, fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
+		case c.Reserve < 0 || c.Max < 0:
+			return nil, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
+		case c.Max > g.usable:
+			return nil, fmt.Errorf("reservation %s: class %s: max %d above the usable %d units/s", name, c.Class, c.Max, g.usable)
+		case c.Max > 0 && c.Max < c.Reserve:
+			return nil, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
+		}
+		if _, dup := g.byName[c.Class]; dup {
+			return nil, fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
+		}
+		g.byName[c.Class] = i
+		reserved += c.Reserve
+	}
+	if reserved > g.usable {
+		return nil, fmt.Errorf("reservation %s: reserves add up to %d units/s, above capacity − recovery = %d", name, reserved, g.usable)
+	}
+	burst, revocation := int64(opts.Burst), int64(opts.Revocation)
+	for _, c := range opts.Classes {
+		s := classState{share: c, own: bucket{rate: c.Reserve, size: c.Reserve * burst}}
+		s.own.n = s.own.size
+		if c.Max > 0 {
+			s.cap = bucket{rate: c.Max, size: max(c.Max*burst, c.Reserve*burst)}
+			s.cap.n = s.cap.size
+		}
+		g.classes = append(g.classes, s)
+	}
+	g.other = &classState{}
+	g.spare = g.usable - reserved
+	g.pool = bucket{size: g.usable * revocation}
+	return g, nil
+}
+
+// Name returns the gate's name.
+func (g *Reservation) Name() string { return g.name }
+
+// Depth returns the most the gate can admit at once after every class
+// has been idle, in units (rounded up): the own buckets and the pool, full.
+func (g *Reservation) Depth() int64 {
+	d := g.pool.size
+	for i := range g.classes {
+		d += g.classes[i].own.size
+	}
+	return (d + nano - 1) / nano
+}
+
+func (g *Reservation) class(name string) *classState {
+	if i, ok := g.byName[name]; ok {
+		return &g.classes[i]
+	}
+	return g.other
+}
+
+// advanceLocked fills every balance up to now: the own buckets at their
+// reserves, the pool at the unreserved rate and with their overflow.
+// REQUIRES: g.mu held.
+func (g *Reservation) advanceLocked(now clock.Instant) {
+	if !g.started {
+		g.started, g.last = true, now
+		return
+	}
+	elapsed := int64(now - g.last)
+	if elapsed <= 0 {
+		return // a reading from another goroutine, taken a little earlier
+	}
+	g.last = now
+	spill := int64(0)
+	for i := range g.classes {
+		c := &g.classes[i]
+		spill = min(spill+c.own.fill(elapsed, g.pool.size), g.pool.size)
+		if c.share.Max > 0 {
+			c.cap.fill(elapsed, 0)
+		}
+	}
+	g.pool.add(spill)
+	if g.spare > 0 {
+		g.pool.add(min(elapsed, g.pool.size/g.spare+1) * g.spare)
+	}
+}
+
+// Decide admits r if its class's own bucket, topped up from the pool when
+// the class may borrow, holds its cost, and the class's maximum allows it.
+func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+	cost := max(r.Cost, 1) * nano
+	g.mu.Lock()
+	g.advanceLocked(now)
+	c := g.class(r.Class)
+	fromPool := max(cost-c.own.n, 0)
+	ok := fromPool == 0 || (!c.share.NoBorrow && g.pool.n >= fromPool)
+	if ok && c.share.Max > 0 && c.cap.n < cost {
+		ok = false
+	}
+	if !ok {
+		c.rejected += cost / nano
+		retry := g.retryAfterLocked(c, cost)
+		g.mu.Unlock()
+		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: g.name,
+			Retryable: true, RetryAfter: retry}, 0
+	}
+	c.own.n -= cost - fromPool
+	g.pool.n -= fromPool
+	if c.share.Max > 0 {
+		c.cap.n -= cost
+	}
+	c.admitted += cost / nano
+	c.borrowed += fromPool / nano
+	g.mu.Unlock()
+	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name}, sluice.Permit(fromPool / nano)
+}
+
+// retryAfterLocked is when the class's own bucket (or, for a class with no
+// reserve, the pool at the unreserved rate) holds cost; the revocation
+// time when nothing refills at a known rate. REQUIRES: g.mu held.
+func (g *Reservation) retryAfterLocked(c *classState, cost int64) time.Duration {
+	switch {
+	case c.own.rate > 0 && cost <= c.own.size:
+		return time.Duration((cost - c.own.n + c.own.rate - 1) / c.own.rate)
+	case g.spare > 0 && !c.share.NoBorrow && cost <= g.pool.size:
+		return time.Duration((cost - g.pool.n + g.spare - 1) / g.spare)
+	}
+	return g.opts.Revocation
+}
+
+// Release gives the units back when a later gate rejected the request:
+// what came from the pool to the pool, the rest to the class's bucket.
+// Admitted work keeps what it took.
+func (g *Reservation) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
+	if done.Outcome != sluice.OutcomeRejected {
+		return
+	}
+	cost := max(r.Cost, 1) * nano
+	fromPool := int64(p) * nano
+	g.mu.Lock()
+	c := g.class(r.Class)
+	c.own.add(cost - fromPool)
+	g.pool.add(fromPool)
+	if c.share.Max > 0 {
+		c.cap.add(cost)
+	}
+	c.admitted -= cost / nano
+	c.borrowed -= fromPool / nano
+	g.mu.Unlock()
+}
+
+// ClassUsage is one class's counters in a Reservation, in work units since
+// the gate was built.
+type ClassUsage struct {
+	Class    string `json:"class"`
+	Reserve  int64  `json:"reserve_units_per_s"`
+	Admitted int64  `json:"admitted_units"`
+	Borrowed int64  `json:"borrowed_units"`
+	Rejected int64  `json:"rejected_units"`
+}
+
+// ReservationState is what the admin API shows of a Reservation.
+type ReservationState struct {
+	Capacity int64        `json:"capacity_units_per_s"`
+	Recovery int64        `json:"recovery_units_per_s"`
+	Pool     int64        `json:"pool_units"`
+	Classes  []ClassUsage `json:"classes"`
+}
+
+var _ sluice.StateReporter = (*Reservation)(nil)
+
+// Usage returns the counters per class, listed classes first and then
+// "" for the classes with no reserve.
+func (g *Reservation) Usage() []ClassUsage {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]ClassUsage, 0, len(g.classes)+1)
+	for _, c := range append(g.classes, *g.other) {
+		out = append(out, ClassUsage{Class: c.share.Class, Reserve: c.share.Reserve, Admitted: c.admitted,
+			Borrowed: c.borrowed, Rejected: c.rejected})
+	}
+	return out
+}
+
+// ReportState returns the capacity, the pool's balance and the usage per
+// class at now.
+func (g *Reservation) ReportState(now clock.Instant) any {
+	g.mu.Lock()
+	g.advanceLocked(now)
+	pool := g.pool.n / nano
+	g.mu.Unlock()
+	return ReservationState{Capacity: g.opts.Capacity, Recovery: g.opts.Recovery, Pool: pool, Classes: g.Usage()}
+}

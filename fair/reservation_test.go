@@ -1,0 +1,221 @@
+package fair_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/fair"
+)
+
+// stream is an evenly spaced arrival stream of one class.
+type stream struct {
+	class string
+	cost  int64
+	rate  float64 // requests/s
+	next  float64 // ns
+}
+
+// run offers the streams to g from start for d and returns the units
+// admitted per class. Arrivals are evenly spaced, merged in time order.
+func run(t *testing.T, g sluice.Gate, start clock.Instant, d time.Duration, streams ...*stream) map[string]int64 {
+	t.Helper()
+	got := map[string]int64{}
+	end := float64(start) + float64(d)
+	for _, s := range streams {
+		if s.next < float64(start) {
+			s.next = float64(start)
+		}
+	}
+	for {
+		var s *stream
+		for _, x := range streams {
+			if x.rate > 0 && (s == nil || x.next < s.next) {
+				s = x
+			}
+		}
+		if s == nil || s.next >= end {
+			return got
+		}
+		now := clock.Instant(math.Round(s.next))
+		s.next += 1e9 / s.rate
+		r := &sluice.Request{Class: s.class, Cost: s.cost}
+		if dec, p := g.Decide(context.Background(), r, now); dec.Admitted {
+			got[s.class] += s.cost
+			g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now})
+		}
+	}
+}
+
+func within(t *testing.T, what string, got, want int64, tol float64) {
+	t.Helper()
+	if math.Abs(float64(got-want)) > tol*float64(want) {
+		t.Errorf("%s: %d units, want %d ± %.0f%%", what, got, want, 100*tol)
+	}
+}
+
+// The article's free and premium example: capacity 4,000 units/s, premium
+// queries cost 3 at 1,000/s, free ones 1 at 6,000/s, reserves 2,400 and
+// 1,600. Premium admits 800 req/s and free 1,600; when premium drops to
+// 400 req/s free borrows the 1,200 units/s it leaves; when premium comes
+// back it has its 2,400 at once, within the revocation time.
+func TestReservationSplit(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		capacity, recovery int64
+		freeReserve        int64
+	}{
+		{"no recovery reserve", 4000, 0, 1600},
+		{"recovery reserve 200", 4200, 200, 1600},
+		{"recovery reserve eats free's reserve", 4000, 200, 1400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: tc.capacity, Recovery: tc.recovery,
+				Revocation: 500 * time.Millisecond,
+				Classes:    []fair.ClassShare{{Class: "premium", Reserve: 2400}, {Class: "free", Reserve: tc.freeReserve}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			usable := tc.capacity - tc.recovery
+			premium := &stream{class: "premium", cost: 3, rate: 1000}
+			free := &stream{class: "free", cost: 1, rate: 6000}
+			start := clock.Instant(time.Second)
+			run(t, g, start, 2*time.Second, premium, free) // past the initial bursts
+			got := run(t, g, start.Add(2*time.Second), 10*time.Second, premium, free)
+			within(t, "premium, both busy", got["premium"], 2400*10, 0.01)
+			within(t, "free, both busy", got["free"], tc.freeReserve*10, 0.01)
+
+			premium.rate = 400
+			at := start.Add(12 * time.Second)
+			run(t, g, at, time.Second, premium, free)
+			got = run(t, g, at.Add(time.Second), 10*time.Second, premium, free)
+			within(t, "premium at 400 req/s", got["premium"], 1200*10, 0.01)
+			within(t, "free borrowing", got["free"], (usable-1200)*10, 0.01)
+
+			premium.rate = 1000
+			back := at.Add(11 * time.Second)
+			got = run(t, g, back, 500*time.Millisecond, premium, free)
+			// Within the revocation time premium has its whole reserve (and its
+			// bucket's 100 ms of burst), and free keeps at most its reserve
+			// plus what the pool held when premium came back.
+			if min := int64(2400 / 2); got["premium"] < min {
+				t.Errorf("premium in the first 500 ms back: %d units, want ≥ %d", got["premium"], min)
+			}
+			got = run(t, g, back.Add(500*time.Millisecond), 10*time.Second, premium, free)
+			within(t, "premium back", got["premium"], 2400*10, 0.01)
+			within(t, "free after the reclaim", got["free"], tc.freeReserve*10, 0.01)
+		})
+	}
+}
+
+func TestReservationLimits(t *testing.T) {
+	g, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1000,
+		Classes: []fair.ClassShare{{Class: "a", Reserve: 300, Max: 500}, {Class: "b", Reserve: 200, NoBorrow: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &stream{class: "a", cost: 1, rate: 5000}
+	b := &stream{class: "b", cost: 1, rate: 5000}
+	other := &stream{class: "other", cost: 2, rate: 5000}
+	start := clock.Instant(time.Second)
+	run(t, g, start, 2*time.Second, a, b, other)
+	got := run(t, g, start.Add(2*time.Second), 10*time.Second, a, b, other)
+	within(t, "a, capped at its max", got["a"], 500*10, 0.01)
+	within(t, "b, which never borrows", got["b"], 200*10, 0.01)
+	// 500 units/s no class reserves: a takes 200 of them up to its max,
+	// the unlisted class the other 300.
+	within(t, "an unlisted class, borrowing only", got["other"], 300*10, 0.02)
+}
+
+func TestReservationRefundsLaterRejections(t *testing.T) {
+	g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 10, Burst: time.Second,
+		Classes: []fair.ClassShare{{Class: "a", Reserve: 10}}})
+	r := &sluice.Request{Class: "a", Cost: 10}
+	now := clock.Instant(1)
+	d, p := g.Decide(context.Background(), r, now)
+	if !d.Admitted {
+		t.Fatal("a full bucket did not admit its depth")
+	}
+	if d, _ := g.Decide(context.Background(), r, now); d.Admitted || d.Reason != sluice.ReasonOverload || d.RetryAfter != time.Second {
+		t.Fatalf("empty bucket: %+v, want overload retryable after 1s", d)
+	}
+	g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: now})
+	if d, _ := g.Decide(context.Background(), r, now); !d.Admitted {
+		t.Fatal("the units of a request a later gate rejected did not come back")
+	}
+}
+
+func TestReservationRejectsBadOptions(t *testing.T) {
+	for _, o := range []fair.ReservationOptions{
+		{},
+		{Capacity: 100, Recovery: 100},
+		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: 60}, {Class: "b", Reserve: 50}}},
+		{Capacity: 100, Recovery: 20, Classes: []fair.ClassShare{{Class: "a", Reserve: 90}}},
+		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: 50, Max: 40}}},
+		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: 10}, {Class: "a", Reserve: 10}}},
+		{Capacity: 100, Classes: []fair.ClassShare{{Class: "", Reserve: 10}}},
+		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: -1}}},
+		{Capacity: fair.MaxRate + 1},
+		{Capacity: 100, Burst: time.Hour},
+	} {
+		if _, err := fair.NewReservation("r", o); err == nil {
+			t.Errorf("%+v: accepted", o)
+		}
+	}
+}
+
+// Whatever arrives, the work admitted in any window of length T is at most
+// (capacity − recovery)·T plus the gate's depth, and a class whose demand
+// stays above its reserve gets at least its reserve less its bucket.
+func TestReservationNeverAdmitsAboveUsable(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		capacity := rapid.Int64Range(10, 5000).Draw(t, "capacity")
+		recovery := rapid.Int64Range(0, capacity-1).Draw(t, "recovery")
+		usable := capacity - recovery
+		ra := rapid.Int64Range(0, usable).Draw(t, "reserveA")
+		rb := rapid.Int64Range(0, usable-ra).Draw(t, "reserveB")
+		g, err := fair.NewReservation("r", fair.ReservationOptions{Capacity: capacity, Recovery: recovery,
+			Burst:      time.Duration(rapid.Int64Range(1, 500).Draw(t, "burstMs")) * time.Millisecond,
+			Revocation: time.Duration(rapid.Int64Range(1, 2000).Draw(t, "revocationMs")) * time.Millisecond,
+			Classes:    []fair.ClassShare{{Class: "a", Reserve: ra}, {Class: "b", Reserve: rb, NoBorrow: rapid.Bool().Draw(t, "bNoBorrow")}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type adm struct {
+			at   clock.Instant
+			cost int64
+		}
+		var admitted []adm
+		now := clock.Instant(0)
+		for i, n := 0, rapid.IntRange(1, 300).Draw(t, "n"); i < n; i++ {
+			now = now.Add(time.Duration(rapid.Int64Range(0, int64(50*time.Millisecond)).Draw(t, "gap")))
+			r := &sluice.Request{Class: rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "class"),
+				Cost: rapid.Int64Range(1, 2*capacity).Draw(t, "cost")}
+			d, p := g.Decide(context.Background(), r, now)
+			if !d.Admitted {
+				continue
+			}
+			if rapid.IntRange(0, 9).Draw(t, "later") == 0 {
+				g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: now})
+				continue
+			}
+			admitted = append(admitted, adm{now, r.Cost})
+		}
+		depth := g.Depth()
+		for i := range admitted {
+			sum := int64(0)
+			for j := i; j < len(admitted); j++ {
+				sum += admitted[j].cost
+				window := admitted[j].at.Sub(admitted[i].at)
+				if bound := float64(usable)*window.Seconds() + float64(depth); float64(sum) > bound+1e-6 {
+					t.Fatalf("%d units admitted in %v, above usable %d/s × T + depth %d", sum, window, usable, depth)
+				}
+			}
+		}
+	})
+}
