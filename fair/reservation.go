@@ -31,6 +31,10 @@ type ClassShare struct {
 	Max int64
 	// NoBorrow keeps the class to its reserve: it never spends the pool.
 	NoBorrow bool
+	// Tenant caps each tenant of the class, units/s (the tenant level of
+	// the budget below the class); 0 means no cap. A tenant's bucket holds
+	// Tenant·Burst.
+	Tenant int64
 }
 
 // ReservationOptions configures a Reservation. Rates are in work units/s
@@ -71,7 +75,10 @@ type ReservationOptions struct {
 // and a class with demand at or above its reserve admits at least
 // Reserve·T − its bucket's depth. A request of the class rejected here has
 // reason overload (503) and is retryable after its own bucket refills its
-// cost. A request a later gate rejects gets its units back. It is safe for
+// cost. Below the class, a tenant over the class's tenant cap is rejected
+// with reason policy_rate (429) at scope tenant: the levels service →
+// class → tenant are each enforced. A request a later gate rejects gets
+// its units back. It is safe for
 // concurrent use.
 type Reservation struct {
 	name   string
@@ -92,8 +99,18 @@ type classState struct {
 	share ClassShare
 	own   bucket // nano-units, filled at share.Reserve
 	cap   bucket // nano-units, filled at share.Max; unused when Max is 0
+	// tenants holds the buckets of tenants that are not full (a full one
+	// is the same as none, so dropping it loses nothing): at most the
+	// tenants admitted within one bucket's refill time.
+	tenants map[string]*tenantBucket
+	swept   clock.Instant
 	// counters, in units
 	admitted, borrowed, rejected int64
+}
+
+type tenantBucket struct {
+	n    int64 // nano-units
+	last clock.Instant
 }
 
 // bucket is a balance in nano-units (1e-9 units): at a rate of r units/s it
@@ -157,6 +174,8 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 			return nil, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
 		case c.Max > g.usable:
 			return nil, fmt.Errorf("reservation %s: class %s: max %d above the usable %d units/s", name, c.Class, c.Max, g.usable)
+		case c.Tenant < 0 || c.Tenant > MaxRate:
+			return nil, fmt.Errorf("reservation %s: class %s: tenant rate %d outside [0, %d]", name, c.Class, c.Tenant, int64(MaxRate))
 		case c.Max > 0 && c.Max < c.Reserve:
 			return nil, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
 		}
@@ -171,7 +190,7 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 	}
 	burst, revocation := int64(opts.Burst), int64(opts.Revocation)
 	for _, c := range opts.Classes {
-		s := classState{share: c, own: bucket{rate: c.Reserve, size: c.Reserve * burst}}
+		s := classState{share: c, own: bucket{rate: c.Reserve, size: c.Reserve * burst}, tenants: map[string]*tenantBucket{}}
 		s.own.n = s.own.size
 		if c.Max > 0 {
 			s.cap = bucket{rate: c.Max, size: max(c.Max*burst, c.Reserve*burst)}
@@ -251,15 +270,55 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: g.name,
 			Retryable: true, RetryAfter: retry}, 0
 	}
+	var tb *tenantBucket
+	if c.share.Tenant > 0 {
+		if tb, ok = g.tenantLocked(c, r.Tenant, now, cost); !ok {
+			c.rejected += cost / nano
+			d := sluice.Decision{Reason: sluice.ReasonPolicyRate, Scope: sluice.ScopeTenant, Gate: g.name, Retryable: true,
+				RetryAfter: time.Duration((cost - tb.n + c.share.Tenant - 1) / c.share.Tenant)}
+			if cost > c.share.Tenant*int64(g.opts.Burst) {
+				d.Retryable, d.RetryAfter = false, 0
+			}
+			g.mu.Unlock()
+			return d, 0
+		}
+	}
 	c.own.n -= cost - fromPool
 	g.pool.n -= fromPool
 	if c.share.Max > 0 {
 		c.cap.n -= cost
 	}
+	if tb != nil {
+		tb.n -= cost
+	}
 	c.admitted += cost / nano
 	c.borrowed += fromPool / nano
 	g.mu.Unlock()
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name}, sluice.Permit(fromPool / nano)
+}
+
+// tenantLocked returns the tenant's bucket, filled to now, and whether it
+// holds cost; buckets that have filled up since the last sweep are
+// dropped first. REQUIRES: g.mu held.
+func (g *Reservation) tenantLocked(c *classState, tenant string, now clock.Instant, cost int64) (*tenantBucket, bool) {
+	rate, size := c.share.Tenant, c.share.Tenant*int64(g.opts.Burst)
+	if now.Sub(c.swept) >= g.opts.Burst {
+		c.swept = now
+		for k, t := range c.tenants {
+			if int64(now-t.last) >= (size-t.n)/rate+1 {
+				delete(c.tenants, k)
+			}
+		}
+	}
+	t := c.tenants[tenant]
+	if t == nil {
+		t = &tenantBucket{n: size, last: now}
+		c.tenants[tenant] = t
+	}
+	b := bucket{rate: rate, size: size, n: t.n}
+	b.fill(int64(now-t.last), 0)
+	t.n, t.last = b.n, max(t.last, now)
+	return t, t.n >= cost
 }
 
 // retryAfterLocked is when the class's own bucket (or, for a class with no
@@ -288,6 +347,9 @@ func (g *Reservation) Release(r *sluice.Request, p sluice.Permit, done sluice.Co
 	c := g.class(r.Class)
 	c.own.add(cost - fromPool)
 	g.pool.add(fromPool)
+	if t := c.tenants[r.Tenant]; t != nil {
+		t.n = min(t.n+cost, c.share.Tenant*int64(g.opts.Burst))
+	}
 	if c.share.Max > 0 {
 		c.cap.add(cost)
 	}

@@ -2,6 +2,7 @@ package fair_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -15,10 +16,11 @@ import (
 
 // stream is an evenly spaced arrival stream of one class.
 type stream struct {
-	class string
-	cost  int64
-	rate  float64 // requests/s
-	next  float64 // ns
+	class  string
+	tenant string // counted by tenant when set
+	cost   int64
+	rate   float64 // requests/s
+	next   float64 // ns
 }
 
 // run offers the streams to g from start for d and returns the units
@@ -44,9 +46,12 @@ func run(t *testing.T, g sluice.Gate, start clock.Instant, d time.Duration, stre
 		}
 		now := clock.Instant(math.Round(s.next))
 		s.next += 1e9 / s.rate
-		r := &sluice.Request{Class: s.class, Cost: s.cost}
+		r := &sluice.Request{Class: s.class, Cost: s.cost, Tenant: s.tenant}
 		if dec, p := g.Decide(context.Background(), r, now); dec.Admitted {
 			got[s.class] += s.cost
+			if s.tenant != "" {
+				got[s.tenant] += s.cost
+			}
 			g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now})
 		}
 	}
@@ -218,4 +223,36 @@ func TestReservationNeverAdmitsAboveUsable(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The tenant level under a class: each tenant of the class gets at most
+// its cap (429 at scope tenant beyond it), inside the class's reserve.
+func TestReservationTenantLevel(t *testing.T) {
+	g, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: 4000,
+		Classes: []fair.ClassShare{{Class: "premium", Reserve: 2400}, {Class: "free", Reserve: 1600, Tenant: 200}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streams []*stream
+	var names []string
+	for i, rate := range []float64{1000, 150, 150, 150} {
+		name := fmt.Sprintf("free-%d", i)
+		names = append(names, name)
+		streams = append(streams, &stream{class: "free", cost: 1, rate: rate, tenant: name})
+	}
+	start := clock.Instant(time.Second)
+	run(t, g, start, time.Second, streams...)
+	got := run(t, g, start.Add(time.Second), 10*time.Second, streams...)
+	within(t, "the heavy tenant, at its cap", got[names[0]], 200*10, 0.01)
+	for _, n := range names[1:] {
+		within(t, "a light tenant, all it asks", got[n], 150*10, 0.01)
+	}
+	d, _ := g.Decide(context.Background(), &sluice.Request{Class: "free", Tenant: names[0], Cost: 10}, start.Add(11*time.Second))
+	if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.Scope != sluice.ScopeTenant || !d.Retryable {
+		t.Errorf("over the tenant cap: %+v, want policy_rate at scope tenant", d)
+	}
+	d, _ = g.Decide(context.Background(), &sluice.Request{Class: "free", Tenant: "x", Cost: 21}, start.Add(11*time.Second))
+	if d.Admitted || d.Retryable {
+		t.Errorf("a cost above the tenant bucket: %+v, want a final rejection", d)
+	}
 }

@@ -40,6 +40,16 @@ type UtilizationOptions struct {
 	RetryHint time.Duration
 	// Rand returns uniform numbers in [0, 1); default math/rand/v2.
 	Rand func() float64
+	// Cut, if set, decides which requests the fraction sheds, in place of
+	// the tiers' probabilities (fair.Cohort: an exact cut over class tier
+	// and tenant cohort). Tiers and CostAware then do not apply.
+	Cut Cut
+}
+
+// Cut decides whether the shed fraction f at now falls on r; it sees
+// every request the shedder decides.
+type Cut interface {
+	Shed(r *sluice.Request, f float64, now clock.Instant) bool
 }
 
 // WithDefaults returns o with the defaults of the zero fields filled in:
@@ -135,6 +145,15 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	t := u.tier(r.Class)
 	u.mu.Lock()
 	u.accountLocked(now)
+	if u.opts.Cut != nil {
+		if u.opts.Cut.Shed(r, u.ctrl.Fraction(now), now) {
+			u.mu.Unlock()
+			return u.reject(), 0
+		}
+		u.meter.admit()
+		u.mu.Unlock()
+		return sluice.Decision{Admitted: true}, 1
+	}
 	p := TierShed(u.ctrl.Fraction(now), t, len(u.opts.Tiers))
 	if u.opts.CostAware {
 		m := &u.meanCost[t]
@@ -148,12 +167,17 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	}
 	if p > 0 && u.opts.Rand() < p {
 		u.mu.Unlock()
-		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: u.name,
-			Retryable: true, RetryAfter: u.opts.RetryHint}, 0
+		return u.reject(), 0
 	}
 	u.meter.admit()
 	u.mu.Unlock()
 	return sluice.Decision{Admitted: true}, 1
+}
+
+// reject is the shedder's rejection: overload, retryable after RetryHint.
+func (u *Utilization) reject() sluice.Decision {
+	return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: u.name,
+		Retryable: true, RetryAfter: u.opts.RetryHint}
 }
 
 // Release ends an admitted request's share of the accounting.
