@@ -22,6 +22,7 @@ var kinds = []*kind{
 	ladderKind,
 	deadlineKind,
 	adaptiveKind,
+	reservationKind,
 }
 
 // kind is one gate kind: everything a policy file needs to parse, check,

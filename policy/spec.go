@@ -149,11 +149,15 @@ func (w *specWriter) hierarchy() {
 	f := w.f
 	w.b.WriteString("\nHIERARCHY\n")
 	w.line("Global / region / worker budgets", "%s", storeText(f.Store))
-	reservations := "none configured"
+	var res []string
 	for i := range f.Gates {
 		if r, ok := f.Gates[i].params.(reserver); ok {
-			reservations = r.reservation(&f.Gates[i])
+			res = append(res, r.reservation(&f.Gates[i]))
 		}
+	}
+	reservations := "none configured"
+	if len(res) > 0 {
+		reservations = strings.Join(res, "; ")
 	}
 	w.line("Reservations, weights, borrow rules, and revocation time", "%s", reservations)
 	w.b.WriteString("  Rate, burst, concurrency, queue, and cost bounds:\n")

@@ -423,6 +423,17 @@ func (e *engine) advance(t int64) {
 	e.last = t
 }
 
+// byClass returns the current window's counters of a's class.
+func (e *engine) byClass(a *attempt) *ClassRow {
+	if e.m.Classes == nil {
+		e.m.Classes = make([]ClassRow, len(e.classes))
+		for i := range e.classes {
+			e.m.Classes[i].Name = e.classes[i].Name
+		}
+	}
+	return &e.m.Classes[a.class]
+}
+
 // arrive starts a new operation.
 func (e *engine) arrive() {
 	u := e.rArr.Float64() * e.rate
@@ -439,6 +450,7 @@ func (e *engine) arrive() {
 	}
 	if e.inWindow() {
 		e.m.Offered += float64(a.units)
+		e.byClass(a).Offered += float64(a.units)
 	}
 	e.send(i)
 }
@@ -492,6 +504,7 @@ func (e *engine) send(i int32) {
 		// A request parked in a wait queue counts as admitted until the
 		// queue turns it away (unadmit).
 		e.m.Admitted += float64(a.units)
+		e.byClass(a).Admitted += float64(a.units)
 	}
 	a.refs++ // the service
 	e.at(a.giveUp, evTimeout, 0, i)
@@ -553,6 +566,7 @@ func (e *engine) expire(i int32) {
 func (e *engine) unadmit(a *attempt, reason sluice.Reason) {
 	if a.measured {
 		e.m.Admitted -= float64(a.units)
+		e.byClass(a).Admitted -= float64(a.units)
 		e.m.reject(reason, float64(a.units))
 	}
 }
@@ -681,6 +695,7 @@ func (e *engine) finish(i int32, how uint8) {
 			a.answered = true
 			if win {
 				e.m.Goodput += float64(a.units)
+				e.byClass(a).Goodput += float64(a.units)
 				e.hist.add(now - a.issued)
 			}
 			e.done(a, sluice.OutcomeUseful)

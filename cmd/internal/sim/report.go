@@ -59,6 +59,8 @@ type Row struct {
 	// the requests per second that waited in a wait queue for a slot.
 	Limit  int     `json:"limit,omitempty"`
 	Waited float64 `json:"waited,omitempty"`
+	// Classes splits offered, admitted and useful work by scenario class.
+	Classes []ClassRow `json:"classes,omitempty"`
 
 	rejected [sluice.ReasonCount]float64
 }
@@ -69,10 +71,23 @@ func (r *Row) reject(reason sluice.Reason, units float64) {
 	}
 }
 
+// ClassRow is one class's share of a Row, in the scenario's unit per
+// second.
+type ClassRow struct {
+	Name     string  `json:"name"`
+	Offered  float64 `json:"offered"`
+	Admitted float64 `json:"admitted"`
+	Goodput  float64 `json:"goodput"`
+}
+
 // finish turns counts over secs seconds into rates.
 func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
 	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut} {
 		*p /= secs
+	}
+	for i := range r.Classes {
+		c := &r.Classes[i]
+		c.Offered, c.Admitted, c.Goodput = c.Offered/secs, c.Admitted/secs, c.Goodput/secs
 	}
 	r.Rejected = map[string]float64{}
 	for reason, v := range r.rejected {
