@@ -67,7 +67,11 @@ type ReservationOptions struct {
 // class that may borrow spends once its own bucket is short. An idle
 // reservation is so lent at once, and reclaimed at once: the owner's
 // bucket is full when it comes back, new borrowing stops as its overflow
-// stops, and the pool drains; admitted work is never cancelled.
+// stops, and the pool drains; admitted work is never cancelled. A class
+// is idle only while none of its requests is turned away: for Burst after
+// one is (here, or by a later gate, which hands the units back), its
+// overflow is not lent, so a reserve that a later gate keeps its owner
+// from using does not flow to the borrowers.
 //
 // Accounting (stated, and checked by property tests): every balance is
 // filled by flows that add up to Capacity − Recovery, so the work admitted
@@ -104,6 +108,11 @@ type classState struct {
 	// tenants admitted within one bucket's refill time.
 	tenants map[string]*tenantBucket
 	swept   clock.Instant
+	// wanted is when the class last had a request turned away, here or by
+	// a later gate: for a bucket's depth after it, the class is not idle,
+	// and what overflows its bucket is not lent.
+	wanted  clock.Instant
+	wanting bool
 	// counters, in units
 	admitted, borrowed, rejected int64
 }
@@ -240,7 +249,11 @@ func (g *Reservation) advanceLocked(now clock.Instant) {
 	spill := int64(0)
 	for i := range g.classes {
 		c := &g.classes[i]
-		spill = min(spill+c.own.fill(elapsed, g.pool.size), g.pool.size)
+		over := c.own.fill(elapsed, g.pool.size)
+		if c.wanting && now.Sub(c.wanted) < g.opts.Burst {
+			over = 0 // the owner is not idle: its requests were turned away
+		}
+		spill = min(spill+over, g.pool.size)
 		if c.share.Max > 0 {
 			c.cap.fill(elapsed, 0)
 		}
@@ -265,6 +278,7 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	}
 	if !ok {
 		c.rejected += cost / nano
+		c.wanted, c.wanting = now, true
 		retry := g.retryAfterLocked(c, cost)
 		g.mu.Unlock()
 		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: g.name,
@@ -345,6 +359,7 @@ func (g *Reservation) Release(r *sluice.Request, p sluice.Permit, done sluice.Co
 	fromPool := int64(p) * nano
 	g.mu.Lock()
 	c := g.class(r.Class)
+	c.wanted, c.wanting = max(c.wanted, done.Now), true
 	c.own.add(cost - fromPool)
 	g.pool.add(fromPool)
 	if t := c.tenants[r.Tenant]; t != nil {

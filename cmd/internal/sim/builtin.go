@@ -145,7 +145,25 @@ var ServiceStep = Scenario{
 	Policy:   "routes-api",
 }
 
-var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep}
+// Reservation is a time series on the Mercury model for the class
+// reservations of examples/mercury.yaml: the article's offered mix (premium
+// 1,000 queries/s of 3 units, free 6,000/s of 1 unit) for 20 s, premium
+// down to 400 queries/s for 20 s (free may borrow what it leaves), then
+// premium back (its reserve must come back within the revocation time).
+var Reservation = func() Scenario {
+	s := Mercury
+	s.Name = "reservation"
+	s.Description = "mercury's mix at 9,000 units/s; premium drops to 400 queries/s from 20 s to 40 s"
+	s.Loads = nil
+	s.Reference, s.ReferenceName = nil, ""
+	s.Phases = []Phase{{At: 0, Load: 9000}, {At: 20 * time.Second, Load: 7200, Shares: map[string]float64{"premium": 1200, "free": 6000}},
+		{At: 40 * time.Second, Load: 9000}}
+	s.Length = 60 * time.Second
+	s.Interval = time.Second
+	return s
+}()
+
+var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep, &Reservation}
 
 // Builtin returns the built-in scenario named name.
 func Builtin(name string) (Scenario, bool) {

@@ -122,6 +122,7 @@ type attempt struct {
 type class struct {
 	Class
 	slow    float64        // current slowdown of its service times
+	share   float64        // current share of the load (the phase's or Share)
 	req     sluice.Request // class, operation and cost from the policy's route rules
 	tenants []string
 	timeout Dist
@@ -214,7 +215,7 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
 	e.rCli = rand.New(rand.NewPCG(seed, 0x636c6921))
 	for _, c := range s.Classes {
-		pc := class{Class: c, timeout: s.Client.Timeout, slow: 1}
+		pc := class{Class: c, timeout: s.Client.Timeout, slow: 1, share: c.Share}
 		if !c.Timeout.isZero() {
 			pc.timeout = c.Timeout
 		}
@@ -289,13 +290,29 @@ func (e *engine) setLoad(load float64) {
 	e.rate = 0
 	for i := range e.classes {
 		c := &e.classes[i]
-		c.rate = load * c.Share / float64(c.Units)
+		c.rate = load * c.share / float64(c.Units)
 		e.rate += c.rate
 		e.cum[i] = e.rate
 	}
 	e.arrGen++
 	if e.rate > 0 {
 		e.at(e.clk.now+e.interarrival(), evArrival, 0, e.arrGen)
+	}
+}
+
+// setShares applies phase p's shares of the load (the scenario's when it
+// names none).
+func (e *engine) setShares(p *Phase) {
+	total := 0.0
+	for _, v := range p.Shares {
+		total += v
+	}
+	for i := range e.classes {
+		c := &e.classes[i]
+		c.share = c.Share
+		if len(p.Shares) > 0 {
+			c.share = p.Shares[c.Name] / total
+		}
 	}
 }
 
@@ -402,6 +419,7 @@ func (e *engine) run(end int64) {
 		case evPhase:
 			p := &e.s.Phases[ev.ref]
 			e.setSlowdown(p)
+			e.setShares(p)
 			e.setLoad(p.Load)
 		case evReady:
 			e.unpark(ev.ref, sluice.Reason(ev.aux))

@@ -274,7 +274,7 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 	p.list(n, "phases", func(i int, e *yaml.Node) {
 		path := fmt.Sprintf("phases[%d]", i)
 		var ph Phase
-		p.Fields(e, path, []string{"at", "load", "slowdown", "classes"}, func(key string, v *yaml.Node) {
+		p.Fields(e, path, []string{"at", "load", "slowdown", "classes", "shares"}, func(key string, v *yaml.Node) {
 			f := path + "." + key
 			p.at(f, v)
 			switch key {
@@ -288,6 +288,15 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 				p.list(v, f, func(j int, e *yaml.Node) {
 					ph.Classes = append(ph.Classes, p.Str(e, fmt.Sprintf("%s[%d]", f, j)))
 				})
+			case "shares":
+				ph.Shares = map[string]float64{}
+				if v.Kind != yaml.MappingNode {
+					p.Errf(v, f, "want a mapping of class name to share")
+					break
+				}
+				for k := 0; k+1 < len(v.Content); k += 2 {
+					ph.Shares[v.Content[k].Value] = p.Float(v.Content[k+1], f+"."+v.Content[k].Value, 0, 1e6)
+				}
 			}
 		})
 		out = append(out, ph)

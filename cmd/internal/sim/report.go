@@ -99,6 +99,37 @@ func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
 	r.Utilization = busy / (secs * 1e9 * float64(workers))
 }
 
+// writeClasses prints a run's offered, admitted and useful work by class
+// (when there is more than one), a row per step or interval.
+func writeClasses(w io.Writer, run Run, series bool) {
+	if len(run.Steps) == 0 || len(run.Steps[0].Classes) < 2 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "offered"
+	if series {
+		head = "t"
+	}
+	fmt.Fprintf(tw, "%s\t", head)
+	for _, c := range run.Steps[0].Classes {
+		fmt.Fprintf(tw, "%s offered\tadmitted\tuseful\t", c.Name)
+	}
+	fmt.Fprintln(tw)
+	for _, s := range run.Steps {
+		if series {
+			fmt.Fprintf(tw, "%.0fs\t", s.T)
+		} else {
+			fmt.Fprintf(tw, "%.0f\t", s.Offered)
+		}
+		for _, c := range s.Classes {
+			fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t", c.Offered, c.Admitted, c.Goodput)
+		}
+		fmt.Fprintln(tw)
+	}
+	fmt.Fprintln(w, "  by class:")
+	tw.Flush()
+}
+
 // RejectedTotal sums Rejected.
 func (r *Row) RejectedTotal() float64 {
 	t := 0.0
@@ -188,6 +219,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			}
 		}
 		tw.Flush()
+		writeClasses(w, run, r.Series)
 	}
 	if dev := r.Deviation(); len(dev) > 0 {
 		fmt.Fprintf(w, "\n%s, goodput without admission:", r.ReferenceName)

@@ -148,6 +148,10 @@ type Phase struct {
 	// Classes limits the slowdown to these classes (the ones that call the
 	// slow dependency); empty: every class.
 	Classes []string
+	// Shares replaces the classes' shares of Load in the phase, by class
+	// name (normalized; a class not named offers nothing); empty: the
+	// scenario's shares.
+	Shares map[string]float64
 }
 
 // Dist is a distribution of durations. Kinds: "constant" (Mean),
@@ -512,6 +516,19 @@ func (s *Scenario) phase(i int, last *time.Duration) error {
 		if !slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) {
 			return ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
 		}
+	}
+	total := 0.0
+	for name, v := range p.Shares {
+		if !slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) {
+			return ferr(f+".shares."+name, "%q is not a class of the scenario", name)
+		}
+		if !(v >= 0) || v > 1e6 {
+			return ferr(f+".shares."+name, "%v, want a share in [0, 1e6]", v)
+		}
+		total += v
+	}
+	if len(p.Shares) > 0 && total == 0 {
+		return ferr(f+".shares", "all shares are 0")
 	}
 	return nil
 }

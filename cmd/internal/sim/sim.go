@@ -135,6 +135,7 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		return nil, err
 	}
 	e.setSlowdown(&s.Phases[0])
+	e.setShares(&s.Phases[0])
 	e.setLoad(s.Phases[0].Load)
 	for i := 1; i < len(s.Phases); i++ {
 		e.at(int64(s.Phases[i].At), evPhase, 0, int32(i))

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"testing"
 
 	"github.com/sluice-go/sluice/cmd/internal/settle"
@@ -36,5 +37,53 @@ func TestServiceStep(t *testing.T) {
 		if ch.Windows < 1 || ch.Windows > 5 || ch.Swing > 2*max(2, ch.Final/10) {
 			t.Errorf("after row %d: %+v; want settled within 5 windows, swing within the band", ch.From, ch)
 		}
+	}
+}
+
+// The article's free and premium example on the Mercury model, under
+// examples/mercury.yaml's reservations (premium 2,400 units/s, free 1,560,
+// 40 kept back): the split while both are busy, free borrowing what premium
+// leaves, and premium's reserve back as soon as it returns. Each phase's
+// mean from its second second on is within 5% of the reservation's
+// promise, and the article's 800 / 1,600 queries/s split.
+func TestReservationScenario(t *testing.T) {
+	s := builtin(t, "reservation")
+	rep, err := Simulate(s, Options{Policy: examplePolicy(t, "mercury")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := rep.Runs[1].Steps
+	mean := func(from, to, class int) float64 {
+		sum := 0.0
+		for _, r := range rows[from:to] {
+			sum += r.Classes[class].Goodput
+		}
+		return sum / float64(to-from)
+	}
+	const premium, free = 0, 1
+	usable := 3960.0
+	for _, c := range []struct {
+		what     string
+		from, to int
+		class    int
+		want     float64
+	}{
+		{"premium, both busy (800 queries/s)", 1, 20, premium, 2400},
+		{"free, both busy (the article's 1,600 queries/s)", 1, 20, free, 1600},
+		{"premium at 400 queries/s", 21, 40, premium, 1200},
+		{"free borrowing what premium leaves", 21, 40, free, usable - 1200},
+		{"premium back", 41, 60, premium, 2400},
+		{"free after the reclaim", 41, 60, free, 1600},
+	} {
+		got := mean(c.from, c.to, c.class)
+		t.Logf("%s: %.0f units/s (want %.0f)", c.what, got, c.want)
+		if math.Abs(got-c.want) > 0.05*c.want {
+			t.Errorf("%s: %.0f units/s, want %.0f ± 5%%", c.what, got, c.want)
+		}
+	}
+	// Within the revocation time (500 ms) of coming back, premium admits its
+	// reserve: the first second back has at least 95% of it.
+	if got := rows[40].Classes[premium].Admitted; got < 0.95*2400 {
+		t.Errorf("premium's first second back: %.0f units/s admitted, want ≥ 95%% of 2,400", got)
 	}
 }
