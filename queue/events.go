@@ -86,21 +86,23 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 			return d, id
 		}
 	}
-	wait, why := q.budget(r, c, now)
 	park := parkFrom(ctx)
-	if why == sluice.ReasonNone && (park == nil || park.Queue != nil) {
-		why = sluice.ReasonQueue // nowhere to wait
-	}
-	if why != sluice.ReasonNone {
+	if park == nil || park.Queue != nil {
 		q.mu.Unlock()
-		return q.reject(why), 0
+		return q.reject(sluice.ReasonQueue), 0 // nowhere to wait
 	}
 	w := &waiter{own: *r, since: now, class: c, tag: park.Tag, notify: park.Ready}
 	w.req = &w.own
+	wait, why, notes := q.admit(w, now)
+	if why != sluice.ReasonNone {
+		q.mu.Unlock()
+		deliver(notes)
+		return q.reject(why), 0
+	}
 	q.push(w)
 	id := q.hold(w)
 	park.Queue, park.ID, park.Until = q, uint64(id), now.Add(wait)
-	notes := q.grown(now)
+	notes = append(notes, q.grown(now)...)
 	q.mu.Unlock()
 	deliver(notes)
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: q.name}, id

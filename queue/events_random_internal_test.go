@@ -46,8 +46,12 @@ func newEventLoop(t *testing.T, seed uint64) *eventLoop {
 	if seed%2 == 1 {
 		l.inner = staticPool(t, 2)
 	}
-	l.q, _ = New("pool", l.inner, Options{MaxWait: 10 * time.Millisecond, Clock: l.clk, Events: true,
-		Target: time.Millisecond, Interval: 3 * time.Millisecond, Classes: []string{"a"}})
+	opts := Options{MaxWait: 10 * time.Millisecond, Clock: l.clk, Events: true,
+		Target: time.Millisecond, Interval: 3 * time.Millisecond, Classes: []string{"a"}}
+	if seed%4 >= 2 { // fair queues, a full queue making room
+		opts.Fair, opts.MaxLen = &Fairness{Weights: map[string]float64{"t0": 3}, Burst: 2}, 4
+	}
+	l.q, _ = New("pool", l.inner, opts)
 	l.park = &Park{Ready: func(tag uint64, d sluice.Decision) {
 		x := l.byTag[tag]
 		if x.ready++; x.ready > 1 {
@@ -82,7 +86,8 @@ func (l *eventLoop) step() {
 	}
 	switch {
 	case k < 4:
-		x := &eventReq{r: &sluice.Request{Class: []string{"a", "b"}[l.rng.IntN(2)]}}
+		x := &eventReq{r: &sluice.Request{Class: []string{"a", "b"}[l.rng.IntN(2)], Tenant: fmt.Sprint("t", l.rng.IntN(3)),
+			Cost: 1 + int64(l.rng.IntN(3))}}
 		tag := uint64(len(l.reqs) + 1)
 		l.byTag[tag] = x
 		l.park.Tag, l.park.Queue = tag, nil

@@ -72,6 +72,10 @@ type Options struct {
 	// Events makes Decide never block, for an event loop that cannot (a
 	// simulator on a virtual clock): see Park.
 	Events bool
+	// Fair, if set, orders each class's waiters between tenants by
+	// weighted fair queueing in work units (see Fairness); nil: first come,
+	// first served.
+	Fair *Fairness
 }
 
 // Queue is a sluice.Gate that waits for a slot of the concurrency gate it
@@ -92,6 +96,7 @@ type Queue struct {
 	dropped  int64         // requests the queue turned away after waiting
 	lastWait time.Duration // the last wait that ended in a slot
 	mix      serviceMean   // of every class's useful completions
+	fair     []fairClass   // per class queue, with Options.Fair
 
 	// event mode (Options.Events): every permit is an id of held
 	held   map[uint64]*waiter
@@ -121,6 +126,7 @@ type waiter struct {
 	permit  sluice.Permit // the inner gate's
 	d       sluice.Decision
 	waited  time.Duration
+	start float64 // its start tag once picked (Options.Fair)
 
 	// event mode
 	own    sluice.Request // the request, copied: the caller's is gone after Decide
@@ -153,6 +159,17 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		return nil, errors.New("queue: negative wait, length or CoDel times")
 	}
 	q := &Queue{name: name, inner: inner, opts: opts, queues: make([][]*waiter, len(opts.Classes)+1)}
+	if opts.Fair != nil {
+		f := *opts.Fair
+		if err := f.validate(); err != nil {
+			return nil, err
+		}
+		q.opts.Fair = &f
+		q.fair = make([]fairClass, len(q.queues))
+		for i := range q.fair {
+			q.fair[i] = newFairClass()
+		}
+	}
 	if q.opts.ServiceTime == nil {
 		q.times = shed.NewServiceTimes()
 		q.opts.ServiceTime = func(class string) time.Duration {
@@ -200,9 +217,18 @@ func (q *Queue) classOf(class string) int {
 func (q *Queue) ahead(c int) int {
 	n := 0
 	for i := 0; i <= c; i++ {
-		n += len(q.queues[i])
+		n += q.classLen(i)
 	}
 	return n
+}
+
+// classLen is how many requests wait in class queue c. REQUIRES: q.mu
+// held.
+func (q *Queue) classLen(c int) int {
+	if q.fair != nil {
+		return q.fair[c].n
+	}
+	return len(q.queues[c])
 }
 
 // Decide admits through the inner gate, waiting for a slot when there is
@@ -222,14 +248,15 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 			return d, p
 		}
 	}
-	wait, why := q.budget(r, c, now)
+	w := &waiter{req: r, ctx: ctx, since: now, ready: make(chan struct{}), class: c}
+	wait, why, notes := q.admit(w, now)
 	if why != sluice.ReasonNone {
 		q.mu.Unlock()
+		deliver(notes)
 		return q.reject(why), 0
 	}
-	w := &waiter{req: r, ctx: ctx, since: now, ready: make(chan struct{}), class: c}
 	q.push(w)
-	notes := q.grown(now)
+	notes = append(notes, q.grown(now)...)
 	q.mu.Unlock()
 	deliver(notes)
 	return q.await(ctx, w, wait)
@@ -242,9 +269,35 @@ func noSlot(d *sluice.Decision) bool {
 	return !d.Admitted && d.Reason == sluice.ReasonConcurrency && d.Retryable
 }
 
-// push queues w at the back of its class. REQUIRES: q.mu held.
+// admit tags w (fair queueing) and returns how long it may wait, or why
+// it may not; in a full fair queue it may make room by turning another
+// waiter away (the returned notes). REQUIRES: q.mu held.
+func (q *Queue) admit(w *waiter, now clock.Instant) (time.Duration, sluice.Reason, []note) {
+	ahead, room := q.ahead(w.class), -1
+	if q.fair != nil {
+		ahead += q.aheadFair(w.class, w.req.Tenant) - q.fair[w.class].n
+		if q.n >= q.opts.MaxLen {
+			room = q.evictable(w.class, w.req.Tenant, w.req.Cost)
+		}
+	}
+	wait, why := q.budget(w.req, ahead, room >= 0, now)
+	if why != sluice.ReasonNone || room < 0 {
+		return wait, why, nil
+	}
+	out := q.evict(room)
+	q.dropped++
+	out.drop, out.d = true, q.reject(sluice.ReasonQueue)
+	return wait, why, []note{{out, out.d}}
+}
+
+// push queues w at the back of its class, or in tag order in a fair
+// queue. REQUIRES: q.mu held.
 func (q *Queue) push(w *waiter) {
-	q.queues[w.class] = append(q.queues[w.class], w)
+	if q.fair != nil {
+		q.fair[w.class].push(w, q.opts.Fair.weight(w.req.Tenant))
+	} else {
+		q.queues[w.class] = append(q.queues[w.class], w)
+	}
 	w.waiting = true
 	q.n++
 	q.waits++
@@ -287,6 +340,9 @@ func (q *Queue) grant(now clock.Instant) []note {
 		if d.Admitted {
 			w.granted, w.permit, w.waited = true, p, now.Sub(w.since)
 			q.lastWait = w.waited
+			if q.fair != nil {
+				q.fair[w.class].served(w, q.opts.Fair.weight(w.req.Tenant))
+			}
 		}
 		notes = append(notes, note{w, d})
 	}
@@ -297,10 +353,11 @@ func (q *Queue) grant(now clock.Instant) []note {
 	return notes
 }
 
-// budget returns how long a new request may wait, or why it may not.
-// REQUIRES: q.mu held.
-func (q *Queue) budget(r *sluice.Request, c int, now clock.Instant) (time.Duration, sluice.Reason) {
-	if q.n >= q.opts.MaxLen || q.opts.MaxWait == 0 {
+// budget returns how long a new request with ahead waiters to be served
+// before it may wait, or why it may not; room: a full queue will make
+// room for it. REQUIRES: q.mu held.
+func (q *Queue) budget(r *sluice.Request, ahead int, room bool, now clock.Instant) (time.Duration, sluice.Reason) {
+	if (q.n >= q.opts.MaxLen && !room) || q.opts.MaxWait == 0 {
 		return 0, sluice.ReasonQueue
 	}
 	wait := q.opts.MaxWait
@@ -312,7 +369,7 @@ func (q *Queue) budget(r *sluice.Request, c int, now clock.Instant) (time.Durati
 		s = q.opts.ServiceTime(r.Class)
 	}
 	left := r.Deadline.Sub(now) - s // the latest it may start
-	if predicted := q.predict(q.ahead(c)+1, s); predicted > 0 && predicted >= left {
+	if predicted := q.predict(ahead+1, s); predicted > 0 && predicted >= left {
 		return 0, sluice.ReasonDeadline
 	}
 	if left <= 0 {
@@ -372,6 +429,14 @@ func (q *Queue) remove(w *waiter, c int) bool {
 	if !w.waiting {
 		return false
 	}
+	if q.fair != nil {
+		if !q.fair[c].take(w) {
+			return false
+		}
+		q.n--
+		w.waiting = false
+		return true
+	}
 	for i, x := range q.queues[c] {
 		if x == w {
 			q.queues[c] = append(q.queues[c][:i], q.queues[c][i+1:]...)
@@ -414,6 +479,9 @@ func (q *Queue) released(r *sluice.Request, c sluice.Completion) {
 // waiters are appended to drops. lifo reports that w came from the back.
 // REQUIRES: q.mu held.
 func (q *Queue) pop(now clock.Instant, drops *[]*waiter) (w *waiter, lifo, ok bool) {
+	if q.fair != nil {
+		return q.popFair(now, drops)
+	}
 	for q.n > 0 {
 		c := 0
 		for len(q.queues[c]) == 0 {
@@ -442,11 +510,40 @@ func (q *Queue) pop(now clock.Instant, drops *[]*waiter) (w *waiter, lifo, ok bo
 	return nil, false, false
 }
 
+// popFair is pop over fair queues: the head of the tenant with the
+// smallest start tag, judged by CoDel on its wait; CoDel's drops take the
+// newest waiter of the tenant with the most work waiting. REQUIRES: q.mu
+// held.
+func (q *Queue) popFair(now clock.Instant, drops *[]*waiter) (*waiter, bool, bool) {
+	for q.n > 0 {
+		c := 0
+		for q.fair[c].n == 0 {
+			c++
+		}
+		f := &q.fair[c]
+		t, start := f.pick(q.opts.Fair.Burst)
+		head := t.ws[0]
+		if q.codel.drop(now, now.Sub(head.since), q.n-1) {
+			q.dropped++
+			*drops = append(*drops, q.evict(c))
+			continue
+		}
+		f.take(head)
+		q.n--
+		head.start, head.waiting = start, false
+		return head, false, true
+	}
+	return nil, false, false
+}
+
 // unpop puts back a waiter pop took. REQUIRES: q.mu held.
 func (q *Queue) unpop(w *waiter, lifo bool) {
-	if lifo {
+	switch {
+	case q.fair != nil:
+		q.fair[w.class].pushFront(w, q.opts.Fair.weight(w.req.Tenant))
+	case lifo:
 		q.queues[w.class] = append(q.queues[w.class], w)
-	} else {
+	default:
 		q.queues[w.class] = append([]*waiter{w}, q.queues[w.class]...)
 	}
 	w.waiting = true
@@ -536,11 +633,7 @@ func (q *Queue) ReportState(now clock.Instant) any {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := State{Waiting: q.n, LastWait: ms(q.lastWait), Waits: q.waits, Dropped: q.dropped, Standing: q.codel.dropping}
-	for _, queue := range q.queues {
-		if len(queue) > 0 {
-			st.OldestMs = max(st.OldestMs, ms(now.Sub(queue[0].since)))
-		}
-	}
+	st.OldestMs = ms(q.oldestLocked(now))
 	return st
 }
 
@@ -549,12 +642,20 @@ func (q *Queue) ReportState(now clock.Instant) any {
 func (q *Queue) QueueStats(now clock.Instant) (waiting int, oldest time.Duration, waited, dropped int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, queue := range q.queues {
-		if len(queue) > 0 {
-			oldest = max(oldest, now.Sub(queue[0].since))
+	return q.n, q.oldestLocked(now), q.waits, q.dropped
+}
+
+// oldestLocked is the age of the oldest waiter. REQUIRES: q.mu held.
+func (q *Queue) oldestLocked(now clock.Instant) (age time.Duration) {
+	for c, queue := range q.queues {
+		switch {
+		case q.fair != nil:
+			age = max(age, q.oldestFair(c, now))
+		case len(queue) > 0:
+			age = max(age, now.Sub(queue[0].since))
 		}
 	}
-	return q.n, oldest, q.waits, q.dropped
+	return age
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -67,6 +67,16 @@ func quiescentCheck(t *testing.T, q *Queue, inner *counting, static bool, slots 
 	for _, x := range q.queues {
 		n += len(x)
 	}
+	for _, f := range q.fair {
+		k := 0
+		for _, tq := range f.tenants {
+			k += len(tq.ws)
+		}
+		if k != f.n {
+			t.Errorf("fair class counts %d, its tenants hold %d", f.n, k)
+		}
+		n += k
+	}
 	if n != q.n {
 		t.Errorf("q.n=%d, queues hold %d", q.n, n)
 	}
@@ -78,6 +88,10 @@ func quiescentCheck(t *testing.T, q *Queue, inner *counting, static bool, slots 
 // waiter while a slot is free; at the end nothing is held or waiting, and
 // the slots were never exceeded.
 func stress(t *testing.T, seed uint64, sized bool, classes bool) {
+	stressWith(t, seed, sized, classes, nil)
+}
+
+func stressWith(t *testing.T, seed uint64, sized bool, classes bool, fair *Fairness) {
 	synctest.Test(t, func(t *testing.T) {
 		var inner *counting
 		var pinMu sync.Mutex
@@ -95,6 +109,7 @@ func stress(t *testing.T, seed uint64, sized bool, classes bool) {
 		if classes {
 			opts.Classes = []string{"a", "b"}
 		}
+		opts.Fair = fair
 		q, _ := New("pool", inner, opts)
 		var wg sync.WaitGroup
 		var adm, rej atomic.Int64
@@ -105,7 +120,7 @@ func stress(t *testing.T, seed uint64, sized bool, classes bool) {
 				rng := rand.New(rand.NewPCG(seed, uint64(i)))
 				for range 60 {
 					time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
-					r := &sluice.Request{Class: []string{"a", "b", "c"}[rng.IntN(3)]}
+					r := &sluice.Request{Class: []string{"a", "b", "c"}[rng.IntN(3)], Tenant: fmt.Sprint("t", rng.IntN(4))}
 					ctx, cancel := context.Background(), context.CancelFunc(func() {})
 					if rng.IntN(3) == 0 {
 						ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(20))*time.Millisecond)
@@ -170,5 +185,13 @@ func TestStressStatic(t *testing.T) {
 func TestStressSized(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { stress(t, seed, true, seed%2 == 0) })
+	}
+}
+
+func TestStressFair(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			stressWith(t, seed, seed%3 == 0, seed%2 == 0, &Fairness{Weights: map[string]float64{"t1": 2}, Burst: 1})
+		})
 	}
 }

@@ -1,0 +1,243 @@
+package queue
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
+
+// Fairness serves the waiters of each class's queue between tenants in
+// weighted fair shares of work units: start-time fair queueing (Goyal,
+// Vin and Cheng, "Start-time Fair Queueing", SIGCOMM 1996), the
+// virtual-time scheme Aperture's and Kubernetes APF's fair queues are
+// built on. Each tenant waits in a FIFO of its own; the next slot goes to
+// the tenant with the smallest start tag S_t = max(V − Burst/w_t, F_t),
+// and serving its request of cost c sets F_t = S_t + c/w_t and V = S_t
+// (w_t is the tenant's weight, F_t its finish tag, V the class's virtual
+// time). A tenant is charged only for work it is served: requests that
+// leave unserved (their wait ran out, their caller left) cost nothing. A
+// tenant with twice the weight so gets twice the work units while both
+// wait, whatever their request counts.
+//
+// Starvation bound: when a tenant's request reaches the head of its FIFO,
+// the work served before it is at most, for each other tenant j,
+// Burst + C_max,j (its largest cost) at weight ratio 1, plus the request in
+// each slot and the higher classes' work; for a tenant with nothing
+// waiting that is at most Σ_j (Burst + C_max,j) ÷ the service rate in
+// units/s.
+//
+// A full queue (MaxLen) makes room by turning away the newest waiter of
+// the tenant with the most work waiting, in the lowest class at or below
+// the newcomer's, if that tenant has more waiting than the newcomer's
+// would: a tenant within its share is not refused for another's backlog.
+// CoDel's drops take the same waiter, and while CoDel sees a standing
+// queue a fair queue still serves in tag order (adaptive LIFO would undo
+// it).
+type Fairness struct {
+	// Weights gives tenants their weight; tenants not listed have
+	// Default. Weights are positive.
+	Weights map[string]float64
+	// Default is the weight of tenants not in Weights. Default 1.
+	Default float64
+	// Burst is how many work units of credit, at weight 1, a tenant coming
+	// back from idle may be served ahead of the others by. Default 0.
+	Burst float64
+}
+
+func (f *Fairness) validate() error {
+	if f.Default == 0 {
+		f.Default = 1
+	}
+	if !(f.Default > 0) || math.IsInf(f.Default, 0) || !(f.Burst >= 0) || math.IsInf(f.Burst, 0) {
+		return errors.New("queue: fairness needs a positive default weight and a burst ≥ 0")
+	}
+	for t, w := range f.Weights {
+		if !(w > 0) || math.IsInf(w, 0) {
+			return errors.New("queue: fairness weight of tenant " + t + " is not positive")
+		}
+	}
+	return nil
+}
+
+func (f *Fairness) weight(tenant string) float64 {
+	if w, ok := f.Weights[tenant]; ok {
+		return w
+	}
+	return f.Default
+}
+
+// fairClass is one class's fair queue: a FIFO per tenant with waiters,
+// the class's virtual time, and the finish tags of tenants that may still
+// be ahead of it (a tag at or below V carries nothing and is pruned).
+type fairClass struct {
+	v       float64
+	last    map[string]float64
+	tenants map[string]*tenantFIFO
+	n       int
+}
+
+type tenantFIFO struct {
+	name  string
+	w     float64
+	ws    []*waiter
+	units int64 // work waiting
+}
+
+func newFairClass() fairClass {
+	return fairClass{last: map[string]float64{}, tenants: map[string]*tenantFIFO{}}
+}
+
+// key is t's start tag now.
+func (f *fairClass) key(t *tenantFIFO, burst float64) float64 {
+	s := f.v - burst/t.w
+	if last, ok := f.last[t.name]; ok && last > s {
+		s = last
+	}
+	return s
+}
+
+// pick returns the tenant to serve next and its start tag: the smallest
+// tag, ties to the tenant whose head came first (then by name).
+func (f *fairClass) pick(burst float64) (*tenantFIFO, float64) {
+	var best *tenantFIFO
+	bestKey := 0.0
+	for _, t := range f.tenants {
+		k := f.key(t, burst)
+		if best == nil || k < bestKey || (k == bestKey && (t.ws[0].since < best.ws[0].since ||
+			(t.ws[0].since == best.ws[0].since && t.name < best.name))) {
+			best, bestKey = t, k
+		}
+	}
+	return best, bestKey
+}
+
+func (f *fairClass) push(w *waiter, weight float64) {
+	t := f.tenants[w.req.Tenant]
+	if t == nil {
+		t = &tenantFIFO{name: w.req.Tenant, w: weight}
+		f.tenants[t.name] = t
+	}
+	t.ws = append(t.ws, w)
+	t.units += max(w.req.Cost, 1)
+	f.n++
+}
+
+// pushFront puts back a waiter taken from the head of its tenant.
+func (f *fairClass) pushFront(w *waiter, weight float64) {
+	f.push(w, weight)
+	t := f.tenants[w.req.Tenant]
+	copy(t.ws[1:], t.ws[:len(t.ws)-1])
+	t.ws[0] = w
+}
+
+// take removes w from its tenant's FIFO, reporting whether it was there.
+func (f *fairClass) take(w *waiter) bool {
+	t := f.tenants[w.req.Tenant]
+	if t == nil {
+		return false
+	}
+	i := slices.Index(t.ws, w)
+	if i < 0 {
+		return false
+	}
+	t.ws = slices.Delete(t.ws, i, i+1)
+	t.units -= max(w.req.Cost, 1)
+	f.n--
+	if len(t.ws) == 0 {
+		delete(f.tenants, t.name)
+	}
+	return true
+}
+
+// heaviest is the tenant with the most work waiting (ties by name).
+func (f *fairClass) heaviest() *tenantFIFO {
+	var h *tenantFIFO
+	for _, t := range f.tenants {
+		if h == nil || t.units > h.units || (t.units == h.units && t.name > h.name) {
+			h = t
+		}
+	}
+	return h
+}
+
+// served charges w's tenant for the work it was served at start tag s.
+func (f *fairClass) served(w *waiter, weight float64) {
+	f.last[w.req.Tenant] = w.start + float64(max(w.req.Cost, 1))/weight
+	f.v = max(f.v, w.start)
+	if len(f.last) > 2*len(f.tenants)+64 {
+		for t, last := range f.last {
+			if last <= f.v {
+				delete(f.last, t)
+			}
+		}
+	}
+}
+
+// ahead estimates how many waiters of class c a new request of tenant
+// (with weight w) is served after: its tenant's own, and of every other
+// tenant as many as its share lets go first. REQUIRES: q.mu held.
+func (q *Queue) aheadFair(c int, tenant string) int {
+	f := &q.fair[c]
+	w := q.opts.Fair.weight(tenant)
+	own := 0
+	if t := f.tenants[tenant]; t != nil {
+		own = len(t.ws)
+	}
+	n := own
+	for _, t := range f.tenants {
+		if t.name != tenant {
+			n += min(len(t.ws), int(math.Ceil(float64(own+1)*t.w/w)))
+		}
+	}
+	return n
+}
+
+// evictable returns the class whose heaviest tenant's newest waiter
+// makes room for a newcomer of tenant in class c: the lowest class at or
+// below c with waiters, if it is below c or its heaviest tenant is not the
+// newcomer's and has more work waiting than the newcomer's tenant would
+// have; -1: none. REQUIRES: q.mu held.
+func (q *Queue) evictable(c int, tenant string, cost int64) int {
+	for k := len(q.fair) - 1; k >= c; k-- {
+		f := &q.fair[k]
+		if f.n == 0 {
+			continue
+		}
+		if k > c {
+			return k
+		}
+		h := f.heaviest()
+		mine := max(cost, 1)
+		if t := f.tenants[tenant]; t != nil {
+			mine += t.units
+		}
+		if h.name == tenant || h.units <= mine {
+			return -1
+		}
+		return k
+	}
+	return -1
+}
+
+// evict takes the newest waiter of class k's heaviest tenant out and
+// returns it. REQUIRES: q.mu held, a waiter in class k.
+func (q *Queue) evict(k int) *waiter {
+	f := &q.fair[k]
+	t := f.heaviest()
+	w := t.ws[len(t.ws)-1]
+	f.take(w)
+	q.n--
+	w.waiting = false
+	return w
+}
+
+// oldestFair is the age of class c's oldest waiter. REQUIRES: q.mu held.
+func (q *Queue) oldestFair(c int, now clock.Instant) (age time.Duration) {
+	for _, t := range q.fair[c].tenants {
+		age = max(age, now.Sub(t.ws[0].since))
+	}
+	return age
+}

@@ -1,0 +1,189 @@
+package queue_test
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/fair"
+	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/queue"
+)
+
+// tenantLoad is one tenant's evenly spaced arrivals.
+type tenantLoad struct {
+	name string
+	rate float64 // requests/s
+	cost int64   // work units per request
+}
+
+type fairEvent struct {
+	at   int64
+	kind int // 0 arrival (ref: tenant), 1 done (ref: request), 2 expire (ref: request)
+	ref  int
+}
+
+type fairHeap []fairEvent
+
+func (h fairHeap) Len() int           { return len(h) }
+func (h fairHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h fairHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *fairHeap) Push(x any)        { *h = append(*h, x.(fairEvent)) }
+func (h *fairHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+type fairResult struct {
+	served  map[string]int64         // work units served after the warmup
+	maxWait map[string]time.Duration // longest wait of a request that got a slot
+}
+
+// runFair drives an event-mode fair queue over slots slots of a spy gate
+// on a fake clock: every request holds its slot for cost × unit. It
+// returns the work served per tenant between warmup and length.
+func runFair(t *testing.T, fq *queue.Fairness, slots int, unit time.Duration, maxWait time.Duration, warmup, length time.Duration, loads []tenantLoad) fairResult {
+	t.Helper()
+	clk := fakeclock.New(0)
+	inner := &spy{n: slots}
+	q, err := queue.New("pool", inner, queue.Options{MaxWait: maxWait, MaxLen: 1000, Clock: clk, Events: true, Fair: fq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type req struct {
+		r        sluice.Request
+		id       uint64 // park id or permit
+		since    int64
+		parked   bool
+		tenantIx int
+	}
+	var reqs []*req
+	var h fairHeap
+	res := fairResult{served: map[string]int64{}, maxWait: map[string]time.Duration{}}
+	start := func(i int, permit uint64, now int64) {
+		rq := reqs[i]
+		rq.id = permit
+		if now >= int64(warmup) {
+			w := time.Duration(now - rq.since)
+			res.maxWait[rq.r.Tenant] = max(res.maxWait[rq.r.Tenant], w)
+		}
+		heap.Push(&h, fairEvent{now + int64(rq.r.Cost)*int64(unit), 1, i})
+	}
+	park := &queue.Park{}
+	park.Ready = func(tag uint64, d sluice.Decision) {
+		if d.Admitted {
+			start(int(tag), reqs[tag].id, int64(clk.Now()))
+		}
+	}
+	ctx := queue.ContextWithPark(context.Background(), park)
+	for i, l := range loads {
+		heap.Push(&h, fairEvent{int64(float64(i) * 1e9 / l.rate / float64(len(loads))), 0, i})
+	}
+	for h.Len() > 0 {
+		e := heap.Pop(&h).(fairEvent)
+		if e.at >= int64(length) {
+			break
+		}
+		clk.Set(e.at)
+		now := clk.Now()
+		switch e.kind {
+		case 0:
+			l := loads[e.ref]
+			heap.Push(&h, fairEvent{e.at + int64(1e9/l.rate), 0, e.ref})
+			rq := &req{r: sluice.Request{Tenant: l.name, Cost: l.cost}, since: e.at, tenantIx: e.ref}
+			reqs = append(reqs, rq)
+			i := len(reqs) - 1
+			park.Tag, park.Queue = uint64(i), nil
+			d, p := q.Decide(ctx, &rq.r, now)
+			switch {
+			case !d.Admitted:
+			case park.Queue != nil:
+				rq.parked, rq.id = true, park.ID
+				heap.Push(&h, fairEvent{int64(park.Until), 2, i})
+			default:
+				start(i, uint64(p), e.at)
+			}
+		case 1:
+			rq := reqs[e.ref]
+			if e.at >= int64(warmup) {
+				res.served[rq.r.Tenant] += rq.r.Cost
+			}
+			q.Release(&rq.r, sluice.Permit(rq.id), sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now,
+				Latency: time.Duration(rq.r.Cost) * unit})
+		case 2:
+			q.Expire(reqs[e.ref].id)
+		}
+	}
+	return res
+}
+
+// Ten tenants of equal weight over a saturated class, one offering ten
+// times what each other one does: every light tenant gets its whole
+// demand (it is below the fair share) and the heavy one the rest, as
+// weighted max-min says; no light tenant waits longer than the stated
+// starvation bound.
+func TestFairQueueSharesASaturatedClass(t *testing.T) {
+	const capacity = 1000.0 // units/s: one slot, 1 ms per unit
+	var loads []tenantLoad
+	demands := []float64{800}
+	loads = append(loads, tenantLoad{"heavy", 800, 1})
+	for i := 0; i < 9; i++ {
+		loads = append(loads, tenantLoad{fmt.Sprintf("light-%d", i), 80, 1})
+		demands = append(demands, 80)
+	}
+	want := fair.MaxMin(capacity, demands, nil)
+	res := runFair(t, &queue.Fairness{}, 1, time.Millisecond, time.Second, 2*time.Second, 12*time.Second, loads)
+	for i, l := range loads {
+		got := float64(res.served[l.name]) / 10
+		t.Logf("%s: offered %.0f units/s, served %.0f (max-min %.0f), longest wait %v", l.name, l.rate, got, want[i], res.maxWait[l.name])
+		if math.Abs(got-want[i]) > 0.02*want[i] {
+			t.Errorf("%s: served %.0f units/s, want %.0f ± 2%%", l.name, got, want[i])
+		}
+	}
+	// Starvation bound: Σ over the other tenants of (burst 0 + their
+	// largest cost 1) units, plus the request in its slot: 10 ms at
+	// 1,000 units/s.
+	bound := 10 * time.Millisecond
+	for _, l := range loads[1:] {
+		if res.maxWait[l.name] > bound {
+			t.Errorf("%s waited %v, above the starvation bound %v", l.name, res.maxWait[l.name], bound)
+		}
+	}
+}
+
+// Weights 2:1:1 between three tenants that each offer the whole capacity:
+// work shares 50/25/25% within 2%; and in work units, not requests: a
+// tenant sending requests of 5 units gets the same units as one sending
+// requests of 1.
+func TestFairQueueWeightsInWorkUnits(t *testing.T) {
+	res := runFair(t, &queue.Fairness{Weights: map[string]float64{"a": 2}}, 1, time.Millisecond, 500*time.Millisecond,
+		2*time.Second, 12*time.Second, []tenantLoad{{"a", 1000, 1}, {"b", 1000, 1}, {"c", 200, 5}})
+	total := float64(res.served["a"] + res.served["b"] + res.served["c"])
+	for name, want := range map[string]float64{"a": 0.5, "b": 0.25, "c": 0.25} {
+		got := float64(res.served[name]) / total
+		t.Logf("%s: %.1f%% of the work (want %.0f%%)", name, 100*got, 100*want)
+		if math.Abs(got-want) > 0.02*want {
+			t.Errorf("%s: %.3f of the work, want %.2f ± 2%%", name, got, want)
+		}
+	}
+}
+
+// Without fairness the same load goes first come, first served: the heavy
+// tenant's backlog makes the light ones wait behind it and lose requests
+// (the baseline the fair queue is measured against).
+func TestFIFOQueueLetsAHeavyTenantCrowdOut(t *testing.T) {
+	loads := []tenantLoad{{"heavy", 800, 1}}
+	for i := 0; i < 9; i++ {
+		loads = append(loads, tenantLoad{fmt.Sprintf("light-%d", i), 80, 1})
+	}
+	res := runFair(t, nil, 1, time.Millisecond, time.Second, 2*time.Second, 12*time.Second, loads)
+	if got := float64(res.served["light-0"]) / 10; got > 0.9*80 {
+		t.Errorf("FIFO: a light tenant got %.0f of its 80 units/s; the fair test would prove nothing", got)
+	}
+}
