@@ -126,7 +126,7 @@ type waiter struct {
 	permit  sluice.Permit // the inner gate's
 	d       sluice.Decision
 	waited  time.Duration
-	start float64 // its start tag once picked (Options.Fair)
+	start   float64 // its start tag once picked (Options.Fair)
 
 	// event mode
 	own    sluice.Request // the request, copied: the caller's is gone after Decide
