@@ -20,16 +20,19 @@ type queueSettings struct {
 	maxWait time.Duration
 	maxLen  int64
 	classes []string
+	fair    *queue.Fairness
 }
 
 // queueField reads the queue mapping of a concurrency kind.
 func queueField(q *queueSettings) field {
 	return field{key: "queue", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
-		"max_len: 1000, classes: [highest first]}; a request waits for a slot only while it can still start in time",
+		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}}; a request waits for a " +
+		"slot only while it can still start in time; with fair, each class's waiters are served between tenants in weighted " +
+		"fair shares of work units (start-time fair queueing)",
 		def: "none (reject at once)",
 		parse: func(p *parser, v *yaml.Node, path string) {
 			q.set = true
-			p.Fields(v, path, []string{"max_wait", "max_len", "classes"}, func(k string, vv *yaml.Node) {
+			p.Fields(v, path, []string{"max_wait", "max_len", "classes", "fair"}, func(k string, vv *yaml.Node) {
 				at := yamlfile.Join(path, k)
 				switch k {
 				case "max_wait":
@@ -38,9 +41,36 @@ func queueField(q *queueSettings) field {
 					q.maxLen = p.Integer(vv, at, 1, 1<<20)
 				case "classes":
 					q.classes = p.classList(vv, at)
+				case "fair":
+					q.fair = p.fairness(vv, at)
 				}
 			})
 		}}
+}
+
+// fairness reads {weights: {tenant: weight}, default: 1, burst: 0}.
+func (p *parser) fairness(v *yaml.Node, path string) *queue.Fairness {
+	f := &queue.Fairness{}
+	p.Fields(v, path, []string{"weights", "default", "burst"}, func(k string, vv *yaml.Node) {
+		at := yamlfile.Join(path, k)
+		switch k {
+		case "weights":
+			if vv.Kind != yaml.MappingNode {
+				p.Errf(vv, at, "want a mapping of tenant to weight, e.g. {acme: 2}")
+				return
+			}
+			f.Weights = map[string]float64{}
+			for i := 0; i+1 < len(vv.Content); i += 2 {
+				t := vv.Content[i].Value
+				f.Weights[t] = p.Float(vv.Content[i+1], yamlfile.Join(at, t), 1e-6, 1e6)
+			}
+		case "default":
+			f.Default = p.Float(vv, at, 1e-6, 1e6)
+		case "burst":
+			f.Burst = p.Float(vv, at, 0, 1<<40)
+		}
+	})
+	return f
 }
 
 // check validates the queue against the gate's scope and the backend.
@@ -76,7 +106,7 @@ func (q *queueSettings) wrap(b *builder, g sluice.Gate) (sluice.Gate, error) {
 		return g, nil
 	}
 	return queue.New(b.g.Name, g, queue.Options{MaxWait: q.maxWait, MaxLen: int(q.maxLen), Classes: q.classes,
-		Clock: b.opts.Clock, Events: b.opts.Virtual})
+		Clock: b.opts.Clock, Events: b.opts.Virtual, Fair: q.fair})
 }
 
 // describe is the queue's part of the spec line.
@@ -88,5 +118,9 @@ func (q *queueSettings) describe() string {
 	if wait == 0 {
 		wait = 100 * time.Millisecond
 	}
-	return fmt.Sprintf(", waiting up to %v for a slot", wait)
+	fair := ""
+	if q.fair != nil {
+		fair = fmt.Sprintf(", served between tenants in weighted fair shares of work units (%d weighted tenants, burst %v units)", len(q.fair.Weights), q.fair.Burst)
+	}
+	return fmt.Sprintf(", waiting up to %v for a slot%s", wait, fair)
 }
