@@ -1,7 +1,8 @@
 // Package metrics exports what a sluice Chain decides as Prometheus metrics:
 // offered, admitted, rejected (by reason, gate and mode, shadow included),
-// completed by outcome, goodput, in-flight, and decision and work latency,
-// per class and tenant with a cap on tenant cardinality.
+// completed by outcome, goodput, demand units by stage (offered, admitted,
+// rejected, consumed), in-flight, and decision and work latency, per class
+// and tenant with a cap on tenant cardinality: the noisy-neighbour view.
 //
 //	m := metrics.New(metrics.Options{})
 //	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: m}, gates...)
@@ -71,6 +72,7 @@ type Metrics struct {
 	rejected   *prometheus.CounterVec
 	completed  *prometheus.CounterVec
 	goodput    *prometheus.CounterVec
+	units      *prometheus.CounterVec // demand units by stage: offered, admitted, rejected, consumed
 	inflight   *prometheus.GaugeVec
 	decision   prometheus.Histogram
 	latency    *prometheus.HistogramVec
@@ -142,6 +144,10 @@ func New(opts Options) *Metrics {
 		goodput: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_goodput_units_total", Help: "Demand units of useful completions (correct and before the deadline).",
 		}, ct),
+		units: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_demand_units_total", Help: "Demand units (request cost) by stage: offered to the chain, admitted, " +
+				"rejected, and consumed (admitted work that finished, whatever its outcome; useful units are sluice_goodput_units_total).",
+		}, []string{"stage", "class", "tenant"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_requests_inflight", Help: "Admitted requests not yet done.",
 		}, []string{"class"}),
@@ -154,7 +160,7 @@ func New(opts Options) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1 ms .. 33 s
 		}, []string{"outcome", "class"}),
 	}
-	reg.MustRegister(m.offered, m.admitted, m.rejected, m.completed, m.goodput, m.inflight, m.decision, m.latency)
+	reg.MustRegister(m.offered, m.admitted, m.rejected, m.completed, m.goodput, m.units, m.inflight, m.decision, m.latency)
 	return m
 }
 
@@ -225,7 +231,7 @@ func (m *Metrics) reclaimLocked(now clock.Instant) {
 		m.tenants.Delete(k)
 		m.nTenants.Add(-1)
 		match := prometheus.Labels{"tenant": tl.label}
-		for _, vec := range []*prometheus.CounterVec{m.offered, m.admitted, m.rejected, m.completed, m.goodput} {
+		for _, vec := range []*prometheus.CounterVec{m.offered, m.admitted, m.rejected, m.completed, m.goodput, m.units} {
 			vec.DeletePartialMatch(match)
 		}
 		return true
@@ -237,12 +243,16 @@ func (m *Metrics) Decided(r *sluice.Request, d *sluice.Decision, took time.Durat
 	t := m.tenant(r.Tenant, d.Admitted)
 	m.offered.WithLabelValues(r.Class, t).Inc()
 	m.decision.Observe(took.Seconds())
+	cost := float64(max(r.Cost, 1))
+	m.units.WithLabelValues("offered", r.Class, t).Add(cost)
 	if d.Admitted {
 		m.admitted.WithLabelValues(r.Class, t).Inc()
+		m.units.WithLabelValues("admitted", r.Class, t).Add(cost)
 		m.inflight.WithLabelValues(r.Class).Inc()
 		return
 	}
 	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "enforce", r.Class, t).Inc()
+	m.units.WithLabelValues("rejected", r.Class, t).Add(cost)
 }
 
 // ShadowRejected records a would-be rejection of a gate in shadow mode.
@@ -256,6 +266,7 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 	m.inflight.WithLabelValues(r.Class).Dec()
 	m.completed.WithLabelValues(c.Outcome.String(), r.Class, t).Inc()
 	m.latency.WithLabelValues(c.Outcome.String(), r.Class).Observe(c.Latency.Seconds())
+	m.units.WithLabelValues("consumed", r.Class, t).Add(float64(max(r.Cost, 1)))
 	if c.Outcome == sluice.OutcomeUseful {
 		m.goodput.WithLabelValues(r.Class, t).Add(float64(r.Cost))
 	}

@@ -34,7 +34,7 @@ func TestTenantLabelsNeverShowKeysAndAreCapped(t *testing.T) {
 	for i := range 50 {
 		m.Decided(&sluice.Request{Tenant: fmt.Sprint("junk", i), Class: "default"}, rej, 0)
 	}
-	m.Decided(&sluice.Request{Tenant: secret, Class: "default"}, adm, 0)
+	m.Decided(&sluice.Request{Tenant: secret, Class: "default", Cost: 1}, adm, 0)
 	m.Decided(&sluice.Request{Tenant: "second", Class: "default"}, adm, 0)
 	m.Decided(&sluice.Request{Tenant: "third", Class: "default"}, adm, 0)
 	m.Done(&sluice.Request{Tenant: secret, Class: "default", Cost: 3}, sluice.Completion{Outcome: sluice.OutcomeUseful})
@@ -49,6 +49,17 @@ func TestTenantLabelsNeverShowKeysAndAreCapped(t *testing.T) {
 	}
 	if !strings.Contains(out, `sluice_goodput_units_total{class="default",tenant="`+HashTenant(secret)+`"} 3`) {
 		t.Fatal("goodput units not counted")
+	}
+	h := HashTenant(secret)
+	for _, want := range []string{
+		`sluice_demand_units_total{class="default",stage="offered",tenant="` + h + `"} 1`,
+		`sluice_demand_units_total{class="default",stage="admitted",tenant="` + h + `"} 1`,
+		`sluice_demand_units_total{class="default",stage="consumed",tenant="` + h + `"} 3`,
+		`sluice_demand_units_total{class="default",stage="rejected",tenant="other"} 50`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %s", want)
+		}
 	}
 }
 
