@@ -150,6 +150,31 @@ func versionCmd() *cobra.Command {
 	}
 }
 
+// demoReservation runs the reservation scenario through the proxy.
+func demoReservation(cmd *cobra.Command, config, jsonPath string) error {
+	var opts demo.ReservationOptions
+	if config != "" {
+		b, err := os.ReadFile(config)
+		if err != nil {
+			return err
+		}
+		opts.Policy, opts.PolicyName = b, config
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario reservation: the article's premium and free example at a tenth of its scale; "+
+		"premium 100 queries/s (3 units each) → 40 → 100, free 600/s (1 unit), 10 s per phase, open loop")
+	rep, err := demo.RunReservation(ctx, opts)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	if jsonPath != "" {
+		return rep.WriteJSON(jsonPath)
+	}
+	return nil
+}
+
 func demoCmd() *cobra.Command {
 	var opts demo.Options
 	var config, jsonPath, plotBase, scenario string
@@ -172,8 +197,11 @@ func demoCmd() *cobra.Command {
 				rep.WriteTable(cmd.OutOrStdout())
 				return nil
 			}
+			if scenario == "reservation" {
+				return demoReservation(cmd, config, jsonPath)
+			}
 			if scenario != "" && scenario != "sweep" && scenario != "service-step" {
-				return fmt.Errorf("--scenario %q: want sweep, ladder or service-step", scenario)
+				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step or reservation", scenario)
 			}
 			opts.Policy, _, _ = examples.ByName("routes-api")
 			opts.PolicyName = "examples/routes-api.yaml (embedded)"
@@ -221,7 +249,7 @@ func demoCmd() *cobra.Command {
 			return savePlot(cmd, rep, plotBase)
 		},
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder) or service-step (the upstream's service time steps 5x; the adaptive limit's trace)")
+	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace) or reservation (premium and free class reservations: the split, borrowing and reclaim)")
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
 	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")

@@ -99,3 +99,31 @@ func TestServiceStepRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The reservation scenario over real HTTP, short: premium keeps most of
+// its reserve while both are busy and when it comes back, and free
+// borrows what premium leaves. (The acceptance figures are from the full
+// run, `sluice demo --scenario reservation`; these bounds leave room for a
+// busy machine.)
+func TestReservationRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real load for several seconds")
+	}
+	rep, err := RunReservation(context.Background(), ReservationOptions{Phase: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.WriteTable(&b)
+	t.Log("\n" + b.String())
+	if len(rep.Phases) != 3 {
+		t.Fatalf("%d phases", len(rep.Phases))
+	}
+	both, lent, back := rep.Phases[0], rep.Phases[1], rep.Phases[2]
+	if both.Premium.Useful < 0.8*both.WantPremium || back.Premium.Useful < 0.8*back.WantPremium {
+		t.Errorf("premium got %.0f and %.0f units/s of its %.0f", both.Premium.Useful, back.Premium.Useful, both.WantPremium)
+	}
+	if lent.Free.Admitted < 1.3*both.Free.Admitted {
+		t.Errorf("free admitted %.0f units/s with premium idle vs %.0f with premium busy: no borrowing", lent.Free.Admitted, both.Free.Admitted)
+	}
+}

@@ -18,7 +18,8 @@ import (
 // doing, and its collapse under overload is the real thing.
 //
 // Service times: GET /v1/routes/{id} 10 ms; POST /v1/routes 20 ms plus
-// 0.2 ms per stop (X-Stops); GET /v1/analytics/* 150 ms; anything else 10 ms.
+// 0.2 ms per stop (X-Stops); GET /v1/analytics/* 150 ms; /premium/* 30 ms;
+// anything else 10 ms.
 type Upstream struct {
 	fixed   atomic.Int64 // if > 0: every request's mean service time, ns (SetServiceTime)
 	mu      sync.Mutex
@@ -46,6 +47,8 @@ func ServiceTime(method, path string, stops int) time.Duration {
 		return 20*time.Millisecond + time.Duration(min(max(stops, 0), 10_000))*200*time.Microsecond
 	case strings.HasPrefix(path, "/v1/analytics/"):
 		return 150 * time.Millisecond
+	case strings.HasPrefix(path, "/premium/"): // the reservation scenario: 3 work units
+		return 30 * time.Millisecond
 	}
 	return 10 * time.Millisecond
 }
