@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -175,9 +176,9 @@ func RunReservation(ctx context.Context, opts ReservationOptions) (*ReservationR
 		stop := context.AfterFunc(ctx, func() { atk.Stop() })
 		defer stop()
 		timeout := opts.Deadline.String()
-		n := 0
+		var seq atomic.Int64 // the targeter runs on the attacker's workers
 		tgt := func(t *vegeta.Target) error {
-			n++
+			n := int(seq.Add(1))
 			t.Method, t.URL = http.MethodGet, p.url+path+strconv.Itoa(n)
 			t.Header = http.Header{"X-Api-Key": {"tenant-" + strconv.Itoa(n%tenants)}, "X-Request-Timeout": {timeout}}
 			return nil
