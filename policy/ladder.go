@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/fair"
 	"github.com/sluice-go/sluice/shed"
 )
 
@@ -20,7 +21,10 @@ var ladderKind = &kind{
 	new:     func() params { return &ladderParams{} },
 }
 
-type ladderParams struct{ cfg shed.LadderConfig }
+type ladderParams struct {
+	cfg     shed.LadderConfig
+	cohorts *fair.CohortOptions
+}
 
 func (p *ladderParams) fields() []field {
 	d := shed.LadderConfig{}.WithDefaults()
@@ -36,6 +40,7 @@ func (p *ladderParams) fields() []field {
 		durationField("sample_every", "demand sample interval", &p.cfg.SampleEvery, time.Millisecond).dflt("%v", d.SampleEvery).feeds("SampleEvery"),
 		classesField("protected", "classes never shed", &p.cfg.Protected).dflt("[%s]", strings.Join(d.Protected, ", ")).feeds("Protected"),
 		intField("workers", "capacity the demand is divided by (requests the service runs at once)", &p.cfg.Workers, 1, 1<<30).must().feeds("Workers"),
+		cohortsField("in RECOVER, shed what the step does not admit", &p.cohorts),
 	}
 }
 
@@ -49,6 +54,13 @@ func (p *ladderParams) check(c *checker) {
 func (p *ladderParams) build(b *builder) (sluice.Gate, error) {
 	cfg := p.cfg
 	cfg.RetryHint, cfg.Rand = b.g.RetryHint, b.opts.Rand
+	c, err := cut(b.g.Name, p.cohorts, nil, b)
+	if err != nil {
+		return nil, err
+	}
+	if c != nil {
+		cfg.Cut = c
+	}
 	return shed.NewLadder(b.g.Name, cfg)
 }
 

@@ -107,6 +107,7 @@ func TestBrokenPolicies(t *testing.T) {
 		{"reservation zero capacity", "version: 1\ngates:\n  - {name: r, kind: reservation, capacity: 0, shares: {default: {reserve: 0}}}\n", 3, "gates[0].capacity", "out of range"},
 		{"fair weight", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {fair: {weights: {acme: -2}}}}\n", 3, "gates[0].queue.fair.weights.acme", "out of range"},
 		{"fair field", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {fair: {weight: 2}}}\n", 3, "gates[0].queue.fair.weight", "unknown field"},
+		{"ladder cohorts field", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, cohorts: {cout: 64}}\n", 3, "gates[0].cohorts.cout", "unknown field"},
 		{"cohorts count", "version: 1\ngates:\n  - {name: u, kind: utilization, workers: 4, tiers: [default], cohorts: {count: 0}}\n", 3, "gates[0].cohorts.count", "out of range"},
 		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {

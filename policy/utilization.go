@@ -5,10 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/sluice-go/sluice/fair"
-	"github.com/sluice-go/sluice/internal/yamlfile"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/param"
@@ -57,25 +54,8 @@ func (p *utilizationParams) fields() []field {
 		boolField("cost_aware", "shed the costliest requests of a partly shed tier first", &p.costAware).dflt("false"),
 		choiceField("source", "what utilization is measured on: the own accounting or this process's CPU", &p.source, sourceWorkers, sourceCPU).
 			dflt(sourceWorkers),
-		{key: "cohorts", doc: "shed an exact fraction by (tier, tenant cohort) instead of by tier probabilities (fair.Cohort): " +
-			"{count: 128, period: 1m, window: 1s}; tenants hash into count cohorts whose order rotates every period so the " +
-			"same tenants are not always the ones shed", def: "none (tier probabilities)", parse: p.parseCohorts},
+		cohortsField("shed the fraction", &p.cohorts),
 	}
-}
-
-func (p *utilizationParams) parseCohorts(ps *parser, v *yaml.Node, path string) {
-	p.cohorts = &fair.CohortOptions{}
-	ps.Fields(v, path, []string{"count", "period", "window"}, func(k string, vv *yaml.Node) {
-		at := yamlfile.Join(path, k)
-		switch k {
-		case "count":
-			p.cohorts.Cohorts = int(ps.Integer(vv, at, 1, 1<<16))
-		case "period":
-			p.cohorts.Period = ps.Duration(vv, at, time.Millisecond)
-		case "window":
-			p.cohorts.Window = ps.Duration(vv, at, time.Millisecond)
-		}
-	})
 }
 
 func (p *utilizationParams) check(c *checker) {
@@ -101,14 +81,12 @@ func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {
 		}
 		opts.Source = shed.NewCPUSource()
 	}
-	if p.cohorts != nil {
-		co := *p.cohorts
-		co.Tiers, co.RetryHint = p.tiers, b.g.RetryHint
-		cut, err := fair.NewCohort(b.g.Name, co)
-		if err != nil {
-			return nil, err
-		}
-		opts.Cut = cut
+	c, err := cut(b.g.Name, p.cohorts, p.tiers, b)
+	if err != nil {
+		return nil, err
+	}
+	if c != nil {
+		opts.Cut = c
 	}
 	return shed.NewUtilization(b.g.Name, ctrl, opts)
 }

@@ -43,6 +43,12 @@ type LadderConfig struct {
 	RetryHint time.Duration
 	// Rand returns uniform numbers in [0, 1); default math/rand/v2.
 	Rand func() float64
+	// Cut, if set, decides which non-protected requests the recovery ramp
+	// still sheds (the fraction 1 − the step's share), in place of a coin
+	// per request: fair.Cohort sheds whole tenant cohorts, rotating, so a
+	// tenant is either served or not for a period instead of losing a
+	// random share of its requests.
+	Cut Cut
 }
 
 func (c *LadderConfig) defaults() {
@@ -256,7 +262,11 @@ func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now clock.Instant)
 		case sluice.LevelShed:
 			shed = true
 		case sluice.LevelRecover:
-			shed = l.cfg.Rand() >= l.cfg.RecoverSteps[l.step]
+			if l.cfg.Cut != nil {
+				shed = l.cfg.Cut.Shed(r, 1-l.cfg.RecoverSteps[l.step], now)
+			} else {
+				shed = l.cfg.Rand() >= l.cfg.RecoverSteps[l.step]
+			}
 		}
 	}
 	if shed {

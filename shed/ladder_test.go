@@ -126,3 +126,40 @@ func TestShedDemandPerClass(t *testing.T) {
 		t.Fatalf("a class never admitted counts the overall mean, got %v", got)
 	}
 }
+
+// cutSpy records the fractions a shedder hands its cut, and sheds above
+// one half.
+type cutSpy struct{ fractions []float64 }
+
+func (c *cutSpy) Shed(_ *sluice.Request, f float64, _ clock.Instant) bool {
+	c.fractions = append(c.fractions, f)
+	return f > 0.5
+}
+
+// With a Cut, RECOVER hands it the fraction its step does not admit (1 −
+// the step's share) for non-protected requests, and never a protected one.
+func TestLadderRecoverUsesItsCut(t *testing.T) {
+	cut := &cutSpy{}
+	l, err := NewLadder("ladder", LadderConfig{Workers: 8, Cut: cut})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l.Decide(ctx, &sluice.Request{Class: "default"}, 0)
+	l.mu.Lock()
+	l.toLocked(1, sluice.LevelRecover)
+	l.mu.Unlock()
+	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 2); d.Admitted {
+		t.Fatal("step 0 (25% admitted): the cut at 0.75 did not shed")
+	}
+	l.mu.Lock()
+	l.step = 2
+	l.mu.Unlock()
+	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 3); !d.Admitted {
+		t.Fatal("step 2 (75% admitted): shed at 0.25")
+	}
+	l.Decide(ctx, &sluice.Request{Class: sluice.ClassCritical}, 4)
+	if len(cut.fractions) != 2 || cut.fractions[0] != 0.75 || cut.fractions[1] != 0.25 {
+		t.Fatalf("cut saw %v, want [0.75 0.25]", cut.fractions)
+	}
+}
