@@ -105,6 +105,10 @@ func TestBrokenPolicies(t *testing.T) {
 		{"reservation share field", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical}\ngates:\n  - name: r\n    kind: reservation\n    capacity: 100\n    shares:\n      critical: {reserve: 50, borow: false}\n", 9, "gates[0].shares.critical.borow", "unknown field"},
 		{"reservation max below reserve", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical}\ngates:\n  - name: r\n    kind: reservation\n    capacity: 100\n    shares:\n      critical: {reserve: 50, max: 40}\n", 8, "gates[0].shares", "below its reserve"},
 		{"reservation zero capacity", "version: 1\ngates:\n  - {name: r, kind: reservation, capacity: 0, shares: {default: {reserve: 0}}}\n", 3, "gates[0].capacity", "out of range"},
+		{"reservation capacity and inflight", "version: 1\ngates:\n  - {name: r, kind: reservation, capacity: 10, inflight: 10, shares: {default: {reserve: 1}}}\n", 3, "gates[0].inflight", "not both"},
+		{"reservation neither", "version: 1\ngates:\n  - {name: r, kind: reservation, shares: {default: {reserve: 1}}}\n", 3, "gates[0].capacity", "missing"},
+		{"reservation queue on a rate", "version: 1\ngates:\n  - {name: r, kind: reservation, capacity: 10, shares: {default: {reserve: 1}}, queue: {max_wait: 50ms}}\n", 3, "gates[0].queue", "needs inflight"},
+		{"reservation inflight tenant", "version: 1\ngates:\n  - {name: r, kind: reservation, inflight: 10, shares: {default: {reserve: 1, tenant: 2}}}\n", 3, "gates[0].shares", "applies to rates"},
 		{"fair weight", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {fair: {weights: {acme: -2}}}}\n", 3, "gates[0].queue.fair.weights.acme", "out of range"},
 		{"fair field", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {fair: {weight: 2}}}\n", 3, "gates[0].queue.fair.weight", "unknown field"},
 		{"ladder cohorts field", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, cohorts: {cout: 64}}\n", 3, "gates[0].cohorts.cout", "unknown field"},
@@ -333,6 +337,11 @@ gates:
     kind: concurrency
     limit: 4
     queue: {max_wait: 50ms, classes: [critical, sheddable], fair: {weights: {acme: 2}, burst: 3}}
+  - name: slots
+    kind: reservation
+    inflight: 8
+    shares: {critical: {reserve: 5}, sheddable: {reserve: 3}}
+    queue: {max_wait: 50ms, classes: [critical, sheddable]}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +368,8 @@ gates:
 		t.Errorf("the tenant level never rejected: %v", admitted)
 	}
 	spec := f.SpecText()
-	for _, want := range []string{"units reserves critical 60 units/s", "weighted fair shares of work units", "exact cut over (tier"} {
+	for _, want := range []string{"units reserves critical 60 units/s", "weighted fair shares of work units", "exact cut over (tier",
+		"slots reserves critical 5 units, sheddable 3 units of 8 work units in flight"} {
 		if !strings.Contains(spec, want) {
 			t.Errorf("spec lacks %q:\n%s", want, spec)
 		}

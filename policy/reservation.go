@@ -14,12 +14,15 @@ import (
 
 var reservationKind = &kind{
 	name: "reservation",
-	doc: "Class reservations over a capacity in work units/s (fair.Reservation), a budget nested service → class → " +
-		"tenant: each class always finds its reserve; what a class leaves idle, and what no class reserves, goes to a " +
-		"pool that classes allowed to borrow spend, holding at most the revocation time's worth of capacity, so an owner " +
-		"that comes back has its reserve at once and the borrowed work drains within that time; admitted work is never " +
-		"cancelled; the recovery reserve is never handed out. In-process state (per replica). Rejects with reason " +
-		"overload (503); a tenant over its class's tenant cap with policy_rate (429).",
+	doc: "Class reservations over a capacity in work units/s (capacity: fair.Reservation) or in concurrent work units " +
+		"(inflight: fair.Slots), a budget nested service → class → tenant. Rates: each class always finds its reserve; what " +
+		"a class leaves idle, and what no class reserves, goes to a pool that classes allowed to borrow spend, holding at " +
+		"most the revocation time's worth of capacity, so an owner that comes back has its reserve at once and the " +
+		"borrowed work drains within that time; rejects with reason overload (503), a tenant over its class's tenant cap " +
+		"with policy_rate (429). In flight: a class always holds up to its reserve; only requests whose deadline is within " +
+		"the revocation time borrow idle units, so an owner waits at most that long for them; rejects with reason " +
+		"concurrency (503), and queue: lets requests wait for units. Admitted work is never cancelled; the recovery " +
+		"reserve is never handed out. In-process state (per replica).",
 	scope:   sluice.ScopeService,
 	service: true,
 	reason:  always(sluice.ReasonOverload),
@@ -27,21 +30,26 @@ var reservationKind = &kind{
 }
 
 type reservationParams struct {
-	opts    fair.ReservationOptions
-	classes []fair.ClassShare
-	lines   map[string]int // class → line, for errors
+	opts     fair.ReservationOptions
+	inflight int64
+	classes  []fair.ClassShare
+	lines    map[string]int // class → line, for errors
+	queue    queueSettings
 }
 
 func (p *reservationParams) fields() []field {
 	return []field{
-		intField("capacity", "work units/s the protected resource serves (a request's cost is its units)", &p.opts.Capacity, 1, fair.MaxRate).must().feeds("Capacity"),
-		intField("recovery", "work units/s kept out of every class's reach (headroom to recover)", &p.opts.Recovery, 0, fair.MaxRate).dflt("0").feeds("Recovery"),
-		durationField("burst", "depth of each class's (and tenant's) bucket, as time at its rate", &p.opts.Burst, time.Millisecond).dflt("100ms").feeds("Burst"),
+		intField("capacity", "work units/s the protected resource serves (a request's cost is its units); or inflight", &p.opts.Capacity, 1, fair.MaxRate).feeds("Capacity"),
+		intField("inflight", "work units the protected resource runs at once (a request holds its cost until done); or capacity", &p.inflight, 1, sluice.MaxCost).feeds("InFlight"),
+		intField("recovery", "work units/s (or units in flight) kept out of every class's reach (headroom to recover)", &p.opts.Recovery, 0, sluice.MaxCost).dflt("0").feeds("Recovery"),
+		durationField("burst", "depth of each class's (and tenant's) bucket, as time at its rate (capacity only)", &p.opts.Burst, time.Millisecond).dflt("100ms").feeds("Burst"),
 		durationField("revocation", "how long borrowed work may still run once an owner wants its reserve back: the pool holds "+
-			"(capacity − recovery) × revocation units", &p.opts.Revocation, time.Millisecond).dflt("1s").feeds("Revocation"),
+			"(capacity − recovery) × revocation units; in flight, only requests with at most this left before their deadline borrow",
+			&p.opts.Revocation, time.Millisecond).dflt("1s").feeds("Revocation"),
 		{key: "shares", doc: "per class: {reserve: units/s always available, max: units/s in all (default capacity − recovery), " +
 			"borrow: may spend the pool (default true), tenant: units/s cap per tenant of the class (default none)}; classes " +
 			"not listed only borrow", required: true, parse: p.parseClasses},
+		queueField(&p.queue),
 	}
 }
 
@@ -86,25 +94,59 @@ func (p *reservationParams) options() fair.ReservationOptions {
 	return o
 }
 
+func (p *reservationParams) slotOptions() fair.SlotOptions {
+	return fair.SlotOptions{InFlight: p.inflight, Recovery: p.opts.Recovery, Classes: p.classes, Revocation: p.opts.Revocation}
+}
+
 func (p *reservationParams) check(c *checker) {
+	switch {
+	case p.inflight == 0 && p.opts.Capacity == 0:
+		c.failf("capacity", "missing: a reservation needs capacity (work units/s) or inflight (work units at once)")
+		return
+	case p.inflight > 0 && p.opts.Capacity > 0:
+		c.failf("inflight", "set capacity or inflight, not both (two reservation gates reserve both)")
+		return
+	case p.inflight > 0 && p.opts.Burst != 0:
+		c.failf("burst", "burst is the depth of a rate's buckets; an inflight reservation has none")
+	case p.opts.Capacity > 0 && p.queue.set:
+		c.failf("queue", "a wait queue waits for units in flight: it needs inflight, not capacity")
+	}
+	p.queue.check(c)
 	for _, cl := range p.classes {
 		if !validClass(c, cl.Class) {
 			c.errs = append(c.errs, &Error{File: c.file.Path, Line: p.lines[cl.Class], Field: yamlfile.Join(c.path, "shares."+cl.Class),
 				Msg: fmt.Sprintf("no route assigns class %q (classes: %s)", cl.Class, strings.Join(c.classes, ", "))})
 		}
 	}
-	if _, err := fair.NewReservation(c.g.Name, p.options()); err != nil {
+	var err error
+	if p.inflight > 0 {
+		_, err = fair.NewSlots(c.g.Name, p.slotOptions())
+	} else {
+		_, err = fair.NewReservation(c.g.Name, p.options())
+	}
+	if err != nil {
 		c.failf("shares", "%v", err)
 	}
 }
 
 func (p *reservationParams) build(b *builder) (sluice.Gate, error) {
+	if p.inflight > 0 {
+		g, err := fair.NewSlots(b.g.Name, p.slotOptions())
+		if err != nil {
+			return nil, err
+		}
+		return p.queue.wrap(b, g)
+	}
 	return fair.NewReservation(b.g.Name, p.options())
 }
 
 func (p *reservationParams) stateKey() string { return "" }
 
 func (p *reservationParams) describe(g *Gate) string {
+	if p.inflight > 0 {
+		return fmt.Sprintf("reservation of %d work units in flight (recovery %d kept back): %s; only requests due within %v borrow; 503 concurrency%s%s",
+			p.inflight, p.opts.Recovery, p.sharesText(), p.revocation(), p.queue.describe(), classesOnly(g))
+	}
 	return fmt.Sprintf("reservation of %d work units/s (recovery %d kept back): %s; borrowed work drains within %v; 503 overload%s",
 		p.opts.Capacity, p.opts.Recovery, p.sharesText(), p.revocation(), classesOnly(g))
 }
@@ -117,9 +159,13 @@ func (p *reservationParams) revocation() time.Duration {
 }
 
 func (p *reservationParams) sharesText() string {
+	unit := "units/s"
+	if p.inflight > 0 {
+		unit = "units"
+	}
 	var parts []string
 	for _, c := range p.classes {
-		s := fmt.Sprintf("%s %d units/s", c.Class, c.Reserve)
+		s := fmt.Sprintf("%s %d %s", c.Class, c.Reserve, unit)
 		if c.Max > 0 {
 			s += fmt.Sprintf(" (max %d)", c.Max)
 		}
@@ -136,6 +182,10 @@ func (p *reservationParams) sharesText() string {
 
 // reservation is the gate's line in the spec's reservations.
 func (p *reservationParams) reservation(g *Gate) string {
+	if p.inflight > 0 {
+		return fmt.Sprintf("%s reserves %s of %d work units in flight, recovery %d; idle reserves are lent to requests due within %v, "+
+			"so an owner waits at most that long for them", g.Name, p.sharesText(), p.inflight, p.opts.Recovery, p.revocation())
+	}
 	return fmt.Sprintf("%s reserves %s of %d work units/s, recovery %d; idle reserves are lent and reclaimed at once, "+
 		"borrowed work drains within %v", g.Name, p.sharesText(), p.opts.Capacity, p.opts.Recovery, p.revocation())
 }

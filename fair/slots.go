@@ -1,0 +1,231 @@
+package fair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+)
+
+// SlotOptions configures a Slots reservation, in concurrent work units (a
+// request holds its cost in units from admission until it is done).
+type SlotOptions struct {
+	// InFlight is the work the protected resource runs at once, in units.
+	// Required.
+	InFlight int64
+	// Recovery is kept out of every class's reach, in units.
+	Recovery int64
+	// Classes are the reservations (ClassShare's Reserve and Max in
+	// concurrent units; Tenant does not apply). Reserves sum to at most
+	// InFlight − Recovery; classes not listed only borrow.
+	Classes []ClassShare
+	// Revocation bounds a reclaim: only a request whose deadline is at
+	// most Revocation away may borrow (its work, bounded by its deadline,
+	// gives the units back by then), and a class turned away for want of
+	// room lends nothing for Revocation. Default 1 s.
+	Revocation time.Duration
+}
+
+// Slots is a gate that divides concurrent work units between classes:
+// each class may always hold its reserve; a class past its reserve may
+// borrow units other classes' reserves leave idle and units no class
+// reserves, never beyond InFlight − Recovery in all nor past its Max.
+//
+// Reclaim: admitted work is never cancelled, so an owner that comes back
+// to find its reserve lent waits for the borrowed work to finish. Only a
+// request whose deadline is within Revocation borrows, so that wait is at
+// most Revocation (plus the grace its server gives a request past its
+// deadline), and an owner turned away for want of room stops all lending
+// of its reserve for Revocation. A request that finds no room is rejected
+// with reason concurrency, retryable: a wait queue in front (package
+// queue) holds it until units free, the owner first when its class ranks
+// first. Every release gives the units back. It is safe for concurrent
+// use.
+type Slots struct {
+	name   string
+	opts   SlotOptions
+	usable int64
+	spare  int64 // units no class reserves
+	byName map[string]int
+
+	mu      sync.Mutex
+	held    int64 // all units held
+	lent    int64 // units held past their class's reserve
+	classes []slotClass
+	other   slotClass
+}
+
+type slotClass struct {
+	share    ClassShare
+	own      int64 // units held within the reserve
+	borrowed int64 // units held past it
+	wanted   clock.Instant
+	wanting  bool
+}
+
+// NewSlots returns a concurrent-units reservation gate named name.
+func NewSlots(name string, opts SlotOptions) (*Slots, error) {
+	if name == "" {
+		return nil, errors.New("reservation: empty name")
+	}
+	if opts.Revocation == 0 {
+		opts.Revocation = time.Second
+	}
+	switch {
+	case opts.InFlight < 1 || opts.InFlight > sluice.MaxCost:
+		return nil, fmt.Errorf("reservation %s: inflight %d units outside [1, %d]", name, opts.InFlight, int64(sluice.MaxCost))
+	case opts.Recovery < 0 || opts.Recovery >= opts.InFlight:
+		return nil, fmt.Errorf("reservation %s: recovery %d units, want in [0, inflight %d)", name, opts.Recovery, opts.InFlight)
+	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
+		return nil, fmt.Errorf("reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
+	}
+	g := &Slots{name: name, opts: opts, usable: opts.InFlight - opts.Recovery, byName: map[string]int{}}
+	reserved := int64(0)
+	for i, c := range opts.Classes {
+		switch {
+		case c.Class == "":
+			return nil, fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
+		case c.Reserve < 0 || c.Max < 0:
+			return nil, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
+		case c.Max > g.usable:
+			return nil, fmt.Errorf("reservation %s: class %s: max %d above the usable %d units", name, c.Class, c.Max, g.usable)
+		case c.Max > 0 && c.Max < c.Reserve:
+			return nil, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
+		case c.Tenant != 0:
+			return nil, fmt.Errorf("reservation %s: class %s: a tenant cap applies to rates (capacity), not in-flight units", name, c.Class)
+		}
+		if _, dup := g.byName[c.Class]; dup {
+			return nil, fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
+		}
+		g.byName[c.Class] = i
+		reserved += c.Reserve
+		g.classes = append(g.classes, slotClass{share: c})
+	}
+	if reserved > g.usable {
+		return nil, fmt.Errorf("reservation %s: reserves add up to %d units, above inflight − recovery = %d", name, reserved, g.usable)
+	}
+	g.spare = g.usable - reserved
+	return g, nil
+}
+
+// Name returns the gate's name.
+func (g *Slots) Name() string { return g.name }
+
+func (g *Slots) class(name string) *slotClass {
+	if i, ok := g.byName[name]; ok {
+		return &g.classes[i]
+	}
+	return &g.other
+}
+
+// lendableLocked is how many units a borrower may take now: the idle part
+// of the reserves of classes not wanting theirs back, and the units no
+// class reserves, less what is lent already. REQUIRES: g.mu held.
+func (g *Slots) lendableLocked(now clock.Instant) int64 {
+	idle := g.spare
+	for i := range g.classes {
+		c := &g.classes[i]
+		if c.wanting && now.Sub(c.wanted) < g.opts.Revocation {
+			continue
+		}
+		c.wanting = false
+		idle += c.share.Reserve - c.own
+	}
+	return idle - g.lent
+}
+
+// Decide admits r within its class's reserve, or past it on lendable
+// units when its deadline is within the revocation time.
+func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+	k := max(r.Cost, 1)
+	if k > g.usable {
+		return sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
+			Unit: sluice.UnitConcurrentRequests, Limit: g.usable}, 0
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.class(r.Class)
+	capOK := c.share.Max == 0 || c.own+c.borrowed+k <= c.share.Max
+	if capOK && g.held+k <= g.usable {
+		if c.own+k <= c.share.Reserve {
+			c.own += k
+			g.held += k
+			return g.admit(), 1
+		}
+		mayBorrow := !c.share.NoBorrow && r.Deadline != 0 && r.Deadline.Sub(now) <= g.opts.Revocation
+		if mayBorrow && g.lendableLocked(now) >= k {
+			c.borrowed += k
+			g.lent += k
+			g.held += k
+			return g.admit(), 2
+		}
+	}
+	if c.own+k <= c.share.Reserve {
+		c.wanted, c.wanting = now, true // its reserve is lent: stop lending it
+	}
+	return sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
+		Unit: sluice.UnitConcurrentRequests, Limit: g.usable, Retryable: true, RetryAfter: time.Second}, 0
+}
+
+func (g *Slots) admit() sluice.Decision {
+	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name, Unit: sluice.UnitConcurrentRequests, Limit: g.usable}
+}
+
+// Release gives the request's units back (permit 1: within its reserve,
+// 2: borrowed).
+func (g *Slots) Release(r *sluice.Request, p sluice.Permit, _ sluice.Completion) {
+	k := max(r.Cost, 1)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.class(r.Class)
+	switch p {
+	case 1:
+		c.own -= k
+	case 2:
+		c.borrowed -= k
+		g.lent -= k
+	default:
+		return
+	}
+	g.held -= k
+}
+
+// SlotUsage is one class's units held in a Slots reservation.
+type SlotUsage struct {
+	Class    string `json:"class"`
+	Reserve  int64  `json:"reserve_units"`
+	Own      int64  `json:"own_units"`
+	Borrowed int64  `json:"borrowed_units"`
+}
+
+// Usage returns the units each class holds, listed classes first and then
+// "" for the classes with no reserve.
+func (g *Slots) Usage() []SlotUsage {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]SlotUsage, 0, len(g.classes)+1)
+	for _, c := range append(g.classes, g.other) {
+		out = append(out, SlotUsage{Class: c.share.Class, Reserve: c.share.Reserve, Own: c.own, Borrowed: c.borrowed})
+	}
+	return out
+}
+
+var (
+	_ sluice.StateReporter = (*Slots)(nil)
+	_ sluice.Sizer         = (*Slots)(nil)
+)
+
+// ReportState returns the units held per class.
+func (g *Slots) ReportState(clock.Instant) any { return g.Usage() }
+
+// ConcurrencyLimit returns the usable units and the units held, so a wait
+// queue in front predicts waits from it.
+func (g *Slots) ConcurrencyLimit() (limit, inFlight int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return int(g.usable), int(g.held)
+}
