@@ -174,29 +174,11 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 		return nil, fmt.Errorf("reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
 	}
 	g := &Reservation{name: name, opts: opts, usable: opts.Capacity - opts.Recovery, byName: map[string]int{}}
-	var reserved int64
-	for i, c := range opts.Classes {
-		switch {
-		case c.Class == "":
-			return nil, fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
-		case c.Reserve < 0 || c.Max < 0:
-			return nil, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
-		case c.Max > g.usable:
-			return nil, fmt.Errorf("reservation %s: class %s: max %d above the usable %d units/s", name, c.Class, c.Max, g.usable)
-		case c.Tenant < 0 || c.Tenant > MaxRate:
-			return nil, fmt.Errorf("reservation %s: class %s: tenant rate %d outside [0, %d]", name, c.Class, c.Tenant, int64(MaxRate))
-		case c.Max > 0 && c.Max < c.Reserve:
-			return nil, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
-		}
-		if _, dup := g.byName[c.Class]; dup {
-			return nil, fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
-		}
-		g.byName[c.Class] = i
-		reserved += c.Reserve
+	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units/s", true)
+	if err != nil {
+		return nil, err
 	}
-	if reserved > g.usable {
-		return nil, fmt.Errorf("reservation %s: reserves add up to %d units/s, above capacity − recovery = %d", name, reserved, g.usable)
-	}
+	g.byName = byName
 	burst, revocation := int64(opts.Burst), int64(opts.Revocation)
 	for _, c := range opts.Classes {
 		s := classState{share: c, own: bucket{rate: c.Reserve, size: c.Reserve * burst}, tenants: map[string]*tenantBucket{}}
@@ -215,6 +197,39 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 
 // Name returns the gate's name.
 func (g *Reservation) Name() string { return g.name }
+
+// checkShares validates the shares of a reservation named name over usable
+// units (in unit) and returns their index by class and the sum of their
+// reserves; rates take a tenant cap, in-flight units do not.
+func checkShares(name string, shares []ClassShare, usable int64, unit string, rates bool) (map[string]int, int64, error) {
+	byName := map[string]int{}
+	reserved := int64(0)
+	for i, c := range shares {
+		switch {
+		case c.Class == "":
+			return nil, 0, fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
+		case c.Reserve < 0 || c.Max < 0:
+			return nil, 0, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
+		case c.Max > usable:
+			return nil, 0, fmt.Errorf("reservation %s: class %s: max %d above the usable %d %s", name, c.Class, c.Max, usable, unit)
+		case c.Max > 0 && c.Max < c.Reserve:
+			return nil, 0, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
+		case rates && (c.Tenant < 0 || c.Tenant > MaxRate):
+			return nil, 0, fmt.Errorf("reservation %s: class %s: tenant rate %d outside [0, %d]", name, c.Class, c.Tenant, int64(MaxRate))
+		case !rates && c.Tenant != 0:
+			return nil, 0, fmt.Errorf("reservation %s: class %s: a tenant cap applies to rates (capacity), not in-flight units", name, c.Class)
+		}
+		if _, dup := byName[c.Class]; dup {
+			return nil, 0, fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
+		}
+		byName[c.Class] = i
+		reserved += c.Reserve
+	}
+	if reserved > usable {
+		return nil, 0, fmt.Errorf("reservation %s: reserves add up to %d %s, above the usable %d", name, reserved, unit, usable)
+	}
+	return byName, reserved, nil
+}
 
 // Depth returns the most the gate can admit at once after every class
 // has been idle, in units (rounded up): the own buckets and the pool, full.

@@ -84,29 +84,13 @@ func NewSlots(name string, opts SlotOptions) (*Slots, error) {
 		return nil, fmt.Errorf("reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
 	}
 	g := &Slots{name: name, opts: opts, usable: opts.InFlight - opts.Recovery, byName: map[string]int{}}
-	reserved := int64(0)
-	for i, c := range opts.Classes {
-		switch {
-		case c.Class == "":
-			return nil, fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
-		case c.Reserve < 0 || c.Max < 0:
-			return nil, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
-		case c.Max > g.usable:
-			return nil, fmt.Errorf("reservation %s: class %s: max %d above the usable %d units", name, c.Class, c.Max, g.usable)
-		case c.Max > 0 && c.Max < c.Reserve:
-			return nil, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
-		case c.Tenant != 0:
-			return nil, fmt.Errorf("reservation %s: class %s: a tenant cap applies to rates (capacity), not in-flight units", name, c.Class)
-		}
-		if _, dup := g.byName[c.Class]; dup {
-			return nil, fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
-		}
-		g.byName[c.Class] = i
-		reserved += c.Reserve
-		g.classes = append(g.classes, slotClass{share: c})
+	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units", false)
+	if err != nil {
+		return nil, err
 	}
-	if reserved > g.usable {
-		return nil, fmt.Errorf("reservation %s: reserves add up to %d units, above inflight − recovery = %d", name, reserved, g.usable)
+	g.byName = byName
+	for _, c := range opts.Classes {
+		g.classes = append(g.classes, slotClass{share: c})
 	}
 	g.spare = g.usable - reserved
 	return g, nil
