@@ -226,7 +226,7 @@ func checkShares(name string, shares []ClassShare, usable int64, unit string, ra
 		reserved += c.Reserve
 	}
 	if reserved > usable {
-		return nil, 0, fmt.Errorf("reservation %s: reserves add up to %d %s, above the usable %d", name, reserved, unit, usable)
+		return nil, 0, fmt.Errorf("reservation %s: reserves add up to %d %s, above the usable %d (capacity − recovery)", name, reserved, unit, usable)
 	}
 	return byName, reserved, nil
 }
