@@ -197,6 +197,24 @@ func startProxy(ctx context.Context, name string, policy []byte, base string, up
 	}}, nil
 }
 
+// behindProxy starts an upstream of workers workers and the proxy with
+// policy in front of it; stop stops both.
+func behindProxy(ctx context.Context, workers int, name string, policy []byte) (up *Upstream, p *running, stop func(), err error) {
+	up = NewUpstream(workers)
+	base, stopUp, err := serve(up)
+	if err != nil {
+		up.Close()
+		return nil, nil, nil, err
+	}
+	p, err = startProxy(ctx, name, policy, base, up)
+	if err != nil {
+		up.Close()
+		stopUp()
+		return nil, nil, nil, err
+	}
+	return up, p, func() { p.stop(); stopUp() }, nil
+}
+
 // step runs one load level against a fresh upstream (and a fresh proxy).
 func step(ctx context.Context, opts Options, admission bool, rps float64) (Step, error) {
 	up := NewUpstream(opts.Workers)

@@ -72,18 +72,11 @@ type LadderReport struct {
 // samples the ladder's level every 250 ms.
 func RunLadderStep(ctx context.Context, phases []LadderPhase) (*LadderReport, error) {
 	const workers = 8
-	up := NewUpstream(workers)
-	defer up.Close()
-	base, stopUp, err := serve(up)
+	_, p, stop, err := behindProxy(ctx, workers, "ladder-step.yaml", []byte(LadderPolicy))
 	if err != nil {
 		return nil, err
 	}
-	defer stopUp()
-	p, err := startProxy(ctx, "ladder-step.yaml", []byte(LadderPolicy), base, up)
-	if err != nil {
-		return nil, err
-	}
-	defer p.stop()
+	defer stop()
 	s, target := p.s, p.url
 	var ladder *shed.Ladder
 	for _, g := range s.Chain().Gates() {

@@ -152,17 +152,11 @@ func (p phasedPacer) Rate(elapsed time.Duration) float64 {
 // offered, admitted (not refused by sluice) and useful (answered in time).
 func RunReservation(ctx context.Context, opts ReservationOptions) (*ReservationReport, error) {
 	opts.defaults()
-	up := NewUpstream(opts.Workers)
-	base, stopUp, err := serve(up)
+	_, p, stop, err := behindProxy(ctx, opts.Workers, opts.PolicyName, opts.Policy)
 	if err != nil {
 		return nil, err
 	}
-	defer stopUp()
-	p, err := startProxy(ctx, opts.PolicyName, opts.Policy, base, up)
-	if err != nil {
-		return nil, err
-	}
-	defer p.stop()
+	defer stop()
 	secs := 3 * int(opts.Phase/time.Second)
 	premium := make([]ClassCounts, secs)
 	free := make([]ClassCounts, secs)

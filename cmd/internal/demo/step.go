@@ -107,18 +107,12 @@ func RunServiceStep(ctx context.Context, opts StepOptions) (*StepReport, error) 
 	if len(opts.Policy) == 0 {
 		return nil, errors.New("demo: no policy")
 	}
-	up := NewUpstream(opts.Workers)
+	up, p, stop, err := behindProxy(ctx, opts.Workers, opts.PolicyName, opts.Policy)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
 	up.SetServiceTime(opts.Fast)
-	base, stopUp, err := serve(up)
-	if err != nil {
-		return nil, err
-	}
-	defer stopUp()
-	p, err := startProxy(ctx, opts.PolicyName, opts.Policy, base, up)
-	if err != nil {
-		return nil, err
-	}
-	defer p.stop()
 	sizer, queuer := watched(p.s.Chain())
 	if sizer == nil {
 		return nil, errors.New("demo: the policy has no adaptive concurrency gate to watch")
