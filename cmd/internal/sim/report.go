@@ -254,7 +254,7 @@ func rejectedText(m map[string]float64) string {
 	slices.Sort(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		if v := m[k]; v < 0.5 {
+		if v := m[k]; v < 1 {
 			parts[i] = k + " <1"
 		} else {
 			parts[i] = fmt.Sprintf("%s %.0f", k, v)
