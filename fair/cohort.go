@@ -9,7 +9,11 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 )
+
+// MaxCohortTime is the longest Period or Window a Cohort takes.
+const MaxCohortTime = 24 * time.Hour
 
 // CohortOptions configures a Cohort cut.
 type CohortOptions struct {
@@ -100,8 +104,15 @@ func NewCohort(name string, opts CohortOptions) (*Cohort, error) {
 	if opts.RetryHint == 0 {
 		opts.RetryHint = time.Second
 	}
-	if opts.Cohorts < 1 || opts.Cohorts > 1<<16 || opts.Period < time.Millisecond || opts.Window < time.Millisecond {
-		return nil, errors.New("cohort: cohorts in [1, 65536], period and window ≥ 1 ms")
+	switch {
+	case opts.RetryHint < 0:
+		return nil, param.Errorf("RetryHint", "cohort: negative retry hint %v", opts.RetryHint)
+	case opts.Cohorts < 1 || opts.Cohorts > 1<<16:
+		return nil, param.Errorf("Cohorts", "cohort: %d cohorts, want [1, 65536]", opts.Cohorts)
+	case opts.Period < time.Millisecond || opts.Period > MaxCohortTime:
+		return nil, param.Errorf("Period", "cohort: period %v outside [1ms, %v]", opts.Period, MaxCohortTime)
+	case opts.Window < time.Millisecond || opts.Window > MaxCohortTime:
+		return nil, param.Errorf("Window", "cohort: window %v outside [1ms, %v]", opts.Window, MaxCohortTime)
 	}
 	n := opts.Cohorts
 	levels := (len(opts.Tiers) + 1) * n
@@ -227,7 +238,7 @@ func (g *Cohort) Shed(r *sluice.Request, f float64, now clock.Instant) bool {
 	g.advanceLocked(now)
 	g.cur[t*n+cohort]++
 	g.offered++
-	if f <= 0 {
+	if !(f > 0) { // 0, negative or NaN: shed nothing
 		return false
 	}
 	g.cutLocked(min(f, 1), now)

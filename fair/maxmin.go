@@ -1,5 +1,7 @@
 package fair
 
+import "math"
+
 // MaxMin returns the weighted max-min fair allocation of capacity between
 // claimants with the given demands and weights (a nil weights slice means
 // all 1): every claimant's allocation grows in proportion to its weight
@@ -18,11 +20,23 @@ func MaxMin(capacity float64, demands, weights []float64) []float64 {
 	alloc := make([]float64, n)
 	active := make([]bool, n)
 	left := max(capacity, 0)
+	// Weights count only relative to each other: scale them so that the
+	// largest is 1 (sums of huge or subnormal weights lose nothing).
+	top := 0.0
+	for i := range weights {
+		top = max(top, weights[i])
+	}
 	w := func(i int) float64 {
 		if weights == nil {
 			return 1
 		}
-		return weights[i]
+		if math.IsInf(top, 1) {
+			if math.IsInf(weights[i], 1) {
+				return 1
+			}
+			return 0
+		}
+		return weights[i] / top
 	}
 	count := 0
 	for i := range demands {
@@ -42,10 +56,10 @@ func MaxMin(capacity float64, demands, weights []float64) []float64 {
 			if sum == 0 {
 				break
 			}
-			per := left / sum
+			share := func(i int) float64 { return left * (weight(w(i), pass) / sum) }
 			satisfied := false
 			for i := range demands {
-				if active[i] && demands[i]-alloc[i] <= per*weight(w(i), pass) {
+				if active[i] && demands[i]-alloc[i] <= share(i) {
 					left -= demands[i] - alloc[i]
 					alloc[i] = demands[i]
 					active[i] = false
@@ -56,7 +70,7 @@ func MaxMin(capacity float64, demands, weights []float64) []float64 {
 			if !satisfied {
 				for i := range demands {
 					if active[i] {
-						alloc[i] += per * weight(w(i), pass)
+						alloc[i] = min(alloc[i]+share(i), demands[i])
 					}
 				}
 				left = 0

@@ -9,12 +9,14 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 // MaxRate is the largest capacity, reserve or maximum a Reservation takes,
-// in work units/s: with a bucket depth of at most MaxDepth, every balance
-// (kept in nano-units) fits in an int64.
-const MaxRate = 1 << 30
+// in work units/s (2^26, about 67 million): with a bucket depth of at most
+// MaxDepth every balance, kept in nano-units, stays below 2^62, so that two
+// of them add up inside an int64.
+const MaxRate = 1 << 26
 
 // MaxDepth is the longest Burst or Revocation a Reservation takes.
 const MaxDepth = time.Minute
@@ -108,6 +110,9 @@ type classState struct {
 	// tenants admitted within one bucket's refill time.
 	tenants map[string]*tenantBucket
 	swept   clock.Instant
+	kept    int // tenants left by the last sweep
+	// tenantSize is a tenant bucket's depth, nano-units
+	tenantSize int64
 	// wanted is when the class last had a request turned away, here or by
 	// a later gate: for a bucket's depth after it, the class is not idle,
 	// and what overflows its bucket is not lent.
@@ -151,6 +156,21 @@ func (b *bucket) add(n int64) { b.n = min(b.n+n, b.size) }
 
 const nano = int64(time.Second) // nano-units per unit
 
+// depth is the size of a bucket filled at rate units/s that holds burst
+// (ns) of it, in nano-units: at least one unit, so that a small rate
+// still admits a request of cost 1.
+func depth(rate, burst int64) int64 {
+	if rate == 0 {
+		return 0
+	}
+	return max(rate*burst, nano)
+}
+
+// stepBack is how far back a reading may be before the gate takes it for a
+// step of the clock and carries its state to the new time (as the limit
+// package's algorithms do), rather than a reading a little out of order.
+const stepBack = 5 * time.Second
+
 // NewReservation returns a reservation gate named name. An error names the
 // option or class at fault.
 func NewReservation(name string, opts ReservationOptions) (*Reservation, error) {
@@ -165,13 +185,13 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 	}
 	switch {
 	case opts.Capacity < 1 || opts.Capacity > MaxRate:
-		return nil, fmt.Errorf("reservation %s: capacity %d units/s outside [1, %d]", name, opts.Capacity, int64(MaxRate))
+		return nil, param.Errorf("Capacity", "reservation %s: capacity %d units/s outside [1, %d]", name, opts.Capacity, int64(MaxRate))
 	case opts.Recovery < 0 || opts.Recovery >= opts.Capacity:
-		return nil, fmt.Errorf("reservation %s: recovery %d units/s, want in [0, capacity %d)", name, opts.Recovery, opts.Capacity)
+		return nil, param.Errorf("Recovery", "reservation %s: recovery %d units/s, want in [0, capacity %d)", name, opts.Recovery, opts.Capacity)
 	case opts.Burst < time.Millisecond || opts.Burst > MaxDepth:
-		return nil, fmt.Errorf("reservation %s: burst %v outside [1ms, %v]", name, opts.Burst, MaxDepth)
+		return nil, param.Errorf("Burst", "reservation %s: burst %v outside [1ms, %v]", name, opts.Burst, MaxDepth)
 	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
-		return nil, fmt.Errorf("reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
+		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
 	}
 	g := &Reservation{name: name, opts: opts, usable: opts.Capacity - opts.Recovery, byName: map[string]int{}}
 	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units/s", true)
@@ -181,10 +201,11 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 	g.byName = byName
 	burst, revocation := int64(opts.Burst), int64(opts.Revocation)
 	for _, c := range opts.Classes {
-		s := classState{share: c, own: bucket{rate: c.Reserve, size: c.Reserve * burst}, tenants: map[string]*tenantBucket{}}
+		s := classState{share: c, own: bucket{rate: c.Reserve, size: depth(c.Reserve, burst)}, tenants: map[string]*tenantBucket{},
+			tenantSize: depth(c.Tenant, burst)}
 		s.own.n = s.own.size
 		if c.Max > 0 {
-			s.cap = bucket{rate: c.Max, size: max(c.Max*burst, c.Reserve*burst)}
+			s.cap = bucket{rate: c.Max, size: depth(c.Max, burst)}
 			s.cap.n = s.cap.size
 		}
 		g.classes = append(g.classes, s)
@@ -205,28 +226,33 @@ func checkShares(name string, shares []ClassShare, usable int64, unit string, ra
 	byName := map[string]int{}
 	reserved := int64(0)
 	for i, c := range shares {
+		var err error
 		switch {
 		case c.Class == "":
-			return nil, 0, fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
+			err = fmt.Errorf("reservation %s: classes[%d] has no class", name, i)
 		case c.Reserve < 0 || c.Max < 0:
-			return nil, 0, fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
-		case c.Max > usable:
-			return nil, 0, fmt.Errorf("reservation %s: class %s: max %d above the usable %d %s", name, c.Class, c.Max, usable, unit)
+			err = fmt.Errorf("reservation %s: class %s: negative reserve or max", name, c.Class)
+		case c.Reserve > usable || c.Max > usable:
+			err = fmt.Errorf("reservation %s: class %s: reserve %d or max %d above the usable %d %s (capacity − recovery)",
+				name, c.Class, c.Reserve, c.Max, usable, unit)
 		case c.Max > 0 && c.Max < c.Reserve:
-			return nil, 0, fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
+			err = fmt.Errorf("reservation %s: class %s: max %d below its reserve %d", name, c.Class, c.Max, c.Reserve)
 		case rates && (c.Tenant < 0 || c.Tenant > MaxRate):
-			return nil, 0, fmt.Errorf("reservation %s: class %s: tenant rate %d outside [0, %d]", name, c.Class, c.Tenant, int64(MaxRate))
+			err = fmt.Errorf("reservation %s: class %s: tenant rate %d outside [0, %d]", name, c.Class, c.Tenant, int64(MaxRate))
 		case !rates && c.Tenant != 0:
-			return nil, 0, fmt.Errorf("reservation %s: class %s: a tenant cap applies to rates (capacity), not in-flight units", name, c.Class)
+			err = fmt.Errorf("reservation %s: class %s: a tenant cap applies to rates (capacity), not in-flight units", name, c.Class)
 		}
-		if _, dup := byName[c.Class]; dup {
-			return nil, 0, fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
+		if _, dup := byName[c.Class]; dup && err == nil {
+			err = fmt.Errorf("reservation %s: class %s listed twice", name, c.Class)
+		}
+		if err != nil {
+			return nil, 0, param.Errorf("Classes", "%w", err)
 		}
 		byName[c.Class] = i
 		reserved += c.Reserve
 	}
 	if reserved > usable {
-		return nil, 0, fmt.Errorf("reservation %s: reserves add up to %d %s, above the usable %d (capacity − recovery)", name, reserved, unit, usable)
+		return nil, 0, param.Errorf("Classes", "reservation %s: reserves add up to %d %s, above the usable %d (capacity − recovery)", name, reserved, unit, usable)
 	}
 	return byName, reserved, nil
 }
@@ -258,7 +284,10 @@ func (g *Reservation) advanceLocked(now clock.Instant) {
 	}
 	elapsed := int64(now - g.last)
 	if elapsed <= 0 {
-		return // a reading from another goroutine, taken a little earlier
+		if elapsed < -int64(stepBack) {
+			g.last = now // the clock stepped back: carry the state to the new time
+		}
+		return // or a reading from another goroutine, taken a little earlier
 	}
 	g.last = now
 	spill := int64(0)
@@ -280,36 +309,41 @@ func (g *Reservation) advanceLocked(now clock.Instant) {
 }
 
 // Decide admits r if its class's own bucket, topped up from the pool when
-// the class may borrow, holds its cost, and the class's maximum allows it.
+// the class may borrow, holds its cost, and the class's maximum and its
+// tenant's cap allow it. A cost no bucket of the class can ever hold (above
+// its own bucket and the pool, its maximum's bucket or its tenant's) is
+// rejected as not retryable.
 func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
-	cost := max(r.Cost, 1) * nano
+	units := max(r.Cost, 1)
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.advanceLocked(now)
 	c := g.class(r.Class)
+	if units > g.mostLocked(c) {
+		c.rejected += units
+		d := sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: g.name}
+		if c.share.Tenant > 0 && units > c.tenantSize/nano {
+			d.Reason, d.Scope = sluice.ReasonPolicyRate, sluice.ScopeTenant // above the tenant's own cap
+		}
+		return d, 0
+	}
+	cost := units * nano
 	fromPool := max(cost-c.own.n, 0)
 	ok := fromPool == 0 || (!c.share.NoBorrow && g.pool.n >= fromPool)
 	if ok && c.share.Max > 0 && c.cap.n < cost {
 		ok = false
 	}
 	if !ok {
-		c.rejected += cost / nano
+		c.rejected += units
 		c.wanted, c.wanting = now, true
-		retry := g.retryAfterLocked(c, cost)
-		g.mu.Unlock()
 		return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: g.name,
-			Retryable: true, RetryAfter: retry}, 0
+			Retryable: true, RetryAfter: g.retryAfterLocked(c, cost)}, 0
 	}
-	var tb *tenantBucket
 	if c.share.Tenant > 0 {
-		if tb, ok = g.tenantLocked(c, r.Tenant, now, cost); !ok {
-			c.rejected += cost / nano
-			d := sluice.Decision{Reason: sluice.ReasonPolicyRate, Scope: sluice.ScopeTenant, Gate: g.name, Retryable: true,
-				RetryAfter: time.Duration((cost - tb.n + c.share.Tenant - 1) / c.share.Tenant)}
-			if cost > c.share.Tenant*int64(g.opts.Burst) {
-				d.Retryable, d.RetryAfter = false, 0
-			}
-			g.mu.Unlock()
-			return d, 0
+		if left := g.tenantLocked(c, r.Tenant, now, cost); left > 0 {
+			c.rejected += units
+			return sluice.Decision{Reason: sluice.ReasonPolicyRate, Scope: sluice.ScopeTenant, Gate: g.name, Retryable: true,
+				RetryAfter: time.Duration((left + c.share.Tenant - 1) / c.share.Tenant)}, 0
 		}
 	}
 	c.own.n -= cost - fromPool
@@ -317,37 +351,65 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	if c.share.Max > 0 {
 		c.cap.n -= cost
 	}
-	if tb != nil {
-		tb.n -= cost
-	}
-	c.admitted += cost / nano
+	c.admitted += units
 	c.borrowed += fromPool / nano
-	g.mu.Unlock()
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name}, sluice.Permit(fromPool / nano)
 }
 
-// tenantLocked returns the tenant's bucket, filled to now, and whether it
-// holds cost; buckets that have filled up since the last sweep are
-// dropped first. REQUIRES: g.mu held.
-func (g *Reservation) tenantLocked(c *classState, tenant string, now clock.Instant, cost int64) (*tenantBucket, bool) {
-	rate, size := c.share.Tenant, c.share.Tenant*int64(g.opts.Burst)
-	if now.Sub(c.swept) >= g.opts.Burst {
+// mostLocked is the largest cost class c can ever be admitted with, in
+// units: what its own bucket and (if it borrows) the pool hold when full,
+// within its maximum's and its tenants' buckets. REQUIRES: g.mu held.
+func (g *Reservation) mostLocked(c *classState) int64 {
+	most := c.own.size
+	if !c.share.NoBorrow {
+		most += g.pool.size
+	}
+	if c.share.Max > 0 {
+		most = min(most, c.cap.size)
+	}
+	if c.share.Tenant > 0 {
+		most = min(most, c.tenantSize)
+	}
+	return most / nano
+}
+
+// tenantLocked takes cost from tenant's bucket, filled to now, if it holds
+// it, and returns 0; otherwise it returns what the bucket lacks. A tenant
+// gets a bucket only when it is admitted, and buckets that have filled up
+// are dropped (a full bucket is the same as none) once per Burst, or
+// sooner when the table has doubled since the last sweep: the table holds
+// at most the tenants admitted within one refill time. REQUIRES: g.mu held.
+func (g *Reservation) tenantLocked(c *classState, tenant string, now clock.Instant, cost int64) (lacks int64) {
+	rate, size := c.share.Tenant, c.tenantSize
+	if now.Sub(c.swept) >= g.opts.Burst || len(c.tenants) > 2*c.kept+1024 {
 		c.swept = now
 		for k, t := range c.tenants {
 			if int64(now-t.last) >= (size-t.n)/rate+1 {
 				delete(c.tenants, k)
 			}
 		}
+		c.kept = len(c.tenants)
 	}
 	t := c.tenants[tenant]
 	if t == nil {
-		t = &tenantBucket{n: size, last: now}
-		c.tenants[tenant] = t
+		if cost > size {
+			return cost - size
+		}
+		c.tenants[tenant] = &tenantBucket{n: size - cost, last: now}
+		return 0
+	}
+	elapsed := int64(now - t.last)
+	if elapsed < -int64(stepBack) {
+		t.last, elapsed = now, 0 // the clock stepped back
 	}
 	b := bucket{rate: rate, size: size, n: t.n}
-	b.fill(int64(now-t.last), 0)
+	b.fill(elapsed, 0)
 	t.n, t.last = b.n, max(t.last, now)
-	return t, t.n >= cost
+	if t.n < cost {
+		return cost - t.n
+	}
+	t.n -= cost
+	return 0
 }
 
 // retryAfterLocked is when the class's own bucket (or, for a class with no
@@ -370,22 +432,25 @@ func (g *Reservation) Release(r *sluice.Request, p sluice.Permit, done sluice.Co
 	if done.Outcome != sluice.OutcomeRejected {
 		return
 	}
-	cost := max(r.Cost, 1) * nano
-	fromPool := int64(p) * nano
+	units := max(r.Cost, 1)
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	c := g.class(r.Class)
+	if units > g.mostLocked(c) || int64(p) > units {
+		return // not a permit this gate gave: it admits no such cost
+	}
+	cost, fromPool := units*nano, int64(p)*nano
 	c.wanted, c.wanting = max(c.wanted, done.Now), true
 	c.own.add(cost - fromPool)
 	g.pool.add(fromPool)
-	if t := c.tenants[r.Tenant]; t != nil {
-		t.n = min(t.n+cost, c.share.Tenant*int64(g.opts.Burst))
+	if t := c.tenants[r.Tenant]; t != nil && c.share.Tenant > 0 {
+		t.n = min(t.n+cost, c.tenantSize)
 	}
 	if c.share.Max > 0 {
 		c.cap.add(cost)
 	}
-	c.admitted -= cost / nano
-	c.borrowed -= fromPool / nano
-	g.mu.Unlock()
+	c.admitted -= units
+	c.borrowed -= int64(p)
 }
 
 // ClassUsage is one class's counters in a Reservation, in work units since

@@ -3,12 +3,12 @@ package fair
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 // SlotOptions configures a Slots reservation, in concurrent work units (a
@@ -77,11 +77,11 @@ func NewSlots(name string, opts SlotOptions) (*Slots, error) {
 	}
 	switch {
 	case opts.InFlight < 1 || opts.InFlight > sluice.MaxCost:
-		return nil, fmt.Errorf("reservation %s: inflight %d units outside [1, %d]", name, opts.InFlight, int64(sluice.MaxCost))
+		return nil, param.Errorf("InFlight", "reservation %s: inflight %d units outside [1, %d]", name, opts.InFlight, int64(sluice.MaxCost))
 	case opts.Recovery < 0 || opts.Recovery >= opts.InFlight:
-		return nil, fmt.Errorf("reservation %s: recovery %d units, want in [0, inflight %d)", name, opts.Recovery, opts.InFlight)
+		return nil, param.Errorf("Recovery", "reservation %s: recovery %d units, want in [0, inflight %d)", name, opts.Recovery, opts.InFlight)
 	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
-		return nil, fmt.Errorf("reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
+		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
 	}
 	g := &Slots{name: name, opts: opts, usable: opts.InFlight - opts.Recovery, byName: map[string]int{}}
 	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units", false)

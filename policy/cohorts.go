@@ -1,11 +1,13 @@
 package policy
 
 import (
+	"errors"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-go/sluice/fair"
+	"github.com/sluice-go/sluice/internal/param"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 )
 
@@ -40,4 +42,22 @@ func cut(name string, co *fair.CohortOptions, tiers []string, b *builder) (*fair
 	o := *co
 	o.Tiers, o.RetryHint = tiers, b.g.RetryHint
 	return fair.NewCohort(name, o)
+}
+
+// checkCut reports the cohort settings fair.NewCohort refuses, on the
+// cohorts field.
+func checkCut(c *checker, co *fair.CohortOptions) {
+	if co == nil {
+		return
+	}
+	if _, err := fair.NewCohort(c.g.Name, *co); err != nil {
+		key := "cohorts"
+		var pe *param.Error
+		if errors.As(err, &pe) {
+			if sub, ok := map[string]string{"Cohorts": "count", "Period": "period", "Window": "window"}[pe.Param]; ok {
+				key += "." + sub
+			}
+		}
+		c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.fieldLine("cohorts"), Field: yamlfile.Join(c.path, key), Msg: err.Error(), Err: err})
+	}
 }

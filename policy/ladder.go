@@ -49,6 +49,7 @@ func (p *ladderParams) check(c *checker) {
 		c.fail(err)
 	}
 	c.known("protected", p.cfg.Protected, "unknown tier or class %q (classes the routes assign: %s)")
+	checkCut(c, p.cohorts)
 }
 
 func (p *ladderParams) build(b *builder) (sluice.Gate, error) {

@@ -61,13 +61,22 @@ func (p *parser) fairness(v *yaml.Node, path string) *queue.Fairness {
 			}
 			f.Weights = map[string]float64{}
 			for i := 0; i+1 < len(vv.Content); i += 2 {
-				t := vv.Content[i].Value
-				f.Weights[t] = p.Float(vv.Content[i+1], yamlfile.Join(at, t), 1e-6, 1e6)
+				k := vv.Content[i]
+				t := k.Value
+				switch {
+				case k.Kind != yaml.ScalarNode || t == "":
+					p.Errf(k, at, "a tenant is a non-empty scalar, got %s", yamlfile.KindName(k))
+					continue
+				case f.Weights[t] != 0:
+					p.Errf(k, yamlfile.Join(at, t), "duplicate tenant")
+					continue
+				}
+				f.Weights[t] = p.Float(vv.Content[i+1], yamlfile.Join(at, t), queue.MinWeight, queue.MaxWeight)
 			}
 		case "default":
-			f.Default = p.Float(vv, at, 1e-6, 1e6)
+			f.Default = p.Float(vv, at, queue.MinWeight, queue.MaxWeight)
 		case "burst":
-			f.Burst = p.Float(vv, at, 0, 1<<40)
+			f.Burst = p.Float(vv, at, 0, queue.MaxBurst)
 		}
 	})
 	return f

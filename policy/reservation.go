@@ -34,7 +34,9 @@ type reservationParams struct {
 	inflight int64
 	classes  []fair.ClassShare
 	lines    map[string]int // class → line, for errors
-	queue    queueSettings
+	// fieldLines are the lines of each share's fields, in classes' order
+	fieldLines []map[string]int
+	queue      queueSettings
 }
 
 func (p *reservationParams) fields() []field {
@@ -48,7 +50,7 @@ func (p *reservationParams) fields() []field {
 			&p.opts.Revocation, time.Millisecond).dflt("1s").feeds("Revocation"),
 		{key: "shares", doc: "per class: {reserve: units/s always available, max: units/s in all (default capacity − recovery), " +
 			"borrow: may spend the pool (default true), tenant: units/s cap per tenant of the class (default none)}; classes " +
-			"not listed only borrow", required: true, parse: p.parseClasses},
+			"not listed only borrow", required: true, parse: p.parseClasses, sets: []string{"Classes"}},
 		queueField(&p.queue),
 	}
 }
@@ -83,7 +85,12 @@ func (p *reservationParams) parseClasses(ps *parser, v *yaml.Node, path string) 
 		if _, ok := seen["reserve"]; !ok && body.Kind == yaml.MappingNode {
 			ps.Errf(body, yamlfile.Join(at, "reserve"), "missing: the class's reserve in units/s (0 to only cap or borrow)")
 		}
+		if first, dup := p.lines[c.Class]; dup {
+			ps.Errf(name, at, "class listed twice (first at line %d)", first)
+			continue
+		}
 		p.lines[c.Class] = name.Line
+		p.fieldLines = append(p.fieldLines, seen)
 		p.classes = append(p.classes, c)
 	}
 }
@@ -112,6 +119,39 @@ func (p *reservationParams) check(c *checker) {
 		c.failf("queue", "a wait queue waits for units in flight: it needs inflight, not capacity")
 	}
 	p.queue.check(c)
+	usable := p.inflight
+	if usable == 0 {
+		usable = p.opts.Capacity
+	}
+	usable -= p.opts.Recovery
+	bad := false
+	for i, cl := range p.classes {
+		at := func(f string) (int, string) {
+			line := p.lines[cl.Class]
+			if l, ok := p.fieldLines[i][f]; ok {
+				line = l
+			}
+			return line, yamlfile.Join(c.path, "shares."+cl.Class+"."+f)
+		}
+		fail := func(f, format string, args ...any) {
+			line, path := at(f)
+			c.errs = append(c.errs, &Error{File: c.file.Path, Line: line, Field: path, Msg: fmt.Sprintf(format, args...)})
+			bad = true
+		}
+		switch {
+		case cl.Reserve > usable && usable > 0:
+			fail("reserve", "%d above the usable %d (capacity − recovery)", cl.Reserve, usable)
+		case cl.Max > usable && usable > 0:
+			fail("max", "%d above the usable %d (capacity − recovery)", cl.Max, usable)
+		case cl.Max > 0 && cl.Max < cl.Reserve:
+			fail("max", "%d below the class's reserve %d", cl.Max, cl.Reserve)
+		case cl.Tenant > 0 && p.inflight > 0:
+			fail("tenant", "a tenant cap applies to rates (capacity), not to units in flight")
+		}
+	}
+	if bad {
+		return
+	}
 	for _, cl := range p.classes {
 		if !validClass(c, cl.Class) {
 			c.errs = append(c.errs, &Error{File: c.file.Path, Line: p.lines[cl.Class], Field: yamlfile.Join(c.path, "shares."+cl.Class),
@@ -125,7 +165,56 @@ func (p *reservationParams) check(c *checker) {
 		_, err = fair.NewReservation(c.g.Name, p.options())
 	}
 	if err != nil {
-		c.failf("shares", "%v", err)
+		c.fail(err)
+		return
+	}
+	p.checkCosts(c)
+}
+
+// checkCosts reports a class whose buckets cannot hold one request of the
+// smallest cost a route of the class assigns (a fixed cost, or a header
+// cost's minimum): such a class could never be admitted from its reserve.
+func (p *reservationParams) checkCosts(c *checker) {
+	if p.inflight > 0 {
+		return
+	}
+	burst := p.opts.Burst
+	if burst == 0 {
+		burst = 100 * time.Millisecond
+	}
+	for _, cl := range p.classes {
+		cost, routeLine := int64(0), 0
+		for _, rt := range c.file.Routes {
+			if rt.Class != cl.Class {
+				continue
+			}
+			k := rt.Cost.Fixed
+			if rt.Cost.Header != "" {
+				k = max(rt.Cost.Min, 1)
+			}
+			if k > cost {
+				cost, routeLine = k, rt.Line
+			}
+		}
+		for _, b := range []struct {
+			what string
+			rate int64
+		}{{"reserve", cl.Reserve}, {"max", cl.Max}, {"tenant", cl.Tenant}} {
+			if b.rate == 0 || cost == 0 {
+				continue
+			}
+			if holds := max(float64(b.rate)*burst.Seconds(), 1); float64(cost) > holds {
+				line := p.lines[cl.Class]
+				for i := range p.classes {
+					if l, ok := p.fieldLines[i][b.what]; ok && p.classes[i].Class == cl.Class {
+						line = l
+					}
+				}
+				c.errs = append(c.errs, &Error{File: c.file.Path, Line: line, Field: yamlfile.Join(c.path, "shares."+cl.Class+"."+b.what),
+					Msg: fmt.Sprintf("%s %d units/s × burst %v holds %.3g units, less than one request of class %s (cost %d, route at line %d): raise burst to at least %v",
+						b.what, b.rate, burst, holds, cl.Class, cost, routeLine, time.Duration(float64(cost)/float64(b.rate)*float64(time.Second)).Round(time.Millisecond))})
+			}
+		}
 	}
 }
 

@@ -66,6 +66,7 @@ func (p *utilizationParams) check(c *checker) {
 		c.failf("workers", "missing: the own accounting needs workers (or set source: cpu)")
 	}
 	c.known("tiers", p.tiers, "unknown tier or class %q (classes the routes assign: %s)")
+	checkCut(c, p.cohorts)
 }
 
 func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {

@@ -1,7 +1,7 @@
 package queue
 
 import (
-	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -14,20 +14,26 @@ import (
 // Vin and Cheng, "Start-time Fair Queueing", SIGCOMM 1996), the
 // virtual-time scheme Aperture's and Kubernetes APF's fair queues are
 // built on. Each tenant waits in a FIFO of its own; the next slot goes to
-// the tenant with the smallest start tag S_t = max(V − Burst/w_t, F_t),
-// and serving its request of cost c sets F_t = S_t + c/w_t and V = S_t
-// (w_t is the tenant's weight, F_t its finish tag, V the class's virtual
-// time). A tenant is charged only for work it is served: requests that
-// leave unserved (their wait ran out, their caller left) cost nothing. A
-// tenant with twice the weight so gets twice the work units while both
-// wait, whatever their request counts.
+// the tenant with the smallest start tag S_t = max(V − Burst, F_t), ties
+// to the earliest head; serving its request of cost c sets
+// F_t = S_t + c/w_t (w_t is the tenant's weight, F_t its finish tag) and
+// moves the class's virtual time V to max(min(V + c/W, F_min), S_t), W
+// being the weight of the tenants waiting and F_min the smallest finish tag
+// above V among them. V so advances with the work served whoever is served
+// (as the virtual time of weighted fair queueing does), a stream of new
+// tenants cannot hold it still, and it never passes a waiting tenant's
+// tag (which would take that tenant's credit). A tenant is charged
+// only for work it is served: requests that leave unserved (their wait ran
+// out, their caller left) cost nothing. A tenant with twice the weight so
+// gets twice the work units while both wait, whatever their request
+// counts.
 //
-// Starvation bound: when a tenant's request reaches the head of its FIFO,
-// the work served before it is at most, for each other tenant j,
-// Burst + C_max,j (its largest cost) at weight ratio 1, plus the request in
-// each slot and the higher classes' work; for a tenant with nothing
-// waiting that is at most Σ_j (Burst + C_max,j) ÷ the service rate in
-// units/s.
+// Starvation bound: a tenant's head request has a tag at most V + C/w (C
+// its cost, w its weight) above the virtual time, and every slot handed to
+// another tenant advances V by that work ÷ W, so at most
+// W·(C/w + Burst) work units of other tenants are served before it (W the
+// most weight ever waiting), plus the higher classes' work and the
+// requests in their slots.
 //
 // A full queue (MaxLen) makes room by turning away the newest waiter of
 // the tenant with the most work waiting, in the lowest class at or below
@@ -38,25 +44,36 @@ import (
 // it).
 type Fairness struct {
 	// Weights gives tenants their weight; tenants not listed have
-	// Default. Weights are positive.
+	// Default. Weights are in [MinWeight, MaxWeight].
 	Weights map[string]float64
 	// Default is the weight of tenants not in Weights. Default 1.
 	Default float64
-	// Burst is how many work units of credit, at weight 1, a tenant coming
-	// back from idle may be served ahead of the others by. Default 0.
+	// Burst is the credit, in virtual time (work units at weight 1), a
+	// tenant coming back from idle starts with: it may be served up to
+	// Burst·w units ahead of its share. Default 0; at most MaxBurst.
 	Burst float64
 }
+
+// MinWeight and MaxWeight bound a tenant's weight: within them a cost of
+// 1 at the largest weight still moves a tag a float64 resolves.
+const (
+	MinWeight = 1e-3
+	MaxWeight = 1e6
+)
+
+// MaxBurst is the largest Burst, in work units.
+const MaxBurst = 1 << 30
 
 func (f *Fairness) validate() error {
 	if f.Default == 0 {
 		f.Default = 1
 	}
-	if !(f.Default > 0) || math.IsInf(f.Default, 0) || !(f.Burst >= 0) || math.IsInf(f.Burst, 0) {
-		return errors.New("queue: fairness needs a positive default weight and a burst ≥ 0")
+	if !(f.Default >= MinWeight && f.Default <= MaxWeight) || !(f.Burst >= 0 && f.Burst <= MaxBurst) {
+		return fmt.Errorf("queue: fairness default weight %v outside [%v, %v] or burst %v outside [0, %d]", f.Default, MinWeight, MaxWeight, f.Burst, MaxBurst)
 	}
 	for t, w := range f.Weights {
-		if !(w > 0) || math.IsInf(w, 0) {
-			return errors.New("queue: fairness weight of tenant " + t + " is not positive")
+		if !(w >= MinWeight && w <= MaxWeight) {
+			return fmt.Errorf("queue: fairness weight %v of tenant %q outside [%v, %v]", w, t, MinWeight, MaxWeight)
 		}
 	}
 	return nil
@@ -92,7 +109,7 @@ func newFairClass() fairClass {
 
 // key is t's start tag now.
 func (f *fairClass) key(t *tenantFIFO, burst float64) float64 {
-	s := f.v - burst/t.w
+	s := f.v - burst
 	if last, ok := f.last[t.name]; ok && last > s {
 		s = last
 	}
@@ -163,18 +180,43 @@ func (f *fairClass) heaviest() *tenantFIFO {
 	return h
 }
 
-// served charges w's tenant for the work it was served at start tag s.
-func (f *fairClass) served(w *waiter, weight float64) {
-	f.last[w.req.Tenant] = w.start + float64(max(w.req.Cost, 1))/weight
-	f.v = max(f.v, w.start)
+// served charges w's tenant for the work it was served at start tag
+// w.start and advances V by that work over the weight waiting (w's tenant
+// included). Tags are rebased to keep V small, where a float64 still
+// resolves a cost of 1 at a weight of 1e6; finish tags at or below
+// V − burst carry nothing and are pruned.
+func (f *fairClass) served(w *waiter, weight, burst float64) {
+	cost := float64(max(w.req.Cost, 1))
+	f.last[w.req.Tenant] = w.start + cost/weight
+	// V moves on by the work over the weight waiting, but not past the tag
+	// of a waiting tenant still ahead of it (that would take its credit).
+	waiting, ahead := weight, math.Inf(1)
+	for _, t := range f.tenants {
+		if t.name != w.req.Tenant {
+			waiting += t.w
+		}
+		if last, ok := f.last[t.name]; ok && last > f.v {
+			ahead = min(ahead, last)
+		}
+	}
+	f.v = max(min(f.v+cost/waiting, ahead), w.start)
+	if f.v > rebaseAt {
+		for t := range f.last {
+			f.last[t] -= f.v
+		}
+		f.v = 0
+	}
 	if len(f.last) > 2*len(f.tenants)+64 {
 		for t, last := range f.last {
-			if last <= f.v {
+			if last <= f.v-burst {
 				delete(f.last, t)
 			}
 		}
 	}
 }
+
+// rebaseAt is the virtual time past which tags are moved back to 0.
+const rebaseAt = 1 << 30
 
 // ahead estimates how many waiters of class c a new request of tenant
 // (with weight w) is served after: its tenant's own, and of every other

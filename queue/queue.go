@@ -341,7 +341,7 @@ func (q *Queue) grant(now clock.Instant) []note {
 			w.granted, w.permit, w.waited = true, p, now.Sub(w.since)
 			q.lastWait = w.waited
 			if q.fair != nil {
-				q.fair[w.class].served(w, q.opts.Fair.weight(w.req.Tenant))
+				q.fair[w.class].served(w, q.opts.Fair.weight(w.req.Tenant), q.opts.Fair.Burst)
 			}
 		}
 		notes = append(notes, note{w, d})

@@ -182,9 +182,18 @@ func commandCalls(stats, cmd string) int {
 }
 
 // rc returns the store's client (nil before it reached Redis).
+// rc returns the store's client for a test to inspect Redis with. A store
+// whose first dial failed (a machine too busy to answer the handshake in
+// time) connects on its probe; rc dials until it is connected, for up to
+// 10 s, rather than hand back no client.
 func (s *Store) rc() rueidis.Client {
-	if cn := s.conn.Load(); cn != nil {
-		return cn.client
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if cn := s.conn.Load(); cn != nil {
+			return cn.client
+		}
+		if time.Now().After(deadline) || s.dial() == nil && s.conn.Load() == nil {
+			panic("redis: no connection after 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return nil
 }
