@@ -79,7 +79,13 @@ type ReservationOptions struct {
 // filled by flows that add up to Capacity − Recovery, so the work admitted
 // in any window of length T is at most (Capacity − Recovery)·T + Depth(),
 // and a class with demand at or above its reserve admits at least
-// Reserve·T − its bucket's depth. A request of the class rejected here has
+// Reserve·T − its bucket's depth, for requests its bucket holds: size
+// Burst so that Reserve·Burst (and Max·Burst, Tenant·Burst) holds the
+// class's largest request (every bucket holds at least one unit; a
+// request above the class's own bucket is funded by the pool only, and
+// one above everything the class can ever hold is refused as not
+// retryable). The pool starts empty. Balances are integers in
+// nano-units, exact for every rate up to MaxRate and depth up to MaxDepth. A request of the class rejected here has
 // reason overload (503) and is retryable after its own bucket refills its
 // cost. Below the class, a tenant over the class's tenant cap is rejected
 // with reason policy_rate (429) at scope tenant: the levels service →
