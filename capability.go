@@ -98,3 +98,18 @@ type Waiter interface {
 type Queuer interface {
 	QueueStats(now clock.Instant) (waiting int, oldest time.Duration, waited, dropped int64)
 }
+
+// ClassQueuer is a wait queue with a queue per class. ClassQueues returns,
+// at now, each class queue's waiting requests and the age of its oldest,
+// highest priority first; the classes without a queue of their own share
+// the last, named "other".
+type ClassQueuer interface {
+	ClassQueues(now clock.Instant) []ClassQueue
+}
+
+// ClassQueue is one class queue of a ClassQueuer.
+type ClassQueue struct {
+	Class   string
+	Waiting int
+	Oldest  time.Duration
+}

@@ -286,19 +286,23 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 //	sluice_queue_oldest_seconds{gate}       the age of the oldest of them (Queuer)
 //	sluice_queue_waits_total{gate}          requests that waited (Queuer)
 //	sluice_queue_dropped_total{gate}        of those, turned away after waiting (Queuer)
+//	sluice_queue_class_waiting{gate,class}  requests waiting in each class queue (ClassQueuer)
+//	sluice_queue_class_oldest_seconds{gate,class} the age of the oldest of them (ClassQueuer)
 func (m *Metrics) Gates(chain func() *sluice.Chain) {
 	m.reg.MustRegister(&gateCollector{chain: chain,
 		failures: prometheus.NewDesc("sluice_gate_store_failures_total",
 			"Decisions a gate's state store could not make, each decided by the gate's failure policy (fail_open admits: watch its rate).", []string{"gate", "policy"}, nil),
-		level:    prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
-		seconds:  prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
-		fraction: prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil),
-		limit:    prometheus.NewDesc("sluice_concurrency_limit", "The concurrency limit an adaptive gate set.", []string{"gate"}, nil),
-		inflight: prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil),
-		waiting:  prometheus.NewDesc("sluice_queue_waiting", "Requests waiting in a wait queue.", []string{"gate"}, nil),
-		oldest:   prometheus.NewDesc("sluice_queue_oldest_seconds", "Age of the oldest request in a wait queue.", []string{"gate"}, nil),
-		waits:    prometheus.NewDesc("sluice_queue_waits_total", "Requests that waited in a wait queue.", []string{"gate"}, nil),
-		dropped:  prometheus.NewDesc("sluice_queue_dropped_total", "Requests a wait queue turned away after they waited.", []string{"gate"}, nil)})
+		level:        prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
+		seconds:      prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
+		fraction:     prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil),
+		limit:        prometheus.NewDesc("sluice_concurrency_limit", "The concurrency limit an adaptive gate set.", []string{"gate"}, nil),
+		inflight:     prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil),
+		waiting:      prometheus.NewDesc("sluice_queue_waiting", "Requests waiting in a wait queue.", []string{"gate"}, nil),
+		oldest:       prometheus.NewDesc("sluice_queue_oldest_seconds", "Age of the oldest request in a wait queue.", []string{"gate"}, nil),
+		waits:        prometheus.NewDesc("sluice_queue_waits_total", "Requests that waited in a wait queue.", []string{"gate"}, nil),
+		dropped:      prometheus.NewDesc("sluice_queue_dropped_total", "Requests a wait queue turned away after they waited.", []string{"gate"}, nil),
+		classWaiting: prometheus.NewDesc("sluice_queue_class_waiting", "Requests waiting in a wait queue's class queue.", []string{"gate", "class"}, nil),
+		classOldest:  prometheus.NewDesc("sluice_queue_class_oldest_seconds", "Age of the oldest request in a wait queue's class queue.", []string{"gate", "class"}, nil)})
 }
 
 type gateCollector struct {
@@ -306,6 +310,7 @@ type gateCollector struct {
 	failures, level, seconds, fraction *prometheus.Desc
 	limit, inflight                    *prometheus.Desc
 	waiting, oldest, waits, dropped    *prometheus.Desc
+	classWaiting, classOldest          *prometheus.Desc
 }
 
 func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -319,6 +324,8 @@ func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.oldest
 	ch <- g.waits
 	ch <- g.dropped
+	ch <- g.classWaiting
+	ch <- g.classOldest
 }
 
 func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -335,6 +342,12 @@ func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(g.oldest, prometheus.GaugeValue, oldest.Seconds(), name)
 			ch <- prometheus.MustNewConstMetric(g.waits, prometheus.CounterValue, float64(waits), name)
 			ch <- prometheus.MustNewConstMetric(g.dropped, prometheus.CounterValue, float64(dropped), name)
+		}
+		if cq, ok := sluice.As[sluice.ClassQueuer](gt); ok {
+			for _, q := range cq.ClassQueues(now) {
+				ch <- prometheus.MustNewConstMetric(g.classWaiting, prometheus.GaugeValue, float64(q.Waiting), name, q.Class)
+				ch <- prometheus.MustNewConstMetric(g.classOldest, prometheus.GaugeValue, q.Oldest.Seconds(), name, q.Class)
+			}
 		}
 		if sz, ok := sluice.As[sluice.Sizer](gt); ok {
 			l, n := sz.ConcurrencyLimit()

@@ -475,7 +475,8 @@ gates:
 	_, metrics := h.do("GET", h.admin+"/metrics", "", "", nil)
 	for _, want := range []string{`sluice_ladder_level{gate="ladder"} 0`, `sluice_ladder_seconds_total{gate="ladder",level="normal"}`, `sluice_shed_fraction{gate="util"} 0`,
 		`sluice_concurrency_limit{gate="adaptive"} 30`, `sluice_concurrency_inflight{gate="adaptive"} 0`,
-		`sluice_queue_waiting{gate="pool"} 0`, `sluice_queue_waits_total{gate="pool"} 0`} {
+		`sluice_queue_waiting{gate="pool"} 0`, `sluice_queue_waits_total{gate="pool"} 0`, `sluice_queue_class_waiting{class="other",gate="pool"} 0`,
+		`sluice_demand_units_total{class="default",stage="offered",tenant="other"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("/metrics lacks %s", want)
 		}

@@ -187,3 +187,25 @@ func TestFIFOQueueLetsAHeavyTenantCrowdOut(t *testing.T) {
 		t.Errorf("FIFO: a light tenant got %.0f of its 80 units/s; the fair test would prove nothing", got)
 	}
 }
+
+// ClassQueues reports each class queue's length and oldest age, the
+// classes without a queue of their own as "other".
+func TestClassQueues(t *testing.T) {
+	clk := fakeclock.New(0)
+	q, err := queue.New("pool", &spy{n: 1}, queue.Options{Classes: []string{"a"}, Clock: clk, Events: true, Fair: &queue.Fairness{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	park := &queue.Park{Ready: func(uint64, sluice.Decision) {}}
+	ctx := queue.ContextWithPark(context.Background(), park)
+	for _, class := range []string{"a", "a", "z"} {
+		park.Queue = nil
+		q.Decide(ctx, &sluice.Request{Class: class, Tenant: "t"}, clk.Now())
+		clk.Advance(10 * time.Millisecond)
+	}
+	got := q.ClassQueues(clk.Now())
+	if len(got) != 2 || got[0] != (sluice.ClassQueue{Class: "a", Waiting: 1, Oldest: 20 * time.Millisecond}) ||
+		got[1] != (sluice.ClassQueue{Class: "other", Waiting: 1, Oldest: 10 * time.Millisecond}) {
+		t.Fatalf("%+v", got)
+	}
+}

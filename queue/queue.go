@@ -108,6 +108,7 @@ var (
 	_ sluice.Wrapper       = (*Queue)(nil)
 	_ sluice.StateReporter = (*Queue)(nil)
 	_ sluice.Queuer        = (*Queue)(nil)
+	_ sluice.ClassQueuer   = (*Queue)(nil)
 	_ sluice.Waiter        = (*Queue)(nil)
 )
 
@@ -645,15 +646,38 @@ func (q *Queue) QueueStats(now clock.Instant) (waiting int, oldest time.Duration
 	return q.n, q.oldestLocked(now), q.waits, q.dropped
 }
 
+// ClassQueues returns each class queue's length and oldest waiter's age,
+// in serving order; the classes without a queue of their own are "other".
+func (q *Queue) ClassQueues(now clock.Instant) []sluice.ClassQueue {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]sluice.ClassQueue, len(q.queues))
+	for c := range q.queues {
+		name := "other"
+		if c < len(q.opts.Classes) {
+			name = q.opts.Classes[c]
+		}
+		out[c] = sluice.ClassQueue{Class: name, Waiting: q.classLen(c), Oldest: q.classOldest(c, now)}
+	}
+	return out
+}
+
+// classOldest is the age of class queue c's oldest waiter. REQUIRES: q.mu
+// held.
+func (q *Queue) classOldest(c int, now clock.Instant) time.Duration {
+	switch {
+	case q.fair != nil:
+		return q.oldestFair(c, now)
+	case len(q.queues[c]) > 0:
+		return now.Sub(q.queues[c][0].since)
+	}
+	return 0
+}
+
 // oldestLocked is the age of the oldest waiter. REQUIRES: q.mu held.
 func (q *Queue) oldestLocked(now clock.Instant) (age time.Duration) {
-	for c, queue := range q.queues {
-		switch {
-		case q.fair != nil:
-			age = max(age, q.oldestFair(c, now))
-		case len(queue) > 0:
-			age = max(age, now.Sub(queue[0].since))
-		}
+	for c := range q.queues {
+		age = max(age, q.classOldest(c, now))
 	}
 	return age
 }
