@@ -106,50 +106,7 @@ func (p *reservationParams) slotOptions() fair.SlotOptions {
 }
 
 func (p *reservationParams) check(c *checker) {
-	switch {
-	case p.inflight == 0 && p.opts.Capacity == 0:
-		c.failf("capacity", "missing: a reservation needs capacity (work units/s) or inflight (work units at once)")
-		return
-	case p.inflight > 0 && p.opts.Capacity > 0:
-		c.failf("inflight", "set capacity or inflight, not both (two reservation gates reserve both)")
-		return
-	case p.inflight > 0 && p.opts.Burst != 0:
-		c.failf("burst", "burst is the depth of a rate's buckets; an inflight reservation has none")
-	case p.opts.Capacity > 0 && p.queue.set:
-		c.failf("queue", "a wait queue waits for units in flight: it needs inflight, not capacity")
-	}
-	p.queue.check(c)
-	usable := p.inflight
-	if usable == 0 {
-		usable = p.opts.Capacity
-	}
-	usable -= p.opts.Recovery
-	bad := false
-	for i, cl := range p.classes {
-		at := func(f string) (int, string) {
-			line := p.lines[cl.Class]
-			if l, ok := p.fieldLines[i][f]; ok {
-				line = l
-			}
-			return line, yamlfile.Join(c.path, "shares."+cl.Class+"."+f)
-		}
-		fail := func(f, format string, args ...any) {
-			line, path := at(f)
-			c.errs = append(c.errs, &Error{File: c.file.Path, Line: line, Field: path, Msg: fmt.Sprintf(format, args...)})
-			bad = true
-		}
-		switch {
-		case cl.Reserve > usable && usable > 0:
-			fail("reserve", "%d above the usable %d (capacity − recovery)", cl.Reserve, usable)
-		case cl.Max > usable && usable > 0:
-			fail("max", "%d above the usable %d (capacity − recovery)", cl.Max, usable)
-		case cl.Max > 0 && cl.Max < cl.Reserve:
-			fail("max", "%d below the class's reserve %d", cl.Max, cl.Reserve)
-		case cl.Tenant > 0 && p.inflight > 0:
-			fail("tenant", "a tenant cap applies to rates (capacity), not to units in flight")
-		}
-	}
-	if bad {
+	if !p.checkMode(c) || !p.checkShares(c) {
 		return
 	}
 	for _, cl := range p.classes {
@@ -169,6 +126,58 @@ func (p *reservationParams) check(c *checker) {
 		return
 	}
 	p.checkCosts(c)
+}
+
+// checkMode checks that the gate reserves a rate or units in flight, with
+// the settings of that mode only; false: nothing more to check.
+func (p *reservationParams) checkMode(c *checker) bool {
+	switch {
+	case p.inflight == 0 && p.opts.Capacity == 0:
+		c.failf("capacity", "missing: a reservation needs capacity (work units/s) or inflight (work units at once)")
+		return false
+	case p.inflight > 0 && p.opts.Capacity > 0:
+		c.failf("inflight", "set capacity or inflight, not both (two reservation gates reserve both)")
+		return false
+	case p.inflight > 0 && p.opts.Burst != 0:
+		c.failf("burst", "burst is the depth of a rate's buckets; an inflight reservation has none")
+	case p.opts.Capacity > 0 && p.queue.set:
+		c.failf("queue", "a wait queue waits for units in flight: it needs inflight, not capacity")
+	}
+	p.queue.check(c)
+	return true
+}
+
+// checkShares reports a share's own bad fields, each on its field;
+// false: one was bad.
+func (p *reservationParams) checkShares(c *checker) bool {
+	usable := p.inflight
+	if usable == 0 {
+		usable = p.opts.Capacity
+	}
+	usable -= p.opts.Recovery
+	ok := true
+	for i, cl := range p.classes {
+		fail := func(f, format string, args ...any) {
+			line := p.lines[cl.Class]
+			if l, found := p.fieldLines[i][f]; found {
+				line = l
+			}
+			c.errs = append(c.errs, &Error{File: c.file.Path, Line: line, Field: yamlfile.Join(c.path, "shares."+cl.Class+"."+f),
+				Msg: fmt.Sprintf(format, args...)})
+			ok = false
+		}
+		switch {
+		case cl.Reserve > usable && usable > 0:
+			fail("reserve", "%d above the usable %d (capacity − recovery)", cl.Reserve, usable)
+		case cl.Max > usable && usable > 0:
+			fail("max", "%d above the usable %d (capacity − recovery)", cl.Max, usable)
+		case cl.Max > 0 && cl.Max < cl.Reserve:
+			fail("max", "%d below the class's reserve %d", cl.Max, cl.Reserve)
+		case cl.Tenant > 0 && p.inflight > 0:
+			fail("tenant", "a tenant cap applies to rates (capacity), not to units in flight")
+		}
+	}
+	return ok
 }
 
 // checkCosts reports a class whose buckets cannot hold one request of the
