@@ -1,0 +1,128 @@
+package lease_test
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/lease"
+)
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// Doorman's FAIR_SHARE example through refreshes: capacity 120, clients
+// wanting 1000, 50 and 10. The first round hands the first client what is
+// free; after every client has refreshed once more the grants are
+// 60 / 50 / 10, and they never sum above 120.
+func TestAllocatorConvergesToFairShares(t *testing.T) {
+	a := lease.Allocator{Capacity: 120, Lease: 10 * time.Second}
+	var st lease.State
+	now := clock.Instant(time.Hour)
+	st.Started, st.LearnUntil = true, now // not learning
+	wants := map[string]float64{"a": 1000, "b": 50, "c": 10}
+	var got map[string]float64
+	for round := 0; round < 2; round++ {
+		got = map[string]float64{}
+		for _, c := range []string{"a", "b", "c"} {
+			g := a.Step(&st, lease.Request{Client: c, Wants: wants[c]}, now)
+			got[c] = g.Has
+			sum := 0.0
+			for _, h := range st.Holdings {
+				sum += h.Has
+			}
+			if sum > a.Capacity+1e-9 {
+				t.Fatalf("round %d after %s: holdings sum to %v > capacity", round, c, sum)
+			}
+			now = now.Add(time.Second)
+		}
+	}
+	if !near(got["a"], 60) || !near(got["b"], 50) || !near(got["c"], 10) {
+		t.Fatalf("after two rounds: %v, want a 60, b 50, c 10", got)
+	}
+}
+
+// After the state is lost (a Redis restart), the allocator learns for one
+// lease time: it confirms what clients say they hold and grants a new
+// client nothing, so the old grants still running are never handed out a
+// second time; after the lease time it allocates fairly again.
+func TestAllocatorLearnsAfterLosingItsState(t *testing.T) {
+	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
+	var st lease.State // just lost
+	now := clock.Instant(time.Hour)
+	if g := a.Step(&st, lease.Request{Client: "a", Wants: 80, Has: 70}, now); !g.Learning || !near(g.Has, 70) {
+		t.Fatalf("a during learning: %+v, want its 70 confirmed", g)
+	}
+	if g := a.Step(&st, lease.Request{Client: "b", Wants: 80, Has: 50}, now.Add(time.Second)); !near(g.Has, 30) {
+		t.Fatalf("b during learning: %+v, want what is left (30)", g)
+	}
+	if g := a.Step(&st, lease.Request{Client: "new", Wants: 80}, now.Add(2*time.Second)); !near(g.Has, 0) {
+		t.Fatalf("a new client during learning: %+v, want 0", g)
+	}
+	after := now.Add(10 * time.Second)
+	g := a.Step(&st, lease.Request{Client: "a", Wants: 80, Has: 70}, after)
+	if g.Learning || g.Has > 100-30-0+1e-9 {
+		t.Fatalf("a after learning: %+v", g)
+	}
+}
+
+// A client that stops refreshing loses its holding at expiry; a client
+// that releases gives it back at once; the others' next refresh takes it.
+func TestAllocatorExpiryAndRelease(t *testing.T) {
+	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
+	st := lease.State{Started: true}
+	now := clock.Instant(time.Hour)
+	for _, c := range []string{"a", "b"} {
+		a.Step(&st, lease.Request{Client: c, Wants: 100}, now)
+	}
+	a.Step(&st, lease.Request{Client: "a", Wants: 100}, now.Add(time.Second))
+	if g := a.Step(&st, lease.Request{Client: "b", Wants: 100}, now.Add(2*time.Second)); !near(g.Has, 50) {
+		t.Fatalf("b with a also busy: %+v, want 50", g)
+	}
+	// a stops; its lease runs until now+1s+10s.
+	if g := a.Step(&st, lease.Request{Client: "b", Wants: 100}, now.Add(5*time.Second)); !near(g.Has, 50) {
+		t.Fatalf("b while a's lease runs: %+v, want 50", g)
+	}
+	if g := a.Step(&st, lease.Request{Client: "b", Wants: 100}, now.Add(11*time.Second)); !near(g.Has, 100) {
+		t.Fatalf("b after a's lease expired: %+v, want 100", g)
+	}
+	a.Step(&st, lease.Request{Client: "c", Wants: 100}, now.Add(12*time.Second))
+	a.Step(&st, lease.Request{Client: "b", Release: true}, now.Add(13*time.Second))
+	if g := a.Step(&st, lease.Request{Client: "c", Wants: 100}, now.Add(14*time.Second)); !near(g.Has, 100) {
+		t.Fatalf("c after b released: %+v, want 100", g)
+	}
+}
+
+// Whatever clients ask, report and release, and whenever: the live grants
+// never sum above the capacity, and outside learning no client is granted
+// more than it wants.
+func TestAllocatorNeverOverCommits(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := lease.Allocator{Capacity: rapid.Float64Range(1, 1e6).Draw(t, "capacity"),
+			Lease: time.Duration(rapid.Int64Range(1, 20).Draw(t, "leaseS")) * time.Second}
+		var st lease.State
+		now := clock.Instant(time.Hour)
+		for i, n := 0, rapid.IntRange(1, 200).Draw(t, "n"); i < n; i++ {
+			now = now.Add(time.Duration(rapid.Int64Range(0, int64(3*time.Second)).Draw(t, "gap")))
+			r := lease.Request{Client: fmt.Sprint("c", rapid.IntRange(0, 5).Draw(t, "client")),
+				Wants: rapid.Float64Range(0, 2*a.Capacity).Draw(t, "wants"), Has: rapid.Float64Range(0, 2*a.Capacity).Draw(t, "has"),
+				Release: rapid.IntRange(0, 9).Draw(t, "release") == 0}
+			g := a.Step(&st, r, now)
+			if !g.Learning && !r.Release && g.Has > r.Wants+1e-9 {
+				t.Fatalf("granted %v to a client wanting %v", g.Has, r.Wants)
+			}
+			sum := 0.0
+			for _, h := range st.Holdings {
+				if h.Expiry > now {
+					sum += h.Has
+				}
+			}
+			if sum > a.Capacity*(1+1e-12) {
+				t.Fatalf("live grants sum to %v > capacity %v", sum, a.Capacity)
+			}
+		}
+	})
+}
