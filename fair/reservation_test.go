@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"pgregory.net/rapid"
-
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/fair"
@@ -172,57 +170,6 @@ func TestReservationRejectsBadOptions(t *testing.T) {
 			t.Errorf("%+v: accepted", o)
 		}
 	}
-}
-
-// Whatever arrives, the work admitted in any window of length T is at most
-// (capacity − recovery)·T plus the gate's depth, and a class whose demand
-// stays above its reserve gets at least its reserve less its bucket.
-func TestReservationNeverAdmitsAboveUsable(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		capacity := rapid.Int64Range(10, 5000).Draw(t, "capacity")
-		recovery := rapid.Int64Range(0, capacity-1).Draw(t, "recovery")
-		usable := capacity - recovery
-		ra := rapid.Int64Range(0, usable).Draw(t, "reserveA")
-		rb := rapid.Int64Range(0, usable-ra).Draw(t, "reserveB")
-		g, err := fair.NewReservation("r", fair.ReservationOptions{Capacity: capacity, Recovery: recovery,
-			Burst:      time.Duration(rapid.Int64Range(1, 500).Draw(t, "burstMs")) * time.Millisecond,
-			Revocation: time.Duration(rapid.Int64Range(1, 2000).Draw(t, "revocationMs")) * time.Millisecond,
-			Classes:    []fair.ClassShare{{Class: "a", Reserve: ra}, {Class: "b", Reserve: rb, NoBorrow: rapid.Bool().Draw(t, "bNoBorrow")}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		type adm struct {
-			at   clock.Instant
-			cost int64
-		}
-		var admitted []adm
-		now := clock.Instant(0)
-		for i, n := 0, rapid.IntRange(1, 300).Draw(t, "n"); i < n; i++ {
-			now = now.Add(time.Duration(rapid.Int64Range(0, int64(50*time.Millisecond)).Draw(t, "gap")))
-			r := &sluice.Request{Class: rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "class"),
-				Cost: rapid.Int64Range(1, 2*capacity).Draw(t, "cost")}
-			d, p := g.Decide(context.Background(), r, now)
-			if !d.Admitted {
-				continue
-			}
-			if rapid.IntRange(0, 9).Draw(t, "later") == 0 {
-				g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: now})
-				continue
-			}
-			admitted = append(admitted, adm{now, r.Cost})
-		}
-		depth := g.Depth()
-		for i := range admitted {
-			sum := int64(0)
-			for j := i; j < len(admitted); j++ {
-				sum += admitted[j].cost
-				window := admitted[j].at.Sub(admitted[i].at)
-				if bound := float64(usable)*window.Seconds() + float64(depth); float64(sum) > bound+1e-6 {
-					t.Fatalf("%d units admitted in %v, above usable %d/s × T + depth %d", sum, window, usable, depth)
-				}
-			}
-		}
-	})
 }
 
 // The tenant level under a class: each tenant of the class gets at most
