@@ -109,7 +109,7 @@ type ClassQueuer interface {
 
 // ClassQueue is one class queue of a ClassQueuer.
 type ClassQueue struct {
-	Class   string
-	Waiting int
-	Oldest  time.Duration
+	Class   string        `json:"class"`
+	Waiting int           `json:"waiting"`
+	Oldest  time.Duration `json:"oldest_ns"`
 }

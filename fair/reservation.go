@@ -21,6 +21,9 @@ const MaxRate = 1 << 26
 // MaxDepth is the longest Burst or Revocation a Reservation takes.
 const MaxDepth = time.Minute
 
+// Unlisted names, in Usage, the classes a reservation has no share for.
+const Unlisted = "unlisted"
+
 // ClassShare is one class's part of a Reservation's capacity, in work
 // units/s.
 type ClassShare struct {
@@ -216,7 +219,7 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 		}
 		g.classes = append(g.classes, s)
 	}
-	g.other = &classState{}
+	g.other = &classState{share: ClassShare{Class: Unlisted}}
 	g.spare = g.usable - reserved
 	g.pool = bucket{size: g.usable * revocation}
 	return g, nil
@@ -480,7 +483,7 @@ type ReservationState struct {
 var _ sluice.StateReporter = (*Reservation)(nil)
 
 // Usage returns the counters per class, listed classes first and then
-// "" for the classes with no reserve.
+// "unlisted" for the classes with no share.
 func (g *Reservation) Usage() []ClassUsage {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -31,13 +31,15 @@ type SlotOptions struct {
 }
 
 // Slots is a gate that divides concurrent work units between classes:
-// each class may always hold its reserve; a class past its reserve may
-// borrow units other classes' reserves leave idle and units no class
-// reserves, never beyond InFlight − Recovery in all nor past its Max.
+// each class may always hold its reserve; a class past its reserve (and a
+// class with none) may use the units no class reserves, and borrow units
+// other classes' reserves leave idle, never beyond InFlight − Recovery in
+// all nor past its Max.
 //
 // Reclaim: admitted work is never cancelled, so an owner that comes back
 // to find its reserve lent waits for the borrowed work to finish. Only a
-// request whose deadline is within Revocation borrows, so that wait is at
+// request whose deadline is within Revocation borrows a reserved unit
+// (unreserved units need no reclaim and go to any deadline), so that wait is at
 // most Revocation (plus the grace its server gives a request past its
 // deadline), and an owner turned away for want of room stops all lending
 // of its reserve for Revocation. A request that finds no room is rejected
@@ -52,11 +54,12 @@ type Slots struct {
 	spare  int64 // units no class reserves
 	byName map[string]int
 
-	mu      sync.Mutex
-	held    int64 // all units held
-	lent    int64 // units held past their class's reserve
-	classes []slotClass
-	other   slotClass
+	mu        sync.Mutex
+	held      int64 // all units held
+	lent      int64 // reserved units lent past their class's reserve
+	spareUsed int64 // units no class reserves, held
+	classes   []slotClass
+	other     slotClass
 }
 
 type slotClass struct {
@@ -93,6 +96,7 @@ func NewSlots(name string, opts SlotOptions) (*Slots, error) {
 		g.classes = append(g.classes, slotClass{share: c})
 	}
 	g.spare = g.usable - reserved
+	g.other.share.Class = Unlisted
 	return g, nil
 }
 
@@ -106,11 +110,11 @@ func (g *Slots) class(name string) *slotClass {
 	return &g.other
 }
 
-// lendableLocked is how many units a borrower may take now: the idle part
-// of the reserves of classes not wanting theirs back, and the units no
-// class reserves, less what is lent already. REQUIRES: g.mu held.
+// lendableLocked is how many reserved units a borrower may take now: the
+// idle part of the reserves of classes not wanting theirs back, less what
+// is lent already. REQUIRES: g.mu held.
 func (g *Slots) lendableLocked(now clock.Instant) int64 {
-	idle := g.spare
+	idle := int64(0)
 	for i := range g.classes {
 		c := &g.classes[i]
 		if c.wanting && now.Sub(c.wanted) < g.opts.Revocation {
@@ -122,26 +126,29 @@ func (g *Slots) lendableLocked(now clock.Instant) int64 {
 	return idle - g.lent
 }
 
-// Decide admits r within its class's reserve, or past it on lendable
-// units when its deadline is within the revocation time.
+// Decide admits r within its class's reserve; past it, on the units no
+// class reserves, and then on idle reserved units when its deadline is
+// within the revocation time. A request that could never be admitted so
+// (its cost above every part it may use) is rejected as not retryable.
 func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	k := max(r.Cost, 1)
-	if k > g.usable {
-		return sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
-			Unit: sluice.UnitConcurrentRequests, Limit: g.usable}, 0
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	c := g.class(r.Class)
+	mayBorrow := !c.share.NoBorrow && r.Deadline != 0 && r.Deadline.Sub(now) <= g.opts.Revocation
 	capOK := c.share.Max == 0 || c.own+c.borrowed+k <= c.share.Max
 	if capOK && g.held+k <= g.usable {
-		if c.own+k <= c.share.Reserve {
+		switch {
+		case c.own+k <= c.share.Reserve:
 			c.own += k
 			g.held += k
 			return g.admit(), 1
-		}
-		mayBorrow := !c.share.NoBorrow && r.Deadline != 0 && r.Deadline.Sub(now) <= g.opts.Revocation
-		if mayBorrow && g.lendableLocked(now) >= k {
+		case !c.share.NoBorrow && g.spareUsed+k <= g.spare:
+			c.borrowed += k
+			g.spareUsed += k
+			g.held += k
+			return g.admit(), 3
+		case mayBorrow && g.lendableLocked(now) >= k:
 			c.borrowed += k
 			g.lent += k
 			g.held += k
@@ -151,8 +158,13 @@ func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) 
 	if c.own+k <= c.share.Reserve {
 		c.wanted, c.wanting = now, true // its reserve is lent: stop lending it
 	}
-	return sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
-		Unit: sluice.UnitConcurrentRequests, Limit: g.usable, Retryable: true, RetryAfter: time.Second}, 0
+	d := sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
+		Unit: sluice.UnitConcurrentRequests, Limit: g.usable}
+	possible := k <= c.share.Reserve || (!c.share.NoBorrow && (k <= g.spare || (mayBorrow && k <= g.usable)))
+	if possible && (c.share.Max == 0 || k <= c.share.Max) {
+		d.Retryable, d.RetryAfter = true, time.Second
+	}
+	return d, 0
 }
 
 func (g *Slots) admit() sluice.Decision {
@@ -160,7 +172,7 @@ func (g *Slots) admit() sluice.Decision {
 }
 
 // Release gives the request's units back (permit 1: within its reserve,
-// 2: borrowed).
+// 2: borrowed from a reserve, 3: from the units no class reserves).
 func (g *Slots) Release(r *sluice.Request, p sluice.Permit, _ sluice.Completion) {
 	k := max(r.Cost, 1)
 	g.mu.Lock()
@@ -172,6 +184,9 @@ func (g *Slots) Release(r *sluice.Request, p sluice.Permit, _ sluice.Completion)
 	case 2:
 		c.borrowed -= k
 		g.lent -= k
+	case 3:
+		c.borrowed -= k
+		g.spareUsed -= k
 	default:
 		return
 	}
@@ -187,7 +202,7 @@ type SlotUsage struct {
 }
 
 // Usage returns the units each class holds, listed classes first and then
-// "" for the classes with no reserve.
+// "unlisted" for the classes with no share.
 func (g *Slots) Usage() []SlotUsage {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -201,3 +201,28 @@ func TestSlotsBehindAQueue(t *testing.T) {
 		t.Fatalf("granted %v after a free unit came back, want the premium waiter (7)", ready)
 	}
 }
+
+// Units no class reserves go to any request past its reserve, whatever its
+// deadline (they need no reclaim); a request that could never be admitted
+// is refused as not retryable, so a queue in front does not hold it.
+func TestSlotsUnreservedUnits(t *testing.T) {
+	g, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 10,
+		Classes: []fair.ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 2}, {Class: "fixed", NoBorrow: true}}})
+	now := clock.Instant(time.Second)
+	for i := 0; i < 2; i++ {
+		if _, ok := take(t, g, "default", 0, now); !ok {
+			t.Fatalf("unlisted request %d without a deadline: refused with 2 units unreserved", i)
+		}
+	}
+	if _, ok := take(t, g, "default", 0, now); ok {
+		t.Fatal("a third unlisted request took a reserved unit without a deadline within the revocation time")
+	}
+	d, _ := g.Decide(context.Background(), &sluice.Request{Class: "fixed"}, now)
+	if d.Admitted || d.Retryable {
+		t.Fatalf("a class with no reserve that never borrows: %+v, want a final rejection", d)
+	}
+	d, _ = g.Decide(context.Background(), &sluice.Request{Class: "premium", Cost: 11}, now)
+	if d.Admitted || d.Retryable {
+		t.Fatalf("a cost above every unit: %+v, want a final rejection", d)
+	}
+}

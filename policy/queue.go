@@ -127,9 +127,14 @@ func (q *queueSettings) describe() string {
 	if wait == 0 {
 		wait = 100 * time.Millisecond
 	}
+	order := ""
+	if len(q.classes) > 0 {
+		order = ", class queues served in the order " + strings.Join(q.classes, " > ") + " > others"
+	}
 	fair := ""
 	if q.fair != nil {
-		fair = fmt.Sprintf(", served between tenants in weighted fair shares of work units (%d weighted tenants, burst %v units)", len(q.fair.Weights), q.fair.Burst)
+		fair = fmt.Sprintf(", each class's tenants served in weighted fair shares of work units (weights set for %d tenants, others 1; burst %v)",
+			len(q.fair.Weights), q.fair.Burst)
 	}
-	return fmt.Sprintf(", waiting up to %v for a slot%s", wait, fair)
+	return fmt.Sprintf(", waiting up to %v for a slot%s%s", wait, order, fair)
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -175,9 +176,52 @@ func (p *reservationParams) checkShares(c *checker) bool {
 			fail("max", "%d below the class's reserve %d", cl.Max, cl.Reserve)
 		case cl.Tenant > 0 && p.inflight > 0:
 			fail("tenant", "a tenant cap applies to rates (capacity), not to units in flight")
+		case cl.Reserve == 0 && cl.NoBorrow:
+			fail("borrow", "a class with no reserve that never borrows is never admitted: give it a reserve or let it borrow")
+		case cl.NoBorrow && cl.Max > cl.Reserve:
+			fail("max", "%d above the reserve %d of a class that never borrows: it can never be reached", cl.Max, cl.Reserve)
+		case cl.Max > 0 && cl.Tenant > cl.Max:
+			fail("tenant", "%d per tenant above the class's max %d never binds", cl.Tenant, cl.Max)
+		case len(c.g.Classes) > 0 && !slices.Contains(c.g.Classes, cl.Class):
+			fail("reserve", "the gate applies only to classes %s (its classes: field), so this share is never used", strings.Join(c.g.Classes, ", "))
 		}
 	}
-	return ok
+	return ok && p.checkUnlisted(c, usable)
+}
+
+// checkUnlisted reports, for a reservation of units in flight that
+// reserves them all, a class the routes assign that has no share: it may
+// only borrow, which needs a deadline within the revocation time, and the
+// file's default deadline is longer (or there is none).
+func (p *reservationParams) checkUnlisted(c *checker, usable int64) bool {
+	if p.inflight == 0 {
+		return true
+	}
+	reserved := int64(0)
+	for _, cl := range p.classes {
+		reserved += cl.Reserve
+	}
+	rev := p.revocation()
+	if reserved < usable || (c.file.Identity.DefaultDeadline > 0 && c.file.Identity.DefaultDeadline <= rev) {
+		return true
+	}
+	for _, rt := range c.file.Routes {
+		if rt.Class == "" || slices.ContainsFunc(p.classes, func(s fair.ClassShare) bool { return s.Class == rt.Class }) {
+			continue
+		}
+		c.failf("shares", "class %s (route at line %d) has no share and every unit is reserved: it could only borrow, which "+
+			"needs a deadline within the revocation time %v, and requests without one get %v; leave units unreserved or give it a share",
+			rt.Class, rt.Line, rev, orNone(c.file.Identity.DefaultDeadline))
+		return false
+	}
+	return true
+}
+
+func orNone(d time.Duration) string {
+	if d == 0 {
+		return "none"
+	}
+	return d.String()
 }
 
 // checkCosts reports a class whose buckets cannot hold one request of the
@@ -185,6 +229,7 @@ func (p *reservationParams) checkShares(c *checker) bool {
 // cost's minimum): such a class could never be admitted from its reserve.
 func (p *reservationParams) checkCosts(c *checker) {
 	if p.inflight > 0 {
+		p.checkInflightCosts(c)
 		return
 	}
 	burst := p.opts.Burst
@@ -192,19 +237,7 @@ func (p *reservationParams) checkCosts(c *checker) {
 		burst = 100 * time.Millisecond
 	}
 	for _, cl := range p.classes {
-		cost, routeLine := int64(0), 0
-		for _, rt := range c.file.Routes {
-			if rt.Class != cl.Class {
-				continue
-			}
-			k := rt.Cost.Fixed
-			if rt.Cost.Header != "" {
-				k = max(rt.Cost.Min, 1)
-			}
-			if k > cost {
-				cost, routeLine = k, rt.Line
-			}
-		}
+		cost, routeLine := largestCost(c, cl.Class)
 		for _, b := range []struct {
 			what string
 			rate int64
@@ -271,11 +304,55 @@ func (p *reservationParams) sharesText() string {
 			s += " never borrowing"
 		}
 		if c.Tenant > 0 {
-			s += fmt.Sprintf(", %d per tenant", c.Tenant)
+			s += fmt.Sprintf(" (≤ %d per tenant)", c.Tenant)
 		}
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// largestCost is the largest of the smallest costs the routes of class
+// assign (a fixed cost, or a header cost's minimum), and that route's line.
+func largestCost(c *checker, class string) (cost int64, line int) {
+	for _, rt := range c.file.Routes {
+		if rt.Class != class {
+			continue
+		}
+		k := rt.Cost.Fixed
+		if rt.Cost.Header != "" {
+			k = max(rt.Cost.Min, 1)
+		}
+		if k > cost {
+			cost, line = k, rt.Line
+		}
+	}
+	return cost, line
+}
+
+// checkInflightCosts reports a class one of whose requests is above the
+// usable units (never admitted) or above its own reserve (never admitted
+// within it).
+func (p *reservationParams) checkInflightCosts(c *checker) {
+	usable := p.inflight - p.opts.Recovery
+	for i, cl := range p.classes {
+		cost, line := largestCost(c, cl.Class)
+		what, limit := "", int64(0)
+		switch {
+		case cost > usable:
+			what, limit = "inflight", usable
+		case cl.Reserve > 0 && cost > cl.Reserve:
+			what, limit = "reserve", cl.Reserve
+		default:
+			continue
+		}
+		at := p.lines[cl.Class]
+		if l, ok := p.fieldLines[i]["reserve"]; ok {
+			at = l
+		}
+		c.errs = append(c.errs, &Error{File: c.file.Path, Line: at, Field: yamlfile.Join(c.path, "shares."+cl.Class+".reserve"),
+			Msg: fmt.Sprintf("a request of class %s costs %d units (route at line %d), more than the %d units of its %s: it is never admitted within them",
+				cl.Class, cost, line, limit, what)})
+	}
 }
 
 // reservation is the gate's line in the spec's reservations.
@@ -284,6 +361,12 @@ func (p *reservationParams) reservation(g *Gate) string {
 		return fmt.Sprintf("%s reserves %s of %d work units in flight, recovery %d; idle reserves are lent to requests due within %v, "+
 			"so an owner waits at most that long for them", g.Name, p.sharesText(), p.inflight, p.opts.Recovery, p.revocation())
 	}
-	return fmt.Sprintf("%s reserves %s of %d work units/s, recovery %d; idle reserves are lent and reclaimed at once, "+
-		"borrowed work drains within %v", g.Name, p.sharesText(), p.opts.Capacity, p.opts.Recovery, p.revocation())
+	burst := p.opts.Burst
+	if burst == 0 {
+		burst = 100 * time.Millisecond
+	}
+	return fmt.Sprintf("%s reserves %s of %d work units/s, recovery %d; idle reserves go to a pool of at most %.0f units "+
+		"((capacity − recovery) × revocation), lent and reclaimed at once, so borrowed work drains within %v; each class "+
+		"bucket holds %v of its reserve", g.Name, p.sharesText(), p.opts.Capacity, p.opts.Recovery,
+		float64(p.opts.Capacity-p.opts.Recovery)*p.revocation().Seconds(), p.revocation(), burst)
 }

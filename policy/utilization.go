@@ -102,7 +102,15 @@ func (p *utilizationParams) describe(g *Gate) string {
 	}
 	cut := "tiers shed in order " + strings.Join(p.tiers, " -> ")
 	if p.cohorts != nil {
-		cut = "an exact cut over (tier " + strings.Join(p.tiers, " -> ") + ", tenant cohort), the cohorts' order rotating"
+		co := p.cohorts
+		n, period := co.Cohorts, co.Period
+		if n == 0 {
+			n = 128
+		}
+		if period == 0 {
+			period = time.Minute
+		}
+		cut = fmt.Sprintf("an exact cut over (tier %s, tenant cohort of %d), the cohorts' order rotating every %v", strings.Join(p.tiers, " -> "), n, period)
 	}
 	return fmt.Sprintf("utilization shedder on %s: good %v, bad %v, delay %v, everything shed %v after the first shed at full pressure; %s; 503 overload%s",
 		src, c.Good, c.Bad, c.Delay, c.ShedAllAfter, cut, classesOnly(g))

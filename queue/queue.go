@@ -625,6 +625,10 @@ type State struct {
 	Waits    int64   `json:"waits"`
 	Dropped  int64   `json:"dropped"`
 	Standing bool    `json:"standing"`
+	// Classes are the class queues, in serving order.
+	Classes []sluice.ClassQueue `json:"classes,omitempty"`
+	// Inner is the state of the gate the queue waits on, if it reports one.
+	Inner any `json:"inner,omitempty"`
 }
 
 // ReportState returns the queue's length, the age of its oldest waiter,
@@ -632,9 +636,15 @@ type State struct {
 // many of them it turned away, and whether CoDel sees a standing queue.
 func (q *Queue) ReportState(now clock.Instant) any {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	st := State{Waiting: q.n, LastWait: ms(q.lastWait), Waits: q.waits, Dropped: q.dropped, Standing: q.codel.dropping}
 	st.OldestMs = ms(q.oldestLocked(now))
+	q.mu.Unlock()
+	if len(q.opts.Classes) > 0 {
+		st.Classes = q.ClassQueues(now)
+	}
+	if r, ok := sluice.As[sluice.StateReporter](q.inner); ok {
+		st.Inner = r.ReportState(now)
+	}
 	return st
 }
 
