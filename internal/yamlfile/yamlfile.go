@@ -172,12 +172,53 @@ func (w *Walker) Fields(n *yaml.Node, path string, known []string, visit func(ke
 		}
 		seen[k.Value] = k.Line
 		if !slices.Contains(known, k.Value) {
-			w.Errf(k, field, "unknown field (known: %s)", strings.Join(known, ", "))
+			w.Errf(k, field, "%s", unknownField(k.Value, known))
 			continue
 		}
 		visit(k.Value, v)
 	}
 	return seen
+}
+
+// unknownField is the message for key, which is not in known: the known
+// keys (all of them when they are few), and the closest one when a typo
+// explains the difference (an edit distance of at most 2).
+func unknownField(key string, known []string) string {
+	best, dist := "", 3
+	for _, k := range known {
+		if d := editDistance(key, k); d < dist {
+			best, dist = k, d
+		}
+	}
+	msg := "unknown field"
+	if best != "" {
+		msg += fmt.Sprintf("; did you mean %q?", best)
+	}
+	if len(known) <= 16 {
+		msg += " (known: " + strings.Join(known, ", ") + ")"
+	}
+	return msg
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, sub)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func Join(path, key string) string {
