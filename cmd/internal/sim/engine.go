@@ -139,6 +139,8 @@ type engine struct {
 	wait    time.Duration // paced wait reported by gates (sluice.ContextWithWait)
 	park    queue.Park    // where a request waits in a wait queue
 	classes []class
+	// unmatched lists the scenario classes no route of the policy matches
+	unmatched []string
 	events  heap
 	timers  wheel // the callers' timeouts
 	seq     uint64
@@ -233,6 +235,9 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 				return nil, ferr("classes."+c.Name, "the policy cannot classify %s %s: %s", c.Method, c.Path, detail)
 			}
 			pc.req = req
+			if req.Operation == "other" && len(rules.Routes) > 0 {
+				e.unmatched = append(e.unmatched, c.Name+" ("+c.Method+" "+c.Path+")")
+			}
 		}
 		pc.tenants = make([]string, c.Tenants)
 		for i := range pc.tenants {

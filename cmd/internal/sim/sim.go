@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -62,6 +63,14 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 			pol.Store.Backend = policy.BackendMemory
 		}
 		rep.Policy = opts.Policy.Name
+		if e, err := prepare(&s, pol, s.Seed); err == nil && len(e.unmatched) > 0 {
+			note := fmt.Sprintf("no route of %s matches scenario class %s: it runs as class %s at cost 1",
+				opts.Policy.Name, strings.Join(e.unmatched, ", "), sluice.ClassDefault)
+			if rep.Note != "" {
+				note = rep.Note + "; " + note
+			}
+			rep.Note = note
+		}
 	}
 	runs := []*policy.File{nil}
 	if pol != nil {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/sluice-go/sluice/cmd/internal/settle"
@@ -85,5 +86,26 @@ func TestReservationScenario(t *testing.T) {
 	// reserve: the first second back has at least 95% of it.
 	if got := rows[40].Classes[premium].Admitted; got < 0.95*2400 {
 		t.Errorf("premium's first second back: %.0f units/s admitted, want ≥ 95%% of 2,400", got)
+	}
+}
+
+// A policy whose routes match none of the scenario's requests says so: the
+// classes run as class default at cost 1, which would make any figure of
+// the run meaningless without the note.
+func TestUnmatchedRoutesAreNoted(t *testing.T) {
+	s := builtin(t, "reservation")
+	s.Phases = s.Phases[:1]
+	s.Length = 2 * s.Interval
+	pol := &Policy{Name: "gold.yaml", Data: []byte("version: 1\nroutes:\n  - {match: {path: \"/gold/*\"}, class: critical}\ngates:\n  - {name: c, kind: concurrency, limit: 100}\n")}
+	rep, err := Simulate(s, Options{Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rep.Note, "no route of gold.yaml matches scenario class premium") {
+		t.Fatalf("note %q", rep.Note)
+	}
+	rep, _ = Simulate(s, Options{Policy: examplePolicy(t, "mercury")})
+	if rep.Note != "" {
+		t.Fatalf("mercury.yaml matches every class, yet: %q", rep.Note)
 	}
 }
