@@ -141,17 +141,17 @@ type engine struct {
 	classes []class
 	// unmatched lists the scenario classes no route of the policy matches
 	unmatched []string
-	events  heap
-	timers  wheel // the callers' timeouts
-	seq     uint64
-	slab    []attempt
-	free    []int32
-	queue   ring
-	idle    int   // free workers
-	busy    int64 // worker-ns spent in the measured window
-	last    int64 // time up to which busy is integrated
-	load    float64
-	budget  float64
+	events    heap
+	timers    wheel // the callers' timeouts
+	seq       uint64
+	slab      []attempt
+	free      []int32
+	queue     ring
+	idle      int   // free workers
+	busy      int64 // worker-ns spent in the measured window
+	last      int64 // time up to which busy is integrated
+	load      float64
+	budget    float64
 
 	cum    []float64
 	rate   float64 // total first-attempt requests/s
