@@ -20,17 +20,21 @@ package lease
 import (
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/fair"
 )
+
+// MaxCapacity is the largest budget: its units and every sum of them are
+// exact in a float64, so the Redis twin computes the same grants.
+const MaxCapacity = 1 << 50
 
 // Allocator is the allocation rule for one budget.
 type Allocator struct {
-	// Capacity is the budget, in its unit (units/s for a rate, units for
-	// a concurrency budget). Required.
-	Capacity float64
+	// Capacity is the budget, in whole units (units/s for a rate, units
+	// for a concurrency budget). Required.
+	Capacity int64
 	// Lease is how long a grant holds. Required.
 	Lease time.Duration
 	// Refresh is how often a client should ask again; default Lease/4
@@ -41,8 +45,8 @@ type Allocator struct {
 // Validate reports an allocator that cannot hand anything out.
 func (a Allocator) Validate() error {
 	switch {
-	case !(a.Capacity > 0):
-		return errors.New("lease: capacity must be > 0")
+	case a.Capacity < 1 || a.Capacity > MaxCapacity:
+		return errors.New("lease: capacity must be in [1, 2^50]")
 	case a.Lease <= 0:
 		return errors.New("lease: lease time must be > 0")
 	case a.Refresh < 0 || a.Refresh > a.Lease:
@@ -61,8 +65,8 @@ func (a Allocator) refresh() time.Duration {
 // Holding is one client's lease in the allocator's state.
 type Holding struct {
 	Client string
-	Has    float64       // granted, until Expiry
-	Wants  float64       // what it last asked for
+	Has    int64         // granted, until Expiry
+	Wants  int64         // what it last asked for
 	Expiry clock.Instant // when the grant lapses
 }
 
@@ -82,17 +86,17 @@ type State struct {
 type Request struct {
 	Client string
 	// Wants is what the client would use, from its recent demand.
-	Wants float64
+	Wants int64
 	// Has is what the client holds now by its own account (its last grant,
 	// if unexpired): during learning the allocator confirms it.
-	Has float64
+	Has int64
 	// Release gives the lease back (a graceful shutdown).
 	Release bool
 }
 
 // Grant is the allocator's answer.
 type Grant struct {
-	Has      float64       // granted, in the budget's unit
+	Has      int64         // granted, in the budget's unit
 	Expiry   clock.Instant // when it lapses unless refreshed
 	Refresh  time.Duration // when to ask again
 	Learning bool          // the allocator is learning: Has only confirms
@@ -101,7 +105,7 @@ type Grant struct {
 // Step applies one request to st at now and returns the client's grant.
 //
 // Outside learning the client's new grant is its max-min fair share of the
-// capacity over every live client's wants (fair.MaxMin), but never more
+// capacity over every live client's wants (FairShares), but never more
 // than the capacity less what the others hold now: the others keep their
 // leases until they refresh, so the sum of the grants never exceeds the
 // capacity, and a client's share grows as the others shrink to theirs (one
@@ -124,7 +128,7 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		st.Holdings = append(st.Holdings, Holding{Client: r.Client})
 		i = len(st.Holdings) - 1
 	}
-	others := 0.0
+	others := int64(0)
 	for j, h := range st.Holdings {
 		if j != i {
 			others += h.Has
@@ -132,18 +136,51 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	}
 	room := max(a.Capacity-others, 0)
 	h := &st.Holdings[i]
-	h.Wants = max(r.Wants, 0)
+	h.Wants = min(max(r.Wants, 0), a.Capacity)
 	learning := now < st.LearnUntil
-	var has float64
+	var has int64
 	if learning {
 		has = min(max(r.Has, 0), room)
 	} else {
-		wants := make([]float64, len(st.Holdings))
-		for j := range st.Holdings {
-			wants[j] = st.Holdings[j].Wants
-		}
-		has = min(fair.MaxMin(a.Capacity, wants, nil)[i], room)
+		has = min(FairShares(a.Capacity, st.Holdings)[r.Client], room)
 	}
 	h.Has, h.Expiry = has, now.Add(a.Lease)
 	return Grant{Has: has, Expiry: h.Expiry, Refresh: a.refresh(), Learning: learning}
+}
+
+// FairShares is the max-min fair allocation of capacity whole units
+// between the holdings' wants (Doorman's FAIR_SHARE on integers): rounds
+// of equal shares, each holding taking at most what it still wants, until
+// the capacity or the wants run out; the units an equal share leaves over
+// go one each to the holdings in client order. No holding gets more than
+// it wants, and when the wants exceed the capacity the shares sum to it.
+func FairShares(capacity int64, hs []Holding) map[string]int64 {
+	order := make([]int, len(hs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(hs[a].Client, hs[b].Client) })
+	got := make(map[string]int64, len(hs))
+	active := slices.DeleteFunc(order, func(i int) bool { return hs[i].Wants <= 0 })
+	left := capacity
+	for len(active) > 0 && left > 0 {
+		per := left / int64(len(active))
+		if per == 0 { // fewer units than claimants: one each, in client order
+			for _, i := range active[:left] {
+				got[hs[i].Client]++
+			}
+			break
+		}
+		next := active[:0]
+		for _, i := range active {
+			give := min(per, hs[i].Wants-got[hs[i].Client])
+			got[hs[i].Client] += give
+			left -= give
+			if got[hs[i].Client] < hs[i].Wants {
+				next = append(next, i)
+			}
+		}
+		active = next
+	}
+	return got
 }

@@ -2,7 +2,6 @@ package lease_test
 
 import (
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	"github.com/sluice-go/sluice/lease"
 )
 
-func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+func near(a, b int64) bool { return a == b }
 
 // Doorman's FAIR_SHARE example through refreshes: capacity 120, clients
 // wanting 1000, 50 and 10. The first round hands the first client what is
@@ -23,18 +22,18 @@ func TestAllocatorConvergesToFairShares(t *testing.T) {
 	var st lease.State
 	now := clock.Instant(time.Hour)
 	st.Started, st.LearnUntil = true, now // not learning
-	wants := map[string]float64{"a": 1000, "b": 50, "c": 10}
-	var got map[string]float64
+	wants := map[string]int64{"a": 1000, "b": 50, "c": 10}
+	var got map[string]int64
 	for round := 0; round < 2; round++ {
-		got = map[string]float64{}
+		got = map[string]int64{}
 		for _, c := range []string{"a", "b", "c"} {
 			g := a.Step(&st, lease.Request{Client: c, Wants: wants[c]}, now)
 			got[c] = g.Has
-			sum := 0.0
+			sum := int64(0)
 			for _, h := range st.Holdings {
 				sum += h.Has
 			}
-			if sum > a.Capacity+1e-9 {
+			if sum > a.Capacity {
 				t.Fatalf("round %d after %s: holdings sum to %v > capacity", round, c, sum)
 			}
 			now = now.Add(time.Second)
@@ -64,7 +63,7 @@ func TestAllocatorLearnsAfterLosingItsState(t *testing.T) {
 	}
 	after := now.Add(10 * time.Second)
 	g := a.Step(&st, lease.Request{Client: "a", Wants: 80, Has: 70}, after)
-	if g.Learning || g.Has > 100-30-0+1e-9 {
+	if g.Learning || g.Has > 100-30 {
 		t.Fatalf("a after learning: %+v", g)
 	}
 }
@@ -101,28 +100,56 @@ func TestAllocatorExpiryAndRelease(t *testing.T) {
 // more than it wants.
 func TestAllocatorNeverOverCommits(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		a := lease.Allocator{Capacity: rapid.Float64Range(1, 1e6).Draw(t, "capacity"),
+		a := lease.Allocator{Capacity: rapid.Int64Range(1, 1e6).Draw(t, "capacity"),
 			Lease: time.Duration(rapid.Int64Range(1, 20).Draw(t, "leaseS")) * time.Second}
 		var st lease.State
 		now := clock.Instant(time.Hour)
 		for i, n := 0, rapid.IntRange(1, 200).Draw(t, "n"); i < n; i++ {
 			now = now.Add(time.Duration(rapid.Int64Range(0, int64(3*time.Second)).Draw(t, "gap")))
 			r := lease.Request{Client: fmt.Sprint("c", rapid.IntRange(0, 5).Draw(t, "client")),
-				Wants: rapid.Float64Range(0, 2*a.Capacity).Draw(t, "wants"), Has: rapid.Float64Range(0, 2*a.Capacity).Draw(t, "has"),
+				Wants: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "wants"), Has: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "has"),
 				Release: rapid.IntRange(0, 9).Draw(t, "release") == 0}
 			g := a.Step(&st, r, now)
-			if !g.Learning && !r.Release && g.Has > r.Wants+1e-9 {
+			if !g.Learning && !r.Release && g.Has > r.Wants {
 				t.Fatalf("granted %v to a client wanting %v", g.Has, r.Wants)
 			}
-			sum := 0.0
+			sum := int64(0)
 			for _, h := range st.Holdings {
 				if h.Expiry > now {
 					sum += h.Has
 				}
 			}
-			if sum > a.Capacity*(1+1e-12) {
+			if sum > a.Capacity {
 				t.Fatalf("live grants sum to %v > capacity %v", sum, a.Capacity)
 			}
 		}
 	})
+}
+
+// Doorman's worked example (capacity 120, wants 1000 / 50 / 10 → 60 / 50 /
+// 10) and integer remainders.
+func TestFairShares(t *testing.T) {
+	for _, tc := range []struct {
+		capacity int64
+		wants    []int64
+		want     []int64
+	}{
+		{120, []int64{1000, 50, 10}, []int64{60, 50, 10}},
+		{10, []int64{100, 100, 100}, []int64{4, 3, 3}},
+		{2, []int64{5, 5, 5}, []int64{1, 1, 0}},
+		{100, []int64{10, 20}, []int64{10, 20}},
+		{100, []int64{0, 200}, []int64{0, 100}},
+	} {
+		var hs []lease.Holding
+		for i, w := range tc.wants {
+			hs = append(hs, lease.Holding{Client: fmt.Sprint("c", i), Wants: w})
+		}
+		got := lease.FairShares(tc.capacity, hs)
+		for i, w := range tc.want {
+			if got[fmt.Sprint("c", i)] != w {
+				t.Errorf("FairShares(%d, %v) = %v, want %v", tc.capacity, tc.wants, got, tc.want)
+				break
+			}
+		}
+	}
 }
