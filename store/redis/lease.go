@@ -1,0 +1,57 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/lease"
+)
+
+//go:embed lua/lease.lua
+var leaseLua string
+
+var leaseScript = rueidis.NewLuaScript(preludeLua + commonLua + leaseLua)
+
+// Lease runs one step of a's allocator for budget on Redis (the twin of
+// lease.Allocator.Step, on Redis' clock): the budget's holdings live in
+// one hash, so the step is one atomic script on standalone Redis and on a
+// Cluster. The grant's expiry is on the caller's clock. A call that Redis
+// reaches after its timeout does nothing. The error wraps
+// store.ErrUnavailable when Redis cannot be reached.
+func (s *Store) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	g, _, err := s.leaseAt(ctx, budget, a, r, 0)
+	return g, err
+}
+
+// leaseAt is Lease with Redis' now overridden (µs; 0: Redis TIME), for
+// tests; it also returns the expiry on Redis' clock (µs).
+func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r lease.Request, nowUS int64) (lease.Grant, int64, error) {
+	if err := a.Validate(); err != nil {
+		return lease.Grant{}, 0, err
+	}
+	op := "take"
+	if r.Release {
+		op = "release"
+	}
+	args := []string{strconv.FormatInt(nowUS, 10), op, r.Client,
+		strconv.FormatInt(max(r.Wants, 0), 10) + " " + strconv.FormatInt(max(r.Has, 0), 10),
+		packDoubles(a.Capacity, a.Lease.Microseconds()), "0"}
+	v, _, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
+	if err != nil {
+		return lease.Grant{}, 0, err
+	}
+	refresh := a.Refresh
+	if refresh == 0 {
+		refresh = a.Lease / 4
+	}
+	g := lease.Grant{Has: v[1], Refresh: refresh, Learning: v[3] == 1}
+	if !r.Release {
+		g.Expiry = clock.Now().Add(time.Duration(v[2]-v[4]) * time.Microsecond)
+	}
+	return g, v[2], nil
+}

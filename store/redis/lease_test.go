@@ -1,0 +1,90 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/lease"
+)
+
+// The Redis twin of the lease allocator computes what its Go step does, on
+// the same requests at the same instants: grants, expiries and learning,
+// through random refreshes, releases, lapses and a lost state.
+func TestLeaseTwinMatchesTheStep(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	n := 0
+	rapid.Check(t, func(t *rapid.T) {
+		n++
+		budget := fmt.Sprint("twin-", n)
+		a := lease.Allocator{Capacity: rapid.Int64Range(1, 1<<40).Draw(t, "capacity"),
+			Lease: time.Duration(rapid.Int64Range(1, 10_000_000).Draw(t, "leaseUs")) * time.Microsecond}
+		var state lease.State
+		nowUS := rapid.Int64Range(1, 1<<50).Draw(t, "t0")
+		for i, steps := 0, rapid.IntRange(1, 40).Draw(t, "steps"); i < steps; i++ {
+			// gaps below two lease times: the twin's hash outlives its holdings that long
+			nowUS += rapid.Int64Range(0, 2*a.Lease.Microseconds()-1).Draw(t, "gapUs")
+			r := lease.Request{Client: fmt.Sprint("c", rapid.IntRange(0, 4).Draw(t, "client")),
+				Wants: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "wants"), Has: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "has"),
+				Release: rapid.IntRange(0, 7).Draw(t, "release") == 0}
+			want := a.Step(&state, r, clock.Instant(nowUS*1000))
+			got, expiry, err := st.leaseAt(ctx, budget, a, r, nowUS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Has != want.Has || got.Learning != want.Learning || (!r.Release && expiry*1000 != int64(want.Expiry)) {
+				t.Fatalf("step %d %+v: Redis %+v (expiry %d us), Go %+v", i, r, got, expiry, want)
+			}
+		}
+	})
+}
+
+// A Redis restarted empty does not hand the budget out twice: holders
+// report what they hold, a newcomer gets nothing until the learning period
+// ends, and the grants never sum above the capacity.
+func TestLeaseAfterRedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
+	t0 := int64(1_000_000_000)
+	for _, c := range []string{"a", "b"} { // learning: the first call's
+		st.leaseAt(ctx, "b1", a, lease.Request{Client: c, Wants: 100}, t0)
+	}
+	after := t0 + 11_000_000
+	ga, _, _ := st.leaseAt(ctx, "b1", a, lease.Request{Client: "a", Wants: 100}, after)
+	gb, _, _ := st.leaseAt(ctx, "b1", a, lease.Request{Client: "b", Wants: 100}, after+1)
+	ga, _, _ = st.leaseAt(ctx, "b1", a, lease.Request{Client: "a", Wants: 100, Has: ga.Has}, after+2) // shrinks to its share
+	gb, _, _ = st.leaseAt(ctx, "b1", a, lease.Request{Client: "b", Wants: 100, Has: gb.Has}, after+3) // and b takes it
+	if ga.Has != 50 || gb.Has != 50 {
+		t.Fatalf("after learning: a %d, b %d; want 50 and 50", ga.Has, gb.Has)
+	}
+	if err := st.rc().Do(ctx, st.rc().B().Flushall().Build()).Error(); err != nil { // the state is lost
+		t.Fatal(err)
+	}
+	now := after + 1_000_000
+	g, _, _ := st.leaseAt(ctx, "b1", a, lease.Request{Client: "new", Wants: 100}, now)
+	if g.Has != 0 || !g.Learning {
+		t.Fatalf("a newcomer right after the restart: %+v, want 0 while learning", g)
+	}
+	ga, _, _ = st.leaseAt(ctx, "b1", a, lease.Request{Client: "a", Wants: 100, Has: 50}, now+1)
+	gb, _, _ = st.leaseAt(ctx, "b1", a, lease.Request{Client: "b", Wants: 100, Has: 50}, now+2)
+	if ga.Has != 50 || gb.Has != 50 {
+		t.Fatalf("holders after the restart: a %d, b %d; want their 50 confirmed", ga.Has, gb.Has)
+	}
+}
