@@ -98,7 +98,7 @@ type Request struct {
 type Grant struct {
 	Has      int64         // granted, in the budget's unit
 	Expiry   clock.Instant // when it lapses unless refreshed
-	Refresh  time.Duration // when to ask again
+	Refresh  time.Duration // when to ask again (during learning: at its end)
 	Learning bool          // the allocator is learning: Has only confirms
 }
 
@@ -145,7 +145,11 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		has = min(FairShares(a.Capacity, st.Holdings)[r.Client], room)
 	}
 	h.Has, h.Expiry = has, now.Add(a.Lease)
-	return Grant{Has: has, Expiry: h.Expiry, Refresh: a.refresh(), Learning: learning}
+	g := Grant{Has: has, Expiry: h.Expiry, Refresh: a.refresh(), Learning: learning}
+	if learning { // ask again as the learning period ends
+		g.Refresh = min(g.Refresh, max(st.LearnUntil.Sub(now), time.Millisecond))
+	}
+	return g
 }
 
 // FairShares is the max-min fair allocation of capacity whole units

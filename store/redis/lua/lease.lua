@@ -3,7 +3,8 @@
 -- field "c:<client>" per holding, "has wants expiry" (whole units, us).
 -- ARGV: 1 now override (us), 2 op ("take" | "release"), 3 client,
 --       4 "wants has", 5 packed doubles: capacity, lease (us).
--- Reply: {status 0, grant, expiry (us), learning 0/1, Redis TIME (us) twice}.
+-- Reply: {status 0, grant, expiry (us), the end of the learning period
+-- while learning (us, else 0), the step's now (us), Redis TIME (us)}.
 -- A missing hash is a lost state (a restart, a failover, or every holding
 -- long expired): the step starts learning for one lease time.
 local now = now_us()
@@ -55,7 +56,7 @@ local room = math.max(capacity - others, 0)
 
 local grant, learning = 0, 0
 if now < learn then
-  learning = 1
+  learning = learn
   grant = math.min(has, room)
 else
   -- max-min on whole units: equal rounds, then one unit each in client order
@@ -87,4 +88,4 @@ end
 local expiry = now + lease
 redis.call('HSET', key, 'c:' .. client, str(grant) .. ' ' .. str(wants) .. ' ' .. str(expiry))
 redis.call('PEXPIRE', key, keep)
-return {0, grant, expiry, learning, TIME_US, TIME_US}
+return {0, grant, expiry, learning, now, TIME_US}
