@@ -119,6 +119,10 @@ type Gate struct {
 	last     clock.Instant
 	demand   int64 // units offered since the last refresh
 	demandAt clock.Instant
+	// short is signalled when the gate turns requests away for want of
+	// lease: Run refreshes early (at most every Refresh/8) instead of
+	// waiting for its interval, so a demand that outgrew the grant is seen.
+	short chan struct{}
 }
 
 var _ sluice.StateReporter = (*Gate)(nil)
@@ -160,7 +164,7 @@ func NewGate(name string, opts GateOptions) (*Gate, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.System
 	}
-	return &Gate{name: name, opts: opts, demandAt: opts.Clock.Now()}, nil
+	return &Gate{name: name, opts: opts, demandAt: opts.Clock.Now(), short: make(chan struct{}, 1)}, nil
 }
 
 // Name returns the gate's name.
@@ -216,6 +220,10 @@ func (g *Gate) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (
 			RetryAfter: g.opts.Allocator.refresh()}, 0
 	}
 	if units*nano > g.tokens {
+		select {
+		case g.short <- struct{}{}:
+		default:
+		}
 		d := sluice.Decision{Reason: sluice.ReasonPolicyRate, Scope: sluice.ScopeService, Gate: g.name, Retryable: rate > 0}
 		if rate > 0 {
 			d.RetryAfter = time.Duration((units*nano - g.tokens + rate - 1) / rate)
@@ -268,17 +276,28 @@ func (g *Gate) Refresh(ctx context.Context) (time.Duration, error) {
 }
 
 // Run refreshes the lease until ctx ends, then gives it back (a graceful
-// shutdown frees the share at once).
+// shutdown frees the share at once). It refreshes every interval the
+// allocator names, and early (but not within an eighth of the interval of
+// the last refresh) when requests are turned away for want of lease.
 func (g *Gate) Run(ctx context.Context) {
+	early := g.opts.Allocator.refresh() / 8
 	for {
 		wait, _ := g.Refresh(ctx)
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			g.opts.Leaser.Lease(rctx, g.opts.Budget, g.opts.Allocator, Request{Client: g.opts.Client, Release: true})
 			cancel()
 			return
-		case <-time.After(wait):
+		case <-timer.C:
+		case <-g.short:
+			timer.Stop()
+			select {
+			case <-ctx.Done():
+			case <-time.After(early):
+			}
 		}
 	}
 }
