@@ -1,0 +1,165 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/lease"
+)
+
+// flaky is a Leaser that fails while down is set.
+type flaky struct {
+	lease.Local
+	down bool
+}
+
+func (f *flaky) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	if f.down {
+		return lease.Grant{}, errors.New("allocator unreachable")
+	}
+	return f.Local.Lease(ctx, budget, a, r)
+}
+
+// offer sends rate requests/s for d on clk and returns how many were
+// admitted.
+func offer(g *lease.Gate, clk *fakeclock.Clock, rate int, d time.Duration) int {
+	n := 0
+	step := time.Second / time.Duration(rate)
+	for t := time.Duration(0); t < d; t += step {
+		now := clk.Advance(step)
+		if dec, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); dec.Admitted {
+			n++
+		}
+	}
+	return n
+}
+
+func newGate(t *testing.T, clk *fakeclock.Clock, l lease.Leaser, mode lease.Failure, safe int64) *lease.Gate {
+	t.Helper()
+	g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: "p1", Leaser: l, Clock: clk, OnFailure: mode, SafeShare: safe,
+		Allocator: lease.Allocator{Capacity: 1000, Lease: time.Second, Refresh: 250 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// One process spends its whole lease: a fresh allocator learns for one
+// lease time (nothing granted), then grants the capacity; the gate admits
+// it, and no more, from its local bucket.
+func TestGateSpendsItsLease(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	g := newGate(t, clk, l, lease.FailClosed, 0)
+	g.Refresh(context.Background())
+	if n := offer(g, clk, 2000, 900*time.Millisecond); n != 0 {
+		t.Fatalf("admitted %d while the allocator learns (grant 0)", n)
+	}
+	clk.Advance(100 * time.Millisecond)
+	g.Refresh(context.Background()) // learning is over
+	total := 0
+	for s := 0; s < 4; s++ {
+		total += offer(g, clk, 2000, 250*time.Millisecond)
+		g.Refresh(context.Background())
+	}
+	if total < 990 || total > 1000+100+1 { // 1 s at 1,000/s, plus at most the 100 ms bucket
+		t.Fatalf("admitted %d in 1 s of a 1,000/s lease", total)
+	}
+}
+
+// Without a live lease the gate follows its failure mode: the safe share,
+// everything, or nothing; a refresh that fails leaves the lease running
+// until its expiry.
+func TestGateFailureModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode     lease.Failure
+		safe     int64
+		min, max int
+	}{
+		{lease.FailSafe, 300, 290, 331},
+		{lease.FailOpen, 0, 2000, 2000},
+		{lease.FailClosed, 0, 0, 0},
+	} {
+		clk := fakeclock.New(int64(time.Hour))
+		l := &flaky{Local: lease.Local{Clock: clk}}
+		g := newGate(t, clk, l, tc.mode, tc.safe)
+		g.Refresh(context.Background())
+		offer(g, clk, 2000, time.Second) // demand while the allocator learns
+		g.Refresh(context.Background())
+		l.down = true
+		if _, err := g.Refresh(context.Background()); err == nil {
+			t.Fatal("a refresh of an unreachable allocator succeeded")
+		}
+		if n := offer(g, clk, 2000, 500*time.Millisecond); n < 450 { // the lease runs on (1,000/s)
+			t.Fatalf("mode %d: %d admitted in the 500 ms the lease still ran", tc.mode, n)
+		}
+		clk.Advance(600 * time.Millisecond) // expired
+		if n := offer(g, clk, 2000, time.Second); n < tc.min || n > tc.max {
+			t.Errorf("mode %d without a lease: %d admitted in 1 s, want [%d, %d]", tc.mode, n, tc.min, tc.max)
+		}
+	}
+}
+
+// A request a later gate rejected gets its units back; a cost above what
+// the bucket can hold is refused but retryable (a larger grant may hold it).
+func TestGateRefundsAndBigCosts(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	g := newGate(t, clk, l, lease.FailClosed, 0)
+	g.Refresh(context.Background())
+	offer(g, clk, 2000, time.Second) // demand while the allocator learns
+	g.Refresh(context.Background())
+	clk.Advance(500 * time.Millisecond) // the bucket fills: 100 units, the lease still live
+	r := &sluice.Request{Cost: 100}
+	d, p := g.Decide(context.Background(), r, clk.Now())
+	if !d.Admitted {
+		t.Fatalf("a full bucket refused its depth: %+v", d)
+	}
+	if d, _ := g.Decide(context.Background(), r, clk.Now()); d.Admitted {
+		t.Fatal("an empty bucket admitted")
+	}
+	g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: clk.Now()})
+	if d, _ := g.Decide(context.Background(), r, clk.Now()); !d.Admitted {
+		t.Fatal("the units of a request a later gate rejected did not come back")
+	}
+	if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 101}, clk.Now()); d.Admitted || !d.Retryable || d.Reason != sluice.ReasonPolicyRate {
+		t.Fatalf("a cost above the bucket: %+v", d)
+	}
+}
+
+// Run keeps the lease fresh and gives it back when its context ends, so
+// another process gets the whole budget at its next refresh.
+func TestGateRunGivesTheLeaseBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &lease.Local{}
+		a := lease.Allocator{Capacity: 1000, Lease: time.Second, Refresh: 250 * time.Millisecond}
+		mk := func(client string) *lease.Gate {
+			g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: client, Leaser: l, Allocator: a})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		g1, g2 := mk("p1"), mk("p2")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { g1.Run(ctx); close(done) }()
+		time.Sleep(2 * time.Second) // past learning; p1 holds a lease (of its idle demand)
+		st := g1.ReportState(clock.System.Now()).(lease.GateState)
+		cancel()
+		<-done
+		if !st.Live || st.Rate < 1 {
+			t.Fatalf("p1 running alone: %+v", st)
+		}
+		g2.Refresh(context.Background())
+		if st := g2.ReportState(clock.System.Now()).(lease.GateState); st.Rate != 1000 {
+			t.Fatalf("p2 after p1 shut down: %+v, want the whole 1,000 (p1 gave its lease back)", st)
+		}
+	})
+}
