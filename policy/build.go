@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -30,6 +31,10 @@ type Options struct {
 	// for bit. Called from the decision path: it must be safe for the
 	// chain's concurrency.
 	Rand func() float64
+	// LeaseClient names this process among the holders of the leases of
+	// gates with lease: (default: host, process id and a random suffix).
+	// Processes of one fleet must have different names.
+	LeaseClient string
 }
 
 // Runtime is a built policy: the chain and the identification rules.
@@ -66,6 +71,11 @@ type redisConn struct {
 // replaced by a reload keeps its connection for the next one when the store
 // settings did not change.
 func (rt *Runtime) Close() {
+	for _, g := range rt.gates {
+		if g.stop != nil {
+			g.stop() // gives the leases back while the store still answers
+		}
+	}
 	if rt.redis != nil {
 		rt.redis.st.Close()
 	}
@@ -76,7 +86,17 @@ func (rt *Runtime) Close() {
 type builtGate struct {
 	fp, sk string
 	g      sluice.Gate
-	state  any // the in-memory state the gate decides on (*memory.Keyed), or nil
+	state  any    // the in-memory state the gate decides on (*memory.Keyed), or nil
+	stop   func() // ends the gate's background loop, and waits for it (nil: none)
+	looped bool   // the gate has a background loop (stopped once stop is nil)
+}
+
+// start runs fn until the returned stop is called; stop waits for fn.
+func start(fn func(ctx context.Context)) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); fn(ctx) }()
+	return func() { cancel(); <-done }
 }
 
 // builder is what a kind's build gets: the gate's settings, the store, and
@@ -88,6 +108,9 @@ type builder struct {
 	prev  any           // the previous build's state with the same state key, or nil
 	state any           // set by the kind: the state a later build may continue from
 	opts  Options
+	// run, set by the kind, is the gate's background loop (a lease's
+	// refreshes): the runtime runs it while the gate serves.
+	run func(ctx context.Context)
 }
 
 // gateOptions returns the options of the gate package's gates. The memory
@@ -121,6 +144,7 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 		g := &f.Gates[i]
 		bg, err := rt.build(g, prev, opts)
 		if err != nil {
+			rt.stopNew(prev) // the loops this build started
 			c := &checker{file: f, g: g, path: fmt.Sprintf("gates[%d]", i)}
 			c.fail(err)
 			return nil, c.errs
@@ -138,6 +162,22 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	rt.Chain = chain
 	rt.Rules = f.rules()
 	return rt, nil
+}
+
+// stopNew stops the background loops of the gates rt built itself (not
+// those it took over from prev), after a failed build.
+func (rt *Runtime) stopNew(prev *Runtime) {
+	for name, g := range rt.gates {
+		if g.stop == nil {
+			continue
+		}
+		if prev != nil {
+			if o, ok := prev.gates[name]; ok && o.g == g.g {
+				continue
+			}
+		}
+		g.stop()
+	}
 }
 
 // bindQueue gives every deadline gate its Q: the predicted wait of the
@@ -199,8 +239,8 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 			old = &r.builtGate
 		}
 	}
-	if old != nil && old.fp == fp {
-		return *old, nil
+	if old != nil && old.fp == fp && !(old.looped && old.stop == nil) {
+		return *old, nil // (a retired gate whose loop ended is built anew)
 	}
 	b := &builder{g: g, store: rt.File.Store, opts: opts}
 	if rt.redis != nil {
@@ -216,7 +256,11 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	if len(g.Classes) > 0 {
 		built = gate.ForClasses(built, g.Classes)
 	}
-	return builtGate{fp: fp, sk: sk, g: built, state: b.state}, nil
+	bg := builtGate{fp: fp, sk: sk, g: built, state: b.state}
+	if b.run != nil {
+		bg.stop, bg.looped = start(b.run), true
+	}
+	return bg, nil
 }
 
 // retire keeps the gates of prev that rt dropped, and prev's own retired
@@ -232,6 +276,12 @@ func (rt *Runtime) retire(prev *Runtime) {
 		}
 	}
 	for name, g := range prev.gates {
+		if cur, kept := rt.gates[name]; !kept || cur.g != g.g {
+			if g.stop != nil { // a loop (a lease) ends with its gate: give the lease back
+				g.stop()
+				g.stop = nil
+			}
+		}
 		if _, kept := rt.gates[name]; !kept {
 			rt.retired[name] = retiredGate{builtGate: g, at: now}
 		}

@@ -36,9 +36,18 @@ func (p *gcraParams) gcra() algorithm[limit.GCRAState, *limit.GCRA] {
 	}
 }
 
-func (p *gcraParams) check(c *checker)                      { p.gcra().check(c) }
-func (p *gcraParams) build(b *builder) (sluice.Gate, error) { return p.gcra().build(b) }
+func (p *gcraParams) check(c *checker) {
+	p.gcra().check(c)
+	p.lease.check(c, p.rate, p.burst)
+}
+
+func (p *gcraParams) build(b *builder) (sluice.Gate, error) {
+	if p.lease.set {
+		return p.lease.build(b, p.rate, p.burst)
+	}
+	return p.gcra().build(b)
+}
 
 func (p *gcraParams) describe(g *Gate) string {
-	return fmt.Sprintf("GCRA %s, burst %d%s", p.rateText, p.burst, scoped(g))
+	return fmt.Sprintf("GCRA %s, burst %d%s%s", p.rateText, p.burst, scoped(g), p.lease.describe(p.rate))
 }

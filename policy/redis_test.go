@@ -4,10 +4,14 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/lease"
 )
 
 // Two replicas built from one policy on the redis backend share one budget,
@@ -114,4 +118,68 @@ gates:
 		t.Fatalf("%d connections to Redis after 100 reloads", n)
 	}
 	t.Logf("%d connections after 100 reloads", n)
+}
+
+// Two processes built from one policy with a lease share its rate through
+// Redis: after the allocator's learning period each holds half; when one
+// shuts down (Close gives its lease back) the other takes the whole rate
+// at its next refresh; a reload that drops the gate stops its refreshes.
+func TestLeaseSharesTheRateAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	src := strings.ReplaceAll(`version: 1
+service: leased
+store: {backend: redis, addrs: [ADDR], timeout: 200ms}
+gates:
+  - name: fleet-rate
+    kind: token_bucket
+    scope: service
+    rate: 1000/s
+    burst: 100
+    lease: {time: 300ms, refresh: 50ms}
+`, "ADDR", srv.Addr)
+	f, err := Parse("l.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec := f.SpecText(); !strings.Contains(spec, "spent from a lease (300ms, refreshed every 50ms) of the fleet's 1000 units/s") {
+		t.Fatalf("spec:\n%s", spec)
+	}
+	a, err := Build(f, nil, Options{LeaseClient: "process-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Build(f, nil, Options{LeaseClient: "process-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rate := func(rt *Runtime) int64 {
+		g, _ := sluice.As[*lease.Gate](rt.Chain.Gates()[0])
+		return g.ReportState(rt.Chain.Clock().Now()).(lease.GateState).Rate
+	}
+	// Demand on both, so that each asks for more than half.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, rt := range []*Runtime{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if d, tk := rt.Chain.Decide(context.Background(), &sluice.Request{}); d.Admitted {
+					tk.Done(sluice.OutcomeUseful)
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+		}()
+	}
+	poll.Until(t, 10*time.Second, func() bool { return rate(a) == 500 && rate(b) == 500 })
+	a.Close() // its load keeps coming, and is decided without a lease now
+	poll.Until(t, 10*time.Second, func() bool { return rate(b) == 1000 })
+	close(stop)
+	wg.Wait()
 }

@@ -25,6 +25,7 @@ type bucketParams struct {
 	rateText string
 	burst    int64
 	refund   bool
+	lease    leaseSettings
 }
 
 func (p *bucketParams) fields() []field {
@@ -32,6 +33,7 @@ func (p *bucketParams) fields() []field {
 		rateField("rate", "sustained rate: tokens per period, e.g. 100/s, 5/m, 1/h", &p.rate, &p.rateText).must(),
 		intField("burst", "bucket size in demand units: what a full bucket admits at once", &p.burst, 1, 1<<40).must(),
 		refundField(&p.refund),
+		leaseField(&p.lease),
 	}
 }
 
@@ -50,11 +52,20 @@ func (p *bucketParams) tokenBucket() algorithm[limit.TokenBucketState, *limit.To
 	}
 }
 
-func (p *bucketParams) check(c *checker)                      { p.tokenBucket().check(c) }
-func (p *bucketParams) build(b *builder) (sluice.Gate, error) { return p.tokenBucket().build(b) }
+func (p *bucketParams) check(c *checker) {
+	p.tokenBucket().check(c)
+	p.lease.check(c, p.rate, p.burst)
+}
+
+func (p *bucketParams) build(b *builder) (sluice.Gate, error) {
+	if p.lease.set {
+		return p.lease.build(b, p.rate, p.burst)
+	}
+	return p.tokenBucket().build(b)
+}
 func (p *bucketParams) stateKey() string                      { return p.rate.String() }
 func (p *bucketParams) bursts() int64                         { return p.burst }
 
 func (p *bucketParams) describe(g *Gate) string {
-	return fmt.Sprintf("token bucket %s, burst %d%s", p.rateText, p.burst, scoped(g))
+	return fmt.Sprintf("token bucket %s, burst %d%s%s", p.rateText, p.burst, scoped(g), p.lease.describe(p.rate))
 }

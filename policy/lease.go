@@ -1,0 +1,148 @@
+package policy
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/yamlfile"
+	"github.com/sluice-go/sluice/lease"
+	"github.com/sluice-go/sluice/limit"
+)
+
+// leaseSettings are a service-wide rate gate's lease of a fleet budget
+// (package lease): lease: {time: 10s, refresh: 2500ms, on_failure: safe,
+// safe_share: 0}.
+type leaseSettings struct {
+	set       bool
+	time      time.Duration
+	refresh   time.Duration
+	onFailure string
+	safeShare int64
+}
+
+var leaseFailures = map[string]lease.Failure{"safe": lease.FailSafe, "open": lease.FailOpen, "closed": lease.FailClosed}
+
+func leaseField(l *leaseSettings) field {
+	return field{key: "lease", doc: "spend a lease of the fleet-wide rate in process instead of one Redis call per decision " +
+		"(package lease): {time: 10s, refresh: lease/4, on_failure: safe|open|closed, safe_share: units/s}; the processes " +
+		"share the rate max-min by their demand; scope service, a whole number of units per second",
+		def: "none (one decision per request on the store)",
+		parse: func(p *parser, v *yaml.Node, path string) {
+			l.set = true
+			p.Fields(v, path, []string{"time", "refresh", "on_failure", "safe_share"}, func(k string, vv *yaml.Node) {
+				at := yamlfile.Join(path, k)
+				switch k {
+				case "time":
+					l.time = p.Duration(vv, at, 10*time.Millisecond)
+				case "refresh":
+					l.refresh = p.Duration(vv, at, time.Millisecond)
+				case "on_failure":
+					l.onFailure = p.OneOf(vv, at, "safe", "open", "closed")
+				case "safe_share":
+					l.safeShare = p.Integer(vv, at, 1, lease.MaxGateRate)
+				}
+			})
+		}}
+}
+
+// allocator is the lease's budget for a rate: its units per second, the
+// lease time and refresh.
+func (l *leaseSettings) allocator(rate limit.Rate) (lease.Allocator, error) {
+	per := rate.Per()
+	if per <= 0 || (rate.Tokens()*int64(time.Second))%int64(per) != 0 {
+		return lease.Allocator{}, fmt.Errorf("a lease divides a whole number of units per second; %s is not one", rate)
+	}
+	a := lease.Allocator{Capacity: rate.Tokens() * int64(time.Second) / int64(per), Lease: l.time, Refresh: l.refresh}
+	if a.Lease == 0 {
+		a.Lease = 10 * time.Second
+	}
+	if err := a.Validate(); err != nil {
+		return a, err
+	}
+	if a.Capacity > lease.MaxGateRate {
+		return a, fmt.Errorf("a lease divides at most %d units/s", int64(lease.MaxGateRate))
+	}
+	return a, nil
+}
+
+func (l *leaseSettings) check(c *checker, rate limit.Rate, burst int64) {
+	if !l.set {
+		return
+	}
+	if c.g.Scope != sluice.ScopeService {
+		c.failf("lease", "a lease divides one fleet-wide budget: it needs scope service, not %s", c.g.Scope)
+		return
+	}
+	a, err := l.allocator(rate)
+	if err != nil {
+		c.failf("lease", "%v", err)
+		return
+	}
+	if b := time.Duration(float64(burst) / float64(a.Capacity) * float64(time.Second)); b < time.Millisecond || b > time.Second {
+		c.failf("lease", "burst %d is %v at %d units/s; a lease's local bucket holds 1ms to 1s of its grant", burst, b, a.Capacity)
+	}
+}
+
+// clientID names this process among the fleet's lease holders: host,
+// process id and a random suffix (a restarted process is a new client).
+var clientID = func() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}()
+
+// build returns the lease gate of a rate gate named by b, spending
+// rate·burst, and registers its refresh loop with the runtime. On the
+// memory backend (and in the simulator) the budget is this process's
+// alone, with an in-process allocator.
+func (l *leaseSettings) build(b *builder, rate limit.Rate, burst int64) (sluice.Gate, error) {
+	a, err := l.allocator(rate)
+	if err != nil {
+		return nil, err
+	}
+	var leaser lease.Leaser = &lease.Local{Clock: b.opts.Clock}
+	if b.redis != nil {
+		leaser = b.redis
+	}
+	client := b.opts.LeaseClient
+	if client == "" {
+		client = clientID
+	}
+	g, err := lease.NewGate(b.g.Name, lease.GateOptions{Budget: b.g.Name, Client: client, Allocator: a, Leaser: leaser,
+		Burst: time.Duration(float64(burst) / float64(a.Capacity) * float64(time.Second)), OnFailure: leaseFailures[l.onFailure],
+		SafeShare: l.safeShare, Clock: b.opts.Clock})
+	if err != nil {
+		return nil, err
+	}
+	b.run = g.Run
+	return g, nil
+}
+
+// describe is the lease's part of the spec line.
+func (l *leaseSettings) describe(rate limit.Rate) string {
+	if !l.set {
+		return ""
+	}
+	a, err := l.allocator(rate)
+	if err != nil {
+		return ""
+	}
+	refresh := a.Refresh
+	if refresh == 0 {
+		refresh = a.Lease / 4
+	}
+	mode := l.onFailure
+	if mode == "" {
+		mode = "safe"
+	}
+	return fmt.Sprintf(", spent from a lease (%v, refreshed every %v) of the fleet's %d units/s, shared max-min by demand; "+
+		"the grants never sum above it, so the fleet admits at most %d·(T + burst) in any T; after an allocator restart it "+
+		"learns holdings for %v before granting more; without a lease: %s", a.Lease, refresh, a.Capacity, a.Capacity, a.Lease, mode)
+}
