@@ -167,26 +167,35 @@ func (p *reservationParams) checkShares(c *checker) bool {
 				Msg: fmt.Sprintf(format, args...)})
 			ok = false
 		}
-		switch {
-		case cl.Reserve > usable && usable > 0:
-			fail("reserve", "%d above the usable %d (capacity − recovery)", cl.Reserve, usable)
-		case cl.Max > usable && usable > 0:
-			fail("max", "%d above the usable %d (capacity − recovery)", cl.Max, usable)
-		case cl.Max > 0 && cl.Max < cl.Reserve:
-			fail("max", "%d below the class's reserve %d", cl.Max, cl.Reserve)
-		case cl.Tenant > 0 && p.inflight > 0:
-			fail("tenant", "a tenant cap applies to rates (capacity), not to units in flight")
-		case cl.Reserve == 0 && cl.NoBorrow:
-			fail("borrow", "a class with no reserve that never borrows is never admitted: give it a reserve or let it borrow")
-		case cl.NoBorrow && cl.Max > cl.Reserve:
-			fail("max", "%d above the reserve %d of a class that never borrows: it can never be reached", cl.Max, cl.Reserve)
-		case cl.Max > 0 && cl.Tenant > cl.Max:
-			fail("tenant", "%d per tenant above the class's max %d never binds", cl.Tenant, cl.Max)
-		case len(c.g.Classes) > 0 && !slices.Contains(c.g.Classes, cl.Class):
-			fail("reserve", "the gate applies only to classes %s (its classes: field), so this share is never used", strings.Join(c.g.Classes, ", "))
+		if f, msg := shareProblem(c, cl, usable, p.inflight > 0); f != "" {
+			fail(f, "%s", msg)
 		}
 	}
 	return ok && p.checkUnlisted(c, usable)
+}
+
+// shareProblem is the first bad field of share cl, and what is wrong with
+// it ("" when nothing is).
+func shareProblem(c *checker, cl fair.ClassShare, usable int64, inflight bool) (field, msg string) {
+	switch {
+	case cl.Reserve > usable && usable > 0:
+		return "reserve", fmt.Sprintf("%d above the usable %d (capacity − recovery)", cl.Reserve, usable)
+	case cl.Max > usable && usable > 0:
+		return "max", fmt.Sprintf("%d above the usable %d (capacity − recovery)", cl.Max, usable)
+	case cl.Max > 0 && cl.Max < cl.Reserve:
+		return "max", fmt.Sprintf("%d below the class's reserve %d", cl.Max, cl.Reserve)
+	case cl.Tenant > 0 && inflight:
+		return "tenant", "a tenant cap applies to rates (capacity), not to units in flight"
+	case cl.Reserve == 0 && cl.NoBorrow:
+		return "borrow", "a class with no reserve that never borrows is never admitted: give it a reserve or let it borrow"
+	case cl.NoBorrow && cl.Max > cl.Reserve:
+		return "max", fmt.Sprintf("%d above the reserve %d of a class that never borrows: it can never be reached", cl.Max, cl.Reserve)
+	case cl.Max > 0 && cl.Tenant > cl.Max:
+		return "tenant", fmt.Sprintf("%d per tenant above the class's max %d never binds", cl.Tenant, cl.Max)
+	case len(c.g.Classes) > 0 && !slices.Contains(c.g.Classes, cl.Class):
+		return "reserve", fmt.Sprintf("the gate applies only to classes %s (its classes: field), so this share is never used", strings.Join(c.g.Classes, ", "))
+	}
+	return "", ""
 }
 
 // checkUnlisted reports, for a reservation of units in flight that

@@ -63,8 +63,8 @@ func (p *bucketParams) build(b *builder) (sluice.Gate, error) {
 	}
 	return p.tokenBucket().build(b)
 }
-func (p *bucketParams) stateKey() string                      { return p.rate.String() }
-func (p *bucketParams) bursts() int64                         { return p.burst }
+func (p *bucketParams) stateKey() string { return p.rate.String() }
+func (p *bucketParams) bursts() int64    { return p.burst }
 
 func (p *bucketParams) describe(g *Gate) string {
 	return fmt.Sprintf("token bucket %s, burst %d%s%s", p.rateText, p.burst, scoped(g), p.lease.describe(p.rate))
