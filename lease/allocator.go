@@ -100,6 +100,7 @@ type Grant struct {
 	Expiry   clock.Instant // when it lapses unless refreshed
 	Refresh  time.Duration // when to ask again (during learning: at its end)
 	Learning bool          // the allocator is learning: Has only confirms
+	Clients  int           // live holdings, this one included (a safe share divides by it)
 }
 
 // Step applies one request to st at now and returns the client's grant.
@@ -145,7 +146,7 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		has = min(FairShares(a.Capacity, st.Holdings)[r.Client], room)
 	}
 	h.Has, h.Expiry = has, now.Add(a.Lease)
-	g := Grant{Has: has, Expiry: h.Expiry, Refresh: a.refresh(), Learning: learning}
+	g := Grant{Has: has, Expiry: h.Expiry, Refresh: a.refresh(), Learning: learning, Clients: len(st.Holdings)}
 	if learning { // ask again as the learning period ends
 		g.Refresh = min(g.Refresh, max(st.LearnUntil.Sub(now), time.Millisecond))
 	}

@@ -270,6 +270,9 @@ func (g *Gate) Refresh(ctx context.Context) (time.Duration, error) {
 	g.mu.Lock()
 	g.fillLocked(now, g.rateLocked(now)) // the old rate up to now
 	g.rate, g.expiry, g.granted = grant.Has, grant.Expiry, true
+	if grant.Clients > 0 {
+		g.clients = grant.Clients
+	}
 	g.demand, g.demandAt = 0, now
 	g.mu.Unlock()
 	return grant.Refresh, nil

@@ -49,7 +49,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	if refresh == 0 {
 		refresh = a.Lease / 4
 	}
-	g := lease.Grant{Has: v[1], Refresh: refresh, Learning: v[3] > 0}
+	g := lease.Grant{Has: v[1], Refresh: refresh, Learning: v[3] > 0, Clients: int(v[0])}
 	if g.Learning { // ask again as the learning period ends
 		g.Refresh = min(refresh, max(time.Duration(v[3]-v[4])*time.Microsecond, time.Millisecond))
 	}

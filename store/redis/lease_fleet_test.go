@@ -11,17 +11,22 @@ import (
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/lease"
+	"github.com/sluice-go/sluice/store"
 )
 
 // clockedLeaser runs a store's lease steps at a fake clock's now (Redis'
 // own TIME overridden), so a fleet can be driven millisecond by
 // millisecond against a real Redis.
 type clockedLeaser struct {
-	st  *Store
-	clk *fakeclock.Clock
+	st   *Store
+	clk  *fakeclock.Clock
+	down *bool // while set, the allocator is unreachable
 }
 
 func (l clockedLeaser) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	if *l.down {
+		return lease.Grant{}, store.ErrUnavailable
+	}
 	g, expiry, err := l.st.leaseAt(ctx, budget, a, r, int64(l.clk.Now())/1000)
 	if err == nil && !r.Release {
 		g.Expiry = clock.Instant(expiry * 1000)
@@ -50,14 +55,17 @@ func TestLeaseFleetOnRedis(t *testing.T) {
 	clk := fakeclock.New(int64(1000 * time.Second))
 	a := lease.Allocator{Capacity: 10000, Lease: time.Second, Refresh: 250 * time.Millisecond}
 	ctx := context.Background()
+	down := false
+	var stores []*Store
 	newProcess := func(i, rate int) *process {
 		st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
+		stores = append(stores, st)
 		t.Cleanup(st.Close)
 		g, err := lease.NewGate("fleet-rate", lease.GateOptions{Budget: "api", Client: fmt.Sprint("process-", i), Allocator: a,
-			Leaser: clockedLeaser{st, clk}, Clock: clk})
+			Leaser: clockedLeaser{st, clk, &down}, Clock: clk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +90,7 @@ func TestLeaseFleetOnRedis(t *testing.T) {
 				}
 				if int64(now) >= p.next {
 					wait, err := p.gate.Refresh(ctx)
-					if err != nil {
+					if err != nil && !down {
 						t.Fatalf("refresh: %v", err)
 					}
 					p.next = int64(now) + int64(wait)
@@ -125,4 +133,32 @@ func TestLeaseFleetOnRedis(t *testing.T) {
 	if st.Rate < 2500*97/100 {
 		t.Errorf("new process holds %d units/s after one refresh interval, want its fair share 2,500", st.Rate)
 	}
+	run(2 * time.Second)
+	// The allocator is unreachable for 5 s: no decision waits on it (they
+	// are all in process), the leases run to their expiry, then each
+	// process spends its safe share (the capacity over the 4 clients it last
+	// saw); afterwards the leases resume.
+	down = true
+	total, _ = run(5 * time.Second)
+	down = false
+	t.Logf("allocator down for 5 s: %v", total)
+	for s, n := range total {
+		within(fmt.Sprintf("second %d without the allocator", s+1), n, 10000)
+	}
+	total, _ = run(2 * time.Second)
+	t.Logf("after it is back: %v", total)
+	within("the second after it is back", total[1], 10000)
+	// Redis restarted empty: the allocator learns for one lease time, the
+	// holders' grants are confirmed and nothing is handed out twice.
+	if err := stores[0].rc().Do(ctx, stores[0].rc().B().Flushall().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	total, _ = run(3 * time.Second)
+	t.Logf("after Redis restarted empty: %v", total)
+	for s, n := range total {
+		if n > 10100 {
+			t.Errorf("second %d after the restart: %d admitted, above the limit", s+1, n)
+		}
+	}
+	within("the second after learning", total[2], 10000)
 }

@@ -3,8 +3,9 @@
 -- field "c:<client>" per holding, "has wants expiry" (whole units, us).
 -- ARGV: 1 now override (us), 2 op ("take" | "release"), 3 client,
 --       4 "wants has", 5 packed doubles: capacity, lease (us).
--- Reply: {status 0, grant, expiry (us), the end of the learning period
--- while learning (us, else 0), the step's now (us), Redis TIME (us)}.
+-- Reply: {live holdings (this one included; 0 for a release), grant,
+-- expiry (us), the end of the learning period while learning (us, else 0),
+-- the step's now (us), Redis TIME (us)}.
 -- A missing hash is a lost state (a restart, a failover, or every holding
 -- long expired): the step starts learning for one lease time.
 local now = now_us()
@@ -88,4 +89,4 @@ end
 local expiry = now + lease
 redis.call('HSET', key, 'c:' .. client, str(grant) .. ' ' .. str(wants) .. ' ' .. str(expiry))
 redis.call('PEXPIRE', key, keep)
-return {0, grant, expiry, learning, now, TIME_US}
+return {#holdings, grant, expiry, learning, now, TIME_US}
