@@ -113,3 +113,10 @@ type ClassQueue struct {
 	Waiting int           `json:"waiting"`
 	Oldest  time.Duration `json:"oldest_ns"`
 }
+
+// Leaseholder is a gate that spends a lease of a fleet-wide budget.
+// Lease returns, at now, the budget's capacity, the share this process
+// holds, and whether the lease is live (granted and unexpired).
+type Leaseholder interface {
+	Lease(now clock.Instant) (capacity, granted int64, live bool)
+}

@@ -305,6 +305,15 @@ func (g *Gate) Run(ctx context.Context) {
 	}
 }
 
+var _ sluice.Leaseholder = (*Gate)(nil)
+
+// Lease returns the budget's capacity, the grant and whether it is live.
+func (g *Gate) Lease(now clock.Instant) (capacity, granted int64, live bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.opts.Allocator.Capacity, g.rate, g.granted && now < g.expiry
+}
+
 // GateState is what the admin API shows of a lease gate.
 type GateState struct {
 	Rate      int64   `json:"granted_units_per_s"`

@@ -286,6 +286,9 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 //	sluice_queue_oldest_seconds{gate}       the age of the oldest of them (Queuer)
 //	sluice_queue_waits_total{gate}          requests that waited (Queuer)
 //	sluice_queue_dropped_total{gate}        of those, turned away after waiting (Queuer)
+//	sluice_lease_capacity{gate}             a lease's fleet-wide budget (Leaseholder)
+//	sluice_lease_granted{gate}              this process's share of it (Leaseholder)
+//	sluice_lease_live{gate}                 1 while the lease is live, 0 after it lapsed (Leaseholder)
 //	sluice_queue_class_waiting{gate,class}  requests waiting in each class queue (ClassQueuer)
 //	sluice_queue_class_oldest_seconds{gate,class} the age of the oldest of them (ClassQueuer)
 func (m *Metrics) Gates(chain func() *sluice.Chain) {
@@ -301,6 +304,9 @@ func (m *Metrics) Gates(chain func() *sluice.Chain) {
 		oldest:       prometheus.NewDesc("sluice_queue_oldest_seconds", "Age of the oldest request in a wait queue.", []string{"gate"}, nil),
 		waits:        prometheus.NewDesc("sluice_queue_waits_total", "Requests that waited in a wait queue.", []string{"gate"}, nil),
 		dropped:      prometheus.NewDesc("sluice_queue_dropped_total", "Requests a wait queue turned away after they waited.", []string{"gate"}, nil),
+		leaseCap:     prometheus.NewDesc("sluice_lease_capacity", "A lease gate's fleet-wide budget.", []string{"gate"}, nil),
+		leaseGranted: prometheus.NewDesc("sluice_lease_granted", "This process's share of a lease gate's budget.", []string{"gate"}, nil),
+		leaseLive:    prometheus.NewDesc("sluice_lease_live", "1 while a lease gate's lease is live, 0 after it lapsed (the gate then follows its failure mode).", []string{"gate"}, nil),
 		classWaiting: prometheus.NewDesc("sluice_queue_class_waiting", "Requests waiting in a wait queue's class queue.", []string{"gate", "class"}, nil),
 		classOldest:  prometheus.NewDesc("sluice_queue_class_oldest_seconds", "Age of the oldest request in a wait queue's class queue.", []string{"gate", "class"}, nil)})
 }
@@ -311,6 +317,7 @@ type gateCollector struct {
 	limit, inflight                    *prometheus.Desc
 	waiting, oldest, waits, dropped    *prometheus.Desc
 	classWaiting, classOldest          *prometheus.Desc
+	leaseCap, leaseGranted, leaseLive  *prometheus.Desc
 }
 
 func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -326,6 +333,9 @@ func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.dropped
 	ch <- g.classWaiting
 	ch <- g.classOldest
+	ch <- g.leaseCap
+	ch <- g.leaseGranted
+	ch <- g.leaseLive
 }
 
 func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -342,6 +352,12 @@ func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(g.oldest, prometheus.GaugeValue, oldest.Seconds(), name)
 			ch <- prometheus.MustNewConstMetric(g.waits, prometheus.CounterValue, float64(waits), name)
 			ch <- prometheus.MustNewConstMetric(g.dropped, prometheus.CounterValue, float64(dropped), name)
+		}
+		if l, ok := sluice.As[sluice.Leaseholder](gt); ok {
+			capacity, granted, live := l.Lease(now)
+			ch <- prometheus.MustNewConstMetric(g.leaseCap, prometheus.GaugeValue, float64(capacity), name)
+			ch <- prometheus.MustNewConstMetric(g.leaseGranted, prometheus.GaugeValue, float64(granted), name)
+			ch <- prometheus.MustNewConstMetric(g.leaseLive, prometheus.GaugeValue, map[bool]float64{true: 1}[live], name)
 		}
 		if cq, ok := sluice.As[sluice.ClassQueuer](gt); ok {
 			for _, q := range cq.ClassQueues(now) {

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
@@ -131,4 +132,22 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A lease gate's budget, grant and liveness are exported.
+func TestLeaseMetrics(t *testing.T) {
+	g, err := lease.NewGate("fleet-rate", lease.GateOptions{Budget: "b", Client: "c", Leaser: &lease.Local{},
+		Allocator: lease.Allocator{Capacity: 500, Lease: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
+	m := New(Options{})
+	m.Gates(func() *sluice.Chain { return chain })
+	out := scrape(t, m)
+	for _, want := range []string{`sluice_lease_capacity{gate="fleet-rate"} 500`, `sluice_lease_granted{gate="fleet-rate"} 0`, `sluice_lease_live{gate="fleet-rate"} 0`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
 }
