@@ -8,6 +8,26 @@
 //	g := a.Step(&st, lease.Request{Client: "web-1", Wants: 4000}, now)
 //	// g.Has units/s until g.Expiry; ask again every g.Refresh
 //
+// A Gate spends a process's lease of a rate budget in-process (no call to
+// the allocator on the decision path) and refreshes it in the background.
+//
+// Bounds, for n processes sharing a capacity of C units/s with lease time
+// L, refresh interval R and a local bucket of B (time at the grant):
+//   - Overshoot: the grants never sum above C, so the fleet admits at most
+//     C·(T + B) in any window T while the allocator keeps its state, and
+//     across a restart of it too (it learns the holdings for L and grants
+//     nothing new meanwhile). With the allocator unreachable, a lease runs
+//     to its expiry and then the failure mode decides: FailSafe spends
+//     C ÷ (the clients last seen), so the fleet stays within C when every
+//     process saw the same clients (and within C·n/m when a process last
+//     saw m of them); FailOpen has no bound; FailClosed admits nothing.
+//   - Unused allocation: a process whose demand fell keeps its grant until
+//     its next refresh, so at most C stays unused for R; a stopped process
+//     holds its share for at most L (none after it gives the lease back).
+//   - Convergence: a new process has its fair share once the others have
+//     refreshed (within R of its first request); a budget that is new, or
+//     whose allocator lost its state, grants nothing for L.
+//
 // The step is after Google Doorman's server (youtube/doorman,
 // doc/design.md and doc/algorithms.md): FAIR_SHARE (max-min) allocation of
 // what clients want, leases with an expiry and a refresh interval, and a
