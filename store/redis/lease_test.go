@@ -13,16 +13,23 @@ import (
 	"github.com/sluice-go/sluice/lease"
 )
 
-// The Redis twin of the lease allocator computes what its Go step does, on
-// the same requests at the same instants: grants, expiries and learning,
-// through random refreshes, releases, lapses and a lost state.
-func TestLeaseTwinMatchesTheStep(t *testing.T) {
+// leaseStore is a store on a fresh local Redis, closed with the test.
+func leaseStore(t *testing.T) *Store {
+	t.Helper()
 	srv := redistest.Start(t)
 	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(st.Close)
+	return st
+}
+
+// The Redis twin of the lease allocator computes what its Go step does, on
+// the same requests at the same instants: grants, expiries and learning,
+// through random refreshes, releases, lapses and a lost state.
+func TestLeaseTwinMatchesTheStep(t *testing.T) {
+	st := leaseStore(t)
 	ctx := context.Background()
 	n := 0
 	rapid.Check(t, func(t *rapid.T) {
@@ -55,12 +62,7 @@ func TestLeaseTwinMatchesTheStep(t *testing.T) {
 // report what they hold, a newcomer gets nothing until the learning period
 // ends, and the grants never sum above the capacity.
 func TestLeaseAfterRedisRestart(t *testing.T) {
-	srv := redistest.Start(t)
-	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := leaseStore(t)
 	ctx := context.Background()
 	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
 	t0 := int64(1_000_000_000)
