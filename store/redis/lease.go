@@ -20,7 +20,9 @@ var leaseScript = rueidis.NewLuaScript(preludeLua + commonLua + leaseLua)
 // Lease runs one step of a's allocator for budget on Redis (the twin of
 // lease.Allocator.Step, on Redis' clock): the budget's holdings live in
 // one hash, so the step is one atomic script on standalone Redis and on a
-// Cluster. The grant's expiry is on the caller's clock. A call that Redis
+// Cluster. The hash expires after two lease times or 10 minutes of Redis'
+// time without a call, whichever is longer: then the next call learns, as
+// after a restart. The grant's expiry is on the caller's clock. A call that Redis
 // reaches after its timeout does nothing. The error wraps
 // store.ErrUnavailable when Redis cannot be reached.
 func (s *Store) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {

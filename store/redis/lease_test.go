@@ -40,7 +40,7 @@ func TestLeaseTwinMatchesTheStep(t *testing.T) {
 		var state lease.State
 		nowUS := rapid.Int64Range(1, 1<<50).Draw(t, "t0")
 		for i, steps := 0, rapid.IntRange(1, 40).Draw(t, "steps"); i < steps; i++ {
-			// gaps below two lease times: the twin's hash outlives its holdings that long
+			// any gaps: the twin's hash lives 10 minutes of real time past its last call
 			nowUS += rapid.Int64Range(0, 2*a.Lease.Microseconds()-1).Draw(t, "gapUs")
 			r := lease.Request{Client: fmt.Sprint("c", rapid.IntRange(0, 4).Draw(t, "client")),
 				Wants: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "wants"), Has: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "has"),

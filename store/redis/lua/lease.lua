@@ -38,7 +38,10 @@ for i = 1, #fields, 2 do
   end
 end
 
-local keep = str(math.floor(2 * lease / 1000) + 1)
+-- The hash only collects garbage: it outlives its holdings (two lease times,
+-- at least 10 minutes of Redis' own time), so that a lost state means a
+-- restart or a failover, not a quiet spell.
+local keep = str(math.max(math.floor(2 * lease / 1000) + 1, 600000))
 if op == 'release' then
   redis.call('HDEL', key, 'c:' .. client)
   redis.call('PEXPIRE', key, keep)
