@@ -141,7 +141,8 @@ gates:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if spec := f.SpecText(); !strings.Contains(spec, "spent from a lease (300ms, refreshed every 50ms) of the fleet's 1000 units/s") {
+	if spec := f.SpecText(); !strings.Contains(spec, "spent from a lease (300ms, refreshed every 50ms) of the fleet's 1000 units/s") ||
+		!strings.Contains(spec, "leased gates (fleet-rate): the grants never sum above the rate") {
 		t.Fatalf("spec:\n%s", spec)
 	}
 	a, err := Build(f, nil, Options{LeaseClient: "process-a"})

@@ -165,11 +165,35 @@ func (w *specWriter) hierarchy() {
 		g := &f.Gates[i]
 		fmt.Fprintf(&w.b, "    - %s: %s [%s]\n", g.Name, g.params.describe(g), g.Mode)
 	}
+	bound := "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit"
 	if f.Store.Backend == BackendRedis {
-		w.line("Maximum distributed overshoot or unused lease", "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing")
-	} else {
-		w.line("Maximum distributed overshoot or unused lease", "in-process state: with N replicas each enforces its own limits, so a fleet admits up to N times each limit")
+		bound = "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing"
 	}
+	if leased := leasedGates(f); len(leased) > 0 {
+		bound += "; leased gates (" + strings.Join(leased, ", ") + "): the grants never sum above the rate, so the fleet admits at most " +
+			"rate x (T + burst) in any window T; a process whose demand fell holds its grant unused until its next refresh (at most " +
+			"the rate for one refresh interval); with the allocator unreachable a lease runs to its expiry, then its on_failure decides " +
+			"(safe: rate / clients last seen each)"
+	}
+	w.line("Maximum distributed overshoot or unused lease", "%s", bound)
+}
+
+// leasedGates names the gates that spend a lease.
+func leasedGates(f *File) []string {
+	var out []string
+	for i := range f.Gates {
+		switch p := f.Gates[i].params.(type) {
+		case *bucketParams:
+			if p.lease.set {
+				out = append(out, f.Gates[i].Name)
+			}
+		case *gcraParams:
+			if p.lease.set {
+				out = append(out, f.Gates[i].Name)
+			}
+		}
+	}
+	return out
 }
 
 func (w *specWriter) stateMachine() {
