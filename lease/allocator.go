@@ -14,19 +14,31 @@
 // Bounds, for n processes sharing a capacity of C units/s with lease time
 // L, refresh interval R and a local bucket of B (time at the grant):
 //   - Overshoot: the grants never sum above C, so the fleet admits at most
-//     C·(T + B) in any window T while the allocator keeps its state, and
-//     across a restart of it too (it learns the holdings for L and grants
-//     nothing new meanwhile). With the allocator unreachable, a lease runs
-//     to its expiry and then the failure mode decides: FailSafe spends
-//     C ÷ (the clients last seen), so the fleet stays within C when every
-//     process saw the same clients (and within C·n/m when a process last
-//     saw m of them); FailOpen has no bound; FailClosed admits nothing.
+//     C·(T + B) in any window T while the allocator keeps its state. After
+//     it lost its state (a Redis restart or failover, indistinguishable
+//     from a budget that is new) it learns for L: it confirms what holders
+//     say they hold and grants nothing new; a process holding nothing is
+//     told a safe share of what neither confirmed holdings nor other safe
+//     shares take, which it spends under FailSafe. So a new budget stays
+//     within C from its first step, and after a loss the fleet can spend
+//     the holdings not yet reported on top of C: at most 2C, and only
+//     until those holders refresh (within R when they reach the
+//     allocator); under FailClosed it stays within C throughout. With the
+//     allocator unreachable a lease runs to its expiry and then the
+//     failure mode decides: FailSafe spends C ÷ (the clients last seen),
+//     so the fleet stays within C when every process saw the same clients
+//     (and within C·n/m when a process last saw m of them); a gate that
+//     never had an answer spends nothing (or SafeShare); FailOpen has no
+//     bound; FailClosed admits nothing.
 //   - Unused allocation: a process whose demand fell keeps its grant until
 //     its next refresh, so at most C stays unused for R; a stopped process
 //     holds its share for at most L (none after it gives the lease back).
+//     While learning, the first process to ask is told all of C until the
+//     others have asked (every R/4 while learning): at most C − its demand
+//     unused for R/4.
 //   - Convergence: a new process has its fair share once the others have
-//     refreshed (within R of its first request); a budget that is new, or
-//     whose allocator lost its state, grants nothing for L.
+//     refreshed (within R of its first request); a new budget is shared
+//     by the processes that use it within two rounds of R/4.
 //
 // The step is after Google Doorman's server (youtube/doorman,
 // doc/design.md and doc/algorithms.md): FAIR_SHARE (max-min) allocation of
@@ -88,6 +100,10 @@ type Holding struct {
 	Has    int64         // granted, until Expiry
 	Wants  int64         // what it last asked for
 	Expiry clock.Instant // when the grant lapses
+	// Spare is what a client that holds nothing was told it may spend as
+	// its safe share while the allocator learns (Grant.Safe); it counts
+	// against the room until the client's next step.
+	Spare int64
 }
 
 // State is one budget's allocator state: the live holdings, and the end of
@@ -120,7 +136,13 @@ type Grant struct {
 	Expiry   clock.Instant // when it lapses unless refreshed
 	Refresh  time.Duration // when to ask again (during learning: at its end)
 	Learning bool          // the allocator is learning: Has only confirms
-	Clients  int           // live holdings, this one included (a safe share divides by it)
+	Clients  int           // live holdings, this one included
+	// Safe is the client's safe share, in the budget's unit: what it may
+	// spend without a live lease (FailSafe). Outside learning it is the
+	// capacity ÷ Clients; while learning, a client that holds nothing gets
+	// its max-min share of what no confirmed holding or other safe share
+	// takes, so a new budget is spent from its first step.
+	Safe int64
 }
 
 // Step applies one request to st at now and returns the client's grant.
@@ -131,8 +153,11 @@ type Grant struct {
 // leases until they refresh, so the sum of the grants never exceeds the
 // capacity, and a client's share grows as the others shrink to theirs (one
 // refresh interval). During learning (one lease time after the state was
-// lost) a client is granted what it says it has, within what is left, and
-// a new client nothing. Expired holdings are dropped first.
+// lost) a client is granted what it says it has, within what the others
+// are confirmed to hold, and a new client nothing; a client that holds
+// nothing is told a safe share (Grant.Safe) of what neither confirmed
+// holdings nor the other safe shares take, and asks again within a quarter
+// of the refresh interval. Expired holdings are dropped first.
 func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	if !st.Started {
 		st.Started, st.LearnUntil = true, now.Add(a.Lease)
@@ -149,26 +174,39 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		st.Holdings = append(st.Holdings, Holding{Client: r.Client})
 		i = len(st.Holdings) - 1
 	}
-	others := int64(0)
+	held, spared := int64(0), int64(0) // the others' grants and safe shares
 	for j, h := range st.Holdings {
 		if j != i {
-			others += h.Has
+			held += h.Has
+			spared += h.Spare
 		}
 	}
-	room := max(a.Capacity-others, 0)
 	h := &st.Holdings[i]
 	h.Wants = min(max(r.Wants, 0), a.Capacity)
 	learning := now < st.LearnUntil
-	var has int64
-	if learning {
-		has = min(max(r.Has, 0), room)
-	} else {
-		has = min(FairShares(a.Capacity, st.Holdings)[r.Client], room)
+	g := Grant{Refresh: a.refresh(), Learning: learning, Clients: len(st.Holdings)}
+	h.Has, h.Spare = 0, 0
+	switch {
+	case !learning:
+		h.Has = min(FairShares(a.Capacity, st.Holdings)[r.Client], max(a.Capacity-held-spared, 0))
+		g.Safe = a.Capacity / int64(len(st.Holdings))
+	case r.Has > 0: // a holder from before the loss: confirmed, never cut for a safe share
+		h.Has = min(r.Has, max(a.Capacity-held, 0))
+		g.Safe = a.Capacity / int64(len(st.Holdings))
+	default:
+		var empty []Holding
+		for _, o := range st.Holdings {
+			if o.Has == 0 {
+				empty = append(empty, o)
+			}
+		}
+		h.Spare = min(FairShares(max(a.Capacity-held, 0), empty)[r.Client], max(a.Capacity-held-spared, 0))
+		g.Safe = h.Spare
 	}
-	h.Has, h.Expiry = has, now.Add(a.Lease)
-	g := Grant{Has: has, Expiry: h.Expiry, Refresh: a.refresh(), Learning: learning, Clients: len(st.Holdings)}
-	if learning { // ask again as the learning period ends
-		g.Refresh = min(g.Refresh, max(st.LearnUntil.Sub(now), time.Millisecond))
+	h.Expiry = now.Add(a.Lease)
+	g.Has, g.Expiry = h.Has, h.Expiry
+	if learning { // ask again soon, and as the learning period ends
+		g.Refresh = min(g.Refresh/4, max(st.LearnUntil.Sub(now), time.Millisecond))
 	}
 	return g
 }

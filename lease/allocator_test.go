@@ -68,6 +68,52 @@ func TestAllocatorLearnsAfterLosingItsState(t *testing.T) {
 	}
 }
 
+// A budget that is new (or lost with no holder left) is spent from its
+// first step: while learning, the clients that hold nothing are told safe
+// shares of what no confirmed holding takes, max-min between them and
+// never summing above it, so four processes starting together share the
+// capacity within two rounds; a holder from before the loss is confirmed
+// first, and the safe shares make room for it at their next step.
+func TestAllocatorSafeSharesWhileLearning(t *testing.T) {
+	a := lease.Allocator{Capacity: 10000, Lease: 8 * time.Second} // refresh 2 s; 500 ms while learning
+	var st lease.State
+	now := clock.Instant(time.Hour)
+	want := map[string]int64{}
+	for round := range 2 {
+		for i, c := range []string{"a", "b", "c", "d"} {
+			g := a.Step(&st, lease.Request{Client: c, Wants: 10000}, now.Add(time.Duration(round*500+i)*time.Millisecond))
+			if !g.Learning || g.Has != 0 || g.Refresh != 500*time.Millisecond {
+				t.Fatalf("round %d %s: %+v, want learning, nothing granted, back in 500ms", round, c, g)
+			}
+			want[c] = g.Safe
+		}
+	}
+	for _, s := range want {
+		if s != 2500 {
+			t.Fatalf("safe shares after two rounds: %v, want 2500 each", want)
+		}
+	}
+	// A holder from before the loss reports 4000: confirmed in full, and
+	// the others' safe shares shrink to what is left as they come back.
+	if g := a.Step(&st, lease.Request{Client: "old", Wants: 4000, Has: 4000}, now.Add(1100*time.Millisecond)); g.Has != 4000 {
+		t.Fatalf("old holder while learning: %+v, want its 4000 confirmed", g)
+	}
+	for round := range 2 {
+		for i, c := range []string{"a", "b", "c", "d"} {
+			g := a.Step(&st, lease.Request{Client: c, Wants: 10000}, now.Add(time.Duration(1500+round*500+i)*time.Millisecond))
+			want[c] = g.Safe
+		}
+	}
+	if want["a"]+want["b"]+want["c"]+want["d"] != 6000 || want["a"] != 1500 {
+		t.Fatalf("safe shares beside a confirmed 4000: %v, want 1500 each", want)
+	}
+	// After learning the safe shares count against the room until their
+	// owners step again: the first grant takes only what is free.
+	if g := a.Step(&st, lease.Request{Client: "old", Wants: 10000, Has: 4000}, now.Add(8*time.Second)); g.Learning || g.Has != 2000 || g.Safe != 2000 {
+		t.Fatalf("old after learning: %+v, want its fair 2000 of five (4000 free beside the safe shares), safe 2000", g)
+	}
+}
+
 // A client that stops refreshing loses its holding at expiry; a client
 // that releases gives it back at once; the others' next refresh takes it.
 func TestAllocatorExpiryAndRelease(t *testing.T) {
@@ -113,14 +159,22 @@ func TestAllocatorNeverOverCommits(t *testing.T) {
 			if !g.Learning && !r.Release && g.Has > r.Wants {
 				t.Fatalf("granted %v to a client wanting %v", g.Has, r.Wants)
 			}
-			sum := int64(0)
+			sum, spent := int64(0), int64(0)
 			for _, h := range st.Holdings {
 				if h.Expiry > now {
 					sum += h.Has
+					spent += h.Has + h.Spare
 				}
 			}
 			if sum > a.Capacity {
 				t.Fatalf("live grants sum to %v > capacity %v", sum, a.Capacity)
+			}
+			// a safe share never takes what a grant or another safe share holds
+			if !r.Release && r.Has == 0 && g.Learning && spent > a.Capacity && g.Safe > 0 {
+				t.Fatalf("safe share %v beside holdings spending %v > capacity %v", g.Safe, spent, a.Capacity)
+			}
+			if !r.Release && !g.Learning && spent > a.Capacity && g.Has > 0 {
+				t.Fatalf("grant %v beside holdings spending %v > capacity %v", g.Has, spent, a.Capacity)
 			}
 		}
 	})

@@ -53,8 +53,10 @@ type Failure uint8
 
 const (
 	// FailSafe spends a safe share: SafeShare units/s, by default the
-	// capacity divided by the clients seen at the last grant (Doorman's
-	// "safe capacity").
+	// allocator's Grant.Safe at the last refresh (the capacity divided by
+	// the clients it saw; while it learns, a share of what no holding
+	// takes), and nothing before the first answer, when the gate knows
+	// nothing of the fleet (Doorman's "safe capacity").
 	FailSafe Failure = iota
 	// FailOpen admits everything (Doorman's optimistic mode).
 	FailOpen
@@ -80,9 +82,11 @@ type GateOptions struct {
 	// Headroom is how much more than its recent demand the gate asks for,
 	// as a share (so that growing demand is seen). Default 0.1.
 	Headroom float64
-	// OnFailure is what the gate does without a live lease. Default FailSafe.
+	// OnFailure is what the gate does without a live lease: before its
+	// first grant, once the lease lapsed unrefreshed, and while the
+	// allocator learns and grants it nothing. Default FailSafe.
 	OnFailure Failure
-	// SafeShare is FailSafe's rate, units/s; 0: capacity ÷ clients last seen.
+	// SafeShare is FailSafe's rate, units/s; 0: the allocator's safe share.
 	SafeShare int64
 	// Clock is the gate's clock. Default clock.System.
 	Clock clock.Clock
@@ -113,8 +117,9 @@ type Gate struct {
 	mu       sync.Mutex
 	rate     int64 // granted units/s
 	expiry   clock.Instant
-	granted  bool // a grant was ever received
-	clients  int  // live clients at the last grant, for the safe share
+	granted  bool  // a grant was ever received
+	learning bool  // the last grant was from a learning allocator
+	safe     int64 // the allocator's safe share at the last grant
 	tokens   int64
 	last     clock.Instant
 	demand   int64 // units offered since the last refresh
@@ -170,10 +175,16 @@ func NewGate(name string, opts GateOptions) (*Gate, error) {
 // Name returns the gate's name.
 func (g *Gate) Name() string { return g.name }
 
+// liveLocked reports a grant to spend at now: unexpired, and not a
+// learning allocator's nothing. REQUIRES: g.mu held.
+func (g *Gate) liveLocked(now clock.Instant) bool {
+	return g.granted && now < g.expiry && !(g.learning && g.rate == 0)
+}
+
 // rateLocked is the rate the gate spends at now: the grant while it is
 // live, else the failure mode's (-1: unlimited). REQUIRES: g.mu held.
 func (g *Gate) rateLocked(now clock.Instant) int64 {
-	if g.granted && now < g.expiry {
+	if g.liveLocked(now) {
 		return g.rate
 	}
 	switch g.opts.OnFailure {
@@ -185,7 +196,7 @@ func (g *Gate) rateLocked(now clock.Instant) int64 {
 	if g.opts.SafeShare > 0 {
 		return g.opts.SafeShare
 	}
-	return g.opts.Allocator.Capacity / int64(max(g.clients, 1))
+	return max(g.safe, 0)
 }
 
 // fillLocked fills the bucket at rate up to now. REQUIRES: g.mu held.
@@ -259,7 +270,7 @@ func (g *Gate) Refresh(ctx context.Context) (time.Duration, error) {
 		wants = int64(float64(g.demand)/secs*(1+g.opts.Headroom)) + 1
 	}
 	has := int64(0)
-	if g.granted && now < g.expiry {
+	if g.liveLocked(now) {
 		has = g.rate
 	}
 	g.mu.Unlock()
@@ -269,10 +280,7 @@ func (g *Gate) Refresh(ctx context.Context) (time.Duration, error) {
 	}
 	g.mu.Lock()
 	g.fillLocked(now, g.rateLocked(now)) // the old rate up to now
-	g.rate, g.expiry, g.granted = grant.Has, grant.Expiry, true
-	if grant.Clients > 0 {
-		g.clients = grant.Clients
-	}
+	g.rate, g.expiry, g.granted, g.learning, g.safe = grant.Has, grant.Expiry, true, grant.Learning, grant.Safe
 	g.demand, g.demandAt = 0, now
 	g.mu.Unlock()
 	return grant.Refresh, nil
@@ -311,7 +319,7 @@ var _ sluice.Leaseholder = (*Gate)(nil)
 func (g *Gate) Lease(now clock.Instant) (capacity, granted int64, live bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.opts.Allocator.Capacity, g.rate, g.granted && now < g.expiry
+	return g.opts.Allocator.Capacity, g.rate, g.liveLocked(now)
 }
 
 // GateState is what the admin API shows of a lease gate.
@@ -319,11 +327,14 @@ type GateState struct {
 	Rate      int64   `json:"granted_units_per_s"`
 	ExpiresIn float64 `json:"expires_in_s"`
 	Live      bool    `json:"live"`
+	Learning  bool    `json:"allocator_learning"`
+	Spending  int64   `json:"spending_units_per_s"` // the grant, or the failure mode's rate (-1: unlimited)
 }
 
 // ReportState returns the grant and how long it has left.
 func (g *Gate) ReportState(now clock.Instant) any {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return GateState{Rate: g.rate, ExpiresIn: max(g.expiry.Sub(now), 0).Seconds(), Live: g.granted && now < g.expiry}
+	return GateState{Rate: g.rate, ExpiresIn: max(g.expiry.Sub(now), 0).Seconds(), Live: g.liveLocked(now),
+		Learning: g.learning, Spending: g.rateLocked(now)}
 }

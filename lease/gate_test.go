@@ -163,3 +163,60 @@ func TestGateRunGivesTheLeaseBack(t *testing.T) {
 		}
 	})
 }
+
+// A brand-new budget with the default lease of 10 s is spent from the
+// start: four processes starting together, each offering 5,000/s against
+// a budget of 10,000/s, admit within [0.97, 1.01] of it in every second
+// after the first (which loses what the first process was told it may
+// spend beyond its demand until its next refresh, a quarter refresh
+// interval), through the learning period and after it; with
+// FailClosed the same fleet admits nothing until the learning ends.
+func TestGateColdStart(t *testing.T) {
+	for _, mode := range []lease.Failure{lease.FailSafe, lease.FailClosed} {
+		clk := fakeclock.New(int64(time.Hour))
+		l := &lease.Local{Clock: clk}
+		a := lease.Allocator{Capacity: 10000, Lease: 10 * time.Second}
+		var gates []*lease.Gate
+		next := make([]clock.Instant, 4)
+		for i := range 4 {
+			g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: string(rune('a' + i)), Leaser: l, Clock: clk,
+				Allocator: a, OnFailure: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gates = append(gates, g)
+		}
+		perSecond := make([]int, 14)
+		for ms := range 14000 {
+			now := clock.Instant(int64(time.Hour) + int64(ms)*int64(time.Millisecond))
+			clk.Set(int64(now))
+			for i, g := range gates {
+				if now >= next[i] {
+					wait, _ := g.Refresh(context.Background())
+					next[i] = now.Add(wait)
+				}
+				for range 5 {
+					if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); d.Admitted {
+						perSecond[ms/1000]++
+					}
+				}
+			}
+		}
+		t.Logf("mode %d: admitted per second %v", mode, perSecond)
+		for s, n := range perSecond {
+			switch {
+			case mode == lease.FailClosed && s < 10:
+				if n != 0 {
+					t.Errorf("FailClosed, second %d of learning: %d admitted, want 0", s+1, n)
+				}
+			case mode == lease.FailClosed && s == 10: // the grants arrive within the first refresh round
+			case s == 0: // the first process takes all until the others are seen (a quarter refresh interval)
+				if n < 6000 || n > 10100 {
+					t.Errorf("mode %d, second 1: %d admitted, want within [0.6, 1.01] x 10000", mode, n)
+				}
+			case n < 9700 || n > 10100:
+				t.Errorf("mode %d, second %d: %d admitted, want within [0.97, 1.01] x 10000", mode, s+1, n)
+			}
+		}
+	}
+}

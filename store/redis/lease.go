@@ -51,12 +51,14 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	if refresh == 0 {
 		refresh = a.Lease / 4
 	}
-	g := lease.Grant{Has: v[1], Refresh: refresh, Learning: v[3] > 0, Clients: int(v[0])}
-	if g.Learning { // ask again as the learning period ends
-		g.Refresh = min(refresh, max(time.Duration(v[3]-v[4])*time.Microsecond, time.Millisecond))
+	g := lease.Grant{Has: v[1], Refresh: refresh, Learning: v[2] > 0, Clients: int(v[0]), Safe: v[3]}
+	if g.Learning { // ask again soon, and as the learning period ends
+		g.Refresh = min(refresh/4, max(time.Duration(v[2])*time.Microsecond, time.Millisecond))
 	}
+	var expiry int64 // on Redis' clock, when the test named it
 	if !r.Release {
-		g.Expiry = clock.Now().Add(time.Duration(v[2]-v[4]) * time.Microsecond)
+		g.Expiry = clock.Now().Add(a.Lease.Truncate(time.Microsecond))
+		expiry = nowUS + a.Lease.Microseconds()
 	}
-	return g, v[2], nil
+	return g, expiry, nil
 }

@@ -50,7 +50,7 @@ func TestLeaseTwinMatchesTheStep(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Has != want.Has || got.Learning != want.Learning || (!r.Release && got.Clients != want.Clients) || (!r.Release && expiry*1000 != int64(want.Expiry)) ||
+			if got.Has != want.Has || got.Learning != want.Learning || (!r.Release && got.Safe != want.Safe) || (!r.Release && got.Clients != want.Clients) || (!r.Release && expiry*1000 != int64(want.Expiry)) ||
 				(!r.Release && got.Refresh.Truncate(time.Microsecond) != want.Refresh.Truncate(time.Microsecond)) {
 				t.Fatalf("step %d %+v: Redis %+v (expiry %d us), Go %+v", i, r, got, expiry, want)
 			}

@@ -1,11 +1,12 @@
 -- Lease allocation: the Redis twin of lease.Allocator.Step. KEYS[1] is a
 -- hash: field "learn" holds the end of the learning period (us), and one
--- field "c:<client>" per holding, "has wants expiry" (whole units, us).
+-- field "c:<client>" per holding, "has wants expiry spare" (whole units, us).
 -- ARGV: 1 now override (us), 2 op ("take" | "release"), 3 client,
 --       4 "wants has", 5 packed doubles: capacity, lease (us).
 -- Reply: {live holdings (this one included; 0 for a release), grant,
--- expiry (us), the end of the learning period while learning (us, else 0),
--- the step's now (us), Redis TIME (us)}.
+-- the rest of the learning period while learning (us, else 0), the safe
+-- share, 0, Redis TIME (us)}; the grant expires one lease time after the
+-- step's now.
 -- A missing hash is a lost state (a restart, a failover, or every holding
 -- long expired): the step starts learning for one lease time.
 local now = now_us()
@@ -27,13 +28,13 @@ local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
   if string.sub(f, 1, 2) == 'c:' then
-    local h, w, e = string.match(v, '^(%d+) (%d+) (%d+)$')
-    h, w, e = tonumber(h), tonumber(w), tonumber(e)
-    if not e or e <= now then
+    local h, w, e, s = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
+    h, w, e, s = tonumber(h), tonumber(w), tonumber(e), tonumber(s)
+    if not s or e <= now then
       redis.call('HDEL', key, f)
     else
       local c = string.sub(f, 3)
-      if c ~= client then table.insert(holdings, {client = c, has = h, wants = w}) end
+      if c ~= client then table.insert(holdings, {client = c, has = h, wants = w, spare = s}) end
     end
   end
 end
@@ -49,23 +50,19 @@ if op == 'release' then
 end
 
 wants = math.min(wants, capacity)
-mine = {client = client, has = 0, wants = wants}
+mine = {client = client, has = 0, wants = wants, spare = 0}
 table.insert(holdings, mine)
 table.sort(holdings, function(a, b) return a.client < b.client end)
-local others = 0
+local held, spared = 0, 0 -- the others' grants and safe shares
 for _, h in ipairs(holdings) do
-  if h ~= mine then others = others + h.has end
+  if h ~= mine then held, spared = held + h.has, spared + h.spare end
 end
-local room = math.max(capacity - others, 0)
 
-local grant, learning = 0, 0
-if now < learn then
-  learning = learn
-  grant = math.min(has, room)
-else
-  -- max-min on whole units: equal rounds, then one unit each in client order
-  local got, active, left = {}, {}, capacity
-  for i, h in ipairs(holdings) do
+-- max-min on whole units between hs' wants: equal rounds, then one unit
+-- each in client order; returns mine's share.
+local function fair_share(cap, hs)
+  local got, active, left = {}, {}, cap
+  for i, h in ipairs(hs) do
     got[i] = 0
     if h.wants > 0 then table.insert(active, i) end
   end
@@ -77,19 +74,37 @@ else
     end
     local nxt = {}
     for _, i in ipairs(active) do
-      local give = math.min(per, holdings[i].wants - got[i])
+      local give = math.min(per, hs[i].wants - got[i])
       got[i] = got[i] + give
       left = left - give
-      if got[i] < holdings[i].wants then table.insert(nxt, i) end
+      if got[i] < hs[i].wants then table.insert(nxt, i) end
     end
     active = nxt
   end
-  for i, h in ipairs(holdings) do
-    if h == mine then grant = math.min(got[i], room) end
+  for i, h in ipairs(hs) do
+    if h == mine then return got[i] end
+  end
+  return 0
+end
+
+local safe, learning = math.floor(capacity / #holdings), 0
+if now >= learn then
+  mine.has = math.min(fair_share(capacity, holdings), math.max(capacity - held - spared, 0))
+else
+  learning = learn - now
+  if has > 0 then -- a holder from before the loss: confirmed
+    mine.has = math.min(has, math.max(capacity - held, 0))
+  else
+    local empty = {}
+    for _, h in ipairs(holdings) do
+      if h.has == 0 then table.insert(empty, h) end
+    end
+    mine.spare = math.min(fair_share(math.max(capacity - held, 0), empty), math.max(capacity - held - spared, 0))
+    safe = mine.spare
   end
 end
 
 local expiry = now + lease
-redis.call('HSET', key, 'c:' .. client, str(grant) .. ' ' .. str(wants) .. ' ' .. str(expiry))
+redis.call('HSET', key, 'c:' .. client, str(mine.has) .. ' ' .. str(wants) .. ' ' .. str(expiry) .. ' ' .. str(mine.spare))
 redis.call('PEXPIRE', key, keep)
-return {#holdings, grant, expiry, learning, now, TIME_US}
+return {#holdings, mine.has, learning, safe, 0, TIME_US}
