@@ -23,7 +23,8 @@
 //     within C from its first step, and after a loss the fleet can spend
 //     the holdings not yet reported on top of C: at most 2C, and only
 //     until those holders refresh (within R when they reach the
-//     allocator); under FailClosed it stays within C throughout. With the
+//     allocator) and the others ask again after them (R/4); under
+//     FailClosed it stays within C throughout. With the
 //     allocator unreachable a lease runs to its expiry and then the
 //     failure mode decides: FailSafe spends C ÷ (the clients last seen),
 //     so the fleet stays within C when every process saw the same clients
