@@ -90,6 +90,11 @@ type GateOptions struct {
 	SafeShare int64
 	// Clock is the gate's clock. Default clock.System.
 	Clock clock.Clock
+	// Inline refreshes within Decide when a refresh is due, instead of in
+	// Run: for an in-process Leaser on a virtual clock (the simulator),
+	// where no background loop follows the clock. The decision then calls
+	// the Leaser, so never set it with a remote one.
+	Inline bool
 }
 
 // Gate spends a lease of a global rate budget in-process: a local token
@@ -128,6 +133,11 @@ type Gate struct {
 	// lease: Run refreshes early (at most every Refresh/8) instead of
 	// waiting for its interval, so a demand that outgrew the grant is seen.
 	short chan struct{}
+	// next and early are when an Inline gate refreshes: at the interval,
+	// or at early (an eighth of it after the last) once it turned a
+	// request away for want of lease.
+	next, early clock.Instant
+	wanting     bool
 }
 
 var _ sluice.StateReporter = (*Gate)(nil)
@@ -215,8 +225,19 @@ func (g *Gate) fillLocked(now clock.Instant, rate int64) {
 }
 
 // Decide takes r's cost from the local bucket.
-func (g *Gate) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *Gate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	units := max(r.Cost, 1)
+	if g.opts.Inline {
+		g.mu.Lock()
+		due := now >= g.next || (g.wanting && now >= g.early)
+		g.mu.Unlock()
+		if due {
+			wait, _ := g.Refresh(ctx)
+			g.mu.Lock()
+			g.next, g.early, g.wanting = now.Add(wait), now.Add(g.opts.Allocator.refresh()/8), false
+			g.mu.Unlock()
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.demand += units
@@ -231,6 +252,7 @@ func (g *Gate) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (
 			RetryAfter: g.opts.Allocator.refresh()}, 0
 	}
 	if units*nano > g.tokens {
+		g.wanting = true
 		select {
 		case g.short <- struct{}{}:
 		default:

@@ -220,3 +220,25 @@ func TestGateColdStart(t *testing.T) {
 		}
 	}
 }
+
+// An Inline gate refreshes as it decides, on its own clock (the
+// simulator's virtual one): with no Run loop it still learns, spends its
+// safe share, then its grant, and asks again at each interval.
+func TestGateInlineRefresh(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: "p1", Leaser: l, Clock: clk, Inline: true,
+		Allocator: lease.Allocator{Capacity: 1000, Lease: time.Second, Refresh: 250 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range 4 {
+		n := offer(g, clk, 2000, time.Second)
+		if s > 0 && (n < 970 || n > 1010) {
+			t.Fatalf("second %d: %d admitted at 2000/s offered, want about 1000", s+1, n)
+		}
+	}
+	if st := g.ReportState(clk.Now()).(lease.GateState); !st.Live || st.Learning || st.Rate != 1000 {
+		t.Fatalf("after 4 s: %+v, want a live grant of 1000", st)
+	}
+}

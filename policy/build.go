@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/shed"
 	sredis "github.com/sluice-go/sluice/store/redis"
@@ -35,6 +36,10 @@ type Options struct {
 	// gates with lease: (default: host, process id and a random suffix).
 	// Processes of one fleet must have different names.
 	LeaseClient string
+	// Leaser, when set, allocates the leases of gates with lease: in place
+	// of the store's allocator: the simulator shares one lease.Local
+	// between the runtimes of its simulated processes.
+	Leaser lease.Leaser
 }
 
 // Runtime is a built policy: the chain and the identification rules.

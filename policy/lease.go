@@ -100,28 +100,35 @@ var clientID = func() string {
 
 // build returns the lease gate of a rate gate named by b, spending
 // rate·burst, and registers its refresh loop with the runtime. On the
-// memory backend (and in the simulator) the budget is this process's
-// alone, with an in-process allocator.
+// memory backend the budget is this process's alone, with an in-process
+// allocator; Options.Leaser shares one between runtimes (the simulator's
+// processes), and on a virtual clock the gate refreshes as it decides.
 func (l *leaseSettings) build(b *builder, rate limit.Rate, burst int64) (sluice.Gate, error) {
 	a, err := l.allocator(rate)
 	if err != nil {
 		return nil, err
 	}
 	var leaser lease.Leaser = &lease.Local{Clock: b.opts.Clock}
-	if b.redis != nil {
+	switch {
+	case b.opts.Leaser != nil:
+		leaser = b.opts.Leaser
+	case b.redis != nil:
 		leaser = b.redis
 	}
+	inline := b.opts.Virtual && (b.opts.Leaser != nil || b.redis == nil) // no loop follows a virtual clock
 	client := b.opts.LeaseClient
 	if client == "" {
 		client = clientID
 	}
 	g, err := lease.NewGate(b.g.Name, lease.GateOptions{Budget: b.g.Name, Client: client, Allocator: a, Leaser: leaser,
 		Burst: time.Duration(float64(burst) / float64(a.Capacity) * float64(time.Second)), OnFailure: leaseFailures[l.onFailure],
-		SafeShare: l.safeShare, Clock: b.opts.Clock})
+		SafeShare: l.safeShare, Clock: b.opts.Clock, Inline: inline})
 	if err != nil {
 		return nil, err
 	}
-	b.run = g.Run
+	if !inline {
+		b.run = g.Run
+	}
 	return g, nil
 }
 
