@@ -105,7 +105,15 @@ type Holding struct {
 	// its safe share while the allocator learns (Grant.Safe); it counts
 	// against the room until the client's next step.
 	Spare int64
+	// InUse is what the client reported in use at its last step (the
+	// slots of a concurrency budget in flight): until it steps again it
+	// counts against the room as much as its grant, when larger.
+	InUse int64
 }
+
+// taken is what h keeps from the others: its grant, or what it reported
+// in use when that is more.
+func (h Holding) taken() int64 { return max(h.Has, h.InUse) }
 
 // State is one budget's allocator state: the live holdings, and the end of
 // a learning period. The zero State is an allocator that has just lost its
@@ -127,6 +135,10 @@ type Request struct {
 	// Has is what the client holds now by its own account (its last grant,
 	// if unexpired): during learning the allocator confirms it.
 	Has int64
+	// InUse is what the client has in use now (a concurrency budget's
+	// slots in flight; 0 for a rate): a grant that shrank below it cannot
+	// take those slots back, so the others are not granted them meanwhile.
+	InUse int64
 	// Release gives the lease back (a graceful shutdown).
 	Release bool
 }
@@ -150,10 +162,11 @@ type Grant struct {
 //
 // Outside learning the client's new grant is its max-min fair share of the
 // capacity over every live client's wants (FairShares), but never more
-// than the capacity less what the others hold now: the others keep their
-// leases until they refresh, so the sum of the grants never exceeds the
-// capacity, and a client's share grows as the others shrink to theirs (one
-// refresh interval). During learning (one lease time after the state was
+// than the capacity less what the others hold now (their grants, or what
+// they reported in use when more): the others keep their leases until
+// they refresh, so the sum of the grants never exceeds the capacity, nor
+// does what a concurrency budget's holders have in flight, and a client's
+// share grows as the others shrink to theirs (one refresh interval). During learning (one lease time after the state was
 // lost) a client is granted what it says it has, within what the others
 // are confirmed to hold, and a new client nothing; a client that holds
 // nothing is told a safe share (Grant.Safe) of what neither confirmed
@@ -175,15 +188,16 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		st.Holdings = append(st.Holdings, Holding{Client: r.Client})
 		i = len(st.Holdings) - 1
 	}
-	held, spared := int64(0), int64(0) // the others' grants and safe shares
+	held, spared := int64(0), int64(0) // what the others keep, and their safe shares
 	for j, h := range st.Holdings {
 		if j != i {
-			held += h.Has
+			held += h.taken()
 			spared += h.Spare
 		}
 	}
 	h := &st.Holdings[i]
 	h.Wants = min(max(r.Wants, 0), a.Capacity)
+	h.InUse = min(max(r.InUse, 0), a.Capacity)
 	learning := now < st.LearnUntil
 	g := Grant{Refresh: a.refresh(), Learning: learning, Clients: len(st.Holdings)}
 	h.Has, h.Spare = 0, 0

@@ -41,7 +41,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 		op = "release"
 	}
 	args := []string{strconv.FormatInt(nowUS, 10), op, r.Client,
-		strconv.FormatInt(max(r.Wants, 0), 10) + " " + strconv.FormatInt(max(r.Has, 0), 10),
+		strconv.FormatInt(max(r.Wants, 0), 10) + " " + strconv.FormatInt(max(r.Has, 0), 10) + " " + strconv.FormatInt(max(r.InUse, 0), 10),
 		packDoubles(a.Capacity, a.Lease.Microseconds()), "0"}
 	v, _, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
 	if err != nil {

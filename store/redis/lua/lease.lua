@@ -1,8 +1,9 @@
 -- Lease allocation: the Redis twin of lease.Allocator.Step. KEYS[1] is a
 -- hash: field "learn" holds the end of the learning period (us), and one
--- field "c:<client>" per holding, "has wants expiry spare" (whole units, us).
+-- field "c:<client>" per holding, "has wants expiry spare inuse" (whole
+-- units, us).
 -- ARGV: 1 now override (us), 2 op ("take" | "release"), 3 client,
---       4 "wants has", 5 packed doubles: capacity, lease (us).
+--       4 "wants has inuse", 5 packed doubles: capacity, lease (us).
 -- Reply: {live holdings (this one included; 0 for a release), grant,
 -- the rest of the learning period while learning (us, else 0), the safe
 -- share, 0, Redis TIME (us)}; the grant expires one lease time after the
@@ -11,8 +12,8 @@
 -- long expired): the step starts learning for one lease time.
 local now = now_us()
 local op, client = ARGV[2], ARGV[3]
-local wants, has = string.match(ARGV[4], '^(%d+) (%d+)$')
-wants, has = tonumber(wants) or 0, tonumber(has) or 0
+local wants, has, inuse = string.match(ARGV[4], '^(%d+) (%d+) (%d+)$')
+wants, has, inuse = tonumber(wants) or 0, tonumber(has) or 0, tonumber(inuse) or 0
 local capacity, lease = struct.unpack('<dd', ARGV[5])
 local key = KEYS[1]
 
@@ -28,13 +29,13 @@ local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
   if string.sub(f, 1, 2) == 'c:' then
-    local h, w, e, s = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
-    h, w, e, s = tonumber(h), tonumber(w), tonumber(e), tonumber(s)
-    if not s or e <= now then
+    local h, w, e, s, u = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    h, w, e, s, u = tonumber(h), tonumber(w), tonumber(e), tonumber(s), tonumber(u)
+    if not u or e <= now then
       redis.call('HDEL', key, f)
     else
       local c = string.sub(f, 3)
-      if c ~= client then table.insert(holdings, {client = c, has = h, wants = w, spare = s}) end
+      if c ~= client then table.insert(holdings, {client = c, has = h, wants = w, spare = s, inuse = u}) end
     end
   end
 end
@@ -50,12 +51,14 @@ if op == 'release' then
 end
 
 wants = math.min(wants, capacity)
-mine = {client = client, has = 0, wants = wants, spare = 0}
+mine = {client = client, has = 0, wants = wants, spare = 0, inuse = math.min(inuse, capacity)}
 table.insert(holdings, mine)
 table.sort(holdings, function(a, b) return a.client < b.client end)
-local held, spared = 0, 0 -- the others' grants and safe shares
+-- what the others keep (their grants, or what they reported in use when
+-- more), and their safe shares
+local held, spared = 0, 0
 for _, h in ipairs(holdings) do
-  if h ~= mine then held, spared = held + h.has, spared + h.spare end
+  if h ~= mine then held, spared = held + math.max(h.has, h.inuse), spared + h.spare end
 end
 
 -- max-min on whole units between hs' wants: equal rounds, then one unit
@@ -105,6 +108,6 @@ else
 end
 
 local expiry = now + lease
-redis.call('HSET', key, 'c:' .. client, str(mine.has) .. ' ' .. str(wants) .. ' ' .. str(expiry) .. ' ' .. str(mine.spare))
+redis.call('HSET', key, 'c:' .. client, str(mine.has) .. ' ' .. str(wants) .. ' ' .. str(expiry) .. ' ' .. str(mine.spare) .. ' ' .. str(mine.inuse))
 redis.call('PEXPIRE', key, keep)
 return {#holdings, mine.has, learning, safe, 0, TIME_US}

@@ -1,0 +1,282 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
+
+// Leaser runs a budget's allocator step: the Redis store's Lease (one
+// atomic script per refresh, shared by the fleet), or a Local allocator.
+type Leaser interface {
+	Lease(ctx context.Context, budget string, a Allocator, r Request) (Grant, error)
+}
+
+// Local is an in-process Leaser: one State per budget under a mutex, on
+// its Clock (default clock.System). It serves one process's gates, the
+// simulator and tests.
+type Local struct {
+	Clock  clock.Clock
+	mu     sync.Mutex
+	states map[string]*State
+}
+
+// Lease runs a's step on budget's state at the Local's now.
+func (l *Local) Lease(_ context.Context, budget string, a Allocator, r Request) (Grant, error) {
+	if err := a.Validate(); err != nil {
+		return Grant{}, err
+	}
+	c := l.Clock
+	if c == nil {
+		c = clock.System
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.states == nil {
+		l.states = map[string]*State{}
+	}
+	st := l.states[budget]
+	if st == nil {
+		st = &State{}
+		l.states[budget] = st
+	}
+	return a.Step(st, r, c.Now()), nil
+}
+
+// Failure is what a lease gate does once its lease has lapsed and cannot
+// be refreshed (or before the first grant): Doorman's failure modes.
+type Failure uint8
+
+const (
+	// FailSafe spends a safe share: SafeShare, by default the allocator's
+	// Grant.Safe at the last refresh (the capacity divided by the clients
+	// it saw; while it learns, a share of what no holding takes), and
+	// nothing before the first answer, when the gate knows nothing of the
+	// fleet (Doorman's "safe capacity").
+	FailSafe Failure = iota
+	// FailOpen admits everything (Doorman's optimistic mode).
+	FailOpen
+	// FailClosed admits nothing (Doorman's pessimistic mode).
+	FailClosed
+)
+
+// GateOptions configures a lease gate: a rate Gate or a Concurrency gate.
+type GateOptions struct {
+	// Budget names the global budget; every process of the fleet that
+	// shares it uses the same name and Allocator. Required.
+	Budget string
+	// Client identifies this process among them. Required.
+	Client string
+	// Allocator is the budget: Capacity in units/s (a rate) or slots (a
+	// concurrency budget), the lease time and the refresh interval.
+	// Required.
+	Allocator Allocator
+	// Leaser runs the allocator: the Redis store, or a Local one. Required.
+	Leaser Leaser
+	// Burst is the depth of a rate gate's local bucket, as time at the
+	// granted rate. Default 100 ms.
+	Burst time.Duration
+	// Headroom is how much more than its recent demand the gate asks for,
+	// as a share (so that growing demand is seen). Default 0.1.
+	Headroom float64
+	// OnFailure is what the gate does without a live lease: before its
+	// first grant, once the lease lapsed unrefreshed, and while the
+	// allocator learns and grants it nothing. Default FailSafe.
+	OnFailure Failure
+	// SafeShare is FailSafe's rate (units/s) or slots; 0: the allocator's
+	// safe share.
+	SafeShare int64
+	// Weighted makes a concurrency gate's request hold as many slots as its
+	// cost (default one).
+	Weighted bool
+	// RetryHint is a concurrency gate's retry-after on a rejection (when a
+	// slot frees depends on the work in flight, not on time); 0: none.
+	RetryHint time.Duration
+	// Clock is the gate's clock. Default clock.System.
+	Clock clock.Clock
+	// Inline refreshes within Decide when a refresh is due, instead of in
+	// Run: for an in-process Leaser on a virtual clock (the simulator),
+	// where no background loop follows the clock. The decision then calls
+	// the Leaser, so never set it with a remote one.
+	Inline bool
+}
+
+func (o *GateOptions) validate(name string) error {
+	switch {
+	case name == "":
+		return errors.New("lease: empty gate name")
+	case o.Budget == "" || o.Client == "":
+		return errors.New("lease: a budget and a client name are required")
+	case o.Leaser == nil:
+		return errors.New("lease: no leaser")
+	case o.Headroom < 0 || o.SafeShare < 0 || o.RetryHint < 0:
+		return errors.New("lease: negative headroom, safe share or retry hint")
+	}
+	if err := o.Allocator.Validate(); err != nil {
+		return err
+	}
+	if o.Headroom == 0 {
+		o.Headroom = 0.1
+	}
+	if o.Clock == nil {
+		o.Clock = clock.System
+	}
+	return nil
+}
+
+// holder is what the rate and concurrency gates share: the grant, its
+// refresh in the background (or inline), the failure mode, and giving the
+// lease back. The gate supplies its demand (wants) and what it has in use,
+// and is told when the grant changes. Its fields are guarded by mu, which
+// the gate's decisions take too.
+type holder struct {
+	opts GateOptions
+
+	mu       sync.Mutex
+	grant    int64 // granted units/s or slots
+	expiry   clock.Instant
+	granted  bool  // a grant was ever received
+	learning bool  // the last grant was from a learning allocator
+	safe     int64 // the allocator's safe share at the last grant
+	// short is signalled when the gate turns requests away for want of
+	// lease: Run refreshes early (at most every Refresh/8) instead of
+	// waiting for its interval, so a demand that outgrew the grant is seen.
+	short chan struct{}
+	// next and early are when an Inline gate refreshes: at the interval,
+	// or at early (an eighth of it after the last) once it turned a
+	// request away for want of lease.
+	next, early clock.Instant
+	wanting     bool
+
+	// The gate's part, called with mu held: what it would use (from its
+	// demand since the last refresh; first is true before any grant),
+	// what it has in use, and the grant about to change at now.
+	wants  func(now clock.Instant, first bool) int64
+	inUse  func() int64
+	change func(now clock.Instant)
+}
+
+// liveLocked reports a grant to spend at now: unexpired, and not a
+// learning allocator's nothing. REQUIRES: h.mu held.
+func (h *holder) liveLocked(now clock.Instant) bool {
+	return h.granted && now < h.expiry && !(h.learning && h.grant == 0)
+}
+
+// limitLocked is what the gate spends at now: the grant while it is live,
+// else the failure mode's (-1: unlimited). REQUIRES: h.mu held.
+func (h *holder) limitLocked(now clock.Instant) int64 {
+	if h.liveLocked(now) {
+		return h.grant
+	}
+	switch h.opts.OnFailure {
+	case FailOpen:
+		return -1
+	case FailClosed:
+		return 0
+	}
+	if h.opts.SafeShare > 0 {
+		return h.opts.SafeShare
+	}
+	return max(h.safe, 0)
+}
+
+// shortLocked notes a request turned away for want of lease, so the lease
+// is asked again early. REQUIRES: h.mu held.
+func (h *holder) shortLocked() {
+	h.wanting = true
+	select {
+	case h.short <- struct{}{}:
+	default:
+	}
+}
+
+// inline refreshes an Inline gate when a refresh is due at now.
+func (h *holder) inline(ctx context.Context, now clock.Instant) {
+	if !h.opts.Inline {
+		return
+	}
+	h.mu.Lock()
+	due := now >= h.next || (h.wanting && now >= h.early)
+	h.mu.Unlock()
+	if due {
+		wait, _ := h.Refresh(ctx)
+		h.mu.Lock()
+		h.next, h.early, h.wanting = now.Add(wait), now.Add(h.opts.Allocator.refresh()/8), false
+		h.mu.Unlock()
+	}
+}
+
+// Refresh asks the allocator for a lease sized to the demand the gate saw
+// since the last refresh (plus Headroom), and returns when to ask again.
+// On an error the current lease runs on until its expiry.
+func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
+	now := h.opts.Clock.Now()
+	h.mu.Lock()
+	r := Request{Client: h.opts.Client, Wants: h.wants(now, !h.granted), InUse: h.inUse()}
+	if h.liveLocked(now) {
+		r.Has = h.grant
+	}
+	h.mu.Unlock()
+	grant, err := h.opts.Leaser.Lease(ctx, h.opts.Budget, h.opts.Allocator, r)
+	if err != nil {
+		return h.opts.Allocator.refresh() / 4, err
+	}
+	h.mu.Lock()
+	h.change(now)
+	h.grant, h.expiry, h.granted, h.learning, h.safe = grant.Has, grant.Expiry, true, grant.Learning, grant.Safe
+	h.mu.Unlock()
+	return grant.Refresh, nil
+}
+
+// Run refreshes the lease until ctx ends, then gives it back (a graceful
+// shutdown frees the share at once). It refreshes every interval the
+// allocator names, and early (but not within an eighth of the interval of
+// the last refresh) when requests are turned away for want of lease.
+func (h *holder) Run(ctx context.Context) {
+	early := h.opts.Allocator.refresh() / 8
+	for {
+		wait, _ := h.Refresh(ctx)
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			h.opts.Leaser.Lease(rctx, h.opts.Budget, h.opts.Allocator, Request{Client: h.opts.Client, Release: true})
+			cancel()
+			return
+		case <-timer.C:
+		case <-h.short:
+			timer.Stop()
+			select {
+			case <-ctx.Done():
+			case <-time.After(early):
+			}
+		}
+	}
+}
+
+// Lease returns the budget's capacity, the grant and whether it is live
+// (sluice.Leaseholder).
+func (h *holder) Lease(now clock.Instant) (capacity, granted int64, live bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.opts.Allocator.Capacity, h.grant, h.liveLocked(now)
+}
+
+// GateState is what the admin API shows of a lease gate.
+type GateState struct {
+	Rate      int64   `json:"granted"` // units/s, or slots
+	ExpiresIn float64 `json:"expires_in_s"`
+	Live      bool    `json:"live"`
+	Learning  bool    `json:"allocator_learning"`
+	Spending  int64   `json:"spending"`           // the grant, or the failure mode's (-1: unlimited)
+	InFlight  int64   `json:"in_flight,omitzero"` // a concurrency gate's
+}
+
+func (h *holder) stateLocked(now clock.Instant) GateState {
+	return GateState{Rate: h.grant, ExpiresIn: max(h.expiry.Sub(now), 0).Seconds(), Live: h.liveLocked(now),
+		Learning: h.learning, Spending: h.limitLocked(now)}
+}
