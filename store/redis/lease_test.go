@@ -44,7 +44,7 @@ func TestLeaseTwinMatchesTheStep(t *testing.T) {
 			nowUS += rapid.Int64Range(0, 2*a.Lease.Microseconds()-1).Draw(t, "gapUs")
 			r := lease.Request{Client: fmt.Sprint("c", rapid.IntRange(0, 4).Draw(t, "client")),
 				Wants: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "wants"), Has: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "has"),
-				InUse: rapid.Int64Range(0, 2*a.Capacity).Draw(t, "inuse") * int64(rapid.IntRange(0, 1).Draw(t, "concurrency")),
+				InUse:   rapid.Int64Range(0, 2*a.Capacity).Draw(t, "inuse") * int64(rapid.IntRange(0, 1).Draw(t, "concurrency")),
 				Release: rapid.IntRange(0, 7).Draw(t, "release") == 0}
 			want := a.Step(&state, r, clock.Instant(nowUS*1000))
 			got, expiry, err := st.leaseAt(ctx, budget, a, r, nowUS)
