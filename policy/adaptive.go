@@ -82,7 +82,7 @@ func (p *adaptiveParams) check(c *checker) {
 	if _, err := p.gate(c.g.Name, c.g.RetryHint); err != nil {
 		c.fail(err)
 	}
-	p.queue.check(c)
+	p.queue.check(c, false)
 }
 
 func (p *adaptiveParams) build(b *builder) (sluice.Gate, error) {

@@ -27,6 +27,7 @@ type concurrencyParams struct {
 	ttl      time.Duration
 	weighted bool
 	queue    queueSettings
+	lease    leaseSettings
 }
 
 func (p *concurrencyParams) fields() []field {
@@ -35,6 +36,7 @@ func (p *concurrencyParams) fields() []field {
 		ttlField(&p.ttl),
 		boolField("weighted", "each request holds as many slots as its cost", &p.weighted).dflt("false"),
 		queueField(&p.queue),
+		leaseField(&p.lease),
 	}
 }
 
@@ -77,11 +79,18 @@ func (p *concurrencyParams) algorithm() algorithm[limit.ConcurrencyState, *limit
 
 func (p *concurrencyParams) check(c *checker) {
 	p.algorithm().check(c)
-	p.queue.check(c)
+	p.lease.checkSlots(c, p.limit)
+	p.queue.check(c, p.lease.set)
 }
 
 func (p *concurrencyParams) build(b *builder) (sluice.Gate, error) {
-	g, err := p.algorithm().build(b)
+	var g sluice.Gate
+	var err error
+	if p.lease.set {
+		g, err = p.lease.buildSlots(b, p.limit, p.weighted)
+	} else {
+		g, err = p.algorithm().build(b)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -95,5 +104,5 @@ func (p *concurrencyParams) describe(g *Gate) string {
 	if p.weighted {
 		w = " (weighted by cost)"
 	}
-	return fmt.Sprintf("at most %d in flight%s%s%s", p.limit, w, p.queue.describe(), scoped(g))
+	return fmt.Sprintf("at most %d in flight%s%s%s%s", p.limit, w, p.queue.describe(), scoped(g), p.lease.describeSlots(p.limit))
 }

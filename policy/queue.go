@@ -82,16 +82,19 @@ func (p *parser) fairness(v *yaml.Node, path string) *queue.Fairness {
 	return f
 }
 
-// check validates the queue against the gate's scope and the backend.
-func (q *queueSettings) check(c *checker) {
+// check validates the queue against the gate's scope and the backend;
+// leased says the slots are this process's lease of a fleet budget, freed
+// by its own releases.
+func (q *queueSettings) check(c *checker, leased bool) {
 	if !q.set {
 		return
 	}
 	switch {
 	case c.g.Scope != sluice.ScopeService:
 		c.failf("queue", "a wait queue protects the whole service: it needs scope service, not %s", c.g.Scope)
-	case c.redis():
-		c.failf("queue", "a wait queue is woken by this process's releases; on redis a fleet limit's slots free elsewhere too")
+	case c.redis() && !leased:
+		c.failf("queue", "a wait queue is woken by this process's releases; on redis a fleet limit's slots free elsewhere too "+
+			"(a lease: makes them this process's)")
 	}
 	for j, class := range q.classes {
 		if !validClass(c, class) {

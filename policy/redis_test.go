@@ -142,7 +142,7 @@ gates:
 		t.Fatal(err)
 	}
 	if spec := f.SpecText(); !strings.Contains(spec, "spent from a lease (300ms, refreshed every 50ms) of the fleet's 1000 units/s") ||
-		!strings.Contains(spec, "leased gates (fleet-rate): the grants never sum above the rate") {
+		!strings.Contains(spec, "leased gates (fleet-rate): the grants never sum above the budget") {
 		t.Fatalf("spec:\n%s", spec)
 	}
 	a, err := Build(f, nil, Options{LeaseClient: "process-a"})
@@ -183,4 +183,72 @@ gates:
 	poll.Until(t, 10*time.Second, func() bool { return rate(b) == 1000 })
 	close(stop)
 	wg.Wait()
+}
+
+// Two processes share a fleet concurrency budget of 10 slots through a
+// lease on one Redis, each with a wait queue in front (allowed on redis
+// because the leased slots are freed by the process's own releases):
+// while one holds all ten the other is turned away, never above 10 in
+// flight in all, and it is admitted once they end.
+func TestLeaseSharesSlotsAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	src := strings.ReplaceAll(`version: 1
+service: leased
+store: {backend: redis, addrs: [ADDR], timeout: 200ms}
+gates:
+  - name: fleet-pool
+    kind: concurrency
+    scope: service
+    limit: 10
+    retry_hint: 100ms
+    queue: {max_wait: 1ms}
+    lease: {time: 300ms, refresh: 50ms}
+`, "ADDR", srv.Addr)
+	f, err := Parse("l.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec := f.SpecText(); !strings.Contains(spec, "of the fleet's 10 slots") {
+		t.Fatalf("spec:\n%s", spec)
+	}
+	a, err := Build(f, nil, Options{LeaseClient: "process-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Build(f, nil, Options{LeaseClient: "process-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	leased := func(rt *Runtime) lease.GateState {
+		g, _ := sluice.As[*lease.Concurrency](rt.Chain.Gates()[0])
+		return g.ReportState(rt.Chain.Clock().Now()).(lease.GateState)
+	}
+	poll.Until(t, 10*time.Second, func() bool { return leased(a).Spending > 0 })
+	var held []sluice.Ticket
+	poll.Until(t, 10*time.Second, func() bool {
+		if d, tk := a.Chain.Decide(context.Background(), &sluice.Request{}); d.Admitted {
+			held = append(held, tk)
+		}
+		return len(held) == 10
+	})
+	for range 20 {
+		if d, tk := b.Chain.Decide(context.Background(), &sluice.Request{}); d.Admitted {
+			t.Fatalf("b admitted beside a's 10 in flight (%+v, %+v)", leased(a), leased(b))
+			tk.Done(sluice.OutcomeUseful)
+		} else if d.Reason != sluice.ReasonConcurrency && d.Reason != sluice.ReasonQueue {
+			t.Fatalf("b turned away with %v, want concurrency or queue", d.Reason)
+		}
+	}
+	for _, tk := range held {
+		tk.Done(sluice.OutcomeUseful)
+	}
+	poll.Until(t, 10*time.Second, func() bool {
+		d, tk := b.Chain.Decide(context.Background(), &sluice.Request{})
+		if d.Admitted {
+			tk.Done(sluice.OutcomeUseful)
+		}
+		return d.Admitted
+	})
 }

@@ -144,7 +144,7 @@ func (p *reservationParams) checkMode(c *checker) bool {
 	case p.opts.Capacity > 0 && p.queue.set:
 		c.failf("queue", "a wait queue waits for units in flight: it needs inflight, not capacity")
 	}
-	p.queue.check(c)
+	p.queue.check(c, false)
 	return true
 }
 

@@ -170,10 +170,12 @@ func (w *specWriter) hierarchy() {
 		bound = "none while Redis answers (one atomic decision per request); during an outage fail_open admits without limit, local_fallback up to the fleet limit (replicas x limit/replicas), fail_closed nothing"
 	}
 	if leased := leasedGates(f); len(leased) > 0 {
-		bound += "; leased gates (" + strings.Join(leased, ", ") + "): the grants never sum above the rate, so the fleet admits at most " +
-			"rate x (T + burst) in any window T; a process whose demand fell holds its grant unused until its next refresh (at most " +
-			"the rate for one refresh interval); with the allocator unreachable a lease runs to its expiry, then its on_failure decides " +
-			"(safe: rate / clients last seen each)"
+		bound += "; leased gates (" + strings.Join(leased, ", ") + "): the grants never sum above the budget, so the fleet admits at most " +
+			"rate x (T + burst) in any window T, or holds at most the limit in flight; a process whose demand fell holds its grant unused " +
+			"until its next refresh (at most the budget for one refresh interval); after the allocator lost its state it confirms holdings " +
+			"for one lease time, and the holdings not yet confirmed may be spent again by safe shares until their holders refresh (at most " +
+			"2x for one refresh interval; none with on_failure: closed); with the allocator unreachable a lease runs to its expiry, then " +
+			"its on_failure decides (safe: budget / clients last seen each)"
 	}
 	w.line("Maximum distributed overshoot or unused lease", "%s", bound)
 }
@@ -188,6 +190,10 @@ func leasedGates(f *File) []string {
 				out = append(out, f.Gates[i].Name)
 			}
 		case *gcraParams:
+			if p.lease.set {
+				out = append(out, f.Gates[i].Name)
+			}
+		case *concurrencyParams:
 			if p.lease.set {
 				out = append(out, f.Gates[i].Name)
 			}
