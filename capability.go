@@ -115,8 +115,25 @@ type ClassQueue struct {
 }
 
 // Leaseholder is a gate that spends a lease of a fleet-wide budget.
-// Lease returns, at now, the budget's capacity, the share this process
-// holds, and whether the lease is live (granted and unexpired).
 type Leaseholder interface {
-	Lease(now clock.Instant) (capacity, granted int64, live bool)
+	Lease(now clock.Instant) LeaseStatus
+}
+
+// LeaseStatus is a lease gate's budget and share at an instant, and the
+// bounds its package states for the fleet.
+type LeaseStatus struct {
+	Capacity int64 // the fleet-wide budget: units/s for a rate, slots for a concurrency budget
+	Granted  int64 // this process's grant
+	Spending int64 // what it spends now: the grant while live, else its failure mode's (-1: unlimited)
+	Live     bool  // granted, unexpired, and not a learning allocator's nothing
+	// Overshoot is the most the fleet admits above the budget while the
+	// allocator keeps its state and every process reaches it: units above
+	// capacity·T in any window T for a rate (capacity × the local
+	// burst), slots for a concurrency budget (none).
+	Overshoot float64
+	// Unused is the most of the budget processes whose demand fell leave
+	// unused until their next refresh: units (capacity × the refresh
+	// interval) for a rate, slots held idle for one refresh interval for
+	// a concurrency budget (capacity).
+	Unused float64
 }

@@ -145,6 +145,16 @@ func (g *Concurrency) ConcurrencyLimit() (limit, inFlight int) {
 	return int(min(lim, math.MaxInt32)), int(g.inflight)
 }
 
+// Lease returns the budget, the grant and the fleet's bounds: no slot in
+// flight above the budget, all of it idle for a refresh interval at worst.
+func (g *Concurrency) Lease(now clock.Instant) sluice.LeaseStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.statusLocked(now)
+	st.Unused = float64(g.opts.Allocator.Capacity)
+	return st
+}
+
 // ReportState returns the grant, how long it has left and the slots in
 // flight.
 func (g *Concurrency) ReportState(now clock.Instant) any {

@@ -54,10 +54,10 @@ func TestConcurrencyLeaseNeverTakesSlotsInFlight(t *testing.T) {
 	gb.Refresh(ctx)
 	ga.Refresh(ctx) // a wants 10, b wants 10: a's fair 5, but 10 are in flight
 	gb.Refresh(ctx)
-	if _, granted, _ := gb.Lease(clk.Now()); granted != 0 {
+	if granted := gb.Lease(clk.Now()).Granted; granted != 0 {
 		t.Fatalf("b granted %d while a has 10 in flight", granted)
 	}
-	if _, granted, _ := ga.Lease(clk.Now()); granted != 5 {
+	if granted := ga.Lease(clk.Now()).Granted; granted != 5 {
 		t.Fatalf("a granted %d, want its fair 5", granted)
 	}
 	for _, r := range held[:5] {
@@ -68,7 +68,7 @@ func TestConcurrencyLeaseNeverTakesSlotsInFlight(t *testing.T) {
 	}
 	ga.Refresh(ctx)
 	gb.Refresh(ctx)
-	if _, granted, _ := gb.Lease(clk.Now()); granted != 5 {
+	if granted := gb.Lease(clk.Now()).Granted; granted != 5 {
 		t.Fatalf("b granted %d after a's in flight fell to 5, want 5", granted)
 	}
 	if lim, in := ga.ConcurrencyLimit(); lim != 5 || in != 5 {

@@ -141,6 +141,17 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, done sluice.Completio
 	g.mu.Unlock()
 }
 
+// Lease returns the budget, the grant and the fleet's bounds: the local
+// bursts above the rate, a refresh interval of it unused.
+func (g *Gate) Lease(now clock.Instant) sluice.LeaseStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.statusLocked(now)
+	c := float64(g.opts.Allocator.Capacity)
+	st.Overshoot, st.Unused = c*g.opts.Burst.Seconds(), c*g.opts.Allocator.refresh().Seconds()
+	return st
+}
+
 // ReportState returns the grant and how long it has left.
 func (g *Gate) ReportState(now clock.Instant) any {
 	g.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 )
 
@@ -258,12 +259,10 @@ func (h *holder) Run(ctx context.Context) {
 	}
 }
 
-// Lease returns the budget's capacity, the grant and whether it is live
-// (sluice.Leaseholder).
-func (h *holder) Lease(now clock.Instant) (capacity, granted int64, live bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.opts.Allocator.Capacity, h.grant, h.liveLocked(now)
+// statusLocked is the lease's sluice.LeaseStatus without the bounds.
+// REQUIRES: h.mu held.
+func (h *holder) statusLocked(now clock.Instant) sluice.LeaseStatus {
+	return sluice.LeaseStatus{Capacity: h.opts.Allocator.Capacity, Granted: h.grant, Spending: h.limitLocked(now), Live: h.liveLocked(now)}
 }
 
 // GateState is what the admin API shows of a lease gate.

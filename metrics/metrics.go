@@ -289,35 +289,42 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 //	sluice_lease_capacity{gate}             a lease's fleet-wide budget (Leaseholder)
 //	sluice_lease_granted{gate}              this process's share of it (Leaseholder)
 //	sluice_lease_live{gate}                 1 while the lease is live, 0 after it lapsed (Leaseholder)
+//	sluice_lease_spending{gate}             what it spends now: the grant, or its failure mode's (-1: unlimited)
+//	sluice_lease_overshoot_bound{gate}      the most the fleet admits above the budget (units in any window, or slots)
+//	sluice_lease_unused_bound{gate}         the most of the budget left unused until a refresh (units, or slots)
 //	sluice_queue_class_waiting{gate,class}  requests waiting in each class queue (ClassQueuer)
 //	sluice_queue_class_oldest_seconds{gate,class} the age of the oldest of them (ClassQueuer)
 func (m *Metrics) Gates(chain func() *sluice.Chain) {
 	m.reg.MustRegister(&gateCollector{chain: chain,
 		failures: prometheus.NewDesc("sluice_gate_store_failures_total",
 			"Decisions a gate's state store could not make, each decided by the gate's failure policy (fail_open admits: watch its rate).", []string{"gate", "policy"}, nil),
-		level:        prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
-		seconds:      prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
-		fraction:     prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil),
-		limit:        prometheus.NewDesc("sluice_concurrency_limit", "The concurrency limit an adaptive gate set.", []string{"gate"}, nil),
-		inflight:     prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil),
-		waiting:      prometheus.NewDesc("sluice_queue_waiting", "Requests waiting in a wait queue.", []string{"gate"}, nil),
-		oldest:       prometheus.NewDesc("sluice_queue_oldest_seconds", "Age of the oldest request in a wait queue.", []string{"gate"}, nil),
-		waits:        prometheus.NewDesc("sluice_queue_waits_total", "Requests that waited in a wait queue.", []string{"gate"}, nil),
-		dropped:      prometheus.NewDesc("sluice_queue_dropped_total", "Requests a wait queue turned away after they waited.", []string{"gate"}, nil),
-		leaseCap:     prometheus.NewDesc("sluice_lease_capacity", "A lease gate's fleet-wide budget.", []string{"gate"}, nil),
-		leaseGranted: prometheus.NewDesc("sluice_lease_granted", "This process's share of a lease gate's budget.", []string{"gate"}, nil),
-		leaseLive:    prometheus.NewDesc("sluice_lease_live", "1 while a lease gate's lease is live, 0 after it lapsed (the gate then follows its failure mode).", []string{"gate"}, nil),
-		classWaiting: prometheus.NewDesc("sluice_queue_class_waiting", "Requests waiting in a wait queue's class queue.", []string{"gate", "class"}, nil),
-		classOldest:  prometheus.NewDesc("sluice_queue_class_oldest_seconds", "Age of the oldest request in a wait queue's class queue.", []string{"gate", "class"}, nil)})
+		level:         prometheus.NewDesc("sluice_ladder_level", "Degradation level: 0 normal, 1 degrade, 2 shed, 3 recover.", []string{"gate"}, nil),
+		seconds:       prometheus.NewDesc("sluice_ladder_seconds_total", "Time spent in each degradation level.", []string{"gate", "level"}, nil),
+		fraction:      prometheus.NewDesc("sluice_shed_fraction", "Fraction of load a shedder sheds.", []string{"gate"}, nil),
+		limit:         prometheus.NewDesc("sluice_concurrency_limit", "The concurrency limit an adaptive gate set.", []string{"gate"}, nil),
+		inflight:      prometheus.NewDesc("sluice_concurrency_inflight", "Requests in flight under an adaptive gate's limit.", []string{"gate"}, nil),
+		waiting:       prometheus.NewDesc("sluice_queue_waiting", "Requests waiting in a wait queue.", []string{"gate"}, nil),
+		oldest:        prometheus.NewDesc("sluice_queue_oldest_seconds", "Age of the oldest request in a wait queue.", []string{"gate"}, nil),
+		waits:         prometheus.NewDesc("sluice_queue_waits_total", "Requests that waited in a wait queue.", []string{"gate"}, nil),
+		dropped:       prometheus.NewDesc("sluice_queue_dropped_total", "Requests a wait queue turned away after they waited.", []string{"gate"}, nil),
+		leaseCap:      prometheus.NewDesc("sluice_lease_capacity", "A lease gate's fleet-wide budget.", []string{"gate"}, nil),
+		leaseGranted:  prometheus.NewDesc("sluice_lease_granted", "This process's share of a lease gate's budget.", []string{"gate"}, nil),
+		leaseLive:     prometheus.NewDesc("sluice_lease_live", "1 while a lease gate's lease is live, 0 after it lapsed (the gate then follows its failure mode).", []string{"gate"}, nil),
+		leaseSpending: prometheus.NewDesc("sluice_lease_spending", "What a lease gate spends now: its grant while live, else its failure mode's (-1: unlimited).", []string{"gate"}, nil),
+		leaseOver:     prometheus.NewDesc("sluice_lease_overshoot_bound", "The most a lease gate's fleet admits above its budget while the allocator keeps its state: units in any window for a rate, slots for a concurrency budget.", []string{"gate"}, nil),
+		leaseUnused:   prometheus.NewDesc("sluice_lease_unused_bound", "The most of a lease gate's budget left unused until the next refresh: units for a rate, slots for a concurrency budget.", []string{"gate"}, nil),
+		classWaiting:  prometheus.NewDesc("sluice_queue_class_waiting", "Requests waiting in a wait queue's class queue.", []string{"gate", "class"}, nil),
+		classOldest:   prometheus.NewDesc("sluice_queue_class_oldest_seconds", "Age of the oldest request in a wait queue's class queue.", []string{"gate", "class"}, nil)})
 }
 
 type gateCollector struct {
-	chain                              func() *sluice.Chain
-	failures, level, seconds, fraction *prometheus.Desc
-	limit, inflight                    *prometheus.Desc
-	waiting, oldest, waits, dropped    *prometheus.Desc
-	classWaiting, classOldest          *prometheus.Desc
-	leaseCap, leaseGranted, leaseLive  *prometheus.Desc
+	chain                                 func() *sluice.Chain
+	failures, level, seconds, fraction    *prometheus.Desc
+	limit, inflight                       *prometheus.Desc
+	waiting, oldest, waits, dropped       *prometheus.Desc
+	classWaiting, classOldest             *prometheus.Desc
+	leaseCap, leaseGranted, leaseLive     *prometheus.Desc
+	leaseSpending, leaseOver, leaseUnused *prometheus.Desc
 }
 
 func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -336,6 +343,9 @@ func (g *gateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.leaseCap
 	ch <- g.leaseGranted
 	ch <- g.leaseLive
+	ch <- g.leaseSpending
+	ch <- g.leaseOver
+	ch <- g.leaseUnused
 }
 
 func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -354,10 +364,13 @@ func (g *gateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(g.dropped, prometheus.CounterValue, float64(dropped), name)
 		}
 		if l, ok := sluice.As[sluice.Leaseholder](gt); ok {
-			capacity, granted, live := l.Lease(now)
-			ch <- prometheus.MustNewConstMetric(g.leaseCap, prometheus.GaugeValue, float64(capacity), name)
-			ch <- prometheus.MustNewConstMetric(g.leaseGranted, prometheus.GaugeValue, float64(granted), name)
-			ch <- prometheus.MustNewConstMetric(g.leaseLive, prometheus.GaugeValue, map[bool]float64{true: 1}[live], name)
+			st := l.Lease(now)
+			ch <- prometheus.MustNewConstMetric(g.leaseCap, prometheus.GaugeValue, float64(st.Capacity), name)
+			ch <- prometheus.MustNewConstMetric(g.leaseGranted, prometheus.GaugeValue, float64(st.Granted), name)
+			ch <- prometheus.MustNewConstMetric(g.leaseLive, prometheus.GaugeValue, map[bool]float64{true: 1}[st.Live], name)
+			ch <- prometheus.MustNewConstMetric(g.leaseSpending, prometheus.GaugeValue, float64(st.Spending), name)
+			ch <- prometheus.MustNewConstMetric(g.leaseOver, prometheus.GaugeValue, st.Overshoot, name)
+			ch <- prometheus.MustNewConstMetric(g.leaseUnused, prometheus.GaugeValue, st.Unused, name)
 		}
 		if cq, ok := sluice.As[sluice.ClassQueuer](gt); ok {
 			for _, q := range cq.ClassQueues(now) {

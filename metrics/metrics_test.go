@@ -134,7 +134,10 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-// A lease gate's budget, grant and liveness are exported.
+// A lease gate's budget, grant, liveness, spend and stated bounds are
+// exported: 500 units/s with the default 100 ms burst may overshoot by 50
+// units, and leave 500 × 15 s (the default refresh of a 1-minute lease)
+// unused.
 func TestLeaseMetrics(t *testing.T) {
 	g, err := lease.NewGate("fleet-rate", lease.GateOptions{Budget: "b", Client: "c", Leaser: &lease.Local{},
 		Allocator: lease.Allocator{Capacity: 500, Lease: time.Minute}})
@@ -145,7 +148,8 @@ func TestLeaseMetrics(t *testing.T) {
 	m := New(Options{})
 	m.Gates(func() *sluice.Chain { return chain })
 	out := scrape(t, m)
-	for _, want := range []string{`sluice_lease_capacity{gate="fleet-rate"} 500`, `sluice_lease_granted{gate="fleet-rate"} 0`, `sluice_lease_live{gate="fleet-rate"} 0`} {
+	for _, want := range []string{`sluice_lease_capacity{gate="fleet-rate"} 500`, `sluice_lease_granted{gate="fleet-rate"} 0`, `sluice_lease_live{gate="fleet-rate"} 0`,
+		`sluice_lease_spending{gate="fleet-rate"} 0`, `sluice_lease_overshoot_bound{gate="fleet-rate"} 50`, `sluice_lease_unused_bound{gate="fleet-rate"} 7500`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %s", want)
 		}

@@ -188,8 +188,8 @@ gates:
 // Two processes share a fleet concurrency budget of 10 slots through a
 // lease on one Redis, each with a wait queue in front (allowed on redis
 // because the leased slots are freed by the process's own releases):
-// while one holds all ten the other is turned away, never above 10 in
-// flight in all, and it is admitted once they end.
+// while one holds what it can the other gets only the rest, never above
+// 10 in flight in all, and more once they end.
 func TestLeaseSharesSlotsAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	src := strings.ReplaceAll(`version: 1
@@ -226,20 +226,27 @@ gates:
 		return g.ReportState(rt.Chain.Clock().Now()).(lease.GateState)
 	}
 	poll.Until(t, 10*time.Second, func() bool { return leased(a).Spending > 0 })
+	// a takes what it can (all 10 while the new budget learns; after, b's
+	// idle share of one may be kept from it), then b asks for 20 more
 	var held []sluice.Ticket
-	poll.Until(t, 10*time.Second, func() bool {
+	for deadline := time.Now().Add(time.Second); len(held) < 10 && time.Now().Before(deadline); {
 		if d, tk := a.Chain.Decide(context.Background(), &sluice.Request{}); d.Admitted {
 			held = append(held, tk)
 		}
-		return len(held) == 10
-	})
+	}
+	if len(held) < 9 {
+		t.Fatalf("a holds %d of 10 (%+v, %+v)", len(held), leased(a), leased(b))
+	}
+	inA := len(held)
 	for range 20 {
 		if d, tk := b.Chain.Decide(context.Background(), &sluice.Request{}); d.Admitted {
-			t.Fatalf("b admitted beside a's 10 in flight (%+v, %+v)", leased(a), leased(b))
-			tk.Done(sluice.OutcomeUseful)
+			held = append(held, tk)
 		} else if d.Reason != sluice.ReasonConcurrency && d.Reason != sluice.ReasonQueue {
 			t.Fatalf("b turned away with %v, want concurrency or queue", d.Reason)
 		}
+	}
+	if len(held) > 10 {
+		t.Fatalf("%d in flight (a %d, b %d) on a fleet budget of 10 (%+v, %+v)", len(held), inA, len(held)-inA, leased(a), leased(b))
 	}
 	for _, tk := range held {
 		tk.Done(sluice.OutcomeUseful)
