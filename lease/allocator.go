@@ -9,12 +9,17 @@
 //	// g.Has units/s until g.Expiry; ask again every g.Refresh
 //
 // A Gate spends a process's lease of a rate budget in-process (no call to
-// the allocator on the decision path) and refreshes it in the background.
+// the allocator on the decision path) and refreshes it in the background;
+// a Concurrency gate does the same with a budget of slots in flight.
 //
-// Bounds, for n processes sharing a capacity of C units/s with lease time
-// L, refresh interval R and a local bucket of B (time at the grant):
+// Bounds, for n processes sharing a capacity of C units/s (or C slots)
+// with lease time L, refresh interval R and a local bucket of B (time at
+// the grant):
 //   - Overshoot: the grants never sum above C, so the fleet admits at most
-//     C·(T + B) in any window T while the allocator keeps its state. After
+//     C·(T + B) in any window T while the allocator keeps its state; a
+//     concurrency budget's holders report what they have in flight, which
+//     the allocator does not grant to others, so the fleet never has more
+//     than C in flight while its processes reach the allocator. After
 //     it lost its state (a Redis restart or failover, indistinguishable
 //     from a budget that is new) it learns for L: it confirms what holders
 //     say they hold and grants nothing new; a process holding nothing is
