@@ -29,7 +29,7 @@ bench:
 		KeyedTake1/TokenBucketTake KeyedTake1K/KeyedTake1 KeyedTake1MZipf/KeyedTake1 KeyedTake1M/KeyedTake1 \
 		KeyedTake1MZipf/TokenBucketTake KeyedTake1M/TokenBucketTake KeyedTake1M/DRAMLatency \
 		KeyedTakeParallel-2/KeyedTakeParallel \
-		RedisRate/RedisSluice RedisSluiceNoBatch/RedisSluice RedisSluiceScriptGoRedis/RedisSluiceNoBatch RedisSluice/RedisLease
+		RedisRate/RedisSluice RedisSluiceNoBatch/RedisSluice RedisSluiceScriptGoRedis/RedisSluiceNoBatch RedisSluice/RedisLease RedisSluice/RedisLeaseSlots
 	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
