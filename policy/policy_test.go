@@ -38,7 +38,7 @@ func TestExamplesPass(t *testing.T) {
 		}
 	}
 	// The files on disk are the embedded ones.
-	for _, name := range []string{"routes-api.yaml", "mercury.yaml", "routes-api-shedding.yaml"} {
+	for _, name := range []string{"routes-api.yaml", "mercury.yaml", "routes-api-shedding.yaml", "lease-fleet.yaml"} {
 		if _, err := Load("../examples/" + name); err != nil {
 			t.Fatal(err)
 		}

@@ -88,6 +88,18 @@ func TestSimWritesRowsAndPlot(t *testing.T) {
 	}
 }
 
+// Several processes in front of the service: the table adds a row per
+// step of each process's offered, admitted and useful work and its lease.
+func TestSimProcesses(t *testing.T) {
+	scn := filepath.Join(t.TempDir(), "fleet.yaml")
+	os.WriteFile(scn, []byte("base: lease-fleet\nphases:\n  - {at: 0s, load: 3000}\nlength: 8s\n"), 0o644)
+	out, _, err := run("sim", "--scenario", scn, "--plot", "")
+	if err != nil || !strings.Contains(out, "behind 4 processes") || !strings.Contains(out, "by process:") ||
+		!strings.Contains(out, "process-4 offered  admitted  useful  lease") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
 // Same seed, same bytes.
 func TestSimIsDeterministic(t *testing.T) {
 	_, scn := smallScenario(t)

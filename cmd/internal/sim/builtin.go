@@ -163,7 +163,34 @@ var Reservation = func() Scenario {
 	return s
 }()
 
-var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep, &Reservation}
+// LeaseFleet is a time series of four gateway processes in front of one
+// API, for the leased rate of examples/lease-fleet.yaml (1,000 req/s across
+// the fleet, 5 s leases refreshed every 1.25 s). The API has 2,000 req/s of
+// capacity (16 workers, 8 ms mean); the fleet is offered three times the
+// rate, spread 4:3:2:1 over the processes (1,200, 900, 600 and 300 req/s,
+// each above its fair share of 250). From 20 s to 40 s process-4 receives
+// nothing and the others' load is unchanged (its share must go to them
+// within about a lease time); from 40 s it is back at 150 req/s, below its
+// fair share, which it must get in full while the others split the rest.
+var LeaseFleet = Scenario{
+	Name:        "lease-fleet",
+	Description: "4 gateways at 4:3:2:1 share a leased 1,000 req/s at 3x; process-4 stops from 20 s to 40 s, then sends 150 req/s",
+	Unit:        "req",
+	Workers:     16,
+	Client:      Client{Timeout: Const(time.Second), Attempts: 3, Backoff: 200 * time.Millisecond, Budget: 0.05},
+	Classes: []Class{
+		{Name: "api", Method: "GET", Path: "/v1/items", Share: 1, Tenants: 50, Service: Dist{Kind: "exponential", Mean: 8 * time.Millisecond}},
+	},
+	Processes: 4,
+	Balance:   []float64{4, 3, 2, 1},
+	Phases: []Phase{{At: 0, Load: 3000}, {At: 20 * time.Second, Load: 2700, Balance: []float64{4, 3, 2, 0}},
+		{At: 40 * time.Second, Load: 2850, Balance: []float64{4, 3, 2, 0.5}}},
+	Length:   60 * time.Second,
+	Interval: time.Second,
+	Policy:   "lease-fleet",
+}
+
+var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep, &Reservation, &LeaseFleet}
 
 // Builtin returns the built-in scenario named name.
 func Builtin(name string) (Scenario, bool) {
@@ -176,7 +203,9 @@ func Builtin(name string) (Scenario, bool) {
 	s.Phases = slices.Clone(s.Phases)
 	for i := range s.Phases {
 		s.Phases[i].Classes = slices.Clone(s.Phases[i].Classes)
+		s.Phases[i].Balance = slices.Clone(s.Phases[i].Balance)
 	}
+	s.Balance = slices.Clone(s.Balance)
 	s.Loads = slices.Clone(s.Loads)
 	s.Reference = slices.Clone(s.Reference)
 	return s, true

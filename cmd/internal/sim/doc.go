@@ -37,13 +37,36 @@
 // outcome (useful, late, cancelled), so concurrency permits and adaptive
 // state see what they would see in a service.
 //
+// Scenario.Processes puts several gateway processes in front of the one
+// service, as a fleet of proxies in front of one backend: each attempt,
+// a retry included, goes to a process drawn by Scenario.Balance (weights,
+// even by default; a phase may set its own, 0 taking a process out) and is
+// decided by that process's chain, built from the same policy under the
+// process's name. The gates with a lease: share their budget through one
+// in-process allocator (lease.Local) on the virtual clock, refreshing as
+// they decide, so the leased rate is divided max-min by the processes'
+// demand as the Redis allocator divides it in a fleet; every other gate
+// counts for its process alone, as on the memory backend in a real fleet
+// (a tenant limit of 100/s admits up to 100/s per process). A phase's load
+// is the fleet's; the run without admission spreads the same arrivals
+// over the processes and admits them all. The lease-fleet scenario is four
+// processes at 4:3:2:1 against examples/lease-fleet.yaml's leased 1,000
+// req/s, offered three times that: each admits 250 req/s and the fleet
+// 994–1,007 every second after the first (991, while the new budget's
+// allocator learns, on safe shares); when one stops, the others hold 333 each from 5 s later (its lease time); when it
+// comes back at 150 req/s it admits all of it and the others split the
+// rest, 274 each, the fleet 981 (the headroom the small process asks for
+// and does not use stays idle) (TestLeaseFleetScenario).
+//
 // # Determinism and speed
 //
 // Events are ordered by (time, sequence number): callers' timeouts in a
 // 1 ms timing wheel, everything else in a 4-ary heap. Arrivals, service
-// times, client behaviour and the probabilistic gates draw from separate
-// PCG streams seeded from the scenario's seed, so both runs of a step see
-// the same arrivals, and the same seed gives the same report bit for bit.
+// times, client behaviour, the choice of process and each process's
+// probabilistic gates draw from separate PCG streams seeded from the
+// scenario's seed, so both runs of a step see the same arrivals, whatever
+// the number of processes, and the same seed gives the same report bit
+// for bit.
 // A 60 s Mercury step at 10,000 units/s (about 600,000 attempts) takes
 // about 0.4 s of wall time without admission and 0.65 s with it
 // (BenchmarkMercuryStep, BENCHMARKS.md).

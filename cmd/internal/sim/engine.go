@@ -108,6 +108,7 @@ type attempt struct {
 	refs      int8
 	answered  bool  // the caller got an answer or stopped waiting
 	measured  bool  // issued inside the measured window
+	proc      uint8 // the process that decides it (index into engine.procs)
 	issued    int64 // when this attempt was sent
 	giveUp    int64 // when its caller stops waiting
 	units     int64
@@ -129,10 +130,23 @@ type class struct {
 	rate    float64 // requests/s at the current load
 }
 
+// process is one simulated gateway process: its chain (nil without
+// admission) and the gates whose state the report reads.
+type process struct {
+	name   string
+	chain  *sluice.Chain
+	sizer  sluice.Sizer       // the chain's first gate with a moving limit, if any
+	queuer sluice.Queuer      // and its first wait queue
+	lease  sluice.Leaseholder // and its first gate spending a lease
+}
+
 // engine is one simulated run: one sweep step or one time series.
 type engine struct {
 	s       *Scenario
-	chain   *sluice.Chain
+	chain   *sluice.Chain // the first process's, for the common case of one
+	procs   []process
+	pcum    []float64      // cumulative weights of the processes, at the current phase
+	rPrc    *rand.Rand     // draws each attempt's process (with more than one)
 	rules   identify.Rules // with defaults filled in
 	clk     *vclock
 	ctx     context.Context
@@ -163,8 +177,6 @@ type engine struct {
 	m        *Row  // counters of the current window
 	hist     hist
 	level    sluice.Level
-	sizer    sluice.Sizer  // the chain's first gate with a moving limit, if any
-	queuer   sluice.Queuer // and its first wait queue
 }
 
 // ring is a growable FIFO of attempt indexes.
@@ -192,27 +204,19 @@ func (q *ring) pop() int32 {
 	return v
 }
 
-// newEngine prepares a run of s (already defaulted) with chain (nil: no
-// admission). seed picks the random streams; runs with and without
-// admission of the same step share them, so both see the same arrivals.
-func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rules, seed uint64) (*engine, error) {
+// newEngine prepares a run of s (already defaulted) with one chain per
+// process (nil: no admission; all nil or none). seed picks the random
+// streams; runs with and without admission of the same step share them,
+// so both see the same arrivals.
+func newEngine(s *Scenario, clk *vclock, chains []*sluice.Chain, rules identify.Rules, seed uint64) (*engine, error) {
 	id, err := identify.New(rules)
 	if err != nil {
 		return nil, err
 	}
-	e := &engine{s: s, clk: clk, chain: chain, rules: id.Rules(), idle: s.Workers}
+	e := &engine{s: s, clk: clk, chain: chains[0], rules: id.Rules(), idle: s.Workers}
 	e.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &e.wait), &e.park)
 	e.park.Ready = e.ready
-	if chain != nil {
-		for _, g := range chain.Gates() {
-			if sz, ok := sluice.As[sluice.Sizer](g); ok && e.sizer == nil {
-				e.sizer = sz
-			}
-			if q, ok := sluice.As[sluice.Queuer](g); ok && e.queuer == nil {
-				e.queuer = q
-			}
-		}
-	}
+	e.processes(chains, seed)
 	e.rArr = rand.New(rand.NewPCG(seed, 0x61727269))
 	e.rSvc = rand.New(rand.NewPCG(seed, 0x73766321))
 	e.rCli = rand.New(rand.NewPCG(seed, 0x636c6921))
@@ -222,7 +226,7 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 			pc.timeout = c.Timeout
 		}
 		pc.req = sluice.Request{Class: sluice.ClassDefault, Operation: c.Method + " " + c.Path, Cost: c.Units}
-		if chain != nil {
+		if e.chain != nil {
 			h := http.Header{}
 			if rules.TenantHeader != "" {
 				h.Set(rules.TenantHeader, c.Name) // the tenant is set per attempt
@@ -248,6 +252,40 @@ func newEngine(s *Scenario, clk *vclock, chain *sluice.Chain, rules identify.Rul
 	e.cum = make([]float64, len(e.classes))
 	return e, nil
 }
+
+// processes prepares a process per chain and their balance.
+func (e *engine) processes(chains []*sluice.Chain, seed uint64) {
+	e.procs = make([]process, len(chains))
+	for i, chain := range chains {
+		p := &e.procs[i]
+		p.name, p.chain = processName(i), chain
+		if chain == nil {
+			continue
+		}
+		for _, g := range chain.Gates() {
+			if sz, ok := sluice.As[sluice.Sizer](g); ok && p.sizer == nil {
+				p.sizer = sz
+			}
+			if q, ok := sluice.As[sluice.Queuer](g); ok && p.queuer == nil {
+				p.queuer = q
+			}
+			if l, ok := sluice.As[sluice.Leaseholder](g); ok && p.lease == nil {
+				p.lease = l
+			}
+		}
+	}
+	e.pcum = make([]float64, len(chains))
+	e.setBalance(e.s.Balance)
+	if len(chains) > 1 {
+		// Its own stream, so that the arrivals, classes and tenants are
+		// the same whatever the number of processes.
+		e.rPrc = rand.New(rand.NewPCG(seed, 0x70726f63))
+	}
+}
+
+// processName names process i (from 0) in reports and to the lease
+// allocator: process-1, process-2, ...
+func processName(i int) string { return "process-" + itoa(i+1) }
 
 func itoa(i int) string {
 	var b [20]byte
@@ -319,6 +357,29 @@ func (e *engine) setShares(p *Phase) {
 			c.share = p.Shares[c.Name] / total
 		}
 	}
+}
+
+// setBalance sets the processes' weights (nil: even) from now on.
+func (e *engine) setBalance(w []float64) {
+	total := 0.0
+	for i := range e.pcum {
+		if len(w) > 0 {
+			total += w[i]
+		} else {
+			total++
+		}
+		e.pcum[i] = total
+	}
+}
+
+// pick draws the process of an attempt by the weights.
+func (e *engine) pick() uint8 {
+	u := e.rPrc.Float64() * e.pcum[len(e.pcum)-1]
+	p := 0
+	for p < len(e.pcum)-1 && u >= e.pcum[p] {
+		p++
+	}
+	return uint8(p)
 }
 
 // setSlowdown applies phase p's slowdown to its classes, and none to the
@@ -425,6 +486,11 @@ func (e *engine) run(end int64) {
 			p := &e.s.Phases[ev.ref]
 			e.setSlowdown(p)
 			e.setShares(p)
+			if len(p.Balance) > 0 {
+				e.setBalance(p.Balance)
+			} else {
+				e.setBalance(e.s.Balance)
+			}
 			e.setLoad(p.Load)
 		case evReady:
 			e.unpark(ev.ref, sluice.Reason(ev.aux))
@@ -457,6 +523,23 @@ func (e *engine) byClass(a *attempt) *ClassRow {
 	return &e.m.Classes[a.class]
 }
 
+// byProc returns the current window's counters of a's process; only with
+// more than one process.
+func (e *engine) byProc(a *attempt) *ProcessRow {
+	e.procRows()
+	return &e.m.Processes[a.proc]
+}
+
+// procRows makes the current window's rows of the processes.
+func (e *engine) procRows() {
+	if e.m.Processes == nil {
+		e.m.Processes = make([]ProcessRow, len(e.procs))
+		for i := range e.procs {
+			e.m.Processes[i].Name = e.procs[i].name
+		}
+	}
+}
+
 // arrive starts a new operation.
 func (e *engine) arrive() {
 	u := e.rArr.Float64() * e.rate
@@ -487,6 +570,18 @@ func (e *engine) send(i int32) {
 	a.issued = now
 	a.giveUp = now + sample(e.rCli, c.timeout)
 	a.measured = e.inWindow()
+	chain := e.chain
+	if len(e.procs) > 1 {
+		a.proc = e.pick()
+		chain = e.procs[a.proc].chain
+		if a.measured {
+			pr := e.byProc(a)
+			pr.Attempts += float64(a.units)
+			if a.n == 1 {
+				pr.Offered += float64(a.units)
+			}
+		}
+	}
 	if a.measured {
 		e.m.Attempts += float64(a.units)
 		if a.n > 1 {
@@ -495,7 +590,7 @@ func (e *engine) send(i int32) {
 	}
 	a.refs = 1 // the caller, until its timeout event
 	wait := int64(0)
-	if e.chain != nil {
+	if chain != nil {
 		req := c.req
 		req.Tenant = c.tenants[a.tenant]
 		budget := time.Duration(a.giveUp - now)
@@ -509,7 +604,7 @@ func (e *engine) send(i int32) {
 		}
 		e.wait = 0
 		e.park.Tag, e.park.Queue = uint64(i), nil
-		d, t := e.chain.Decide(e.ctx, &req)
+		d, t := chain.Decide(e.ctx, &req)
 		e.level = max(e.level, d.Level)
 		if !d.Admitted {
 			if a.measured {
@@ -528,10 +623,13 @@ func (e *engine) send(i int32) {
 		// queue turns it away (unadmit).
 		e.m.Admitted += float64(a.units)
 		e.byClass(a).Admitted += float64(a.units)
+		if len(e.procs) > 1 {
+			e.byProc(a).Admitted += float64(a.units)
+		}
 	}
 	a.refs++ // the service
 	e.at(a.giveUp, evTimeout, 0, i)
-	if e.park.Queue != nil && e.chain != nil {
+	if e.park.Queue != nil && chain != nil {
 		a.parked, a.pq, a.pid = true, e.park.Queue, e.park.ID
 		a.refs++ // the expiry
 		e.at(max(int64(e.park.Until), now), evExpire, 0, i)
@@ -590,6 +688,9 @@ func (e *engine) unadmit(a *attempt, reason sluice.Reason) {
 	if a.measured {
 		e.m.Admitted -= float64(a.units)
 		e.byClass(a).Admitted -= float64(a.units)
+		if len(e.procs) > 1 {
+			e.byProc(a).Admitted -= float64(a.units)
+		}
 		e.m.reject(reason, float64(a.units))
 	}
 }
@@ -635,6 +736,8 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 	}
 	j := e.alloc()
 	a = &e.slab[i] // alloc may move the slab
+	// The retry's process is drawn when it is sent, as a load balancer
+	// would send a new request.
 	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units}
 	e.at(e.clk.now+max(delay, 1), evRetry, 0, j)
 }
@@ -719,6 +822,9 @@ func (e *engine) finish(i int32, how uint8) {
 			if win {
 				e.m.Goodput += float64(a.units)
 				e.byClass(a).Goodput += float64(a.units)
+				if len(e.procs) > 1 {
+					e.byProc(a).Goodput += float64(a.units)
+				}
 				e.hist.add(now - a.issued)
 			}
 			e.done(a, sluice.OutcomeUseful)

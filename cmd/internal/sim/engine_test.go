@@ -11,7 +11,8 @@ import (
 )
 
 // Small policies, one per kind of gate the engine must drive: a bucket,
-// a concurrency limit (permits released on every path), a paced queue
+// a concurrency limit (permits released on every path), a leased bucket
+// (shared by the processes, refreshed as it decides), a paced queue
 // (the engine schedules its wait on the virtual clock), a shedder, and wait
 // queues in front of a static and an adaptive limit (requests park and are
 // woken by releases).
@@ -26,6 +27,7 @@ routes:
 gates:
   - {name: pool, kind: adaptive_concurrency, controller: gradient2, min: 2, max: 40, initial: 4, window: 200ms, queue: {max_wait: 50ms, classes: [critical]}}
 `)},
+	{Name: "leased.yaml", Data: []byte("version: 1\ngates:\n  - {name: fleet, kind: token_bucket, scope: service, rate: 100/s, burst: 20, lease: {time: 1s}}\n")},
 	{Name: "paced.yaml", Data: []byte("version: 1\ngates:\n  - {name: paced, kind: leaky_bucket, scope: service, rate: 150/s, queue: 20}\n")},
 	{Name: "shed.yaml", Data: []byte(`version: 1
 routes:
@@ -85,6 +87,14 @@ func genScenario(t *rapid.T) Scenario {
 			Service: genDist(t, "service", time.Duration(rapid.IntRange(1, 40).Draw(t, "service_ms"))*time.Millisecond),
 		}
 		s.Classes = append(s.Classes, c)
+	}
+	// One process, or a few in front of the service, evenly or not.
+	s.Processes = rapid.IntRange(1, 3).Draw(t, "processes")
+	if s.Processes > 1 && rapid.Bool().Draw(t, "uneven") {
+		s.Balance = []float64{rapid.Float64Range(0.1, 5).Draw(t, "weight")}
+		for range s.Processes - 1 {
+			s.Balance = append(s.Balance, rapid.SampledFrom([]float64{0, 0.5, 1, 4}).Draw(t, "weight"))
+		}
 	}
 	if raceEnabled {
 		s.Step = time.Second

@@ -23,12 +23,13 @@ func LoadScenario(path string) (Scenario, error) {
 }
 
 // ParseScenario parses a scenario file: YAML with the fields of Scenario in
-// snake_case (capacity, workers, server, client, classes, loads, step,
-// warmup, phases, length, interval, seed, policy) and an optional base, a
-// built-in scenario whose fields the file overrides. Durations are Go
-// durations ("250ms"); a distribution is a duration (constant) or a
-// mapping {dist, mean, cv, min, max}. Every error names the file, the line
-// and the field.
+// snake_case (capacity, workers, server, client, classes, processes,
+// balance, loads, step, warmup, phases, length, interval, seed, policy) and
+// an optional base, a built-in scenario whose fields the file overrides
+// (processes without balance spread the load evenly; a balance without
+// processes sets their number). Durations are Go durations ("250ms"); a
+// distribution is a duration (constant) or a mapping {dist, mean, cv, min,
+// max}. Every error names the file, the line and the field.
 func ParseScenario(path string, data []byte) (Scenario, error) {
 	doc, err := yamlfile.Document(path, data, "scenario")
 	if err != nil {
@@ -71,7 +72,7 @@ func (p *sparser) at(field string, n *yaml.Node) {
 }
 
 var scenarioFields = []string{"base", "name", "description", "unit", "capacity", "workers", "server", "client", "classes",
-	"loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
+	"processes", "balance", "loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
 
 func (p *sparser) scenario(n *yaml.Node) Scenario {
 	s := p.base(n) // first, so the file's fields override it wherever they are
@@ -88,6 +89,16 @@ func (p *sparser) scenario(n *yaml.Node) Scenario {
 		s.Phases = nil
 	case phases && !loads:
 		s.Loads = nil
+	}
+	// Likewise processes without balance spread the load evenly, and a
+	// balance without processes sets their number.
+	_, procs := p.lines["processes"]
+	_, balance := p.lines["balance"]
+	switch {
+	case procs && !balance:
+		s.Balance = nil
+	case balance && !procs:
+		s.Processes = 0
 	}
 	if s.Name == "" {
 		s.Name = "scenario"
@@ -136,6 +147,10 @@ func (p *sparser) field(s *Scenario, key string, v *yaml.Node) {
 		p.client(v, &s.Client)
 	case "classes":
 		s.Classes = p.classes(v)
+	case "processes":
+		s.Processes = int(p.Integer(v, key, 1, maxProcesses))
+	case "balance":
+		s.Balance = p.weights(v, key)
 	case "phases":
 		s.Phases = p.phases(v)
 	case "policy":
@@ -166,6 +181,15 @@ func (p *sparser) timing(s *Scenario, key string, v *yaml.Node) {
 	case "seed":
 		s.Seed = uint64(p.Integer(v, key, 1, math.MaxInt64))
 	}
+}
+
+// weights parses a list of process weights, each in [0, 1e6].
+func (p *sparser) weights(v *yaml.Node, field string) []float64 {
+	w := []float64{}
+	p.list(v, field, func(i int, e *yaml.Node) {
+		w = append(w, p.Float(e, fmt.Sprintf("%s[%d]", field, i), 0, 1e6))
+	})
+	return w
 }
 
 func (p *sparser) list(v *yaml.Node, field string, each func(i int, e *yaml.Node)) {
@@ -274,7 +298,7 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 	p.list(n, "phases", func(i int, e *yaml.Node) {
 		path := fmt.Sprintf("phases[%d]", i)
 		var ph Phase
-		p.Fields(e, path, []string{"at", "load", "slowdown", "classes", "shares"}, func(key string, v *yaml.Node) {
+		p.Fields(e, path, []string{"at", "load", "slowdown", "classes", "shares", "balance"}, func(key string, v *yaml.Node) {
 			f := path + "." + key
 			p.at(f, v)
 			switch key {
@@ -297,6 +321,8 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 				for k := 0; k+1 < len(v.Content); k += 2 {
 					ph.Shares[v.Content[k].Value] = p.Float(v.Content[k+1], f+"."+v.Content[k].Value, 0, 1e6)
 				}
+			case "balance":
+				ph.Balance = p.weights(v, f)
 			}
 		})
 		out = append(out, ph)

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,50 @@ func TestParseScenarioOnABase(t *testing.T) {
 	}
 }
 
+// Processes and their balance, for the scenario and a phase; a balance
+// alone sets the number of processes, and processes alone over a base
+// spread the load evenly.
+func TestParseScenarioProcesses(t *testing.T) {
+	src := "base: mercury\nprocesses: 3\nbalance: [3, 2, 1]\nloads: []\nphases:\n  - {at: 0s, load: 100}\n  - {at: 5s, load: 50, balance: [1, 1, 0]}\nlength: 10s\n"
+	s, err := ParseScenario("p.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Processes != 3 || !slices.Equal(s.Balance, []float64{3, 2, 1}) || !slices.Equal(s.Phases[1].Balance, []float64{1, 1, 0}) {
+		t.Fatalf("%+v", s)
+	}
+	// The run follows the weights: 3:2:1, then nothing to process-3.
+	rep, err := Simulate(s, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after [3]float64
+	for _, r := range rep.Runs[0].Steps {
+		for i, p := range r.Processes {
+			if r.T < 5 {
+				before[i] += p.Offered
+			} else {
+				after[i] += p.Offered
+			}
+		}
+	}
+	if before[0] < 1.2*before[1] || before[1] < 1.2*before[2] || after[2] != 0 || after[1] == 0 {
+		t.Fatalf("offered by process: %v before 5 s, %v after", before, after)
+	}
+	if s, err = ParseScenario("p.yaml", []byte("base: mercury\nbalance: [1, 4]\n")); err != nil || s.Processes != 0 {
+		t.Fatalf("%v %+v", err, s)
+	}
+	if d, _ := s.withDefaults(); d.Processes != 2 {
+		t.Fatalf("balance of 2: %d processes", d.Processes)
+	}
+	if s, err = ParseScenario("p.yaml", []byte("base: lease-fleet\nprocesses: 2\nphases:\n  - {at: 0s, load: 10}\n")); err != nil || s.Balance != nil {
+		t.Fatalf("%v %+v", err, s)
+	}
+	if d, _ := builtin(t, "mercury").withDefaults(); d.Processes != 1 {
+		t.Fatalf("default %d processes, want 1", d.Processes)
+	}
+}
+
 // The example file parses and names its policy.
 func TestParseScenarioExample(t *testing.T) {
 	data, err := os.ReadFile("../../../examples/scenarios/retry-storm.yaml")
@@ -111,6 +156,13 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"too many tenants", "base: mercury\nclasses:\n  - {name: a, share: 1, tenants: 1000000}\n  - {name: b, share: 1, tenants: 1000000}\n", "x.yaml:4: classes[1].tenants"},
 		{"loads and phases", "base: mercury\nloads: [1]\nphases:\n  - {at: 0s, load: 1}\n", "x.yaml:4: phases: both loads"},
 		{"no capacity", "base: mercury\ncapacity: 0\n", "x.yaml:2: capacity"},
+		{"no processes", "base: mercury\nprocesses: 0\n", "x.yaml:2: processes"},
+		{"too many processes", "base: mercury\nprocesses: 65\n", "x.yaml:2: processes"},
+		{"balance for other processes", "base: mercury\nprocesses: 3\nbalance: [1, 2]\n", "x.yaml:3: balance: 2 weights for 3 processes"},
+		{"negative weight", "base: mercury\nbalance:\n  - 1\n  - -2\n", "x.yaml:4: balance[1]"},
+		{"balance not a list", "base: mercury\nbalance: {a: 1}\n", "x.yaml:2: balance"},
+		{"all weights 0", "base: mercury\nbalance: [0, 0]\n", "x.yaml:2: balance: all weights are 0"},
+		{"phase balance", "base: mercury\nprocesses: 2\nloads: []\nphases:\n  - {at: 0s, load: 1, balance: [1]}\n", "x.yaml:5: phases[0].balance: 1 weights for 2 processes"},
 		{"not a mapping", "- 1\n- 2\n", "x.yaml:1"},
 		{"empty", "", "x.yaml"},
 	} {
@@ -133,6 +185,7 @@ func FuzzParseScenario(f *testing.F) {
 	f.Add("base: mercury\nclient: {attempts: 5}\nloads: [9000]\n")
 	f.Add("base: load-step\nphases:\n  - {at: 0s, load: 10}\n  - {at: 1s, load: 1000, slowdown: 3}\nlength: 3s\ninterval: 500ms\n")
 	f.Add("workers: 1\nclasses:\n  - {name: a, path: /a, share: 1, service: {dist: loguniform, min: 1us, max: 1s}}\nloads: [1e9]\nstep: 1ms\n")
+	f.Add("base: lease-fleet\nprocesses: 3\nbalance: [2, 0, 1]\nphases:\n  - {at: 0s, load: 500}\n  - {at: 1s, load: 200, balance: [0, 1, 0]}\nlength: 3s\n")
 	f.Add("{")
 	f.Fuzz(func(t *testing.T, src string) {
 		s, err := ParseScenario("fuzz.yaml", []byte(src))

@@ -56,11 +56,15 @@ type Row struct {
 	Level string `json:"level,omitempty"`
 	// Limit is the adaptive concurrency limit at the end of a time-series
 	// interval (the first gate of the chain whose limit moves), and Waited
-	// the requests per second that waited in a wait queue for a slot.
+	// the requests per second that waited in a wait queue for a slot. With
+	// several processes both are sums over the processes.
 	Limit  int     `json:"limit,omitempty"`
 	Waited float64 `json:"waited,omitempty"`
 	// Classes splits offered, admitted and useful work by scenario class.
 	Classes []ClassRow `json:"classes,omitempty"`
+	// Processes splits them by simulated process, when there is more than
+	// one (Scenario.Processes).
+	Processes []ProcessRow `json:"processes,omitempty"`
 
 	rejected [sluice.ReasonCount]float64
 }
@@ -80,6 +84,26 @@ type ClassRow struct {
 	Goodput  float64 `json:"goodput"`
 }
 
+// ProcessRow is one simulated process's share of a Row, in the scenario's
+// unit per second.
+type ProcessRow struct {
+	Name string `json:"name"`
+	// Offered counts the first attempts sent to the process, Attempts
+	// every attempt (the demand its gates saw), Admitted those its chain
+	// admitted and Goodput their useful work.
+	Offered  float64 `json:"offered"`
+	Attempts float64 `json:"attempts"`
+	Admitted float64 `json:"admitted"`
+	Goodput  float64 `json:"goodput"`
+	// Lease is the grant of the process's first lease gate at the end of
+	// the row, in units/s, when LeaseLive: the process's share of the
+	// fleet's budget, which the grants of all processes never exceed. A
+	// gate without a live lease (none yet, lapsed, or nothing granted while
+	// the allocator learns) spends its failure mode's rate instead.
+	Lease     int64 `json:"lease,omitempty"`
+	LeaseLive bool  `json:"lease_live,omitempty"`
+}
+
 // finish turns counts over secs seconds into rates.
 func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
 	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut} {
@@ -88,6 +112,10 @@ func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
 	for i := range r.Classes {
 		c := &r.Classes[i]
 		c.Offered, c.Admitted, c.Goodput = c.Offered/secs, c.Admitted/secs, c.Goodput/secs
+	}
+	for i := range r.Processes {
+		p := &r.Processes[i]
+		p.Offered, p.Attempts, p.Admitted, p.Goodput = p.Offered/secs, p.Attempts/secs, p.Admitted/secs, p.Goodput/secs
 	}
 	r.Rejected = map[string]float64{}
 	for reason, v := range r.rejected {
@@ -130,6 +158,51 @@ func writeClasses(w io.Writer, run Run, series bool) {
 	tw.Flush()
 }
 
+// writeProcesses prints a run's offered, admitted and useful work by
+// process (when there is more than one), and each process's live lease
+// at the end of the row when the policy has a lease gate ("-": none).
+func writeProcesses(w io.Writer, run Run, series bool) {
+	if len(run.Steps) == 0 || len(run.Steps[0].Processes) < 2 {
+		return
+	}
+	leased := slices.ContainsFunc(run.Steps, func(r Row) bool {
+		return slices.ContainsFunc(r.Processes, func(p ProcessRow) bool { return p.LeaseLive })
+	})
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "offered"
+	if series {
+		head = "t"
+	}
+	fmt.Fprintf(tw, "%s\t", head)
+	for _, p := range run.Steps[0].Processes {
+		fmt.Fprintf(tw, "%s offered\tadmitted\tuseful\t", p.Name)
+		if leased {
+			fmt.Fprint(tw, "lease\t")
+		}
+	}
+	fmt.Fprintln(tw)
+	for _, s := range run.Steps {
+		if series {
+			fmt.Fprintf(tw, "%.0fs\t", s.T)
+		} else {
+			fmt.Fprintf(tw, "%.0f\t", s.Offered)
+		}
+		for _, p := range s.Processes {
+			fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t", p.Offered, p.Admitted, p.Goodput)
+			if leased {
+				if p.LeaseLive {
+					fmt.Fprintf(tw, "%d\t", p.Lease)
+				} else {
+					fmt.Fprint(tw, "-\t")
+				}
+			}
+		}
+		fmt.Fprintln(tw)
+	}
+	fmt.Fprintln(w, "  by process:")
+	tw.Flush()
+}
+
 // RejectedTotal sums Rejected.
 func (r *Row) RejectedTotal() float64 {
 	t := 0.0
@@ -151,6 +224,7 @@ type Report struct {
 	Unit        string  `json:"unit"`
 	Capacity    float64 `json:"capacity"`
 	Workers     int     `json:"workers"`
+	Processes   int     `json:"processes,omitempty"` // simulated gateway processes, when more than one
 	Seed        uint64  `json:"seed"`
 	StepSeconds float64 `json:"step_seconds,omitempty"`
 	Series      bool    `json:"series,omitempty"`
@@ -190,7 +264,11 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // WriteTable prints one table per run.
 func (r *Report) WriteTable(w io.Writer) {
 	u := r.Unit + "/s"
-	fmt.Fprintf(w, "scenario %s: capacity %.4g %s on %d workers, seed %d", r.Scenario, r.Capacity, u, r.Workers, r.Seed)
+	fmt.Fprintf(w, "scenario %s: capacity %.4g %s on %d workers", r.Scenario, r.Capacity, u, r.Workers)
+	if r.Processes > 1 {
+		fmt.Fprintf(w, " behind %d processes", r.Processes)
+	}
+	fmt.Fprintf(w, ", seed %d", r.Seed)
 	if r.StepSeconds > 0 {
 		fmt.Fprintf(w, ", %gs per step", r.StepSeconds)
 	}
@@ -220,6 +298,7 @@ func (r *Report) WriteTable(w io.Writer) {
 		}
 		tw.Flush()
 		writeClasses(w, run, r.Series)
+		writeProcesses(w, run, r.Series)
 	}
 	if dev := r.Deviation(); len(dev) > 0 {
 		fmt.Fprintf(w, "\n%s, goodput without admission:", r.ReferenceName)

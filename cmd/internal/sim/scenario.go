@@ -29,6 +29,19 @@ type Scenario struct {
 	Client Client
 	// Classes is the request mix. Required.
 	Classes []Class
+	// Processes is how many gateway processes stand in front of the one
+	// service (default: the length of Balance, else 1; at most 64). With a
+	// policy each runs its own chain built from it, named process-1,
+	// process-2, ...: the budget of a gate with lease: is shared by all of
+	// them through one allocator, while every other gate counts for its
+	// process alone, as on the memory backend in a real fleet. The worker
+	// pool and its queue stay one service behind them.
+	Processes int
+	// Balance spreads the load over the processes: a weight per process
+	// (weights are normalized; 0: the process receives nothing), empty:
+	// evenly. Every attempt, a retry included, goes to a process drawn by
+	// the weights, as a load balancer would send it.
+	Balance []float64
 	// Loads are the offered loads of a sweep, in units/s of first attempts.
 	Loads []float64
 	// Step is the simulated length of one sweep step (default 60 s), and
@@ -152,6 +165,12 @@ type Phase struct {
 	// name (normalized; a class not named offers nothing); empty: the
 	// scenario's shares.
 	Shares map[string]float64
+	// Balance replaces the processes' weights in the phase, one per
+	// process (0: the process receives nothing in the phase, as when a
+	// load balancer takes it out); empty: the scenario's Balance. Load
+	// stays the whole fleet's load, so lower Load with it to stop one
+	// process's traffic without moving it to the others.
+	Balance []float64
 }
 
 // Dist is a distribution of durations. Kinds: "constant" (Mean),
@@ -217,6 +236,9 @@ const (
 	maxRows = 100_000
 	// maxTenants bounds the tenants of all classes together.
 	maxTenants = 1 << 20
+	// maxProcesses bounds the simulated gateway processes (an attempt
+	// keeps its process in a byte; a report prints a column group each).
+	maxProcesses = 64
 )
 
 // FieldError is a scenario error naming the field at fault (e.g.
@@ -248,7 +270,8 @@ func (s Scenario) withDefaults() (Scenario, error) {
 	}
 	s.Classes = append([]Class(nil), s.Classes...)
 	s.Phases = append([]Phase(nil), s.Phases...)
-	for _, step := range []func(*Scenario) error{(*Scenario).server, (*Scenario).client, (*Scenario).classes, (*Scenario).sweep, (*Scenario).series} {
+	s.Balance = slices.Clone(s.Balance)
+	for _, step := range []func(*Scenario) error{(*Scenario).server, (*Scenario).client, (*Scenario).classes, (*Scenario).fleet, (*Scenario).sweep, (*Scenario).series} {
 		if err := step(&s); err != nil {
 			return s, err
 		}
@@ -416,6 +439,39 @@ func (s *Scenario) classTimes(i int, cl *Class) error {
 	return nil
 }
 
+// fleet fills in and checks the processes and their balance.
+func (s *Scenario) fleet() error {
+	if s.Processes == 0 {
+		s.Processes = max(len(s.Balance), 1)
+	}
+	if s.Processes < 1 || s.Processes > maxProcesses {
+		return ferr("processes", "%d, want 1 to %d", s.Processes, maxProcesses)
+	}
+	return s.balance("balance", s.Balance)
+}
+
+// balance checks a list of process weights at field f: empty, or one
+// weight in [0, 1e6] per process, not all 0.
+func (s *Scenario) balance(f string, w []float64) error {
+	if len(w) == 0 {
+		return nil
+	}
+	if len(w) != s.Processes {
+		return ferr(f, "%d weights for %d processes, want one per process", len(w), s.Processes)
+	}
+	total := 0.0
+	for i, v := range w {
+		if !(v >= 0) || v > 1e6 {
+			return ferr(fmt.Sprintf("%s[%d]", f, i), "%v, want a weight in [0, 1e6]", v)
+		}
+		total += v
+	}
+	if total == 0 {
+		return ferr(f, "all weights are 0")
+	}
+	return nil
+}
+
 // perUnit is the requests per unit of load and second, for the work bound.
 func (s *Scenario) perUnit() float64 {
 	n := 0.0
@@ -530,7 +586,7 @@ func (s *Scenario) phase(i int, last *time.Duration) error {
 	if len(p.Shares) > 0 && total == 0 {
 		return ferr(f+".shares", "all shares are 0")
 	}
-	return nil
+	return s.balance(f+".balance", p.Balance)
 }
 
 // ModeledCapacity returns the capacity the mix gives the worker pool, in

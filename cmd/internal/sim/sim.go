@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/policy"
 )
 
@@ -48,6 +49,9 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 		s.Seed = opts.Seed
 	}
 	rep := &Report{Scenario: s.Name, Unit: s.Unit, Capacity: math.Round(s.ModeledCapacity()*1e6) / 1e6, Workers: s.Workers, Seed: s.Seed, Series: len(s.Phases) > 0}
+	if s.Processes > 1 {
+		rep.Processes = s.Processes
+	}
 	if !rep.Series {
 		rep.StepSeconds = s.Step.Seconds()
 		rep.Reference, rep.ReferenceName = s.Reference, s.ReferenceName
@@ -59,7 +63,7 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 			return nil, err
 		}
 		if pol.Store.Backend != policy.BackendMemory {
-			rep.Note = fmt.Sprintf("the policy's %s store is simulated in memory (one replica)", pol.Store.Backend)
+			rep.Note = storeNote(pol.Store.Backend, s.Processes)
 			pol.Store.Backend = policy.BackendMemory
 		}
 		rep.Policy = opts.Policy.Name
@@ -104,23 +108,40 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 	return rep, nil
 }
 
+// storeNote says how the simulator runs a policy's shared store.
+func storeNote(backend string, processes int) string {
+	if processes > 1 {
+		return fmt.Sprintf("the policy's %s store is simulated in memory, one per process: "+
+			"only gates with a lease share their budget between the %d processes", backend, processes)
+	}
+	return fmt.Sprintf("the policy's %s store is simulated in memory (one replica)", backend)
+}
+
 // prepare builds a fresh engine: a virtual clock and, with a policy, a
-// fresh chain of its gates on that clock.
+// fresh chain of its gates on that clock for each process. The processes'
+// lease gates share one allocator on the same clock; their other gates
+// are each process's own.
 func prepare(s *Scenario, f *policy.File, seed uint64) (*engine, error) {
 	clk := &vclock{}
-	var chain *sluice.Chain
+	chains := make([]*sluice.Chain, s.Processes)
 	var rules identify.Rules
 	if f != nil {
-		// The probabilistic gates draw from their own seeded stream, so
-		// the client and service streams stay the same in both runs.
-		rg := rand.New(rand.NewPCG(seed, 0x67617465))
-		rt, err := policy.Build(f, nil, policy.Options{Clock: clk, Virtual: true, Rand: rg.Float64})
-		if err != nil {
-			return nil, err
+		leaser := &lease.Local{Clock: clk}
+		for p := range chains {
+			// The probabilistic gates draw from their own seeded stream
+			// per process, so the client and service streams stay the
+			// same in both runs (the first process's is the stream of a
+			// run with one).
+			rg := rand.New(rand.NewPCG(seed, 0x67617465+uint64(p)<<32))
+			rt, err := policy.Build(f, nil, policy.Options{Clock: clk, Virtual: true, Rand: rg.Float64,
+				Leaser: leaser, LeaseClient: processName(p)})
+			if err != nil {
+				return nil, err
+			}
+			chains[p], rules = rt.Chain, rt.Rules
 		}
-		chain, rules = rt.Chain, rt.Rules
 	}
-	return newEngine(s, clk, chain, rules, seed)
+	return newEngine(s, clk, chains, rules, seed)
 }
 
 // step runs one sweep step at load.
@@ -133,6 +154,7 @@ func step(s *Scenario, f *policy.File, load float64, seed uint64) (Row, error) {
 	e.m, e.from, e.to = &row, int64(s.Warmup), int64(s.Step)
 	e.setLoad(load)
 	e.run(int64(s.Step))
+	e.leases(int64(s.Step))
 	row.finish((s.Step - s.Warmup).Seconds(), &e.hist, float64(e.busy), s.Workers)
 	return row, nil
 }
@@ -145,6 +167,9 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 	}
 	e.setSlowdown(&s.Phases[0])
 	e.setShares(&s.Phases[0])
+	if len(s.Phases[0].Balance) > 0 {
+		e.setBalance(s.Phases[0].Balance)
+	}
 	e.setLoad(s.Phases[0].Load)
 	for i := 1; i < len(s.Phases); i++ {
 		e.at(int64(s.Phases[i].At), evPhase, 0, int32(i))
@@ -155,24 +180,55 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		row := Row{T: time.Duration(t).Seconds(), Load: e.load}
 		e.m, e.from, e.to = &row, t, end
 		e.hist, e.busy, e.level = hist{}, 0, sluice.LevelNormal
-		var waited0 int64
-		if e.queuer != nil {
-			_, _, waited0, _ = e.queuer.QueueStats(clock.Instant(t))
-		}
+		waited0, _ := e.waited(t)
 		e.run(end)
 		row.Queue = e.queue.size
 		if f != nil {
 			row.Level = e.level.String()
 		}
-		if e.sizer != nil {
-			row.Limit, _ = e.sizer.ConcurrencyLimit()
+		// With several processes, the limit and the waits are the fleet's:
+		// the sums over the processes' gates.
+		for _, p := range e.procs {
+			if p.sizer != nil {
+				l, _ := p.sizer.ConcurrencyLimit()
+				row.Limit += l
+			}
 		}
-		if e.queuer != nil {
-			_, _, waited, _ := e.queuer.QueueStats(clock.Instant(end))
+		if waited, ok := e.waited(end); ok {
 			row.Waited = float64(waited-waited0) / time.Duration(end-t).Seconds()
 		}
+		e.leases(end)
 		row.finish(time.Duration(end-t).Seconds(), &e.hist, float64(e.busy), s.Workers)
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// waited sums the requests that waited in the processes' first wait
+// queues up to t; false when no process has one.
+func (e *engine) waited(t int64) (n int64, ok bool) {
+	for _, p := range e.procs {
+		if p.queuer != nil {
+			_, _, w, _ := p.queuer.QueueStats(clock.Instant(t))
+			n, ok = n+w, true
+		}
+	}
+	return n, ok
+}
+
+// leases records, with several processes, each process's live lease at t
+// in the current row.
+func (e *engine) leases(t int64) {
+	if len(e.procs) < 2 {
+		return
+	}
+	e.procRows()
+	for i, p := range e.procs {
+		if p.lease == nil {
+			continue
+		}
+		if _, granted, live := p.lease.Lease(clock.Instant(t)); live {
+			e.m.Processes[i].Lease, e.m.Processes[i].LeaseLive = granted, true
+		}
+	}
 }

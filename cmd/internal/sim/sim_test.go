@@ -182,6 +182,27 @@ func checkRow(t errorer, s *Scenario, run string, r Row) {
 	if r.Goodput > 0 && (r.P50Ms <= 0 || r.P99Ms < r.P50Ms) {
 		fail("latency quantiles out of order")
 	}
+	checkProcesses(t, run, r)
+}
+
+// checkProcesses: with several processes, their rows add up to the row.
+func checkProcesses(t errorer, run string, r Row) {
+	t.Helper()
+	if len(r.Processes) == 0 {
+		return
+	}
+	var sum ProcessRow
+	for _, p := range r.Processes {
+		sum.Offered += p.Offered
+		sum.Attempts += p.Attempts
+		sum.Admitted += p.Admitted
+		sum.Goodput += p.Goodput
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+	if !near(sum.Offered, r.Offered) || !near(sum.Attempts, r.Attempts) || !near(sum.Admitted, r.Admitted) || !near(sum.Goodput, r.Goodput) {
+		t.Errorf("%s at load %.0f: the processes' rows sum to %+v, not the row's offered %v, attempts %v, admitted %v, goodput %v",
+			run, r.Load, sum, r.Offered, r.Attempts, r.Admitted, r.Goodput)
+	}
 }
 
 // A slow dependency of the critical class drives the ladder to SHED; once
