@@ -227,8 +227,8 @@ func (e *engine) leases(t int64) {
 		if p.lease == nil {
 			continue
 		}
-		if _, granted, live := p.lease.Lease(clock.Instant(t)); live {
-			e.m.Processes[i].Lease, e.m.Processes[i].LeaseLive = granted, true
+		if st := p.lease.Lease(clock.Instant(t)); st.Live {
+			e.m.Processes[i].Lease, e.m.Processes[i].LeaseLive = st.Granted, true
 		}
 	}
 }
