@@ -59,6 +59,9 @@ type Spec struct {
 // Limiter returns the limiter sp describes, with its state on s.
 func (s *Store) Limiter(sp *Spec) store.Limiter {
 	l := &limiter{s: s, Spec: sp}
+	if dc := s.opts.DecisionClock; dc != nil {
+		l.now = func() int64 { return int64(dc.Now()) / 1000 }
+	}
 	if sp.batch != nil {
 		l.batcher = newBatcher(l, sp.batch)
 	}

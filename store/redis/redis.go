@@ -171,8 +171,14 @@ type Options struct {
 	Client rueidis.Client
 	// Clock times the breaker (how long it stays open before a probe) and
 	// the calls' expiry. Default clock.System. (Decisions take their time
-	// from Redis.)
+	// from Redis, unless DecisionClock is set.)
 	Clock clock.Clock
+	// DecisionClock, if set, is the time the scripts decide at, read as
+	// nanoseconds since the Unix epoch (sent in µs), instead of Redis TIME:
+	// for callers whose windows must follow their own clock, and for tests
+	// on a fake clock. Every process sharing the keys must then read the
+	// same epoch. Default nil: Redis TIME, one clock for the whole fleet.
+	DecisionClock clock.Clock
 }
 
 // Store is a Redis-backed state store. It is safe for concurrent use.
@@ -328,7 +334,7 @@ func (s *Store) Share(opts Options) (*Store, error) {
 		return New(opts)
 	}
 	n, err := New(Options{Timeout: opts.Timeout, ProbeEvery: opts.ProbeEvery, Prefix: opts.Prefix, FlushDelay: opts.FlushDelay,
-		Batch: opts.Batch, Clock: opts.Clock, Client: cn.client})
+		Batch: opts.Batch, Clock: opts.Clock, DecisionClock: opts.DecisionClock, Client: cn.client})
 	if err != nil {
 		cn.users.Add(-1)
 		return nil, err
