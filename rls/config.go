@@ -1,0 +1,1050 @@
+package rls
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-go/sluice/internal/yamlfile"
+)
+
+// This file reads envoyproxy/ratelimit's configuration format as that
+// service does (its README, "The configuration format", and
+// src/config/config_impl.go): one YAML file per domain, a tree of
+// descriptors keyed by key and optional value, and rate_limit blocks on
+// some of them. Problems are reported with the file, the line and the
+// field, e.g. "a.yaml:12: descriptors[1].rate_limit.unit: ...".
+
+// Algorithm is the limiter of a rule. The zero value, FixedWindow, is the
+// peer's; the others are sluice extensions.
+type Algorithm uint8
+
+const (
+	// FixedWindow counts hits per window aligned on the Unix epoch and the
+	// rule's unit, admitting while the count after the call is within
+	// requests_per_unit, and counts every hit, admitted or not, as
+	// envoyproxy/ratelimit does (src/redis/fixed_cache_impl.go: INCRBY then
+	// compare). The default.
+	FixedWindow Algorithm = iota
+	// TokenBucket refills requests_per_unit tokens per unit continuously,
+	// up to burst (default requests_per_unit); limit.TokenBucket.
+	TokenBucket
+	// GCRA is the same contract as TokenBucket, one timestamp per key;
+	// limit.GCRA.
+	GCRA
+	// SlidingWindow weighs the previous window's count; limit.SlidingWindow.
+	SlidingWindow
+	// Concurrency holds limit slots: a call with hits takes them, a call
+	// with is_negative_hits gives them back; limit.Concurrency.
+	Concurrency
+)
+
+var algorithmNames = [...]string{"fixed_window", "token_bucket", "gcra", "sliding_window", "concurrency"}
+
+// String returns the name the configuration uses, e.g. "token_bucket".
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return "unknown"
+}
+
+var unitNames = [...]string{"UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR", "WEEK"}
+
+// String returns the unit's protocol name, e.g. "MINUTE".
+func (u Unit) String() string {
+	if int(u) < len(unitNames) {
+		return unitNames[u]
+	}
+	return "UNKNOWN"
+}
+
+// Seconds returns the unit's length in seconds as envoyproxy/ratelimit
+// counts it (src/utils/utilities.go, UnitToDivider): a month is 30 days
+// and a year 365 days. It returns 0 for UnitUnknown and out-of-range units.
+func (u Unit) Seconds() int64 {
+	switch u {
+	case Second:
+		return 1
+	case Minute:
+		return 60
+	case Hour:
+		return 3600
+	case Day:
+		return 86400
+	case Week:
+		return 7 * 86400
+	case Month:
+		return 30 * 86400
+	case Year:
+		return 365 * 86400
+	}
+	return 0
+}
+
+// Duration returns the unit's length (Seconds as a time.Duration).
+func (u Unit) Duration() time.Duration { return time.Duration(u.Seconds()) * time.Second }
+
+// Rule is one rate_limit block of a configuration. It is immutable.
+type Rule struct {
+	// Domain is the rule's domain.
+	Domain string
+	// Path is the rule's place in its domain as envoyproxy/ratelimit names
+	// its statistics: the descriptors' "key" or "key_value" from the top,
+	// joined by dots, e.g. "message_type_marketing.to_number".
+	Path string
+	// File and Line locate the rate_limit block.
+	File string
+	Line int
+
+	// Name is the rate_limit's name (for replaces and the response's
+	// current_limit.name).
+	Name string
+	// Replaces are the names of the rules this one replaces when both
+	// match one request.
+	Replaces []string
+	// Unlimited: the descriptor is known and never limited.
+	Unlimited bool
+	// Unit and RequestsPerUnit are the limit: requests_per_unit hits per
+	// unit (0 refuses every hit). Unit is UnitUnknown for unlimited and
+	// concurrency rules.
+	Unit            Unit
+	RequestsPerUnit uint32
+
+	// Algorithm is the limiter (a sluice extension; default FixedWindow).
+	Algorithm Algorithm
+	// Burst is the bucket size in hits of TokenBucket and GCRA rules
+	// (default RequestsPerUnit).
+	Burst int64
+	// Limit is the slots of a Concurrency rule.
+	Limit int64
+
+	// ShadowMode: the rule counts and reports, but its verdict is always OK.
+	ShadowMode bool
+	// QuotaMode: the rule's OVER_LIMIT makes the overall verdict
+	// OVER_LIMIT only when every quota-mode descriptor of the request is
+	// over (envoyproxy/ratelimit's quota_mode, src/service/ratelimit.go).
+	QuotaMode bool
+	// DetailedMetric: the rule's statistics are per descriptor value.
+	DetailedMetric bool
+}
+
+// String describes the rule for logs, e.g. "messaging.to_number: 100/DAY".
+func (r *Rule) String() string {
+	var what string
+	switch {
+	case r.Unlimited:
+		what = "unlimited"
+	case r.Algorithm == Concurrency:
+		what = fmt.Sprintf("concurrency %d", r.Limit)
+	case r.Algorithm == TokenBucket || r.Algorithm == GCRA:
+		what = fmt.Sprintf("%s %d/%s burst %d", r.Algorithm, r.RequestsPerUnit, r.Unit, r.Burst)
+	case r.Algorithm == SlidingWindow:
+		what = fmt.Sprintf("%s %d/%s", r.Algorithm, r.RequestsPerUnit, r.Unit)
+	default:
+		what = fmt.Sprintf("%d/%s", r.RequestsPerUnit, r.Unit)
+	}
+	return r.Domain + "." + r.Path + ": " + what
+}
+
+// Config is a set of domains, each from one file. It is immutable and
+// safe for concurrent use.
+type Config struct {
+	domains map[string]*domain
+}
+
+// domain is one file's descriptor tree.
+type domain struct {
+	name  string
+	file  string
+	line  int
+	root  level
+	rules []*Rule
+}
+
+// level is one list of descriptors: where a request's entry is looked up
+// first by key and value, then among the wildcard values in file order,
+// then by key alone.
+type level struct {
+	valued map[Entry]*node
+	byKey  map[string]*node
+	wild   []*node
+}
+
+// node is one descriptor of the tree.
+type node struct {
+	key, value    string
+	parts         []string // a wildcard value split on '*'; nil otherwise
+	rule          *Rule
+	children      level
+	line          int // of the key
+	valueToMetric bool
+	share         bool // share_threshold
+}
+
+// Domains returns the configured domains, sorted.
+func (c *Config) Domains() []string {
+	out := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Rules returns the rules of domain d in file order (nil for an unknown
+// domain).
+func (c *Config) Rules(d string) []*Rule {
+	if dom := c.domains[d]; dom != nil {
+		return slices.Clone(dom.rules)
+	}
+	return nil
+}
+
+// Lookup returns the rule a descriptor with entries matches in domain d,
+// as envoyproxy/ratelimit walks its tree (src/config/config_impl.go,
+// GetLimit): each entry descends one level, matching the key and value
+// exactly first, then a wildcard value (first in file order), then the key
+// alone; a rule applies only at the level of the last entry. It returns
+// nil when nothing matches. Replaces and overrides are the Server's.
+func (c *Config) Lookup(d string, entries []Entry) *Rule {
+	dom := c.domains[d]
+	if dom == nil {
+		return nil
+	}
+	m, ok := dom.lookup(entries)
+	if !ok {
+		return nil
+	}
+	return m.rule
+}
+
+// Join combines configurations; a domain in more than one is an error
+// (envoyproxy/ratelimit's default, without MERGE_DOMAIN_CONFIG).
+func Join(cfgs ...*Config) (*Config, error) {
+	out := &Config{domains: map[string]*domain{}}
+	var errs yamlfile.Errors
+	for _, c := range cfgs {
+		if c == nil {
+			continue
+		}
+		for _, name := range c.Domains() {
+			d := c.domains[name]
+			if prev := out.domains[name]; prev != nil {
+				errs = append(errs, &yamlfile.Error{File: d.file, Line: d.line, Field: "domain",
+					Msg: fmt.Sprintf("duplicate domain %q (also in %s:%d): one file per domain", name, prev.file, prev.line)})
+				continue
+			}
+			out.domains[name] = d
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return out, nil
+}
+
+// IsConfig reports whether data looks like an envoyproxy/ratelimit
+// configuration rather than a sluice policy: a YAML mapping with a
+// top-level "domain" key. It does not validate; Parse does.
+func IsConfig(data []byte) bool {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+		return false
+	}
+	n := doc.Content[0]
+	if n.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "domain" {
+			return true
+		}
+	}
+	return false
+}
+
+// Load reads the configuration at path: one file, or every *.yaml and
+// *.yml file directly in a directory (dotfiles and subdirectories are
+// skipped), each one domain. Errors name the file, line and field.
+func Load(path string) (*Config, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		return Parse(path, data)
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	var cfgs []*Config
+	var errs yamlfile.Errors
+	for _, e := range ents {
+		name := e.Name()
+		if e.IsDir() || strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		p := filepath.Join(path, name)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		c, err := Parse(p, data)
+		if err != nil {
+			var fe yamlfile.Errors
+			if errors.As(err, &fe) {
+				errs = append(errs, fe...)
+				continue
+			}
+			return nil, err
+		}
+		cfgs = append(cfgs, c)
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	if len(cfgs) == 0 {
+		return nil, fmt.Errorf("rls: %s: no *.yaml or *.yml configuration files", path)
+	}
+	return Join(cfgs...)
+}
+
+// Limits of a configuration file, beyond which Parse refuses it.
+const (
+	// MaxConfigBytes is the largest file Parse reads.
+	MaxConfigBytes = 16 << 20
+	// maxNodes bounds the YAML nodes of a file after its aliases are
+	// expanded (an alias bomb is refused, not expanded).
+	maxNodes = 1 << 20
+	// MaxDepth is the deepest nesting of descriptors.
+	MaxDepth = 64
+)
+
+// Parse parses one configuration file (one domain) and validates it as
+// envoyproxy/ratelimit does, and somewhat more strictly (see the README,
+// "Envoy rate limit service"). On failure the error is yamlfile.Errors:
+// every problem found, each naming the file, the line and the field.
+func Parse(path string, data []byte) (*Config, error) {
+	if len(data) > MaxConfigBytes {
+		return nil, yamlfile.Errors{{File: path, Line: 1, Field: "(file)", Msg: fmt.Sprintf("%d bytes, more than the %d a configuration may have", len(data), MaxConfigBytes)}}
+	}
+	doc, err := document(path, data)
+	if err != nil {
+		return nil, err
+	}
+	p := &parser{Walker: yamlfile.Walker{File: path}}
+	if doc, err = p.expand(doc); err != nil {
+		return nil, err
+	}
+	d := p.file(doc)
+	if err := p.Err(); err != nil {
+		return nil, err
+	}
+	return &Config{domains: map[string]*domain{d.name: d}}, nil
+}
+
+// document parses data as one YAML document; unlike yamlfile.Document it
+// accepts anchors and aliases, which the peer's YAML library reads.
+func document(path string, data []byte) (*yaml.Node, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, yamlfile.Errors{{File: path, Line: 1, Field: "(file)", Msg: "empty configuration file"}}
+	}
+	return yamlfile.Document(path, data, "rate limit configuration")
+}
+
+type parser struct {
+	yamlfile.Walker
+	nodes    int
+	replaces []replaceRef
+}
+
+// expand resolves aliases and merge keys ("<<: *base") into a tree of
+// plain nodes, as the peer's YAML library reads them, refusing documents
+// that expand beyond maxNodes.
+func (p *parser) expand(n *yaml.Node) (*yaml.Node, error) {
+	out := p.resolve(n, 0)
+	if p.nodes > maxNodes {
+		return nil, yamlfile.Errors{{File: p.File, Line: n.Line, Field: "(file)", Msg: fmt.Sprintf("more than %d YAML nodes once its aliases are expanded", maxNodes)}}
+	}
+	return out, nil
+}
+
+func (p *parser) resolve(n *yaml.Node, depth int) *yaml.Node {
+	p.nodes++
+	if p.nodes > maxNodes || depth > 4*MaxDepth+16 {
+		p.nodes = maxNodes + 1
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line}
+	}
+	switch n.Kind {
+	case yaml.AliasNode:
+		if n.Alias == nil {
+			return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line}
+		}
+		return p.resolve(n.Alias, depth+1)
+	case yaml.SequenceNode:
+		c := *n
+		c.Content = make([]*yaml.Node, len(n.Content))
+		for i, e := range n.Content {
+			c.Content[i] = p.resolve(e, depth+1)
+		}
+		return &c
+	case yaml.MappingNode:
+		c := *n
+		c.Content = nil
+		var merged []*yaml.Node // key/value pairs from "<<", after the explicit ones
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind == yaml.ScalarNode && k.Value == "<<" && k.Tag == "!!merge" {
+				src := []*yaml.Node{v}
+				if v.Kind == yaml.SequenceNode {
+					src = v.Content
+				}
+				for _, s := range src {
+					if r := p.resolve(s, depth+1); r.Kind == yaml.MappingNode {
+						merged = append(merged, r.Content...)
+					} else {
+						p.Errf(k, "<<", "a merge key takes a mapping or a list of mappings, got %s", yamlfile.KindName(r))
+					}
+				}
+				continue
+			}
+			c.Content = append(c.Content, p.resolve(k, depth+1), p.resolve(v, depth+1))
+		}
+		for i := 0; i+1 < len(merged); i += 2 {
+			if !hasKey(&c, merged[i].Value) {
+				c.Content = append(c.Content, merged[i], merged[i+1])
+			}
+		}
+		return &c
+	}
+	return n
+}
+
+func hasKey(m *yaml.Node, key string) bool {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return true
+		}
+	}
+	return false
+}
+
+func isNull(v *yaml.Node) bool {
+	return v.Kind == yaml.ScalarNode && v.Tag == "!!null"
+}
+
+// str reads a scalar as text, as the peer's YAML library does for its
+// string fields (123 is "123", null is "").
+func (p *parser) str(v *yaml.Node, field string) string {
+	if isNull(v) {
+		return ""
+	}
+	if v.Kind != yaml.ScalarNode {
+		p.Errf(v, field, "want a string, got %s", yamlfile.KindName(v))
+		return ""
+	}
+	return v.Value
+}
+
+// boolean reads a YAML 1.1 boolean (true, yes, on, ... as the peer's YAML
+// library); null is false.
+func (p *parser) boolean(v *yaml.Node, field string) bool {
+	if isNull(v) {
+		return false
+	}
+	if v.Kind == yaml.ScalarNode {
+		switch v.Value {
+		case "true", "True", "TRUE", "yes", "Yes", "YES", "y", "Y", "on", "On", "ON":
+			return true
+		case "false", "False", "FALSE", "no", "No", "NO", "n", "N", "off", "Off", "OFF":
+			return false
+		}
+	}
+	p.Errf(v, field, "want true or false, got %s", yamlfile.KindName(v))
+	return false
+}
+
+// integer reads an integer in [lo, hi]: decimal, or 0x / 0o / 0b / leading
+// 0 (octal) as YAML 1.1, with optional underscores.
+func (p *parser) integer(v *yaml.Node, field string, lo, hi int64) int64 {
+	if v.Kind != yaml.ScalarNode || isNull(v) {
+		p.Errf(v, field, "want an integer, got %s", yamlfile.KindName(v))
+		return 0
+	}
+	s := strings.ReplaceAll(v.Value, "_", "")
+	n, err := strconv.ParseInt(s, 0, 64)
+	if errors.Is(err, strconv.ErrRange) || (err == nil && (n < lo || n > hi)) {
+		p.Errf(v, field, "%s is out of range [%d, %d]", v.Value, lo, hi)
+		return 0
+	}
+	if err != nil {
+		p.Errf(v, field, "%q is not an integer", v.Value)
+		return 0
+	}
+	return n
+}
+
+// list returns a sequence's items; null is an empty list.
+func (p *parser) list(v *yaml.Node, field string) []*yaml.Node {
+	if isNull(v) {
+		return nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		p.Errf(v, field, "want a list, got %s", yamlfile.KindName(v))
+		return nil
+	}
+	return v.Content
+}
+
+var (
+	topFields        = []string{"domain", "descriptors"}
+	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
+		"detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces",
+		"algorithm", "burst", "limit"}
+)
+
+func (p *parser) file(n *yaml.Node) *domain {
+	d := &domain{file: p.File, line: n.Line}
+	var descs *yaml.Node
+	p.fields(n, "", topFields, func(k string, v *yaml.Node) {
+		switch k {
+		case "domain":
+			d.name, d.line = p.str(v, k), v.Line
+		case "descriptors":
+			descs = v
+		}
+	})
+	if n.Kind != yaml.MappingNode {
+		return d
+	}
+	if d.name == "" {
+		p.Errf(n, "domain", "missing or empty: a configuration file names its domain")
+	}
+	if descs != nil {
+		p.level(d, &d.root, descs, "descriptors", "", 1)
+	}
+	p.checkReplaces(d)
+	return d
+}
+
+// fields walks a mapping as yamlfile.Walker.Fields does (unknown keys are
+// errors with a suggestion, duplicates are errors), also refusing keys
+// that are not strings, as the peer does.
+func (p *parser) fields(n *yaml.Node, path string, known []string, visit func(k string, v *yaml.Node)) {
+	if n.Kind != yaml.MappingNode {
+		where := path
+		if where == "" {
+			where = "(file)"
+		}
+		p.Errf(n, where, "want a mapping of fields, got %s", yamlfile.KindName(n))
+		return
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		field := yamlfile.Join(path, k.Value)
+		switch {
+		case k.Kind != yaml.ScalarNode || k.Tag != "!!str":
+			p.Errf(k, field, "a key must be a string, got %s", yamlfile.KindName(k))
+		case seen[k.Value]:
+			p.Errf(k, field, "duplicate field")
+		case !slices.Contains(known, k.Value):
+			msg := "unknown field"
+			if best := closest(k.Value, known); best != "" {
+				msg += fmt.Sprintf("; did you mean %q?", best)
+			}
+			p.Errf(k, field, "%s (known: %s)", msg, strings.Join(known, ", "))
+		default:
+			seen[k.Value] = true
+			visit(k.Value, v)
+		}
+	}
+}
+
+// level parses one list of descriptors into lv. statsPath is the parent's
+// peer statistics path ("" at the top).
+func (p *parser) level(d *domain, lv *level, v *yaml.Node, field, statsPath string, depth int) {
+	items := p.list(v, field)
+	if depth > MaxDepth && len(items) > 0 {
+		p.Errf(v, field, "descriptors nested deeper than %d levels", MaxDepth)
+		return
+	}
+	for i, item := range items {
+		p.descriptor(d, lv, item, fmt.Sprintf("%s[%d]", field, i), statsPath, depth)
+	}
+}
+
+func (p *parser) descriptor(d *domain, lv *level, n *yaml.Node, field, parentPath string, depth int) {
+	if n.Kind != yaml.MappingNode {
+		p.Errf(n, field, "want a descriptor (a mapping with key, value, rate_limit, descriptors), got %s", yamlfile.KindName(n))
+		return
+	}
+	nd := &node{}
+	var rl, children, shadow, quota, detailed *yaml.Node
+	keyLine := n.Line
+	p.fields(n, field, descriptorFields, func(k string, v *yaml.Node) {
+		f := yamlfile.Join(field, k)
+		switch k {
+		case "key":
+			nd.key, keyLine = p.str(v, f), v.Line
+		case "value":
+			nd.value = p.str(v, f)
+		case "rate_limit":
+			rl = v
+		case "descriptors":
+			children = v
+		case "shadow_mode":
+			shadow = v
+		case "quota_mode":
+			quota = v
+		case "detailed_metric":
+			detailed = v
+		case "value_to_metric":
+			nd.valueToMetric = p.boolean(v, f)
+		case "share_threshold":
+			nd.share = p.boolean(v, f)
+		case "metadata":
+			// Returned by the peer as dynamic metadata, which sluice does not
+			// emit: accepted (a mapping, as the peer requires) and ignored.
+			if !isNull(v) && v.Kind != yaml.MappingNode {
+				p.Errf(v, f, "want a mapping, got %s", yamlfile.KindName(v))
+			}
+		}
+	})
+	if nd.key == "" {
+		p.Errf(n, yamlfile.Join(field, "key"), "missing or empty: every descriptor has a key")
+		return
+	}
+	seg := nd.key
+	if nd.value != "" {
+		seg += "_" + nd.value
+	}
+	statsPath := seg
+	if parentPath != "" {
+		statsPath = parentPath + "." + seg
+	}
+	if strings.Contains(nd.value, "*") {
+		nd.parts = strings.Split(nd.value, "*")
+	}
+	if nd.share && nd.parts == nil {
+		p.Errf(n, yamlfile.Join(field, "share_threshold"), "applies only to a wildcard value (one with '*'); %q has none", nd.value)
+	}
+	// Duplicates: the same key and value twice in one list.
+	switch {
+	case nd.value == "":
+		if lv.byKey[nd.key] != nil {
+			p.Errf(n, yamlfile.Join(field, "key"), "duplicate descriptor %q at this level (line %d)", d.name+"."+statsPath, lv.byKey[nd.key].line)
+			return
+		}
+	default:
+		if prev := lv.valued[Entry{nd.key, nd.value}]; prev != nil {
+			p.Errf(n, yamlfile.Join(field, "value"), "duplicate descriptor %q at this level (line %d)", d.name+"."+statsPath, prev.line)
+			return
+		}
+	}
+	nd.line = keyLine
+	if rl != nil && !isNull(rl) {
+		nd.rule = p.rule(d, rl, yamlfile.Join(field, "rate_limit"), statsPath)
+		if nd.rule != nil {
+			nd.rule.ShadowMode = shadow != nil && p.boolean(shadow, yamlfile.Join(field, "shadow_mode"))
+			nd.rule.QuotaMode = quota != nil && p.boolean(quota, yamlfile.Join(field, "quota_mode"))
+			nd.rule.DetailedMetric = detailed != nil && p.boolean(detailed, yamlfile.Join(field, "detailed_metric"))
+		}
+	} else {
+		// Without a rule these flags mean nothing; check their syntax all the same.
+		for f, v := range map[string]*yaml.Node{"shadow_mode": shadow, "quota_mode": quota, "detailed_metric": detailed} {
+			if v != nil {
+				p.boolean(v, yamlfile.Join(field, f))
+			}
+		}
+	}
+	if children != nil {
+		p.level(d, &nd.children, children, yamlfile.Join(field, "descriptors"), statsPath, depth+1)
+	}
+	switch {
+	case nd.value == "":
+		if lv.byKey == nil {
+			lv.byKey = map[string]*node{}
+		}
+		lv.byKey[nd.key] = nd
+	default:
+		if lv.valued == nil {
+			lv.valued = map[Entry]*node{}
+		}
+		lv.valued[Entry{nd.key, nd.value}] = nd
+		if nd.parts != nil {
+			lv.wild = append(lv.wild, nd)
+		}
+	}
+}
+
+// unitByName reads a unit as the peer does: any case of a
+// RateLimitResponse.RateLimit.Unit name but UNKNOWN.
+func unitByName(s string) Unit {
+	for u, name := range unitNames {
+		if u > 0 && strings.EqualFold(s, name) {
+			return Unit(u)
+		}
+	}
+	return UnitUnknown
+}
+
+func (p *parser) rule(d *domain, n *yaml.Node, field, statsPath string) *Rule {
+	if n.Kind != yaml.MappingNode {
+		p.Errf(n, field, "want a mapping (unit, requests_per_unit, ...), got %s", yamlfile.KindName(n))
+		return nil
+	}
+	r := &Rule{Domain: d.name, Path: statsPath, File: p.File, Line: n.Line}
+	seen := map[string]*yaml.Node{}
+	before := len(p.Errs)
+	p.fields(n, field, rateLimitFields, func(k string, v *yaml.Node) {
+		seen[k] = v
+		f := yamlfile.Join(field, k)
+		switch k {
+		case "unit":
+			s := p.str(v, f)
+			if r.Unit = unitByName(s); r.Unit == UnitUnknown && s != "" {
+				p.Errf(v, f, "invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
+			}
+		case "requests_per_unit":
+			r.RequestsPerUnit = uint32(p.integer(v, f, 0, math.MaxUint32))
+		case "unlimited":
+			r.Unlimited = p.boolean(v, f)
+		case "name":
+			r.Name = p.str(v, f)
+		case "replaces":
+			for i, item := range p.list(v, f) {
+				rf := fmt.Sprintf("%s[%d]", f, i)
+				var name string
+				if item.Kind == yaml.MappingNode {
+					p.fields(item, rf, []string{"name"}, func(_ string, nv *yaml.Node) { name = p.str(nv, rf+".name") })
+				} else {
+					p.Errf(item, rf, "want a mapping with a name, got %s", yamlfile.KindName(item))
+					continue
+				}
+				if name == "" {
+					p.Errf(item, rf+".name", "should not have an empty replaces entry")
+					continue
+				}
+				r.Replaces = append(r.Replaces, name)
+				p.replaces = append(p.replaces, replaceRef{rule: r, name: name, node: item, field: rf + ".name"})
+			}
+		case "algorithm":
+			s := p.str(v, f)
+			i := slices.Index(algorithmNames[:], s)
+			if i < 0 {
+				p.Errf(v, f, "%q is not an algorithm (want %s)", s, strings.Join(algorithmNames[:], ", "))
+			} else {
+				r.Algorithm = Algorithm(i)
+			}
+		case "burst":
+			r.Burst = p.integer(v, f, 1, math.MaxUint32)
+		case "limit":
+			r.Limit = p.integer(v, f, 1, math.MaxUint32)
+		}
+	})
+	if len(p.Errs) > before {
+		return nil
+	}
+	_, hasUnit := seen["unit"]
+	_, hasRPU := seen["requests_per_unit"]
+	only := func(k string, algs ...Algorithm) {
+		if v := seen[k]; v != nil && !slices.Contains(algs, r.Algorithm) {
+			p.Errf(v, yamlfile.Join(field, k), "applies only to algorithm %s, not %s", joinAlgs(algs), r.Algorithm)
+		}
+	}
+	switch {
+	case r.Unlimited:
+		if hasUnit {
+			p.Errf(seen["unit"], yamlfile.Join(field, "unit"), "should not specify rate limit unit when unlimited")
+		}
+		if v := seen["algorithm"]; v != nil {
+			p.Errf(v, yamlfile.Join(field, "algorithm"), "an unlimited rule has no algorithm")
+		}
+		for _, k := range []string{"burst", "limit"} {
+			if v := seen[k]; v != nil {
+				p.Errf(v, yamlfile.Join(field, k), "an unlimited rule has no %s", k)
+			}
+		}
+		// requests_per_unit is ignored with unlimited, as the peer ignores it.
+		r.RequestsPerUnit = 0
+	case r.Algorithm == Concurrency:
+		for _, k := range []string{"unit", "requests_per_unit"} {
+			if v := seen[k]; v != nil {
+				p.Errf(v, yamlfile.Join(field, k), "a concurrency rule holds limit slots and has no %s", k)
+			}
+		}
+		if seen["limit"] == nil {
+			p.Errf(n, yamlfile.Join(field, "limit"), "missing: a concurrency rule needs limit (the slots held at once)")
+		}
+		only("burst", TokenBucket, GCRA)
+		r.RequestsPerUnit = uint32(min(r.Limit, math.MaxUint32))
+	default:
+		if !hasUnit {
+			p.Errf(n, yamlfile.Join(field, "unit"), "missing: want second, minute, hour, day, week, month or year (or unlimited: true)")
+		}
+		if !hasRPU {
+			p.Errf(n, yamlfile.Join(field, "requests_per_unit"), "missing (write 0 to refuse every request)")
+		}
+		if r.Algorithm != FixedWindow && hasRPU && r.RequestsPerUnit == 0 {
+			p.Errf(seen["requests_per_unit"], yamlfile.Join(field, "requests_per_unit"), "must be ≥ 1 for %s (only the fixed window refuses everything with 0)", r.Algorithm)
+		}
+		only("burst", TokenBucket, GCRA)
+		only("limit", Concurrency)
+		if r.Algorithm == TokenBucket || r.Algorithm == GCRA {
+			if r.Burst == 0 {
+				r.Burst = int64(r.RequestsPerUnit)
+			}
+		}
+	}
+	for _, name := range r.Replaces {
+		if name == r.Name {
+			p.Errf(seen["replaces"], yamlfile.Join(field, "replaces"), "replaces should not contain name of same descriptor (%q)", name)
+		}
+	}
+	if len(p.Errs) > before {
+		return nil
+	}
+	d.rules = append(d.rules, r)
+	return r
+}
+
+func joinAlgs(algs []Algorithm) string {
+	s := make([]string, len(algs))
+	for i, a := range algs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, " or ")
+}
+
+// replaceRef is one replaces entry, checked once the file's names are known.
+type replaceRef struct {
+	rule  *Rule
+	name  string
+	node  *yaml.Node
+	field string
+}
+
+// checkReplaces refuses a replaces entry that names no rule of the domain
+// (the peer accepts it, and it never takes effect: most likely a typo).
+func (p *parser) checkReplaces(d *domain) {
+	var names []string
+	for _, r := range d.rules {
+		if r.Name != "" {
+			names = append(names, r.Name)
+		}
+	}
+	for _, ref := range p.replaces {
+		if slices.Contains(names, ref.name) {
+			continue
+		}
+		msg := fmt.Sprintf("%q names no rate_limit of domain %q", ref.name, d.name)
+		if best := closest(ref.name, names); best != "" {
+			msg += fmt.Sprintf("; did you mean %q?", best)
+		}
+		p.Errf(ref.node, ref.field, "%s", msg)
+	}
+}
+
+// closest returns the name within an edit distance of 2 of s, if any.
+func closest(s string, names []string) string {
+	best, dist := "", 3
+	for _, n := range names {
+		if d := editDistance(s, n); d < dist {
+			best, dist = n, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	if len(a) > 256 || len(b) > 256 {
+		return 3
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, sub)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// wildMatch reports whether value matches a wildcard value split on '*':
+// each '*' matches any run of bytes, possibly empty, in order
+// (envoyproxy/ratelimit README, Example 9).
+func wildMatch(parts []string, value string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
+		return false
+	}
+	mid := value[len(first) : len(value)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(mid, p)
+		if i < 0 {
+			return false
+		}
+		mid = mid[i+len(p):]
+	}
+	return true
+}
+
+// match is what a descriptor resolved to in a domain's tree.
+type match struct {
+	rule *Rule
+	// stats is the peer's statistics key without the domain, e.g.
+	// "key1_value1.subkey1" (the metrics' key label).
+	stats string
+	// shared holds, per entry, the wildcard value that replaces the
+	// entry's value in the counter key (share_threshold), or "".
+	shared []string
+}
+
+// lookup walks the tree as envoyproxy/ratelimit's GetLimit does (see
+// Config.Lookup), and builds the statistics key as it does: the matched
+// path, with the request's values where value_to_metric asks for them, or
+// every entry's key_value with detailed_metric.
+func (d *domain) lookup(entries []Entry) (match, bool) {
+	lv := &d.root
+	var stats strings.Builder
+	var shared []string
+	for i, e := range entries {
+		n, how := lv.valued[e], matchExact
+		if n == nil {
+			for _, w := range lv.wild {
+				if w.key == e.Key && wildMatch(w.parts, e.Value) {
+					n, how = w, matchWild
+					break
+				}
+			}
+		}
+		if n == nil {
+			n, how = lv.byKey[e.Key], matchKey
+		}
+		if n == nil {
+			return match{}, false
+		}
+		if how == matchWild && n.share {
+			if shared == nil {
+				shared = make([]string, len(entries))
+			}
+			shared[i] = n.value
+		}
+		if i > 0 {
+			stats.WriteByte('.')
+		}
+		stats.WriteString(e.Key)
+		var shown string
+		switch how {
+		case matchExact:
+			shown = e.Value
+		case matchWild:
+			shown = n.value
+			if !n.share && n.valueToMetric {
+				shown = e.Value
+			}
+		case matchKey:
+			if n.valueToMetric {
+				shown = e.Value
+			}
+		}
+		if shown != "" {
+			stats.WriteByte('_')
+			stats.WriteString(shown)
+		}
+		if i == len(entries)-1 {
+			if n.rule == nil {
+				return match{}, false
+			}
+			m := match{rule: n.rule, stats: stats.String(), shared: shared}
+			if n.rule.DetailedMetric {
+				m.stats = detailedKey(entries, shared)
+			}
+			return m, true
+		}
+		if len(n.children.valued) == 0 && len(n.children.byKey) == 0 {
+			return match{}, false // the request is deeper than the tree
+		}
+		lv = &n.children
+	}
+	return match{}, false
+}
+
+const (
+	matchExact = iota
+	matchWild
+	matchKey
+)
+
+// detailedKey is the peer's statistics key of a detailed_metric rule:
+// every entry as key_value (with the underscore even for an empty value),
+// or, when some entry shares a wildcard threshold, those entries with the
+// wildcard and the others as key or key_value.
+func detailedKey(entries []Entry, shared []string) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(e.Key)
+		switch {
+		case shared != nil && shared[i] != "":
+			b.WriteByte('_')
+			b.WriteString(shared[i])
+		case shared != nil:
+			if e.Value != "" {
+				b.WriteByte('_')
+				b.WriteString(e.Value)
+			}
+		default:
+			b.WriteByte('_')
+			b.WriteString(e.Value)
+		}
+	}
+	return b.String()
+}
+
+// plainKey is the peer's statistics key of a descriptor with a limit
+// override: key or key_value per entry (src/config/config_impl.go,
+// descriptorKey).
+func plainKey(entries []Entry) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(e.Key)
+		if e.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(e.Value)
+		}
+	}
+	return b.String()
+}
