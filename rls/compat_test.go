@@ -142,7 +142,7 @@ var peerScenarios = []scenario{
 			{at: 1200, descs: []Descriptor{d("k", "v")}, overall: CodeOK, want: []ws{ok(3, Minute, 2, 60)}}, // rollover
 			{at: 1259, repeat: 2, descs: []Descriptor{d("k", "v")}, overall: CodeOverLimit, want: []ws{over(3, Minute, 1)}},
 			// a year is 365 days, a month 30, both from the Unix epoch
-			{at: 2*31_536_000 - 1, descs: []Descriptor{d("y", "v"), d("mo", "v")}, overall: CodeOK, want: []ws{ok(1, Year, 0, 1), ok(1, Month, 0, 2_592_000 - (2*31_536_000-1)%2_592_000)}},
+			{at: 2*31_536_000 - 1, descs: []Descriptor{d("y", "v"), d("mo", "v")}, overall: CodeOK, want: []ws{ok(1, Year, 0, 1), ok(1, Month, 0, 2_592_000-(2*31_536_000-1)%2_592_000)}},
 			{at: 2 * 31_536_000, descs: []Descriptor{d("y", "v")}, overall: CodeOK, want: []ws{ok(1, Year, 0, 31_536_000)}},
 		},
 	},
