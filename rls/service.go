@@ -793,9 +793,7 @@ func (s *Server) decide(domain string, p *plan, st *Status, nowSec int64) {
 			st.Remaining = uint32(max(int64(p.limit.RequestsPerUnit)-p.after, 0))
 		} else {
 			st.Remaining = uint32(min(p.res.Remaining, math.MaxUint32))
-			if p.rule.Algorithm != Concurrency {
-				st.ResetIn = p.res.ResetAfter
-			}
+			st.ResetIn = 0 // the stores' checks do not all tell it
 		}
 		return
 	}
@@ -856,8 +854,8 @@ func (s *Server) decide(domain string, p *plan, st *Status, nowSec int64) {
 			}
 			sr.within.Add(hits)
 		}
-		if p.rule.Algorithm == Concurrency {
-			st.ResetIn = 0
+		if p.rule.Algorithm == Concurrency || p.hits == 0 {
+			st.ResetIn = 0 // no window; or a check, whose reset the stores do not all tell
 		} else {
 			st.ResetIn = res.ResetAfter
 			if over && res.RetryAfter > 0 {
