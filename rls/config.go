@@ -720,7 +720,7 @@ func (p *parser) rule(d *domain, n *yaml.Node, field, statsPath string) *Rule {
 		switch k {
 		case "unit":
 			s := p.str(v, f)
-			if r.Unit = unitByName(s); r.Unit == UnitUnknown && s != "" {
+			if r.Unit = unitByName(s); r.Unit == UnitUnknown {
 				p.Errf(v, f, "invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
 			}
 		case "requests_per_unit":

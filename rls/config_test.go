@@ -227,6 +227,7 @@ func TestConfigErrors(t *testing.T) {
 		{"negative_rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "requests_per_unit: -1 is out of range [0, 4294967295]"},
 		{"huge_rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n", "out of range"},
 		{"missing_rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n", "requests_per_unit: missing (write 0 to refuse every request)"},
+		{"null_unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit, requests_per_unit: 3}\n", `rate_limit.unit: invalid rate limit unit ""`},
 		{"missing_unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 3}\n", "rate_limit.unit: missing"},
 		{"float_rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n", `"1.5" is not an integer`},
 		{"share_without_wildcard", "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n", "share_threshold: applies only to a wildcard value"},
