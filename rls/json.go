@@ -285,13 +285,22 @@ type jsonHeader struct {
 	Value string `json:"value,omitempty"`
 }
 
-var codeNames = [...]string{"", "OK", "OVER_LIMIT"}
+var codeNames = [...]string{"UNKNOWN", "OK", "OVER_LIMIT"}
 
-func codeName(c Code) string {
+// String returns the code's protocol name, e.g. "OVER_LIMIT".
+func (c Code) String() string {
 	if int(c) < len(codeNames) {
 		return codeNames[c]
 	}
 	return strconv.Itoa(int(c))
+}
+
+// codeName is the code's JSON value: its name, "" (left out) for UNKNOWN.
+func codeName(c Code) string {
+	if c == CodeUnknown {
+		return ""
+	}
+	return c.String()
 }
 
 // EncodeResponse renders a RateLimitResponse in proto3 JSON, e.g.

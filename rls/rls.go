@@ -1,13 +1,9 @@
-// Package rls answers Envoy's rate limit service protocol
-// (envoy.service.ratelimit.v3, RateLimitService/ShouldRateLimit) from
-// sluice's limiters: a drop-in for envoyproxy/ratelimit that reads its
-// configuration files as they are.
-//
 // This file holds the protocol's shapes in plain Go, independent of the
 // generated protobuf code, so that the semantics live and are tested here
 // and the gRPC and JSON adapters only translate. Field meanings follow
 // envoy/service/ratelimit/v3/rls.proto and
 // envoy/extensions/common/ratelimit/v3/ratelimit.proto.
+
 package rls
 
 import (

@@ -774,6 +774,9 @@ func (s *Server) decide(domain string, p *plan, st *Status, nowSec int64) {
 		st.ResetIn = time.Duration(u-mod(nowSec, u)) * time.Second
 	}
 	if p.err != nil {
+		if p.negative {
+			return // a refund that failed refuses nothing: OK
+		}
 		switch s.opts.OnFailure {
 		case FailClosed:
 			st.Code = CodeOverLimit
