@@ -68,14 +68,16 @@ func backends(t *testing.T, cluster bool) []backend {
 	if testing.Short() {
 		return out
 	}
-	srv := redistest.Start(t)
-	out = append(out, backend{name: "redis", addrs: []string{srv.Addr}})
+	out = append(out, backend{name: "redis", addrs: []string{startRedis(t)}})
 	if cluster {
 		cl := redistest.StartCluster(t, 3)
 		out = append(out, backend{name: "cluster", addrs: cl.Addrs})
 	}
 	return out
 }
+
+// startRedis starts a redis-server for t and returns its address.
+func startRedis(t testing.TB) string { return redistest.Start(t).Addr }
 
 // counter reads one of the Server's counters, e.g. ("sluice_rls_over_limit_total", "test-domain", "key2").
 func counter(t testing.TB, s *Server, name string, labels ...string) float64 {
