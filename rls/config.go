@@ -25,6 +25,14 @@ import (
 // some of them. Problems are reported with the file, the line and the
 // field, e.g. "a.yaml:12: descriptors[1].rate_limit.unit: ...".
 
+// ConfigError is one problem in a configuration file, at a line, in a
+// field: "a.yaml:12: descriptors[1].rate_limit.unit: ...".
+type ConfigError = yamlfile.Error
+
+// ConfigErrors is every problem found in a file (or a folder), in file
+// order; errors.As finds each ConfigError.
+type ConfigErrors = yamlfile.Errors
+
 // Algorithm is the limiter of a rule. The zero value, FixedWindow, is the
 // peer's; the others are sluice extensions.
 type Algorithm uint8
@@ -338,7 +346,7 @@ const (
 
 // Parse parses one configuration file (one domain) and validates it as
 // envoyproxy/ratelimit does, and somewhat more strictly (see the README,
-// "Envoy rate limit service"). On failure the error is yamlfile.Errors:
+// "Envoy rate limit service"). On failure the error is ConfigErrors:
 // every problem found, each naming the file, the line and the field.
 func Parse(path string, data []byte) (*Config, error) {
 	if len(data) > MaxConfigBytes {
