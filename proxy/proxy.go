@@ -247,11 +247,13 @@ func (s *Server) Run(ctx context.Context) error {
 		defer t.Stop()
 		ticks = t.C
 	}
+	wctx, stopWatch := context.WithCancel(ctx) // a listener's failure ends the watcher too
+	defer stopWatch()
 	if ticks != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.host.Watch(ctx, ticks)
+			s.host.Watch(wctx, ticks)
 		}()
 	}
 	var serveErr error
@@ -259,6 +261,7 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	stopWatch()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ps.Shutdown(sctx)
