@@ -204,6 +204,11 @@ func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
 // returns whether the policy changed.
 func (s *Server) Reload() (bool, error) { return s.host.Reload() }
 
+// Close releases the policy's runtime (its Redis client, its leases), for
+// a Server whose Run was never called (its Handler served elsewhere); Run
+// closes it when it returns.
+func (s *Server) Close() { s.host.Close() }
+
 // AdminHandler serves /metrics, /healthz and /v1/gates (GET lists the
 // gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
 // latter behind "Authorization: Bearer TOKEN" (Options.AdminToken).
