@@ -59,12 +59,13 @@ type nginx struct {
 // startNginx runs nginx with the server blocks of site (the text of
 // examples/nginx/sluice.conf, say) inside a generated http block, with the
 // example's sluice and application addresses replaced by sluiceAddr and
-// appAddr and its listen address by a free loopback port. extraHTTP is
+// appAddr and its listen address by a free loopback port (site must name
+// the listen and application addresses). extraHTTP is
 // added to the http block. It is stopped when t ends.
 func startNginx(t testing.TB, site, sluiceAddr, appAddr, extraHTTP string) *nginx {
 	t.Helper()
 	bin := nginxBinary(t)
-	for _, a := range []string{exampleListen, exampleSluice, exampleApp} {
+	for _, a := range []string{exampleListen, exampleApp} {
 		if !strings.Contains(site, a) {
 			t.Fatalf("the nginx site has no %s to replace", a)
 		}
