@@ -185,3 +185,38 @@ func TestServeRunReloadAndAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The Envoy example sends its check requests where sluice serve answers
+// them, with the headers the example policy reads.
+func TestEnvoyExampleFitsServe(t *testing.T) {
+	b, err := os.ReadFile("../examples/envoy/ext_authz.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := string(b)
+	f, err := policy.Load("../examples/nginx/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers := []string{f.Identity.TenantHeader, f.Identity.DeadlineHeader, "X-Request-Id"}
+	for _, r := range f.Routes {
+		if r.Cost.Header != "" {
+			headers = append(headers, r.Cost.Header)
+		}
+	}
+	for _, h := range headers {
+		if !strings.Contains(env, "{exact: "+strings.ToLower(h)+", ignore_case: true}") {
+			t.Errorf("the Envoy example does not send %s", h)
+		}
+	}
+	for _, want := range []string{"path_prefix: " + ExtAuthzPrefix + "\n", "port_value: 8081", "uri: http://127.0.0.1:8081"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("the Envoy example has no %q", want)
+		}
+	}
+	s, err := New(Options{Config: "../examples/nginx/policy.yaml", AdminToken: "x", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}
