@@ -191,4 +191,3 @@ func parseWrk(out string) (rps, p50, p99 float64, non2xx bool) {
 	}
 	return rps, p50, p99, strings.Contains(out, "Non-2xx or 3xx responses")
 }
-
