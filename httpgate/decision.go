@@ -32,7 +32,12 @@ const (
 //
 // In both forms every other header of the request is the original
 // request's: the tenant, deadline, cost and request id headers of the
-// policy are read from it as the middleware reads them.
+// policy are read from it as the middleware reads them. The client's
+// address is no input of the middleware's decisions (callers are told
+// apart by the tenant header, never by the connection): to key tenants on
+// the address, the proxy sets a header from it (nginx: proxy_set_header
+// X-Real-IP $remote_addr) and the rules name it as the tenant header, as
+// they would behind any other proxy.
 type DecisionConfig struct {
 	// MethodHeader names the header with the original request's method.
 	// Default DefaultMethodHeader.
