@@ -181,6 +181,12 @@ func TestNginxDecidesAsTheProxy(t *testing.T) {
 		t.Fatalf("sluice unreachable: %v", got)
 	}
 	ng.stop()
+	if ng.waitErr != nil { // read after stop: it waited for the exit
+		t.Errorf("nginx did not exit cleanly on SIGQUIT: %v", ng.waitErr)
+	}
+	if _, err := os.Stat(ng.dir + "/nginx.pid"); !os.IsNotExist(err) {
+		t.Errorf("nginx left its pid file: %v", err)
+	}
 	// What nginx logs for each refusal: auth_request's view of it.
 	if log := ng.errorLog(); !strings.Contains(log, "auth request unexpected status: 429") {
 		t.Errorf("nginx error log:\n%s", log)
