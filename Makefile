@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test vet fmt bench build demo
+.PHONY: test vet fmt bench bench-nginx build demo
 
 # The test command: formatting, vet, and every test under the race detector.
 # One package at a time (-p 1): several tests hold real-time bounds (Redis
@@ -33,6 +33,12 @@ bench:
 	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
+
+# nginx alone, nginx + sluice serve (auth_request) and sluice proxy in front
+# of one no-op application, wrk on loopback (Debian's nginx and wrk); see
+# BENCHMARKS.md.
+bench-nginx:
+	SLUICE_BENCH_NGINX=1 $(GO) test -run '^TestNginxThroughput$$' -count=1 -v ./serve
 
 # The main job: goodput under open-loop overload, with and without sluice.
 demo:

@@ -41,6 +41,7 @@ import (
 	_ "github.com/sluice-go/sluice/proxy"
 	_ "github.com/sluice-go/sluice/queue"
 	_ "github.com/sluice-go/sluice/rls"
+	_ "github.com/sluice-go/sluice/serve"
 	_ "github.com/sluice-go/sluice/shed"
 	_ "github.com/sluice-go/sluice/store"
 	_ "github.com/sluice-go/sluice/store/memory"

@@ -72,3 +72,27 @@ func BenchmarkAdmittedNoopHTTP(b *testing.B) {
 		resp.Body.Close()
 	}
 }
+
+// BenchmarkDecideAdmitted: the decision endpoint's admitted answer in
+// process (nginx's form: the original method and URI from headers, the
+// URI parsed as a request line, identify, decide, release, the quota
+// fields), next to BenchmarkAdmittedNoop.
+func BenchmarkDecideAdmitted(b *testing.B) {
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	h, _ := mw.DecisionHandler(httpgate.DecisionConfig{})
+	req := httptest.NewRequest("GET", "/v1/decide", nil)
+	req.Header.Set("X-Api-Key", "tenant-42")
+	req.Header.Set("X-Original-Method", "GET")
+	req.Header.Set("X-Original-URI", "/v1/routes/42?full=1")
+	w := &discard{h: http.Header{}}
+	h.ServeHTTP(w, req)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		clear(w.h)
+		h.ServeHTTP(w, req)
+	}
+}

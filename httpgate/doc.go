@@ -15,4 +15,11 @@
 //		},
 //	}})
 //	http.ListenAndServe(":8080", mw.Wrap(app))
+//
+// Where nginx or Envoy stays on the data path, DecisionHandler answers the
+// same decisions as an endpoint for nginx auth_request and Envoy ext_authz
+// (HTTP service mode): 200 to admit, or the middleware's own rejection.
+//
+//	h, _ := mw.DecisionHandler(httpgate.DecisionConfig{}) // X-Original-Method, X-Original-URI
+//	http.ListenAndServe("127.0.0.1:8081", h)
 package httpgate

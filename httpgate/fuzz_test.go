@@ -1,9 +1,11 @@
 package httpgate_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strconv"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -75,3 +78,52 @@ func FuzzHeaders(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecisionHeaders throws arbitrary original methods, URIs and identity
+// headers at the decision endpoint, next to the middleware on the same
+// chain and clock: it must never panic; a method or URI that net/http
+// would not take as a request line gives 400 with reason invalid, and
+// every other request gets the middleware's own status and fields.
+func FuzzDecisionHeaders(f *testing.F) {
+	for _, seed := range [][4]string{
+		{"GET", "/v1/routes/1", "acme", ""}, {"POST", "/v1/routes?x=1", "acme", "250"},
+		{"", "", "", ""}, {"G ET", "/", "k", ""}, {"GET", "v1", "k", ""}, {"GET", "/%zz", "k", ""},
+		{"DELETE", "http://h/v1/analytics/x", "k", "-1"}, {"OPTIONS", "*", "\x00", "9"},
+		{"GET", "//v1/../v1/./routes/", "é", "99999999999999999999"},
+	} {
+		f.Add(seed[0], seed[1], seed[2], seed[3])
+	}
+	clk := fakeclock.New(1)
+	p := newPair(f, clk)
+	f.Fuzz(func(t *testing.T, method, uri, tenant, stops string) {
+		clk.Advance(200 * time.Millisecond)
+		dr := httptest.NewRequest("GET", "/v1/decide", nil)
+		dr.Header["X-Original-Method"] = []string{method}
+		dr.Header["X-Original-Uri"] = []string{uri}
+		dr.Header["X-Api-Key"] = []string{tenant}
+		dr.Header["X-Stops"] = []string{stops}
+		dr.Header["X-Request-Id"] = []string{"f"}
+		got := httptest.NewRecorder()
+		p.decide.ServeHTTP(got, dr)
+
+		u, err := url.ParseRequestURI(uri)
+		if err != nil || !methodOK.MatchString(method) {
+			if e := decode(t, got.Body.Bytes()); got.Code != 400 || e.Error.Reason != "invalid" {
+				t.Fatalf("original %q %q: %d %s", method, uri, got.Code, got.Body)
+			}
+			return
+		}
+		in := &http.Request{Method: method, URL: u, Header: http.Header{}, RequestURI: uri}
+		in = in.WithContext(context.Background())
+		for _, k := range []string{"X-Api-Key", "X-Stops", "X-Request-Id"} {
+			in.Header[k] = dr.Header[k]
+		}
+		want := httptest.NewRecorder()
+		p.inproc.ServeHTTP(want, in)
+		if g, w := answerOf(got), answerOf(want); g != w {
+			t.Fatalf("original %q %q tenant %q stops %q: decision endpoint %d\n%s%s\nmiddleware %d\n%s%s", method, uri, tenant, stops, g.status, g.fields, g.body, w.status, w.fields, w.body)
+		}
+	})
+}
+
+var methodOK = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")

@@ -30,7 +30,7 @@ func serve(t *testing.T, policy string, up http.Handler, opts ...func(*Options))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.rt.Close)
+	t.Cleanup(s.host.Close)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return s, srv.URL

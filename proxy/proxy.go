@@ -9,17 +9,12 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +22,8 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
-	"github.com/sluice-go/sluice/metrics"
-	"github.com/sluice-go/sluice/policy"
+	"github.com/sluice-go/sluice/internal/host"
+	"github.com/sluice-go/sluice/wire"
 )
 
 // Options configures a proxy.
@@ -63,6 +58,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock for the chain (tests). Default: the real clock.
 	Clock clock.Clock
+	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
+	// Jitter: exact values, for tests).
+	Jitter *wire.Jitter
 	// Transport for upstream calls. Default: a transport tuned for many
 	// concurrent requests to one host.
 	Transport http.RoundTripper
@@ -95,18 +93,12 @@ type Options struct {
 type Server struct {
 	opts    Options
 	log     *slog.Logger
-	metrics *metrics.Metrics
+	host    *host.Host // the policy, its reloads and the admin API
 	mw      *httpgate.Middleware
 	proxy   *httputil.ReverseProxy
 	handler http.Handler
 
 	memBudget, diskBudget *budget
-
-	mu      sync.Mutex // serializes reloads
-	rt      *policy.Runtime
-	version string // sha256 of the file content serving now
-	refused string // sha256 of the last content refused (logged once)
-	why     error  // why it was refused
 
 	proxyAddr, adminAddr net.Addr
 	ready                chan struct{}
@@ -119,34 +111,21 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("proxy: no upstream")
 	}
 	opts.withDefaults()
-	if err := opts.adminToken(); err != nil {
+	var err error
+	if opts.AdminToken, err = host.AdminToken("proxy", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{}), ready: make(chan struct{}),
+	if opts.ConfigData != nil {
+		opts.ReloadEvery = -1
+	}
+	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}),
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
-	data := opts.ConfigData
-	if data == nil {
-		var err error
-		if data, err = os.ReadFile(opts.Config); err != nil {
-			return nil, err
-		}
-	} else {
-		s.opts.ReloadEvery = -1
-	}
-	f, err := policy.Parse(opts.Config, data)
+	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
+		Clock: opts.Clock, Jitter: opts.Jitter})
 	if err != nil {
 		return nil, err
 	}
-	rt, err := policy.Build(f, nil, policy.Options{Clock: opts.Clock, Observer: s.metrics})
-	if err != nil {
-		return nil, err
-	}
-	s.rt, s.version = rt, digest(data)
-	s.mw, err = httpgate.New(rt.Chain, httpgate.Config{Rules: rt.Rules})
-	if err != nil {
-		return nil, err
-	}
-	s.metrics.Gates(s.Chain)
+	s.mw = s.host.Middleware()
 	tr := opts.Transport
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -200,59 +179,6 @@ func (o *Options) withDefaults() {
 	}
 }
 
-// adminToken refuses a non-loopback admin address without a token, and
-// generates one for a loopback address.
-func (o *Options) adminToken() error {
-	if o.AdminToken != "" {
-		return nil
-	}
-	if !loopback(o.Admin) {
-		return fmt.Errorf("proxy: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one", o.Admin)
-	}
-	token, file, err := generateToken()
-	if err != nil {
-		return err
-	}
-	o.AdminToken = token
-	o.Logger.Info("admin token generated (the file is readable by this user only)", "file", file)
-	return nil
-}
-
-// loopback reports whether addr (host:port) listens on loopback only.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-// generateToken makes a random admin token and writes it to a new file
-// only this user can read.
-func generateToken() (token, file string, err error) {
-	var b [16]byte
-	rand.Read(b[:])
-	token = hex.EncodeToString(b[:])
-	f, err := os.CreateTemp("", "sluice-admin-token-*") // mode 0600
-	if err != nil {
-		return "", "", fmt.Errorf("proxy: writing the generated admin token: %v", err)
-	}
-	defer f.Close()
-	if _, err := f.WriteString(token + "\n"); err != nil {
-		return "", "", fmt.Errorf("proxy: writing the generated admin token: %v", err)
-	}
-	return token, f.Name(), nil
-}
-
-func digest(b []byte) string {
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:8])
-}
-
 // upstreamError answers a failed upstream call through the middleware
 // (502, or 504 when the caller's deadline ran out; both count as errored
 // outcomes) and logs at most once per second.
@@ -270,122 +196,23 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Chain returns the chain serving now.
-func (s *Server) Chain() *sluice.Chain { return s.mw.Chain() }
+func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
 
 // Reload re-reads the policy file. A valid file replaces the policy without
 // dropping requests in flight and keeps the state of unchanged gates; an
 // invalid one is refused, logged, and the old policy keeps serving. It
 // returns whether the policy changed.
-func (s *Server) Reload() (bool, error) {
-	if s.opts.ConfigData != nil {
-		return false, nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	data, err := os.ReadFile(s.opts.Config)
-	if err != nil {
-		s.log.Error("policy reload refused: cannot read file; the old policy keeps serving", "file", s.opts.Config, "err", err)
-		return false, err
-	}
-	v := digest(data)
-	if v == s.version {
-		return false, nil
-	}
-	if v == s.refused {
-		return false, s.why // refused and logged before: stay quiet
-	}
-	f, err := policy.Parse(s.opts.Config, data)
-	if err == nil && len(f.Gates) == 0 && len(s.rt.File.Gates) > 0 {
-		err = errors.New("the new policy has no gates: every limit would be off at once (to pass all traffic, set the gates' mode to off)")
-	}
-	if err == nil {
-		var rt *policy.Runtime
-		if rt, err = policy.Build(f, s.rt, policy.Options{Clock: s.opts.Clock, Observer: s.metrics}); err == nil {
-			s.keepModeOverrides(rt)
-			if err = s.mw.Update(rt.Chain, httpgate.Config{Rules: rt.Rules}); err == nil {
-				s.rt, s.version, s.refused = rt, v, ""
-				s.log.Info("policy reloaded", "file", s.opts.Config, "version", v, "gates", len(f.Gates))
-				return true, nil
-			}
-		}
-	}
-	s.refused, s.why = v, err
-	s.log.Error("policy reload refused; the old policy keeps serving", "file", s.opts.Config, "err", err)
-	return false, err
-}
+func (s *Server) Reload() (bool, error) { return s.host.Reload() }
 
-// keepModeOverrides carries a gate's run-time mode (set on the admin API)
-// into the new chain when the file did not change that gate's mode: an
-// operator's kill switch must survive an unrelated edit.
-func (s *Server) keepModeOverrides(rt *policy.Runtime) {
-	declared := map[string]sluice.Mode{}
-	for _, g := range s.rt.File.Gates {
-		declared[g.Name] = g.Mode
-	}
-	old := s.mw.Chain()
-	for _, g := range rt.File.Gates {
-		was, ok := declared[g.Name]
-		cur, live := old.Mode(g.Name)
-		if !ok || !live || was != g.Mode || cur == g.Mode {
-			continue
-		}
-		rt.Chain.SetMode(g.Name, cur)
-		s.log.Warn("run-time mode override kept across reload", "gate", g.Name, "mode", cur.String(), "file_mode", g.Mode.String())
-	}
-}
+// Close releases the policy's runtime (its Redis client, its leases), for
+// a Server whose Run was never called (its Handler served elsewhere); Run
+// closes it when it returns.
+func (s *Server) Close() { s.host.Close() }
 
-// watch checks the policy file on every tick until ctx is done and reloads
-// it when it was replaced: a new file renamed over the path (what editors,
-// `mv`, configuration management and Kubernetes' ConfigMap volumes do),
-// once two checks read the same content. A file changed in place is not
-// loaded: a writer may pause anywhere (a truncated file can be a valid
-// policy with fewer gates), so the watcher cannot know it is complete. It
-// logs that the change waits for SIGHUP, once per change.
-func (s *Server) watch(ctx context.Context, ticks <-chan time.Time) {
-	loaded, _ := os.Stat(s.opts.Config)
-	pending, told := "", ""
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticks:
-			fi, err := os.Stat(s.opts.Config)
-			if err != nil || (loaded != nil && os.SameFile(fi, loaded) && fi.ModTime().Equal(loaded.ModTime()) && fi.Size() == loaded.Size()) {
-				continue // unchanged
-			}
-			data, err := os.ReadFile(s.opts.Config)
-			if err != nil {
-				continue
-			}
-			v := digest(data)
-			if v == s.serving() {
-				loaded = fi // what serves (reloaded on SIGHUP, say)
-				continue
-			}
-			if loaded != nil && os.SameFile(fi, loaded) {
-				if v != told {
-					told = v
-					s.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", s.opts.Config)
-				}
-				continue
-			}
-			if v != pending {
-				pending = v
-				continue
-			}
-			if _, err := s.Reload(); err == nil {
-				loaded = fi
-			}
-		}
-	}
-}
-
-// serving returns the digest of the policy serving now.
-func (s *Server) serving() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.version
-}
+// AdminHandler serves /metrics, /healthz and /v1/gates (GET lists the
+// gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
+// latter behind "Authorization: Bearer TOKEN" (Options.AdminToken).
+func (s *Server) AdminHandler() http.Handler { return s.host.AdminHandler(s.opts.AdminToken) }
 
 // Addrs returns the bound proxy and admin addresses once Run has started
 // listening (it blocks until then).
@@ -413,7 +240,7 @@ func (s *Server) Run(ctx context.Context) error {
 	at := s.opts.AdminTimeout
 	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: at, ReadTimeout: at, WriteTimeout: at, IdleTimeout: at,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
-	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.serving())
+	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.host.Version())
 
 	errc := make(chan error, 2)
 	go func() { errc <- ps.Serve(pl) }()
@@ -425,11 +252,13 @@ func (s *Server) Run(ctx context.Context) error {
 		defer t.Stop()
 		ticks = t.C
 	}
+	wctx, stopWatch := context.WithCancel(ctx) // a listener's failure ends the watcher too
+	defer stopWatch()
 	if ticks != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.watch(ctx, ticks)
+			s.host.Watch(wctx, ticks)
 		}()
 	}
 	var serveErr error
@@ -437,14 +266,13 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	stopWatch()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ps.Shutdown(sctx)
 	as.Shutdown(sctx)
 	wg.Wait()
-	s.mu.Lock()
-	s.rt.Close()
-	s.mu.Unlock()
+	s.host.Close()
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil
 	}

@@ -322,7 +322,10 @@ func TestAdminModeSwitch(t *testing.T) {
 		t.Fatalf("wrong token: %d", resp.StatusCode)
 	}
 	resp, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
-	var gates []gateState
+	var gates []struct {
+		Name, Mode string
+		Limit      int64
+	}
 	json.Unmarshal([]byte(body), &gates)
 	if resp.StatusCode != 200 || len(gates) != 2 || gates[0].Name != "request-rate" || gates[0].Mode != "enforce" || gates[0].Limit != 3 {
 		t.Fatalf("%d %s", resp.StatusCode, body)

@@ -95,7 +95,7 @@ gates:
 		px := httptest.NewServer(s.Handler())
 		bounded, rejB := openLoop(px.URL, rate, length)
 		px.Close()
-		s.rt.Close()
+		s.host.Close()
 		up.Close()
 		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 		b.ReportMetric(float64(len(direct)), "unbounded-accepted")

@@ -40,7 +40,7 @@ gates:
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.rt.Close()
+	defer s.host.Close()
 	srv.Kill()
 	proxy := httptest.NewServer(s.Handler())
 	defer proxy.Close()

@@ -1,5 +1,6 @@
 // Command sluice runs admission control in front of any HTTP service
-// (sluice proxy), validates policy files (sluice check), shows what
+// (sluice proxy), decides for nginx auth_request and Envoy ext_authz
+// (sluice serve), validates policy files (sluice check), shows what
 // admission does to goodput under real overload (sluice demo), and models
 // it deterministically on a virtual clock (sluice sim).
 package main
@@ -37,12 +38,13 @@ func root() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(checkCmd(), proxyCmd(), demoCmd(), simCmd(), versionCmd())
+	cmd.AddCommand(checkCmd(), proxyCmd(), serveCmd(), demoCmd(), simCmd(), versionCmd())
 	return cmd
 }
 
 func checkCmd() *cobra.Command {
 	var file string
+	var forServe bool
 	cmd := &cobra.Command{
 		Use:   "check --config FILE",
 		Short: "Validate a policy file and print its admission policy spec",
@@ -60,11 +62,18 @@ func checkCmd() *cobra.Command {
 			if len(f.Gates) == 0 {
 				fmt.Fprintf(cmd.ErrOrStderr(), "%s: warning: the policy has no gates: every request is admitted\n", file)
 			}
+			if forServe { // sluice serve refuses gates it cannot enforce
+				if err := policy.CheckDecisionOnly(f); err != nil {
+					n := printPolicyErrors(cmd, err)
+					return fmt.Errorf("%s: %d gate(s) sluice serve cannot enforce", file, n)
+				}
+			}
 			fmt.Fprint(cmd.OutOrStdout(), f.SpecText())
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&file, "config", "", "policy file (YAML)")
+	cmd.Flags().BoolVar(&forServe, "serve", false, "also refuse gates that sluice serve (a decision endpoint) cannot enforce")
 	cmd.MarkFlagRequired("config")
 	return cmd
 }

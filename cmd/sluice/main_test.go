@@ -138,3 +138,20 @@ func TestSimErrors(t *testing.T) {
 		})
 	}
 }
+
+// sluice serve refuses a policy with gates a decision endpoint cannot
+// enforce, and check --serve lists them; the nginx example's policy passes.
+func TestServeRefusesInflightGates(t *testing.T) {
+	_, errOut, err := run("serve", "--config", "../../examples/routes-api.yaml", "--admin-token", "x")
+	if err == nil || !strings.Contains(errOut, "routes-api.yaml:22: gates[1].kind: concurrent-requests (concurrency) holds a slot") {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	_, errOut, err = run("check", "--serve", "--config", "../../examples/routes-api.yaml")
+	if err == nil || !strings.Contains(errOut, "worker-pool (adaptive_concurrency)") || !strings.Contains(errOut, "2 gate(s) sluice serve cannot enforce") {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	out, errOut, err := run("check", "--serve", "--config", "../../examples/nginx/policy.yaml")
+	if err != nil || !strings.Contains(out, "ADMISSION POLICY  routes-api") {
+		t.Fatalf("%v\n%s%s", err, out, errOut)
+	}
+}

@@ -1,4 +1,4 @@
-package proxy
+package host
 
 import (
 	"crypto/subtle"
@@ -31,18 +31,19 @@ type gateState struct {
 //	GET  /v1/gates              every gate with its mode and quota
 //	POST /v1/gates/{name}       body {"mode":"shadow"}: switch a gate's mode
 //
-// /v1/gates requires "Authorization: Bearer TOKEN" (Options.AdminToken).
-func (s *Server) AdminHandler() http.Handler {
+// /v1/gates requires "Authorization: Bearer TOKEN" with token (see
+// AdminToken).
+func (s *Host) AdminHandler(token string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /v1/gates", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /v1/gates", authorized(token, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.gateStates())
 	}))
-	mux.HandleFunc("POST /v1/gates/{name}", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /v1/gates/{name}", authorized(token, func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
 			Mode string `json:"mode"`
 		}
@@ -83,8 +84,8 @@ func (s *Server) AdminHandler() http.Handler {
 	return mux
 }
 
-func (s *Server) authorized(h http.HandlerFunc) http.HandlerFunc {
-	want := []byte(s.opts.AdminToken)
+func authorized(adminToken string, h http.HandlerFunc) http.HandlerFunc {
+	want := []byte(adminToken)
 	return func(w http.ResponseWriter, r *http.Request) {
 		scheme, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
 		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), want) != 1 {
@@ -96,7 +97,7 @@ func (s *Server) authorized(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func (s *Server) gateStates() []gateState {
+func (s *Host) gateStates() []gateState {
 	c := s.Chain()
 	policies := map[string]sluice.Policy{}
 	for _, p := range c.Policies() {

@@ -1,0 +1,232 @@
+package httpgate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Defaults of DecisionConfig: the headers an nginx auth_request location
+// sets with proxy_set_header.
+const (
+	DefaultMethodHeader = "X-Original-Method"
+	DefaultURIHeader    = "X-Original-Uri"
+)
+
+// DecisionConfig says where a decision handler finds the original request
+// in the request it is asked about. The zero value is nginx's form.
+//
+// Two forms exist:
+//
+//   - Headers (nginx auth_request): the original method and request URI
+//     arrive in MethodHeader and URIHeader, which the auth location sets
+//     from $request_method and $request_uri; the request's own method and
+//     path are the decision endpoint's and are ignored.
+//   - Prefix (Envoy ext_authz in HTTP service mode): the check request
+//     carries the original method as its own and the original path behind
+//     Envoy's path_prefix. Set StripPrefix to that prefix.
+//
+// In both forms every other header of the request is the original
+// request's: the tenant, deadline, cost and request id headers of the
+// policy are read from it as the middleware reads them. The client's
+// address is no input of the middleware's decisions (callers are told
+// apart by the tenant header, never by the connection): to key tenants on
+// the address, the proxy sets a header from it (nginx: proxy_set_header
+// X-Real-IP $remote_addr) and the rules name it as the tenant header, as
+// they would behind any other proxy.
+type DecisionConfig struct {
+	// MethodHeader names the header with the original request's method.
+	// Default DefaultMethodHeader.
+	MethodHeader string
+	// URIHeader names the header with the original request target as the
+	// client sent it (origin form "/path?query", or absolute form);
+	// only its path is used. Default DefaultURIHeader.
+	URIHeader string
+	// StripPrefix, when set, selects the prefix form: the original method
+	// is the request's method and the original path is the request's path
+	// with StripPrefix removed. It must start with "/" and not end with
+	// one, e.g. "/ext_authz"; MethodHeader and URIHeader are not read.
+	StripPrefix string
+}
+
+// decider is the handler DecisionHandler returns.
+type decider struct {
+	m            *Middleware
+	methodHeader string
+	uriHeader    string
+	prefix       string
+}
+
+// DecisionHandler returns a handler that answers, for each request it
+// receives, whether the original request it describes is admitted: it
+// reconstructs the original method and path (DecisionConfig), identifies
+// and decides exactly as the middleware would (same chain, same rules,
+// same Update), and answers
+//
+//   - 200 with an empty body and the RateLimit-Policy and RateLimit fields
+//     (and Sluice-Level above normal) when admitted: nginx allows on any
+//     2xx, Envoy's ext_authz on 200 only;
+//   - 429 or 503 with Retry-After, the RateLimit fields and the JSON
+//     envelope, as the middleware answers them (nginx drops the body and
+//     keeps the status and headers for auth_request_set; Envoy passes all
+//     of it to the client);
+//   - 400 with reason invalid and a message naming the header at fault for
+//     a missing or malformed original method or URI, or a malformed
+//     identity, cost or deadline header.
+//
+// A decision endpoint never learns when the admitted work ends (nginx
+// auth_request and Envoy ext_authz report nothing back), so the Ticket of
+// an admitted request is done before the answer is written, with
+// OutcomeUseful (OutcomeCancelled when the asking request has gone):
+// rate gates (token and leaky buckets, GCRA, windows) decide exactly as in
+// process, but a gate that holds a slot until the work ends or learns from
+// completions (concurrency, adaptive concurrency, wait queues, the
+// deadline test, fleet usage, utilization, the ladder) sees every request
+// finish at once and must not be in the chain (policy.CheckDecisionOnly
+// finds them in a policy file). The middleware's metrics then count
+// answered decisions as completions.
+//
+// It returns an error for a header name that is not a valid HTTP field
+// name or a malformed StripPrefix. The handler is safe for concurrent use
+// and never panics on what a request carries.
+func (m *Middleware) DecisionHandler(cfg DecisionConfig) (http.Handler, error) {
+	d := &decider{m: m, methodHeader: DefaultMethodHeader, uriHeader: DefaultURIHeader}
+	if cfg.StripPrefix != "" {
+		p := cfg.StripPrefix
+		if p[0] != '/' || strings.HasSuffix(p, "/") || strings.ContainsAny(p, "?#") {
+			return nil, fmt.Errorf("httpgate: strip prefix %q: want a path that starts with / and does not end with one, e.g. /ext_authz", p)
+		}
+		d.prefix = p
+		return d, nil
+	}
+	for _, h := range []*string{&cfg.MethodHeader, &cfg.URIHeader} {
+		if *h == "" {
+			continue
+		}
+		if !validToken(*h) {
+			return nil, fmt.Errorf("httpgate: %q is not a valid header name", *h)
+		}
+	}
+	if cfg.MethodHeader != "" {
+		d.methodHeader = http.CanonicalHeaderKey(cfg.MethodHeader)
+	}
+	if cfg.URIHeader != "" {
+		d.uriHeader = http.CanonicalHeaderKey(cfg.URIHeader)
+	}
+	return d, nil
+}
+
+// ServeHTTP answers one decision request (see DecisionHandler).
+func (d *decider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	method, path, detail := d.original(r)
+	if detail != "" {
+		d.m.Invalid(w, r, detail)
+		return
+	}
+	d.m.decide(w, r, method, path)
+}
+
+// original returns the original request's method and path, or a detail
+// naming what is missing or malformed.
+func (d *decider) original(r *http.Request) (method, path, detail string) {
+	if d.prefix != "" {
+		p, ok := strings.CutPrefix(r.URL.Path, d.prefix)
+		if !ok || (p != "" && p[0] != '/') {
+			return "", "", "the path does not start with " + d.prefix + "/ (Envoy's path_prefix)"
+		}
+		if p == "" {
+			p = "/"
+		}
+		return r.Method, p, ""
+	}
+	ms := r.Header[d.methodHeader]
+	switch {
+	case len(ms) == 0:
+		return "", "", "missing " + d.methodHeader + " header (the original request's method)"
+	case len(ms) > 1 || !validToken(ms[0]):
+		return "", "", "malformed " + d.methodHeader + " header (want one method, e.g. GET)"
+	}
+	us := r.Header[d.uriHeader]
+	switch {
+	case len(us) == 0:
+		return "", "", "missing " + d.uriHeader + " header (the original request's URI)"
+	case len(us) > 1:
+		return "", "", "more than one " + d.uriHeader + " header"
+	}
+	// The request target as the client sent it, parsed as net/http parses
+	// a request line, so the path is the one the proxy would see.
+	u, err := url.ParseRequestURI(us[0])
+	if err != nil {
+		return "", "", "malformed " + d.uriHeader + " header (want the request target, e.g. /v1/routes?x=1)"
+	}
+	return ms[0], u.Path, ""
+}
+
+// decide identifies and decides the original request method path (its
+// headers are r's) and answers it: 200 with the quota fields when
+// admitted, releasing the Ticket first, or the rejection.
+func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, method, path string) {
+	st := m.state.Load()
+	req := m.reqs.Get().(*sluice.Request)
+	*req = sluice.Request{}
+	defer m.reqs.Put(req)
+	budget, detail := st.c.id.Identify(method, path, r.Header, req)
+	if detail != "" {
+		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
+		m.reject(w, r, st, &d, req, detail)
+		return
+	}
+	ctx := r.Context()
+	if budget > 0 {
+		req.Deadline = st.chain.Clock().Now().Add(budget)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, budget)
+		defer cancel()
+	}
+	dec, tk := st.chain.Decide(ctx, req)
+	if !dec.Admitted {
+		m.reject(w, r, st, &dec, req, "")
+		return
+	}
+	// Nothing reports when the work ends: the decision is the whole request.
+	if r.Context().Err() != nil {
+		tk.Done(sluice.OutcomeCancelled)
+	} else {
+		tk.Done(sluice.OutcomeUseful)
+	}
+	h := w.Header()
+	if !st.c.cfg.NoRateLimitHeaders && !st.c.cfg.HideCapacity {
+		m.admittedHeaders(h, st, &dec)
+	}
+	if dec.Level != sluice.LevelNormal {
+		h[hLevel] = levelValues[dec.Level]
+	}
+	h[hContentLength] = zeroLength
+	w.WriteHeader(http.StatusOK)
+}
+
+const hContentLength = "Content-Length"
+
+var zeroLength = []string{"0"}
+
+// validToken reports whether s is an HTTP token (RFC 9110 tchar), as
+// methods and field names are.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,293 @@
+// Package host serves a policy file the way every sluice command does: it
+// builds the policy into a chain behind an httpgate.Middleware with
+// Prometheus metrics, reloads it on request or when the file is replaced,
+// keeps run-time mode switches across reloads, and serves the admin API
+// (/metrics, /healthz, /v1/gates). `sluice proxy` (package proxy) and
+// `sluice serve` (package serve) put their listeners around one Host.
+package host
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/metrics"
+	"github.com/sluice-go/sluice/policy"
+	"github.com/sluice-go/sluice/wire"
+)
+
+// Options configures a Host.
+type Options struct {
+	// Config is the policy file path.
+	Config string
+	// ConfigData, if set, is the policy itself (Config then only names it
+	// in messages, and nothing reloads).
+	ConfigData []byte
+	// Logger receives operational logs. Required.
+	Logger *slog.Logger
+	// Clock for the chain (tests). Default: the real clock.
+	Clock clock.Clock
+	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
+	// Jitter: exact values, for tests).
+	Jitter *wire.Jitter
+	// Check, if set, is run on every policy before it serves (the first
+	// and every reload); an error refuses it like an invalid file.
+	Check func(*policy.File) error
+}
+
+// Host is a served policy. Its methods are safe for concurrent use.
+type Host struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics.Metrics
+	mw      *httpgate.Middleware
+
+	mu      sync.Mutex // serializes reloads and admin mode switches
+	rt      *policy.Runtime
+	version string // sha256 of the file content serving now
+	refused string // sha256 of the last content refused (logged once)
+	why     error  // why it was refused
+}
+
+// New reads, checks and builds the policy; it fails if the file is
+// invalid or refused by Options.Check.
+func New(opts Options) (*Host, error) {
+	h := &Host{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{})}
+	data := opts.ConfigData
+	if data == nil {
+		var err error
+		if data, err = os.ReadFile(opts.Config); err != nil {
+			return nil, err
+		}
+	}
+	f, err := policy.Parse(opts.Config, data)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Check != nil {
+		if err := opts.Check(f); err != nil {
+			return nil, err
+		}
+	}
+	rt, err := policy.Build(f, nil, policy.Options{Clock: opts.Clock, Observer: h.metrics})
+	if err != nil {
+		return nil, err
+	}
+	h.rt, h.version = rt, digest(data)
+	h.mw, err = httpgate.New(rt.Chain, h.gateConfig(rt))
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	h.metrics.Gates(h.Chain)
+	return h, nil
+}
+
+func (h *Host) gateConfig(rt *policy.Runtime) httpgate.Config {
+	return httpgate.Config{Rules: rt.Rules, Jitter: h.opts.Jitter}
+}
+
+// Reloads reports whether the policy can be reloaded (it came from a
+// file, not from Options.ConfigData).
+func (h *Host) Reloads() bool { return h.opts.ConfigData == nil }
+
+// Middleware returns the middleware deciding with the policy serving now
+// (Reload updates it in place).
+func (h *Host) Middleware() *httpgate.Middleware { return h.mw }
+
+// Metrics returns the metrics every decision is counted in.
+func (h *Host) Metrics() *metrics.Metrics { return h.metrics }
+
+// Chain returns the chain serving now.
+func (h *Host) Chain() *sluice.Chain { return h.mw.Chain() }
+
+// Close releases the runtime serving now (its Redis client, its leases).
+func (h *Host) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rt.Close()
+}
+
+// Reload re-reads the policy file. A valid file replaces the policy without
+// dropping requests in flight and keeps the state of unchanged gates; an
+// invalid one (or one Options.Check refuses) is refused, logged, and the
+// old policy keeps serving. It returns whether the policy changed.
+func (h *Host) Reload() (bool, error) {
+	if !h.Reloads() {
+		return false, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	data, err := os.ReadFile(h.opts.Config)
+	if err != nil {
+		h.log.Error("policy reload refused: cannot read file; the old policy keeps serving", "file", h.opts.Config, "err", err)
+		return false, err
+	}
+	v := digest(data)
+	if v == h.version {
+		return false, nil
+	}
+	if v == h.refused {
+		return false, h.why // refused and logged before: stay quiet
+	}
+	f, err := policy.Parse(h.opts.Config, data)
+	if err == nil && len(f.Gates) == 0 && len(h.rt.File.Gates) > 0 {
+		err = errors.New("the new policy has no gates: every limit would be off at once (to pass all traffic, set the gates' mode to off)")
+	}
+	if err == nil && h.opts.Check != nil {
+		err = h.opts.Check(f)
+	}
+	if err == nil {
+		var rt *policy.Runtime
+		if rt, err = policy.Build(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics}); err == nil {
+			h.keepModeOverrides(rt)
+			if err = h.mw.Update(rt.Chain, h.gateConfig(rt)); err == nil {
+				h.rt, h.version, h.refused = rt, v, ""
+				h.log.Info("policy reloaded", "file", h.opts.Config, "version", v, "gates", len(f.Gates))
+				return true, nil
+			}
+		}
+	}
+	h.refused, h.why = v, err
+	h.log.Error("policy reload refused; the old policy keeps serving", "file", h.opts.Config, "err", err)
+	return false, err
+}
+
+// keepModeOverrides carries a gate's run-time mode (set on the admin API)
+// into the new chain when the file did not change that gate's mode: an
+// operator's kill switch must survive an unrelated edit.
+func (h *Host) keepModeOverrides(rt *policy.Runtime) {
+	declared := map[string]sluice.Mode{}
+	for _, g := range h.rt.File.Gates {
+		declared[g.Name] = g.Mode
+	}
+	old := h.mw.Chain()
+	for _, g := range rt.File.Gates {
+		was, ok := declared[g.Name]
+		cur, live := old.Mode(g.Name)
+		if !ok || !live || was != g.Mode || cur == g.Mode {
+			continue
+		}
+		rt.Chain.SetMode(g.Name, cur)
+		h.log.Warn("run-time mode override kept across reload", "gate", g.Name, "mode", cur.String(), "file_mode", g.Mode.String())
+	}
+}
+
+// Watch checks the policy file on every tick until ctx is done and reloads
+// it when it was replaced: a new file renamed over the path (what editors,
+// `mv`, configuration management and Kubernetes' ConfigMap volumes do),
+// once two checks read the same content. A file changed in place is not
+// loaded: a writer may pause anywhere (a truncated file can be a valid
+// policy with fewer gates), so the watcher cannot know it is complete. It
+// logs that the change waits for SIGHUP, once per change.
+func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
+	loaded, _ := os.Stat(h.opts.Config)
+	pending, told := "", ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticks:
+			fi, err := os.Stat(h.opts.Config)
+			if err != nil || (loaded != nil && os.SameFile(fi, loaded) && fi.ModTime().Equal(loaded.ModTime()) && fi.Size() == loaded.Size()) {
+				continue // unchanged
+			}
+			data, err := os.ReadFile(h.opts.Config)
+			if err != nil {
+				continue
+			}
+			v := digest(data)
+			if v == h.Version() {
+				loaded = fi // what serves (reloaded on SIGHUP, say)
+				continue
+			}
+			if loaded != nil && os.SameFile(fi, loaded) {
+				if v != told {
+					told = v
+					h.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", h.opts.Config)
+				}
+				continue
+			}
+			if v != pending {
+				pending = v
+				continue
+			}
+			if _, err := h.Reload(); err == nil {
+				loaded = fi
+			}
+		}
+	}
+}
+
+// Version returns the digest of the policy serving now.
+func (h *Host) Version() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.version
+}
+
+func digest(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:8])
+}
+
+// AdminToken returns token, or for an empty one on a loopback admin
+// address a generated token written to a new file only this user can read
+// (the file's path is logged, the token never is). It refuses an empty
+// token on any other address: the admin API can switch gates off. who
+// prefixes errors ("proxy", "serve").
+func AdminToken(who, addr, token string, log *slog.Logger) (string, error) {
+	if token != "" {
+		return token, nil
+	}
+	if !Loopback(addr) {
+		return "", fmt.Errorf("%s: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one", who, addr)
+	}
+	token, file, err := generateToken()
+	if err != nil {
+		return "", fmt.Errorf("%s: writing the generated admin token: %v", who, err)
+	}
+	log.Info("admin token generated (the file is readable by this user only)", "file", file)
+	return token, nil
+}
+
+// Loopback reports whether addr (host:port) listens on loopback only.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// generateToken makes a random admin token and writes it to a new file
+// only this user can read.
+func generateToken() (token, file string, err error) {
+	var b [16]byte
+	rand.Read(b[:])
+	token = hex.EncodeToString(b[:])
+	f, err := os.CreateTemp("", "sluice-admin-token-*") // mode 0600
+	if err != nil {
+		return "", "", err
+	}
+	defer f.Close()
+	if _, err := f.WriteString(token + "\n"); err != nil {
+		return "", "", err
+	}
+	return token, f.Name(), nil
+}

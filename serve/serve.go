@@ -1,0 +1,268 @@
+// Package serve is `sluice serve`: sluice as the decision service of a
+// proxy that stays on the data path. nginx's auth_request sends a
+// subrequest for each client request and Envoy's ext_authz (HTTP service
+// mode) a check request; sluice decides the original request with a policy
+// file's chain and answers 200 (allow), 429 or 503 with Retry-After and the
+// RateLimit fields, which the proxy passes on to its client.
+//
+//	s, _ := serve.New(serve.Options{Config: "api.yaml", HTTP: "127.0.0.1:8081"})
+//	err := s.Run(ctx) // until ctx is done
+//
+// The HTTP listener answers at DecidePath (nginx: the original method and
+// URI in X-Original-Method and X-Original-URI) and under ExtAuthzPrefix
+// (Envoy: the check request's own method and path, behind its
+// path_prefix); see httpgate.DecisionHandler. The admin listener, the
+// policy's hot reload and mode switches are those of `sluice proxy`.
+//
+// A decision service never learns when the work it admitted ends, so only
+// rate gates can be enforced: New and every reload refuse a policy with a
+// gate that holds a slot or learns from completions
+// (policy.CheckDecisionOnly).
+package serve
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/internal/host"
+	"github.com/sluice-go/sluice/policy"
+	"github.com/sluice-go/sluice/wire"
+)
+
+// Paths of the decision endpoints on the HTTP listener.
+const (
+	// DecidePath answers nginx auth_request subrequests: the original
+	// request's method and URI in the headers of Options.Decision
+	// (X-Original-Method, X-Original-URI by default), any method.
+	DecidePath = "/v1/decide"
+	// ExtAuthzPrefix is the path_prefix to give Envoy's ext_authz HTTP
+	// service: a check request for GET /v1/routes arrives as GET
+	// /ext_authz/v1/routes.
+	ExtAuthzPrefix = "/ext_authz"
+)
+
+// Options configures a decision service.
+type Options struct {
+	// Config is the policy file path.
+	Config string
+	// ConfigData, if set, is the policy itself (Config then only names it
+	// in messages, and nothing reloads).
+	ConfigData []byte
+	// HTTP is the decision endpoints' address. Default "127.0.0.1:8081".
+	HTTP string
+	// Admin is the admin listener's address (/metrics, /healthz,
+	// /v1/gates). Default "127.0.0.1:9901" (loopback: the admin API can
+	// switch gates off).
+	Admin string
+	// AdminToken protects /v1/gates (Authorization: Bearer TOKEN). Empty: a
+	// random token is generated and written to a file only this user can
+	// read, whose path is logged; allowed only on a loopback admin
+	// address: New refuses any other without a token.
+	AdminToken string
+	// AdminTimeout bounds reading and answering one admin request, and an
+	// idle admin connection. Default 10 s.
+	AdminTimeout time.Duration
+	// ReloadEvery is how often the policy file is checked for changes.
+	// Default 1 s; negative: never (SIGHUP only).
+	ReloadEvery time.Duration
+	// Ticks, if set, replaces the ReloadEvery ticker: each value received
+	// is one check of the policy file (tests drive the watcher with it).
+	Ticks <-chan time.Time
+	// Decision names the headers of the nginx form at DecidePath (its
+	// StripPrefix must be empty: the Envoy form is at ExtAuthzPrefix).
+	Decision httpgate.DecisionConfig
+	// Logger receives operational logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Clock for the chain (tests). Default: the real clock.
+	Clock clock.Clock
+	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
+	// Jitter: exact values, for tests).
+	Jitter *wire.Jitter
+}
+
+// Server is a decision service. Its methods are safe for concurrent use.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	host    *host.Host
+	handler http.Handler
+
+	httpAddr, adminAddr net.Addr
+	ready               chan struct{}
+}
+
+// New loads, checks and builds the policy: it fails if the file is invalid
+// or has a gate a decision service cannot enforce
+// (policy.CheckDecisionOnly), or if the admin listener is off loopback
+// without a token.
+func New(opts Options) (*Server, error) {
+	set(&opts.HTTP, "127.0.0.1:8081")
+	set(&opts.Admin, "127.0.0.1:9901")
+	set(&opts.AdminTimeout, 10*time.Second)
+	set(&opts.ReloadEvery, time.Second)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Decision.StripPrefix != "" {
+		return nil, errors.New("serve: Options.Decision.StripPrefix must be empty: the Envoy form is served under " + ExtAuthzPrefix)
+	}
+	if opts.ConfigData != nil {
+		opts.ReloadEvery = -1
+	}
+	var err error
+	if opts.AdminToken, err = host.AdminToken("serve", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{})}
+	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
+		Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly})
+	if err != nil {
+		return nil, err
+	}
+	mw := s.host.Middleware()
+	nginx, err := mw.DecisionHandler(opts.Decision)
+	if err != nil {
+		s.host.Close()
+		return nil, err
+	}
+	envoy, err := mw.DecisionHandler(httpgate.DecisionConfig{StripPrefix: ExtAuthzPrefix})
+	if err != nil {
+		s.host.Close()
+		return nil, err
+	}
+	// Dispatched by hand: http.ServeMux would redirect a check request
+	// for an uncleaned original path ("//a", "/a/../b") instead of
+	// deciding it.
+	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		switch {
+		case p == DecidePath:
+			nginx.ServeHTTP(w, r)
+		case p == ExtAuthzPrefix || strings.HasPrefix(p, ExtAuthzPrefix+"/"):
+			envoy.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, "sluice serve answers at "+DecidePath+" (nginx auth_request) and under "+ExtAuthzPrefix+"/ (Envoy ext_authz)\n")
+		}
+	})
+	return s, nil
+}
+
+// set puts def in *v when *v is the zero value.
+func set[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// Handler serves the decision endpoints (DecidePath, ExtAuthzPrefix).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// AdminHandler serves /metrics, /healthz and /v1/gates (GET lists the
+// gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
+// latter behind "Authorization: Bearer TOKEN" (Options.AdminToken).
+func (s *Server) AdminHandler() http.Handler { return s.host.AdminHandler(s.opts.AdminToken) }
+
+// Chain returns the chain deciding now.
+func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
+
+// Reload re-reads the policy file. A valid file that a decision service
+// can enforce replaces the policy and keeps the state of unchanged gates;
+// any other is refused, logged, and the old policy keeps serving. It
+// returns whether the policy changed.
+func (s *Server) Reload() (bool, error) { return s.host.Reload() }
+
+// Close releases the policy's runtime (its Redis client, its leases), for
+// a Server whose Run was never called; Run closes it when it returns.
+func (s *Server) Close() { s.host.Close() }
+
+// Addrs returns the bound HTTP and admin addresses once Run has started
+// listening (it blocks until then).
+func (s *Server) Addrs() (http, admin net.Addr) {
+	<-s.ready
+	return s.httpAddr, s.adminAddr
+}
+
+// listener is one server Run starts and shuts down.
+type listener struct {
+	name string
+	l    net.Listener
+	srv  *http.Server
+}
+
+// Run listens, serves until ctx is done, then shuts down gracefully
+// (decisions in flight get up to 10 s) and closes the runtime.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.host.Close()
+	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
+	at := s.opts.AdminTimeout
+	ls := []*listener{
+		{name: "http", srv: &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+			IdleTimeout: 2 * time.Minute, ErrorLog: errLog}},
+		{name: "admin", srv: &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: at, ReadTimeout: at, WriteTimeout: at,
+			IdleTimeout: at, ErrorLog: errLog}},
+	}
+	addrs := []string{s.opts.HTTP, s.opts.Admin}
+	for i, l := range ls {
+		var err error
+		if l.l, err = net.Listen("tcp", addrs[i]); err != nil {
+			for _, o := range ls[:i] {
+				o.l.Close()
+			}
+			return err
+		}
+	}
+	s.httpAddr, s.adminAddr = ls[0].l.Addr(), ls[1].l.Addr()
+	close(s.ready)
+	s.log.Info("sluice serve deciding", "http", s.httpAddr.String(), "decide", DecidePath, "ext_authz", ExtAuthzPrefix+"/",
+		"admin", s.adminAddr.String(), "policy", s.opts.Config, "version", s.host.Version())
+
+	errc := make(chan error, len(ls))
+	for _, l := range ls {
+		go func() { errc <- l.srv.Serve(l.l) }()
+	}
+	var wg sync.WaitGroup
+	ticks := s.opts.Ticks
+	if ticks == nil && s.opts.ReloadEvery > 0 && s.host.Reloads() {
+		t := time.NewTicker(s.opts.ReloadEvery)
+		defer t.Stop()
+		ticks = t.C
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if ticks != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.host.Watch(wctx, ticks)
+		}()
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	stopWatch()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, l := range ls {
+		l.srv.Shutdown(sctx)
+	}
+	wg.Wait()
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return serveErr
+}
