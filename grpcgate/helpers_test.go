@@ -241,7 +241,7 @@ func newFixture(t *testing.T, poolSize int64, opts grpcgate.Options, dial ...grp
 
 // serve starts a gRPC server on a loopback port with the services
 // register adds and returns a client connection to it; both end with t.
-func serve(t *testing.T, register func(*grpc.Server), sopts []grpc.ServerOption, dial ...grpc.DialOption) *grpc.ClientConn {
+func serve(t testing.TB, register func(*grpc.Server), sopts []grpc.ServerOption, dial ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -261,6 +261,11 @@ func serve(t *testing.T, register func(*grpc.Server), sopts []grpc.ServerOption,
 		<-done
 	})
 	return conn
+}
+
+// serveBench serves a plain echo with sopts.
+func serveBench(b *testing.B, sopts ...grpc.ServerOption) *grpc.ClientConn {
+	return serve(b, func(s *grpc.Server) { s.RegisterService(&echoDesc, &echo{}) }, sopts)
 }
 
 func (f *fixture) count(ctx context.Context) {

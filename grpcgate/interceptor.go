@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/wire"
@@ -225,6 +226,9 @@ func (ic *Interceptor) refuse(ctx context.Context, ss grpc.ServerStream, st *sta
 	md[st.c.ridKey] = []string{rid}
 	setTrailer(ctx, ss, md)
 	msg := wire.AppendMessage(make([]byte, 0, 128), d, req.Cost, secs, cfg.HideCapacity, detail)
+	if cfg.NoStatusDetails {
+		return status.Error(Code(d), string(msg))
+	}
 	return st.infos.statusError(d, string(msg), ms)
 }
 

@@ -679,6 +679,17 @@ func TestHideCapacity(t *testing.T) {
 	}
 }
 
+func TestNoStatusDetails(t *testing.T) {
+	f := newFixture(t, 10, grpcgate.Options{Rules: testRules, NoStatusDetails: true})
+	for range 5 {
+		must(t, f.call(t, "Unary", "x-api-key", "a").err)
+	}
+	r := f.call(t, "Unary", "x-api-key", "a")
+	if r.code() != codes.ResourceExhausted || len(status.Convert(r.err).Details()) != 0 || one(t, r.trailer, grpcgate.PushbackKey) != "10" {
+		t.Fatalf("%v, details %v, trailer %v", r.err, status.Convert(r.err).Details(), r.trailer)
+	}
+}
+
 // Update swaps the chain for calls that start after it.
 func TestUpdate(t *testing.T) {
 	f := newFixture(t, 10, grpcgate.Options{Rules: testRules})
