@@ -105,6 +105,15 @@ const (
 	maxPushbackMS = math.MaxInt32
 )
 
+// Pushback returns the value of the grpc-retry-pushback-ms trailer for a
+// refusal, as the interceptors send it (see the package documentation):
+// the jittered wait in milliseconds (≥ 1), -1 for "do not retry", and set
+// false when no pushback is to be sent. rnd is any uniformly random value.
+func Pushback(d *sluice.Decision, j wire.Jitter, rnd uint64) (ms int64, set bool) {
+	ms, _ = pushback(d, j, rnd)
+	return ms, ms != noPushback
+}
+
 // pushback returns the pushback for a refusal in milliseconds (noPushback
 // or dontRetry, else ≥ 1) and the same wait in whole seconds, rounded up,
 // for the message. The wait is the decision's exact RetryAfter rounded up

@@ -33,12 +33,27 @@
 // bound concurrency in the service itself (httpgate, grpcgate). The
 // metrics of the chain count every admitted check as cancelled.
 //
+// # gRPC requests
+//
+// A denied gRPC request (content-type application/grpc) also gets
+// grpcgate's grpc-retry-pushback-ms header, meant for the gRPC client to
+// read from Envoy's local reply, which for a gRPC request is a single
+// header block (Trailers-Only; not tested against a running Envoy here).
+// Envoy chooses that reply's grpc-status
+// itself from the HTTP status with the HTTP-to-gRPC table of
+// grpc/grpc doc/http-grpc-status-mapping.md (429 and 503 both become
+// UNAVAILABLE; the filter passes no gRPC status of its own to its local
+// reply), so behind Envoy a gRPC caller over its entitlement sees
+// UNAVAILABLE, not the RESOURCE_EXHAUSTED grpcgate's interceptors answer.
+//
 // Sources: envoy/service/auth/v3/external_auth.proto and
-// attribute_context.proto in github.com/envoyproxy/envoy (api/), and
-// Envoy's gRPC client of it (source/extensions/filters/common/ext_authz/
-// ext_authz_grpc_impl.cc): a status other than OK denies, the denied
-// response's HTTP status replaces the default 403, and each header's
-// append_action says how it is applied.
+// attribute_context.proto in github.com/envoyproxy/envoy (api/), Envoy's
+// gRPC client of them,
+// source/extensions/filters/common/ext_authz/ext_authz_grpc_impl.cc, and
+// its HTTP filter, source/extensions/filters/http/ext_authz/ext_authz.cc:
+// a status other than OK denies, the denied response's HTTP status
+// replaces the default 403, and each header's append_action says how it is
+// applied.
 package extauthz
 
 import (
@@ -171,7 +186,7 @@ func (s *Server) Update(chain *sluice.Chain, cfg Config) error {
 		st.jitter = *cfg.Jitter
 	}
 	seen := map[string]bool{}
-	for _, name := range append([]string{cfg.TenantHeader, cfg.DeadlineHeader, id.RequestIDHeader()}, routeHeaders(cfg.Routes)...) {
+	for _, name := range append([]string{cfg.TenantHeader, cfg.DeadlineHeader, id.RequestIDHeader(), "Content-Type"}, routeHeaders(cfg.Routes)...) {
 		canon := http.CanonicalHeaderKey(name)
 		if name != "" && !seen[canon] {
 			seen[canon] = true
@@ -221,15 +236,16 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	hr := attrs.GetRequest().GetHttp()
 	h := st.header(hr)
 	rid, ridOK := st.id.RequestID(h)
+	grpcReq := strings.HasPrefix(h.Get("Content-Type"), "application/grpc")
 
 	var r sluice.Request
 	path, ok := requestPath(hr.GetPath())
 	if !ok {
-		return s.refuse(st, st.chain.Refuse(&r, sluice.Decision{Reason: sluice.ReasonInvalid}), &r, "malformed request path", rid, ridOK), nil
+		return s.refuse(st, st.chain.Refuse(&r, sluice.Decision{Reason: sluice.ReasonInvalid}), &r, "malformed request path", rid, ridOK, grpcReq), nil
 	}
 	budget, detail := st.id.Identify(hr.GetMethod(), path, h, &r)
 	if detail != "" {
-		return s.refuse(st, st.chain.Refuse(&r, sluice.Decision{Reason: sluice.ReasonInvalid}), &r, detail, rid, ridOK), nil
+		return s.refuse(st, st.chain.Refuse(&r, sluice.Decision{Reason: sluice.ReasonInvalid}), &r, detail, rid, ridOK, grpcReq), nil
 	}
 	if r.Tenant == "" && st.cfg.SourceTenant {
 		r.Tenant = attrs.GetSource().GetAddress().GetSocketAddress().GetAddress()
@@ -239,7 +255,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	}
 	d, tk := st.chain.Decide(ctx, &r)
 	if !d.Admitted {
-		return s.refuse(st, d, &r, "", rid, ridOK), nil
+		return s.refuse(st, d, &r, "", rid, ridOK, grpcReq), nil
 	}
 	tk.Done(sluice.OutcomeCancelled) // the end of the request cannot be seen (package documentation)
 	return st.allow(&d), nil
@@ -333,8 +349,9 @@ func (st *state) allow(d *sluice.Decision) *authv3.CheckResponse {
 	}
 }
 
-// refuse returns the denial httpgate would have answered.
-func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail, rid string, ridOK bool) *authv3.CheckResponse {
+// refuse returns the denial httpgate would have answered; for a gRPC
+// request (content-type application/grpc), with grpcgate's pushback too.
+func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail, rid string, ridOK, grpcReq bool) *authv3.CheckResponse {
 	cfg := &st.cfg
 	retry := int64(0)
 	if d.Retryable {
@@ -353,6 +370,11 @@ func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail,
 			t = wire.Seconds(d.ResetAfter)
 		}
 		hs = append(hs, header(hRateLimit, string(wire.AppendRateLimit(nil, d.Gate, d.Remaining, t))))
+	}
+	if grpcReq {
+		if ms, ok := grpcgate.Pushback(&d, st.jitter, rand.Uint64()); ok {
+			hs = append(hs, header(grpcgate.PushbackKey, strconv.FormatInt(ms, 10)))
+		}
 	}
 	if !ridOK {
 		rid = s.idPrefix + strconv.FormatUint(s.ids.Add(1), 16)

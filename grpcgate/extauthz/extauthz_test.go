@@ -247,6 +247,24 @@ func TestRateLimited(t *testing.T) {
 	}
 }
 
+// A gRPC request's denial carries grpcgate's pushback; an HTTP one's not.
+func TestGRPCRequestGetsPushback(t *testing.T) {
+	f := newFixture(t, extauthz.Config{Rules: rules})
+	key := map[string]string{"x-api-key": "acme", "content-type": "application/grpc+proto"}
+	for range 2 {
+		f.check(t, checkReq("POST", "/acme.v1.Orders/Create", key))
+	}
+	hs, _ := denied(t, f.check(t, checkReq("POST", "/acme.v1.Orders/Create", key)), codes.ResourceExhausted, 429)
+	if hs["grpc-retry-pushback-ms"] != "10" {
+		t.Fatalf("headers %v", hs)
+	}
+	key["content-type"] = "application/json"
+	hs, _ = denied(t, f.check(t, checkReq("POST", "/acme.v1.Orders/Create", key)), codes.ResourceExhausted, 429)
+	if _, ok := hs["grpc-retry-pushback-ms"]; ok {
+		t.Fatalf("pushback on an HTTP request: %v", hs)
+	}
+}
+
 func TestOverloadIsServiceUnavailable(t *testing.T) {
 	f := newFixture(t, extauthz.Config{Rules: rules})
 	f.probe.set(func(p *probe) {
