@@ -30,8 +30,13 @@
 // queues, concurrency leases) would bound concurrent checks, not
 // concurrent requests, which is no limit at all. New refuses chains with
 // such gates unless Config.AllowConcurrencyGates says the caller knows;
-// bound concurrency in the service itself (httpgate, grpcgate). The
-// metrics of the chain count every admitted check as cancelled.
+// bound concurrency in the service itself (httpgate, grpcgate). Gates that
+// learn from completions without holding slots are not detected and learn
+// nothing true here either: a degradation ladder sees every request end at
+// once, a deadline gate learns no service time (it admits on what it
+// knew), a utilization shedder counting its own in-flight requests sees
+// none (give it a Source). The metrics of the chain count every admitted
+// check as cancelled.
 //
 // # gRPC requests
 //
