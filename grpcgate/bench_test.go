@@ -129,3 +129,9 @@ func BenchmarkLoopbackBareError(b *testing.B) {
 		return nil, status.Error(codes.ResourceExhausted, "request-rate: rate limit exceeded")
 	}))
 }
+
+// BenchmarkLoopbackAdmittedNoMetadata: admitted, without the RateLimit
+// trailer (Options.NoRateLimitMetadata).
+func BenchmarkLoopbackAdmittedNoMetadata(b *testing.B) {
+	benchLoopback(b, loopbackInterceptor(b, "1e9/s", 1e9, grpcgate.Options{NoRateLimitMetadata: true}))
+}
