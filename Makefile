@@ -35,7 +35,8 @@ bench:
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
 	$(GO) test -run '^$$' -bench . -count 10 ./grpcgate/... | (cd bench && $(GO) run ./ratio \
-		LoopbackAdmitted/LoopbackBare LoopbackRejected/LoopbackBareError LoopbackRejectedNoDetails/LoopbackBareError UnaryRejected/UnaryAdmitted)
+		LoopbackAdmitted/LoopbackBare LoopbackAdmittedNoMetadata/LoopbackBare LoopbackRejected/LoopbackBareError \
+		LoopbackRejectedNoDetails/LoopbackBareError UnaryRejected/UnaryAdmitted)
 
 # The main job: goodput under open-loop overload, with and without sluice.
 demo:
