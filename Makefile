@@ -8,12 +8,13 @@ GO ?= go
 # while another package saturates it.
 # The library (module github.com/sluice-go/sluice) and the tools (module
 # github.com/sluice-go/sluice/cmd: the CLI, demo and simulator) are tested in
-# one run through the workspace (go.work).
+# one run through the workspace (go.work), and so is the gRPC module
+# (github.com/sluice-go/sluice/grpcgate: interceptors, Envoy RLS, ext_authz).
 test: fmt vet
-	$(GO) test -race -count=1 -p 1 ./... ./cmd/...
+	$(GO) test -race -count=1 -p 1 ./... ./cmd/... ./grpcgate/...
 
 vet:
-	$(GO) vet ./... ./cmd/... ./bench/...
+	$(GO) vet ./... ./cmd/... ./bench/... ./grpcgate/...
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -33,6 +34,9 @@ bench:
 	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
+	$(GO) test -run '^$$' -bench . -count 10 ./grpcgate/... | (cd bench && $(GO) run ./ratio \
+		LoopbackAdmitted/LoopbackBare LoopbackAdmittedNoMetadata/LoopbackBare LoopbackRejected/LoopbackBareError \
+		LoopbackRejectedNoDetails/LoopbackBareError UnaryRejected/UnaryAdmitted)
 
 # nginx alone, nginx + sluice serve (auth_request) and sluice proxy in front
 # of one no-op application, wrk on loopback (Debian's nginx and wrk); see
