@@ -101,9 +101,9 @@ type GateOptions struct {
 // Bounds, with n processes, capacity C units/s, lease time L and refresh
 // interval R: the grants never sum above C (the allocator's invariant),
 // so the fleet admits at most C·T + Σ bursts = C·(T + Burst) in any window
-// T while the allocator keeps its state; after it loses its state it
-// confirms holdings for one lease time and hands out nothing new, so the
-// bound holds across a restart. The unused allocation is at most what the
+// T while every process spends a live grant; after the allocator lost its
+// state, and while some processes spend safe shares, see the package doc
+// (up to 2C, for bounded times). The unused allocation is at most what the
 // processes whose demand fell hold until their next refresh: at most C
 // for R. A process that stops frees its share within L (at once when it
 // closes its gate); a new process gets its fair share once the others
