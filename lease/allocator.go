@@ -32,10 +32,18 @@
 //     FailClosed it stays within C throughout. With the
 //     allocator unreachable a lease runs to its expiry and then the
 //     failure mode decides: FailSafe spends C ÷ (the clients last seen),
-//     so the fleet stays within C when every process saw the same clients
-//     (and within C·n/m when a process last saw m of them); a gate that
-//     never had an answer spends nothing (or SafeShare); FailOpen has no
-//     bound; FailClosed admits nothing.
+//     so the fleet stays within C while no process has a lease, when
+//     every process saw the same clients (and within C·n/m when a process
+//     last saw m of them). The safe shares come on top of the grants,
+//     though, while some processes spend them and the others hold leases:
+//     a process cut off alone, or around an outage the leases lapsing and
+//     coming back at different moments (the first back is granted its
+//     fair share of what the live holdings leave, up to its demand, while
+//     the others still spend their safe shares). Then the fleet can spend
+//     up to those safe shares more (at most 2C) for as long as that lasts:
+//     after an outage, until the last process has reached the allocator.
+//     A gate that never had an answer spends nothing (or SafeShare);
+//     FailOpen has no bound; FailClosed admits nothing.
 //   - Unused allocation: a process whose demand fell keeps its grant until
 //     its next refresh, so at most C stays unused for R; a stopped process
 //     holds its share for at most L (none after it gives the lease back).

@@ -18,13 +18,14 @@ import (
 // Bounds, with n processes, capacity C units/s, lease time L and refresh
 // interval R: the grants never sum above C (the allocator's invariant),
 // so the fleet admits at most C·T + Σ bursts = C·(T + Burst) in any window
-// T while the allocator keeps its state; after it lost its state, see the
-// package doc. The unused allocation is at most what the processes whose
-// demand fell hold until their next refresh: at most C for R. A process
-// that stops frees its share within L (at once when it closes its gate);
-// a new process gets its fair share once the others have refreshed,
-// within R of its first request. Rejections are reason policy_rate at
-// scope service, retryable when the bucket refills.
+// T while every process spends a live grant; after the allocator lost its
+// state, and while some processes spend safe shares, see the package doc
+// (up to 2C, for bounded times). The unused allocation is at most what the
+// processes whose demand fell hold until their next refresh: at most C
+// for R. A process that stops frees its share within L (at once when it
+// closes its gate); a new process gets its fair share once the others
+// have refreshed, within R of its first request. Rejections are reason
+// policy_rate at scope service, retryable when the bucket refills.
 // It is safe for concurrent use.
 type Gate struct {
 	holder

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -29,6 +31,7 @@ type breaker struct {
 	addr      string
 	open      atomic.Bool
 	openUntil atomic.Int64 // the clock.Instant before which no probe goes
+	closedAt  atomic.Int64 // the clock.Instant a probe last closed it
 	probing   atomic.Bool  // one probe at a time
 	offset    atomic.Int64 // µs
 	epoch     atomic.Int64 // local µs when the current offset estimate began
@@ -150,11 +153,36 @@ func (s *Store) confirm(b *breaker) {
 		return
 	}
 	for _, node := range nodes {
-		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
+		err := node.Do(ctx, node.B().Ping().Build()).Error()
+		if brokenConn(ctx, err) { // a stale connection: the retry dials a new one
+			err = node.Do(ctx, node.B().Ping().Build()).Error()
+		}
+		if err != nil {
 			s.trip(b)
 			return
 		}
 	}
+}
+
+// brokenConn reports whether err, from a call under ctx, is a connection
+// that broke (EOF, reset, refused) rather than a reply of Redis or a
+// timeout. After Redis restarted, each connection the client pooled while
+// it was away fails its first command so at once, and the client then
+// drops it: a retry dials a new one.
+func brokenConn(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	_, reply := rueidis.IsRedisErr(err)
+	return !reply
+}
+
+// justClosed reports whether a probe closed b less than a probe interval
+// ago: its node answered then, so a broken connection now is more likely
+// one the client pooled before a restart than a node that went away again.
+func (s *Store) justClosed(b *breaker) bool {
+	at := b.closedAt.Load()
+	return at != 0 && s.opts.Clock.Now() < clock.Instant(at).Add(s.opts.ProbeEvery)
 }
 
 // probe checks whether the node(s) behind an open b answer again and
@@ -178,16 +206,14 @@ func (s *Store) probe(b *breaker) {
 		return
 	}
 	var err error
-	srcs := append(sources[:len(sources):len(sources)], batchSources...)
 	for _, node := range nodes {
-		cmds := make(rueidis.Commands, len(srcs))
-		for i, src := range srcs {
-			cmds[i] = node.B().ScriptLoad().Script(src).Build()
+		if err = loadScripts(ctx, node); brokenConn(ctx, err) {
+			// A connection pooled before a restart fails at once; without
+			// the retry the breaker would wait another interval for nothing.
+			err = loadScripts(ctx, node)
 		}
-		for _, r := range node.DoMulti(ctx, cmds...) {
-			if err == nil {
-				err = r.Error()
-			}
+		if err != nil {
+			break
 		}
 	}
 	if err != nil {
@@ -195,8 +221,25 @@ func (s *Store) probe(b *breaker) {
 		s.reopen(b)
 		return
 	}
+	b.closedAt.Store(int64(s.opts.Clock.Now()))
 	b.open.Store(false)
 	s.journal.kick()
+}
+
+// loadScripts loads every script on node and returns the first error.
+func loadScripts(ctx context.Context, node rueidis.Client) error {
+	srcs := append(sources[:len(sources):len(sources)], batchSources...)
+	cmds := make(rueidis.Commands, len(srcs))
+	for i, src := range srcs {
+		cmds[i] = node.B().ScriptLoad().Script(src).Build()
+	}
+	var err error
+	for _, r := range node.DoMulti(ctx, cmds...) {
+		if err == nil {
+			err = r.Error()
+		}
+	}
+	return err
 }
 
 // breakerFor returns the breaker that guards key: its slot's master's on a

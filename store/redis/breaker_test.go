@@ -13,6 +13,8 @@ import (
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/internal/stall"
+	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 )
@@ -216,4 +218,50 @@ func TestBreakerProbesOncePerInterval(t *testing.T) {
 		_, _, err := lim.Take(ctx, "k", 0, 1, 0)
 		return err == nil
 	})
+}
+
+// After a quick Redis restart a store whose calls are sparse (a lease
+// gate's refreshes) decides on Redis again within one probe interval: the
+// client's pooled connections broke while Redis was away and each fails
+// its first command at once (EOF), the probe's as well as a decision's
+// after the probe closed the breaker; neither may cost another interval.
+func TestBreakerResumesWithinOneProbeAfterRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	const probe = 200 * time.Millisecond
+	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
+	ctx := context.Background()
+	meter := stall.Start()
+	defer meter.Stop()
+	for round := range 6 {
+		st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: time.Second, ProbeEvery: probe})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 20 { // use the client's connections
+			if _, err := st.Lease(ctx, "restart", a, lease.Request{Client: "c", Wants: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv.Restart()
+		back := time.Now()
+		meter.Reset()
+		tick := time.NewTicker(10 * time.Millisecond) // a sparse caller
+		for {
+			if _, err := st.Lease(ctx, "restart", a, lease.Request{Client: "c", Wants: 1}); err == nil {
+				break
+			}
+			if time.Since(back) > 10*time.Second {
+				t.Fatalf("round %d: no decision on Redis 10 s after the restart", round)
+			}
+			<-tick.C
+		}
+		tick.Stop()
+		took, stalled := time.Since(back), meter.Max()
+		st.Close()
+		t.Logf("round %d: deciding on Redis again %v after the restart", round, took.Round(time.Millisecond))
+		if took > probe+100*time.Millisecond+stalled {
+			t.Errorf("round %d: deciding on Redis again %v after the restart, more than one probe interval (%v) and the longest stall (%v)",
+				round, took, probe, stalled)
+		}
+	}
 }

@@ -29,11 +29,15 @@
 // at once without calling Redis, and a background probe (loading the
 // scripts) once per Options.ProbeEvery (default 1 s) closes it when Redis
 // answers again: normal decisions resume within one probe interval of
-// Redis returning. On a Cluster each master has its own breaker
-// (breaker.go, from CLUSTER SLOTS), so a dead master sends only its slots
-// to the failure policies. A caller's ended context and an error reply
-// about one key's data fail that decision alone. Gates turn ErrUnavailable
-// into their failure policy (fail_open, fail_closed, local_fallback).
+// Redis returning. (After a restart, each connection the client pooled
+// fails its first command at once: the probe retries once on a new one,
+// and a decision that fails so within an interval of the probe is checked
+// with a PING rather than reopening the breaker.) On a Cluster each master
+// has its own breaker (breaker.go, from CLUSTER SLOTS), so a dead master
+// sends only its slots to the failure policies. A caller's ended context
+// and an error reply about one key's data fail that decision alone. Gates
+// turn ErrUnavailable into their failure policy (fail_open, fail_closed,
+// local_fallback).
 //
 // New does not need Redis to be up: a store created while Redis is
 // unreachable answers ErrUnavailable and connects when a probe first
@@ -400,12 +404,21 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 // data, or the call came late (the caller's timeout already reported it);
 // a timeout starts a probe of the node, which opens b only if the node
 // does not answer it either; any other failure (connection refused, reset,
-// closed) opens b at once.
+// closed) opens b at once, unless a probe closed b less than an interval
+// ago: then it is checked like a timeout.
 func (s *Store) failed(ctx context.Context, b *breaker, err error) {
 	switch {
 	case ctx.Err() != nil, dataError(err), errors.Is(err, errLate):
 		return
 	case errors.Is(err, context.DeadlineExceeded):
+		s.failures.Add(1)
+		s.suspect(b)
+	case s.justClosed(b):
+		// A probe found the node less than an interval ago: a broken
+		// connection now is most likely one the client pooled before a
+		// restart (each fails its first command, and only the probe's was
+		// renewed). Check with a PING instead of opening for another
+		// interval; if the node is gone again, the PING fails and b opens.
 		s.failures.Add(1)
 		s.suspect(b)
 	default:
