@@ -175,7 +175,9 @@ func (w *specWriter) hierarchy() {
 			"until its next refresh (at most the budget for one refresh interval); after the allocator lost its state it confirms holdings " +
 			"for one lease time, and the holdings not yet confirmed may be spent again by safe shares until their holders refresh (at most " +
 			"2x for one refresh interval; none with on_failure: closed); with the allocator unreachable a lease runs to its expiry, then " +
-			"its on_failure decides (safe: budget / clients last seen each)"
+			"its on_failure decides (safe: budget / clients last seen each; safe shares come on top of the others' grants, so with one " +
+			"process cut off alone, or leases coming back at different moments after an outage, the fleet can spend up to 2x until the " +
+			"last is back)"
 	}
 	w.line("Maximum distributed overshoot or unused lease", "%s", bound)
 }
