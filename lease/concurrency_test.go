@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"pgregory.net/rapid"
@@ -165,6 +166,51 @@ func TestConcurrencyLeaseFleetNeverAboveCapacity(t *testing.T) {
 			if int64(total) > a.Capacity {
 				t.Fatalf("step %d: %d slots in flight across the fleet, budget %d", step, total, a.Capacity)
 			}
+		}
+	})
+}
+
+// A concurrency gate shut down while requests are still in flight gives
+// its lease back but for those slots: the allocator keeps them counted
+// until the holding expires, so another process is not granted slots the
+// draining one still holds.
+func TestConcurrencyLeaseDrainKeepsSlotsInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &lease.Local{}
+		a := lease.Allocator{Capacity: 10, Lease: time.Second, Refresh: 250 * time.Millisecond}
+		mk := func(client string) *lease.Concurrency {
+			g, err := lease.NewConcurrency("pool", lease.GateOptions{Budget: "pool", Client: client, Leaser: l, Allocator: a})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		g1, g2 := mk("p1"), mk("p2")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { g1.Run(ctx); close(done) }()
+		time.Sleep(10 * time.Millisecond) // learning: p1 spends its safe share of all 10
+		for range 4 {
+			if d, _ := g1.Decide(context.Background(), &sluice.Request{Cost: 1}, clock.System.Now()); !d.Admitted {
+				t.Fatalf("p1 rejected %+v", d)
+			}
+		}
+		time.Sleep(1500 * time.Millisecond) // past learning, the 4 still in flight
+		cancel()                            // p1 drains with 4 in flight
+		<-done
+		g2.Refresh(context.Background())
+		if got := g2.Lease(clock.System.Now()).Granted; got != 6 {
+			t.Fatalf("p2 granted %d beside p1's 4 draining, want 6", got)
+		}
+		for range 10 { // p2's demand: 10 at once (6 admitted)
+			g2.Decide(context.Background(), &sluice.Request{Cost: 1}, clock.System.Now())
+		}
+		time.Sleep(1100 * time.Millisecond) // p1's holding expires
+		g2.Refresh(context.Background())
+		// all it asks for: its peak of 7 (6 held and the one turned away)
+		// plus 10% headroom, rounded up; nothing is kept for p1 now
+		if got := g2.Lease(clock.System.Now()).Granted; got != 8 {
+			t.Fatalf("p2 granted %d after p1's holding expired, want 8", got)
 		}
 	})
 }

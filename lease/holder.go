@@ -233,7 +233,8 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 }
 
 // Run refreshes the lease until ctx ends, then gives it back (a graceful
-// shutdown frees the share at once). It refreshes every interval the
+// shutdown frees the share at once; a concurrency gate still draining
+// keeps only its slots in flight until its holding expires). It refreshes every interval the
 // allocator names, and early (but not within an eighth of the interval of
 // the last refresh) when requests are turned away for want of lease.
 func (h *holder) Run(ctx context.Context) {
@@ -244,8 +245,17 @@ func (h *holder) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			// Give the lease back; slots still in flight (a draining
+			// concurrency gate) stay counted as in use until the holding
+			// expires, so no other process is granted them meanwhile.
+			h.mu.Lock()
+			r := Request{Client: h.opts.Client, Release: true}
+			if n := h.inUse(); n > 0 {
+				r = Request{Client: h.opts.Client, InUse: n}
+			}
+			h.mu.Unlock()
 			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			h.opts.Leaser.Lease(rctx, h.opts.Budget, h.opts.Allocator, Request{Client: h.opts.Client, Release: true})
+			h.opts.Leaser.Lease(rctx, h.opts.Budget, h.opts.Allocator, r)
 			cancel()
 			return
 		case <-timer.C:
