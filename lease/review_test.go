@@ -1,0 +1,146 @@
+package lease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/lease"
+)
+
+// during is a Local leaser that runs hook inside the allocator call, before
+// the step: what the process does while its refresh is on the wire (a
+// Redis round trip), when the gate decides on its old grant.
+type during struct {
+	lease.Local
+	hook func(r lease.Request)
+}
+
+func (d *during) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	if h := d.hook; h != nil {
+		d.hook = nil
+		h(r)
+	}
+	return d.Local.Lease(ctx, budget, a, r)
+}
+
+func inFlight(gs ...*lease.Concurrency) int {
+	n := 0
+	for _, g := range gs {
+		_, in := g.ConcurrencyLimit()
+		n += in
+	}
+	return n
+}
+
+// A concurrency gate keeps deciding on its old grant while its refresh is
+// on the wire. It reports what it had in flight when the refresh left; the
+// slots it admits meanwhile are not in that report, so when the grant
+// shrinks the allocator hands them to another process: the fleet has more
+// in flight than the budget although every process reaches the allocator.
+func TestConcurrencyAdmitsDuringItsRefreshWithinBudget(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &during{Local: lease.Local{Clock: clk}}
+	a := lease.Allocator{Capacity: 10, Lease: time.Second, Refresh: 250 * time.Millisecond}
+	ga, gb := newConcurrency(t, clk, l, "a", a), newConcurrency(t, clk, l, "b", a)
+	ctx := context.Background()
+	ga.Refresh(ctx) // learning; a spends its safe share of 10
+	var early []*sluice.Request
+	for range 10 { // demand on a: 10 at once, then ended
+		r := &sluice.Request{Cost: 1}
+		if d, _ := ga.Decide(ctx, r, clk.Now()); d.Admitted {
+			early = append(early, r)
+		}
+	}
+	for _, r := range early {
+		ga.Release(r, 1, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * time.Millisecond})
+	}
+	clk.Advance(1100 * time.Millisecond) // past learning
+	ga.Refresh(ctx)
+	if got := ga.Lease(clk.Now()).Granted; got != 10 {
+		t.Fatalf("a granted %d, want all 10", got)
+	}
+	gb.Refresh(ctx) // b: nothing while a holds 10
+	for range 3 {   // b's demand, turned away
+		gb.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+	}
+	clk.Advance(250 * time.Millisecond)
+	// a's demand fell, so its refresh asks for little; while the refresh
+	// is on the wire, ten requests arrive and a admits them on its live
+	// grant of 10
+	var held []*sluice.Request
+	l.hook = func(lease.Request) {
+		for range 10 {
+			r := &sluice.Request{Cost: 1}
+			if d, _ := ga.Decide(ctx, r, clk.Now()); d.Admitted {
+				held = append(held, r)
+			}
+		}
+	}
+	ga.Refresh(ctx)
+	gb.Refresh(ctx)
+	for range 10 {
+		gb.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+	}
+	if n := inFlight(ga, gb); n > 10 {
+		t.Fatalf("%d slots in flight on a budget of 10 (a %d admitted during its refresh, a granted %d, b granted %d)",
+			n, len(held), ga.Lease(clk.Now()).Granted, gb.Lease(clk.Now()).Granted)
+	}
+}
+
+// A new concurrency budget is shared by the processes that use it within
+// two rounds of learning refreshes (package doc). A process spending its
+// safe share with slots in flight has them counted twice by the allocator
+// (as in use and as its safe share), so the other process is told a safe
+// share of nothing for the whole learning period, with half the budget
+// idle.
+func TestConcurrencyLearningSharesANewBudget(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	a := lease.Allocator{Capacity: 10, Lease: 10 * time.Second, Refresh: 2500 * time.Millisecond}
+	ga, gb := newConcurrency(t, clk, l, "a", a), newConcurrency(t, clk, l, "b", a)
+	ctx := context.Background()
+	ga.Refresh(ctx)
+	for range 5 { // a holds 5 of its safe share of 10
+		if d, _ := ga.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now()); !d.Admitted {
+			t.Fatalf("a rejected %+v", d)
+		}
+	}
+	for range 8 { // four rounds of learning refreshes (R/16 each), well within the 10 s learning
+		clk.Advance(200 * time.Millisecond)
+		ga.Refresh(ctx)
+		gb.Refresh(ctx)
+		gb.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now()) // b's demand
+	}
+	if lim, _ := gb.ConcurrencyLimit(); lim == 0 {
+		limA, inA := ga.ConcurrencyLimit()
+		t.Fatalf("b may hold nothing of 10 while a holds %d (a's limit %d)", inA, limA)
+	}
+}
+
+// A gate whose Run ended has given its lease back, and the allocator
+// grants the share to the others at once; the gate must not go on
+// spending the grant it gave back.
+func TestGateStopsSpendingTheLeaseItGaveBack(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	a := lease.Allocator{Capacity: 10, Lease: time.Second, Refresh: 250 * time.Millisecond}
+	g1, g2 := newConcurrency(t, clk, l, "p1", a), newConcurrency(t, clk, l, "p2", a)
+	ctx := context.Background()
+	g1.Refresh(ctx)
+	clk.Advance(1100 * time.Millisecond)
+	g1.Refresh(ctx) // p1 holds all 10
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	g1.Run(stopped) // shut down with nothing in flight: the lease goes back
+	g2.Refresh(ctx) // p2 is granted the 10
+	for range 10 {
+		g1.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+		g2.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+	}
+	if n := inFlight(g1, g2); n > 10 {
+		t.Fatalf("%d in flight on a budget of 10 after p1 gave its lease back (p1 still spends %d)", n, g1.Lease(clk.Now()).Spending)
+	}
+}
