@@ -116,7 +116,8 @@ type Holding struct {
 	Expiry clock.Instant // when the grant lapses
 	// Spare is what a client that holds nothing was told it may spend as
 	// its safe share while the allocator learns (Grant.Safe); it counts
-	// against the room until the client's next step.
+	// against the room until the client's next step (beyond what the
+	// client has in use, which it spends within its safe share).
 	Spare int64
 	// InUse is what the client reported in use at its last step (the
 	// slots of a concurrency budget in flight): until it steps again it
@@ -201,11 +202,18 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		st.Holdings = append(st.Holdings, Holding{Client: r.Client})
 		i = len(st.Holdings) - 1
 	}
-	held, spared := int64(0), int64(0) // what the others keep, and their safe shares
+	// what the others keep (their grants or slots in use), what their
+	// safe shares add to that (a client spending its safe share has its
+	// slots in flight within it: counted once), and what the confirmed
+	// holders keep
+	held, spared, kept := int64(0), int64(0), int64(0)
 	for j, h := range st.Holdings {
 		if j != i {
 			held += h.taken()
-			spared += h.Spare
+			spared += max(h.Spare-h.taken(), 0)
+			if h.Has > 0 {
+				kept += h.taken()
+			}
 		}
 	}
 	h := &st.Holdings[i]
@@ -228,7 +236,7 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 				empty = append(empty, o)
 			}
 		}
-		h.Spare = min(FairShares(max(a.Capacity-held, 0), empty)[r.Client], max(a.Capacity-held-spared, 0))
+		h.Spare = min(FairShares(max(a.Capacity-kept, 0), empty)[r.Client], max(a.Capacity-held-spared, 0))
 		g.Safe = h.Spare
 	}
 	h.Expiry = now.Add(a.Lease)

@@ -2,12 +2,17 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/redistest"
@@ -118,5 +123,81 @@ func TestLeaseExpiryDatesFromTheCall(t *testing.T) {
 	}
 	if over := g.Expiry.Sub(sent) - a.Lease; over > 50*time.Millisecond {
 		t.Fatalf("the grant expires %v past one lease time from the call (replies %v late): it outlives the allocator's holding", over, delay)
+	}
+}
+
+// The twin agrees with the Go step near MaxCapacity too (sums of up to
+// eight holdings of 2^50 units), and on client names that sort differently
+// by case, digits and punctuation.
+func TestLeaseTwinMatchesTheStepNearMaxCapacity(t *testing.T) {
+	st := leaseStore(t)
+	ctx := context.Background()
+	names := []string{"a", "B", "a-1", "a1", "Z_", "z", "é", "A"}
+	n := 0
+	rapid.Check(t, func(t *rapid.T) {
+		n++
+		budget := fmt.Sprint("twin-max-", n)
+		a := lease.Allocator{Capacity: rapid.Int64Range(lease.MaxCapacity-1000, lease.MaxCapacity).Draw(t, "capacity"),
+			Lease: time.Duration(rapid.Int64Range(1, 10_000_000).Draw(t, "leaseUs")) * time.Microsecond}
+		var state lease.State
+		nowUS := rapid.Int64Range(1, 1<<50).Draw(t, "t0")
+		for i, steps := 0, rapid.IntRange(1, 40).Draw(t, "steps"); i < steps; i++ {
+			nowUS += rapid.Int64Range(0, a.Lease.Microseconds()).Draw(t, "gapUs")
+			units := func(label string) int64 {
+				return rapid.OneOf(rapid.Int64Range(0, 3), rapid.Int64Range(a.Capacity/8-3, a.Capacity/8+3),
+					rapid.Int64Range(a.Capacity-3, a.Capacity+3)).Draw(t, label)
+			}
+			r := lease.Request{Client: names[rapid.IntRange(0, len(names)-1).Draw(t, "client")],
+				Wants: units("wants"), Has: units("has"), InUse: units("inuse") * int64(rapid.IntRange(0, 1).Draw(t, "concurrency")),
+				Release: rapid.IntRange(0, 9).Draw(t, "release") == 0}
+			want := a.Step(&state, r, clock.Instant(nowUS*1000))
+			got, expiry, err := st.leaseAt(ctx, budget, a, r, nowUS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Has != want.Has || got.Learning != want.Learning || (!r.Release && (got.Safe != want.Safe || got.Clients != want.Clients || expiry*1000 != int64(want.Expiry))) {
+				t.Fatalf("step %d %+v: Redis %+v (expiry %d us), Go %+v", i, r, got, expiry, want)
+			}
+		}
+	})
+}
+
+// Redis sets LC_COLLATE from its environment, and its Lua compares strings
+// with strcoll: on a server started in a UTF-8 locale such as en_US, "a"
+// sorts before "B". The Go step orders clients by bytes, so the units a
+// max-min round leaves over went to different clients on such a server.
+func TestLeaseTwinOrdersClientsByBytesInAnyLocale(t *testing.T) {
+	if _, err := exec.LookPath("localedef"); err != nil {
+		t.Skip("localedef not installed")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("localedef", "-i", "en_US", "-f", "UTF-8", filepath.Join(dir, "en_US.UTF-8")).CombinedOutput(); err != nil {
+		t.Skipf("cannot build the en_US.UTF-8 locale: %v %s", err, out)
+	}
+	t.Setenv("LOCPATH", dir)
+	t.Setenv("LC_ALL", "en_US.UTF-8")
+	st := leaseStore(t)
+	ctx := context.Background()
+	a := lease.Allocator{Capacity: 3, Lease: 10 * time.Second}
+	t0 := int64(1_000_000_000_000)
+	var state lease.State
+	for i, r := range []lease.Request{
+		{Client: "x", Release: true},    // the budget starts learning
+		{Client: "a", Wants: 2},         // past learning (below)
+		{Client: "B", Wants: 2},         // max-min of 3 over two wants of 2: one unit left over, to the first client
+		{Client: "a", Wants: 2, Has: 1}, // a's share now
+	} {
+		now := t0
+		if i > 0 {
+			now = t0 + 11_000_000 + int64(i)
+		}
+		want := a.Step(&state, r, clock.Instant(now*1000))
+		got, _, err := st.leaseAt(ctx, "order", a, r, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Has != want.Has {
+			t.Fatalf("step %d %+v: Redis granted %d, the Go step %d", i, r, got.Has, want.Has)
+		}
 	}
 }

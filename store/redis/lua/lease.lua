@@ -1,7 +1,7 @@
 -- Lease allocation: the Redis twin of lease.Allocator.Step. KEYS[1] is a
 -- hash: field "learn" holds the end of the learning period (us), and one
 -- field "c:<client>" per holding, "has wants expiry spare inuse" (whole
--- units, us).
+-- units, us; a holding without "inuse", of the previous format, has none).
 -- ARGV: 1 now override (us), 2 op ("take" | "release"), 3 client,
 --       4 "wants has inuse", 5 packed doubles: capacity, lease (us).
 -- Reply: {live holdings (this one included; 0 for a release), grant,
@@ -30,6 +30,10 @@ for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
   if string.sub(f, 1, 2) == 'c:' then
     local h, w, e, s, u = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if not h then -- the format before "inuse" (a process not yet upgraded): nothing in use
+      h, w, e, s = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
+      if h then u = '0' end
+    end
     h, w, e, s, u = tonumber(h), tonumber(w), tonumber(e), tonumber(s), tonumber(u)
     if not u or e <= now then
       redis.call('HDEL', key, f)
@@ -53,12 +57,26 @@ end
 wants = math.min(wants, capacity)
 mine = {client = client, has = 0, wants = wants, spare = 0, inuse = math.min(inuse, capacity)}
 table.insert(holdings, mine)
-table.sort(holdings, function(a, b) return a.client < b.client end)
+-- in byte order, as the Go step sorts: Lua's < compares with strcoll, in
+-- the collation of the locale Redis was started in
+local function before(x, y)
+  for i = 1, math.min(#x, #y) do
+    local p, q = string.byte(x, i), string.byte(y, i)
+    if p ~= q then return p < q end
+  end
+  return #x < #y
+end
+table.sort(holdings, function(a, b) return before(a.client, b.client) end)
 -- what the others keep (their grants, or what they reported in use when
--- more), and their safe shares
-local held, spared = 0, 0
+-- more), what their safe shares add to that, and what the confirmed
+-- holders keep
+local held, spared, kept = 0, 0, 0
 for _, h in ipairs(holdings) do
-  if h ~= mine then held, spared = held + math.max(h.has, h.inuse), spared + h.spare end
+  if h ~= mine then
+    local t = math.max(h.has, h.inuse)
+    held, spared = held + t, spared + math.max(h.spare - t, 0)
+    if h.has > 0 then kept = kept + t end
+  end
 end
 
 -- max-min on whole units between hs' wants: equal rounds, then one unit
@@ -102,7 +120,7 @@ else
     for _, h in ipairs(holdings) do
       if h.has == 0 then table.insert(empty, h) end
     end
-    mine.spare = math.min(fair_share(math.max(capacity - held, 0), empty), math.max(capacity - held - spared, 0))
+    mine.spare = math.min(fair_share(math.max(capacity - kept, 0), empty), math.max(capacity - held - spared, 0))
     safe = mine.spare
   end
 end
