@@ -22,7 +22,9 @@ var leaseScript = rueidis.NewLuaScript(preludeLua + commonLua + leaseLua)
 // one hash, so the step is one atomic script on standalone Redis and on a
 // Cluster. The hash expires after two lease times or 10 minutes of Redis'
 // time without a call, whichever is longer: then the next call learns, as
-// after a restart. The grant's expiry is on the caller's clock. A call that Redis
+// after a restart. The grant's expiry is on the caller's clock (clock.System),
+// one lease time after the call was sent: the step runs later, so the
+// grant never outlives its holding by the reply's latency. A call that Redis
 // reaches after its timeout does nothing. The error wraps
 // store.ErrUnavailable when Redis cannot be reached.
 func (s *Store) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
@@ -43,6 +45,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	args := []string{strconv.FormatInt(nowUS, 10), op, r.Client,
 		strconv.FormatInt(max(r.Wants, 0), 10) + " " + strconv.FormatInt(max(r.Has, 0), 10) + " " + strconv.FormatInt(max(r.InUse, 0), 10),
 		packDoubles(a.Capacity, a.Lease.Microseconds()), "0"}
+	sent := clock.Now() // Redis runs the step after this: the grant lapses no later on the caller's clock
 	v, _, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
 	if err != nil {
 		return lease.Grant{}, 0, err
@@ -57,7 +60,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	}
 	var expiry int64 // on Redis' clock, when the test named it
 	if !r.Release {
-		g.Expiry = clock.Now().Add(a.Lease.Truncate(time.Microsecond))
+		g.Expiry = sent.Add(a.Lease.Truncate(time.Microsecond))
 		expiry = nowUS + a.Lease.Microseconds()
 	}
 	return g, expiry, nil
