@@ -21,7 +21,10 @@ import (
 // time, plus Headroom. It reports what it has in flight with every
 // refresh, and the allocator counts that against the others' room while
 // it is more than the grant, so a grant that shrank below the work in
-// flight does not let the others take the slots still held.
+// flight does not let the others take the slots still held. Since it
+// admits on its old grant until the answer comes, it reports at least that
+// grant as in use: a grant shrinks one refresh later (the unused
+// allocation of a concurrency budget is at most C for 2R).
 //
 // Bounds, with capacity C slots: while every process reaches the
 // allocator and it keeps its state, the fleet never has more than C in
@@ -43,6 +46,9 @@ type Concurrency struct {
 	holds         int64
 	meanHold      time.Duration // of the last interval with completions
 	demandAt      clock.Instant
+	// pred is the gate g Continues: its requests still in flight count
+	// as g's until they end.
+	pred *Concurrency
 }
 
 var (
@@ -59,19 +65,54 @@ func NewConcurrency(name string, opts GateOptions) (*Concurrency, error) {
 		return nil, err
 	}
 	g := &Concurrency{name: name, demandAt: opts.Clock.Now()}
-	g.holder = holder{opts: opts, short: make(chan struct{}, 1), wants: g.wantsLocked,
-		inUse: func() int64 { return g.inflight },
+	g.holder = holder{opts: opts, short: make(chan struct{}, 1), wants: g.wantsLocked, reserve: true,
+		inUse: g.inFlightLocked,
 		change: func(now clock.Instant) {
 			if g.holds > 0 {
 				g.meanHold = g.holdSum / time.Duration(g.holds)
 			}
-			g.peak, g.offered, g.holdSum, g.holds, g.demandAt = g.inflight, 0, 0, 0, now
+			g.peak, g.offered, g.holdSum, g.holds, g.demandAt = g.inFlightLocked(), 0, 0, 0, now
 		}}
 	return g, nil
 }
 
 // Name returns the gate's name.
 func (g *Concurrency) Name() string { return g.name }
+
+// Continue makes g the successor of old, the gate of the same budget and
+// client that g replaces (a policy reload): old's requests still in flight
+// count as g's until they end, and when old's Run ends, old hands its lease
+// over to g (g spends it until its own first refresh) instead of giving it
+// back, and spends it no more. Call it before either Run ends.
+func (g *Concurrency) Continue(old *Concurrency) {
+	if old == nil || old == g {
+		return
+	}
+	g.mu.Lock()
+	g.pred = old
+	g.mu.Unlock()
+	old.mu.Lock()
+	old.successor = &g.holder
+	old.mu.Unlock()
+}
+
+// inFlightLocked is what the gate has in flight: its own slots and those
+// its predecessors still hold (a predecessor whose lease ended with none
+// left is dropped). Locks go from a gate to its predecessor, never back.
+// REQUIRES: g.mu held.
+func (g *Concurrency) inFlightLocked() int64 {
+	n := g.inflight
+	if p := g.pred; p != nil {
+		p.mu.Lock()
+		m, over := p.inFlightLocked(), p.over
+		p.mu.Unlock()
+		if m == 0 && over {
+			g.pred = nil
+		}
+		n += m
+	}
+	return n
+}
 
 // wantsLocked is the concurrency the gate asks for. REQUIRES: g.mu held.
 func (g *Concurrency) wantsLocked(now clock.Instant, first bool) int64 {
@@ -104,8 +145,9 @@ func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now clock.I
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.offered += n
-	g.peak = max(g.peak, g.inflight+n)
-	if lim := g.limitLocked(now); lim >= 0 && g.inflight+n > lim {
+	in := g.inFlightLocked()
+	g.peak = max(g.peak, in+n)
+	if lim := g.limitLocked(now); lim >= 0 && in+n > lim {
 		g.shortLocked()
 		return sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
 			Retryable: true, RetryAfter: g.opts.RetryHint}, 0
@@ -142,7 +184,7 @@ func (g *Concurrency) ConcurrencyLimit() (limit, inFlight int) {
 	if lim < 0 {
 		lim = g.opts.Allocator.Capacity
 	}
-	return int(min(lim, math.MaxInt32)), int(g.inflight)
+	return int(min(lim, math.MaxInt32)), int(g.inFlightLocked())
 }
 
 // Lease returns the budget, the grant and the fleet's bounds: no slot in
@@ -161,6 +203,6 @@ func (g *Concurrency) ReportState(now clock.Instant) any {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	st := g.stateLocked(now)
-	st.InFlight = g.inflight
+	st.InFlight = g.inFlightLocked()
 	return st
 }

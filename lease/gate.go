@@ -74,6 +74,19 @@ func NewGate(name string, opts GateOptions) (*Gate, error) {
 // Name returns the gate's name.
 func (g *Gate) Name() string { return g.name }
 
+// Continue makes g the successor of old, the gate of the same budget and
+// client that g replaces (a policy reload): when old's Run ends, old hands
+// its lease over to g (g spends it until its own first refresh) instead of
+// giving it back, and spends it no more. Call it before either Run ends.
+func (g *Gate) Continue(old *Gate) {
+	if old == nil || old == g {
+		return
+	}
+	old.mu.Lock()
+	old.successor = &g.holder
+	old.mu.Unlock()
+}
+
 // wantsLocked is the rate the gate asks for: its offered rate since the
 // last refresh plus the headroom; before any grant, the whole capacity
 // (the fair share decides). REQUIRES: g.mu held.
@@ -93,11 +106,12 @@ func (g *Gate) fillLocked(now clock.Instant, rate int64) {
 	}
 	g.last = max(g.last, now)
 	size := max(rate*int64(g.opts.Burst), nano)
-	if rate > 0 {
-		elapsed = min(elapsed, size/rate+1)
-		g.tokens = min(g.tokens+elapsed*rate, size)
+	if rate <= 0 { // nothing to spend: not even what the bucket held at a rate before
+		g.tokens = 0
+		return
 	}
-	g.tokens = min(g.tokens, size)
+	elapsed = min(elapsed, size/rate+1)
+	g.tokens = min(g.tokens+elapsed*rate, size)
 }
 
 // Decide takes r's cost from the local bucket.

@@ -151,6 +151,17 @@ type holder struct {
 	// request away for want of lease.
 	next, early clock.Instant
 	wanting     bool
+	// asked reports a grant of the gate's own asking (not one it took
+	// over from the gate it succeeded): its first refresh asks for the
+	// capacity.
+	asked bool
+	// reserve reports in use what the gate may spend until the answer
+	// comes (a concurrency gate admits on its old grant meanwhile).
+	reserve bool
+	// successor, set by Continue, takes the lease over when Run ends;
+	// over is set then: the gate spends no lease any more.
+	successor *holder
+	over      bool
 
 	// The gate's part, called with mu held: what it would use (from its
 	// demand since the last refresh; first is true before any grant),
@@ -216,9 +227,16 @@ func (h *holder) inline(ctx context.Context, now clock.Instant) {
 func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	now := h.opts.Clock.Now()
 	h.mu.Lock()
-	r := Request{Client: h.opts.Client, Wants: h.wants(now, !h.granted), InUse: h.inUse()}
+	r := Request{Client: h.opts.Client, Wants: h.wants(now, !h.asked), InUse: h.inUse()}
 	if h.liveLocked(now) {
 		r.Has = h.grant
+	}
+	if lim := h.limitLocked(now); h.reserve && lim > r.InUse {
+		// Until the answer applies the gate admits up to lim: the slots
+		// it takes meanwhile are not in its in-flight count, so the
+		// allocator must keep them from the others (a grant shrinks one
+		// refresh later).
+		r.InUse = lim
 	}
 	h.mu.Unlock()
 	grant, err := h.opts.Leaser.Lease(ctx, h.opts.Budget, h.opts.Allocator, r)
@@ -227,14 +245,41 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	}
 	h.mu.Lock()
 	h.change(now)
-	h.grant, h.expiry, h.granted, h.learning, h.safe = grant.Has, grant.Expiry, true, grant.Learning, grant.Safe
+	h.grant, h.expiry, h.granted, h.learning, h.safe, h.asked, h.over = grant.Has, grant.Expiry, true, grant.Learning, grant.Safe, true, false
 	h.mu.Unlock()
 	return grant.Refresh, nil
 }
 
+// inherit takes over the lease of the gate h succeeds (its Run ended), unless h
+// has an answer of its own already.
+func (h *holder) inherit(grant int64, expiry clock.Instant, learning bool, safe int64) {
+	now := h.opts.Clock.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.granted {
+		return
+	}
+	h.change(now)
+	h.grant, h.expiry, h.granted, h.learning, h.safe = grant, expiry, true, learning, safe
+}
+
+// stopLocked ends h's lease in this process: a lease given back or handed
+// over is not spent any more (the failure mode decides, without the
+// allocator's safe share). It returns the lease as it was and the
+// successor to hand it to. REQUIRES: h.mu held.
+func (h *holder) stopLocked(now clock.Instant) (grant int64, expiry clock.Instant, granted, learning bool, safe int64, to *holder) {
+	grant, expiry, granted, learning, safe, to = h.grant, h.expiry, h.granted, h.learning, h.safe, h.successor
+	h.change(now)
+	h.expiry, h.safe, h.over = now, 0, true
+	return grant, expiry, granted, learning, safe, to
+}
+
 // Run refreshes the lease until ctx ends, then gives it back (a graceful
 // shutdown frees the share at once; a concurrency gate still draining
-// keeps only its slots in flight until its holding expires). It refreshes every interval the
+// keeps only its slots in flight until its holding expires), or hands it
+// over to the gate that Continues it; either way the gate spends the lease
+// no more (its failure mode decides, without the allocator's safe share),
+// until a new Run's refresh. It refreshes every interval the
 // allocator names, and early (but not within an eighth of the interval of
 // the last refresh) when requests are turned away for want of lease.
 func (h *holder) Run(ctx context.Context) {
@@ -245,15 +290,24 @@ func (h *holder) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			// Give the lease back; slots still in flight (a draining
-			// concurrency gate) stay counted as in use until the holding
-			// expires, so no other process is granted them meanwhile.
+			// Stop spending the lease, and hand it over to the successor
+			// (Continue) or give it back; slots still in flight (a
+			// draining concurrency gate) stay counted as in use until the
+			// holding expires, so no other process is granted them
+			// meanwhile.
 			h.mu.Lock()
+			grant, expiry, granted, learning, safe, to := h.stopLocked(h.opts.Clock.Now())
 			r := Request{Client: h.opts.Client, Release: true}
 			if n := h.inUse(); n > 0 {
 				r = Request{Client: h.opts.Client, InUse: n}
 			}
 			h.mu.Unlock()
+			if to != nil {
+				if granted {
+					to.inherit(grant, expiry, learning, safe)
+				}
+				return
+			}
 			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			h.opts.Leaser.Lease(rctx, h.opts.Budget, h.opts.Allocator, r)
 			cancel()
