@@ -53,6 +53,9 @@ type Runtime struct {
 	// from its state: the requests still in flight hold its permits.
 	retired map[string]retiredGate
 	redis   *redisConn // the Redis store, when the backend is redis
+	// local allocates the leases on the memory backend; a reload keeps it,
+	// so a rebuilt lease gate continues from its predecessor's holding.
+	local *lease.Local
 }
 
 // retiredGate is a dropped gate and when it was dropped.
@@ -94,6 +97,11 @@ type builtGate struct {
 	state  any    // the in-memory state the gate decides on (*memory.Keyed), or nil
 	stop   func() // ends the gate's background loop, and waits for it (nil: none)
 	looped bool   // the gate has a background loop (stopped once stop is nil)
+	// of a gate this build made: its loop, started once the build is
+	// sure (after the gates it replaces stopped), and what makes it the
+	// successor of the gate it replaces (lease.Gate.Continue)
+	run      func(ctx context.Context)
+	handover func()
 }
 
 // start runs fn until the returned stop is called; stop waits for fn.
@@ -116,6 +124,12 @@ type builder struct {
 	// run, set by the kind, is the gate's background loop (a lease's
 	// refreshes): the runtime runs it while the gate serves.
 	run func(ctx context.Context)
+	// prevGate is the gate of the previous build with the same state key
+	// that this one replaces while its loop still runs, or nil; handover,
+	// set by the kind, makes the new gate its successor.
+	prevGate sluice.Gate
+	handover func()
+	local    *lease.Local // the runtime's in-process allocator (memory backend)
 }
 
 // gateOptions returns the options of the gate package's gates. The memory
@@ -143,13 +157,17 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	if err := rt.openStore(prev); err != nil {
 		return nil, err
 	}
+	if prev != nil && prev.local != nil {
+		rt.local = prev.local
+	} else {
+		rt.local = &lease.Local{Clock: opts.Clock}
+	}
 	gates := make([]sluice.Gate, 0, len(f.Gates))
 	modes := map[string]sluice.Mode{}
 	for i := range f.Gates {
 		g := &f.Gates[i]
 		bg, err := rt.build(g, prev, opts)
-		if err != nil {
-			rt.stopNew(prev) // the loops this build started
+		if err != nil { // no loop of this build has started, no gate of prev was touched
 			c := &checker{file: f, g: g, path: fmt.Sprintf("gates[%d]", i)}
 			c.fail(err)
 			return nil, c.errs
@@ -158,31 +176,30 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 		gates = append(gates, bg.g)
 		modes[g.Name] = g.Mode
 	}
-	rt.retire(prev)
 	bindQueue(gates)
 	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: opts.Clock, Observer: opts.Observer, Modes: modes}, gates...)
 	if err != nil {
 		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error(), Err: err}
 	}
+	// The build is sure: the new lease gates succeed the ones they replace,
+	// whose loops then stop (handing their leases over, or giving them
+	// back) before the new loops start, so that the holdings of one client
+	// name never have two gates refreshing them.
+	for _, bg := range rt.gates {
+		if bg.handover != nil && bg.stop == nil {
+			bg.handover()
+		}
+	}
+	rt.retire(prev)
+	for name, bg := range rt.gates {
+		if bg.run != nil && bg.stop == nil {
+			bg.stop, bg.looped = start(bg.run), true
+			rt.gates[name] = bg
+		}
+	}
 	rt.Chain = chain
 	rt.Rules = f.rules()
 	return rt, nil
-}
-
-// stopNew stops the background loops of the gates rt built itself (not
-// those it took over from prev), after a failed build.
-func (rt *Runtime) stopNew(prev *Runtime) {
-	for name, g := range rt.gates {
-		if g.stop == nil {
-			continue
-		}
-		if prev != nil {
-			if o, ok := prev.gates[name]; ok && o.g == g.g {
-				continue
-			}
-		}
-		g.stop()
-	}
 }
 
 // bindQueue gives every deadline gate its Q: the predicted wait of the
@@ -247,12 +264,15 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	if old != nil && old.fp == fp && !(old.looped && old.stop == nil) {
 		return *old, nil // (a retired gate whose loop ended is built anew)
 	}
-	b := &builder{g: g, store: rt.File.Store, opts: opts}
+	b := &builder{g: g, store: rt.File.Store, opts: opts, local: rt.local}
 	if rt.redis != nil {
 		b.redis = rt.redis.st
 	}
 	if old != nil && old.sk == sk {
 		b.prev = old.state
+		if old.stop != nil {
+			b.prevGate = old.g
+		}
 	}
 	built, err := g.params.build(b)
 	if err != nil {
@@ -261,11 +281,7 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	if len(g.Classes) > 0 {
 		built = gate.ForClasses(built, g.Classes)
 	}
-	bg := builtGate{fp: fp, sk: sk, g: built, state: b.state}
-	if b.run != nil {
-		bg.stop, bg.looped = start(b.run), true
-	}
-	return bg, nil
+	return builtGate{fp: fp, sk: sk, g: built, state: b.state, run: b.run, handover: b.handover}, nil
 }
 
 // retire keeps the gates of prev that rt dropped, and prev's own retired

@@ -132,6 +132,9 @@ func (l *leaseSettings) build(b *builder, rate limit.Rate, burst int64) (sluice.
 	}
 	if !o.Inline {
 		b.run = g.Run
+		if old, ok := sluice.As[*lease.Gate](b.prevGate); ok {
+			b.handover = func() { g.Continue(old) }
+		}
 	}
 	return g, nil
 }
@@ -151,16 +154,20 @@ func (l *leaseSettings) buildSlots(b *builder, limit int64, weighted bool) (*lea
 	}
 	if !o.Inline {
 		b.run = g.Run
+		if old, ok := sluice.As[*lease.Concurrency](b.prevGate); ok {
+			b.handover = func() { g.Continue(old) }
+		}
 	}
 	return g, nil
 }
 
 // options are a lease gate's options for a. On the memory backend the
-// budget is this process's alone, with an in-process allocator;
+// budget is this process's alone, with the runtime's in-process allocator
+// (kept across reloads);
 // Options.Leaser shares one between runtimes (the simulator's processes),
 // and on a virtual clock the gate refreshes as it decides.
 func (l *leaseSettings) options(b *builder, a lease.Allocator) lease.GateOptions {
-	var leaser lease.Leaser = &lease.Local{Clock: b.opts.Clock}
+	var leaser lease.Leaser = b.local
 	switch {
 	case b.opts.Leaser != nil:
 		leaser = b.opts.Leaser
