@@ -144,3 +144,21 @@ func TestGateStopsSpendingTheLeaseItGaveBack(t *testing.T) {
 		t.Fatalf("%d in flight on a budget of 10 after p1 gave its lease back (p1 still spends %d)", n, g1.Lease(clk.Now()).Spending)
 	}
 }
+
+// FailClosed admits nothing once the lease lapsed: not even the one unit
+// the bucket kept from the grant it spent before (a bucket at rate 0 still
+// held up to one unit).
+func TestGateFailClosedAdmitsNothingAfterTheLapse(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	g := newGate(t, clk, l, lease.FailClosed, 0)
+	g.Refresh(context.Background())
+	offer(g, clk, 2000, 1100*time.Millisecond) // demand, while learning (nothing admitted)
+	g.Refresh(context.Background())            // past learning: 1,000/s
+	clk.Advance(50 * time.Millisecond)
+	g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now()) // the bucket fills (50 units)
+	clk.Advance(2 * time.Second)                                        // lapsed, unrefreshed
+	if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now()); d.Admitted {
+		t.Fatal("FailClosed admitted a request after the lease lapsed")
+	}
+}
