@@ -209,7 +209,7 @@ func TestEnvoyExampleFitsServe(t *testing.T) {
 			t.Errorf("the Envoy example does not send %s", h)
 		}
 	}
-	for _, want := range []string{"path_prefix: " + ExtAuthzPrefix + "\n", "port_value: 8081", "uri: http://127.0.0.1:8081"} {
+	for _, want := range []string{"path_prefix: " + ExtAuthzPrefix + "\n", "port_value: 8080", "uri: http://127.0.0.1:8080"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("the Envoy example has no %q", want)
 		}
