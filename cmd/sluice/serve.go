@@ -32,6 +32,7 @@ type serveFlags struct {
 	config, listen, http, admin, adminToken string
 	methodHeader, uriHeader                 string
 	redis                                   []string
+	redisPrefix                             string
 	redisTimeout                            time.Duration
 	onFailure, headers                      string
 	shadow                                  bool
@@ -89,6 +90,7 @@ func serveCmd() *cobra.Command {
 	fl.StringVar(&f.methodHeader, "method-header", "X-Original-Method", "policy only: header with the original method at "+serve.DecidePath)
 	fl.StringVar(&f.uriHeader, "uri-header", "X-Original-URI", "policy only: header with the original request URI at "+serve.DecidePath)
 	fl.StringSliceVar(&f.redis, "redis", nil, "rate limit configuration only: Redis address(es) for the counters, host:port[,host:port...]: one server, or any nodes of a Redis Cluster (discovered); default: in memory")
+	fl.StringVar(&f.redisPrefix, "redis-prefix", "sluice", "rate limit configuration only: the first part of every Redis key")
 	fl.DurationVar(&f.redisTimeout, "redis-timeout", rls.DefaultTimeout, "rate limit configuration only: bound on a call's Redis work")
 	fl.StringVar(&f.onFailure, "on-failure", "error", "rate limit configuration only: a call's answer when Redis fails: error (UNAVAILABLE), open (OK, counted), closed (OVER_LIMIT)")
 	fl.StringVar(&f.headers, "headers", "off", "rate limit configuration only: response headers: off, draft (RateLimit-Policy, RateLimit), peer (RateLimit-Limit, -Remaining, -Reset)")
@@ -156,7 +158,7 @@ func parseHeaders(s string) (rls.HeaderStyle, error) {
 
 // rlsOptions turns the flags into rlsserve.Options.
 func rlsOptions(f serveFlags) (rlsserve.Options, error) {
-	o := rlsserve.Options{Config: f.config, Listen: f.listen, HTTP: f.http, Admin: f.admin, Redis: f.redis,
+	o := rlsserve.Options{Config: f.config, Listen: f.listen, HTTP: f.http, Admin: f.admin, Redis: f.redis, RedisPrefix: f.redisPrefix,
 		RedisTimeout: f.redisTimeout, ShadowMode: f.shadow, ShutdownTimeout: f.shutdown}
 	var err error
 	if o.OnFailure, err = parseFailure(f.onFailure); err != nil {
@@ -207,7 +209,7 @@ func printConfigErrors(cmd *cobra.Command, err error) int {
 // serve) and Envoy ext_authz over gRPC on --listen, one chain for both
 // (a reload updates both, or neither).
 func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.Logger) error {
-	if err := refuseFlags(cmd, "a sluice policy (its store is in the file)", "redis", "redis-timeout", "on-failure", "headers", "shadow"); err != nil {
+	if err := refuseFlags(cmd, "a sluice policy (its store is in the file)", "redis", "redis-prefix", "redis-timeout", "on-failure", "headers", "shadow"); err != nil {
 		return err
 	}
 	opts := serve.Options{Config: f.config, HTTP: f.http, Admin: f.admin, AdminToken: f.adminToken, Logger: log}

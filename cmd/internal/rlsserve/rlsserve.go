@@ -79,6 +79,9 @@ type Options struct {
 	// nodes of a Redis Cluster (store/redis discovers which). Default:
 	// process memory.
 	Redis []string
+	// RedisPrefix starts every Redis key (the peer's CACHE_KEY_PREFIX).
+	// Default "sluice".
+	RedisPrefix string
 	// RedisTimeout bounds the store work of one call, and each Redis call.
 	// Default rls.DefaultTimeout.
 	RedisTimeout time.Duration
@@ -155,7 +158,7 @@ func New(opts Options) (*Server, error) {
 	ro := rls.Options{Timeout: opts.RedisTimeout, OnFailure: opts.OnFailure, Headers: opts.Headers,
 		ShadowMode: opts.ShadowMode, Registry: s.reg, Clock: opts.Clock}
 	if len(opts.Redis) > 0 {
-		so := sredis.Options{Addrs: opts.Redis, Timeout: opts.RedisTimeout}
+		so := sredis.Options{Addrs: opts.Redis, Timeout: opts.RedisTimeout, Prefix: opts.RedisPrefix}
 		if opts.Clock != nil {
 			so.DecisionClock = opts.Clock
 		}
