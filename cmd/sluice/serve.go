@@ -237,7 +237,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		s.Close()
 		return err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(rlsserve.ServerOptions()...)
 	extauthz.Register(gs, ext)
 	log.Info("sluice serve: ext_authz gRPC", "grpc", lis.Addr().String())
 	reloadOnHUP(ctx, s.Reload, log, f.config)
