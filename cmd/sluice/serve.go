@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -237,7 +238,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		s.Close()
 		return err
 	}
-	gs := grpc.NewServer(rlsserve.ServerOptions()...)
+	gs := grpc.NewServer(rlsserve.ServerOptions(runtime.GOMAXPROCS(0))...)
 	extauthz.Register(gs, ext)
 	log.Info("sluice serve: ext_authz gRPC", "grpc", lis.Addr().String())
 	reloadOnHUP(ctx, s.Reload, log, f.config)
