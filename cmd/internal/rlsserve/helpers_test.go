@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -196,29 +197,20 @@ type redisServer struct {
 	exited chan struct{}
 }
 
-// startRedis starts redis-server, or skips t when it is not installed
-// (fails it when SLUICE_REQUIRE_REDIS=1, as in CI). It is killed when t
-// ends. (The library's internal/redistest cannot be imported from this
+// startRedis starts redis-server with extra arguments, or skips t when
+// it is not installed (fails it when SLUICE_REQUIRE_REDIS=1, as in CI).
+// It is killed when t ends. (The library's internal/redistest cannot be imported from this
 // module.)
-func startRedis(t *testing.T) *redisServer {
+func startRedis(t *testing.T, extra ...string) *redisServer {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("SLUICE_REQUIRE_REDIS") == "1" {
-			t.Fatal("redis-server not found and SLUICE_REQUIRE_REDIS=1")
-		}
-		t.Skip("redis-server not installed")
-	}
+	needRedis(t)
 	dir := t.TempDir()
-	for attempt := 0; attempt < 5; attempt++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
+	for attempt := 0; attempt < 10; attempt++ {
+		port := freePort(t)
 		s := &redisServer{addr: "127.0.0.1:" + strconv.Itoa(port), exited: make(chan struct{})}
-		s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "",
-			"--appendonly", "no", "--dir", dir, "--protected-mode", "no")
+		s.cmd = exec.Command("redis-server", append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "",
+			"--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, extra...)...)
+		s.cmd.Dir = dir
 		if err := s.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -231,6 +223,79 @@ func startRedis(t *testing.T) *redisServer {
 	}
 	t.Fatal("redis-server did not start")
 	return nil
+}
+
+func needRedis(t *testing.T) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("SLUICE_REQUIRE_REDIS") == "1" {
+				t.Fatalf("%s not found and SLUICE_REQUIRE_REDIS=1", bin)
+			}
+			t.Skipf("%s not installed", bin)
+		}
+	}
+}
+
+// freePort returns a loopback port free now whose cluster bus port
+// (port + 10000) is free too.
+func freePort(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		addr := "127.0.0.1:0"
+		if i >= 20 {
+			addr = "127.0.0.1:" + strconv.Itoa(20000+rand.IntN(35000))
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		if err != nil {
+			continue
+		}
+		bus.Close()
+		return port
+	}
+	t.Fatal("no free port pair on 127.0.0.1")
+	return 0
+}
+
+// startCluster starts three masters joined into a Redis Cluster and
+// returns their addresses.
+func startCluster(t *testing.T) []string {
+	t.Helper()
+	var addrs []string
+	var nodes []*redisServer
+	for range 3 {
+		s := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+strconv.Itoa(len(addrs))+".conf", "--cluster-node-timeout", "2000")
+		nodes = append(nodes, s)
+		addrs = append(addrs, s.addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	if out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range nodes {
+		for {
+			_, port, _ := net.SplitHostPort(s.addr)
+			out, _ := exec.Command("redis-cli", "-p", port, "cluster", "info").Output()
+			if strings.Contains(string(out), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the cluster did not become ok")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return addrs
 }
 
 func (s *redisServer) waitUp() bool {

@@ -197,12 +197,17 @@ type backend struct {
 	redis []string
 }
 
-// backends are memory, and a real redis-server when there is one.
+// backends are memory, and a real redis-server and Redis Cluster (given
+// by one node's address: --redis discovers the rest) when there is
+// redis-server.
 func backends(t *testing.T) []backend {
 	bs := []backend{{name: "memory"}}
 	if _, err := exec.LookPath("redis-server"); err == nil || os.Getenv("SLUICE_REQUIRE_REDIS") == "1" {
 		srv := startRedis(t)
 		bs = append(bs, backend{name: "redis", redis: []string{srv.addr}})
+		if !testing.Short() {
+			bs = append(bs, backend{name: "redis_cluster", redis: startCluster(t)[:1]})
+		}
 	}
 	return bs
 }
