@@ -166,7 +166,7 @@ var acceptanceVectors = []vector{
 }
 
 // The acceptance vectors over a real gRPC client on loopback, answered by
-// the server the command builds, on memory and on Redis, at a fixed clock:
+// the server the command builds, on memory, Redis and Redis Cluster, at a fixed clock:
 // every answer exact.
 func TestAcceptanceGRPC(t *testing.T) {
 	for _, b := range backends(t) {
