@@ -465,15 +465,42 @@ func TestNewRefusesInvalidConfig(t *testing.T) {
 	}
 }
 
-// Run stops gracefully on its context: a call in flight finishes, the
-// health check fails from the start of the shutdown, Run returns.
+// Run stops gracefully on its context: a call in flight (waiting for a
+// paused Redis here) finishes with its answer, new calls are refused, and
+// Run returns.
 func TestGracefulShutdown(t *testing.T) {
-	r := start(t, Options{Config: edgeDir(t), Clock: newClock(now), ShutdownTimeout: 5 * time.Second})
+	redis := startRedis(t)
+	r := start(t, Options{Config: edgeDir(t), Redis: []string{redis.addr}, RedisTimeout: time.Second, OnFailure: rls.FailOpen,
+		ShutdownTimeout: 10 * time.Second})
 	if _, err := r.client.ShouldRateLimit(context.Background(), req("edge", 0, desc("tenant", "a"))); err != nil {
 		t.Fatal(err)
 	}
+	redis.pause()
+	defer redis.resume()
+	inFlight := make(chan error, 1)
+	go func() {
+		resp, err := r.client.ShouldRateLimit(context.Background(), req("edge", 0, desc("tenant", "b")))
+		if err == nil && resp.GetOverallCode() != okCode {
+			err = fmt.Errorf("answered %v", resp)
+		}
+		inFlight <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the call is waiting for Redis
 	g, _, _ := r.Addrs()
-	r.shutdown(t)
+	r.stop()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	r.stopped = true
+	if err := <-inFlight; err != nil {
+		t.Errorf("the call in flight at the shutdown: %v, want its answer (OK, failing open after the Redis timeout)", err)
+	}
+	r.conn.Close()
 	conn, err := grpc.NewClient(g.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
