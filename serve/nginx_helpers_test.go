@@ -18,7 +18,7 @@ import (
 // The example's addresses, which the tests replace with their own.
 const (
 	exampleListen = "127.0.0.1:8000"
-	exampleSluice = "127.0.0.1:8081"
+	exampleSluice = "127.0.0.1:8080"
 	exampleApp    = "127.0.0.1:9000"
 )
 

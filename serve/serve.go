@@ -5,7 +5,7 @@
 // file's chain and answers 200 (allow), 429 or 503 with Retry-After and the
 // RateLimit fields, which the proxy passes on to its client.
 //
-//	s, _ := serve.New(serve.Options{Config: "api.yaml", HTTP: "127.0.0.1:8081"})
+//	s, _ := serve.New(serve.Options{Config: "api.yaml", HTTP: "127.0.0.1:8080"})
 //	err := s.Run(ctx) // until ctx is done
 //
 // The HTTP listener answers at DecidePath (nginx: the original method and
@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/host"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/wire"
@@ -58,7 +59,9 @@ type Options struct {
 	// ConfigData, if set, is the policy itself (Config then only names it
 	// in messages, and nothing reloads).
 	ConfigData []byte
-	// HTTP is the decision endpoints' address. Default "127.0.0.1:8081".
+	// HTTP is the decision endpoints' address. Default "127.0.0.1:8080"
+	// (envoyproxy/ratelimit's HTTP port; `sluice serve` gives its gRPC
+	// listener 8081).
 	HTTP string
 	// Admin is the admin listener's address (/metrics, /healthz,
 	// /v1/gates). Default "127.0.0.1:9901" (loopback: the admin API can
@@ -88,6 +91,12 @@ type Options struct {
 	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
 	// Jitter: exact values, for tests).
 	Jitter *wire.Jitter
+	// OnPolicy, if set, is given the chain and identification rules of
+	// every policy before it serves (the first and every reload), for a
+	// caller that decides with them on another protocol (the command's
+	// ext_authz gRPC listener); an error refuses the policy like an
+	// invalid file.
+	OnPolicy func(chain *sluice.Chain, rules identify.Rules) error
 }
 
 // Server is a decision service. Its methods are safe for concurrent use.
@@ -106,7 +115,7 @@ type Server struct {
 // (policy.CheckDecisionOnly), or if the admin listener is off loopback
 // without a token.
 func New(opts Options) (*Server, error) {
-	set(&opts.HTTP, "127.0.0.1:8081")
+	set(&opts.HTTP, "127.0.0.1:8080")
 	set(&opts.Admin, "127.0.0.1:9901")
 	set(&opts.AdminTimeout, 10*time.Second)
 	set(&opts.ReloadEvery, time.Second)
@@ -125,7 +134,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{})}
 	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
-		Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly})
+		Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly, OnBuild: onBuild(opts.OnPolicy)})
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +166,14 @@ func New(opts Options) (*Server, error) {
 		}
 	})
 	return s, nil
+}
+
+// onBuild adapts Options.OnPolicy to host.Options.OnBuild.
+func onBuild(f func(*sluice.Chain, identify.Rules) error) func(*policy.Runtime) error {
+	if f == nil {
+		return nil
+	}
+	return func(rt *policy.Runtime) error { return f(rt.Chain, rt.Rules) }
 }
 
 // set puts def in *v when *v is the zero value.

@@ -17,6 +17,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/wire"
@@ -209,7 +211,7 @@ func TestEnvoyExampleFitsServe(t *testing.T) {
 			t.Errorf("the Envoy example does not send %s", h)
 		}
 	}
-	for _, want := range []string{"path_prefix: " + ExtAuthzPrefix + "\n", "port_value: 8081", "uri: http://127.0.0.1:8081"} {
+	for _, want := range []string{"path_prefix: " + ExtAuthzPrefix + "\n", "port_value: 8080", "uri: http://127.0.0.1:8080"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("the Envoy example has no %q", want)
 		}
@@ -219,4 +221,39 @@ func TestEnvoyExampleFitsServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
+}
+
+// OnPolicy sees every policy before it serves, the first and each reload,
+// and its error refuses a reload like an invalid file.
+func TestOnPolicy(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(file, []byte(ratePolicy), 0o644)
+	var chains []*sluice.Chain
+	var refuse error
+	s, err := New(Options{Config: file, AdminToken: "x", Logger: quiet(), OnPolicy: func(c *sluice.Chain, r identify.Rules) error {
+		if refuse != nil {
+			return refuse
+		}
+		if r.TenantHeader != "X-Api-Key" {
+			t.Errorf("rules %+v", r)
+		}
+		chains = append(chains, c)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if len(chains) != 1 || chains[0] != s.Chain() {
+		t.Fatalf("after New: %d chains", len(chains))
+	}
+	os.WriteFile(file, []byte(strings.Replace(ratePolicy, "burst: 2", "burst: 3", 1)), 0o644)
+	if changed, err := s.Reload(); !changed || err != nil || len(chains) != 2 || chains[1] != s.Chain() {
+		t.Fatalf("reload: %v %v, %d chains", changed, err, len(chains))
+	}
+	refuse = errors.New("no")
+	os.WriteFile(file, []byte(strings.Replace(ratePolicy, "burst: 2", "burst: 4", 1)), 0o644)
+	if changed, err := s.Reload(); changed || !errors.Is(err, refuse) || chains[1] != s.Chain() {
+		t.Fatalf("refused reload: %v %v", changed, err)
+	}
 }

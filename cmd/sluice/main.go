@@ -1,6 +1,7 @@
 // Command sluice runs admission control in front of any HTTP service
-// (sluice proxy), decides for nginx auth_request and Envoy ext_authz
-// (sluice serve), validates policy files (sluice check), shows what
+// (sluice proxy), decides for nginx auth_request and Envoy ext_authz, or
+// serves Envoy's rate limit service from an envoyproxy/ratelimit
+// configuration (sluice serve), validates policy files (sluice check), shows what
 // admission does to goodput under real overload (sluice demo), and models
 // it deterministically on a virtual clock (sluice sim).
 package main
@@ -20,9 +21,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-go/sluice/cmd/internal/demo"
+	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/proxy"
+	"github.com/sluice-go/sluice/rls"
 )
 
 func main() {
@@ -46,10 +49,23 @@ func checkCmd() *cobra.Command {
 	var file string
 	var forServe bool
 	cmd := &cobra.Command{
-		Use:   "check --config FILE",
-		Short: "Validate a policy file and print its admission policy spec",
+		Use:   "check --config PATH",
+		Short: "Validate a policy file (or an envoyproxy/ratelimit configuration) and print what it enforces",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if isRLS, err := isRLSConfig(file); err != nil {
+				return err
+			} else if isRLS {
+				cfg, err := rls.Load(file)
+				if err != nil {
+					if n := printConfigErrors(cmd, err); n > 0 {
+						return fmt.Errorf("%s: %d error(s)", file, n)
+					}
+					return err
+				}
+				fmt.Fprint(cmd.OutOrStdout(), rlsserve.Describe(cfg))
+				return nil
+			}
 			// Load validates everything a build would (policy.Validate)
 			// without dialing the store: check works anywhere.
 			f, err := policy.Load(file)
@@ -72,7 +88,7 @@ func checkCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&file, "config", "", "policy file (YAML)")
+	cmd.Flags().StringVar(&file, "config", "", "policy file (YAML), or an envoyproxy/ratelimit configuration file or folder")
 	cmd.Flags().BoolVar(&forServe, "serve", false, "also refuse gates that sluice serve (a decision endpoint) cannot enforce")
 	cmd.MarkFlagRequired("config")
 	return cmd

@@ -2,59 +2,291 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"runtime"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
+	"github.com/sluice-go/sluice/grpcgate/extauthz"
+	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/rls"
 	"github.com/sluice-go/sluice/serve"
 )
 
+// baseContext is the context `sluice serve` runs under until SIGINT or
+// SIGTERM (tests replace it to stop the command).
+var baseContext = context.Background
+
+// serveFlags are `sluice serve`'s flags.
+type serveFlags struct {
+	config, listen, http, admin, adminToken string
+	methodHeader, uriHeader                 string
+	redis                                   []string
+	redisPrefix                             string
+	redisTimeout                            time.Duration
+	onFailure, headers                      string
+	shadow                                  bool
+	shutdown                                time.Duration
+}
+
 // serveCmd is `sluice serve`: the decision service for proxies that stay
-// on the data path. Its listeners are flags of their own (--http, --admin)
-// so that more protocols can join as more flags.
+// on the data path. Under a sluice policy it answers nginx auth_request
+// and Envoy ext_authz (HTTP and gRPC); under an envoyproxy/ratelimit
+// configuration it is that rate limit service.
 func serveCmd() *cobra.Command {
-	var opts serve.Options
+	var f serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve --config FILE [--http ADDR] [--admin ADDR]",
-		Short: "Decide for nginx auth_request and Envoy ext_authz (HTTP) under the policy in FILE (rate gates only)",
-		Long: "sluice serve answers decision requests: at " + serve.DecidePath + " an nginx auth_request subrequest (the original\n" +
-			"method and URI in X-Original-Method and X-Original-URI), under " + serve.ExtAuthzPrefix + "/ an Envoy ext_authz HTTP check\n" +
-			"(path_prefix " + serve.ExtAuthzPrefix + "). It answers 200 to admit, or 429/503 with Retry-After and the RateLimit\n" +
-			"fields, 400 for malformed headers. The proxy never says when the work ends, so a policy with\n" +
-			"concurrency, queue or completion-driven gates is refused (sluice check --serve lists them).\n" +
-			"The admin listener and hot reload are those of sluice proxy.",
+		Use:   "serve --config PATH [--listen ADDR] [--http ADDR] [--admin ADDR]",
+		Short: "Serve Envoy's rate limit service (an envoyproxy/ratelimit configuration) or decide for nginx and Envoy (a sluice policy)",
+		Long: "sluice serve reads PATH and serves what it is:\n\n" +
+			"An envoyproxy/ratelimit configuration (a YAML file with a top-level domain key, or a folder of\n" +
+			"them, one domain each): the drop-in for that service. --listen serves gRPC\n" +
+			"envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit (and grpc.health.v1), --http serves\n" +
+			"POST " + rlsserve.JSONPath + " (the same request and response as proto3 JSON: 200 OK, 429 OVER_LIMIT, 400\n" +
+			"malformed, 503 store unavailable) and GET " + rlsserve.HealthcheckPath + ", --admin serves /metrics, /healthz and\n" +
+			rlsserve.RulesPath + ". Counters live in memory, or in Redis or a Redis Cluster with --redis; --on-failure\n" +
+			"says what a call answers when Redis cannot (error: UNAVAILABLE, the peer's; open: OK, counted;\n" +
+			"closed: OVER_LIMIT), within --redis-timeout.\n\n" +
+			"A sluice policy: --http answers at " + serve.DecidePath + " an nginx auth_request subrequest (the original\n" +
+			"method and URI in X-Original-Method and X-Original-URI) and under " + serve.ExtAuthzPrefix + "/ an Envoy ext_authz\n" +
+			"HTTP check (path_prefix " + serve.ExtAuthzPrefix + "); --listen answers Envoy ext_authz over gRPC\n" +
+			"(envoy.service.auth.v3.Authorization/Check). It admits (200, OK) or refuses (429/503 with\n" +
+			"Retry-After and the RateLimit fields; 400 for malformed headers). The proxy never says when the\n" +
+			"work ends, so a policy with concurrency, queue or completion-driven gates is refused (sluice check\n" +
+			"--serve lists them). The admin listener and hot reload are those of sluice proxy.\n\n" +
+			"Both reload PATH on SIGHUP and when it changes; a file that does not load is refused with its\n" +
+			"errors logged (file:line) and the old configuration keeps serving.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if opts.AdminToken == "" {
-				opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
-			}
-			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-			s, err := serve.New(opts)
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			isRLS, err := isRLSConfig(f.config)
 			if err != nil {
-				printPolicyErrors(cmd, err)
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(baseContext(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			reloadOnHUP(ctx, s.Reload, opts.Logger, opts.Config)
-			return s.Run(ctx)
+			if isRLS {
+				return runRLS(ctx, cmd, f, log)
+			}
+			return runPolicy(ctx, cmd, f, log)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&opts.Config, "config", "", "policy file (YAML); reloaded on SIGHUP and on change")
-	f.StringVar(&opts.HTTP, "http", "127.0.0.1:8081", "decision endpoints' listen address ("+serve.DecidePath+", "+serve.ExtAuthzPrefix+"/)")
-	f.StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /v1/gates)")
-	f.StringVar(&opts.AdminToken, "admin-token", "", "bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN; else, on a loopback --admin only, generated into a file whose path is logged)")
-	f.StringVar(&opts.Decision.MethodHeader, "method-header", "X-Original-Method", "header with the original method at "+serve.DecidePath)
-	f.StringVar(&opts.Decision.URIHeader, "uri-header", "X-Original-URI", "header with the original request URI at "+serve.DecidePath)
+	fl := cmd.Flags()
+	fl.StringVar(&f.config, "config", "", "a sluice policy file, an envoyproxy/ratelimit configuration file, or a folder of those (one domain per file); reloaded on SIGHUP and on change")
+	fl.StringVar(&f.listen, "listen", rlsserve.DefaultListen, "gRPC listen address (RateLimitService, or ext_authz under a policy)")
+	fl.StringVar(&f.http, "http", rlsserve.DefaultHTTP, "HTTP listen address ("+rlsserve.JSONPath+" and "+rlsserve.HealthcheckPath+"; under a policy "+serve.DecidePath+" and "+serve.ExtAuthzPrefix+"/)")
+	fl.StringVar(&f.admin, "admin", rlsserve.DefaultAdmin, "admin listen address (/metrics, /healthz; "+rlsserve.RulesPath+", or /v1/gates under a policy)")
+	fl.StringVar(&f.adminToken, "admin-token", "", "policy only: bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN; else, on a loopback --admin only, generated into a file whose path is logged)")
+	fl.StringVar(&f.methodHeader, "method-header", "X-Original-Method", "policy only: header with the original method at "+serve.DecidePath)
+	fl.StringVar(&f.uriHeader, "uri-header", "X-Original-URI", "policy only: header with the original request URI at "+serve.DecidePath)
+	fl.StringSliceVar(&f.redis, "redis", nil, "rate limit configuration only: Redis address(es) for the counters, host:port[,host:port...]: one server, or any nodes of a Redis Cluster (discovered); default: in memory")
+	fl.StringVar(&f.redisPrefix, "redis-prefix", "sluice", "rate limit configuration only: the first part of every Redis key")
+	fl.DurationVar(&f.redisTimeout, "redis-timeout", rls.DefaultTimeout, "rate limit configuration only: bound on a call's Redis work")
+	fl.StringVar(&f.onFailure, "on-failure", "error", "rate limit configuration only: a call's answer when Redis fails: error (UNAVAILABLE), open (OK, counted), closed (OVER_LIMIT)")
+	fl.StringVar(&f.headers, "headers", "off", "rate limit configuration only: response headers: off, draft (RateLimit-Policy, RateLimit), peer (RateLimit-Limit, -Remaining, -Reset)")
+	fl.BoolVar(&f.shadow, "shadow", false, "rate limit configuration only: global shadow mode (every overall verdict OK; counters and statuses unchanged)")
+	fl.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "how long calls in flight get on SIGTERM before their connections are closed")
 	cmd.MarkFlagRequired("config")
 	return cmd
 }
 
-// reloadOnHUP reloads the policy on every SIGHUP until ctx is done.
+// isRLSConfig reports whether path is an envoyproxy/ratelimit
+// configuration: a folder (a policy is one file), or a file with a
+// top-level domain key.
+func isRLSConfig(path string) (bool, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return false, err
+	}
+	if st.IsDir() {
+		return true, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	return rls.IsConfig(data), nil
+}
+
+// refuseFlags fails when a flag of the other form was set.
+func refuseFlags(cmd *cobra.Command, form string, names ...string) error {
+	var set []string
+	for _, n := range names {
+		if cmd.Flags().Changed(n) {
+			set = append(set, "--"+n)
+		}
+	}
+	if len(set) > 0 {
+		return fmt.Errorf("%s does not apply to %s", strings.Join(set, ", "), form)
+	}
+	return nil
+}
+
+func parseFailure(s string) (rls.FailurePolicy, error) {
+	switch s {
+	case "error":
+		return rls.FailError, nil
+	case "open":
+		return rls.FailOpen, nil
+	case "closed":
+		return rls.FailClosed, nil
+	}
+	return 0, fmt.Errorf("--on-failure %q: want error, open or closed", s)
+}
+
+func parseHeaders(s string) (rls.HeaderStyle, error) {
+	switch s {
+	case "off":
+		return rls.HeadersOff, nil
+	case "draft":
+		return rls.HeadersDraft, nil
+	case "peer":
+		return rls.HeadersPeer, nil
+	}
+	return 0, fmt.Errorf("--headers %q: want off, draft or peer", s)
+}
+
+// rlsOptions turns the flags into rlsserve.Options.
+func rlsOptions(f serveFlags) (rlsserve.Options, error) {
+	o := rlsserve.Options{Config: f.config, Listen: f.listen, HTTP: f.http, Admin: f.admin, Redis: f.redis, RedisPrefix: f.redisPrefix,
+		RedisTimeout: f.redisTimeout, ShadowMode: f.shadow, ShutdownTimeout: f.shutdown}
+	var err error
+	if o.OnFailure, err = parseFailure(f.onFailure); err != nil {
+		return o, err
+	}
+	if o.Headers, err = parseHeaders(f.headers); err != nil {
+		return o, err
+	}
+	if f.redisTimeout <= 0 {
+		return o, fmt.Errorf("--redis-timeout %v: want > 0", f.redisTimeout)
+	}
+	return o, nil
+}
+
+// runRLS serves an envoyproxy/ratelimit configuration.
+func runRLS(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.Logger) error {
+	if err := refuseFlags(cmd, "an envoyproxy/ratelimit configuration", "admin-token", "method-header", "uri-header"); err != nil {
+		return err
+	}
+	opts, err := rlsOptions(f)
+	if err != nil {
+		return err
+	}
+	opts.Logger = log
+	s, err := rlsserve.New(opts)
+	if err != nil {
+		printConfigErrors(cmd, err)
+		return err
+	}
+	reloadOnHUP(ctx, s.Reload, log, f.config)
+	return s.Run(ctx)
+}
+
+// printConfigErrors prints each rate limit configuration error on its own
+// line and returns how many there were.
+func printConfigErrors(cmd *cobra.Command, err error) int {
+	var es rls.ConfigErrors
+	if !errors.As(err, &es) {
+		return 0
+	}
+	for _, e := range es {
+		fmt.Fprintln(cmd.ErrOrStderr(), e)
+	}
+	return len(es)
+}
+
+// runPolicy serves a sluice policy: the HTTP decision endpoints (package
+// serve) and Envoy ext_authz over gRPC on --listen, one chain for both
+// (a reload updates both, or neither).
+func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.Logger) error {
+	if err := refuseFlags(cmd, "a sluice policy (its store is in the file)", "redis", "redis-prefix", "redis-timeout", "on-failure", "headers", "shadow"); err != nil {
+		return err
+	}
+	opts := serve.Options{Config: f.config, HTTP: f.http, Admin: f.admin, AdminToken: f.adminToken, Logger: log}
+	opts.Decision.MethodHeader, opts.Decision.URIHeader = f.methodHeader, f.uriHeader
+	if opts.AdminToken == "" {
+		opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
+	}
+	var ext *extauthz.Server
+	opts.OnPolicy = func(chain *sluice.Chain, rules identify.Rules) error {
+		cfg := extauthz.Config{Rules: rules}
+		if ext == nil {
+			var err error
+			ext, err = extauthz.New(chain, cfg)
+			return err
+		}
+		return ext.Update(chain, cfg)
+	}
+	s, err := serve.New(opts)
+	if err != nil {
+		printPolicyErrors(cmd, err)
+		return err
+	}
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		s.Close()
+		return err
+	}
+	gs := grpc.NewServer(rlsserve.ServerOptions(runtime.GOMAXPROCS(0))...)
+	extauthz.Register(gs, ext)
+	log.Info("sluice serve: ext_authz gRPC", "grpc", lis.Addr().String())
+	reloadOnHUP(ctx, s.Reload, log, f.config)
+
+	// The gRPC server stops first (gracefully, within the bound), while
+	// the chain it decides with is still open; then the HTTP listeners.
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- s.Run(httpCtx) }()
+	grpcDone := make(chan error, 1)
+	go func() { grpcDone <- gs.Serve(lis) }()
+	var grpcErr, httpErr error
+	httpEnded := false
+	select {
+	case <-ctx.Done():
+	case grpcErr = <-grpcDone:
+	case httpErr = <-httpDone:
+		httpEnded = true
+	}
+	gracefulStop(gs, f.shutdown, log)
+	stopHTTP()
+	if !httpEnded {
+		httpErr = <-httpDone
+	}
+	if grpcErr != nil && !errors.Is(grpcErr, grpc.ErrServerStopped) {
+		return grpcErr
+	}
+	return httpErr
+}
+
+// gracefulStop stops gs gracefully, closing its connections after d.
+func gracefulStop(gs *grpc.Server, d time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		log.Warn("gRPC calls still in flight after the shutdown timeout: closing their connections", "timeout", d)
+		gs.Stop()
+		<-done
+	}
+}
+
+// reloadOnHUP reloads the configuration on every SIGHUP until ctx is done.
 func reloadOnHUP(ctx context.Context, reload func() (bool, error), log *slog.Logger, file string) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -66,7 +298,7 @@ func reloadOnHUP(ctx context.Context, reload func() (bool, error), log *slog.Log
 				return
 			case <-hup:
 				if changed, err := reload(); err == nil && !changed {
-					log.Info("SIGHUP: policy file unchanged", "file", file)
+					log.Info("SIGHUP: configuration unchanged", "config", file)
 				}
 			}
 		}

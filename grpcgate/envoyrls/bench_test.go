@@ -64,3 +64,18 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkShouldRateLimitTransportBound: the handler without its own
+// size check (MaxRequestBytes -1), for a server whose transport bounds the
+// message (grpc.MaxRecvMsgSize, as `sluice serve` does): the difference
+// with BenchmarkShouldRateLimit is proto.Size of each request.
+func BenchmarkShouldRateLimitTransportBound(b *testing.B) {
+	srv, _ := envoyrls.New(fixedService{}, envoyrls.Options{MaxRequestBytes: -1})
+	req, ctx := benchRequest(), context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := srv.ShouldRateLimit(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -44,6 +44,10 @@ type Options struct {
 	// Check, if set, is run on every policy before it serves (the first
 	// and every reload); an error refuses it like an invalid file.
 	Check func(*policy.File) error
+	// OnBuild, if set, is given every runtime before it serves (the first
+	// and every reload), for a caller that decides with the same chain
+	// outside the middleware; an error refuses it like an invalid file.
+	OnBuild func(*policy.Runtime) error
 }
 
 // Host is a served policy. Its methods are safe for concurrent use.
@@ -86,6 +90,9 @@ func New(opts Options) (*Host, error) {
 	}
 	h.rt, h.version = rt, digest(data)
 	h.mw, err = httpgate.New(rt.Chain, h.gateConfig(rt))
+	if err == nil && opts.OnBuild != nil {
+		err = opts.OnBuild(rt)
+	}
 	if err != nil {
 		rt.Close()
 		return nil, err
@@ -152,7 +159,13 @@ func (h *Host) Reload() (bool, error) {
 		var rt *policy.Runtime
 		if rt, err = policy.Build(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics}); err == nil {
 			h.keepModeOverrides(rt)
-			if err = h.mw.Update(rt.Chain, h.gateConfig(rt)); err == nil {
+			if h.opts.OnBuild != nil {
+				err = h.opts.OnBuild(rt)
+			}
+			if err == nil {
+				err = h.mw.Update(rt.Chain, h.gateConfig(rt))
+			}
+			if err == nil {
 				h.rt, h.version, h.refused = rt, v, ""
 				h.log.Info("policy reloaded", "file", h.opts.Config, "version", v, "gates", len(f.Gates))
 				return true, nil

@@ -1,0 +1,158 @@
+package rlsserve
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluice-go/sluice/rls"
+)
+
+// TestFailureMatrixOverGRPC points three servers, one per --on-failure
+// policy, at a real redis-server, pauses it (SIGSTOP: connections stay
+// open and nothing answers, the worst case) and then kills it, while
+// clients call ShouldRateLimit over gRPC on loopback with two descriptors
+// (so the store work runs concurrently). Every call must answer as its
+// policy says, error with UNAVAILABLE, open with OK (counted in
+// sluice_rls_fail_open_total), closed with OVER_LIMIT, and within the
+// store timeout.
+//
+// The timeout is 50 ms and the bound asserted is timeout + 200 ms, not
+// the + 2 ms a call's own work takes beyond the timeout: the test runs on
+// a shared 2-core machine under -race, with other tests and other
+// people's builds, where the scheduler can deschedule the client, the
+// server or the gRPC transport's goroutines for tens of milliseconds. A
+// hang is still far outside the bound (a paused Redis never answers:
+// without the timeout a call would wait the whole pause). The test logs
+// each phase's slowest call and how many calls took over timeout + 2 ms.
+func TestFailureMatrixOverGRPC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real Redis, real time")
+	}
+	redis := startRedis(t)
+	const timeout = 50 * time.Millisecond
+	const bound = timeout + 200*time.Millisecond
+	dir := t.TempDir()
+	writeFile(t, dir, "edge.yaml", `domain: edge
+descriptors:
+  - {key: tenant, rate_limit: {unit: second, requests_per_unit: 1000000}}
+  - key: tenant
+    value: t1
+    descriptors:
+      - {key: path, rate_limit: {unit: minute, requests_per_unit: 100000000}}
+`)
+	policies := []rls.FailurePolicy{rls.FailError, rls.FailOpen, rls.FailClosed}
+	names := []string{"error", "open", "closed"}
+	servers := make([]*running, len(policies))
+	for i, p := range policies {
+		servers[i] = start(t, Options{Config: dir, Redis: []string{redis.addr}, RedisTimeout: timeout, OnFailure: p, RedisPrefix: "fm-" + names[i]})
+	}
+	call := req("edge", 1, desc("tenant", "t2"), desc("tenant", "t1", "path", "/p"))
+	outcome := func(i int) (string, time.Duration) {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := servers[i].client.ShouldRateLimit(ctx, call)
+		lat := time.Since(start)
+		switch {
+		case status.Code(err) == codes.Unavailable:
+			return "unavailable", lat
+		case err != nil:
+			return "error " + err.Error(), lat
+		case resp.GetOverallCode() == overCode:
+			return "over", lat
+		}
+		return "ok", lat
+	}
+	normal := func() bool {
+		o, _ := outcome(0)
+		return o == "ok"
+	}
+	waitNormal := func() {
+		deadline := time.Now().Add(15 * time.Second)
+		for !normal() {
+			if time.Now().After(deadline) {
+				t.Fatal("Redis did not answer again within 15 s")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	phase := func(name string, d time.Duration, want []string) {
+		type stats struct {
+			calls, slow atomic.Int64
+			max         atomic.Int64
+			mu          sync.Mutex
+			bad         map[string]int
+		}
+		ps := make([]*stats, len(servers))
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range servers {
+			ps[i] = &stats{bad: map[string]int{}}
+			for range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						o, lat := outcome(i)
+						ps[i].calls.Add(1)
+						for old := ps[i].max.Load(); int64(lat) > old && !ps[i].max.CompareAndSwap(old, int64(lat)); old = ps[i].max.Load() {
+						}
+						if lat > timeout+2*time.Millisecond {
+							ps[i].slow.Add(1)
+						}
+						if want != nil && o != want[i] {
+							ps[i].mu.Lock()
+							ps[i].bad[o]++
+							ps[i].mu.Unlock()
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}()
+			}
+		}
+		time.Sleep(d)
+		close(stop)
+		wg.Wait()
+		for i := range servers {
+			max := time.Duration(ps[i].max.Load())
+			t.Logf("%-6s --on-failure %-6s %5d calls, slowest %8v, %d over timeout + 2 ms", name, names[i], ps[i].calls.Load(),
+				max.Round(10*time.Microsecond), ps[i].slow.Load())
+			if max > bound {
+				t.Errorf("%s, --on-failure %s: a call took %v, more than timeout + 200 ms", name, names[i], max)
+			}
+			for o, n := range ps[i].bad {
+				t.Errorf("%s, --on-failure %s: %d calls answered %s, want %s", name, names[i], n, o, want[i])
+			}
+		}
+	}
+
+	waitNormal()
+	phase("up", 300*time.Millisecond, []string{"ok", "ok", "ok"})
+	redis.pause()
+	phase("paused", 1500*time.Millisecond, []string{"unavailable", "ok", "over"})
+	redis.resume()
+	waitNormal()
+	redis.kill()
+	phase("killed", time.Second, []string{"unavailable", "ok", "over"})
+
+	if n := metric(t, servers[0], "sluice_rls_calls_total", `result="unavailable"`); n == 0 {
+		t.Error("--on-failure error: no unavailable calls counted")
+	}
+	if n := metric(t, servers[1], "sluice_rls_fail_open_total", `domain="edge"`); n == 0 {
+		t.Error("--on-failure open: no fail-open hits counted")
+	}
+	if n := metric(t, servers[2], "sluice_rls_fail_closed_total", `domain="edge"`); n == 0 {
+		t.Error("--on-failure closed: no fail-closed hits counted")
+	}
+}
