@@ -112,6 +112,7 @@ func (s *stats) of(domain, key string) *series {
 // fewer than max unknown domains were seen.
 func (s *stats) domainNotFound(domain string) {
 	s.mu.Lock()
+	defer s.mu.Unlock() // With panics on a bad label: never leave the mutex held
 	c := s.unknown[domain]
 	if c == nil {
 		if len(s.unknown) >= s.max {
@@ -120,6 +121,5 @@ func (s *stats) domainNotFound(domain string) {
 		c = s.notFound.WithLabelValues(domain)
 		s.unknown[domain] = c
 	}
-	s.mu.Unlock()
 	c.Inc()
 }

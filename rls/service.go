@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -480,6 +481,8 @@ func (s *Server) validate(r *Request) error {
 		return fmt.Errorf("%w: rate limit domain must not be empty", ErrInvalid)
 	case len(r.Domain) > MaxNameBytes:
 		return fmt.Errorf("%w: domain of %d bytes, more than %d", ErrInvalid, len(r.Domain), MaxNameBytes)
+	case !utf8.ValidString(r.Domain):
+		return fmt.Errorf("%w: domain is not UTF-8", ErrInvalid)
 	case len(r.Descriptors) == 0:
 		return fmt.Errorf("%w: rate limit descriptor list must not be empty", ErrInvalid)
 	case len(r.Descriptors) > s.opts.MaxDescriptors:
@@ -503,6 +506,10 @@ func (s *Server) validate(r *Request) error {
 				return fmt.Errorf("%w: descriptors[%d].entries[%d].key is empty", ErrInvalid, i, j)
 			case len(e.Key) > MaxNameBytes || len(e.Value) > MaxNameBytes:
 				return fmt.Errorf("%w: descriptors[%d].entries[%d] is longer than %d bytes", ErrInvalid, i, j, MaxNameBytes)
+			case !utf8.ValidString(e.Key) || !utf8.ValidString(e.Value):
+				// proto3 strings are UTF-8 (gRPC refuses others), and the
+				// metrics' labels are built from them.
+				return fmt.Errorf("%w: descriptors[%d].entries[%d] is not UTF-8", ErrInvalid, i, j)
 			}
 		}
 	}
