@@ -53,3 +53,24 @@ func TestInvalidUTF8Refused(t *testing.T) {
 		})
 	}
 }
+
+// A permit whose release never comes is freed after ConcurrencyTTL even
+// when every slot of the key is held by such permits and no other key is
+// taken: the expired permits are swept before the take, not only after an
+// admitted one (on memory, a key whose releases were lost stayed full
+// forever).
+func TestConcurrencyTTLLoneKey(t *testing.T) {
+	for _, b := range backends(t, false) {
+		t.Run(b.name, func(t *testing.T) {
+			s, clk := b.server(t, mustParse(t, extConfig), Options{ConcurrencyTTL: 10 * time.Second})
+			run(t, s, clk, "ext", []call{
+				{at: 1000, repeat: 1, descs: []Descriptor{d("upload", "x")}, overall: CodeOK},
+				{descs: []Descriptor{d("upload", "x")}, overall: CodeOverLimit},
+				{at: 1005, descs: []Descriptor{d("upload", "x")}, overall: CodeOverLimit},
+				{at: 1020, descs: []Descriptor{d("upload", "x")}, overall: CodeOK},
+				{descs: []Descriptor{d("upload", "x")}, overall: CodeOK},
+				{descs: []Descriptor{d("upload", "x")}, overall: CodeOverLimit},
+			})
+		})
+	}
+}

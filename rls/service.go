@@ -661,6 +661,11 @@ func (s *Server) execute(ctx context.Context, domain string, plans []plan, now c
 
 // step runs one plan's calls to its limiter.
 func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
+	if p.kind == kindRule && p.rule.Algorithm == Concurrency {
+		// Before the take: permits whose release never came free their
+		// slots for this very call, even when they hold them all.
+		s.expire(ctx, now)
+	}
 	cost := p.hits
 	if p.negative {
 		if p.hits > 0 {
@@ -694,7 +699,6 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 			_ = p.lim.Refund(ctx, p.key, h, now, cost)
 			p.res.Status = limit.Denied
 		}
-		s.expire(ctx, now)
 	}
 }
 
@@ -977,8 +981,8 @@ func (l *ledger) take(k string, cost int64) []permit {
 func (l *ledger) expired(now clock.Instant, ttl time.Duration) []permit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if now.Sub(l.swept) < ttl/4 {
-		return nil
+	if d := now.Sub(l.swept); d >= 0 && d < ttl/4 {
+		return nil // (a sweep "in the future" is from before a clock step back)
 	}
 	l.swept = now
 	var out []permit
