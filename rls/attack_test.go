@@ -74,3 +74,60 @@ func TestConcurrencyTTLLoneKey(t *testing.T) {
 		})
 	}
 }
+
+// A reload that changes a concurrency rule's limit keeps the permits in
+// flight: raising 2 → 3 with 2 held admits one more, lowering to 1 admits
+// none until releases bring the count under it, and the releases of the
+// permits taken before the reload free them (they are not unmatched).
+func TestConcurrencyLimitReloadKeepsPermits(t *testing.T) {
+	for _, b := range backends(t, false) {
+		t.Run(b.name, func(t *testing.T) {
+			s, clk := b.server(t, mustParse(t, extConfig), Options{})
+			clk.Set(sec(1000))
+			call := func(neg bool) Code {
+				t.Helper()
+				x := dh(1, "upload", "x")
+				x.Negative = neg
+				r, err := s.ShouldRateLimit(context.Background(), &Request{Domain: "ext", Descriptors: []Descriptor{x}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r.Overall
+			}
+			set := func(limit int) {
+				t.Helper()
+				if err := s.SetConfig(mustParse(t, strings.Replace(extConfig, "limit: 2}", fmt.Sprintf("limit: %d}", limit), 1))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			call(false)
+			call(false) // 2 held, limit 2
+			set(3)
+			admitted := 0
+			for range 4 {
+				if call(false) == CodeOK {
+					admitted++
+				}
+			}
+			if admitted != 1 {
+				t.Errorf("limit 2 → 3 with 2 held: %d more admitted, want 1", admitted)
+			}
+			set(1) // 3 held, limit 1
+			if call(false) != CodeOverLimit {
+				t.Error("limit 3 → 1 with 3 held: a take admitted")
+			}
+			call(true)
+			call(true) // 1 held
+			if call(false) != CodeOverLimit {
+				t.Error("1 held, limit 1: a take admitted")
+			}
+			call(true) // 0 held
+			if call(false) != CodeOK {
+				t.Error("0 held, limit 1: the take refused")
+			}
+			if got := counter(t, s, "sluice_rls_release_unmatched_total"); got != 0 {
+				t.Errorf("%v releases unmatched, want 0", got)
+			}
+		})
+	}
+}

@@ -157,8 +157,9 @@ type state struct {
 
 // ruleLimiter is the limiter of one extension rule.
 type ruleLimiter struct {
-	id  string // names the rule's keys; stable across reloads
-	lim store.Limiter
+	id    string // names the rule's keys; stable across reloads
+	limit int64  // a concurrency rule's slots (its id leaves them out)
+	lim   store.Limiter
 }
 
 // wallClock reads the system's wall clock as Unix nanoseconds.
@@ -249,7 +250,8 @@ func (s *Server) Config() *Config { return s.state.Load().cfg }
 // SetConfig starts answering from cfg. The fixed windows' counts carry
 // over (their keys name the descriptor, not the rule, as the peer's); an
 // extension rule keeps its state when its algorithm and parameters are
-// unchanged. It fails, changing nothing, for rules the store cannot hold.
+// unchanged, and a concurrency rule keeps its permits in flight under a
+// new limit. It fails, changing nothing, for rules the store cannot hold.
 func (s *Server) SetConfig(cfg *Config) error {
 	if cfg == nil {
 		return errors.New("rls: no configuration")
@@ -268,17 +270,23 @@ func (s *Server) SetConfig(cfg *Config) error {
 				st.lims[r] = rl
 				continue
 			}
+			var kept store.Limiter
 			if prev != nil {
 				if rl := prev.byID[id]; rl != nil {
-					st.lims[r], st.byID[id] = rl, rl
-					continue
+					if rl.limit == r.Limit {
+						st.lims[r], st.byID[id] = rl, rl
+						continue
+					}
+					// A concurrency rule with new slots: the permits in
+					// flight stay held (and their releases match).
+					kept = rl.lim
 				}
 			}
-			lim, err := s.buildRule(r, id)
+			lim, err := s.buildRule(r, id, kept)
 			if err != nil {
 				return fmt.Errorf("rls: %s:%d: %s: %w", r.File, r.Line, r.Path, err)
 			}
-			rl := &ruleLimiter{id: id, lim: lim}
+			rl := &ruleLimiter{id: id, limit: r.Limit, lim: lim}
 			st.lims[r], st.byID[id] = rl, rl
 		}
 	}
@@ -287,14 +295,23 @@ func (s *Server) SetConfig(cfg *Config) error {
 }
 
 // ruleID names an extension rule's state by its domain, path, algorithm
-// and parameters: a reload that changes none of them keeps the state.
+// and parameters: a reload that changes none of them keeps the state. A
+// concurrency rule's slots are left out: its state (the permits held)
+// means the same under any limit, so a new limit keeps it.
 func ruleID(r *Rule) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d\x00%d\x00%d", r.Domain, r.Path, r.Algorithm, r.RequestsPerUnit, r.Unit, r.Burst, r.Limit)))
+	rpu, lim := r.RequestsPerUnit, r.Limit
+	if r.Algorithm == Concurrency {
+		rpu, lim = 0, 0 // (its RequestsPerUnit is its Limit)
+	}
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d\x00%d\x00%d", r.Domain, r.Path, r.Algorithm, rpu, r.Unit, r.Burst, lim)))
 	return "rls." + r.Algorithm.String() + "." + hex.EncodeToString(h[:8])
 }
 
-// buildRule returns the limiter of an extension rule on the store.
-func (s *Server) buildRule(r *Rule, id string) (store.Limiter, error) {
+// buildRule returns the limiter of an extension rule on the store. kept,
+// if set, is the limiter of the same concurrency rule before a reload that
+// changed its slots: the new one shares its state (on Redis the state is
+// the keys id names).
+func (s *Server) buildRule(r *Rule, id string, kept store.Limiter) (store.Limiter, error) {
 	mo := memory.Options{MaxKeys: s.opts.MaxKeys}
 	st := s.opts.Redis
 	rate := func() (limit.Rate, error) { return limit.NewRate(int64(r.RequestsPerUnit), r.Unit.Duration()) }
@@ -352,6 +369,9 @@ func (s *Server) buildRule(r *Rule, id string) (store.Limiter, error) {
 			return nil, err
 		}
 		if st == nil {
+			if k, ok := kept.(*memory.Keyed[limit.ConcurrencyState, *limit.Concurrency]); ok {
+				return k.WithAlgorithm(a), nil
+			}
 			return memory.NewKeyed(a, mo), nil
 		}
 		sp, err := sredis.Concurrency(id, a, s.opts.ConcurrencyTTL)
