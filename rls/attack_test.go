@@ -131,3 +131,36 @@ func TestConcurrencyLimitReloadKeepsPermits(t *testing.T) {
 		})
 	}
 }
+
+// A clock step back is not a lock-out for the step's length (limit's
+// ClockTolerance contract), on memory too once its table has dropped keys:
+// the clock runs a day ahead while a flood of distinct keys fills the
+// table (sweeps and evictions), then steps back. A key's windows then
+// roll minute by minute as before; they stuck at the day-ahead instant of
+// the last drop, the key refused for the whole day.
+func TestClockStepBackAfterDrops(t *testing.T) {
+	s, clk := backend{name: "memory"}.server(t, mustParse(t, conformanceConfig), Options{MaxKeys: 64})
+	ctx := context.Background()
+	clk.Set(sec(1200 + 86400))
+	for i := range 2000 {
+		if _, err := s.ShouldRateLimit(ctx, &Request{Domain: "edge", Descriptors: []Descriptor{d("tenant", fmt.Sprint("flood", i))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for m := range int64(3) {
+		clk.Set(sec(1200 + 60*m))
+		admitted := 0
+		for range 12 {
+			r, err := s.ShouldRateLimit(ctx, &Request{Domain: "edge", Descriptors: []Descriptor{d("tenant", "victim")}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Overall == CodeOK {
+				admitted++
+			}
+		}
+		if admitted != 10 {
+			t.Errorf("minute %d after the step back: %d of 12 admitted, want 10 (10/minute)", m, admitted)
+		}
+	}
+}
