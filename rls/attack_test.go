@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -162,5 +165,46 @@ func TestClockStepBackAfterDrops(t *testing.T) {
 		if admitted != 10 {
 			t.Errorf("minute %d after the step back: %d of 12 admitted, want 10 (10/minute)", m, admitted)
 		}
+	}
+}
+
+// Load reads regular files only, as it skips subfolders: a symlink to a
+// folder is skipped (it failed the whole load with "is a directory"), and
+// a named pipe is skipped (reading it blocked Load, and so a reload, until
+// something wrote to it).
+func TestLoadSkipsNonRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub", filepath.Join(dir, "linked.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "pipe.yaml"), 0o644); err != nil {
+		t.Skip("no named pipes:", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		cfg, err := Load(dir)
+		if err == nil && fmt.Sprint(cfg.Domains()) != "[a]" {
+			err = fmt.Errorf("domains %v, want [a]", cfg.Domains())
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(5 * time.Second):
+		// unblock the reader so that the test ends
+		if f, err := os.OpenFile(filepath.Join(dir, "pipe.yaml"), os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		<-done
+		t.Fatal("Load blocked reading a named pipe")
 	}
 }
