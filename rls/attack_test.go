@@ -208,3 +208,60 @@ func TestLoadSkipsNonRegularFiles(t *testing.T) {
 		t.Fatal("Load blocked reading a named pipe")
 	}
 }
+
+// A descriptor whose counter key is longer than the memory table keeps
+// exactly (a slot holds 16 bits of length: beyond 65535 bytes the key was
+// never found again, every call a fresh counter, the limit never applied)
+// is counted like any other: 8 entries of 4096-byte keys and values, in
+// bounds, over a limit of 1.
+func TestLongDescriptorCounted(t *testing.T) {
+	for _, b := range backends(t, false) {
+		t.Run(b.name, func(t *testing.T) {
+			s, clk := b.server(t, mustParse(t, conformanceConfig), Options{})
+			clk.Set(sec(1200))
+			big := strings.Repeat("v", MaxNameBytes)
+			es := make([]Entry, 8)
+			for j := range es {
+				es[j] = Entry{Key: big, Value: big}
+			}
+			many := make([]Entry, 16) // a tree with one rule, values from headers
+			for j := range many {
+				many[j] = Entry{Key: "long", Value: big}
+			}
+			cfg := "domain: deep\ndescriptors:\n"
+			ind := ""
+			for j := range many {
+				cfg += ind + "  - key: long\n"
+				if j == len(many)-1 {
+					cfg += ind + "    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+				} else {
+					cfg += ind + "    descriptors:\n"
+				}
+				ind += "    "
+			}
+			joined, err := Join(mustParse(t, conformanceConfig), mustParse(t, cfg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SetConfig(joined); err != nil {
+				t.Fatal(err)
+			}
+			for name, r := range map[string]*Request{
+				"override": {Domain: "edge", Descriptors: []Descriptor{{Entries: es, Limit: &Override{RequestsPerUnit: 1, Unit: Minute}}}},
+				"rule":     {Domain: "deep", Descriptors: []Descriptor{{Entries: many}}},
+			} {
+				var got []Code
+				for range 3 {
+					resp, err := s.ShouldRateLimit(context.Background(), r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, resp.Overall)
+				}
+				if fmt.Sprint(got) != fmt.Sprint([]Code{CodeOK, CodeOverLimit, CodeOverLimit}) {
+					t.Errorf("%s: %v, want [OK OVER_LIMIT OVER_LIMIT] (limit 1)", name, got)
+				}
+			}
+		})
+	}
+}

@@ -578,11 +578,17 @@ func (s *Server) resolve(st *state, dom *domain, d *Descriptor, reqHits uint32, 
 	p.lim = p.rl.lim
 }
 
+// maxCounterKey is the longest counter key used as it is: the stores' key
+// bound (sluice.MaxKeyLen; a memory table slot holds 16 bits of length).
+const maxCounterKey = sluice.MaxKeyLen
+
 // counterKey names a descriptor's counter: the domain and the entries,
 // with a shared wildcard value in place of the entry's where
 // share_threshold applies, escaped so that distinct descriptors never
 // meet (the peer's "domain_key_value_" keys can: ("a_b", "c") and ("a",
-// "b_c")).
+// "b_c")). A key longer than maxCounterKey is replaced by its SHA-256, as
+// "%h" and 64 hex digits, which no escaped key spells (an escape is '%'
+// and two uppercase hex digits).
 func counterKey(domain string, entries []Entry, shared []string) string {
 	var b strings.Builder
 	n := len(domain)
@@ -600,6 +606,10 @@ func counterKey(domain string, entries []Entry, shared []string) string {
 		} else {
 			escape(&b, e.Value)
 		}
+	}
+	if b.Len() > maxCounterKey {
+		sum := sha256.Sum256([]byte(b.String()))
+		return "%h" + hex.EncodeToString(sum[:])
 	}
 	return b.String()
 }
