@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Bytes that are not UTF-8 in a domain, a key or a value are refused with
@@ -263,5 +265,41 @@ func TestLongDescriptorCounted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The key label is bounded in bytes as the label pairs are in number: a
+// descriptor whose statistics key is longer than MaxMetricKeyBytes counts
+// under OtherKey. (An override's key is every entry, up to 32 of 4 KiB
+// keys and values: 1000 such series made each /metrics scrape 8 × 1000 ×
+// 256 KiB, 2 GB of text.)
+func TestMetricKeyLabelBounded(t *testing.T) {
+	s, clk := backend{name: "memory"}.server(t, mustParse(t, conformanceConfig), Options{})
+	clk.Set(sec(1200))
+	big := strings.Repeat("v", MaxNameBytes)
+	for i := range 5 {
+		es := make([]Entry, 8)
+		for j := range es {
+			es[j] = Entry{Key: fmt.Sprint(i, j), Value: big}
+		}
+		if _, err := s.ShouldRateLimit(context.Background(), &Request{Domain: "edge", Descriptors: []Descriptor{{Entries: es, Limit: &Override{RequestsPerUnit: 9, Unit: Minute}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := s.Registry().(prometheus.Gatherer).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if len(l.GetValue()) > MaxMetricKeyBytes {
+					t.Fatalf("%s{%s} has a label of %d bytes, more than %d", mf.GetName(), l.GetName(), len(l.GetValue()), MaxMetricKeyBytes)
+				}
+			}
+		}
+	}
+	if got := counter(t, s, mHits, "edge", OtherKey); got != 5 {
+		t.Errorf("hits under %s: %v, want 5", OtherKey, got)
 	}
 }
