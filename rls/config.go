@@ -283,8 +283,9 @@ func IsConfig(data []byte) bool {
 }
 
 // Load reads the configuration at path: one file, or every *.yaml and
-// *.yml file directly in a directory (dotfiles and subdirectories are
-// skipped), each one domain. Errors name the file, line and field.
+// *.yml regular file directly in a directory (dotfiles, subdirectories and
+// what is not a regular file once symlinks are followed are skipped), each
+// one domain. Errors name the file, line and field.
 func Load(path string) (*Config, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -309,6 +310,11 @@ func Load(path string) (*Config, error) {
 			continue
 		}
 		p := filepath.Join(path, name)
+		if fi, err := os.Stat(p); err != nil {
+			return nil, err
+		} else if !fi.Mode().IsRegular() {
+			continue // a link to a folder, a named pipe (reading it would block)
+		}
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return nil, err

@@ -34,6 +34,6 @@
 // Envoy then applies failure_mode_deny), OK counted in
 // sluice_rls_fail_open_total, or OVER_LIMIT. Malformed calls (no domain,
 // no descriptors, more than Options.MaxDescriptors or MaxEntries, an empty
-// key, hits above MaxHits, an unknown override unit) wrap ErrInvalid and
-// are refused before any store work.
+// key, bytes that are not UTF-8, hits above MaxHits, an unknown override
+// unit) wrap ErrInvalid and are refused before any store work.
 package rls

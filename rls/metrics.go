@@ -11,6 +11,11 @@ import (
 // (and the domain label of unknown domains beyond it).
 const OtherKey = "_other"
 
+// MaxMetricKeyBytes bounds the key label: a descriptor whose statistics
+// key is longer counts under OtherKey (so that Options.MaxMetricKeys
+// bounds the metrics' size, not only their number).
+const MaxMetricKeyBytes = 1024
+
 // stats are the service's Prometheus counters. The per-rule ones mirror
 // envoyproxy/ratelimit's statistics (its README, "Statistics":
 // ratelimit.service.rate_limit.DOMAIN.KEY_VALUE.STAT), labelled by domain
@@ -85,8 +90,11 @@ func register(reg prometheus.Registerer, c prometheus.Collector) (prometheus.Col
 }
 
 // of returns the counters of (domain, key), or of (domain, OtherKey) once
-// max pairs have their own.
+// max pairs have their own or for a key longer than MaxMetricKeyBytes.
 func (s *stats) of(domain, key string) *series {
+	if len(key) > MaxMetricKeyBytes {
+		key = OtherKey
+	}
 	k := [2]string{domain, key}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -112,6 +120,7 @@ func (s *stats) of(domain, key string) *series {
 // fewer than max unknown domains were seen.
 func (s *stats) domainNotFound(domain string) {
 	s.mu.Lock()
+	defer s.mu.Unlock() // With panics on a bad label: never leave the mutex held
 	c := s.unknown[domain]
 	if c == nil {
 		if len(s.unknown) >= s.max {
@@ -120,6 +129,5 @@ func (s *stats) domainNotFound(domain string) {
 		c = s.notFound.WithLabelValues(domain)
 		s.unknown[domain] = c
 	}
-	s.mu.Unlock()
 	c.Inc()
 }

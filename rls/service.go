@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -156,8 +157,9 @@ type state struct {
 
 // ruleLimiter is the limiter of one extension rule.
 type ruleLimiter struct {
-	id  string // names the rule's keys; stable across reloads
-	lim store.Limiter
+	id    string // names the rule's keys; stable across reloads
+	limit int64  // a concurrency rule's slots (its id leaves them out)
+	lim   store.Limiter
 }
 
 // wallClock reads the system's wall clock as Unix nanoseconds.
@@ -248,7 +250,8 @@ func (s *Server) Config() *Config { return s.state.Load().cfg }
 // SetConfig starts answering from cfg. The fixed windows' counts carry
 // over (their keys name the descriptor, not the rule, as the peer's); an
 // extension rule keeps its state when its algorithm and parameters are
-// unchanged. It fails, changing nothing, for rules the store cannot hold.
+// unchanged, and a concurrency rule keeps its permits in flight under a
+// new limit. It fails, changing nothing, for rules the store cannot hold.
 func (s *Server) SetConfig(cfg *Config) error {
 	if cfg == nil {
 		return errors.New("rls: no configuration")
@@ -267,17 +270,23 @@ func (s *Server) SetConfig(cfg *Config) error {
 				st.lims[r] = rl
 				continue
 			}
+			var kept store.Limiter
 			if prev != nil {
 				if rl := prev.byID[id]; rl != nil {
-					st.lims[r], st.byID[id] = rl, rl
-					continue
+					if rl.limit == r.Limit {
+						st.lims[r], st.byID[id] = rl, rl
+						continue
+					}
+					// A concurrency rule with new slots: the permits in
+					// flight stay held (and their releases match).
+					kept = rl.lim
 				}
 			}
-			lim, err := s.buildRule(r, id)
+			lim, err := s.buildRule(r, id, kept)
 			if err != nil {
 				return fmt.Errorf("rls: %s:%d: %s: %w", r.File, r.Line, r.Path, err)
 			}
-			rl := &ruleLimiter{id: id, lim: lim}
+			rl := &ruleLimiter{id: id, limit: r.Limit, lim: lim}
 			st.lims[r], st.byID[id] = rl, rl
 		}
 	}
@@ -286,14 +295,23 @@ func (s *Server) SetConfig(cfg *Config) error {
 }
 
 // ruleID names an extension rule's state by its domain, path, algorithm
-// and parameters: a reload that changes none of them keeps the state.
+// and parameters: a reload that changes none of them keeps the state. A
+// concurrency rule's slots are left out: its state (the permits held)
+// means the same under any limit, so a new limit keeps it.
 func ruleID(r *Rule) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d\x00%d\x00%d", r.Domain, r.Path, r.Algorithm, r.RequestsPerUnit, r.Unit, r.Burst, r.Limit)))
+	rpu, lim := r.RequestsPerUnit, r.Limit
+	if r.Algorithm == Concurrency {
+		rpu, lim = 0, 0 // (its RequestsPerUnit is its Limit)
+	}
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d\x00%d\x00%d", r.Domain, r.Path, r.Algorithm, rpu, r.Unit, r.Burst, lim)))
 	return "rls." + r.Algorithm.String() + "." + hex.EncodeToString(h[:8])
 }
 
-// buildRule returns the limiter of an extension rule on the store.
-func (s *Server) buildRule(r *Rule, id string) (store.Limiter, error) {
+// buildRule returns the limiter of an extension rule on the store. kept,
+// if set, is the limiter of the same concurrency rule before a reload that
+// changed its slots: the new one shares its state (on Redis the state is
+// the keys id names).
+func (s *Server) buildRule(r *Rule, id string, kept store.Limiter) (store.Limiter, error) {
 	mo := memory.Options{MaxKeys: s.opts.MaxKeys}
 	st := s.opts.Redis
 	rate := func() (limit.Rate, error) { return limit.NewRate(int64(r.RequestsPerUnit), r.Unit.Duration()) }
@@ -351,6 +369,9 @@ func (s *Server) buildRule(r *Rule, id string) (store.Limiter, error) {
 			return nil, err
 		}
 		if st == nil {
+			if k, ok := kept.(*memory.Keyed[limit.ConcurrencyState, *limit.Concurrency]); ok {
+				return k.WithAlgorithm(a), nil
+			}
 			return memory.NewKeyed(a, mo), nil
 		}
 		sp, err := sredis.Concurrency(id, a, s.opts.ConcurrencyTTL)
@@ -480,6 +501,8 @@ func (s *Server) validate(r *Request) error {
 		return fmt.Errorf("%w: rate limit domain must not be empty", ErrInvalid)
 	case len(r.Domain) > MaxNameBytes:
 		return fmt.Errorf("%w: domain of %d bytes, more than %d", ErrInvalid, len(r.Domain), MaxNameBytes)
+	case !utf8.ValidString(r.Domain):
+		return fmt.Errorf("%w: domain is not UTF-8", ErrInvalid)
 	case len(r.Descriptors) == 0:
 		return fmt.Errorf("%w: rate limit descriptor list must not be empty", ErrInvalid)
 	case len(r.Descriptors) > s.opts.MaxDescriptors:
@@ -503,6 +526,10 @@ func (s *Server) validate(r *Request) error {
 				return fmt.Errorf("%w: descriptors[%d].entries[%d].key is empty", ErrInvalid, i, j)
 			case len(e.Key) > MaxNameBytes || len(e.Value) > MaxNameBytes:
 				return fmt.Errorf("%w: descriptors[%d].entries[%d] is longer than %d bytes", ErrInvalid, i, j, MaxNameBytes)
+			case !utf8.ValidString(e.Key) || !utf8.ValidString(e.Value):
+				// proto3 strings are UTF-8 (gRPC refuses others), and the
+				// metrics' labels are built from them.
+				return fmt.Errorf("%w: descriptors[%d].entries[%d] is not UTF-8", ErrInvalid, i, j)
 			}
 		}
 	}
@@ -551,11 +578,17 @@ func (s *Server) resolve(st *state, dom *domain, d *Descriptor, reqHits uint32, 
 	p.lim = p.rl.lim
 }
 
+// maxCounterKey is the longest counter key used as it is: the stores' key
+// bound (sluice.MaxKeyLen; a memory table slot holds 16 bits of length).
+const maxCounterKey = sluice.MaxKeyLen
+
 // counterKey names a descriptor's counter: the domain and the entries,
 // with a shared wildcard value in place of the entry's where
 // share_threshold applies, escaped so that distinct descriptors never
 // meet (the peer's "domain_key_value_" keys can: ("a_b", "c") and ("a",
-// "b_c")).
+// "b_c")). A key longer than maxCounterKey is replaced by its SHA-256, as
+// "%h" and 64 hex digits, which no escaped key spells (an escape is '%'
+// and two uppercase hex digits).
 func counterKey(domain string, entries []Entry, shared []string) string {
 	var b strings.Builder
 	n := len(domain)
@@ -573,6 +606,10 @@ func counterKey(domain string, entries []Entry, shared []string) string {
 		} else {
 			escape(&b, e.Value)
 		}
+	}
+	if b.Len() > maxCounterKey {
+		sum := sha256.Sum256([]byte(b.String()))
+		return "%h" + hex.EncodeToString(sum[:])
 	}
 	return b.String()
 }
@@ -654,6 +691,11 @@ func (s *Server) execute(ctx context.Context, domain string, plans []plan, now c
 
 // step runs one plan's calls to its limiter.
 func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
+	if p.kind == kindRule && p.rule.Algorithm == Concurrency {
+		// Before the take: permits whose release never came free their
+		// slots for this very call, even when they hold them all.
+		s.expire(ctx, now)
+	}
 	cost := p.hits
 	if p.negative {
 		if p.hits > 0 {
@@ -687,7 +729,6 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 			_ = p.lim.Refund(ctx, p.key, h, now, cost)
 			p.res.Status = limit.Denied
 		}
-		s.expire(ctx, now)
 	}
 }
 
@@ -970,8 +1011,8 @@ func (l *ledger) take(k string, cost int64) []permit {
 func (l *ledger) expired(now clock.Instant, ttl time.Duration) []permit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if now.Sub(l.swept) < ttl/4 {
-		return nil
+	if d := now.Sub(l.swept); d >= 0 && d < ttl/4 {
+		return nil // (a sweep "in the future" is from before a clock step back)
 	}
 	l.swept = now
 	var out []permit

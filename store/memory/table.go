@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/limit"
 )
 
 // Options configures the table of a Keyed. The zero value is valid.
@@ -211,7 +212,7 @@ func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, at cl
 	sh := t.shard(h)
 	sh.mu.Lock()
 	g = guard[S]{sh}
-	at = max(now, sh.floor)
+	at = sh.at(now)
 	if i := sh.findLocked(h, key); i >= 0 {
 		sh.slots[i].touch(at)
 		return &sh.slots[i].state, at, false, g
@@ -237,7 +238,24 @@ func (t *table[S]) lock(key string, now clock.Instant, create bool) (s *S, at cl
 func (t *table[S]) lockOverflow(key string, now clock.Instant) (s *S, at clock.Instant, g guard[S]) {
 	sh := t.shard(t.hash(key))
 	sh.mu.Lock()
-	return &sh.overflow, max(now, sh.floor), guard[S]{sh}
+	return &sh.overflow, sh.at(now), guard[S]{sh}
+}
+
+// at returns the instant to step a state of sh at: now, or the floor when
+// now is older by at most limit.ClockTolerance (a reading taken before the
+// drop). A reading further back is a step of the clock, which the
+// algorithms handle with what the states hold; the floor follows it, or
+// every key of the shard would be stepped at the floor, its windows stuck
+// there, until the clock caught up. REQUIRES: sh.mu held.
+func (sh *shard[S]) at(now clock.Instant) clock.Instant {
+	switch {
+	case now >= sh.floor:
+		return now
+	case sh.floor.Sub(now) > limit.ClockTolerance:
+		sh.floor = now
+		return now
+	}
+	return sh.floor
 }
 
 // Len returns the number of keys held.

@@ -249,6 +249,11 @@ func Fingerprint(path string) (string, error) {
 			if e.IsDir() || strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
 				continue
 			}
+			if fi, err := os.Stat(filepath.Join(path, n)); err != nil {
+				return "", err
+			} else if !fi.Mode().IsRegular() {
+				continue // as rls.Load: a link to a folder, a named pipe
+			}
 			names = append(names, n)
 		}
 		sort.Strings(names)
