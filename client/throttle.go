@@ -1,0 +1,94 @@
+package client
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
+
+// Throttle is client-side adaptive throttling (Google, "Site Reliability
+// Engineering", ch. 21, "Handling Overload"): the client counts, over a
+// sliding window, the requests it was asked to send and those the server
+// accepted, and rejects a new request locally, before it costs the server
+// anything, with probability
+//
+//	p = max(0, (requests − K·accepts) / (requests + 1)).
+//
+// While the server accepts most requests p is 0; once it rejects more than
+// a 1 − 1/K share, the client sheds the excess itself, and it still sends
+// about K requests per accept, so it notices recovery. Requests rejected
+// locally count as requests, as in the book.
+//
+// The window is split into buckets that expire whole. A Throttle is not
+// safe for concurrent use; a Retrier guards its own.
+type Throttle struct {
+	k       float64
+	width   time.Duration // of a bucket
+	buckets []bucket
+}
+
+type bucket struct {
+	start             int64 // bucket index (time / width) it counts for
+	requests, accepts int64
+}
+
+// NewThrottle returns a throttle with multiplier k (≥ 1 for any effect:
+// K = 2 in the book) over a sliding window of the given length split into
+// n buckets (n ≥ 1, window ≥ n ns).
+func NewThrottle(k float64, window time.Duration, n int) *Throttle {
+	n = max(n, 1)
+	width := max(window/time.Duration(n), 1)
+	return &Throttle{k: k, width: width, buckets: make([]bucket, n)}
+}
+
+// at returns the bucket for now, clearing it if it counted an older span.
+func (t *Throttle) at(now clock.Instant) *bucket {
+	idx := int64(now) / int64(t.width)
+	if now < 0 {
+		idx-- // floor division, so bucket spans are the same on both sides of 0
+	}
+	b := &t.buckets[uint64(idx)%uint64(len(t.buckets))]
+	if b.start != idx {
+		*b = bucket{start: idx}
+	}
+	return b
+}
+
+// Counts returns the requests and accepts inside the window ending at now.
+func (t *Throttle) Counts(now clock.Instant) (requests, accepts int64) {
+	cur := t.at(now).start
+	for i := range t.buckets {
+		b := &t.buckets[i]
+		if b.start <= cur && b.start > cur-int64(len(t.buckets)) {
+			requests += b.requests
+			accepts += b.accepts
+		}
+	}
+	return requests, accepts
+}
+
+// Probability returns the local rejection probability at now.
+func (t *Throttle) Probability(now clock.Instant) float64 {
+	r, a := t.Counts(now)
+	return Probability(r, a, t.k)
+}
+
+// Probability is the formula of Throttle: max(0, (requests − k·accepts) /
+// (requests + 1)).
+func Probability(requests, accepts int64, k float64) float64 {
+	p := (float64(requests) - k*float64(accepts)) / (float64(requests) + 1)
+	return max(p, 0)
+}
+
+// Allow counts a request at now and reports whether to send it: false with
+// the throttle's probability (u is a uniform draw in [0, 1)), a local
+// rejection.
+func (t *Throttle) Allow(now clock.Instant, u float64) bool {
+	p := t.Probability(now)
+	t.at(now).requests++
+	return !(u < p)
+}
+
+// Accept counts a request the server accepted at now: any answer that is
+// not a refusal for load or quota.
+func (t *Throttle) Accept(now clock.Instant) { t.at(now).accepts++ }
