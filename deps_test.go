@@ -32,6 +32,7 @@ func TestLibraryStandsAlone(t *testing.T) {
 import (
 	_ "github.com/sluice-go/sluice"
 	_ "github.com/sluice-go/sluice/adaptive"
+	_ "github.com/sluice-go/sluice/client"
 	_ "github.com/sluice-go/sluice/fair"
 	_ "github.com/sluice-go/sluice/gate"
 	_ "github.com/sluice-go/sluice/httpgate"

@@ -7,8 +7,8 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/client"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // Full jitter: retry n waits in [0, min(cap, base·2^(n−1))).
@@ -85,7 +85,7 @@ func TestThrottleFormula(t *testing.T) {
 		{0, 0, 2, 0}, {10, 10, 2, 0}, {10, 5, 2, 0}, {100, 40, 2, 20.0 / 101}, {100, 0, 2, 100.0 / 101},
 		{1000, 100, 2, 800.0 / 1001}, {1000, 100, 1.5, 850.0 / 1001}, {7, 3, 2, 1.0 / 8},
 	} {
-		th := client.NewThrottle(c.k, time.Minute, 6)
+		th := client.NewThrottle(c.k, time.Minute, 6, 0)
 		now := clock.Instant(time.Hour)
 		for i := range c.requests {
 			th.Allow(now, 0.999999) // counted, never rejected at u near 1 unless p = 1
@@ -116,7 +116,7 @@ func TestThrottleFormula(t *testing.T) {
 }
 
 func clone(requests, accepts int64, k float64, now clock.Instant) *client.Throttle {
-	th := client.NewThrottle(k, time.Minute, 6)
+	th := client.NewThrottle(k, time.Minute, 6, 0)
 	for i := range requests {
 		th.Allow(now, 1)
 		if i < accepts {
@@ -126,9 +126,23 @@ func clone(requests, accepts int64, k float64, now clock.Instant) *client.Thrott
 	return th
 }
 
+// Below its minimum of requests the throttle rejects nothing.
+func TestThrottleMinimum(t *testing.T) {
+	th := client.NewThrottle(2, time.Minute, 6, 10)
+	now := clock.Instant(time.Hour)
+	for i := range 10 {
+		if !th.Allow(now, 0) {
+			t.Fatalf("request %d rejected below the minimum", i)
+		}
+	}
+	if th.Allow(now, 0) {
+		t.Fatal("the 11th request, with 10 and no accepts in the window, was sent at u = 0")
+	}
+}
+
 // The window slides bucket by bucket: counts 10 s apart leave it in turn.
 func TestThrottleSlides(t *testing.T) {
-	th := client.NewThrottle(2, time.Minute, 6) // 10 s buckets
+	th := client.NewThrottle(2, time.Minute, 6, 0) // 10 s buckets
 	t0 := clock.Instant(time.Hour)
 	for i := range 6 {
 		at := t0.Add(time.Duration(i) * 10 * time.Second)

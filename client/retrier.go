@@ -51,6 +51,9 @@ type Options struct {
 	// the book's), in ThrottleBuckets buckets (default 24).
 	ThrottleWindow  time.Duration
 	ThrottleBuckets int
+	// ThrottleMin is the requests the window must hold before the
+	// throttle rejects anything. Default 10; negative: 0.
+	ThrottleMin int64
 	// PaceBelow starts pacing to an advertised quota once the remaining
 	// units fall to this fraction of it. Default 0.1; negative: no pacing
 	// (a RateLimit field with r=0 is still a floor for a refused request's
@@ -116,6 +119,10 @@ func (o *Options) defaults() {
 	if o.ThrottleBuckets == 0 {
 		o.ThrottleBuckets = 24
 	}
+	if o.ThrottleMin == 0 {
+		o.ThrottleMin = 10
+	}
+	o.ThrottleMin = max(o.ThrottleMin, 0)
 	if o.PaceBelow == 0 {
 		o.PaceBelow = 0.1
 	}
@@ -174,7 +181,7 @@ func New(o Options) (*Retrier, error) {
 		r.budget = NewBudget(o.BudgetRatio, o.BudgetBurst)
 	}
 	if o.ThrottleK > 0 {
-		r.throttle = NewThrottle(o.ThrottleK, o.ThrottleWindow, o.ThrottleBuckets)
+		r.throttle = NewThrottle(o.ThrottleK, o.ThrottleWindow, o.ThrottleBuckets, o.ThrottleMin)
 	}
 	if o.PaceBelow >= 0 {
 		r.pacer = NewPacer(o.PaceBelow)

@@ -19,10 +19,13 @@ import (
 // about K requests per accept, so it notices recovery. Requests rejected
 // locally count as requests, as in the book.
 //
-// The window is split into buckets that expire whole. A Throttle is not
-// safe for concurrent use; a Retrier guards its own.
+// The window is split into buckets that expire whole. Until the window
+// holds minRequests requests the throttle rejects nothing: one refusal of a
+// new client's first request would otherwise shed half of what follows.
+// A Throttle is not safe for concurrent use; a Retrier guards its own.
 type Throttle struct {
 	k       float64
+	min     int64
 	width   time.Duration // of a bucket
 	buckets []bucket
 }
@@ -34,11 +37,12 @@ type bucket struct {
 
 // NewThrottle returns a throttle with multiplier k (≥ 1 for any effect:
 // K = 2 in the book) over a sliding window of the given length split into
-// n buckets (n ≥ 1, window ≥ n ns).
-func NewThrottle(k float64, window time.Duration, n int) *Throttle {
+// n buckets (n ≥ 1, window ≥ n ns), that rejects nothing while the window
+// holds fewer than minRequests requests.
+func NewThrottle(k float64, window time.Duration, n int, minRequests int64) *Throttle {
 	n = max(n, 1)
 	width := max(window/time.Duration(n), 1)
-	return &Throttle{k: k, width: width, buckets: make([]bucket, n)}
+	return &Throttle{k: k, min: minRequests, width: width, buckets: make([]bucket, n)}
 }
 
 // at returns the bucket for now, clearing it if it counted an older span.
@@ -67,9 +71,13 @@ func (t *Throttle) Counts(now clock.Instant) (requests, accepts int64) {
 	return requests, accepts
 }
 
-// Probability returns the local rejection probability at now.
+// Probability returns the local rejection probability at now: the formula
+// on the window's counts, 0 below minRequests.
 func (t *Throttle) Probability(now clock.Instant) float64 {
 	r, a := t.Counts(now)
+	if r < t.min {
+		return 0
+	}
 	return Probability(r, a, t.k)
 }
 
