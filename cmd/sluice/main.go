@@ -200,6 +200,31 @@ func demoReservation(cmd *cobra.Command, config, jsonPath string) error {
 	return nil
 }
 
+// demoRetryStorm runs the retry storm through the proxy with both clients.
+func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error {
+	var opts demo.RetryStormOptions
+	if config != "" {
+		b, err := os.ReadFile(config)
+		if err != nil {
+			return err
+		}
+		opts.Policy, opts.PolicyName = b, config
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := demo.RunRetryStorm(ctx, opts)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	if jsonPath != "" {
+		if err := rep.WriteJSON(jsonPath); err != nil {
+			return err
+		}
+	}
+	return savePlot(cmd, rep, plotBase)
+}
+
 func demoCmd() *cobra.Command {
 	var opts demo.Options
 	var config, jsonPath, plotBase, scenario string
@@ -225,8 +250,11 @@ func demoCmd() *cobra.Command {
 			if scenario == "reservation" {
 				return demoReservation(cmd, config, jsonPath)
 			}
+			if scenario == "retry-storm" {
+				return demoRetryStorm(cmd, config, jsonPath, plotBase)
+			}
 			if scenario != "" && scenario != "sweep" && scenario != "service-step" {
-				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step or reservation", scenario)
+				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation or retry-storm", scenario)
 			}
 			opts.Policy, _, _ = examples.ByName("routes-api")
 			opts.PolicyName = "examples/routes-api.yaml (embedded)"
@@ -274,7 +302,7 @@ func demoCmd() *cobra.Command {
 			return savePlot(cmd, rep, plotBase)
 		},
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace) or reservation (premium and free class reservations: the split, borrowing and reclaim)")
+	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace) reservation (premium and free class reservations: the split, borrowing and reclaim) or retry-storm (a naive retry loop against package client's retries, through the proxy in overload)")
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
 	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")

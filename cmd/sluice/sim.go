@@ -16,6 +16,7 @@ import (
 // simFlags are the flags of sluice sim.
 type simFlags struct {
 	config, scenario, jsonPath, plotBase string
+	retry                                string
 	seed                                 uint64
 	noPolicy                             bool
 }
@@ -36,6 +37,7 @@ func simCmd() *cobra.Command {
 	cmd.Flags().StringVar(&fl.config, "config", "", "policy file for the run with admission (default: the scenario's policy)")
 	cmd.Flags().BoolVar(&fl.noPolicy, "no-policy", false, "only the run without admission")
 	cmd.Flags().Uint64Var(&fl.seed, "seed", 0, "random seed (default: the scenario's)")
+	cmd.Flags().StringVar(&fl.retry, "retry", "", "the callers' retry policy, naive or sluice (package client), instead of the scenario's client.retry")
 	cmd.Flags().StringVar(&fl.jsonPath, "json", "", "also write the rows as JSON to this file (-: stdout, instead of the table)")
 	cmd.Flags().StringVar(&fl.plotBase, "plot", "sluice-sim", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
 	return cmd
@@ -48,6 +50,13 @@ func (fl *simFlags) run(cmd *cobra.Command) error {
 	}
 	if fl.noPolicy && fl.config != "" {
 		return errors.New("--no-policy and --config: choose one")
+	}
+	switch fl.retry {
+	case "":
+	case sim.RetryNaive, sim.RetrySluice:
+		s.Client.Retry = fl.retry
+	default:
+		return fmt.Errorf("--retry %q: want naive or sluice", fl.retry)
 	}
 	// Output paths are checked before a possibly long simulation.
 	jsonFile, err := fl.outputs()

@@ -127,3 +127,46 @@ func TestReservationRuns(t *testing.T) {
 		t.Errorf("free admitted %.0f units/s with premium idle vs %.0f with premium busy: no borrowing", lent.Free.Admitted, both.Free.Admitted)
 	}
 }
+
+// The retry storm end to end over real HTTP, short and at 2x and 4x
+// capacity: the sluice client sends at most 1.1 attempts per logical
+// request while the naive loop multiplies them, and its goodput is
+// higher. Directions and ratios with margin, not absolute rates: a busy
+// machine moves those (the README has the full run).
+func TestRetryStormDirections(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real load for several seconds")
+	}
+	rep, err := RunRetryStorm(context.Background(), RetryStormOptions{Multipliers: []float64{2, 4}, Step: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.WriteTable(&b)
+	t.Log("\n" + b.String())
+	var naiveGood, sluiceGood float64
+	for _, r := range rep.Rows {
+		switch r.Client {
+		case ClientSluice:
+			if r.AttemptsRPS > 1.1*r.LogicalRPS {
+				t.Errorf("%.0fx: the sluice client sent %.0f attempts/s for %.0f requests/s", r.Multiplier, r.AttemptsRPS, r.LogicalRPS)
+			}
+			sluiceGood += r.GoodputRPS
+		case ClientNaive:
+			if r.AttemptsRPS < 2*r.LogicalRPS {
+				t.Errorf("%.0fx: the naive loop sent only %.0f attempts/s for %.0f requests/s", r.Multiplier, r.AttemptsRPS, r.LogicalRPS)
+			}
+			naiveGood += r.GoodputRPS
+		}
+	}
+	if sluiceGood <= naiveGood {
+		t.Errorf("goodput %.0f req/s with the sluice client, %.0f with the naive loop (summed over the loads)", sluiceGood, naiveGood)
+	}
+	dir := t.TempDir()
+	if err := rep.WritePlot(filepath.Join(dir, "s.png")); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteJSON(filepath.Join(dir, "s.json")); err != nil {
+		t.Fatal(err)
+	}
+}

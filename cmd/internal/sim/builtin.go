@@ -190,7 +190,28 @@ var LeaseFleet = Scenario{
 	Policy:   "lease-fleet",
 }
 
-var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep, &Reservation, &LeaseFleet}
+// RetryStorm is the Mercury model with callers that retry hard: up to 5
+// attempts on timeouts and on refusals, after 50 ms of backoff, without a
+// retry budget ("naive"), swept over the same loads. With client retry
+// "sluice" (sluice sim --scenario retry-storm --retry sluice) the same
+// callers go through package client's retry budget, adaptive throttle and
+// jittered Retry-After floors.
+var RetryStorm = func() Scenario {
+	s := Mercury
+	s.Name = "retry-storm"
+	s.Description = "mercury with callers retrying up to 5 attempts on timeouts and refusals, 50 ms backoff, no budget"
+	s.Client.Attempts = 5
+	s.Client.Backoff = 50 * time.Millisecond
+	s.Client.BackoffMax = time.Second
+	s.Client.Budget = 0
+	s.Client.RetryOn = []string{"timeout", "overload", "policy"}
+	s.Client.Retry = RetryNaive
+	s.Step = 30 * time.Second
+	s.Reference, s.ReferenceName = nil, ""
+	return s
+}()
+
+var builtins = []*Scenario{&Mercury, &RoutesAPI, &LoadStep, &Slowdown, &Dependency, &ServiceStep, &Reservation, &LeaseFleet, &RetryStorm}
 
 // Builtin returns the built-in scenario named name.
 func Builtin(name string) (Scenario, bool) {
@@ -206,6 +227,7 @@ func Builtin(name string) (Scenario, bool) {
 		s.Phases[i].Balance = slices.Clone(s.Phases[i].Balance)
 	}
 	s.Balance = slices.Clone(s.Balance)
+	s.Client.RetryOn = slices.Clone(s.Client.RetryOn)
 	s.Loads = slices.Clone(s.Loads)
 	s.Reference = slices.Clone(s.Reference)
 	return s, true

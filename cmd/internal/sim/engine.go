@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/queue"
@@ -173,10 +174,29 @@ type engine struct {
 
 	rArr, rSvc, rCli *rand.Rand
 
+	clients []simClient // with client retry "sluice": one per client process
+
 	from, to int64 // measured window
 	m        *Row  // counters of the current window
 	hist     hist
 	level    sluice.Level
+}
+
+// simClient is one client process's retry state under client retry
+// "sluice": package client's budget and throttle, on the virtual clock.
+type simClient struct {
+	budget   *client.Budget
+	throttle *client.Throttle
+}
+
+// sluiceClient returns the client process of attempt a, or nil under
+// client retry "naive".
+func (e *engine) sluiceClient(a *attempt) *simClient {
+	if len(e.clients) == 0 {
+		return nil
+	}
+	i := (int(a.tenant)*31 + int(a.class)) % len(e.clients)
+	return &e.clients[i]
 }
 
 // ring is a growable FIFO of attempt indexes.
@@ -250,6 +270,16 @@ func newEngine(s *Scenario, clk *vclock, chains []*sluice.Chain, rules identify.
 		e.classes = append(e.classes, pc)
 	}
 	e.cum = make([]float64, len(e.classes))
+	if s.Client.Retry == RetrySluice {
+		ratio := s.Client.Budget
+		if ratio == 0 {
+			ratio = 0.1
+		}
+		e.clients = make([]simClient, s.Client.Clients)
+		for i := range e.clients {
+			e.clients[i] = simClient{budget: client.NewBudget(ratio, 10), throttle: client.NewThrottle(2, 2*time.Minute, 24, 10)}
+		}
+	}
 	return e, nil
 }
 
@@ -551,7 +581,9 @@ func (e *engine) arrive() {
 	i := e.alloc()
 	a := &e.slab[i]
 	a.class, a.tenant, a.n, a.units = int32(ci), int32(e.rArr.IntN(len(c.tenants))), 1, c.Units
-	if e.s.Client.Budget > 0 {
+	if sc := e.sluiceClient(a); sc != nil {
+		sc.budget.Deposit()
+	} else if e.s.Client.Budget > 0 {
 		e.budget = min(e.budget+e.s.Client.Budget, 100)
 	}
 	if e.inWindow() {
@@ -567,6 +599,14 @@ func (e *engine) send(i int32) {
 	a := &e.slab[i]
 	c := &e.classes[a.class]
 	now := e.clk.now
+	if sc := e.sluiceClient(a); sc != nil && !sc.throttle.Allow(clock.Instant(now), e.rCli.Float64()) {
+		if e.inWindow() {
+			e.m.Throttled += float64(a.units)
+		}
+		*a = attempt{} // refused locally: never sent, the operation ends
+		e.free = append(e.free, i)
+		return
+	}
 	a.issued = now
 	a.giveUp = now + sample(e.rCli, c.timeout)
 	a.measured = e.inWindow()
@@ -722,6 +762,10 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 	if int(a.n) >= cl.Attempts || !retryable || !e.retries(reason) {
 		return
 	}
+	if sc := e.sluiceClient(a); sc != nil {
+		e.retrySluice(i, sc, reason, retryAfter)
+		return
+	}
 	if cl.Budget > 0 {
 		if e.budget < 1 {
 			return
@@ -740,6 +784,40 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 	// would send a new request.
 	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units}
 	e.at(e.clk.now+max(delay, 1), evRetry, 0, j)
+}
+
+// retrySluice schedules the next attempt after failed attempt i under
+// client retry "sluice": timeouts (reason none: the work may have begun)
+// only for idempotent methods, then the client's budget, then the larger
+// of the full-jitter backoff and the Retry-After floor jittered upward.
+func (e *engine) retrySluice(i int32, sc *simClient, reason sluice.Reason, retryAfter time.Duration) {
+	a := &e.slab[i]
+	cl := &e.s.Client
+	if reason == sluice.ReasonNone && !idempotent(e.classes[a.class].Method) {
+		return
+	}
+	if !sc.budget.Withdraw() {
+		return
+	}
+	b := client.Backoff{Base: cl.Backoff, Cap: cl.BackoffMax}
+	delay := b.Delay(int(a.n), e.rCli.Float64())
+	if retryAfter > 0 && !cl.IgnoreRetryAfter {
+		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
+		delay = max(delay, client.Floor(time.Duration(secs)*time.Second, 1, e.rCli.Float64()))
+	}
+	j := e.alloc()
+	a = &e.slab[i]
+	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units}
+	e.at(e.clk.now+max(int64(delay), 1), evRetry, 0, j)
+}
+
+// idempotent reports whether an HTTP method is idempotent (RFC 9110 §9.2.2).
+func idempotent(method string) bool {
+	switch method {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	return false
 }
 
 func (e *engine) retries(reason sluice.Reason) bool {
@@ -819,6 +897,9 @@ func (e *engine) finish(i int32, how uint8) {
 			e.drop(i, sluice.OutcomeCancelled)
 		case now <= a.giveUp && !a.answered:
 			a.answered = true
+			if sc := e.sluiceClient(a); sc != nil {
+				sc.throttle.Accept(clock.Instant(now))
+			}
 			if win {
 				e.m.Goodput += float64(a.units)
 				e.byClass(a).Goodput += float64(a.units)

@@ -223,7 +223,7 @@ func (p *sparser) server(n *yaml.Node, s *Server) {
 }
 
 func (p *sparser) client(n *yaml.Node, c *Client) {
-	known := []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals"}
+	known := []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients"}
 	p.Fields(n, "client", known, func(key string, v *yaml.Node) {
 		f := "client." + key
 		p.at(f, v)
@@ -247,6 +247,10 @@ func (p *sparser) client(n *yaml.Node, c *Client) {
 			c.IgnoreRetryAfter = p.Boolean(v, f)
 		case "arrivals":
 			c.Arrivals = p.OneOf(v, f, "poisson", "uniform")
+		case "retry":
+			c.Retry = p.OneOf(v, f, RetryNaive, RetrySluice)
+		case "clients":
+			c.Clients = int(p.Integer(v, f, 1, maxClients))
 		}
 	})
 }

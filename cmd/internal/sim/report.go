@@ -45,6 +45,9 @@ type Row struct {
 	Late      float64 `json:"late"`
 	Abandoned float64 `json:"abandoned"`
 	TimedOut  float64 `json:"timed_out"`
+	// Throttled counts operations the callers' adaptive throttle refused
+	// locally, never sent (client retry "sluice").
+	Throttled float64 `json:"throttled,omitempty"`
 	// P50Ms and P99Ms are percentiles of the latency of useful attempts.
 	P50Ms float64 `json:"p50_ms"`
 	P99Ms float64 `json:"p99_ms"`
@@ -106,7 +109,7 @@ type ProcessRow struct {
 
 // finish turns counts over secs seconds into rates.
 func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
-	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut} {
+	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut, &r.Throttled} {
 		*p /= secs
 	}
 	for i := range r.Classes {

@@ -123,6 +123,19 @@ type Client struct {
 	// (default) or "uniform" (evenly spaced, as a constant-rate load
 	// generator sends).
 	Arrivals string
+	// Retry is the callers' retry policy: "naive" (default: the fields
+	// above alone) or "sluice", package client's Retrier on the virtual
+	// clock: full-jitter backoff and the Retry-After as a floor jittered
+	// upward (client.Floor, spread 1), a retry budget of Budget retries
+	// per request (default 0.1, a burst of 10), the adaptive throttle
+	// (K = 2 over 2 minutes, from 10 requests), and timeouts retried only
+	// for idempotent methods (a refusal sluice says had no effect is
+	// retried for any). Attempts and RetryOn still bound what is retried.
+	Retry string
+	// Clients is how many client processes the callers' operations are
+	// spread over by tenant, each with its own budget and throttle
+	// (default 1); only with Retry "sluice".
+	Clients int
 }
 
 // Class is one kind of request in the mix.
@@ -349,8 +362,30 @@ func (c *Client) choices() error {
 	default:
 		return ferr("client.arrivals", "%q, want poisson or uniform", c.Arrivals)
 	}
+	switch c.Retry {
+	case "":
+		c.Retry = RetryNaive
+	case RetryNaive, RetrySluice:
+	default:
+		return ferr("client.retry", "%q, want naive or sluice", c.Retry)
+	}
+	if c.Clients == 0 {
+		c.Clients = 1
+	}
+	if c.Clients < 1 || c.Clients > maxClients {
+		return ferr("client.clients", "%d, want 1 to %d", c.Clients, maxClients)
+	}
 	return nil
 }
+
+// The client retry policies (Client.Retry).
+const (
+	RetryNaive  = "naive"
+	RetrySluice = "sluice"
+)
+
+// maxClients bounds Client.Clients (each holds a throttle's window).
+const maxClients = 100_000
 
 func (s *Scenario) classes() error {
 	if len(s.Classes) == 0 {
