@@ -141,6 +141,8 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"unknown service", "base: mercury\nserver: {service: pareto}\n", "x.yaml:2: server.service"},
 		{"cancel point above 1", "base: mercury\nserver:\n  cancel_point: 1.5\n", "x.yaml:3: server.cancel_point"},
 		{"zero attempts", "base: mercury\nclient:\n  attempts: 0\n", "x.yaml:3: client.attempts"},
+		{"unknown client retry", "base: mercury\nclient:\n  retry: clever\n", "x.yaml:3: client.retry"},
+		{"zero clients", "base: mercury\nclient: {retry: sluice, clients: 0}\n", "x.yaml:2: client.clients"},
 		{"unknown retry reason", "base: mercury\nclient: {retry_on: [errors]}\n", "x.yaml:2: client.retry_on[0]"},
 		{"dist without kind", "base: mercury\nclient: {timeout: {mean: 1s}}\n", "x.yaml:2: client.timeout"},
 		{"uniform without max", "base: mercury\nclient: {timeout: {dist: uniform, min: 1s}}\n", "x.yaml:2: client.timeout"},

@@ -231,3 +231,37 @@ func TestDependencyIncidentRecovers(t *testing.T) {
 		}
 	}
 }
+
+// The retry storm in the simulator agrees with the end-to-end run on the
+// direction: with package client's retries the callers send at most 1.1
+// attempts per operation, the naive callers multiply them, and goodput is
+// no lower through the policy and far higher without admission.
+func TestRetryStormClients(t *testing.T) {
+	pol := examplePolicy(t, "mercury")
+	run := func(retry string) *Report {
+		s, _ := Builtin("retry-storm")
+		s.Client.Retry = retry
+		s.Loads = []float64{8000}
+		s.Step, s.Warmup = 20*time.Second, 5*time.Second
+		rep, err := Simulate(s, Options{Policy: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	naive, sl := run(RetryNaive), run(RetrySluice)
+	for i := range naive.Runs {
+		n, s := naive.Runs[i].Steps[0], sl.Runs[i].Steps[0]
+		t.Logf("%s: naive %.0f attempts for %.0f offered, goodput %.0f; sluice %.0f for %.0f, goodput %.0f (throttled %.0f)",
+			naive.Runs[i].Name, n.Attempts, n.Offered, n.Goodput, s.Attempts, s.Offered, s.Goodput, s.Throttled)
+		if s.Attempts > 1.1*s.Offered || n.Attempts < 2*n.Offered {
+			t.Errorf("%s: attempts per operation %.2f (sluice) and %.2f (naive)", naive.Runs[i].Name, s.Attempts/s.Offered, n.Attempts/n.Offered)
+		}
+		if s.Goodput < 0.99*n.Goodput {
+			t.Errorf("%s: goodput %.0f with the sluice client, %.0f naive", naive.Runs[i].Name, s.Goodput, n.Goodput)
+		}
+	}
+	if n, s := naive.Runs[0].Steps[0], sl.Runs[0].Steps[0]; s.Goodput < 2*n.Goodput+100 {
+		t.Errorf("without admission: goodput %.0f with the sluice client, %.0f naive", s.Goodput, n.Goodput)
+	}
+}
