@@ -19,7 +19,10 @@
 // attempt, retries with exponential backoff and full jitter, an optional
 // retry budget (a token per first attempt, the client-side throttle of
 // gRPC and Finagle), and Retry-After honoured with the jitter of package
-// wire. The waste mechanisms of an overload
+// wire. With client retry "sluice" the callers run package client's own
+// algorithms on the virtual clock instead (its retry budget, adaptive
+// throttle, and Retry-After floors jittered upward), spread over
+// Client.Clients client processes. The waste mechanisms of an overload
 // collapse are all mechanisms here, not
 // constants: work that finishes after its caller left (late), work a
 // caller abandoned that the service notices only at its cancellation
