@@ -102,8 +102,10 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 // Handler serves the registry in the Prometheus exposition format.
 func (m *Metrics) Handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
 
+// Request counts a logical request.
 func (m *Metrics) Request() { m.requests.Inc() }
 
+// Attempt counts an attempt sent, first or retry.
 func (m *Metrics) Attempt(retry bool) {
 	if retry {
 		m.retry.Inc()
@@ -112,6 +114,7 @@ func (m *Metrics) Attempt(retry bool) {
 	}
 }
 
+// Retry counts a retry decided after a failure of cause.
 func (m *Metrics) Retry(cause string) {
 	if cause == "" {
 		cause = "other"
@@ -119,6 +122,11 @@ func (m *Metrics) Retry(cause string) {
 	m.retries.WithLabelValues(cause).Inc()
 }
 
+// LocalReject counts a request refused locally for reason.
 func (m *Metrics) LocalReject(reason string) { m.local.WithLabelValues(reason).Inc() }
-func (m *Metrics) BudgetExhausted()          { m.budget.Inc() }
-func (m *Metrics) Paced(d time.Duration)     { m.paced.Add(d.Seconds()) }
+
+// BudgetExhausted counts a retry the budget refused.
+func (m *Metrics) BudgetExhausted() { m.budget.Inc() }
+
+// Paced adds the time an attempt waited to keep a quota.
+func (m *Metrics) Paced(d time.Duration) { m.paced.Add(d.Seconds()) }

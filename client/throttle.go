@@ -48,7 +48,7 @@ func NewThrottle(k float64, window time.Duration, n int, minRequests int64) *Thr
 // at returns the bucket for now, clearing it if it counted an older span.
 func (t *Throttle) at(now clock.Instant) *bucket {
 	idx := int64(now) / int64(t.width)
-	if now < 0 {
+	if now < 0 && int64(now)%int64(t.width) != 0 {
 		idx-- // floor division, so bucket spans are the same on both sides of 0
 	}
 	b := &t.buckets[uint64(idx)%uint64(len(t.buckets))]
