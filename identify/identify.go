@@ -273,13 +273,14 @@ func tenantKeyer(r *Rules) (*keyer, error) {
 	if r.TenantHeader != "" && len(r.Tenant.Parts) > 0 {
 		return nil, errors.New("identify: both TenantHeader and Tenant parts set (TenantHeader is one header part)")
 	}
-	if err := r.Tenant.normalize(); err != nil {
-		return nil, fmt.Errorf("identify: tenant: %v", err)
-	}
 	k := &keyer{rules: r.Tenant}
 	if r.TenantHeader != "" {
 		k.rules.Parts = []Part{FromHeader(r.TenantHeader)}
 	}
+	if err := k.rules.normalize(); err != nil {
+		return nil, fmt.Errorf("identify: tenant: %v", err)
+	}
+	r.Tenant.Token, r.Tenant.ClientIP = k.rules.Token, k.rules.ClientIP // defaults filled in
 	k.rules.Required = k.rules.Required || r.RequireTenant
 	if len(k.rules.Parts) == 0 {
 		return nil, nil

@@ -325,3 +325,12 @@ func TestBoundKey(t *testing.T) {
 		t.Fatal("short key changed")
 	}
 }
+
+// A lower-case TenantHeader (gRPC metadata keys are lower case) reads its
+// canonical header.
+func TestTenantHeaderIsCanonical(t *testing.T) {
+	id := identifier(t, Rules{TenantHeader: "x-api-key", RequireTenant: true})
+	if k, d := tenantOf(id, Input{Header: http.Header{"X-Api-Key": {"acme"}}}); k != "acme" || d != "" {
+		t.Fatalf("%q %q", k, d)
+	}
+}
