@@ -17,7 +17,9 @@ type Config struct {
 	// TenantKey, if set, computes the tenant in place of the rules' tenant
 	// parts (which must then be unset), e.g. a function of identify.Key or
 	// one's own. An error answers 400 with its text; a key over
-	// sluice.MaxKeyLen bytes is hashed (identify.BoundKey).
+	// sluice.MaxKeyLen bytes is hashed (identify.BoundKey). Behind a
+	// decision handler it is given the check request (the original's
+	// headers, the asking proxy's address).
 	TenantKey identify.KeyFunc
 	// NoRateLimitHeaders turns off RateLimit-Policy and RateLimit fields.
 	NoRateLimitHeaders bool

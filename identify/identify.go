@@ -288,6 +288,32 @@ func tenantKeyer(r *Rules) (*keyer, error) {
 	return k, nil
 }
 
+// TenantHeaders returns the canonical names of the headers the tenant key
+// reads: its header parts, the token header of claim parts and, with
+// trusted proxies, the forwarding header of client IP parts. Adapters that
+// copy only the headers the rules need (gRPC metadata, Envoy's check
+// requests) copy these too.
+func (id *Identifier) TenantHeaders() []string {
+	if id.tenant == nil {
+		return nil
+	}
+	var hs []string
+	r := &id.tenant.rules
+	for _, p := range r.Parts {
+		switch {
+		case p.Source == SourceHeader:
+			hs = append(hs, p.Name)
+		case p.Source == SourceClaim:
+			hs = append(hs, r.Token.Header)
+		case p.Source == SourceClientIP && len(r.ClientIP.TrustedProxies) > 0 && r.ClientIP.Header == Forwarded:
+			hs = append(hs, "Forwarded")
+		case p.Source == SourceClientIP && len(r.ClientIP.TrustedProxies) > 0:
+			hs = append(hs, "X-Forwarded-For")
+		}
+	}
+	return hs
+}
+
 // Rules returns the rules with their defaults filled in.
 func (id *Identifier) Rules() Rules { return id.rules }
 
