@@ -252,21 +252,31 @@ func parseNode(s string) (netip.Addr, bool) {
 // elements are separated by commas outside quoted strings (RFC 7239 §4,
 // quoted-string as in RFC 9110 §5.6.4).
 func lastElement(v string) (rest, elem string) {
-	cut, quoted := -1, false
+	cut := indexUnquoted(v, ',', true)
+	if cut < 0 {
+		return "", v
+	}
+	return v[:cut], v[cut+1:]
+}
+
+// indexUnquoted returns the index of the first (or, with last, the last)
+// sep outside quoted strings in v, or -1.
+func indexUnquoted(v string, sep byte, last bool) int {
+	at, quoted := -1, false
 	for i := 0; i < len(v); i++ {
 		switch c := v[i]; {
 		case quoted && c == '\\':
 			i++
 		case c == '"':
 			quoted = !quoted
-		case !quoted && c == ',':
-			cut = i
+		case !quoted && c == sep:
+			if !last {
+				return i
+			}
+			at = i
 		}
 	}
-	if cut < 0 {
-		return "", v
-	}
-	return v[:cut], v[cut+1:]
+	return at
 }
 
 // forwardedFor returns the address of an element's for= parameter. An
@@ -292,16 +302,8 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 // nextPair splits the first pair off an element (pairs are separated by
 // ';' outside quoted strings).
 func nextPair(elem string) (pair, rest string) {
-	quoted := false
-	for i := 0; i < len(elem); i++ {
-		switch c := elem[i]; {
-		case quoted && c == '\\':
-			i++
-		case c == '"':
-			quoted = !quoted
-		case !quoted && c == ';':
-			return elem[:i], elem[i+1:]
-		}
+	if i := indexUnquoted(elem, ';', false); i >= 0 {
+		return elem[:i], elem[i+1:]
 	}
 	return elem, ""
 }

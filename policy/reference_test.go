@@ -1,33 +1,17 @@
 package policy
 
 import (
-	"flag"
-	"os"
 	"strings"
 	"testing"
-)
 
-var rewrite = flag.Bool("rewrite", false, "rewrite docs/policy.md from the schema and the kind registry")
+	"github.com/sluice-go/sluice/internal/tracefile"
+)
 
 // The committed reference is what the schema and the registry generate: a
 // key, a kind, a field, a default or a doc changed in code changes the
 // reference in the same commit.
 func TestReference(t *testing.T) {
-	const path = "../docs/policy.md"
-	got := Reference()
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(want) != got {
-		t.Fatalf("%s is not what the schema and the kind registry generate; go test ./policy -run TestReference -rewrite", path)
-	}
+	tracefile.Generated(t, "../docs/policy.md", Reference(), "go test ./policy -run TestReference -rewrite")
 }
 
 // The example that writes every key of the schema parses: every

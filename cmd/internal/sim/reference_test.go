@@ -1,17 +1,15 @@
 package sim
 
 import (
-	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"strings"
 	"testing"
-)
 
-var rewrite = flag.Bool("rewrite", false, "rewrite docs/scenario.md from the scenario types' doc comments")
+	"github.com/sluice-go/sluice/internal/tracefile"
+)
 
 // section is one mapping of a scenario file: its keys (the parser's list)
 // and the Go type whose fields they set.
@@ -166,19 +164,5 @@ func scenarioReference(t *testing.T) string {
 // fields' docs generate: a key added to the parser without a documented
 // field, or a doc changed, fails until the reference is regenerated.
 func TestScenarioReference(t *testing.T) {
-	const path = "../../../docs/scenario.md"
-	got := scenarioReference(t)
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(want) != got {
-		t.Fatalf("%s is not what the scenario parser and types generate; go test ./cmd/internal/sim -run TestScenarioReference -rewrite", path)
-	}
+	tracefile.Generated(t, "../../../docs/scenario.md", scenarioReference(t), "go test ./cmd/internal/sim -run TestScenarioReference -rewrite")
 }
