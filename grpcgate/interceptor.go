@@ -14,9 +14,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/wire"
 )
 
@@ -138,7 +140,11 @@ func (ic *Interceptor) admit(ctx context.Context, method string, ss grpc.ServerS
 			h[k.canon] = vs
 		}
 	}
-	_, detail := st.c.id.Identify(http.MethodPost, method, h, req)
+	in := identify.Input{Method: http.MethodPost, Path: method, Header: h}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		in.RemoteAddr = p.Addr.String()
+	}
+	_, detail := st.c.id.IdentifyInput(&in, req)
 	rid, ridOK := st.c.id.RequestID(h)
 	clear(h)
 	ic.hdrs.Put(h)

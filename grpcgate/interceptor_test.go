@@ -2,6 +2,7 @@ package grpcgate_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"strings"
@@ -726,4 +727,23 @@ func TestPushbackJitter(t *testing.T) {
 			t.Fatalf("pushback %d ms outside [10, 15]", ms)
 		}
 	}
+}
+
+// A tenant from the caller's address (the gRPC peer) and one from a claim
+// of the bearer token in the authorization metadata.
+func TestTenantFromPeerAndClaim(t *testing.T) {
+	f := newFixture(t, 10, grpcgate.Options{Rules: identify.Rules{Tenant: identify.KeyRules{Parts: []identify.Part{identify.FromClientIP()}}}})
+	must(t, f.call(t, "Unary", "x-forwarded-for", "198.51.100.1").err)
+	if req, _ := f.probe.seen(); req.Tenant != "127.0.0.1" {
+		t.Errorf("peer tenant %q, want 127.0.0.1 (x-forwarded-for from an untrusted peer ignored)", req.Tenant)
+	}
+	f.probe.nextRelease(t)
+
+	claims := base64.RawURLEncoding.EncodeToString([]byte(`{"org":"acme"}`))
+	f = newFixture(t, 10, grpcgate.Options{Rules: identify.Rules{Tenant: identify.KeyRules{Parts: []identify.Part{identify.FromClaim("org")}}}})
+	must(t, f.call(t, "Unary", "authorization", "Bearer e30."+claims+".c2ln").err)
+	if req, _ := f.probe.seen(); req.Tenant != "acme" {
+		t.Errorf("claim tenant %q, want acme", req.Tenant)
+	}
+	f.probe.nextRelease(t)
 }

@@ -70,6 +70,9 @@ func (o Options) compile() (*compiled, error) {
 		c.keys = append(c.keys, mdKey{md: strings.ToLower(name), canon: canon})
 	}
 	add(o.TenantHeader)
+	for _, h := range id.TenantHeaders() {
+		add(h)
+	}
 	for _, rt := range o.Routes {
 		add(rt.Cost.Header)
 	}

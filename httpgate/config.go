@@ -1,6 +1,8 @@
 package httpgate
 
 import (
+	"errors"
+
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -12,6 +14,13 @@ import (
 // RateLimit fields on, default jitter.
 type Config struct {
 	identify.Rules
+	// TenantKey, if set, computes the tenant in place of the rules' tenant
+	// parts (which must then be unset), e.g. a function of identify.Key or
+	// one's own. An error answers 400 with its text; a key over
+	// sluice.MaxKeyLen bytes is hashed (identify.BoundKey). Behind a
+	// decision handler it is given the check request (the original's
+	// headers, the asking proxy's address).
+	TenantKey identify.KeyFunc
 	// NoRateLimitHeaders turns off RateLimit-Policy and RateLimit fields.
 	NoRateLimitHeaders bool
 	// LegacyHeaders adds X-RateLimit-Limit, -Remaining and -Reset (reset in
@@ -32,6 +41,9 @@ type compiled struct {
 }
 
 func (cfg Config) compile() (*compiled, error) {
+	if cfg.TenantKey != nil && (cfg.TenantHeader != "" || len(cfg.Tenant.Parts) > 0) {
+		return nil, errors.New("httpgate: TenantKey and the rules' tenant both set")
+	}
 	id, err := identify.New(cfg.Rules)
 	if err != nil {
 		return nil, err

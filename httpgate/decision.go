@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/identify"
 )
 
 // Defaults of DecisionConfig: the headers an nginx auth_request location
@@ -122,59 +123,68 @@ func (m *Middleware) DecisionHandler(cfg DecisionConfig) (http.Handler, error) {
 
 // ServeHTTP answers one decision request (see DecisionHandler).
 func (d *decider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	method, path, detail := d.original(r)
+	in, detail := d.original(r)
 	if detail != "" {
 		d.m.Invalid(w, r, detail)
 		return
 	}
-	d.m.decide(w, r, method, path)
+	d.m.decide(w, r, &in)
 }
 
-// original returns the original request's method and path, or a detail
-// naming what is missing or malformed.
-func (d *decider) original(r *http.Request) (method, path, detail string) {
+// original returns the original request's method, path and query, with
+// r's header and peer, or a detail naming what is missing or malformed.
+// The peer is the proxy asking (nginx, Envoy): a tenant keyed by client
+// IP needs it among identity.client_ip.trusted_proxies, and its
+// X-Forwarded-For passed along.
+func (d *decider) original(r *http.Request) (in identify.Input, detail string) {
+	in = identify.Input{Header: r.Header, RemoteAddr: r.RemoteAddr}
 	if d.prefix != "" {
 		p, ok := strings.CutPrefix(r.URL.Path, d.prefix)
 		if !ok || (p != "" && p[0] != '/') {
-			return "", "", "the path does not start with " + d.prefix + "/ (Envoy's path_prefix)"
+			return in, "the path does not start with " + d.prefix + "/ (Envoy's path_prefix)"
 		}
 		if p == "" {
 			p = "/"
 		}
-		return r.Method, p, ""
+		in.Method, in.Path, in.RawQuery = r.Method, p, r.URL.RawQuery
+		return in, ""
 	}
 	ms := r.Header[d.methodHeader]
 	switch {
 	case len(ms) == 0:
-		return "", "", "missing " + d.methodHeader + " header (the original request's method)"
+		return in, "missing " + d.methodHeader + " header (the original request's method)"
 	case len(ms) > 1 || !validToken(ms[0]):
-		return "", "", "malformed " + d.methodHeader + " header (want one method, e.g. GET)"
+		return in, "malformed " + d.methodHeader + " header (want one method, e.g. GET)"
 	}
 	us := r.Header[d.uriHeader]
 	switch {
 	case len(us) == 0:
-		return "", "", "missing " + d.uriHeader + " header (the original request's URI)"
+		return in, "missing " + d.uriHeader + " header (the original request's URI)"
 	case len(us) > 1:
-		return "", "", "more than one " + d.uriHeader + " header"
+		return in, "more than one " + d.uriHeader + " header"
 	}
 	// The request target as the client sent it, parsed as net/http parses
 	// a request line, so the path is the one the proxy would see.
 	u, err := url.ParseRequestURI(us[0])
 	if err != nil {
-		return "", "", "malformed " + d.uriHeader + " header (want the request target, e.g. /v1/routes?x=1)"
+		return in, "malformed " + d.uriHeader + " header (want the request target, e.g. /v1/routes?x=1)"
 	}
-	return ms[0], u.Path, ""
+	in.Method, in.Path, in.RawQuery = ms[0], u.Path, u.RawQuery
+	return in, ""
 }
 
-// decide identifies and decides the original request method path (its
-// headers are r's) and answers it: 200 with the quota fields when
-// admitted, releasing the Ticket first, or the rejection.
-func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, method, path string) {
+// decide identifies and decides the original request in (its headers are
+// r's) and answers it: 200 with the quota fields when admitted, releasing
+// the Ticket first, or the rejection.
+func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify.Input) {
 	st := m.state.Load()
 	req := m.reqs.Get().(*sluice.Request)
 	*req = sluice.Request{}
 	defer m.reqs.Put(req)
-	budget, detail := st.c.id.Identify(method, path, r.Header, req)
+	budget, detail := st.c.id.IdentifyInput(in, req)
+	if detail == "" && st.c.cfg.TenantKey != nil {
+		detail = tenantKey(st.c.cfg.TenantKey, r, req)
+	}
 	if detail != "" {
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
 		m.reject(w, r, st, &d, req, detail)

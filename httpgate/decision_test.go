@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -299,5 +300,46 @@ func TestDecisionFollowsUpdate(t *testing.T) {
 	}
 	if codes[0] != 200 || codes[1] != 429 {
 		t.Fatal(codes)
+	}
+}
+
+// The nginx form keys a query-parameter tenant from the original URI (not
+// the check request's own), and a client-IP tenant from X-Forwarded-For
+// only when the asking proxy is trusted.
+func TestDecisionTenantFromQueryAndClientIP(t *testing.T) {
+	decideWith := func(tenant identify.KeyRules) http.Handler {
+		tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 1)
+		rate, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+		chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, rate)
+		mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{Tenant: tenant}, Jitter: noJitter})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _ := mw.DecisionHandler(httpgate.DecisionConfig{})
+		return h
+	}
+	ask := func(h http.Handler, uri, peer, xff string) int {
+		r := httptest.NewRequest("GET", "/decide?api_key=ignored", nil)
+		r.Header.Set("X-Original-Method", "GET")
+		r.Header.Set("X-Original-URI", uri)
+		r.RemoteAddr = peer
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	q := decideWith(identify.KeyRules{Parts: []identify.Part{identify.FromQuery("api_key")}})
+	if a, b, c := ask(q, "/x?api_key=a", "127.0.0.1:1", ""), ask(q, "/x?api_key=a", "127.0.0.1:1", ""), ask(q, "/x?api_key=b", "127.0.0.1:1", ""); a != 200 || b != 429 || c != 200 {
+		t.Errorf("query tenant: %d %d %d, want 200 429 200", a, b, c)
+	}
+	lo, _ := identify.ParseTrustedProxy("127.0.0.0/8")
+	ip := decideWith(identify.KeyRules{Parts: []identify.Part{identify.FromClientIP()}, ClientIP: identify.ClientIP{TrustedProxies: []netip.Prefix{lo}}})
+	if a, b, c := ask(ip, "/x", "127.0.0.1:1", "198.51.100.1"), ask(ip, "/x", "127.0.0.1:1", "198.51.100.1"), ask(ip, "/x", "127.0.0.1:1", "198.51.100.2"); a != 200 || b != 429 || c != 200 {
+		t.Errorf("trusted nginx: %d %d %d, want 200 429 200", a, b, c)
+	}
+	if a, b := ask(ip, "/x", "192.0.2.9:1", "198.51.100.3"), ask(ip, "/x", "192.0.2.9:1", "198.51.100.4"); a != 200 || b != 429 {
+		t.Errorf("untrusted asker, spoofed X-Forwarded-For: %d %d, want 200 429", a, b)
 	}
 }

@@ -58,3 +58,27 @@ func ExampleMiddleware_Wrap() {
 	// 200  "request-rate";r=0;t=2
 	// 429 1 "request-rate";r=0;t=1
 }
+
+// A tenant key from a key function: per client address, here with no
+// trusted proxy (so X-Forwarded-For is never read). Two requests from one
+// address share its bucket; another address has its own.
+func ExampleConfig_tenantKey() {
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 1)
+	rate, _ := gate.NewRateLimit("per-ip", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: stopped{}}, rate)
+	key, _ := identify.Key(identify.KeyRules{Parts: []identify.Part{identify.FromClientIP()}})
+	mw, _ := httpgate.New(chain, httpgate.Config{TenantKey: key, Jitter: &wire.Jitter{}})
+	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, peer := range []string{"192.0.2.1:1000", "192.0.2.1:1001", "192.0.2.2:1000"} {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.RemoteAddr = peer
+		req.Header.Set("X-Forwarded-For", "198.51.100.1") // not from a trusted proxy: ignored
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Println(peer, rec.Code)
+	}
+	// Output:
+	// 192.0.2.1:1000 200
+	// 192.0.2.1:1001 429
+	// 192.0.2.2:1000 200
+}

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/wire"
 )
 
@@ -194,7 +195,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	req := m.reqs.Get().(*sluice.Request)
 	*req = sluice.Request{}
 	defer m.reqs.Put(req)
-	budget, detail := st.c.id.Identify(r.Method, r.URL.Path, r.Header, req)
+	budget, detail := st.c.id.IdentifyRequest(r, req)
+	if detail == "" && st.c.cfg.TenantKey != nil {
+		detail = tenantKey(st.c.cfg.TenantKey, r, req)
+	}
 	if detail != "" {
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
 		m.reject(w, r, st, &d, req, detail)
@@ -412,3 +416,13 @@ func (rw *responseRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (rw *responseRecorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
+
+// tenantKey sets req.Tenant from key, bounded, or returns the 400 detail.
+func tenantKey(key identify.KeyFunc, r *http.Request, req *sluice.Request) string {
+	t, err := key(r)
+	if err != nil {
+		return err.Error()
+	}
+	req.Tenant = identify.BoundKey(t)
+	return ""
+}

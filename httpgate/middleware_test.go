@@ -505,3 +505,50 @@ func TestDegradationLevelReachesTheHandler(t *testing.T) {
 		t.Fatalf("handler saw %v, header %q", seen, w.Header().Get("Sluice-Level"))
 	}
 }
+
+// A TenantKey's error answers 400 invalid with its text; its long keys are
+// hashed within sluice.MaxKeyLen, not refused; it cannot be combined with
+// the rules' own tenant.
+func TestTenantKeyFunc(t *testing.T) {
+	obs := &tenants{}
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 1e6)
+	g, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: obs}, g)
+	key := func(r *http.Request) (string, error) {
+		if k := r.Header.Get("K"); k != "" {
+			return k, nil
+		}
+		return "", errors.New("no K")
+	}
+	mw, err := httpgate.New(chain, httpgate.Config{TenantKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(ok200)
+	for _, k := range []string{"", strings.Repeat("x", 1000)} {
+		req := httptest.NewRequest("GET", "/", nil)
+		if k != "" {
+			req.Header.Set("K", k)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if want := map[bool]int{true: 400, false: 200}[k == ""]; rec.Code != want {
+			t.Errorf("key %.10q: %d, want %d (%s)", k, rec.Code, want, rec.Body)
+		}
+	}
+	if len(obs.seen) != 2 || len(obs.seen[1]) > sluice.MaxKeyLen {
+		t.Errorf("tenants seen: %q", obs.seen)
+	}
+	if _, err := httpgate.New(chain, httpgate.Config{TenantKey: key, Rules: identify.Rules{TenantHeader: "X"}}); err == nil {
+		t.Error("TenantKey and TenantHeader both accepted")
+	}
+}
+
+// tenants records the tenant of every decision.
+type tenants struct{ seen []string }
+
+func (o *tenants) Decided(r *sluice.Request, _ *sluice.Decision, _ time.Duration) {
+	o.seen = append(o.seen, r.Tenant)
+}
+func (o *tenants) ShadowRejected(*sluice.Request, *sluice.Decision) {}
+func (o *tenants) Done(*sluice.Request, sluice.Completion)          {}

@@ -1,8 +1,10 @@
-// Package identify turns a request's method, path and headers into a
-// sluice.Request with server-side rules only: the tenant from a configured
-// header, class, operation and cost from route rules, and the caller's time
-// budget from a deadline header. A client can never raise its own priority:
-// classes come from the routes, never from what the client sends.
+// Package identify turns a request's method, path, headers, query and peer
+// address into a sluice.Request with server-side rules only: the tenant
+// from a header, a query parameter, a bearer token's claim, the client's IP
+// address or the route (or several of them), class, operation and cost
+// from route rules, and the caller's time budget from a deadline header. A
+// client can never raise its own priority: classes come from the routes,
+// never from what the client sends.
 //
 //	id, err := identify.New(identify.Rules{
 //		TenantHeader:   "X-Api-Key",
@@ -14,7 +16,26 @@
 //		},
 //	})
 //	var req sluice.Request
-//	budget, detail := id.Identify(r.Method, r.URL.Path, r.Header, &req)
+//	budget, detail := id.IdentifyRequest(r, &req)
+//
+// # Keys
+//
+// A tenant key is a state key: it names a bucket or a counter in the
+// store, is never logged or echoed, and is at most sluice.MaxKeyLen bytes
+// (a longer composite key is replaced by its SHA-256, BoundKey). KeyRules
+// say where it comes from; Key compiles them into a KeyFunc on its own, for
+// httpgate.Config.TenantKey or any other use.
+//
+// The client's IP address (ClientIP) is the peer's, or, from a configured
+// trusted proxy, the right-most address of X-Forwarded-For or of the RFC
+// 7239 Forwarded header that is not itself a trusted proxy: what a client
+// writes in those headers never decides its key unless a proxy of ours
+// vouches for it. IPv6 clients are grouped by prefix (a /64 by default),
+// IPv4-mapped IPv6 addresses count as IPv4.
+//
+// A claim is read from a JWT (RFC 7519) bearer token without verifying its
+// signature: sluice reads claims of tokens that an authenticator in front
+// of it has verified (see Token).
 //
 // The HTTP middleware (package httpgate), the policy file (package policy)
 // and the simulator share these rules, so a request is identified the same
@@ -47,8 +68,14 @@ type Rules struct {
 	// API key). Empty: every request belongs to the anonymous tenant "".
 	// The value is used only as a state key: never echoed, never logged.
 	TenantHeader string
-	// RequireTenant refuses requests without TenantHeader as invalid.
+	// RequireTenant refuses requests without TenantHeader, or without a
+	// part of Tenant, as invalid.
 	RequireTenant bool
+	// Tenant, when it has parts, derives the tenant key from them: a
+	// header, a query parameter, a bearer token's claim, the client's IP
+	// address, the route, or several of them (see KeyRules). TenantHeader
+	// must then be empty: it is the shorthand for one header part.
+	Tenant KeyRules
 	// DeadlineHeader names the header carrying the caller's remaining time
 	// budget as a Go duration ("250ms").
 	DeadlineHeader string
@@ -174,11 +201,11 @@ func (c *Cost) normalize() error {
 // concurrent use.
 type Identifier struct {
 	rules           Rules // defaults filled in
-	tenantHeader    string
 	deadlineHeader  string
 	requestIDHeader string
 	routes          []route
 	fallback        route
+	tenant          *keyer // nil: every request is the anonymous tenant
 }
 
 type route struct {
@@ -209,8 +236,12 @@ func New(r Rules) (*Identifier, error) {
 		r.RequestIDHeader = DefaultRequestIDHeader
 	}
 	r.Routes = append([]Route(nil), r.Routes...)
+	tenant, err := tenantKeyer(&r)
+	if err != nil {
+		return nil, err
+	}
 	id := &Identifier{
-		tenantHeader:    http.CanonicalHeaderKey(r.TenantHeader),
+		tenant:          tenant,
 		deadlineHeader:  http.CanonicalHeaderKey(r.DeadlineHeader),
 		requestIDHeader: http.CanonicalHeaderKey(r.RequestIDHeader),
 		fallback:        route{class: r.DefaultClass, op: "other", cost: Cost{Fixed: 1, Per: 1, Min: 1, Max: sluice.MaxCost}},
@@ -234,6 +265,53 @@ func New(r Rules) (*Identifier, error) {
 	}
 	id.rules = r
 	return id, nil
+}
+
+// tenantKeyer compiles the tenant rules of r (normalizing r.Tenant), or
+// returns nil when every request is the anonymous tenant.
+func tenantKeyer(r *Rules) (*keyer, error) {
+	if r.TenantHeader != "" && len(r.Tenant.Parts) > 0 {
+		return nil, errors.New("identify: both TenantHeader and Tenant parts set (TenantHeader is one header part)")
+	}
+	k := &keyer{rules: r.Tenant}
+	if r.TenantHeader != "" {
+		k.rules.Parts = []Part{FromHeader(r.TenantHeader)}
+	}
+	if err := k.rules.normalize(); err != nil {
+		return nil, fmt.Errorf("identify: tenant: %v", err)
+	}
+	r.Tenant.Token, r.Tenant.ClientIP = k.rules.Token, k.rules.ClientIP // defaults filled in
+	k.rules.Required = k.rules.Required || r.RequireTenant
+	if len(k.rules.Parts) == 0 {
+		return nil, nil
+	}
+	return k, nil
+}
+
+// TenantHeaders returns the canonical names of the headers the tenant key
+// reads: its header parts, the token header of claim parts and, with
+// trusted proxies, the forwarding header of client IP parts. Adapters that
+// copy only the headers the rules need (gRPC metadata, Envoy's check
+// requests) copy these too.
+func (id *Identifier) TenantHeaders() []string {
+	if id.tenant == nil {
+		return nil
+	}
+	var hs []string
+	r := &id.tenant.rules
+	for _, p := range r.Parts {
+		switch {
+		case p.Source == SourceHeader:
+			hs = append(hs, p.Name)
+		case p.Source == SourceClaim:
+			hs = append(hs, r.Token.Header)
+		case p.Source == SourceClientIP && len(r.ClientIP.TrustedProxies) > 0 && r.ClientIP.Header == Forwarded:
+			hs = append(hs, "Forwarded")
+		case p.Source == SourceClientIP && len(r.ClientIP.TrustedProxies) > 0:
+			hs = append(hs, "X-Forwarded-For")
+		}
+	}
+	return hs
 }
 
 // Rules returns the rules with their defaults filled in.
@@ -319,22 +397,28 @@ func matchPath(pattern, path string, fold bool) bool {
 // from a request's method, path and header with the rules, and returns the
 // caller's time budget (0: none). A malformed or missing required header
 // yields a non-empty detail naming it, for the caller's 400 message; req is
-// then not to be used. It does not allocate.
+// then not to be used. It does not allocate. Tenant parts from the query
+// or the client's address see none: use IdentifyInput.
 func (id *Identifier) Identify(method, path string, h http.Header, req *sluice.Request) (budget time.Duration, detail string) {
-	if id.tenantHeader != "" {
-		switch vs := h[id.tenantHeader]; {
-		case len(vs) > 1:
-			return 0, "more than one " + id.tenantHeader + " header"
-		case len(vs) == 1:
-			if !validToken(vs[0], sluice.MaxKeyLen) {
-				return 0, "malformed " + id.tenantHeader + " header"
-			}
-			req.Tenant = vs[0]
-		case id.rules.RequireTenant:
-			return 0, "missing " + id.tenantHeader + " header"
+	return id.IdentifyInput(&Input{Method: method, Path: path, Header: h}, req)
+}
+
+// IdentifyRequest is IdentifyInput of r's method, path, header, query and
+// peer address.
+func (id *Identifier) IdentifyRequest(r *http.Request, req *sluice.Request) (budget time.Duration, detail string) {
+	return id.IdentifyInput(&Input{Method: r.Method, Path: r.URL.Path, Header: r.Header, RawQuery: r.URL.RawQuery, RemoteAddr: r.RemoteAddr}, req)
+}
+
+// IdentifyInput is Identify of everything in in. A key of several parts,
+// or of a client IP address, allocates; a key of one header does not.
+func (id *Identifier) IdentifyInput(in *Input, req *sluice.Request) (budget time.Duration, detail string) {
+	method, path, h := in.Method, in.Path, in.Header
+	rt := id.match(method, path)
+	if id.tenant != nil {
+		if req.Tenant, detail = id.tenant.key(in, rt.op); detail != "" {
+			return 0, detail
 		}
 	}
-	rt := id.match(method, path)
 	req.Class = rt.class
 	req.Operation = rt.op
 	req.Cost = rt.cost.Fixed

@@ -58,48 +58,57 @@ func RateFromFloat(perSecond float64) (Rate, error) {
 	return r, nil
 }
 
-// ParseRate parses "N/UNIT" or "N/DURATION": N is a decimal number with an
-// optional fraction and exponent ("100", "2.5", "1e9"); the period is a unit
-// (ns, us, ms, s, m, h, d) or a Go duration ("10s", "1m30s"). Examples:
-// "100/s", "1/h", "2.5/s", "1000/10s".
+// ParseRate parses "N/UNIT" or "N/DURATION", with no spaces: N is a
+// decimal number with an optional fraction and exponent ("100", "2.5",
+// "1e9"); the period is one of the units ns, us (or µs), ms, s, m, h, d, or a
+// Go duration that starts with a digit ("10s", "1m30s", "0.5s"). Examples:
+// "100/s", "1/h", "2.5/s", "1000/10s". Every other spelling ("10/sec",
+// "10/min", "10 / s") is refused with an error wrapping ErrInvalidRate
+// that names the unit meant.
 func ParseRate(s string) (Rate, error) {
-	num, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if strings.ContainsAny(s, " \t") {
+		return Rate{}, fmt.Errorf("%w %q: no spaces (want N/UNIT, e.g. 100/s)", ErrInvalidRate, s)
+	}
+	num, unit, ok := strings.Cut(s, "/")
 	if !ok {
 		return Rate{}, fmt.Errorf("%w %q: want N/UNIT, e.g. 100/s", ErrInvalidRate, s)
 	}
-	per, err := parsePeriod(strings.TrimSpace(unit))
+	per, err := parsePeriod(unit)
 	if err != nil {
 		return Rate{}, fmt.Errorf("%w %q: %v", ErrInvalidRate, s, err)
 	}
-	r, err := parseDecimalRate(strings.TrimSpace(num), per)
+	r, err := parseDecimalRate(num, per)
 	if err != nil {
 		return Rate{}, fmt.Errorf("%w %q: %v", ErrInvalidRate, s, err)
 	}
 	return r, nil
 }
 
+// periodUnits are the units a rate's period may be, and words that are
+// refused with the unit they mean.
+var (
+	periodUnits = map[string]time.Duration{
+		"ns": time.Nanosecond, "us": time.Microsecond, "µs": time.Microsecond, "ms": time.Millisecond,
+		"s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour,
+	}
+	periodWords = map[string]string{
+		"sec": "s", "secs": "s", "second": "s", "seconds": "s", "min": "m", "mins": "m", "minute": "m", "minutes": "m",
+		"hr": "h", "hour": "h", "hours": "h", "day": "d", "days": "d", "S": "s", "M": "m", "H": "h", "D": "d",
+	}
+)
+
 func parsePeriod(u string) (time.Duration, error) {
-	switch u {
-	case "ns":
-		return time.Nanosecond, nil
-	case "us", "µs":
-		return time.Microsecond, nil
-	case "ms":
-		return time.Millisecond, nil
-	case "s", "sec", "second":
-		return time.Second, nil
-	case "m", "min", "minute":
-		return time.Minute, nil
-	case "h", "hour":
-		return time.Hour, nil
-	case "d", "day":
-		return 24 * time.Hour, nil
+	if d, ok := periodUnits[u]; ok {
+		return d, nil
+	}
+	if w, ok := periodWords[u]; ok {
+		return 0, fmt.Errorf("period %q: write %q", u, w)
 	}
 	if u == "" {
 		return 0, errors.New("missing period")
 	}
 	d, err := time.ParseDuration(u)
-	if err != nil {
+	if err != nil || u[0] < '0' || u[0] > '9' {
 		return 0, fmt.Errorf("bad period %q (want ns, us, ms, s, m, h, d or a duration like 10s)", u)
 	}
 	if d <= 0 {

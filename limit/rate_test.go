@@ -3,6 +3,7 @@ package limit
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -21,7 +22,9 @@ func TestParseRate(t *testing.T) {
 		{"1e9/s", 1, time.Nanosecond},
 		{"1000/10s", 1, 10 * time.Millisecond},
 		{"2.7/s", 27, 10 * time.Second},
-		{" 30 / 60s ", 1, 2 * time.Second},
+		{"30/60s", 1, 2 * time.Second},
+		{"1/0.5s", 1, 500 * time.Millisecond},
+		{"1/µs", 1, time.Microsecond},
 		{"0.001/ms", 1, time.Second},
 		{"5/m", 1, 12 * time.Second},
 		{"1/d", 1, 24 * time.Hour},
@@ -40,12 +43,21 @@ func TestParseRate(t *testing.T) {
 
 func TestParseRateErrors(t *testing.T) {
 	for _, in := range []string{"", "100", "100/x", "100/", "/s", "0/s", "-5/s", "abc/s", "1.2.3/s",
-		"1e99/s", "99999999999999999999/s", "1/0s", "1/-1s", "NaN/s", "Inf/s", "1e-30/s"} {
+		"1e99/s", "99999999999999999999/s", "1/0s", "1/-1s", "NaN/s", "Inf/s", "1e-30/s",
+		// Spellings that are not documented are refused, not guessed.
+		"10/sec", "10/second", "10/min", "5/minute", "1/hour", "1/day", "10/S", " 30 / 60s ", "10/ s", "1/+1s", "1/s/s"} {
 		if _, err := ParseRate(in); err == nil {
 			t.Errorf("%q: no error", in)
 		} else if !errors.Is(err, ErrInvalidRate) {
 			t.Errorf("%q: %v does not wrap ErrInvalidRate", in, err)
 		}
+	}
+}
+
+// A refused word names the unit meant.
+func TestParseRateNamesTheUnit(t *testing.T) {
+	if _, err := ParseRate("10/sec"); err == nil || !strings.Contains(err.Error(), `write "s"`) {
+		t.Fatalf("%v", err)
 	}
 }
 

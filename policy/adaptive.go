@@ -9,7 +9,8 @@ import (
 )
 
 var adaptiveKind = &kind{
-	name: "adaptive_concurrency",
+	name:    "adaptive_concurrency",
+	example: `{name: adaptive, kind: adaptive_concurrency, controller: gradient2, min: 4, max: 64}`,
 	doc: "Adaptive concurrency limit (adaptive.Gate): a service-wide limit on requests in flight that a controller sets " +
 		"from the service's own latencies — gradient2, vegas or aimd (Netflix concurrency-limits) on response times, " +
 		"queue_delay (Breakwater) on this process's goroutine scheduling delay. Completed work feeds it, failed and " +

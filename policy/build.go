@@ -329,13 +329,19 @@ func (g *Gate) stateKey(st Store) string {
 // rules returns the file's identification rules.
 func (f *File) rules() identify.Rules {
 	r := identify.Rules{
-		TenantHeader:    f.Identity.TenantHeader,
 		RequireTenant:   f.Identity.TenantRequired,
 		DeadlineHeader:  f.Identity.DeadlineHeader,
 		MaxDeadline:     f.Identity.MaxDeadline,
 		DefaultDeadline: f.Identity.DefaultDeadline,
 		RequestIDHeader: f.Identity.RequestIDHeader,
 		PathMatch:       f.Identity.PathMatch,
+	}
+	// One header is the TenantHeader shorthand, which the gRPC
+	// interceptors and the simulator read.
+	if parts := f.Identity.TenantParts(); len(parts) == 1 && parts[0].Source == identify.SourceHeader {
+		r.TenantHeader = parts[0].Name
+	} else if len(parts) > 0 {
+		r.Tenant = identify.KeyRules{Parts: parts, ClientIP: f.Identity.ClientIP, Token: identify.Token{Header: f.Identity.TokenHeader}}
 	}
 	for _, rt := range f.Routes {
 		r.Routes = append(r.Routes, identify.Route{

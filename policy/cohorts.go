@@ -14,7 +14,7 @@ import (
 // cohortsField reads {count: 128, period: 1m, window: 1s}: a shedder's
 // cut over tenant cohorts (fair.Cohort) in place of a coin per request.
 func cohortsField(what string, dst **fair.CohortOptions) field {
-	return field{key: "cohorts", doc: what + " by an exact cut over (tier, tenant cohort) (fair.Cohort): {count: 128, " +
+	return field{key: "cohorts", typ: "mapping {count, period, window}", doc: what + " by an exact cut over (tier, tenant cohort) (fair.Cohort): {count: 128, " +
 		"period: 1m, window: 1s}; tenants hash into count cohorts whose order rotates every period, so the same tenants " +
 		"are not always the ones shed", def: "none (a coin per request)",
 		parse: func(p *parser, v *yaml.Node, path string) {

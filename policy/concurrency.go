@@ -13,7 +13,8 @@ import (
 )
 
 var concurrencyKind = &kind{
-	name: "concurrency",
+	name:    "concurrency",
+	example: `{name: worker-pool, kind: concurrency, limit: 8, queue: {max_wait: 100ms}}`,
 	doc: "Concurrency limit (limit.Concurrency): at most limit requests in flight (or demand units, weighted), each holding " +
 		"its slot until it ends. Rejects with reason concurrency: 429 per tenant, 503 at a shared scope, with retry_hint as retry-after.",
 	scope:  sluice.ScopeService,

@@ -9,7 +9,8 @@ import (
 )
 
 var deadlineKind = &kind{
-	name: "deadline",
+	name:    "deadline",
+	example: `{name: deadline, kind: deadline, percentile: 90%}`,
 	doc: "Deadline test (shed.Deadline): admit only when the predicted wait in the policy's wait queue (Q: the first " +
 		"gate with queue:, 0 without one), plus a percentile of the class's recent service times (S), plus reserve and " +
 		"margin, is less than the time the request has left (Q + S + R + U < D). Place it before the gates it protects. " +

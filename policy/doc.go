@@ -39,8 +39,9 @@
 // 503 follows, by sluice.Decision.Entitlement), and a params type with its
 // fields (key, meaning and unit, default, how the value is read), a check
 // that never dials, a build, a line for the spec text and a state key for
-// reloads. The reference of every kind (docs/policy-gates.md) is generated
-// from the same registry, by Reference.
+// reloads. The reference of the policy file (docs/policy.md) is generated
+// by Reference from the same registry and from the schema of the other
+// keys (schema.go), which the parser reads its key lists from.
 //
 // Adding a gate kind touches:
 //  1. its own file: var fooKind = &kind{...} and fooParams with fields,

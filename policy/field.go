@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 // and "missing" errors, error placement and the generated reference.
 type field struct {
 	key      string
+	typ      string // the value's type, for the reference
 	doc      string // meaning and unit, for the reference
 	def      string // the default, as the reference shows it ("" for none)
 	required bool
@@ -39,6 +41,14 @@ func (f field) dflt(format string, args ...any) field { f.def = fmt.Sprintf(form
 // parameter named like the key land on it too).
 func (f field) feeds(params ...string) field { f.sets = params; return f }
 
+// bound writes an integer bound, powers of two as 2^n.
+func bound(n int64) string {
+	if n > 1024 && n&(n-1) == 0 {
+		return fmt.Sprintf("2^%d", bits.TrailingZeros64(uint64(n)))
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // fieldFor returns the key of the field that sets the Go parameter name,
 // or "" when none does.
 func fieldFor(fs []field, name string) string {
@@ -51,19 +61,19 @@ func fieldFor(fs []field, name string) string {
 }
 
 func intField(key, doc string, dst *int64, lo, hi int64) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: fmt.Sprintf("integer in [%s, %s]", bound(lo), bound(hi)), doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.Integer(v, path, lo, hi)
 	}}
 }
 
 func durationField(key, doc string, dst *time.Duration, min time.Duration) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "duration ≥ " + min.String(), doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.Duration(v, path, min)
 	}}
 }
 
 func boolField(key, doc string, dst *bool) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "boolean", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.Boolean(v, path)
 	}}
 }
@@ -71,7 +81,7 @@ func boolField(key, doc string, dst *bool) field {
 // rateField reads a rate such as 100/s into dst, keeping the text as
 // written in text for the spec.
 func rateField(key, doc string, dst *limit.Rate, text *string) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "rate", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*text = p.Str(v, path)
 		r, err := limit.ParseRate(*text)
 		if err != nil {
@@ -82,7 +92,7 @@ func rateField(key, doc string, dst *limit.Rate, text *string) field {
 }
 
 func shareField(key, doc string, dst *float64) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "share", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.share(v, path)
 	}}
 }
@@ -90,7 +100,7 @@ func shareField(key, doc string, dst *float64) field {
 // positiveShareField is a share that must not be 0 (0 would read as
 // "unset" and fall back to the default).
 func positiveShareField(key, doc string, dst *float64) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "share > 0", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.share(v, path)
 		if f, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v.Value), "%"), 64); err == nil && f == 0 {
 			p.Errf(v, path, "must be above 0")
@@ -99,20 +109,20 @@ func positiveShareField(key, doc string, dst *float64) field {
 }
 
 func choiceField(key, doc string, dst *string, choices ...string) field {
-	return field{key: key, doc: doc + " (" + strings.Join(choices, " or ") + ")", parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: strings.Join(choices, ", "), doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.OneOf(v, path, choices...)
 	}}
 }
 
 func classesField(key, doc string, dst *[]string) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "list of classes", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = p.classList(v, path)
 	}}
 }
 
 // sharesField reads a non-empty list of shares.
 func sharesField(key, doc string, dst *[]float64) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "list of shares", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
 			p.Errf(v, path, "want a list of shares, e.g. [25%%, 50%%, 75%%]")
 			return
@@ -125,7 +135,7 @@ func sharesField(key, doc string, dst *[]float64) field {
 
 // thresholdsField reads {enter: share, exit: share}.
 func thresholdsField(key, doc string, enter, exit *float64) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "{enter: share, exit: share}", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		p.Fields(v, path, []string{"enter", "exit"}, func(k string, vv *yaml.Node) {
 			if k == "enter" {
 				*enter = p.share(vv, yamlfile.Join(path, k))
@@ -138,7 +148,7 @@ func thresholdsField(key, doc string, enter, exit *float64) field {
 
 // sharePerClassField reads a mapping of class to share, e.g. {critical: 20%}.
 func sharePerClassField(key, doc string, dst *map[string]float64) field {
-	return field{key: key, doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
+	return field{key: key, typ: "mapping of class to share", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		*dst = map[string]float64{}
 		if v.Kind != yaml.MappingNode {
 			p.Errf(v, path, "want a mapping of class to share, e.g. {critical: 20%%}")

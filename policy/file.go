@@ -70,14 +70,49 @@ type Store struct {
 
 // Identity says where tenant, deadline and request id come from.
 type Identity struct {
-	TenantHeader    string
-	TenantRequired  bool
+	// The tenant key's parts, combined in this order: header, query,
+	// claim, ip, route (identify.KeyRules). None: one anonymous tenant.
+	TenantHeader   string
+	TenantQuery    string
+	TenantClaim    string
+	TenantIP       bool
+	TenantRoute    bool
+	TenantRequired bool
+	// ClientIP says how the ip part finds the client's address.
+	ClientIP identify.ClientIP
+	// TokenHeader holds the bearer token of the claim part ("":
+	// identify.DefaultTokenHeader).
+	TokenHeader     string
 	DeadlineHeader  string
 	DefaultDeadline time.Duration
 	MaxDeadline     time.Duration
 	RequestIDHeader string
 	// PathMatch is how request paths meet route paths.
 	PathMatch identify.PathMatch
+	// Line is the line of the identity section (0: not written).
+	Line int
+}
+
+// TenantParts returns the parts of the tenant key, in the order they are
+// combined.
+func (id *Identity) TenantParts() []identify.Part {
+	var ps []identify.Part
+	if id.TenantHeader != "" {
+		ps = append(ps, identify.FromHeader(id.TenantHeader))
+	}
+	if id.TenantQuery != "" {
+		ps = append(ps, identify.FromQuery(id.TenantQuery))
+	}
+	if id.TenantClaim != "" {
+		ps = append(ps, identify.FromClaim(id.TenantClaim))
+	}
+	if id.TenantIP {
+		ps = append(ps, identify.FromClientIP())
+	}
+	if id.TenantRoute {
+		ps = append(ps, identify.FromRoute())
+	}
+	return ps
 }
 
 // Route is one server-side class and cost rule.

@@ -7,7 +7,8 @@ import (
 )
 
 var fixedWindowKind = &kind{
-	name: "fixed_window",
+	name:    "fixed_window",
+	example: `{name: per-minute, kind: fixed_window, limit: 600, window: 1m}`,
 	doc: "Fixed window (limit.FixedWindow): at most limit demand units per aligned window. " +
 		"Cheap, but a client may get twice the limit across a window edge. Rejects with reason policy_rate (429).",
 	scope:  sluice.ScopeTenant,

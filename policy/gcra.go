@@ -9,7 +9,8 @@ import (
 )
 
 var gcraKind = &kind{
-	name: "gcra",
+	name:    "gcra",
+	example: `{name: request-rate, kind: gcra, rate: 100/s, burst: 500}`,
 	doc: "Generic cell rate algorithm (limit.GCRA; ITU-T I.371): the token bucket's dual, one theoretical arrival time per key. " +
 		"Same settings and decisions as token_bucket.",
 	scope:  sluice.ScopeTenant,

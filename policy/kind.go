@@ -32,6 +32,9 @@ type kind struct {
 	name string
 	// doc is a paragraph for the reference.
 	doc string
+	// example is one gate of the kind in flow style, for the reference; a
+	// test parses it.
+	example string
 	// scope is the scope of a gate that names none.
 	scope sluice.Scope
 	// service: the kind protects the whole service; a file may not name a

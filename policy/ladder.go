@@ -11,7 +11,8 @@ import (
 )
 
 var ladderKind = &kind{
-	name: "ladder",
+	name:    "ladder",
+	example: `{name: ladder, kind: ladder, workers: 8, degrade: {enter: 0.8, exit: 0.6}}`,
 	doc: "Degradation ladder (shed.Ladder): NORMAL → DEGRADE → SHED → RECOVER on demand (offered work ÷ workers), with " +
 		"hysteresis, a minimum dwell and a staged recovery ramp. DEGRADE admits everything at level degrade (handlers " +
 		"serve the cheaper result); SHED admits only the protected classes. Rejects with reason overload (503).",

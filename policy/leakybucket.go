@@ -11,7 +11,8 @@ import (
 )
 
 var leakyBucketKind = &kind{
-	name: "leaky_bucket",
+	name:    "leaky_bucket",
+	example: `{name: paced, kind: leaky_bucket, rate: 10/s, queue: 20}`,
 	doc: "Leaky bucket as a paced queue (limit.LeakyBucket): admitted requests leave at a steady rate, each waiting for its " +
 		"slot, with at most queue waiting; a request whose slot comes after its deadline is refused before it waits. " +
 		"Rejects with reason policy_rate (429) per tenant, overload (503) at a shared scope.",

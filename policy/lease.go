@@ -29,7 +29,7 @@ type leaseSettings struct {
 var leaseFailures = map[string]lease.Failure{"safe": lease.FailSafe, "open": lease.FailOpen, "closed": lease.FailClosed}
 
 func leaseField(l *leaseSettings) field {
-	return field{key: "lease", doc: "spend a lease of the fleet-wide budget in process instead of one Redis call per decision " +
+	return field{key: "lease", typ: "mapping {time, refresh, on_failure, safe_share}", doc: "spend a lease of the fleet-wide budget in process instead of one Redis call per decision " +
 		"(package lease): {time: 10s, refresh: lease/4, on_failure: safe|open|closed, safe_share: units/s or slots}; the " +
 		"processes share the budget max-min by their demand; scope service (a rate: a whole number of units per second)",
 		def: "none (one decision per request on the store)",

@@ -53,12 +53,10 @@ func (p *parser) fail(n *yaml.Node, path string, err error) {
 	p.Errs = append(p.Errs, &Error{File: p.File, Line: n.Line, Field: path, Msg: err.Error(), Err: err})
 }
 
-var topFields = []string{"version", "service", "spec", "store", "identity", "routes", "gates"}
-
 func (p *parser) file(n *yaml.Node) *File {
 	f := &File{Path: p.File, Store: Store{Backend: BackendMemory, Line: n.Line}}
 	var gates *yaml.Node
-	seen := p.Fields(n, "", topFields, func(key string, v *yaml.Node) {
+	seen := p.Fields(n, "", keysOf(), func(key string, v *yaml.Node) {
 		switch key {
 		case "version":
 			f.Version = int(p.Integer(v, key, 1, 1))
@@ -86,6 +84,9 @@ func (p *parser) file(n *yaml.Node) *File {
 		}
 	}
 	if gates != nil {
+		if gates.Kind == yaml.SequenceNode && len(gates.Content) == 0 {
+			p.Errf(gates, "gates", "empty: a policy without gates admits every request (write at least one gate)")
+		}
 		f.Gates = p.gates(gates, f.Store)
 	}
 	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {
@@ -96,7 +97,7 @@ func (p *parser) file(n *yaml.Node) *File {
 
 func (p *parser) spec(n *yaml.Node) Spec {
 	var s Spec
-	p.Fields(n, "spec", []string{"operation", "resource", "owner"}, func(k string, v *yaml.Node) {
+	p.Fields(n, "spec", keysOf("spec"), func(k string, v *yaml.Node) {
 		text := p.Str(v, yamlfile.Join("spec", k))
 		switch k {
 		case "operation":
@@ -114,7 +115,7 @@ var redisOnly = []string{"addrs", "cluster", "timeout", "replicas", "probe_every
 
 func (p *parser) store(n *yaml.Node) Store {
 	s := Store{Backend: BackendMemory, Line: n.Line}
-	seen := p.Fields(n, "store", []string{"backend", "addrs", "cluster", "timeout", "on_failure", "max_keys", "replicas", "probe_every"}, func(k string, v *yaml.Node) {
+	seen := p.Fields(n, "store", keysOf("store"), func(k string, v *yaml.Node) {
 		p.storeField(&s, k, v)
 	})
 	if s.Backend == BackendRedis && len(s.Addrs) == 0 {
@@ -167,9 +168,11 @@ func (p *parser) failurePolicy(v *yaml.Node, path string) gate.FailurePolicy {
 }
 
 func (p *parser) identity(n *yaml.Node) Identity {
-	var id Identity
-	p.Fields(n, "identity", []string{"tenant", "deadline", "request_id", "path_match"}, func(k string, v *yaml.Node) {
+	id := Identity{Line: n.Line}
+	lines := map[string]int{}
+	p.Fields(n, "identity", keysOf("identity"), func(k string, v *yaml.Node) {
 		path := yamlfile.Join("identity", k)
+		lines[k] = v.Line
 		if k == "path_match" {
 			m, err := identify.ParsePathMatch(p.Str(v, path))
 			if err != nil && v.Kind == yaml.ScalarNode {
@@ -178,32 +181,108 @@ func (p *parser) identity(n *yaml.Node) Identity {
 			id.PathMatch = m
 			return
 		}
-		known := map[string][]string{"tenant": {"header", "required"}, "deadline": {"header", "max", "default"}, "request_id": {"header"}}[k]
-		p.Fields(v, path, known, func(kk string, vv *yaml.Node) {
+		seen := p.Fields(v, path, keysOf("identity", k), func(kk string, vv *yaml.Node) {
 			p.identityField(&id, k, kk, vv, yamlfile.Join(path, kk))
 		})
+		if k == "tenant" && v.Kind == yaml.MappingNode && len(id.TenantParts()) == 0 {
+			if _, ok := seen["required"]; ok || len(seen) == 0 {
+				p.Errf(v, path, "no source: write one or more of header, query, claim, ip: true, route: true")
+			}
+		}
 	})
+	p.identityUnused(&id, lines)
 	return id
 }
 
+// identityUnused refuses the sections that no tenant part reads.
+func (p *parser) identityUnused(id *Identity, lines map[string]int) {
+	if l, ok := lines["client_ip"]; ok && !id.TenantIP {
+		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "identity.client_ip", Msg: "applies only to a tenant keyed by ip (identity.tenant.ip: true)"})
+	}
+	if l, ok := lines["token"]; ok && id.TenantClaim == "" {
+		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "identity.token", Msg: "applies only to a tenant keyed by a claim (identity.tenant.claim)"})
+	}
+}
+
 func (p *parser) identityField(id *Identity, section, k string, v *yaml.Node, path string) {
+	switch section {
+	case "tenant":
+		p.tenantField(id, k, v, path)
+	case "client_ip":
+		p.clientIPField(&id.ClientIP, k, v, path)
+	case "token":
+		id.TokenHeader = p.header(v, path)
+	case "deadline":
+		switch k {
+		case "header":
+			id.DeadlineHeader = p.header(v, path)
+		case "max":
+			id.MaxDeadline = p.Duration(v, path, time.Millisecond)
+		case "default":
+			id.DefaultDeadline = p.Duration(v, path, time.Millisecond)
+		}
+	case "request_id":
+		id.RequestIDHeader = p.header(v, path)
+	}
+}
+
+func (p *parser) tenantField(id *Identity, k string, v *yaml.Node, path string) {
 	switch k {
 	case "header":
-		h := p.header(v, path)
-		switch section {
-		case "tenant":
-			id.TenantHeader = h
-		case "deadline":
-			id.DeadlineHeader = h
-		case "request_id":
-			id.RequestIDHeader = h
+		id.TenantHeader = p.nonEmpty(v, path, p.header(v, path), "a header name, e.g. X-Api-Key")
+	case "query":
+		q := p.nonEmpty(v, path, p.Str(v, path), "a query parameter, e.g. api_key")
+		if strings.ContainsAny(q, "&=#?+% \t") {
+			p.Errf(v, path, "%q is not a plain query parameter name", q)
 		}
+		id.TenantQuery = q
+	case "claim":
+		id.TenantClaim = p.nonEmpty(v, path, p.Str(v, path), "a top-level claim of the bearer token, e.g. sub")
+	case "ip":
+		id.TenantIP = p.Boolean(v, path)
+	case "route":
+		id.TenantRoute = p.Boolean(v, path)
 	case "required":
 		id.TenantRequired = p.Boolean(v, path)
-	case "max":
-		id.MaxDeadline = p.Duration(v, path, time.Millisecond)
-	case "default":
-		id.DefaultDeadline = p.Duration(v, path, time.Millisecond)
+	}
+}
+
+// nonEmpty reports an empty scalar as missing what want says.
+func (p *parser) nonEmpty(v *yaml.Node, path, s, want string) string {
+	if s == "" && v.Kind == yaml.ScalarNode {
+		p.Errf(v, path, "empty: want %s", want)
+	}
+	return s
+}
+
+func (p *parser) clientIPField(c *identify.ClientIP, k string, v *yaml.Node, path string) {
+	switch k {
+	case "trusted_proxies":
+		if v.Kind != yaml.SequenceNode {
+			p.Errf(v, path, "want a list of CIDRs or addresses, e.g. [10.0.0.0/8, 2001:db8::/32]")
+			return
+		}
+		for i, e := range v.Content {
+			at := fmt.Sprintf("%s[%d]", path, i)
+			if s := p.Str(e, at); e.Kind == yaml.ScalarNode {
+				pfx, err := identify.ParseTrustedProxy(s)
+				if err != nil {
+					p.fail(e, at, err)
+					continue
+				}
+				c.TrustedProxies = append(c.TrustedProxies, pfx)
+			}
+		}
+	case "header":
+		h, err := identify.ParseForwardedHeader(p.Str(v, path))
+		if err != nil && v.Kind == yaml.ScalarNode {
+			p.fail(v, path, err)
+		}
+		c.Header = h
+	case "ipv4_prefix":
+		c.IPv4Prefix = int(p.Integer(v, path, 1, 32))
+	case "ipv6_prefix":
+		c.IPv6Prefix = int(p.Integer(v, path, 1, 128))
 	}
 }
 
@@ -234,7 +313,7 @@ func (p *parser) routes(n *yaml.Node) []Route {
 
 func (p *parser) route(n *yaml.Node, path string) Route {
 	r := Route{Line: n.Line, Cost: Cost{Fixed: 1}}
-	seen := p.Fields(n, path, []string{"match", "class", "cost"}, func(k string, v *yaml.Node) {
+	seen := p.Fields(n, path, keysOf("routes"), func(k string, v *yaml.Node) {
 		field := yamlfile.Join(path, k)
 		switch k {
 		case "match":
@@ -255,7 +334,7 @@ func (p *parser) route(n *yaml.Node, path string) Route {
 }
 
 func (p *parser) match(r *Route, n *yaml.Node, path string) {
-	p.Fields(n, path, []string{"method", "path"}, func(k string, v *yaml.Node) {
+	p.Fields(n, path, keysOf("routes", "match"), func(k string, v *yaml.Node) {
 		field := yamlfile.Join(path, k)
 		switch k {
 		case "method":
@@ -285,7 +364,7 @@ func (p *parser) cost(n *yaml.Node, path string) Cost {
 		c.Fixed = p.Integer(n, path, 1, sluice.MaxCost)
 		return c
 	}
-	p.Fields(n, path, []string{"header", "per", "min", "max"}, func(k string, v *yaml.Node) {
+	p.Fields(n, path, keysOf("routes", "cost"), func(k string, v *yaml.Node) {
 		field := yamlfile.Join(path, k)
 		switch k {
 		case "header":

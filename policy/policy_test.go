@@ -15,6 +15,7 @@ import (
 
 const good = `version: 1
 service: s
+identity: {tenant: {header: X-Api-Key}}
 gates:
   - {name: request-rate, kind: token_bucket, scope: tenant, rate: 100/s, burst: 500}
   - {name: inflight, kind: concurrency, limit: 20}
@@ -66,15 +67,15 @@ func TestBrokenPolicies(t *testing.T) {
 		{"bad mode", "version: 1\ngates:\n  - {name: a, kind: concurrency, limit: 5, mode: dark}\n", 3, "gates[0].mode", `"dark" is not one of enforce, shadow, off`},
 		{"bad scope", "version: 1\ngates:\n  - {name: a, kind: concurrency, limit: 5, scope: planet}\n", 3, "gates[0].scope", `unknown scope "planet"`},
 		{"missing gates", "version: 1\nservice: x\n", 1, "gates", "missing (required)"},
-		{"wrong version", "version: 2\ngates: []\n", 1, "version", "out of range [1, 1]"},
-		{"route path", "version: 1\nroutes:\n  - {match: {path: v1/x}}\ngates: []\n", 3, "routes[0].match.path", "must start with /"},
-		{"cost bounds", "version: 1\nroutes:\n  - {match: {path: /x}, cost: {header: X-N, min: 9, max: 2}}\ngates: []\n", 3, "routes[0].cost", "min 9 is above max 2"},
-		{"huge burst for rate", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 3, "gates[0].burst", "too large for rate"},
+		{"wrong version", "version: 2\ngates:\n  - {name: g, kind: concurrency, limit: 1}\n", 1, "version", "out of range [1, 1]"},
+		{"route path", "version: 1\nroutes:\n  - {match: {path: v1/x}}\ngates:\n  - {name: g, kind: concurrency, limit: 1}\n", 3, "routes[0].match.path", "must start with /"},
+		{"cost bounds", "version: 1\nroutes:\n  - {match: {path: /x}, cost: {header: X-N, min: 9, max: 2}}\ngates:\n  - {name: g, kind: concurrency, limit: 1}\n", 3, "routes[0].cost", "min 9 is above max 2"},
+		{"huge burst for rate", "version: 1\nidentity: {tenant: {header: X-K}}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/d, burst: 1000000000}\n", 4, "gates[0].burst", "too large for rate"},
 		{"empty name", "version: 1\ngates:\n  - {name: \"\", kind: concurrency, limit: 1}\n", 3, "gates[0].name", "gate names use"},
 		{"empty kind", "version: 1\ngates:\n  - {name: a, kind: \"\", limit: 1}\n", 3, "gates[0].kind", `unknown kind ""`},
 		{"two documents", "version: 1\ngates: []\n---\nversion: 1\n", 3, "(file)", "more than one YAML document"},
 		{"class no route assigns", "version: 1\nroutes:\n  - {match: {path: /x}, class: critical}\ngates:\n  - {name: a, kind: concurrency, limit: 1, classes: [critcal]}\n", 5, "gates[0].classes[0]", `no route assigns class "critcal"`},
-		{"window too long", "version: 1\ngates:\n  - {name: a, kind: fixed_window, limit: 1, window: 1500000h}\n", 3, "gates[0].window", "366 days"},
+		{"window too long", "version: 1\nidentity: {tenant: {header: X-K}}\ngates:\n  - {name: a, kind: fixed_window, limit: 1, window: 1500000h}\n", 4, "gates[0].window", "366 days"},
 		{"utilization good above bad", "version: 1\ngates:\n  - name: u\n    kind: utilization\n    workers: 4\n    good: 0.9\n    bad: 0.8\n    tiers: [default]\n", 6, "gates[0].good", "good 0.9 must be below bad 0.8"},
 		{"utilization negative delay", "version: 1\ngates:\n  - {name: u, kind: utilization, workers: 4, delay: -5s, tiers: [default]}\n", 3, "gates[0].delay", "must be at least 0s"},
 		{"utilization unknown tier", "version: 1\nroutes:\n  - {match: {path: /a}, class: sandbox}\ngates:\n  - {name: u, kind: utilization, workers: 4, tiers: [sandbox, sheddabel, default]}\n", 5, "gates[0].tiers[1]", `unknown tier or class "sheddabel"`},
@@ -85,7 +86,7 @@ func TestBrokenPolicies(t *testing.T) {
 		{"ladder shed without hysteresis", "version: 1\ngates:\n  - name: l\n    kind: ladder\n    workers: 4\n    shed: {enter: 0.9, exit: 0.95}\n", 6, "gates[0].shed", "shed exit 0.95 must be below shed enter 0.9"},
 		{"ladder recover steps", "version: 1\ngates:\n  - name: l\n    kind: ladder\n    workers: 4\n    recover: [50%, 25%]\n", 6, "gates[0].recover", "must increase"},
 		{"utilization bad above 1", "version: 1\ngates:\n  - name: u\n    kind: utilization\n    workers: 4\n    bad: 1.5\n    tiers: [default]\n", 6, "gates[0].bad", "bad 1.5"},
-		{"redis burst beyond doubles", "version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - name: a\n    kind: token_bucket\n    rate: 1/s\n    burst: 10000000\n", 7, "gates[0].burst", "exceeds 2^53"},
+		{"redis burst beyond doubles", "version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - name: a\n    kind: token_bucket\n    scope: service\n    rate: 1/s\n    burst: 10000000\n", 8, "gates[0].burst", "exceeds 2^53"},
 		{"on_failure of a process gate", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, on_failure: fail_closed}\n", 3, "gates[0].on_failure", "does not apply to kind ladder"},
 		{"deadline percentile", "version: 1\ngates:\n  - {name: d, kind: deadline, percentile: 100%}\n", 3, "gates[0].percentile", "want (0, 1)"},
 		{"deadline scope", "version: 1\ngates:\n  - {name: d, kind: deadline, scope: tenant}\n", 3, "gates[0].scope", "does not apply to kind deadline"},
@@ -95,7 +96,7 @@ func TestBrokenPolicies(t *testing.T) {
 		{"adaptive smoothing 0", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, controller: vegas, smoothing: 0}\n", 3, "gates[0].smoothing", "above 0"},
 		{"adaptive bounds", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, min: 50, max: 10}\n", 3, "gates[0].max", "below min"},
 		{"adaptive queue delay without target", "version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, controller: queue_delay}\n", 3, "gates[0].target", "target"},
-		{"queue per tenant", "version: 1\ngates:\n  - {name: c, kind: concurrency, scope: tenant, limit: 5, queue: {max_wait: 50ms}}\n", 3, "gates[0].queue", "needs scope service"},
+		{"queue per tenant", "version: 1\nidentity: {tenant: {header: X-K}}\ngates:\n  - {name: c, kind: concurrency, scope: tenant, limit: 5, queue: {max_wait: 50ms}}\n", 4, "gates[0].queue", "needs scope service"},
 		{"queue on redis", "version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {max_wait: 50ms}}\n", 4, "gates[0].queue", "on redis"},
 		{"queue class", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical}\ngates:\n  - {name: c, kind: adaptive_concurrency, queue: {classes: [critcal]}}\n", 5, "gates[0].queue", `unknown class "critcal"`},
 		{"queue field", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {wait: 50ms}}\n", 3, "gates[0].queue.wait", "unknown field"},
@@ -118,7 +119,7 @@ func TestBrokenPolicies(t *testing.T) {
 		{"inflight cost above the units", "version: 1\nroutes:\n  - {match: {path: /a}, class: critical, cost: 2}\ngates:\n  - {name: r, kind: reservation, inflight: 1, shares: {critical: {reserve: 1}}}\n", 5, "gates[0].shares.critical.reserve", "never admitted"},
 		{"inflight unlisted class cannot borrow", "version: 1\nidentity: {deadline: {header: X-T, default: 5s}}\nroutes:\n  - {match: {path: /a}, class: critical}\n  - {match: {path: /b}, class: sheddable}\ngates:\n  - {name: r, kind: reservation, inflight: 10, shares: {critical: {reserve: 10}}}\n", 7, "gates[0].shares", "class sheddable (route at line 5) has no share"},
 		{"typo names the field meant", "version: 1\ngates:\n  - {name: r, kind: reservation, capcity: 10, shares: {default: {reserve: 1}}}\n", 3, "gates[0].capcity", `unknown field; did you mean "capacity"?`},
-		{"lease per tenant", "version: 1\ngates:\n  - {name: r, kind: token_bucket, rate: 100/s, burst: 10, lease: {time: 10s}}\n", 3, "gates[0].lease", "needs scope service"},
+		{"lease per tenant", "version: 1\nidentity: {tenant: {header: X-K}}\ngates:\n  - {name: r, kind: token_bucket, rate: 100/s, burst: 10, lease: {time: 10s}}\n", 4, "gates[0].lease", "needs scope service"},
 		{"lease of a fractional rate", "version: 1\ngates:\n  - {name: r, kind: gcra, scope: service, rate: 1/m, burst: 1, lease: {time: 10s}}\n", 3, "gates[0].lease", "whole number of units per second"},
 		{"lease burst", "version: 1\ngates:\n  - {name: r, kind: token_bucket, scope: service, rate: 100/s, burst: 1000, lease: {}}\n", 3, "gates[0].lease", "1ms to 1s"},
 		{"lease refresh above its time", "version: 1\ngates:\n  - {name: r, kind: token_bucket, scope: service, rate: 100/s, burst: 10, lease: {time: 1s, refresh: 2s}}\n", 3, "gates[0].lease", "refresh interval"},
@@ -127,7 +128,24 @@ func TestBrokenPolicies(t *testing.T) {
 		{"fair field", "version: 1\ngates:\n  - {name: c, kind: concurrency, limit: 5, queue: {fair: {weight: 2}}}\n", 3, "gates[0].queue.fair.weight", "unknown field"},
 		{"ladder cohorts field", "version: 1\ngates:\n  - {name: l, kind: ladder, workers: 4, cohorts: {cout: 64}}\n", 3, "gates[0].cohorts.cout", "unknown field"},
 		{"cohorts count", "version: 1\ngates:\n  - {name: u, kind: utilization, workers: 4, tiers: [default], cohorts: {count: 0}}\n", 3, "gates[0].cohorts.count", "out of range"},
-		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates: []\n", 2, "identity.tenant.header", "not a valid header name"},
+		{"indentation at the end of a block", "version: 1\nidentity:\n  tenant: {header: X-Api-Key}\nroutes:\n  - match:\n      method: POST\n      path: /v1/routes\n    class: critical\n    cost: 2\n  class: default\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 10, "(yaml)", "did not find expected '-' indicator"},
+		{"indentation at the end of a gate", "version: 1\ngates:\n  - name: a\n    kind: concurrency\n    limit: 1\n    mode: enforce\n    retry_hint: 1s\n   ttl: 5s\n", 8, "(yaml)", "did not find expected '-' indicator"},
+		{"rate word", "version: 1\ngates:\n  - {name: a, kind: token_bucket, scope: service, rate: 10/sec, burst: 1}\n", 3, "gates[0].rate", `period "sec": write "s"`},
+		{"rate with spaces", "version: 1\ngates:\n  - {name: a, kind: token_bucket, scope: service, rate: \"10 / s\", burst: 1}\n", 3, "gates[0].rate", "no spaces"},
+		{"no gates", "version: 1\ngates: []\n", 2, "gates", "empty: a policy without gates admits every request"},
+		{"per tenant without a tenant", "version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 1}\n", 3, "gates[0].scope", "scope tenant (the default of kind token_bucket), but the policy identifies no tenant"},
+		{"per tenant and operation without a tenant", "version: 1\ngates:\n  - name: a\n    kind: concurrency\n    scope: tenant_operation\n    limit: 1\n", 5, "gates[0].scope", "scope tenant_operation, but the policy identifies no tenant"},
+		{"tenant without a source", "version: 1\nidentity:\n  tenant: {required: true}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 3, "identity.tenant", "no source"},
+		{"empty claim", "version: 1\nidentity:\n  tenant:\n    claim: \"\"\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 4, "identity.tenant.claim", "empty: want a top-level claim"},
+		{"bad CIDR", "version: 1\nidentity:\n  tenant: {ip: true}\n  client_ip:\n    trusted_proxies:\n      - 10.0.0.0/8\n      - 10.0.0.1/8\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 7, "identity.client_ip.trusted_proxies[1]", "did you mean 10.0.0.0/8?"},
+		{"not a CIDR", "version: 1\nidentity:\n  tenant: {ip: true}\n  client_ip: {trusted_proxies: [10.0.0.0/33]}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 4, "identity.client_ip.trusted_proxies[0]", "is not a CIDR"},
+		{"IPv6 prefix out of range", "version: 1\nidentity:\n  tenant: {ip: true}\n  client_ip:\n    ipv6_prefix: 129\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 5, "identity.client_ip.ipv6_prefix", "129 is out of range [1, 128]"},
+		{"IPv4 prefix 0", "version: 1\nidentity:\n  tenant: {ip: true}\n  client_ip: {ipv4_prefix: 0}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 4, "identity.client_ip.ipv4_prefix", "0 is out of range [1, 32]"},
+		{"forwarded header", "version: 1\nidentity:\n  tenant: {ip: true}\n  client_ip: {header: x-real-ip}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 4, "identity.client_ip.header", "not one of x-forwarded-for, forwarded"},
+		{"client_ip without ip", "version: 1\nidentity:\n  tenant: {header: X-Api-Key}\n  client_ip: {trusted_proxies: [10.0.0.0/8]}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 4, "identity.client_ip", "applies only to a tenant keyed by ip"},
+		{"token without claim", "version: 1\nidentity:\n  tenant: {header: X-Api-Key}\n  token: {header: X-Jwt}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 4, "identity.token", "applies only to a tenant keyed by a claim"},
+		{"query name", "version: 1\nidentity:\n  tenant: {query: \"a&b\"}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", 3, "identity.tenant.query", "not a plain query parameter name"},
+		{"bad tenant header", "version: 1\nidentity: {tenant: {header: \"X Api\"}}\ngates:\n  - {name: g, kind: concurrency, limit: 1}\n", 2, "identity.tenant.header", "not a valid header name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := Parse("p.yaml", []byte(c.file))
@@ -299,7 +317,7 @@ func TestReloadCarriesStateAcrossLimitChanges(t *testing.T) {
 // starts, and its gates decide by their failure policies until Redis
 // answers (here fail_closed: 503 dependency).
 func TestValidationNeverDialsAndBuildStartsWithRedisDown(t *testing.T) {
-	f, err := Parse("r.yaml", []byte("version: 1\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"], timeout: 20ms, on_failure: fail_closed}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"))
+	f, err := Parse("r.yaml", []byte("version: 1\nidentity: {tenant: {header: X-Api-Key}}\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"], timeout: 20ms, on_failure: fail_closed}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

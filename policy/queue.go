@@ -25,7 +25,7 @@ type queueSettings struct {
 
 // queueField reads the queue mapping of a concurrency kind.
 func queueField(q *queueSettings) field {
-	return field{key: "queue", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
+	return field{key: "queue", typ: "mapping {max_wait, max_len, classes, fair}", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
 		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}}; a request waits for a " +
 		"slot only while it can still start in time; with fair, each class's waiters are served between tenants in weighted " +
 		"fair shares of work units (start-time fair queueing)",

@@ -19,6 +19,7 @@ import (
 func TestRedisBackendSharesStateAndFallsBack(t *testing.T) {
 	srv := redistest.Start(t)
 	src := strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
 service: shared
 store: {backend: redis, addrs: [ADDR], timeout: 50ms, probe_every: 100ms, replicas: 2, on_failure: local_fallback}
 gates:
@@ -69,8 +70,8 @@ gates:
 
 func TestRedisBackendErrors(t *testing.T) {
 	for _, c := range []struct{ src, field string }{
-		{"version: 1\nstore: {backend: redis}\ngates: []\n", "store.addrs"},
-		{"version: 1\nstore: {backend: memory, replicas: 3}\ngates: []\n", "store.replicas"},
+		{"version: 1\nstore: {backend: redis}\ngates: [{name: c, kind: concurrency, limit: 1}]\n", "store.addrs"},
+		{"version: 1\nstore: {backend: memory, replicas: 3}\ngates: [{name: c, kind: concurrency, limit: 1}]\n", "store.replicas"},
 	} {
 		_, err := Parse("p.yaml", []byte(c.src))
 		var es Errors
@@ -94,6 +95,7 @@ func TestReloadsShareTheRedisConnection(t *testing.T) {
 	var prev *Runtime
 	for i := range 100 {
 		f, err := Parse("r.yaml", []byte(strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
 store: {backend: redis, addrs: [ADDR], timeout: `+strconv.Itoa(50+i%2)+`ms}
 gates:
   - {name: rate, kind: token_bucket, scope: tenant, rate: 1/s, burst: 10}
@@ -127,6 +129,7 @@ gates:
 func TestLeaseSharesTheRateAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	src := strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
 service: leased
 store: {backend: redis, addrs: [ADDR], timeout: 200ms}
 gates:
@@ -193,6 +196,7 @@ gates:
 func TestLeaseSharesSlotsAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	src := strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
 service: leased
 store: {backend: redis, addrs: [ADDR], timeout: 200ms}
 gates:

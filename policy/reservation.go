@@ -14,7 +14,8 @@ import (
 )
 
 var reservationKind = &kind{
-	name: "reservation",
+	name:    "reservation",
+	example: `{name: reserve, kind: reservation, capacity: 1000, shares: {critical: {reserve: 600}, default: {reserve: 300}}}`,
 	doc: "Class reservations over a capacity in work units/s (capacity: fair.Reservation) or in concurrent work units " +
 		"(inflight: fair.Slots), a budget nested service → class → tenant. Rates: each class always finds its reserve; what " +
 		"a class leaves idle, and what no class reserves, goes to a pool that classes allowed to borrow spend, holding at " +
@@ -49,7 +50,7 @@ func (p *reservationParams) fields() []field {
 		durationField("revocation", "how long borrowed work may still run once an owner wants its reserve back: the pool holds "+
 			"(capacity − recovery) × revocation units; in flight, only requests with at most this left before their deadline borrow",
 			&p.opts.Revocation, time.Millisecond).dflt("1s").feeds("Revocation"),
-		{key: "shares", doc: "per class: {reserve: units/s always available, max: units/s in all (default capacity − recovery), " +
+		{key: "shares", typ: "mapping of class to {reserve, max, borrow, tenant}", doc: "per class: {reserve: units/s always available, max: units/s in all (default capacity − recovery), " +
 			"borrow: may spend the pool (default true), tenant: units/s cap per tenant of the class (default none)}; classes " +
 			"not listed only borrow", required: true, parse: p.parseClasses, sets: []string{"Classes"}},
 		queueField(&p.queue),

@@ -7,7 +7,8 @@ import (
 )
 
 var slidingLogKind = &kind{
-	name: "sliding_log",
+	name:    "sliding_log",
+	example: `{name: per-minute, kind: sliding_log, limit: 60, window: 1m}`,
 	doc: "Sliding log (limit.SlidingLog): one entry per admitted unit, exact over any window of the given length. " +
 		"Memory grows with the limit, so the limit is at most 1,000,000 (use sliding_window above). Rejects with reason policy_rate (429).",
 	scope:  sluice.ScopeTenant,

@@ -7,7 +7,8 @@ import (
 )
 
 var slidingWindowKind = &kind{
-	name: "sliding_window",
+	name:    "sliding_window",
+	example: `{name: per-minute, kind: sliding_window, limit: 600, window: 1m}`,
 	doc: "Sliding window counter (limit.SlidingWindow): the current window's count plus the previous one's, weighted by " +
 		"how much of it the sliding window still covers. Two integers per key; admits less than twice the limit in the " +
 		"worst case. Rejects with reason policy_rate (429).",

@@ -83,13 +83,57 @@ func (w *specWriter) workModel() {
 }
 
 func tenantText(id Identity) string {
-	if id.TenantHeader == "" {
-		return "one shared anonymous tenant (no identity.tenant.header)"
+	parts := id.TenantParts()
+	if len(parts) == 0 {
+		return "one shared anonymous tenant (no identity.tenant)"
 	}
+	var what []string
+	for _, p := range parts {
+		switch p.Source {
+		case identify.SourceHeader:
+			what = append(what, "header "+p.Name)
+		case identify.SourceQuery:
+			what = append(what, "query parameter "+p.Name)
+		case identify.SourceClaim:
+			what = append(what, "claim "+p.Name+" of the bearer token in "+orDefault(id.TokenHeader, identify.DefaultTokenHeader)+" (not verified here: verified upstream)")
+		case identify.SourceClientIP:
+			what = append(what, clientIPText(id.ClientIP))
+		case identify.SourceRoute:
+			what = append(what, "the route")
+		}
+	}
+	t := "tenant = " + strings.Join(what, " + ")
 	if id.TenantRequired {
-		return "tenant = header " + id.TenantHeader + " (required)"
+		t += " (required)"
 	}
-	return "tenant = header " + id.TenantHeader
+	return t
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// clientIPText describes where the client's address comes from.
+func clientIPText(c identify.ClientIP) string {
+	v4, v6 := c.IPv4Prefix, c.IPv6Prefix
+	if v4 == 0 {
+		v4 = identify.DefaultIPv4Prefix
+	}
+	if v6 == 0 {
+		v6 = identify.DefaultIPv6Prefix
+	}
+	from := "the peer's address"
+	if len(c.TrustedProxies) > 0 {
+		ps := make([]string, len(c.TrustedProxies))
+		for i, p := range c.TrustedProxies {
+			ps[i] = p.String()
+		}
+		from = fmt.Sprintf("the peer's address, or from %s the right-most untrusted %s entry", strings.Join(ps, ", "), c.Header)
+	}
+	return fmt.Sprintf("client IP (%s; IPv4 per /%d, IPv6 per /%d)", from, v4, v6)
 }
 
 // classes describes each class by the routes that assign it.

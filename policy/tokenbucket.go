@@ -9,7 +9,8 @@ import (
 )
 
 var tokenBucketKind = &kind{
-	name: "token_bucket",
+	name:    "token_bucket",
+	example: `{name: request-rate, kind: token_bucket, rate: 100/s, burst: 500}`,
 	doc: "Token bucket (limit.TokenBucket): a bucket of burst tokens refilled at rate; a request takes its cost. " +
 		"Rejects with reason policy_rate (429) and the exact retry-after; a cost above the burst is never retryable.",
 	scope:  sluice.ScopeTenant,

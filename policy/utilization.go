@@ -13,7 +13,8 @@ import (
 )
 
 var utilizationKind = &kind{
-	name: "utilization",
+	name:    "utilization",
+	example: `{name: util, kind: utilization, workers: 8, tiers: [sheddable, default]}`,
 	doc: "Worker utilization shedder (shed.Utilization, after Stripe's \"Scaling your API with rate limiters\"): a slow " +
 		"controller turns utilization into a shed fraction that grows above bad, decays below good and holds between, " +
 		"and the fraction sheds the tiers in order, lowest first. Rejects with reason overload (503).",

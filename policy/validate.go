@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/param"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 )
@@ -29,6 +30,7 @@ func Validate(f *File) error {
 		}
 		c := &checker{file: f, g: g, path: fmt.Sprintf("gates[%d]", i), classes: classes}
 		c.known("classes", g.Classes, "no route assigns class %q, so this gate would never apply (classes: %s)")
+		c.tenantScope()
 		g.params.check(c)
 		errs = append(errs, c.errs...)
 	}
@@ -77,6 +79,20 @@ func (c *checker) known(key string, names []string, format string) {
 				Msg: fmt.Sprintf(format, name, strings.Join(c.classes, ", "))})
 		}
 	}
+}
+
+// tenantScope refuses a gate counted per tenant in a policy that
+// identifies no tenant: every request would be the one anonymous tenant,
+// a service-wide limit under another name.
+func (c *checker) tenantScope() {
+	if s := c.g.Scope; (s != sluice.ScopeTenant && s != sluice.ScopeTenantOperation) || len(c.file.Identity.TenantParts()) > 0 {
+		return
+	}
+	how := "scope " + c.g.Scope.String()
+	if !c.g.written("scope") {
+		how += " (the default of kind " + c.g.Kind + ")"
+	}
+	c.failf("scope", "%s, but the policy identifies no tenant: every request would share one anonymous tenant; set identity.tenant (header, query, claim, ip or route) or write scope: service", how)
 }
 
 // redis reports whether the gate's state lives on Redis.

@@ -491,6 +491,7 @@ gates:
 // is never advertised in RateLimit-Policy.
 func TestWrappedProtectionGatesKeepTheirCapabilities(t *testing.T) {
 	h := newHarness(t, `version: 1
+identity: {tenant: {header: X-Api-Key}}
 routes:
   - {match: {path: "/a/*"}, class: sheddable}
 gates:

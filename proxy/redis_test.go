@@ -27,6 +27,7 @@ func TestStoreFailuresExportedForEveryRedisGate(t *testing.T) {
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
 	policy := strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
 service: failures
 store: {backend: redis, addrs: [ADDR], timeout: 50ms, on_failure: fail_open}
 routes:
@@ -69,6 +70,7 @@ func TestProxyStartsWithRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Kill()
 	policy := strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
 service: startup
 store: {backend: redis, addrs: [ADDR], probe_every: 100ms, on_failure: fail_closed}
 gates:

@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -46,52 +48,89 @@ func root() *cobra.Command {
 }
 
 func checkCmd() *cobra.Command {
-	var file string
-	var forServe bool
+	var file, explain string
+	var forServe, quiet bool
 	cmd := &cobra.Command{
-		Use:   "check --config PATH",
+		Use:   "check FILE | check --config FILE | check --explain KIND",
 		Short: "Validate a policy file (or an envoyproxy/ratelimit configuration) and print what it enforces",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if isRLS, err := isRLSConfig(file); err != nil {
-				return err
-			} else if isRLS {
-				cfg, err := rls.Load(file)
+		Long: "Validate a policy file (or an envoyproxy/ratelimit configuration) without dialing anything, print each problem as FILE:LINE: FIELD: message, " +
+			"and on success print the admission policy spec it enforces. --quiet prints nothing (the exit code says: 0 valid, 1 not). " +
+			"--explain KIND prints the reference of one gate kind or one top-level section of a policy file (" + strings.Join(policy.ExplainNames(), ", ") + ").",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if explain != "" {
+				text, err := policy.Explain(explain)
 				if err != nil {
-					if n := printConfigErrors(cmd, err); n > 0 {
-						return fmt.Errorf("%s: %d error(s)", file, n)
-					}
 					return err
 				}
-				fmt.Fprint(cmd.OutOrStdout(), rlsserve.Describe(cfg))
+				fmt.Fprint(cmd.OutOrStdout(), text)
 				return nil
 			}
-			// Load validates everything a build would (policy.Validate)
-			// without dialing the store: check works anywhere.
-			f, err := policy.Load(file)
+			path, err := checkPath(file, args)
 			if err != nil {
-				if n := printPolicyErrors(cmd, err); n > 0 {
-					return fmt.Errorf("%s: %d error(s)", file, n)
-				}
 				return err
 			}
-			if len(f.Gates) == 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "%s: warning: the policy has no gates: every request is admitted\n", file)
+			if quiet {
+				cmd.SetOut(io.Discard)
+				cmd.SetErr(io.Discard)
+				cmd.SilenceErrors = true
 			}
-			if forServe { // sluice serve refuses gates it cannot enforce
-				if err := policy.CheckDecisionOnly(f); err != nil {
-					n := printPolicyErrors(cmd, err)
-					return fmt.Errorf("%s: %d gate(s) sluice serve cannot enforce", file, n)
-				}
-			}
-			fmt.Fprint(cmd.OutOrStdout(), f.SpecText())
-			return nil
+			return check(cmd, path, forServe)
 		},
 	}
-	cmd.Flags().StringVar(&file, "config", "", "policy file (YAML), or an envoyproxy/ratelimit configuration file or folder")
+	cmd.Flags().StringVar(&file, "config", "", "policy file (YAML), or an envoyproxy/ratelimit configuration file or folder (or give it as the argument)")
 	cmd.Flags().BoolVar(&forServe, "serve", false, "also refuse gates that sluice serve (a decision endpoint) cannot enforce")
-	cmd.MarkFlagRequired("config")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print nothing: the exit code says whether the file is valid (for CI)")
+	cmd.Flags().StringVar(&explain, "explain", "", "print the reference of a gate kind (e.g. token_bucket) or of a section (e.g. identity), and exit")
 	return cmd
+}
+
+// checkPath returns the file to check: the argument or --config, not two
+// different ones.
+func checkPath(config string, args []string) (string, error) {
+	switch {
+	case len(args) == 1 && config != "" && args[0] != config:
+		return "", fmt.Errorf("two files to check: %s and --config %s", args[0], config)
+	case len(args) == 1:
+		return args[0], nil
+	case config != "":
+		return config, nil
+	}
+	return "", errors.New("no file to check: sluice check FILE (or --config FILE)")
+}
+
+// check validates the file at path and prints what it enforces.
+func check(cmd *cobra.Command, file string, forServe bool) error {
+	if isRLS, err := isRLSConfig(file); err != nil {
+		return err
+	} else if isRLS {
+		cfg, err := rls.Load(file)
+		if err != nil {
+			if n := printConfigErrors(cmd, err); n > 0 {
+				return fmt.Errorf("%s: %d error(s)", file, n)
+			}
+			return err
+		}
+		fmt.Fprint(cmd.OutOrStdout(), rlsserve.Describe(cfg))
+		return nil
+	}
+	// Load validates everything a build would (policy.Validate)
+	// without dialing the store: check works anywhere.
+	f, err := policy.Load(file)
+	if err != nil {
+		if n := printPolicyErrors(cmd, err); n > 0 {
+			return fmt.Errorf("%s: %d error(s)", file, n)
+		}
+		return err
+	}
+	if forServe { // sluice serve refuses gates it cannot enforce
+		if err := policy.CheckDecisionOnly(f); err != nil {
+			n := printPolicyErrors(cmd, err)
+			return fmt.Errorf("%s: %d gate(s) sluice serve cannot enforce", file, n)
+		}
+	}
+	fmt.Fprint(cmd.OutOrStdout(), f.SpecText())
+	return nil
 }
 
 func proxyCmd() *cobra.Command {

@@ -36,7 +36,7 @@ func TestCheck(t *testing.T) {
 // dials.
 func TestCheckRedisPolicyWithoutRedis(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "redis.yaml")
-	os.WriteFile(file, []byte("version: 1\nservice: r\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - {name: a, kind: token_bucket, rate: 1/s, burst: 5}\n"), 0o644)
+	os.WriteFile(file, []byte("version: 1\nservice: r\nstore: {backend: redis, addrs: [\"127.0.0.1:1\"]}\ngates:\n  - {name: a, kind: token_bucket, scope: service, rate: 1/s, burst: 5}\n"), 0o644)
 	out, errOut, err := run("check", "--config", file)
 	if err != nil || !strings.Contains(out, "Redis at 127.0.0.1:1") {
 		t.Fatalf("%v\n%s%s", err, out, errOut)
@@ -153,5 +153,57 @@ func TestServeRefusesInflightGates(t *testing.T) {
 	out, errOut, err := run("check", "--serve", "--config", "../../examples/nginx/policy.yaml")
 	if err != nil || !strings.Contains(out, "ADMISSION POLICY  routes-api") {
 		t.Fatalf("%v\n%s%s", err, out, errOut)
+	}
+}
+
+// check takes the file as its argument as well as --config; --quiet
+// prints nothing either way and the exit code tells; what check used to
+// accept silently is refused with file:line:field.
+func TestCheckArgumentQuietAndRefusals(t *testing.T) {
+	out, _, err := run("check", "../../examples/routes-api.yaml")
+	if err != nil || !strings.Contains(out, "ADMISSION POLICY  routes-api") {
+		t.Fatalf("check FILE: %v\n%s", err, out)
+	}
+	if out, errOut, err := run("check", "--quiet", "../../examples/routes-api.yaml"); err != nil || out != "" || errOut != "" {
+		t.Fatalf("--quiet on a valid file: %v %q %q", err, out, errOut)
+	}
+	dir := t.TempDir()
+	for name, c := range map[string]struct{ src, want string }{
+		"rate.yaml":   {"version: 1\ngates:\n  - {name: a, kind: token_bucket, scope: service, rate: 10/sec, burst: 5}\n", `rate.yaml:3: gates[0].rate: limit: invalid rate "10/sec": period "sec": write "s"`},
+		"empty.yaml":  {"version: 1\ngates: []\n", "empty.yaml:2: gates: empty"},
+		"tenant.yaml": {"version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 10/s, burst: 5}\n", "tenant.yaml:3: gates[0].scope: scope tenant (the default of kind token_bucket), but the policy identifies no tenant"},
+		"indent.yaml": {"version: 1\ngates:\n  - name: a\n    kind: concurrency\n    limit: 1\n    mode: enforce\n    retry_hint: 1s\n    scope: service\n   ttl: 5s\n", "indent.yaml:9: (yaml)"},
+		"cidr.yaml":   {"version: 1\nidentity:\n  tenant: {ip: true}\n  client_ip: {trusted_proxies: [10.0.0.1/8]}\ngates:\n  - {name: a, kind: concurrency, limit: 1}\n", "cidr.yaml:4: identity.client_ip.trusted_proxies[0]"},
+	} {
+		file := filepath.Join(dir, name)
+		os.WriteFile(file, []byte(c.src), 0o644)
+		_, errOut, err := run("check", file)
+		if err == nil || !strings.Contains(errOut, c.want) {
+			t.Errorf("%s: %v\n%s", name, err, errOut)
+		}
+		if out, errOut, err := run("check", "-q", file); err == nil || out != "" || errOut != "" {
+			t.Errorf("%s --quiet: %v %q %q", name, err, out, errOut)
+		}
+	}
+	if _, _, err := run("check", "a.yaml", "--config", "b.yaml"); err == nil {
+		t.Error("two different files accepted")
+	}
+	if _, _, err := run("check"); err == nil {
+		t.Error("no file accepted")
+	}
+}
+
+// --explain prints one gate kind's or section's reference.
+func TestCheckExplain(t *testing.T) {
+	out, _, err := run("check", "--explain", "token_bucket")
+	if err != nil || !strings.Contains(out, "## `token_bucket`") || !strings.Contains(out, "| `burst` | integer") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, _, err = run("check", "--explain", "identity")
+	if err != nil || !strings.Contains(out, "identity.client_ip.trusted_proxies") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if _, _, err := run("check", "--explain", "bucket"); err == nil {
+		t.Fatal("an unknown kind explained")
 	}
 }

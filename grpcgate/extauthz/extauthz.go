@@ -68,6 +68,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -191,7 +192,8 @@ func (s *Server) Update(chain *sluice.Chain, cfg Config) error {
 		st.jitter = *cfg.Jitter
 	}
 	seen := map[string]bool{}
-	for _, name := range append([]string{cfg.TenantHeader, cfg.DeadlineHeader, id.RequestIDHeader(), "Content-Type"}, routeHeaders(cfg.Routes)...) {
+	names := append([]string{cfg.TenantHeader, cfg.DeadlineHeader, id.RequestIDHeader(), "Content-Type"}, routeHeaders(cfg.Routes)...)
+	for _, name := range append(names, id.TenantHeaders()...) {
 		canon := http.CanonicalHeaderKey(name)
 		if name != "" && !seen[canon] {
 			seen[canon] = true
@@ -248,7 +250,16 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	if !ok {
 		return s.refuse(st, st.chain.Refuse(&r, sluice.Decision{Reason: sluice.ReasonInvalid}), &r, "malformed request path", rid, ridOK, grpcReq), nil
 	}
-	budget, detail := st.id.Identify(hr.GetMethod(), path, h, &r)
+	// The peer is Envoy's downstream, the client or what stands in
+	// front of Envoy (then trusted_proxies and its X-Forwarded-For).
+	in := identify.Input{Method: hr.GetMethod(), Path: path, Header: h, RawQuery: hr.GetQuery()}
+	if _, q, ok := strings.Cut(hr.GetPath(), "?"); ok && in.RawQuery == "" { // Envoy before the query field
+		in.RawQuery, _, _ = strings.Cut(q, "#")
+	}
+	if sa := attrs.GetSource().GetAddress().GetSocketAddress(); sa.GetAddress() != "" {
+		in.RemoteAddr = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+	}
+	budget, detail := st.id.IdentifyInput(&in, &r)
 	if detail != "" {
 		return s.refuse(st, st.chain.Refuse(&r, sluice.Decision{Reason: sluice.ReasonInvalid}), &r, detail, rid, ridOK, grpcReq), nil
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -391,5 +392,24 @@ func TestConcurrencyGates(t *testing.T) {
 	}
 	if srv.Chain() != chain {
 		t.Fatal("Chain")
+	}
+}
+
+// identity's client IP is Envoy's downstream (the check's source address),
+// or behind a trusted one the right-most untrusted X-Forwarded-For entry;
+// a query part reads the original request's query.
+func TestClientIPAndQueryTenant(t *testing.T) {
+	lb, _ := identify.ParseTrustedProxy("10.0.0.0/8")
+	ip := identify.Rules{Tenant: identify.KeyRules{Parts: []identify.Part{identify.FromClientIP()}, ClientIP: identify.ClientIP{TrustedProxies: []netip.Prefix{lb}}}}
+	f := newFixture(t, extauthz.Config{Rules: ip})
+	f.check(t, checkReq("GET", "/", map[string]string{"x-forwarded-for": "6.6.6.6, 198.51.100.7"}))
+	if req, _, _ := f.probe.seen(); req.Tenant != "198.51.100.7" {
+		t.Fatalf("behind the trusted source: tenant %q", req.Tenant)
+	}
+	q := identify.Rules{Tenant: identify.KeyRules{Parts: []identify.Part{identify.FromQuery("key")}}}
+	f = newFixture(t, extauthz.Config{Rules: q})
+	f.check(t, checkReq("GET", "/x?key=k1&y=2", nil))
+	if req, _, _ := f.probe.seen(); req.Tenant != "k1" {
+		t.Fatalf("query tenant %q", req.Tenant)
 	}
 }

@@ -25,6 +25,26 @@ import (
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of trace files from this run")
 
+// Generated requires the file at path to hold got, a document generated
+// from code (a reference): with -rewrite, it writes got there instead. how
+// is the command that regenerates it, for the failure's message.
+func Generated(t *testing.T, path, got, how string) {
+	t.Helper()
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(want) != got {
+		t.Fatalf("%s is not what the code generates; %s", path, how)
+	}
+}
+
 // Cmd is one command of a trace file.
 type Cmd struct {
 	// Name is the command's first word.

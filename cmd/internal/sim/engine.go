@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -232,6 +233,11 @@ func newEngine(s *Scenario, clk *vclock, chains []*sluice.Chain, rules identify.
 	id, err := identify.New(rules)
 	if err != nil {
 		return nil, err
+	}
+	if len(rules.Tenant.Parts) > 0 {
+		// Simulated tenants are told apart by one header; a key of
+		// another kind would make them all one tenant without a word.
+		return nil, ferr("policy", "the simulator identifies tenants by one header (identity.tenant: {header: ...}); this policy keys them by %s", tenantSources(rules.Tenant.Parts))
 	}
 	e := &engine{s: s, clk: clk, chain: chains[0], rules: id.Rules(), idle: s.Workers}
 	e.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &e.wait), &e.park)
@@ -955,4 +961,13 @@ func (e *engine) timeout(i int32) {
 		e.retry(i, sluice.ReasonNone, true, 0)
 	}
 	e.unref(i)
+}
+
+// tenantSources names the sources of a tenant key.
+func tenantSources(ps []identify.Part) string {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Source.String()
+	}
+	return strings.Join(names, " + ")
 }

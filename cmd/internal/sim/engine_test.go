@@ -18,7 +18,7 @@ import (
 // woken by releases).
 var propPolicies = []*Policy{
 	nil,
-	{Name: "bucket.yaml", Data: []byte("version: 1\ngates:\n  - {name: rate, kind: token_bucket, scope: tenant, rate: 20/s, burst: 40}\n")},
+	{Name: "bucket.yaml", Data: []byte("version: 1\nidentity: {tenant: {header: X-Api-Key}}\ngates:\n  - {name: rate, kind: token_bucket, scope: tenant, rate: 20/s, burst: 40}\n")},
 	{Name: "inflight.yaml", Data: []byte("version: 1\ngates:\n  - {name: inflight, kind: concurrency, scope: service, limit: 6}\n")},
 	{Name: "queued.yaml", Data: []byte("version: 1\ngates:\n  - {name: inflight, kind: concurrency, scope: service, limit: 4, queue: {max_wait: 80ms, max_len: 30}}\n")},
 	{Name: "adaptive.yaml", Data: []byte(`version: 1

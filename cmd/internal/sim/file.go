@@ -71,8 +71,17 @@ func (p *sparser) at(field string, n *yaml.Node) {
 	p.lines[field] = n.Line
 }
 
-var scenarioFields = []string{"base", "name", "description", "unit", "capacity", "workers", "server", "client", "classes",
-	"processes", "balance", "loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
+// The keys of a scenario file, by mapping. docs/scenario.md documents each
+// from the doc comment of the field it sets (TestScenarioReference).
+var (
+	scenarioFields = []string{"base", "name", "description", "unit", "capacity", "workers", "server", "client", "classes",
+		"processes", "balance", "loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
+	serverFields = []string{"check_queue", "scan_cost", "cancel_point", "service", "service_cv"}
+	clientFields = []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients"}
+	classFields  = []string{"name", "method", "path", "headers", "units", "share", "tenants", "service", "timeout"}
+	phaseFields  = []string{"at", "load", "slowdown", "classes", "shares", "balance"}
+	distFields   = []string{"dist", "mean", "cv", "min", "max"}
+)
 
 func (p *sparser) scenario(n *yaml.Node) Scenario {
 	s := p.base(n) // first, so the file's fields override it wherever they are
@@ -204,7 +213,7 @@ func (p *sparser) list(v *yaml.Node, field string, each func(i int, e *yaml.Node
 }
 
 func (p *sparser) server(n *yaml.Node, s *Server) {
-	p.Fields(n, "server", []string{"check_queue", "scan_cost", "cancel_point", "service", "service_cv"}, func(key string, v *yaml.Node) {
+	p.Fields(n, "server", serverFields, func(key string, v *yaml.Node) {
 		f := "server." + key
 		p.at(f, v)
 		switch key {
@@ -223,8 +232,7 @@ func (p *sparser) server(n *yaml.Node, s *Server) {
 }
 
 func (p *sparser) client(n *yaml.Node, c *Client) {
-	known := []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients"}
-	p.Fields(n, "client", known, func(key string, v *yaml.Node) {
+	p.Fields(n, "client", clientFields, func(key string, v *yaml.Node) {
 		f := "client." + key
 		p.at(f, v)
 		switch key {
@@ -260,8 +268,7 @@ func (p *sparser) classes(n *yaml.Node) []Class {
 	p.list(n, "classes", func(i int, e *yaml.Node) {
 		path := fmt.Sprintf("classes[%d]", i)
 		var c Class
-		known := []string{"name", "method", "path", "headers", "units", "share", "tenants", "service", "timeout"}
-		p.Fields(e, path, known, func(key string, v *yaml.Node) {
+		p.Fields(e, path, classFields, func(key string, v *yaml.Node) {
 			f := path + "." + key
 			p.at(f, v)
 			switch key {
@@ -302,7 +309,7 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 	p.list(n, "phases", func(i int, e *yaml.Node) {
 		path := fmt.Sprintf("phases[%d]", i)
 		var ph Phase
-		p.Fields(e, path, []string{"at", "load", "slowdown", "classes", "shares", "balance"}, func(key string, v *yaml.Node) {
+		p.Fields(e, path, phaseFields, func(key string, v *yaml.Node) {
 			f := path + "." + key
 			p.at(f, v)
 			switch key {
@@ -340,7 +347,7 @@ func (p *sparser) dist(v *yaml.Node, field string) Dist {
 		return Const(p.Duration(v, field, time.Nanosecond))
 	}
 	var d Dist
-	p.Fields(v, field, []string{"dist", "mean", "cv", "min", "max"}, func(key string, x *yaml.Node) {
+	p.Fields(v, field, distFields, func(key string, x *yaml.Node) {
 		f := field + "." + key
 		switch key {
 		case "dist":

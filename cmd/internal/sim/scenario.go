@@ -190,9 +190,15 @@ type Phase struct {
 // "exponential" (Mean), "lognormal" (Mean, CV), "uniform" and "loguniform"
 // (Min, Max). The zero value is unset.
 type Dist struct {
-	Kind     string
-	Mean     time.Duration
-	CV       float64
+	// Kind is the distribution: constant, exponential, lognormal, uniform
+	// or loguniform.
+	Kind string
+	// Mean is the mean of constant, exponential and lognormal.
+	Mean time.Duration
+	// CV is lognormal's coefficient of variation (standard deviation ÷
+	// mean), in [0, 10].
+	CV float64
+	// Min and Max bound uniform and loguniform.
 	Min, Max time.Duration
 }
 

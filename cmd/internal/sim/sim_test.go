@@ -265,3 +265,13 @@ func TestRetryStormClients(t *testing.T) {
 		t.Errorf("without admission: goodput %.0f with the sluice client, %.0f naive", s.Goodput, n.Goodput)
 	}
 }
+
+// A policy whose tenants are not one header is refused: the simulated
+// tenants would all be one without a word.
+func TestNonHeaderTenantIsRefused(t *testing.T) {
+	s, _ := Builtin("mercury")
+	_, err := Simulate(s, Options{Policy: &Policy{Name: "ip.yaml", Data: []byte("version: 1\nidentity: {tenant: {ip: true}}\ngates:\n  - {name: r, kind: token_bucket, rate: 10/s, burst: 1}\n")}})
+	if err == nil || !strings.Contains(err.Error(), "keys them by ip") {
+		t.Fatalf("%v", err)
+	}
+}
