@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/wire"
 )
 
 // Defaults of DecisionConfig: the headers an nginx auth_request location
@@ -177,7 +178,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, method, path
 	budget, detail := st.c.id.Identify(method, path, r.Header, req)
 	if detail != "" {
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
-		m.reject(w, r, st, &d, req, detail)
+		rid := m.reject(w, r, st, &d, req, detail)
+		if al := st.c.cfg.AccessLog; al != nil {
+			m.logRejected(al, st.chain.Clock().Now(), r, method, path, req, &d, wire.Status(&d), rid)
+		}
 		return
 	}
 	ctx := r.Context()
@@ -189,7 +193,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, method, path
 	}
 	dec, tk := st.chain.Decide(ctx, req)
 	if !dec.Admitted {
-		m.reject(w, r, st, &dec, req, "")
+		rid := m.reject(w, r, st, &dec, req, "")
+		if al := st.c.cfg.AccessLog; al != nil {
+			m.logRejected(al, st.chain.Clock().Now(), r, method, path, req, &dec, wire.Status(&dec), rid)
+		}
 		return
 	}
 	// Nothing reports when the work ends: the decision is the whole request.
@@ -207,6 +214,9 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, method, path
 	}
 	h[hContentLength] = zeroLength
 	w.WriteHeader(http.StatusOK)
+	if al := st.c.cfg.AccessLog; al != nil {
+		logAdmitted(al, 0, r, method, path, req, http.StatusOK)
+	}
 }
 
 const hContentLength = "Content-Length"
