@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -9,30 +8,13 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
-
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // drainHarness runs a proxy whose drain grace ends when the test closes
 // grace, in front of an upstream that holds /slow/ requests until release.
@@ -43,13 +25,13 @@ type drainHarness struct {
 	release, entered chan struct{}
 	stop             context.CancelFunc
 	done             chan error
-	log              *syncBuffer
+	log              *logbuf.Buffer
 	graceAsked       chan time.Duration
 }
 
 func newDrainHarness(t *testing.T) *drainHarness {
 	h := &drainHarness{grace: make(chan time.Time), release: make(chan struct{}), entered: make(chan struct{}, 10),
-		done: make(chan error, 1), log: &syncBuffer{}, graceAsked: make(chan time.Duration, 1)}
+		done: make(chan error, 1), log: &logbuf.Buffer{}, graceAsked: make(chan time.Duration, 1)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/slow/") {
 			h.entered <- struct{}{}

@@ -1,36 +1,19 @@
 package serve
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -49,7 +32,7 @@ func get(t *testing.T, url string) (int, string) {
 func TestReadinessAndBuildInfo(t *testing.T) {
 	grace := make(chan time.Time)
 	asked := make(chan time.Duration, 1)
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(ratePolicy), HTTP: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "x",
 		Logger: slog.New(slog.NewTextHandler(log, nil)), DrainGrace: 2 * time.Second,
 		DrainAfter: func(d time.Duration) <-chan time.Time { asked <- d; return grace }})

@@ -58,21 +58,7 @@ func AppendProblem(b []byte, e *Envelope, status int) []byte {
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
 	b = appendJSONString(b, e.Message)
-	b = append(b, `,"reason":`...)
-	b = appendJSONString(b, e.Reason.String())
-	b = append(b, `,"scope":`...)
-	b = appendJSONString(b, e.Scope.String())
-	b = append(b, `,"gate":`...)
-	b = appendJSONString(b, e.Gate)
-	b = append(b, `,"retryable":`...)
-	b = strconv.AppendBool(b, e.Retryable)
-	b = append(b, `,"effect_possible":`...)
-	b = strconv.AppendBool(b, e.EffectPossible)
-	if e.RetryAfter > 0 {
-		b = append(b, `,"retry_after":`...)
-		b = strconv.AppendInt(b, e.RetryAfter, 10)
-	}
-	b = append(b, `,"request_id":`...)
-	b = appendJSONString(b, e.RequestID)
+	b = append(b, ',')
+	b = appendFacts(b, e)
 	return append(b, "}\n"...)
 }
