@@ -57,8 +57,8 @@ bench-nginx:
 # drop those matching ignored, print the rest; exit with the command's code.
 PROGRESS = awk -v what="$(1)" -v every=$(2) '/^exit [0-9]+$$/ {rc = $$2; next} $(3) {n++; if (n % every == 0) print "  ... " n " " what; next} $(4) {next} {print} END {if (n) print "  " n " " what; exit rc}'
 demo:
-	@echo "make demo: fetching modules (with empty caches about 1 minute)..."
+	@echo "make demo: fetching modules (with empty caches 10-20 s)..."
 	@{ $(GO) mod download -x 2>&1; echo "exit $$?"; } | $(call PROGRESS,modules fetched,20,/^# get .*\.zip$$/,/^# get /)
-	@echo "make demo: compiling (with empty caches about 3 minutes on 2 cores)..."
+	@echo "make demo: compiling (with empty caches about 1 minute on 2 cores)..."
 	@{ $(GO) build -buildvcs=auto -v -o bin/sluice ./cmd/sluice 2>&1; echo "exit $$?"; } | $(call PROGRESS,packages compiled,25,/^[A-Za-z0-9._~/-]+$$/,0)
 	./bin/sluice demo --json sluice-demo.json --plot sluice-demo

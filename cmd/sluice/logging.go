@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -49,9 +50,13 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	}
 	log := slog.New(h)
 	slog.SetDefault(log)
-	grpclog.SetLoggerV2(grpcLogger{log})
+	// gRPC reads its logger without a lock: set it once, before any gRPC
+	// work (a process runs one command; tests run many).
+	grpcLogOnce.Do(func() { grpclog.SetLoggerV2(grpcLogger{log}) })
 	return log, nil
 }
+
+var grpcLogOnce sync.Once
 
 // logger returns the command's logger, to its standard error, as the root
 // command's log flags say.
