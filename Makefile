@@ -19,8 +19,12 @@ vet:
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# The binary, stamped with its version from the VCS (sluice version): the
+# toolchain derives a pseudo-version and the revision from the checkout
+# (-buildvcs=auto also when GOFLAGS turns it off; nothing stamped outside a
+# checkout).
 build:
-	$(GO) build -o bin/sluice ./cmd/sluice
+	$(GO) build -buildvcs=auto -o bin/sluice ./cmd/sluice
 
 # Peer comparisons in one run; see BENCHMARKS.md.
 bench:
@@ -45,5 +49,16 @@ bench-nginx:
 	SLUICE_BENCH_NGINX=1 $(GO) test -run '^TestNginxThroughput$$' -count=1 -v ./serve
 
 # The main job: goodput under open-loop overload, with and without sluice.
+# With empty caches most of the time goes to fetching modules and compiling,
+# so both steps print progress (a line every 20 modules fetched and every 25
+# packages compiled) instead of minutes of silence; any other line (an
+# error) is printed as it comes.
+# $(call PROGRESS,what,every,counted,ignored): count lines matching counted,
+# drop those matching ignored, print the rest; exit with the command's code.
+PROGRESS = awk -v what="$(1)" -v every=$(2) '/^exit [0-9]+$$/ {rc = $$2; next} $(3) {n++; if (n % every == 0) print "  ... " n " " what; next} $(4) {next} {print} END {if (n) print "  " n " " what; exit rc}'
 demo:
-	$(GO) run ./cmd/sluice demo --json sluice-demo.json --plot sluice-demo
+	@echo "make demo: fetching modules (with empty caches 10-20 s)..."
+	@{ $(GO) mod download -x 2>&1; echo "exit $$?"; } | $(call PROGRESS,modules fetched,20,/^# get .*\.zip$$/,/^# get /)
+	@echo "make demo: compiling (with empty caches about 1 minute on 2 cores)..."
+	@{ $(GO) build -buildvcs=auto -v -o bin/sluice ./cmd/sluice 2>&1; echo "exit $$?"; } | $(call PROGRESS,packages compiled,25,/^[A-Za-z0-9._~/-]+$$/,0)
+	./bin/sluice demo --json sluice-demo.json --plot sluice-demo

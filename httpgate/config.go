@@ -32,6 +32,15 @@ type Config struct {
 	// Jitter spreads Retry-After values. Nil: wire.DefaultJitter; a zero
 	// Jitter turns it off (exact values, for tests).
 	Jitter *wire.Jitter
+	// ProblemDetails answers rejections with an RFC 9457 problem details
+	// body (Content-Type application/problem+json; wire.AppendProblem)
+	// instead of the JSON envelope. The status, Retry-After and RateLimit
+	// fields are the same either way.
+	ProblemDetails bool
+	// AccessLog, if set, logs admitted requests and a sample of
+	// rejections (see AccessLog). Nil: no access log, and nothing spent
+	// on one.
+	AccessLog *AccessLog
 }
 
 // compiled is a Config with its rules compiled and defaults filled in.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/wire"
 )
 
 // Defaults of DecisionConfig: the headers an nginx auth_request location
@@ -187,7 +188,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	}
 	if detail != "" {
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
-		m.reject(w, r, st, &d, req, detail)
+		rid := m.reject(w, r, st, &d, req, detail)
+		if al := st.c.cfg.AccessLog; al != nil {
+			m.logRejected(al, st.chain.Clock().Now(), r, in.Method, in.Path, req, &d, wire.Status(&d), rid)
+		}
 		return
 	}
 	ctx := r.Context()
@@ -199,7 +203,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	}
 	dec, tk := st.chain.Decide(ctx, req)
 	if !dec.Admitted {
-		m.reject(w, r, st, &dec, req, "")
+		rid := m.reject(w, r, st, &dec, req, "")
+		if al := st.c.cfg.AccessLog; al != nil {
+			m.logRejected(al, st.chain.Clock().Now(), r, in.Method, in.Path, req, &dec, wire.Status(&dec), rid)
+		}
 		return
 	}
 	// Nothing reports when the work ends: the decision is the whole request.
@@ -217,6 +224,9 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	}
 	h[hContentLength] = zeroLength
 	w.WriteHeader(http.StatusOK)
+	if al := st.c.cfg.AccessLog; al != nil {
+		logAdmitted(al, 0, r, in.Method, in.Path, req, http.StatusOK)
+	}
 }
 
 const hContentLength = "Content-Length"

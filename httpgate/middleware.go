@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -35,8 +36,9 @@ const (
 var levelValues = [...][]string{{"normal"}, {"degrade"}, {"shed"}, {"recover"}}
 
 var (
-	jsonType = []string{"application/json"}
-	noStore  = []string{"no-store"}
+	jsonType    = []string{"application/json"}
+	problemType = []string{wire.ProblemContentType}
+	noStore     = []string{"no-store"}
 )
 
 // Middleware runs a sluice Chain in front of an http.Handler: it identifies
@@ -55,8 +57,9 @@ type Middleware struct {
 	state    atomic.Pointer[state]
 	idPrefix string
 	ids      atomic.Uint64
-	bufs     sync.Pool // *[]byte for envelopes
-	reqs     sync.Pool // *sluice.Request; gates see it by pointer, so it would escape
+	bufs     sync.Pool                   // *[]byte for envelopes
+	reqs     sync.Pool                   // *sluice.Request; gates see it by pointer, so it would escape
+	samples  [sluice.ReasonCount]sampler // the access log's rejection samples, by reason
 }
 
 // headerBlock holds a rejection's dynamic header values in one allocation.
@@ -201,7 +204,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if detail != "" {
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
-		m.reject(w, r, st, &d, req, detail)
+		rid := m.reject(w, r, st, &d, req, detail)
+		if al := st.c.cfg.AccessLog; al != nil {
+			m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid)
+		}
 		return
 	}
 	ctx := r.Context()
@@ -213,7 +219,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	d, tk := st.chain.Decide(ctx, req)
 	if !d.Admitted {
-		m.reject(w, r, st, &d, req, "")
+		rid := m.reject(w, r, st, &d, req, "")
+		if al := st.c.cfg.AccessLog; al != nil {
+			m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid)
+		}
 		return
 	}
 	if !st.c.cfg.NoRateLimitHeaders && !st.c.cfg.HideCapacity {
@@ -233,9 +242,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if budget > 0 || d.Level != sluice.LevelNormal {
 		r = r.WithContext(ctx)
 	}
+	var start clock.Instant
+	al := st.c.cfg.AccessLog
+	if al != nil {
+		start = st.chain.Clock().Now()
+	}
 	next.ServeHTTP(rw, r)
 	finished = true
 	tk.Done(outcome(rw, r))
+	if al != nil {
+		logAdmitted(al, st.chain.Clock().Now().Sub(start), r, r.Method, r.URL.Path, req, rw.status)
+	}
 }
 
 // UpstreamError answers an admitted request whose upstream call failed with
@@ -264,7 +281,10 @@ func (m *Middleware) Invalid(w http.ResponseWriter, r *http.Request, detail stri
 	st := m.state.Load()
 	var req sluice.Request
 	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
-	m.reject(w, r, st, &d, &req, detail)
+	rid := m.reject(w, r, st, &d, &req, detail)
+	if al := st.c.cfg.AccessLog; al != nil {
+		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, wire.Status(&d), rid)
+	}
 }
 
 // outcome classifies a finished handler: the client went away →
@@ -297,10 +317,11 @@ func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decisio
 	}
 }
 
-// reject writes a rejection: status, headers and the JSON envelope. It
-// allocates one buffer for the dynamic header values and one slice to hold
-// them; the body goes through a pooled buffer.
-func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d *sluice.Decision, req *sluice.Request, detail string) {
+// reject writes a rejection: status, headers and the JSON envelope, and
+// returns the request id it answered with. It allocates one buffer for the
+// dynamic header values and one slice to hold them; the body goes through a
+// pooled buffer.
+func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d *sluice.Decision, req *sluice.Request, detail string) string {
 	cfg := &st.c.cfg
 	retry := int64(0)
 	if d.Retryable {
@@ -345,18 +366,19 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 	rid := unsafe.String(&hb[n], len(hb)-n)
 	vals = append(vals, rid)
 	h[st.c.id.RequestIDHeader()] = last(vals)
-	h[hContentType] = jsonType
 	h[hCacheControl] = noStore
 
 	bp := m.bufs.Get().(*[]byte)
 	buf := (*bp)[:0]
 	start := 0
-	if detail == "" {
+	status := wire.Status(d)
+	if detail == "" && !cfg.ProblemDetails {
 		// Steady-state rejections reuse a rendered template.
+		h[hContentType] = jsonType
 		buf = st.template(d, req.Cost).Append(buf, retry, rid)
 	} else {
-		// The message is built first, then the envelope after it in the
-		// same buffer; only the envelope is written.
+		// The message is built first, then the body after it in the
+		// same buffer; only the body is written.
 		buf = wire.AppendMessage(buf, d, req.Cost, retry, cfg.HideCapacity, detail)
 		start = len(buf)
 		env := wire.Envelope{
@@ -364,12 +386,19 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 			EffectPossible: d.EffectPossible, RetryAfter: retry, RequestID: rid,
 			Message: unsafe.String(unsafe.SliceData(buf), start),
 		}
-		buf = wire.AppendEnvelope(buf, &env)
+		if cfg.ProblemDetails {
+			h[hContentType] = problemType
+			buf = wire.AppendProblem(buf, &env, status)
+		} else {
+			h[hContentType] = jsonType
+			buf = wire.AppendEnvelope(buf, &env)
+		}
 	}
-	w.WriteHeader(wire.Status(d))
+	w.WriteHeader(status)
 	w.Write(buf[start:])
 	*bp = buf[:0]
 	m.bufs.Put(bp)
+	return rid
 }
 
 // last returns the last element of vals as a one-element slice that cannot

@@ -87,6 +87,21 @@ type Options struct {
 	// BufferDir is where temporary buffer files go. Default: the system's
 	// temporary directory.
 	BufferDir string
+	// AccessLog, if set, logs every admitted request and a sample of the
+	// rejections (httpgate.AccessLog; tenants show as their metrics label).
+	AccessLog *httpgate.AccessLog
+	// ProblemDetails answers rejections with RFC 9457 problem details
+	// (application/problem+json) instead of the JSON envelope.
+	ProblemDetails bool
+	// DrainGrace is how long requests in flight get to finish once Run's
+	// context is done. /readyz answers 503 from that moment (before the
+	// listener stops accepting); a request still in flight when the grace
+	// runs out has its connection closed, and is logged and counted in
+	// sluice_drain_requests_cut_total. Default 10 s.
+	DrainGrace time.Duration
+	// DrainAfter, if set, replaces time.After for the drain grace (tests
+	// end the grace by hand).
+	DrainAfter func(time.Duration) <-chan time.Time
 }
 
 // Server is a running proxy.
@@ -103,6 +118,7 @@ type Server struct {
 	proxyAddr, adminAddr net.Addr
 	ready                chan struct{}
 	lastUpstreamLog      atomic.Int64
+	inflight             *host.Tracker // admitted requests at the upstream, for the drain
 }
 
 // New loads and builds the policy; it fails if the file is invalid.
@@ -118,10 +134,10 @@ func New(opts Options) (*Server, error) {
 	if opts.ConfigData != nil {
 		opts.ReloadEvery = -1
 	}
-	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}),
+	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}), inflight: host.NewTracker(),
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
 	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
-		Clock: opts.Clock, Jitter: opts.Jitter})
+		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter})
 	if err != nil {
 		return nil, err
 	}
@@ -144,12 +160,14 @@ func New(opts Options) (*Server, error) {
 		ErrorHandler: s.upstreamError,
 		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
-	s.handler = s.buffered(s.mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Only admitted requests are tracked for the drain: a rejection costs
+	// nothing more, and is answered long before any grace runs out.
+	s.handler = s.buffered(s.mw.Wrap(s.inflight.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if bw := bufferedOf(w); bw != nil {
 			bw.setDeadline(r) // admitted: a streamed response holds the slot until the deadline at most
 		}
 		s.proxy.ServeHTTP(w, r)
-	})))
+	}))))
 	return s, nil
 }
 
@@ -174,6 +192,7 @@ func (o *Options) withDefaults() {
 	set(&o.BufferMemory, 64<<20)
 	set(&o.BufferDisk, 1<<30)
 	set(&o.AdminTimeout, 10*time.Second)
+	set(&o.DrainGrace, host.DefaultDrainGrace)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -209,7 +228,7 @@ func (s *Server) Reload() (bool, error) { return s.host.Reload() }
 // closes it when it returns.
 func (s *Server) Close() { s.host.Close() }
 
-// AdminHandler serves /metrics, /healthz and /v1/gates (GET lists the
+// AdminHandler serves /metrics, /healthz, /readyz and /v1/gates (GET lists the
 // gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
 // latter behind "Authorization: Bearer TOKEN" (Options.AdminToken).
 func (s *Server) AdminHandler() http.Handler { return s.host.AdminHandler(s.opts.AdminToken) }
@@ -221,8 +240,11 @@ func (s *Server) Addrs() (proxy, admin net.Addr) {
 	return s.proxyAddr, s.adminAddr
 }
 
-// Run serves until ctx is done, then shuts down gracefully (in-flight
-// requests get up to 10 s to finish).
+// Run serves until ctx is done, then drains: /readyz turns to 503 at once,
+// the proxy listener stops accepting and requests in flight get
+// Options.DrainGrace to finish (those still running then are cut, logged
+// and counted); the admin listener (/healthz 200) stays up until the drain
+// is over.
 func (s *Server) Run(ctx context.Context) error {
 	pl, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
@@ -234,6 +256,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.proxyAddr, s.adminAddr = pl.Addr(), al.Addr()
+	s.host.SetReady(true)
 	close(s.ready)
 	ps := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
@@ -266,11 +289,13 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	s.host.SetReady(false)
+	s.log.Info("sluice proxy draining: /readyz answers 503", "in_flight", s.inflight.Len(), "drain_grace", s.opts.DrainGrace)
 	stopWatch()
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	s.host.Shutdown(ps, s.inflight, "proxy", host.Drain{Grace: s.opts.DrainGrace, After: s.opts.DrainAfter})
+	actx, cancel := context.WithTimeout(context.Background(), s.opts.AdminTimeout)
 	defer cancel()
-	ps.Shutdown(sctx)
-	as.Shutdown(sctx)
+	as.Shutdown(actx)
 	wg.Wait()
 	s.host.Close()
 	if errors.Is(serveErr, http.ErrServerClosed) {

@@ -97,6 +97,20 @@ type Options struct {
 	// ext_authz gRPC listener); an error refuses the policy like an
 	// invalid file.
 	OnPolicy func(chain *sluice.Chain, rules identify.Rules) error
+	// AccessLog, if set, logs every admitted request and a sample of the
+	// rejections (httpgate.AccessLog; tenants show as their metrics label).
+	AccessLog *httpgate.AccessLog
+	// ProblemDetails answers rejections with RFC 9457 problem details
+	// (application/problem+json) instead of the JSON envelope.
+	ProblemDetails bool
+	// DrainGrace is how long decisions in flight get to finish once Run's
+	// context is done. /readyz answers 503 from that moment; a decision
+	// still in flight when the grace runs out has its connection closed,
+	// and is logged and counted in sluice_drain_requests_cut_total.
+	// Default 10 s.
+	DrainGrace time.Duration
+	// DrainAfter, if set, replaces time.After for the drain grace (tests).
+	DrainAfter func(time.Duration) <-chan time.Time
 }
 
 // Server is a decision service. Its methods are safe for concurrent use.
@@ -108,6 +122,7 @@ type Server struct {
 
 	httpAddr, adminAddr net.Addr
 	ready               chan struct{}
+	inflight            *host.Tracker
 }
 
 // New loads, checks and builds the policy: it fails if the file is invalid
@@ -119,6 +134,7 @@ func New(opts Options) (*Server, error) {
 	set(&opts.Admin, "127.0.0.1:9901")
 	set(&opts.AdminTimeout, 10*time.Second)
 	set(&opts.ReloadEvery, time.Second)
+	set(&opts.DrainGrace, host.DefaultDrainGrace)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -132,9 +148,9 @@ func New(opts Options) (*Server, error) {
 	if opts.AdminToken, err = host.AdminToken("serve", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{})}
+	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}), inflight: host.NewTracker()}
 	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
-		Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly, OnBuild: onBuild(opts.OnPolicy)})
+		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly, OnBuild: onBuild(opts.OnPolicy)})
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +168,7 @@ func New(opts Options) (*Server, error) {
 	// Dispatched by hand: http.ServeMux would redirect a check request
 	// for an uncleaned original path ("//a", "/a/../b") instead of
 	// deciding it.
-	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.handler = s.inflight.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		switch {
 		case p == DecidePath:
@@ -164,7 +180,7 @@ func New(opts Options) (*Server, error) {
 			w.WriteHeader(http.StatusNotFound)
 			io.WriteString(w, "sluice serve answers at "+DecidePath+" (nginx auth_request) and under "+ExtAuthzPrefix+"/ (Envoy ext_authz)\n")
 		}
-	})
+	}))
 	return s, nil
 }
 
@@ -187,10 +203,15 @@ func set[T comparable](v *T, def T) {
 // Handler serves the decision endpoints (DecidePath, ExtAuthzPrefix).
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// AdminHandler serves /metrics, /healthz and /v1/gates (GET lists the
+// AdminHandler serves /metrics, /healthz, /readyz and /v1/gates (GET lists the
 // gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
 // latter behind "Authorization: Bearer TOKEN" (Options.AdminToken).
 func (s *Server) AdminHandler() http.Handler { return s.host.AdminHandler(s.opts.AdminToken) }
+
+// Unready turns /readyz to 503 now, ahead of Run's drain, for a caller
+// that stops other listeners first (the command's gRPC listener); Run's
+// end turns it off in any case.
+func (s *Server) Unready() { s.host.SetReady(false) }
 
 // Chain returns the chain deciding now.
 func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
@@ -219,8 +240,11 @@ type listener struct {
 	srv  *http.Server
 }
 
-// Run listens, serves until ctx is done, then shuts down gracefully
-// (decisions in flight get up to 10 s) and closes the runtime.
+// Run listens, serves until ctx is done, then drains: /readyz turns to 503
+// at once, the HTTP listener stops accepting and decisions in flight get
+// Options.DrainGrace (those still running then are cut, logged and
+// counted), then the admin listener (/healthz 200 until then) shuts down
+// and the runtime closes.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.host.Close()
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
@@ -242,6 +266,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	s.httpAddr, s.adminAddr = ls[0].l.Addr(), ls[1].l.Addr()
+	s.host.SetReady(true)
 	close(s.ready)
 	s.log.Info("sluice serve deciding", "http", s.httpAddr.String(), "decide", DecidePath, "ext_authz", ExtAuthzPrefix+"/",
 		"admin", s.adminAddr.String(), "policy", s.opts.Config, "version", s.host.Version())
@@ -271,12 +296,13 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	s.host.SetReady(false)
+	s.log.Info("sluice serve draining: /readyz answers 503", "drain_grace", s.opts.DrainGrace)
 	stopWatch()
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	s.host.Shutdown(ls[0].srv, s.inflight, "serve", host.Drain{Grace: s.opts.DrainGrace, After: s.opts.DrainAfter})
+	actx, cancel := context.WithTimeout(context.Background(), at)
 	defer cancel()
-	for _, l := range ls {
-		l.srv.Shutdown(sctx)
-	}
+	ls[1].srv.Shutdown(actx)
 	wg.Wait()
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil

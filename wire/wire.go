@@ -210,7 +210,17 @@ type Envelope struct {
 //	 "retryable":true,"effect_possible":false,"retry_after":1,
 //	 "request_id":"…","message":"…"}}
 func AppendEnvelope(b []byte, e *Envelope) []byte {
-	b = append(b, `{"error":{"reason":`...)
+	b = append(b, `{"error":{`...)
+	b = appendFacts(b, e)
+	b = append(b, `,"message":`...)
+	b = appendJSONString(b, e.Message)
+	return append(b, "}}\n"...)
+}
+
+// appendFacts appends the envelope's members from reason to request_id,
+// the part its two shapes (AppendEnvelope, AppendProblem) share.
+func appendFacts(b []byte, e *Envelope) []byte {
+	b = append(b, `"reason":`...)
 	b = appendJSONString(b, e.Reason.String())
 	b = append(b, `,"scope":`...)
 	b = appendJSONString(b, e.Scope.String())
@@ -225,10 +235,7 @@ func AppendEnvelope(b []byte, e *Envelope) []byte {
 		b = strconv.AppendInt(b, e.RetryAfter, 10)
 	}
 	b = append(b, `,"request_id":`...)
-	b = appendJSONString(b, e.RequestID)
-	b = append(b, `,"message":`...)
-	b = appendJSONString(b, e.Message)
-	return append(b, "}}\n"...)
+	return appendJSONString(b, e.RequestID)
 }
 
 const hexDigits = "0123456789abcdef"

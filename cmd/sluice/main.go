@@ -11,11 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +23,7 @@ import (
 	"github.com/sluice-go/sluice/cmd/internal/demo"
 	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
 	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/internal/buildinfo"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/proxy"
 	"github.com/sluice-go/sluice/rls"
@@ -44,6 +43,13 @@ func root() *cobra.Command {
 		SilenceErrors: false,
 	}
 	cmd.AddCommand(checkCmd(), proxyCmd(), serveCmd(), demoCmd(), simCmd(), versionCmd())
+	cmd.Version = buildinfo.Read().String()
+	cmd.SetVersionTemplate("sluice {{.Version}}\n")
+	addLogFlags(cmd)
+	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		_, err := logger(cmd) // refuses bad log flags before anything runs
+		return err
+	}
 	return cmd
 }
 
@@ -136,6 +142,7 @@ func check(cmd *cobra.Command, file string, forServe bool) error {
 func proxyCmd() *cobra.Command {
 	var opts proxy.Options
 	var upstream string
+	var sf serverFlags
 	cmd := &cobra.Command{
 		Use:   "proxy --config FILE --upstream URL",
 		Short: "Serve a reverse proxy that admits requests to URL under the policy in FILE",
@@ -149,11 +156,16 @@ func proxyCmd() *cobra.Command {
 			if opts.AdminToken == "" {
 				opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
 			}
-			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			if opts.Logger, err = logger(cmd); err != nil {
+				return err
+			}
+			if opts.AccessLog, err = sf.accessLogger(opts.Logger); err != nil {
+				return err
+			}
+			opts.ProblemDetails, opts.DrainGrace = sf.problemDetails, sf.drainGrace
 			s, err := proxy.New(opts)
 			if err != nil {
-				printPolicyErrors(cmd, err)
-				return err
+				return logStartErrors(cmd, opts.Logger, err)
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -166,13 +178,14 @@ func proxyCmd() *cobra.Command {
 					}
 				}
 			}()
-			return s.Run(ctx)
+			return logStartErrors(cmd, opts.Logger, s.Run(ctx))
 		},
 	}
+	sf.add(cmd.Flags(), "request")
 	cmd.Flags().StringVar(&opts.Config, "config", "", "policy file (YAML); reloaded on SIGHUP and on change")
 	cmd.Flags().StringVar(&upstream, "upstream", "", "upstream base URL, e.g. http://127.0.0.1:9000")
 	cmd.Flags().StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "proxy listen address")
-	cmd.Flags().StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /v1/gates)")
+	cmd.Flags().StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /readyz, /v1/gates)")
 	cmd.Flags().StringVar(&opts.AdminToken, "admin-token", "", "bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN; else, on a loopback --admin only, generated into a file whose path is logged)")
 	cmd.MarkFlagRequired("config")
 	cmd.MarkFlagRequired("upstream")
@@ -195,21 +208,10 @@ func printPolicyErrors(cmd *cobra.Command, err error) int {
 func versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
+		Short: "Print the version: the module version, VCS revision (and whether the tree was modified) and Go version of this build",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			v := "(devel)"
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				if bi.Main.Version != "" {
-					v = bi.Main.Version
-				}
-				for _, s := range bi.Settings {
-					if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-						v += " " + s.Value[:12]
-					}
-				}
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "sluice", v)
+			fmt.Fprintln(cmd.OutOrStdout(), "sluice", buildinfo.Read())
 		},
 	}
 }

@@ -37,7 +37,8 @@ type serveFlags struct {
 	redisTimeout                            time.Duration
 	onFailure, headers                      string
 	shadow                                  bool
-	shutdown                                time.Duration
+	shutdown                                time.Duration // --shutdown-timeout, the old name of --drain-grace
+	server                                  serverFlags
 }
 
 // serveCmd is `sluice serve`: the decision service for proxies that stay
@@ -69,10 +70,16 @@ func serveCmd() *cobra.Command {
 			"errors logged (file:line) and the old configuration keeps serving.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			log, err := logger(cmd)
+			if err != nil {
+				return err
+			}
 			isRLS, err := isRLSConfig(f.config)
 			if err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("shutdown-timeout") && !cmd.Flags().Changed("drain-grace") {
+				f.server.drainGrace = f.shutdown
 			}
 			ctx, stop := signal.NotifyContext(baseContext(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -96,7 +103,9 @@ func serveCmd() *cobra.Command {
 	fl.StringVar(&f.onFailure, "on-failure", "error", "rate limit configuration only: a call's answer when Redis fails: error (UNAVAILABLE), open (OK, counted), closed (OVER_LIMIT)")
 	fl.StringVar(&f.headers, "headers", "off", "rate limit configuration only: response headers: off, draft (RateLimit-Policy, RateLimit), peer (RateLimit-Limit, -Remaining, -Reset)")
 	fl.BoolVar(&f.shadow, "shadow", false, "rate limit configuration only: global shadow mode (every overall verdict OK; counters and statuses unchanged)")
-	fl.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "how long calls in flight get on SIGTERM before their connections are closed")
+	fl.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "the old name of --drain-grace")
+	fl.MarkDeprecated("shutdown-timeout", "use --drain-grace")
+	f.server.add(fl, "decision (policy only)")
 	cmd.MarkFlagRequired("config")
 	return cmd
 }
@@ -160,13 +169,16 @@ func parseHeaders(s string) (rls.HeaderStyle, error) {
 // rlsOptions turns the flags into rlsserve.Options.
 func rlsOptions(f serveFlags) (rlsserve.Options, error) {
 	o := rlsserve.Options{Config: f.config, Listen: f.listen, HTTP: f.http, Admin: f.admin, Redis: f.redis, RedisPrefix: f.redisPrefix,
-		RedisTimeout: f.redisTimeout, ShadowMode: f.shadow, ShutdownTimeout: f.shutdown}
+		RedisTimeout: f.redisTimeout, ShadowMode: f.shadow, ShutdownTimeout: f.server.drainGrace}
 	var err error
 	if o.OnFailure, err = parseFailure(f.onFailure); err != nil {
 		return o, err
 	}
 	if o.Headers, err = parseHeaders(f.headers); err != nil {
 		return o, err
+	}
+	if f.server.drainGrace <= 0 {
+		return o, fmt.Errorf("--drain-grace %v: want > 0", f.server.drainGrace)
 	}
 	if f.redisTimeout <= 0 {
 		return o, fmt.Errorf("--redis-timeout %v: want > 0", f.redisTimeout)
@@ -176,7 +188,8 @@ func rlsOptions(f serveFlags) (rlsserve.Options, error) {
 
 // runRLS serves an envoyproxy/ratelimit configuration.
 func runRLS(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.Logger) error {
-	if err := refuseFlags(cmd, "an envoyproxy/ratelimit configuration", "admin-token", "method-header", "uri-header"); err != nil {
+	if err := refuseFlags(cmd, "an envoyproxy/ratelimit configuration", "admin-token", "method-header", "uri-header",
+		"access-log", "access-log-rejects", "problem-details"); err != nil {
 		return err
 	}
 	opts, err := rlsOptions(f)
@@ -186,11 +199,14 @@ func runRLS(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.Log
 	opts.Logger = log
 	s, err := rlsserve.New(opts)
 	if err != nil {
-		printConfigErrors(cmd, err)
-		return err
+		var es rls.ConfigErrors
+		if errors.As(err, &es) {
+			rlsserve.LogErrors(log, err)
+		}
+		return logStartErrors(cmd, log, err)
 	}
 	reloadOnHUP(ctx, s.Reload, log, f.config)
-	return s.Run(ctx)
+	return logStartErrors(cmd, log, s.Run(ctx))
 }
 
 // printConfigErrors prints each rate limit configuration error on its own
@@ -213,7 +229,12 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	if err := refuseFlags(cmd, "a sluice policy (its store is in the file)", "redis", "redis-prefix", "redis-timeout", "on-failure", "headers", "shadow"); err != nil {
 		return err
 	}
-	opts := serve.Options{Config: f.config, HTTP: f.http, Admin: f.admin, AdminToken: f.adminToken, Logger: log}
+	al, err := f.server.accessLogger(log)
+	if err != nil {
+		return err
+	}
+	opts := serve.Options{Config: f.config, HTTP: f.http, Admin: f.admin, AdminToken: f.adminToken, Logger: log,
+		AccessLog: al, ProblemDetails: f.server.problemDetails, DrainGrace: f.server.drainGrace}
 	opts.Decision.MethodHeader, opts.Decision.URIHeader = f.methodHeader, f.uriHeader
 	if opts.AdminToken == "" {
 		opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
@@ -230,13 +251,12 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	}
 	s, err := serve.New(opts)
 	if err != nil {
-		printPolicyErrors(cmd, err)
-		return err
+		return logStartErrors(cmd, log, err)
 	}
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		s.Close()
-		return err
+		return logStartErrors(cmd, log, err)
 	}
 	gs := grpc.NewServer(rlsserve.ServerOptions(runtime.GOMAXPROCS(0))...)
 	extauthz.Register(gs, ext)
@@ -259,15 +279,16 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	case httpErr = <-httpDone:
 		httpEnded = true
 	}
-	gracefulStop(gs, f.shutdown, log)
+	s.Unready() // /readyz: 503 before any listener drains
+	gracefulStop(gs, f.server.drainGrace, log)
 	stopHTTP()
 	if !httpEnded {
 		httpErr = <-httpDone
 	}
 	if grpcErr != nil && !errors.Is(grpcErr, grpc.ErrServerStopped) {
-		return grpcErr
+		return logStartErrors(cmd, log, grpcErr)
 	}
-	return httpErr
+	return logStartErrors(cmd, log, httpErr)
 }
 
 // gracefulStop stops gs gracefully, closing its connections after d.
@@ -280,7 +301,7 @@ func gracefulStop(gs *grpc.Server, d time.Duration, log *slog.Logger) {
 	select {
 	case <-done:
 	case <-time.After(d):
-		log.Warn("gRPC calls still in flight after the shutdown timeout: closing their connections", "timeout", d)
+		log.Warn("gRPC calls still in flight after the drain grace: closing their connections", "drain_grace", d)
 		gs.Stop()
 		<-done
 	}

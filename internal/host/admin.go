@@ -26,8 +26,10 @@ type gateState struct {
 	State any `json:"state,omitempty"`
 }
 
-// AdminHandler serves /metrics, /healthz and /v1/gates.
+// AdminHandler serves /metrics, /healthz, /readyz and /v1/gates.
 //
+//	GET  /healthz               200 while the process runs (liveness)
+//	GET  /readyz                200 while serving, 503 once draining (SetReady)
 //	GET  /v1/gates              every gate with its mode and quota
 //	POST /v1/gates/{name}       body {"mode":"shadow"}: switch a gate's mode
 //
@@ -39,6 +41,15 @@ func (s *Host) AdminHandler(token string) http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if !s.Ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "draining\n")
+			return
+		}
+		io.WriteString(w, "ready\n")
 	})
 	mux.HandleFunc("GET /v1/gates", authorized(token, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.gateStates())

@@ -17,11 +17,16 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/internal/buildinfo"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/wire"
@@ -44,6 +49,13 @@ type Options struct {
 	// Check, if set, is run on every policy before it serves (the first
 	// and every reload); an error refuses it like an invalid file.
 	Check func(*policy.File) error
+	// AccessLog, if set, is the middleware's access log (its tenants
+	// labelled as the metrics label them, metrics.HashTenant, unless it
+	// says otherwise).
+	AccessLog *httpgate.AccessLog
+	// ProblemDetails answers rejections with RFC 9457 problem details
+	// (httpgate.Config.ProblemDetails).
+	ProblemDetails bool
 	// OnBuild, if set, is given every runtime before it serves (the first
 	// and every reload), for a caller that decides with the same chain
 	// outside the middleware; an error refuses it like an invalid file.
@@ -57,6 +69,9 @@ type Host struct {
 	metrics *metrics.Metrics
 	mw      *httpgate.Middleware
 
+	ready    atomic.Bool            // what /readyz answers (SetReady)
+	drainCut *prometheus.CounterVec // requests cut by the drain grace
+
 	mu      sync.Mutex // serializes reloads and admin mode switches
 	rt      *policy.Runtime
 	version string // sha256 of the file content serving now
@@ -67,7 +82,15 @@ type Host struct {
 // New reads, checks and builds the policy; it fails if the file is
 // invalid or refused by Options.Check.
 func New(opts Options) (*Host, error) {
-	h := &Host{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{})}
+	if al := opts.AccessLog; al != nil && al.TenantLabel == nil {
+		c := *al
+		c.TenantLabel = metrics.HashTenant
+		opts.AccessLog = &c
+	}
+	reg := prometheus.NewRegistry()
+	h := &Host{opts: opts, log: opts.Logger, metrics: metrics.New(metrics.Options{Registry: reg}), drainCut: newDrainCut()}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.Collector(), h.drainCut)
 	data := opts.ConfigData
 	if data == nil {
 		var err error
@@ -102,7 +125,7 @@ func New(opts Options) (*Host, error) {
 }
 
 func (h *Host) gateConfig(rt *policy.Runtime) httpgate.Config {
-	return httpgate.Config{Rules: rt.Rules, Jitter: h.opts.Jitter}
+	return httpgate.Config{Rules: rt.Rules, Jitter: h.opts.Jitter, AccessLog: h.opts.AccessLog, ProblemDetails: h.opts.ProblemDetails}
 }
 
 // Reloads reports whether the policy can be reloaded (it came from a
@@ -257,7 +280,8 @@ func digest(b []byte) string {
 
 // AdminToken returns token, or for an empty one on a loopback admin
 // address a generated token written to a new file only this user can read
-// (the file's path is logged, the token never is). It refuses an empty
+// (mode 0600; the file's path and the token's Fingerprint are logged, the
+// token never is). It refuses an empty
 // token on any other address: the admin API can switch gates off. who
 // prefixes errors ("proxy", "serve").
 func AdminToken(who, addr, token string, log *slog.Logger) (string, error) {
@@ -271,8 +295,16 @@ func AdminToken(who, addr, token string, log *slog.Logger) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: writing the generated admin token: %v", who, err)
 	}
-	log.Info("admin token generated (the file is readable by this user only)", "file", file)
+	log.Info("admin token generated (the file is readable by this user only)", "file", file, "fingerprint", Fingerprint(token))
 	return token, nil
+}
+
+// Fingerprint names a secret in logs without showing it: "sha256:" and
+// the first 8 hex digits of its SHA-256, enough to tell two tokens apart,
+// far too little to guess one.
+func Fingerprint(secret string) string {
+	s := sha256.Sum256([]byte(secret))
+	return "sha256:" + hex.EncodeToString(s[:4])
 }
 
 // Loopback reports whether addr (host:port) listens on loopback only.

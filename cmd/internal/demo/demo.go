@@ -158,6 +158,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 				return nil, err
 			}
 			st.Multiplier = m
+			if st.Behind() {
+				fmt.Fprintf(opts.Progress, "\rwarning: %s at %.1fx: the load generator offered %.0f req/s of the %.0f asked (%.0f%% short); this machine is too busy to offer the load, the step is marked (!)\n",
+					run, m, st.OfferedRPS, st.TargetRPS, 100*(1-st.OfferedRPS/st.TargetRPS))
+			}
 			rr.Steps = append(rr.Steps, st)
 		}
 		rep.Runs = append(rep.Runs, rr)

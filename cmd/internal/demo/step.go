@@ -249,9 +249,16 @@ func (r *StepReport) WriteJSON(path string) error {
 // WriteTable prints the time series and the limit's settling.
 func (r *StepReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "%5s %8s %9s %9s %9s %7s %8s %6s %7s %8s\n", "t", "service", "capacity", "offered", "goodput", "good%", "p99 ms", "limit", "waited", "refused")
-	for _, row := range r.Rows {
-		fmt.Fprintf(w, "%4.0fs %6.0fms %9.0f %9.0f %9.0f %6.0f%% %8.1f %6d %7d %8d\n", row.T, row.ServiceMs, row.CapacityPS, row.OfferedRPS,
-			row.GoodputRPS, 100*min(row.GoodputRPS/min(row.CapacityPS, row.OfferedRPS), 9.99), row.P99Ms, row.Limit, row.Waited, row.Refused)
+	for i, row := range r.Rows {
+		mark := ""
+		if i > 0 && row.ServiceMs != r.Rows[i-1].ServiceMs {
+			mark = "  <- service time steps"
+		}
+		if row.OfferedRPS < 0.95*row.TargetRPS {
+			mark += "  (!)"
+		}
+		fmt.Fprintf(w, "%4.0fs %6.0fms %9.0f %9.0f %9.0f %6.0f%% %8.1f %6d %7d %8d%s\n", row.T, row.ServiceMs, row.CapacityPS, row.OfferedRPS,
+			row.GoodputRPS, 100*min(row.GoodputRPS/min(row.CapacityPS, row.OfferedRPS), 9.99), row.P99Ms, row.Limit, row.Waited, row.Refused, mark)
 	}
 	for i, st := range r.Settling {
 		what := []string{"after the step up", "after the step down"}[i]
@@ -264,18 +271,23 @@ func (r *StepReport) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, "settled: within ±max(2, 10%) of the final limit, or binding nothing (no request waited for a slot or was refused one).")
 	fmt.Fprintln(w, "good% is goodput as a share of what could be served: the offered load or, when more, the capacity.")
 	if r.Behind > 0 {
-		fmt.Fprintf(w, "(!) in %d second(s) the load generator sent less than 95%% of the target rate: this machine was too busy to offer the load.\n", r.Behind)
+		fmt.Fprintf(w, "(!) in %d second(s) the load generator sent less than 95%% of the target rate (%.0f req/s): this machine was too busy to offer the load.\n", r.Behind, r.Rows[0].TargetRPS)
 	}
 }
 
 // WritePlot draws goodput and capacity over time, with the adaptive limit
-// in a panel beneath, to each path (.png or .svg).
+// in a panel beneath, to each path (.png or .svg). The service time's
+// changes are marked, and the seconds the load generator fell behind
+// ringed.
 func (r *StepReport) WritePlot(paths ...string) error {
 	good := goodplot.Line{Name: "goodput through sluice", Color: 2}
 	capacity := goodplot.Line{Name: "upstream capacity", Color: 1}
 	limit := goodplot.Line{Name: "adaptive limit", Color: 2}
-	for _, row := range r.Rows {
+	for i, row := range r.Rows {
 		good.Points = append(good.Points, [2]float64{row.T, row.GoodputRPS})
+		if row.OfferedRPS < 0.95*row.TargetRPS {
+			good.Behind = append(good.Behind, i)
+		}
 		capacity.Points = append(capacity.Points, [2]float64{row.T, row.CapacityPS})
 		limit.Points = append(limit.Points, [2]float64{row.T, float64(row.Limit)})
 	}
@@ -284,6 +296,12 @@ func (r *StepReport) WritePlot(paths ...string) error {
 		XLabel: "time (s)", YLabel: "req/s",
 		Lines: []goodplot.Line{capacity, good},
 		Lower: &goodplot.Panel{YLabel: "concurrency limit (requests)", Lines: []goodplot.Line{limit}},
+	}
+	for _, i := range r.Changes {
+		if i > 0 && i < len(r.Rows) {
+			c.Marks = append(c.Marks, goodplot.Mark{X: r.Rows[i].T,
+				Label: fmt.Sprintf("service %.0f → %.0f ms", r.Rows[i-1].ServiceMs, r.Rows[i].ServiceMs)})
+		}
 	}
 	return goodplot.Save(c, paths...)
 }

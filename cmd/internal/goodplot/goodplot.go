@@ -19,13 +19,27 @@ import (
 
 // Line is one run: its name and its (offered, goodput) points, joined by a
 // line unless Dots (reference points). Color picks the palette entry
-// (0: by the line's position).
+// (0: by the line's position). Behind lists the points (indexes) where the
+// load generator fell short of its target: they get a ring and a legend
+// entry, so a reader does not take them for what was asked.
 type Line struct {
 	Name   string
 	Points [][2]float64
 	Dots   bool
 	Color  int
+	Behind []int
 }
+
+// Mark is a vertical dotted line at X with a label at its top: a phase
+// change (a load step) on a time axis.
+type Mark struct {
+	X     float64
+	Label string
+}
+
+// BehindLabel is the legend entry of the points a load generator fell
+// short on.
+const BehindLabel = "load generator behind (< 95% of target)"
 
 // Chart is what to draw. Capacity ≤ 0 draws no reference line. Lower,
 // if set, is a second panel under the first on the same x axis (an
@@ -36,6 +50,7 @@ type Chart struct {
 	Capacity              float64
 	Lines                 []Line
 	Lower                 *Panel
+	Marks                 []Mark // drawn on both panels; labelled on the upper
 }
 
 // Panel is a lower panel: its y label and lines.
@@ -62,6 +77,9 @@ func Save(c Chart, paths ...string) error {
 	if err != nil {
 		return err
 	}
+	if err := addMarks(p, c.Marks, true); err != nil {
+		return err
+	}
 	if c.Lower == nil {
 		for _, path := range paths {
 			if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
@@ -72,6 +90,9 @@ func Save(c Chart, paths ...string) error {
 	}
 	low, err := panel("", c.XLabel, c.Lower.YLabel, c.Lower.Lines, 0, "")
 	if err != nil {
+		return err
+	}
+	if err := addMarks(low, c.Marks, false); err != nil {
 		return err
 	}
 	p.X.Label.Text = ""
@@ -108,6 +129,7 @@ func panel(title, xlabel, ylabel string, lines []Line, capacity float64, capLabe
 	p.Y.Label.Text = ylabel
 	p.Add(plotter.NewGrid())
 	maxX, maxY := 0.0, capacity
+	behindShown := false
 	for i, l := range lines {
 		pts := make(plotter.XYs, len(l.Points))
 		for j, xy := range l.Points {
@@ -140,6 +162,9 @@ func panel(title, xlabel, ylabel string, lines []Line, capacity float64, capLabe
 		points.Shape = draw.CircleGlyph{}
 		p.Add(line, points)
 		p.Legend.Add(l.Name, line, points)
+		if err := addBehind(p, l, pts, &behindShown); err != nil {
+			return nil, err
+		}
 	}
 	if capacity > 0 {
 		capLine, err := plotter.NewLine(plotter.XYs{{X: 0, Y: capacity}, {X: maxX, Y: capacity}})
@@ -156,4 +181,62 @@ func panel(title, xlabel, ylabel string, lines []Line, capacity float64, capLabe
 	p.Y.Max = 1.35 * maxY
 	p.X.Min, p.X.Max = 0, maxX
 	return p, nil
+}
+
+// addBehind rings the points of l the load generator fell short on, with
+// one legend entry for the whole plot.
+func addBehind(p *plot.Plot, l Line, pts plotter.XYs, shown *bool) error {
+	var xys plotter.XYs
+	for _, i := range l.Behind {
+		if i >= 0 && i < len(pts) {
+			xys = append(xys, pts[i])
+		}
+	}
+	if len(xys) == 0 {
+		return nil
+	}
+	sc, err := plotter.NewScatter(xys)
+	if err != nil {
+		return err
+	}
+	sc.Color = color.RGBA{R: 230, G: 140, B: 0, A: 255}
+	sc.Shape = draw.RingGlyph{}
+	sc.Radius = vg.Points(7)
+	p.Add(sc)
+	if !*shown {
+		p.Legend.Add(BehindLabel, sc)
+		*shown = true
+	}
+	return nil
+}
+
+// addMarks draws each mark as a dotted vertical line across p, labelled
+// at its top when label is set.
+func addMarks(p *plot.Plot, marks []Mark, label bool) error {
+	if len(marks) == 0 {
+		return nil
+	}
+	top := p.Y.Max
+	var at plotter.XYs
+	var names []string
+	for _, m := range marks {
+		l, err := plotter.NewLine(plotter.XYs{{X: m.X, Y: p.Y.Min}, {X: m.X, Y: top}})
+		if err != nil {
+			return err
+		}
+		l.Color = color.Gray{Y: 90}
+		l.Dashes = []vg.Length{vg.Points(1), vg.Points(3)}
+		p.Add(l)
+		at = append(at, plotter.XY{X: m.X, Y: top * 0.97})
+		names = append(names, " "+m.Label)
+	}
+	if !label {
+		return nil
+	}
+	labels, err := plotter.NewLabels(plotter.XYLabels{XYs: at, Labels: names})
+	if err != nil {
+		return err
+	}
+	p.Add(labels)
+	return nil
 }

@@ -8,8 +8,10 @@
 //     and response as proto3 JSON) and GET /healthcheck (the peer's
 //     health path: 200 "OK" while serving, 500 once shutting down);
 //   - on the admin listener, /metrics (the rls counters and this package's
-//     reload counters), /healthz, /rlconfig (the rules serving now) and
-//     /debug/pprof/ (profiles; the listener is on loopback by default).
+//     reload counters, sluice_build_info), /healthz (200 until the process
+//     exits), /readyz (200 while serving, 503 from the start of the drain),
+//     /rlconfig (the rules serving now) and /debug/pprof/ (profiles; the
+//     listener is on loopback by default).
 //
 // The configuration (a file, or a folder of files, one domain each, as
 // rls.Load reads them) is reloaded on Reload (SIGHUP in the command) and
@@ -51,6 +53,7 @@ import (
 
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/grpcgate/envoyrls"
+	"github.com/sluice-go/sluice/internal/buildinfo"
 	"github.com/sluice-go/sluice/rls"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
@@ -154,7 +157,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, reg: prometheus.NewRegistry(), version: version, ready: make(chan struct{})}
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rls_config_reloads_total",
 		Help: "Configuration reloads by result: loaded, refused (the old configuration kept serving)."}, []string{"result"})
 	s.reg.MustRegister(s.reloads)
@@ -370,17 +373,23 @@ func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "OK")
 }
 
-// AdminHandler serves /metrics, /healthz, /rlconfig and /debug/pprof/.
+// AdminHandler serves /metrics, /healthz, /readyz, /rlconfig and
+// /debug/pprof/.
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if s.draining.Load() {
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-			return
-		}
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if s.draining.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "draining\n")
+			return
+		}
+		io.WriteString(w, "ready\n")
 	})
 	// Profiles, as the peer's debug listener has them.
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -465,10 +474,10 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	s.draining.Store(true) // /readyz: 503 from here
+	s.hlth.Shutdown()
 	stopWatch()
 	wg.Wait()
-	s.draining.Store(true)
-	s.hlth.Shutdown()
 	s.shutdown(hs)
 	if errors.Is(serveErr, http.ErrServerClosed) || errors.Is(serveErr, grpc.ErrServerStopped) {
 		serveErr = nil
@@ -476,9 +485,17 @@ func (s *Server) Run(ctx context.Context) error {
 	return serveErr
 }
 
-// shutdown stops the gRPC server gracefully and the HTTP servers, within
-// Options.ShutdownTimeout, then closes what is left.
+// shutdown stops the gRPC server gracefully and the HTTP server, within
+// Options.ShutdownTimeout, then closes what is left; the admin server
+// (hs[1]: /healthz, /readyz) stops last.
 func (s *Server) shutdown(hs []*http.Server) {
+	defer func() {
+		actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if hs[1].Shutdown(actx) != nil {
+			hs[1].Close()
+		}
+	}()
 	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
 	defer cancel()
 	done := make(chan struct{})
@@ -487,7 +504,7 @@ func (s *Server) shutdown(hs []*http.Server) {
 		close(done)
 	}()
 	var wg sync.WaitGroup
-	for _, h := range hs {
+	for _, h := range hs[:1] {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -367,6 +367,12 @@ func TestHealthAndAdmin(t *testing.T) {
 	if code, body := get(t, r.adminURL+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("healthz: %d %q", code, body)
 	}
+	if code, body := get(t, r.adminURL+"/readyz"); code != 200 || body != "ready\n" {
+		t.Errorf("readyz: %d %q", code, body)
+	}
+	if code, body := get(t, r.adminURL+"/metrics"); code != 200 || !strings.Contains(body, "sluice_build_info{") {
+		t.Errorf("no sluice_build_info in /metrics: %d", code)
+	}
 	if code, body := get(t, r.adminURL+RulesPath); code != 200 || !strings.Contains(body, "edge.tenant_free.path: 2/SECOND") {
 		t.Errorf("rlconfig: %d %q", code, body)
 	}

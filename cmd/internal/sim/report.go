@@ -370,6 +370,7 @@ func (r *Report) WritePlot(paths ...string) error {
 		c.Lines = append(c.Lines, l)
 	}
 	if r.Series {
+		c.Marks = r.phaseMarks()
 		for i, run := range r.Runs {
 			l := goodplot.Line{Name: run.Name + ": adaptive limit", Color: i + 1}
 			for _, s := range run.Steps {
@@ -393,6 +394,22 @@ func (r *Report) WritePlot(paths ...string) error {
 		c.Lines = append(c.Lines, l)
 	}
 	return goodplot.Save(c, paths...)
+}
+
+// phaseMarks marks a time series where its configured load changes (the
+// scenario's phases).
+func (r *Report) phaseMarks() []goodplot.Mark {
+	if len(r.Runs) == 0 {
+		return nil
+	}
+	var marks []goodplot.Mark
+	steps := r.Runs[0].Steps
+	for i := 1; i < len(steps); i++ {
+		if steps[i].Load != steps[i-1].Load {
+			marks = append(marks, goodplot.Mark{X: steps[i].T, Label: fmt.Sprintf("load %g → %g", steps[i-1].Load, steps[i].Load)})
+		}
+	}
+	return marks
 }
 
 // hist is a log-linear latency histogram in nanoseconds: 16 sub-buckets

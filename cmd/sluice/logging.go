@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/grpclog"
+
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/policy"
+)
+
+// Log flags, on the root command for every subcommand.
+const (
+	flagLogFormat = "log-format"
+	flagLogLevel  = "log-level"
+)
+
+func addLogFlags(cmd *cobra.Command) {
+	cmd.PersistentFlags().String(flagLogFormat, "text", "log format: text (logfmt key=value) or json (one object a line)")
+	cmd.PersistentFlags().String(flagLogLevel, "info", "least severe log level written: debug, info, warn or error")
+}
+
+// newLogger is the one slog handler of a command, writing to w in format
+// at level and up. It becomes slog's default (and so the standard log
+// package's) and gRPC's logger, so that every line a command writes is in
+// the one format.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil || strings.ContainsAny(level, "+-") {
+		return nil, fmt.Errorf("--%s %q: want debug, info, warn or error", flagLogLevel, level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler
+	switch format {
+	case "text":
+		h = slog.NewTextHandler(w, opts)
+	case "json":
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("--%s %q: want text or json", flagLogFormat, format)
+	}
+	log := slog.New(h)
+	slog.SetDefault(log)
+	// gRPC reads its logger without a lock: set it once, before any gRPC
+	// work (a process runs one command; tests run many).
+	grpcLogOnce.Do(func() { grpclog.SetLoggerV2(grpcLogger{log}) })
+	return log, nil
+}
+
+var grpcLogOnce sync.Once
+
+// logger returns the command's logger, to its standard error, as the root
+// command's log flags say.
+func logger(cmd *cobra.Command) (*slog.Logger, error) {
+	format, _ := cmd.Flags().GetString(flagLogFormat)
+	level, _ := cmd.Flags().GetString(flagLogLevel)
+	return newLogger(cmd.ErrOrStderr(), format, level)
+}
+
+// grpcLogger is grpclog.LoggerV2 over slog. gRPC's info lines (connection
+// state changes, many) go at debug level.
+type grpcLogger struct{ log *slog.Logger }
+
+var _ grpclog.LoggerV2 = grpcLogger{}
+
+func (g grpcLogger) Info(args ...any)   { g.log.Debug(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Infoln(args ...any) { g.log.Debug(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Infof(format string, args ...any) {
+	g.log.Debug(fmt.Sprintf(format, args...), "from", "grpc")
+}
+func (g grpcLogger) Warning(args ...any)   { g.log.Warn(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Warningln(args ...any) { g.log.Warn(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Warningf(format string, args ...any) {
+	g.log.Warn(fmt.Sprintf(format, args...), "from", "grpc")
+}
+func (g grpcLogger) Error(args ...any)   { g.log.Error(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Errorln(args ...any) { g.log.Error(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Errorf(format string, args ...any) {
+	g.log.Error(fmt.Sprintf(format, args...), "from", "grpc")
+}
+
+// Fatal logs at error level; gRPC exits after a fatal line, as its own
+// logger does.
+func (g grpcLogger) Fatal(args ...any)   { g.log.Error(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Fatalln(args ...any) { g.log.Error(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Fatalf(format string, args ...any) {
+	g.log.Error(fmt.Sprintf(format, args...), "from", "grpc")
+}
+
+// V reports whether verbosity level l is on: gRPC's verbose lines go at
+// debug level, and only when the handler takes debug.
+func (g grpcLogger) V(l int) bool { return g.log.Enabled(context.Background(), slog.LevelDebug) }
+
+// serverFlags are the flags `sluice proxy` and `sluice serve` share for
+// their HTTP side: the access log, the rejection body, the drain.
+type serverFlags struct {
+	accessLog      bool
+	rejects        int
+	problemDetails bool
+	drainGrace     time.Duration
+}
+
+func (f *serverFlags) add(fl *pflag.FlagSet, what string) {
+	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per "+what+" (info level; rejections sampled, see --access-log-rejects)")
+	fl.IntVar(&f.rejects, "access-log-rejects", 1, "access log: rejection lines per reason per second (the rest are counted on the next line as suppressed=N); -1: every one")
+	fl.BoolVar(&f.problemDetails, "problem-details", false, "answer rejections with RFC 9457 problem details (application/problem+json) instead of the JSON envelope; status and headers unchanged")
+	fl.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "on SIGTERM: /readyz turns 503 at once, then requests in flight get this long before their connections are closed (each one cut is logged and counted)")
+}
+
+// accessLogger returns the access log the flags ask for, or nil.
+func (f *serverFlags) accessLogger(log *slog.Logger) (*httpgate.AccessLog, error) {
+	if f.drainGrace <= 0 {
+		return nil, fmt.Errorf("--drain-grace %v: want > 0", f.drainGrace)
+	}
+	if !f.accessLog {
+		return nil, nil
+	}
+	if f.rejects < -1 || f.rejects == 0 {
+		return nil, fmt.Errorf("--access-log-rejects %d: want at least 1, or -1 for every rejection", f.rejects)
+	}
+	return &httpgate.AccessLog{Logger: log, RejectsPerSecond: f.rejects}, nil
+}
+
+// logStartErrors logs a server's start failure: each policy error (file:
+// line: field) on a record of its own, so that the log stays in one
+// format, and tells cobra not to print it again.
+func logStartErrors(cmd *cobra.Command, log *slog.Logger, err error) error {
+	var es policy.Errors
+	if errors.As(err, &es) {
+		for _, e := range es {
+			log.Error("policy error", "error", e.Error())
+		}
+	}
+	if err != nil {
+		log.Error(cmd.CommandPath()+" stopped", "err", err)
+		cmd.SilenceErrors = true
+	}
+	return err
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// --version and the version command print the same line, from the
+// binary's build information.
+func TestVersionFlag(t *testing.T) {
+	flag, _, err := run("--version")
+	if err != nil || !strings.HasPrefix(flag, "sluice ") || !strings.Contains(flag, "go1.") {
+		t.Fatalf("%v %q", err, flag)
+	}
+	cmd, _, _ := run("version")
+	if cmd != flag {
+		t.Fatalf("sluice version %q, sluice --version %q", cmd, flag)
+	}
+}
+
+func TestLogFlagsRefused(t *testing.T) {
+	rls := filepath.Join(t.TempDir(), "edge.yaml")
+	os.WriteFile(rls, []byte(rlsConfig), 0o644)
+	for _, c := range []struct{ args []string }{
+		{[]string{"--log-level", "loud", "check", "--config", "../../examples/routes-api.yaml"}},
+		{[]string{"--log-level", "info+2", "check", "--config", "../../examples/routes-api.yaml"}},
+		{[]string{"--log-format", "xml", "check", "--config", "../../examples/routes-api.yaml"}},
+		{[]string{"proxy", "--config", "../../examples/routes-api.yaml", "--upstream", "http://127.0.0.1:1", "--access-log", "--access-log-rejects", "0"}},
+		{[]string{"proxy", "--config", "../../examples/routes-api.yaml", "--upstream", "http://127.0.0.1:1", "--drain-grace", "0s"}},
+		{[]string{"serve", "--config", rls, "--access-log"}},
+		{[]string{"serve", "--config", rls, "--problem-details"}},
+	} {
+		if _, _, err := run(c.args...); err == nil {
+			t.Errorf("%v accepted", c.args)
+		}
+	}
+}
+
+// jsonLines parses every line of a JSON log, failing on any that is not
+// one object.
+func jsonLines(t *testing.T, log string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("a log line is not JSON: %q", l)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// `sluice proxy --log-format json --access-log` in a process of its own:
+// every line it writes is one JSON object; a generated admin token goes to
+// a file only this user reads and never into the log; requests get access
+// lines; /metrics has the build information; SIGTERM drains and exits.
+func TestProxyLogsJSONAndNoSecrets(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer up.Close()
+	os.Unsetenv("SLUICE_ADMIN_TOKEN") // the child inherits the environment
+	c := startChild(t, "proxy", "--config", "../../examples/routes-api.yaml", "--upstream", up.URL, "--listen", "127.0.0.1:0",
+		"--admin", "127.0.0.1:0", "--log-format", "json", "--access-log")
+	tokenLine := c.waitLine("admin token generated")
+	serving := c.waitLine("sluice proxy serving")
+	var tok, srv map[string]any
+	json.Unmarshal([]byte(tokenLine), &tok)
+	json.Unmarshal([]byte(serving), &srv)
+	file, _ := tok["file"].(string)
+	st, err := os.Stat(file)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("token file %q: %v %v", file, st, err)
+	}
+	defer os.Remove(file)
+	token, _ := os.ReadFile(file)
+	fp, _ := tok["fingerprint"].(string)
+	if len(strings.TrimSpace(string(token))) != 32 || fp == "" || strings.Contains(string(token), fp) {
+		t.Fatalf("token %q, fingerprint %q", token, fp)
+	}
+	req, _ := http.NewRequest("GET", "http://"+srv["listen"].(string)+"/v1/routes/1?key=SECRET", nil)
+	req.Header.Set("X-Api-Key", "tenant-secret-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	access := c.waitLine(`"msg":"request"`)
+	if !strings.Contains(access, `"decision":"admitted"`) || !strings.Contains(access, `"path":"/v1/routes/1"`) {
+		t.Fatalf("access line %s", access)
+	}
+	if code, body := httpGet(t, "http://"+srv["admin"].(string)+"/metrics"); code != 200 || !strings.Contains(body, "sluice_build_info{") {
+		t.Fatalf("/metrics %d", code)
+	}
+	if code, _ := httpGet(t, "http://"+srv["admin"].(string)+"/readyz"); code != 200 {
+		t.Fatalf("/readyz %d", code)
+	}
+	c.stop()
+	log := c.logText()
+	jsonLines(t, log)
+	for _, secret := range []string{strings.TrimSpace(string(token)), "SECRET", "tenant-secret-key"} {
+		if strings.Contains(log, secret) {
+			t.Fatalf("%q logged:\n%s", secret, log)
+		}
+	}
+	if !strings.Contains(log, "draining") {
+		t.Fatalf("no drain logged:\n%s", log)
+	}
+}

@@ -1,0 +1,99 @@
+package httpgate
+
+import (
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+)
+
+// AccessLog is the middleware's optional access log: one line for each
+// admitted request when its handler returns (status, duration), and for
+// rejections a sample, so that the rejection path stays cheap under the
+// overload that makes it hot: in each second of the chain's clock, at most
+// RejectsPerSecond lines per reason; the rejections left out are counted
+// and the count rides on the next line of that reason (suppressed=N).
+//
+// Lines carry the method, the path (never the query string, which may hold
+// credentials), the remote address, class, operation and cost, and the
+// tenant only through TenantLabel (a tenant is often an API key).
+type AccessLog struct {
+	// Logger receives the lines, at info level, message "request".
+	// Required.
+	Logger *slog.Logger
+	// RejectsPerSecond is how many rejections of each reason are logged
+	// per second. Default 1; negative: every rejection.
+	RejectsPerSecond int
+	// TenantLabel, if set, turns a tenant into what the lines show (say a
+	// hash, as package metrics labels tenants); nil leaves tenants out.
+	TenantLabel func(tenant string) string
+}
+
+// sampler counts one reason's rejections in the current second.
+type sampler struct {
+	sec        atomic.Int64 // the second of the chain's clock n counts in
+	n          atomic.Int64 // rejections of the second so far
+	suppressed atomic.Int64 // rejections left out since the last line
+}
+
+// take reports whether a rejection in second sec is logged, under limit
+// lines a second, and if so how many were left out before it. Two
+// rejections racing at a second's turn may let one line more or fewer
+// through; the counts stay exact.
+func (s *sampler) take(sec, limit int64) (bool, int64) {
+	if cur := s.sec.Load(); cur != sec && s.sec.CompareAndSwap(cur, sec) {
+		s.n.Store(0)
+	}
+	if s.n.Add(1) > limit {
+		s.suppressed.Add(1)
+		return false, 0
+	}
+	return true, s.suppressed.Swap(0)
+}
+
+// logRejected writes the access line of a rejection, if the sample takes it.
+// method and path are the request's (the original request's, for a
+// decision endpoint).
+func (m *Middleware) logRejected(al *AccessLog, now clock.Instant, r *http.Request, method, path string, req *sluice.Request, d *sluice.Decision, status int, rid string) {
+	suppressed := int64(0)
+	if limit := int64(al.RejectsPerSecond); limit >= 0 {
+		var ok bool
+		if ok, suppressed = m.samples[d.Reason%sluice.Reason(sluice.ReasonCount)].take(int64(now)/int64(time.Second), max(limit, 1)); !ok {
+			return
+		}
+	}
+	attrs := make([]slog.Attr, 0, 14)
+	attrs = append(attrs, slog.String("decision", "rejected"), slog.String("method", method), slog.String("path", path),
+		slog.Int("status", status), slog.String("reason", d.Reason.String()), slog.String("gate", d.Gate),
+		slog.String("scope", d.Scope.String()), slog.String("request_id", rid))
+	attrs = requestAttrs(attrs, al, r, req)
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", suppressed))
+	}
+	al.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// logAdmitted writes the access line of an admitted request whose handler
+// returned.
+func logAdmitted(al *AccessLog, took time.Duration, r *http.Request, method, path string, req *sluice.Request, status int) {
+	if status == 0 {
+		status = http.StatusOK // the handler wrote nothing: net/http answers 200
+	}
+	attrs := make([]slog.Attr, 0, 12)
+	attrs = append(attrs, slog.String("decision", "admitted"), slog.String("method", method), slog.String("path", path),
+		slog.Int("status", status), slog.Duration("duration", took))
+	attrs = requestAttrs(attrs, al, r, req)
+	al.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+func requestAttrs(attrs []slog.Attr, al *AccessLog, r *http.Request, req *sluice.Request) []slog.Attr {
+	attrs = append(attrs, slog.String("remote", r.RemoteAddr), slog.String("class", req.Class),
+		slog.String("operation", req.Operation), slog.Int64("cost", max(req.Cost, 1)))
+	if al.TenantLabel != nil {
+		attrs = append(attrs, slog.String("tenant", al.TenantLabel(req.Tenant)))
+	}
+	return attrs
+}

@@ -1,0 +1,148 @@
+package httpgate_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"log/slog"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store/memory"
+)
+
+type accessLine struct {
+	Msg        string `json:"msg"`
+	Decision   string `json:"decision"`
+	Method     string `json:"method"`
+	Path       string `json:"path"`
+	Status     int    `json:"status"`
+	Reason     string `json:"reason"`
+	Gate       string `json:"gate"`
+	RequestID  string `json:"request_id"`
+	Tenant     string `json:"tenant"`
+	Suppressed int64  `json:"suppressed"`
+	Duration   int64  `json:"duration"`
+}
+
+func accessLines(t *testing.T, buf *bytes.Buffer) []accessLine {
+	t.Helper()
+	var out []accessLine
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var a accessLine
+		if err := json.Unmarshal([]byte(l), &a); err != nil {
+			t.Fatalf("%v: %s", err, l)
+		}
+		out = append(out, a)
+	}
+	buf.Reset()
+	return out
+}
+
+// The access log writes a line per admitted request, and per reason at
+// most RejectsPerSecond rejection lines a second of the chain's clock; the
+// rejections left out are counted on the next line of their reason. Paths
+// lose their query string; tenants show only through TenantLabel.
+func TestAccessLogSamplesRejections(t *testing.T) {
+	clk := fakeclock.New(int64(10 * time.Second))
+	r, _ := limit.ParseRate("2/h")
+	tb, _ := limit.NewTokenBucket(r, 2)
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
+	var buf bytes.Buffer
+	al := &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: 2,
+		TenantLabel: func(t string) string { return "label-of-" + t[:min(1, len(t))] }}
+	mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: noJitter, AccessLog: al})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clk.Advance(30 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func(n int) []int {
+		var codes []int
+		for range n {
+			req := httptest.NewRequest("GET", "/v1/routes/7?api_key=SECRET", nil)
+			req.Header.Set("X-Api-Key", "acme-secret-key")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			codes = append(codes, rec.Code)
+		}
+		return codes
+	}
+	send(2) // the burst: admitted
+	lines := accessLines(t, &buf)
+	if len(lines) != 2 || lines[0].Decision != "admitted" || lines[0].Status != 201 || lines[0].Path != "/v1/routes/7" ||
+		lines[0].Duration != int64(30*time.Millisecond) || lines[0].Tenant != "label-of-a" {
+		t.Fatalf("admitted lines: %+v", lines)
+	}
+	// Ten rejections in one second: two lines.
+	send(10)
+	lines = accessLines(t, &buf)
+	if len(lines) != 2 || lines[0].Decision != "rejected" || lines[0].Status != 429 || lines[0].Reason != "policy_rate" ||
+		lines[0].Gate != "request-rate" || lines[0].RequestID == "" || lines[0].Suppressed != 0 {
+		t.Fatalf("first second: %+v", lines)
+	}
+	// The next second: the eight left out ride on the first line.
+	clk.Advance(time.Second)
+	send(3)
+	lines = accessLines(t, &buf)
+	if len(lines) != 2 || lines[0].Suppressed != 8 || lines[1].Suppressed != 0 {
+		t.Fatalf("next second: %+v", lines)
+	}
+	// An invalid request is another reason: sampled on its own.
+	req := httptest.NewRequest("GET", "/v1/routes/7", nil)
+	req.Header.Set("Sluice-Cost", "x")
+	mw.Invalid(httptest.NewRecorder(), req, "body too large")
+	lines = accessLines(t, &buf)
+	if len(lines) != 1 || lines[0].Reason != "invalid" || lines[0].Status != 400 {
+		t.Fatalf("invalid: %+v", lines)
+	}
+	clk.Advance(time.Second)
+	send(1)
+	lines = accessLines(t, &buf)
+	if len(lines) != 1 || lines[0].Suppressed != 1 {
+		t.Fatalf("third second: %+v", lines)
+	}
+	for _, s := range []string{"SECRET", "acme-secret-key"} {
+		if strings.Contains(buf.String(), s) {
+			t.Fatalf("%s logged", s)
+		}
+	}
+}
+
+// RejectsPerSecond < 0 logs every rejection; TenantLabel nil leaves
+// tenants out.
+func TestAccessLogEveryRejection(t *testing.T) {
+	r, _ := limit.ParseRate("1/h")
+	tb, _ := limit.NewTokenBucket(r, 1)
+	clk := fakeclock.New(1)
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
+	var buf bytes.Buffer
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: noJitter,
+		AccessLog: &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: -1}})
+	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 6 {
+		req := httptest.NewRequest("GET", "/x", nil)
+		req.Header.Set("X-Api-Key", "k")
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	lines := accessLines(t, &buf)
+	if len(lines) != 6 || lines[0].Status != 200 || lines[5].Status != 429 || lines[5].Tenant != "" {
+		t.Fatalf("%+v", lines)
+	}
+}

@@ -1,0 +1,134 @@
+package host
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultDrainGrace is how long requests in flight get to finish once a
+// server stops (SIGTERM), unless told otherwise.
+const DefaultDrainGrace = 10 * time.Second
+
+// Tracker knows the requests a server is serving, so that a drain that
+// runs out of its grace can say which it cuts. Its methods are safe for
+// concurrent use.
+type Tracker struct {
+	mu   sync.Mutex
+	reqs map[*tracked]struct{}
+	now  func() time.Time
+}
+
+type tracked struct {
+	method, path string
+	start        time.Time
+}
+
+// NewTracker returns an empty Tracker.
+func NewTracker() *Tracker { return &Tracker{reqs: map[*tracked]struct{}{}, now: time.Now} }
+
+// Wrap returns h with every request registered while it runs.
+func (t *Tracker) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e := &tracked{method: r.Method, path: r.URL.Path, start: t.now()}
+		t.mu.Lock()
+		t.reqs[e] = struct{}{}
+		t.mu.Unlock()
+		defer func() {
+			t.mu.Lock()
+			delete(t.reqs, e)
+			t.mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Len returns the number of requests in flight.
+func (t *Tracker) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.reqs)
+}
+
+// logCut logs every request in flight as cut by the drain and returns how
+// many there were.
+func (t *Tracker) logCut(log *slog.Logger, server string, grace time.Duration) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	for e := range t.reqs {
+		log.Warn("request cut: still in flight when the drain grace ran out", "server", server,
+			"method", e.method, "path", e.path, "age", now.Sub(e.start).Round(time.Millisecond), "drain_grace", grace)
+	}
+	return len(t.reqs)
+}
+
+// Drain is how a server stops: it turns unready, lets requests in flight
+// finish within a grace, and cuts, logs and counts those that do not.
+type Drain struct {
+	// Grace is how long requests in flight get. Default DefaultDrainGrace.
+	Grace time.Duration
+	// After, if set, replaces time.After for the grace (tests fire it by
+	// hand).
+	After func(time.Duration) <-chan time.Time
+}
+
+// Shutdown shuts srv down within the grace: it stops accepting, waits for
+// the requests in flight, and when the grace runs out closes the
+// connections left, logging each request tr still tracks and adding their
+// number to the cut counter. It returns the number cut.
+func (h *Host) Shutdown(srv *http.Server, tr *Tracker, server string, d Drain) int {
+	if d.Grace <= 0 {
+		d.Grace = DefaultDrainGrace
+	}
+	after := d.After
+	if after == nil {
+		after = time.After
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	expired := after(d.Grace)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-expired:
+			cancel()
+		case <-stop:
+		}
+	}()
+	if srv.Shutdown(ctx) == nil {
+		return 0
+	}
+	n := 0
+	if tr != nil {
+		n = tr.logCut(h.log, server, d.Grace)
+	}
+	h.log.Warn("drain grace ran out: closing the connections left", "server", server, "requests_cut", n, "drain_grace", d.Grace)
+	h.drainCut.WithLabelValues(server).Add(float64(n))
+	srv.Close()
+	return n
+}
+
+// SetReady sets what /readyz answers: 200 when ready, 503 when not (a
+// server turns unready when it starts to drain, before it stops
+// accepting, while /healthz answers 200 until the process exits).
+func (h *Host) SetReady(ready bool) { h.ready.Store(ready) }
+
+// Ready reports what /readyz answers.
+func (h *Host) Ready() bool { return h.ready.Load() }
+
+func newDrainCut() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_drain_requests_cut_total",
+		Help: "Requests still in flight when the drain grace ran out at shutdown, whose connections were closed, by server.",
+	}, []string{"server"})
+}
+
+// DrainCut returns the counter of requests cut by the drain grace, by
+// server (tests).
+func (h *Host) DrainCut() *prometheus.CounterVec { return h.drainCut }
