@@ -351,6 +351,11 @@ func (s *Store) Share(opts Options) (*Store, error) {
 // Failures returns how many calls failed (timeouts included).
 func (s *Store) Failures() int64 { return s.failures.Load() }
 
+// Timeout returns Options.Timeout (its default filled in): every call of the
+// store's limiters returns within about this from its start, whatever the
+// caller's context, even while a decision waits for a batch.
+func (s *Store) Timeout() time.Duration { return s.opts.Timeout }
+
 // key builds a hash-tagged key: every key of one limiter and one state key
 // maps to one cluster slot.
 func (s *Store) key(limiter, key string) string {
