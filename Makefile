@@ -9,9 +9,11 @@ GO ?= go
 # The library (module github.com/sluice-go/sluice) and the tools (module
 # github.com/sluice-go/sluice/cmd: the CLI, demo and simulator) are tested in
 # one run through the workspace (go.work), and so is the gRPC module
-# (github.com/sluice-go/sluice/grpcgate: interceptors, Envoy RLS, ext_authz).
+# (github.com/sluice-go/sluice/grpcgate: interceptors, Envoy RLS, ext_authz),
+# and the raw gRPC client of the rate limit service load generator
+# (bench/rlsload).
 test: fmt vet
-	$(GO) test -race -count=1 -p 1 ./... ./cmd/... ./grpcgate/...
+	$(GO) test -race -count=1 -p 1 ./... ./cmd/... ./grpcgate/... ./bench/rlsload/...
 
 vet:
 	$(GO) vet ./... ./cmd/... ./bench/... ./grpcgate/...

@@ -5,6 +5,8 @@
 // a ratio compares figures taken in the same run.
 //
 //	go test -bench . -count 10 -cpu 1,2 | go run ./ratio TokenBucketAllow/ClockRead
+//
+// A pair of sub-benchmarks, whose names hold slashes, is written A|B.
 package main
 
 import (
@@ -43,7 +45,7 @@ func main() {
 		}
 	}
 	med := map[string]float64{}
-	fmt.Printf("\n%-40s %12s %4s\n", "benchmark", "median ns/op", "n")
+	fmt.Printf("\n%-44s %12s %4s\n", "benchmark", "median ns/op", "n")
 	for _, name := range order {
 		s := slices.Clone(samples[name])
 		slices.Sort(s)
@@ -52,11 +54,15 @@ func main() {
 			m = (s[len(s)/2-1] + s[len(s)/2]) / 2
 		}
 		med[name] = m
-		fmt.Printf("%-40s %12.1f %4d\n", name, m, len(s))
+		fmt.Printf("%-44s %12.1f %4d\n", name, m, len(s))
 	}
 	fmt.Println()
 	for _, pair := range os.Args[1:] {
-		a, b, ok := strings.Cut(pair, "/")
+		// A|B for names that hold slashes themselves (sub-benchmarks).
+		a, b, ok := strings.Cut(pair, "|")
+		if !ok {
+			a, b, ok = strings.Cut(pair, "/")
+		}
 		if !ok {
 			continue
 		}
@@ -77,10 +83,21 @@ func lookup(med map[string]float64, name string) (float64, bool) {
 	}
 	for k, v := range med {
 		if i := strings.LastIndex(k, "-"); i > 0 && k[:i] == name {
-			if _, err := strconv.Atoi(k[i+1:]); err == nil && !strings.Contains(name, "-") {
+			if _, err := strconv.Atoi(k[i+1:]); err == nil && !hasCPUSuffix(name) {
 				return v, true
 			}
 		}
 	}
 	return 0, false
+}
+
+// hasCPUSuffix reports whether name ends in -N, a -cpu value given
+// explicitly.
+func hasCPUSuffix(name string) bool {
+	i := strings.LastIndex(name, "-")
+	if i < 0 {
+		return false
+	}
+	_, err := strconv.Atoi(name[i+1:])
+	return err == nil
 }

@@ -138,6 +138,7 @@ func main() {
 	domain := flag.String("domain", "bench", "the calls' domain")
 	timeout := flag.Duration("timeout", time.Second, "deadline of each call")
 	jsonOut := flag.String("json", "", "also write every round as JSON to this file")
+	clientKind := flag.String("client", "grpc", "grpc (grpc-go's client) or raw (gRPC's wire format on a bare HTTP/2 framer: a fraction of grpc-go's CPU per call, for the service it shares the machine with; see raw.go)")
 	flag.Parse()
 	if len(ts) == 0 {
 		fmt.Fprintln(os.Stderr, "rlsload: give at least one -target NAME=HOST:PORT")
@@ -145,6 +146,10 @@ func main() {
 	}
 	if *mix != "under" && *mix != "over" {
 		fmt.Fprintln(os.Stderr, "rlsload: -mix under or over")
+		os.Exit(2)
+	}
+	if *clientKind != "grpc" && *clientKind != "raw" {
+		fmt.Fprintln(os.Stderr, "rlsload: -client grpc or raw")
 		os.Exit(2)
 	}
 	if *workers < 1 || *conns < 1 || *keys < 1 || *rounds < 1 || *duration <= 0 {
@@ -162,20 +167,61 @@ func main() {
 	}
 	hotReq := request(*domain, "hot")
 
-	clients := map[string][]rlspb.RateLimitServiceClient{}
+	msgs := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		msgs[i] = rawRequest(r)
+	}
+	hotMsg := rawRequest(hotReq)
+
+	// callers[target][connection] makes a worker's call function: req is
+	// an index into reqs, or -1 for the hot tenant.
+	callers := map[string][]func() func(req int) (rlspb.RateLimitResponse_Code, error){}
 	for _, t := range ts {
 		for range *conns {
-			cc, err := grpc.NewClient(t.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "rlsload: %s: %v\n", t.name, err)
-				os.Exit(1)
+			var mk func() func(int) (rlspb.RateLimitResponse_Code, error)
+			if *clientKind == "raw" {
+				rc, err := dialRaw(t.addr, *timeout)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "rlsload: %s: %v\n", t.name, err)
+					os.Exit(1)
+				}
+				defer rc.Close()
+				mk = func() func(int) (rlspb.RateLimitResponse_Code, error) {
+					c := &rawCall{done: make(chan struct{}, 1)}
+					return func(req int) (rlspb.RateLimitResponse_Code, error) {
+						m := hotMsg
+						if req >= 0 {
+							m = msgs[req]
+						}
+						return rc.call(m, c)
+					}
+				}
+			} else {
+				cc, err := grpc.NewClient(t.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "rlsload: %s: %v\n", t.name, err)
+					os.Exit(1)
+				}
+				defer cc.Close()
+				client := rlspb.NewRateLimitServiceClient(cc)
+				mk = func() func(int) (rlspb.RateLimitResponse_Code, error) {
+					return func(req int) (rlspb.RateLimitResponse_Code, error) {
+						r := hotReq
+						if req >= 0 {
+							r = reqs[req]
+						}
+						ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+						resp, err := client.ShouldRateLimit(ctx, r)
+						cancel()
+						return resp.GetOverallCode(), err
+					}
+				}
 			}
-			defer cc.Close()
-			clients[t.name] = append(clients[t.name], rlspb.NewRateLimitServiceClient(cc))
+			callers[t.name] = append(callers[t.name], mk)
 		}
 	}
-	fmt.Printf("rlsload: %d workers, %d connections per target, %v per round after %v of warm-up, %d round(s), mix %s",
-		*workers, *conns, *duration, *warmup, *rounds, *mix)
+	fmt.Printf("rlsload: %d workers, %d connections per target (%s client), %v per round after %v of warm-up, %d round(s), mix %s",
+		*workers, *conns, *clientKind, *duration, *warmup, *rounds, *mix)
 	if *mix == "over" {
 		fmt.Printf(" (%.0f%% of the calls over the limit)", hotShare*100)
 	}
@@ -184,12 +230,12 @@ func main() {
 	var all []result
 	for round := 1; round <= *rounds; round++ {
 		for _, t := range ts {
-			cs := clients[t.name]
+			cs := callers[t.name]
 			if *warmup > 0 {
-				drive(cs, *workers, *warmup, *timeout, reqs, hotReq, hotShare, false)
+				drive(cs, *workers, *warmup, len(reqs), hotShare, false)
 			}
 			cpu0 := cpuTime(t.pid)
-			r := drive(cs, *workers, *duration, *timeout, reqs, hotReq, hotShare, true)
+			r := drive(cs, *workers, *duration, len(reqs), hotShare, true)
 			if cpu := cpuTime(t.pid) - cpu0; cpu > 0 && r.Calls > 0 {
 				r.CPUPerCall = cpu / time.Duration(r.Calls)
 			}
@@ -245,9 +291,11 @@ func request(domain, tenant string) *rlspb.RateLimitRequest {
 }
 
 // drive runs the closed loop for d and, when measure is set, returns the
-// round's figures.
-func drive(cs []rlspb.RateLimitServiceClient, workers int, d, timeout time.Duration, reqs []*rlspb.RateLimitRequest,
-	hotReq *rlspb.RateLimitRequest, hotShare float64, measure bool) result {
+// round's figures. Worker w calls through connection w mod len(cs); a
+// call is for one of nreqs tenants, or for the hot one with probability
+// hotShare.
+func drive(cs []func() func(req int) (rlspb.RateLimitResponse_Code, error), workers int, d time.Duration, nreqs int,
+	hotShare float64, measure bool) result {
 	var calls, ok, over, errs atomic.Int64
 	var firstErr atomic.Value
 	lats := make([][]time.Duration, workers)
@@ -256,30 +304,28 @@ func drive(cs []rlspb.RateLimitServiceClient, workers int, d, timeout time.Durat
 	begin := time.Now()
 	for w := range workers {
 		wg.Add(1)
+		call := cs[w%len(cs)]()
 		go func() {
 			defer wg.Done()
-			c := cs[w%len(cs)]
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(begin.UnixNano())))
 			var mine []time.Duration
 			if measure {
 				mine = make([]time.Duration, 0, 1<<16)
 			}
 			for !stop.Load() {
-				req := reqs[rng.IntN(len(reqs))]
+				req := rng.IntN(nreqs)
 				if hotShare > 0 && rng.Float64() < hotShare {
-					req = hotReq
+					req = -1
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				t0 := time.Now()
-				resp, err := c.ShouldRateLimit(ctx, req)
+				code, err := call(req)
 				lat := time.Since(t0)
-				cancel()
 				calls.Add(1)
 				switch {
 				case err != nil:
 					errs.Add(1)
 					firstErr.CompareAndSwap(nil, err.Error())
-				case resp.GetOverallCode() == rlspb.RateLimitResponse_OVER_LIMIT:
+				case code == rlspb.RateLimitResponse_OVER_LIMIT:
 					over.Add(1)
 				default:
 					ok.Add(1)

@@ -63,10 +63,12 @@ end
 local now = tonumber(ARGV[1])
 if now <= 0 then now = TIME_US end
 ARGV[1] = now -- for helpers of common.lua that read the global ARGV
-local fixed, out, k = ARGV[3], {}, 0
+-- one KEYS and one ARGV table for every step (no body writes to them)
+local K, A, out, k = {}, {now, '', '', '', ARGV[3]}, {}, 0
 for i = 1, #KEYS do
   local j = 3 * i + 1
-  local ok, r = pcall(step, {KEYS[i]}, {now, ARGV[j], ARGV[j + 1], ARGV[j + 2], fixed})
+  K[1], A[2], A[3], A[4] = KEYS[i], ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  local ok, r = pcall(step, K, A)
   if not ok then r = {-1, 0, 0, 0, 0} end -- an error reply for this step alone
   out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r[1], r[2], r[3], r[4], r[5]
   k = k + 5

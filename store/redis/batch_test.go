@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -266,6 +267,19 @@ func TestNamesThatWouldCollide(t *testing.T) {
 	for _, name := range []string{"api:login", "a{b", "}", ""} {
 		if _, err := TokenBucket(name, tb); err == nil {
 			t.Errorf("limiter name %q accepted", name)
+		}
+	}
+}
+
+// TestBatchBodiesLeaveTheirArguments: the batch script hands every step
+// the same KEYS and ARGV tables, refilled (batchSource), which is sound
+// only while no algorithm body assigns to them.
+func TestBatchBodiesLeaveTheirArguments(t *testing.T) {
+	assign := regexp.MustCompile(`\b(KEYS|ARGV)\s*\[[^\]]*\]\s*=[^=]`)
+	for name, body := range map[string]string{"token bucket": tokenBucketLua, "gcra": gcraLua, "fixed window": fixedWindowLua,
+		"leaky bucket": leakyBucketLua, "sliding window": slidingWindowLua, "common": commonLua} {
+		if m := assign.FindString(body); m != "" {
+			t.Errorf("%s: %q assigns to a script argument: batchSource must give each step its own tables", name, m)
 		}
 	}
 }

@@ -98,7 +98,10 @@ func slowReplies(t *testing.T, addr string, delay time.Duration, slow *atomic.Bo
 // another process can be granted it meanwhile.
 func TestLeaseExpiryDatesFromTheCall(t *testing.T) {
 	srv := redistest.Start(t)
-	const delay = 150 * time.Millisecond // below the client's 200 ms connection deadline
+	// Replies late by far more than the bound checked below (50 ms), and
+	// still by less than the client's 200 ms connection deadline on a busy
+	// machine (at 150 ms, scheduling delays under load passed it).
+	const delay = 100 * time.Millisecond
 	var slow atomic.Bool
 	st, err := New(Options{Addrs: []string{slowReplies(t, srv.Addr, delay, &slow)}, Timeout: 5 * time.Second, ProbeEvery: 2 * time.Second})
 	if err != nil {

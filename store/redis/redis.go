@@ -351,6 +351,28 @@ func (s *Store) Share(opts Options) (*Store, error) {
 // Failures returns how many calls failed (timeouts included).
 func (s *Store) Failures() int64 { return s.failures.Load() }
 
+// Ping sends one PING through the store's client, under Options.Timeout,
+// to the standalone server (on a Cluster, to one node): the round trip no
+// decision on Redis can be faster than. It returns ErrUnavailable while
+// Redis has not been reached.
+func (s *Store) Ping(ctx context.Context) error {
+	cn := s.conn.Load()
+	if cn == nil {
+		return store.ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	if err := cn.client.Do(ctx, cn.client.B().Ping().Build()).Error(); err != nil {
+		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Timeout returns Options.Timeout (its default filled in): every call of the
+// store's limiters returns within about this from its start, whatever the
+// caller's context, even while a decision waits for a batch.
+func (s *Store) Timeout() time.Duration { return s.opts.Timeout }
+
 // key builds a hash-tagged key: every key of one limiter and one state key
 // maps to one cluster slot.
 func (s *Store) key(limiter, key string) string {

@@ -19,6 +19,7 @@ end
 -- Forward only: a left window never reopens; but a now more than the
 -- clock tolerance before the window is a step of Redis' clock, and the
 -- count moves to now's window.
+local s0 = s
 if ws > s then s, c = ws, 0 elseif s - now > TOLERANCE then s = ws end
 local status, retry = 0, 0
 if cost <= 0 then
@@ -33,8 +34,16 @@ else
 end
 local reset = 0
 if c > 0 then reset = (s + win - now) * 1000 end
-redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
--- the state is fresh at s + win; the TTL outlives that by the clock
--- tolerance, like every key's
-redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + win - now + TOLERANCE) / 1000), 0) + 1))
+-- Only a take changes the count, and only a new window (or a step of the
+-- clock) changes s. Within its window an admitted take adds its cost (one
+-- command); the key's TTL, set when its window began, already ends at
+-- s + win plus the clock tolerance, like every key's. A step that changes
+-- neither writes nothing: the next one reads the same state and decides
+-- the same from it.
+if status == 0 and s == s0 and st[1] then
+  redis.call('HINCRBY', KEYS[1], 'c', cost)
+elseif status == 0 or s ~= s0 then
+  redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
+  redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + win - now + TOLERANCE) / 1000), 0) + 1))
+end
 return {status, math.max(limit - c, 0), retry, reset, 0, TIME_US}
