@@ -224,7 +224,9 @@ func New(cfg *Config, opts Options) (*Server, error) {
 			return nil, err
 		}
 		if opts.Redis != nil {
-			sp, err := sredis.FixedWindow("rls.window."+strings.ToLower(u.String()), fw)
+			// The store only counts (the rules' limits are compared with
+			// the count here): a Counter's batches cost Redis half.
+			sp, err := sredis.Counter("rls.window."+strings.ToLower(u.String()), fw)
 			if err != nil {
 				return nil, err
 			}

@@ -47,16 +47,7 @@ const (
 // answers status -1 without failing the others. A batch that Redis reaches
 // after its expiry does nothing and answers {-2, time}.
 func batchSource(helpers, body string) string {
-	return `local TIME_US
-do
-  local t = redis.call('TIME')
-  TIME_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-do
-  local expiry = tonumber(ARGV[2])
-  if expiry > 0 and TIME_US > expiry then return {-2, TIME_US} end
-end
-` + helpers + `
+	return batchHeader + helpers + `
 local function step(KEYS, ARGV)
 ` + body + `
 end
@@ -72,6 +63,71 @@ for i = 1, #KEYS do
   if not ok then r = {-1, 0, 0, 0, 0} end -- an error reply for this step alone
   out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r[1], r[2], r[3], r[4], r[5]
   k = k + 5
+end
+out[k + 1] = TIME_US
+return out
+`
+}
+
+// batchHeader reads Redis' time once for the batch and answers {-2, time}
+// to a batch reached after its expiry (ARGV[2]).
+const batchHeader = `local TIME_US
+do
+  local t = redis.call('TIME')
+  TIME_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+do
+  local expiry = tonumber(ARGV[2])
+  if expiry > 0 and TIME_US > expiry then return {-2, TIME_US} end
+end
+`
+
+// counterBatchSource is the batched form of a Counter: fixedwindow.lua's
+// take and refund at a limit no count reaches, written out rather than
+// wrapped, because a count is one or two commands and the per-step costs
+// of the wrapper (a call, its reply table, three arguments, five replies)
+// would be most of the batch (measured under sluice serve's load: 5.1 µs of
+// Redis CPU per step wrapped, 2.4 written out). ARGV: 1 now override (µs,
+// 0: Redis TIME), 2 the expiry (as batchSource's), 3 the fixed parameters
+// (limit, window in µs, packed doubles), then one signed cost per key: a
+// take of cost ≥ 0, or a refund of −cost. The reply is {status, remaining}
+// per key (status as fixedwindow.lua's; −1: the step failed, a foreign
+// value under the key), then Redis' time.
+func counterBatchSource(helpers string) string {
+	return batchHeader + helpers + `local now = tonumber(ARGV[1])
+if now <= 0 then now = TIME_US end
+local limit, win = struct.unpack('<dd', ARGV[3])
+local ws = math.floor(now / win) * win
+local out, k = {}, 0
+for i = 1, #KEYS do
+  local key, cost = KEYS[i], tonumber(ARGV[i + 3])
+  local status, c = -1, 0
+  local ok, st = pcall(redis.call, 'HMGET', key, 's', 'c')
+  if ok then
+    local s = tonumber(st[1]) or 0
+    c = tonumber(st[2]) or 0
+    if cost < 0 then
+      -- a refund: only in the window still counting
+      if ws == s and c > 0 then
+        c = math.max(c + cost, 0)
+        redis.call('HSET', key, 'c', str(c))
+      end
+      status = 0
+    else
+      local s0 = s
+      if ws > s then s, c = ws, 0 elseif s - now > TOLERANCE then s = ws end
+      status = 3
+      if cost > 0 then status, c = 0, c + cost end
+      if cost > 0 and s == s0 and st[1] then
+        if not pcall(redis.call, 'HINCRBY', key, 'c', cost) then status = -1 end
+      elseif cost > 0 or s ~= s0 then
+        redis.call('HSET', key, 's', str(s), 'c', str(c))
+        redis.call('PEXPIRE', key, str(math.max(math.floor((s + win - now + TOLERANCE) / 1000), 0) + 1))
+      end
+    end
+  end
+  out[k + 1], out[k + 2] = status, math.max(limit - c, 0)
+  k = k + 2
 end
 out[k + 1] = TIME_US
 return out
@@ -265,7 +321,7 @@ func (b *batcher) exec(batch []*call) {
 	case err == nil && len(vals) == 2 && vals[0] == -2:
 		br.observe(vals[1], clock.Now())
 		err = errLate
-	case err == nil && len(vals) != 5*len(batch)+1:
+	case err == nil && len(vals) != b.l.width()*len(batch)+1:
 		err = fmt.Errorf("batch script returned %d values for %d steps", len(vals), len(batch))
 	case err == nil:
 		br.observe(vals[len(vals)-1], clock.Now())
@@ -279,8 +335,9 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
 		return
 	}
+	w := b.l.width()
 	for i, c := range batch {
-		copy(c.res[:], vals[5*i:5*i+5])
+		copy(c.res[:], vals[w*i:w*i+w])
 	}
 }
 
@@ -288,7 +345,7 @@ func (b *batcher) exec(batch []*call) {
 func (b *batcher) args(batch []*call, expiry string) (keys, args []string) {
 	l := b.l
 	keys = make([]string, len(batch))
-	args = make([]string, 0, 3+3*len(batch))
+	args = make([]string, 0, 3+l.width()*len(batch))
 	now := "0"
 	if l.now != nil {
 		now = strconv.FormatInt(l.now(), 10)
@@ -297,6 +354,17 @@ func (b *batcher) args(batch []*call, expiry string) (keys, args []string) {
 		expiry = "0"
 	}
 	args = append(args, now, expiry, l.fixed[0])
+	if l.counter {
+		for i, c := range batch {
+			keys[i] = c.key
+			cost := max(c.cost, 0)
+			if c.op == "refund" {
+				cost = -cost
+			}
+			args = append(args, strconv.FormatInt(cost, 10))
+		}
+		return keys, args
+	}
 	for i, c := range batch {
 		keys[i] = c.key
 		extra := c.extra

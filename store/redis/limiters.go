@@ -54,6 +54,15 @@ type Spec struct {
 	permits bool // concurrency: every take gets a fresh permit id
 	paced   bool // leaky bucket: extra is the deadline budget
 	meta    bool // sliding log, concurrency: a second key (same slot) holds the sum
+	counter bool // a count (Counter): its batch answers {status, count} per step
+}
+
+// width is how many integers the batch script answers per step.
+func (sp *Spec) width() int {
+	if sp.counter {
+		return 2
+	}
+	return 5
 }
 
 // Limiter returns the limiter sp describes, with its state on s.
@@ -137,6 +146,9 @@ func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now cl
 			l.s.journal.add(release{l: l, key: key, h: h, cost: cost})
 		}
 		return err
+	}
+	if l.counter && cost <= 0 {
+		return nil // nothing to give back (a batched counter's refund is a negative cost)
 	}
 	extra := strconv.FormatUint(uint64(h), 16)
 	if l.batcher != nil {
@@ -259,6 +271,26 @@ func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
 	}
 	return &Spec{name: name, script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(),
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
+}
+
+// Counter returns the Spec of a keyed count of every unit taken in fixed
+// windows of w, aligned on Redis time (or the DecisionClock): a fixed window
+// whose limit no count reaches (MaxCount), so that a take always counts and
+// its answer is the count (MaxCount − Remaining). It is the window counter
+// of envoyproxy/ratelimit (whose caller compares the count with its rules'
+// limits), and keeps FixedWindow's state and semantics exactly, but its
+// batched steps cost Redis half as much (counterBatchSource): a batched
+// answer carries only Status and Remaining.
+func Counter(name string, w *limit.FixedWindow) (*Spec, error) {
+	sp, err := FixedWindow(name, w)
+	if err != nil {
+		return nil, err
+	}
+	if w.Limit() != MaxCount {
+		return nil, param.Errorf("limit", "redis: counter %q: limit %d: a counter's is MaxCount (%d)", name, w.Limit(), int64(MaxCount))
+	}
+	sp.batch, sp.counter = counterBatch, true
+	return sp, nil
 }
 
 // Concurrency returns the Spec of a fleet-wide concurrency limit named

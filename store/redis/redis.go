@@ -135,12 +135,13 @@ var (
 
 	// The batched forms (batch.go) of the single-key algorithms.
 	batchSources = []string{batchSource("", tokenBucketLua), batchSource(commonLua, gcraLua), batchSource(commonLua, fixedWindowLua),
-		batchSource(commonLua, leakyBucketLua), batchSource(commonLua, slidingWindowLua)}
+		batchSource(commonLua, leakyBucketLua), batchSource(commonLua, slidingWindowLua), counterBatchSource(commonLua)}
 	tokenBucketBatch   = rueidis.NewLuaScript(batchSources[0])
 	gcraBatch          = rueidis.NewLuaScript(batchSources[1])
 	fixedWindowBatch   = rueidis.NewLuaScript(batchSources[2])
 	leakyBucketBatch   = rueidis.NewLuaScript(batchSources[3])
 	slidingWindowBatch = rueidis.NewLuaScript(batchSources[4])
+	counterBatch       = rueidis.NewLuaScript(batchSources[5])
 )
 
 // Defaults of Options.
