@@ -1,6 +1,7 @@
 package httpgate_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/store/memory"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -94,5 +96,38 @@ func BenchmarkDecideAdmitted(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		clear(w.h)
 		h.ServeHTTP(w, req)
+	}
+}
+
+// BenchmarkRejectedMetrics: BenchmarkRejected with the Prometheus metrics
+// observing every decision (as sluice proxy and sluice serve run them):
+// the counters by class and tenant, the decision histogram, and the
+// heaviest tenants kept for the live page.
+func BenchmarkRejectedMetrics(b *testing.B) { benchRejectedMetrics(b, 1) }
+
+// BenchmarkRejectedMetricsManyTenants: the same with 4,096 tenants in turn,
+// every one over its limit: the worst case of the tenant top-N, where most
+// rejections are of a tenant it does not hold.
+func BenchmarkRejectedMetricsManyTenants(b *testing.B) { benchRejectedMetrics(b, 4096) }
+
+func benchRejectedMetrics(b *testing.B, tenants int) {
+	r, _ := limit.ParseRate("1/h")
+	tb, _ := limit.NewTokenBucket(r, 1)
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: metrics.New(metrics.Options{})}, g)
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	reqs := make([]*http.Request, tenants)
+	w := &discard{h: http.Header{}}
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/v1/routes/42", nil)
+		reqs[i].Header.Set("X-Api-Key", fmt.Sprint("tenant-", i))
+		h.ServeHTTP(w, reqs[i]) // spends the tenant's one token
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		clear(w.h)
+		h.ServeHTTP(w, reqs[i%tenants])
 	}
 }
