@@ -36,9 +36,10 @@ const MaxKeyBytes = 256
 // when a key enters the table (a copy of its string).
 type Sketch struct {
 	mu     sync.Mutex
-	index  map[string]int // key → position in heap
-	heap   []slot         // min-heap on count
-	parts  []int64        // len(heap) × nparts, slot i's at [i*nparts:]
+	index  map[string]int32 // key → its slot
+	slots  []slot           // where each key's counts stay while it is held
+	heap   []int32          // slots, a min-heap on count
+	parts  []int64          // slot i's at [i*nparts:]
 	nparts int
 	cap    int
 	total  int64
@@ -47,7 +48,7 @@ type Sketch struct {
 type slot struct {
 	key        string
 	count, err int64
-	part       int // offset of the slot's parts in Sketch.parts
+	pos        int // position in heap
 }
 
 // Entry is one key of a Top reading.
@@ -65,7 +66,7 @@ type Entry struct {
 // weights are split into nparts parts (at least 1).
 func New(capacity, nparts int) *Sketch {
 	capacity, nparts = max(capacity, 1), max(nparts, 1)
-	return &Sketch{index: make(map[string]int, capacity), heap: make([]slot, 0, capacity),
+	return &Sketch{index: make(map[string]int32, capacity), slots: make([]slot, 0, capacity), heap: make([]int32, 0, capacity),
 		parts: make([]int64, capacity*nparts), nparts: nparts, cap: capacity}
 }
 
@@ -73,14 +74,15 @@ func New(capacity, nparts int) *Sketch {
 func (s *Sketch) Capacity() int { return s.cap }
 
 // Bytes is an upper bound of the memory a sketch of this capacity and
-// parts holds, whatever the stream: its table (40 bytes a slot), its parts
-// (8 bytes each), its index (a Go map of at most capacity keys: 24 bytes
-// and a control byte a slot at a load of 7/8 at most, bounded here by 128
-// bytes a key, room for the table to double under churn) and keys of at
-// most MaxKeyBytes. TestMemoryStaysUnderBytes measures it.
+// parts holds, whatever the stream: its table (40 bytes a slot and 4 of
+// heap), its parts (8 bytes each), its index (a Go map of at most capacity
+// keys: 20 bytes and a control byte a slot at a load of 7/8 at most,
+// bounded here by 128 bytes a key, room for the table to double under
+// churn) and keys of at most MaxKeyBytes. TestMemoryStaysUnderBytes
+// measures it.
 func Bytes(capacity, nparts int) int {
 	capacity, nparts = max(capacity, 1), max(nparts, 1)
-	const slotBytes = 16 + 8 + 8 + 8 // key header, count, err, part
+	const slotBytes = 16 + 8 + 8 + 8 + 4 // key header, count, err, position; its heap entry
 	const indexBytes = 128
 	return 256 + capacity*(slotBytes+indexBytes+MaxKeyBytes+8*nparts)
 }
@@ -103,31 +105,34 @@ func (s *Sketch) Add(key string, w int64, part int) bool {
 	defer s.mu.Unlock()
 	s.total += w
 	if i, ok := s.index[key]; ok {
-		s.heap[i].count += w
-		s.parts[s.heap[i].part+part] += w
-		s.downLocked(i)
+		sl := &s.slots[i]
+		sl.count += w
+		s.parts[int(i)*s.nparts+part] += w
+		s.downLocked(sl.pos)
 		return true
 	}
-	if len(s.heap) < s.cap {
-		i := len(s.heap)
+	if len(s.slots) < s.cap {
+		i := int32(len(s.slots))
 		key = strings.Clone(key) // not the caller's buffer, which may be larger
-		s.heap = append(s.heap, slot{key: key, count: w, part: i * s.nparts})
+		s.slots = append(s.slots, slot{key: key, count: w, pos: len(s.heap)})
+		s.heap = append(s.heap, i)
 		s.index[key] = i
-		s.parts[i*s.nparts+part] = w
-		s.upLocked(i)
+		s.parts[int(i)*s.nparts+part] = w
+		s.upLocked(len(s.heap) - 1)
 		return true
 	}
 	// Full: the key takes the smallest counter (the heap's root), which
 	// is at most total/cap since the counts sum to the total.
-	root := &s.heap[0]
+	i := s.heap[0]
+	sl := &s.slots[i]
 	key = strings.Clone(key)
-	delete(s.index, root.key)
-	root.key, root.err = key, root.count
-	root.count += w
-	p := s.parts[root.part : root.part+s.nparts]
+	delete(s.index, sl.key)
+	sl.key, sl.err = key, sl.count
+	sl.count += w
+	p := s.parts[int(i)*s.nparts : int(i+1)*s.nparts]
 	clear(p)
 	p[part] = w
-	s.index[key] = 0
+	s.index[key] = i
 	s.downLocked(0)
 	return true
 }
@@ -143,17 +148,17 @@ func (s *Sketch) Total() int64 {
 func (s *Sketch) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.heap)
+	return len(s.slots)
 }
 
 // Top returns at most n entries, highest Count first (ties by key), and
 // the sketch's total weight.
 func (s *Sketch) Top(n int) ([]Entry, int64) {
 	s.mu.Lock()
-	out := make([]Entry, len(s.heap))
-	for i, sl := range s.heap {
+	out := make([]Entry, len(s.slots))
+	for i, sl := range s.slots {
 		out[i] = Entry{Key: sl.key, Count: sl.count, Err: sl.err,
-			Parts: slices.Clone(s.parts[sl.part : sl.part+s.nparts])}
+			Parts: slices.Clone(s.parts[i*s.nparts : (i+1)*s.nparts])}
 	}
 	total := s.total
 	s.mu.Unlock()
@@ -166,12 +171,15 @@ func (s *Sketch) Top(n int) ([]Entry, int64) {
 	return out[:min(max(n, 0), len(out))], total
 }
 
-// upLocked moves slot i towards the root while it is smaller than its parent.
-// REQUIRES: s.mu held.
+// count is the count of the slot at heap position i. REQUIRES: s.mu held.
+func (s *Sketch) countLocked(i int) int64 { return s.slots[s.heap[i]].count }
+
+// upLocked moves heap position i towards the root while it is smaller
+// than its parent. REQUIRES: s.mu held.
 func (s *Sketch) upLocked(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
-		if s.heap[p].count <= s.heap[i].count {
+		if s.countLocked(p) <= s.countLocked(i) {
 			return
 		}
 		s.swapLocked(i, p)
@@ -179,15 +187,15 @@ func (s *Sketch) upLocked(i int) {
 	}
 }
 
-// downLocked moves slot i away from the root while a child is smaller.
-// REQUIRES: s.mu held.
+// downLocked moves heap position i away from the root while a child is
+// smaller. REQUIRES: s.mu held.
 func (s *Sketch) downLocked(i int) {
 	for {
 		l, small := 2*i+1, i
-		if l < len(s.heap) && s.heap[l].count < s.heap[small].count {
+		if l < len(s.heap) && s.countLocked(l) < s.countLocked(small) {
 			small = l
 		}
-		if r := l + 1; r < len(s.heap) && s.heap[r].count < s.heap[small].count {
+		if r := l + 1; r < len(s.heap) && s.countLocked(r) < s.countLocked(small) {
 			small = r
 		}
 		if small == i {
@@ -198,10 +206,10 @@ func (s *Sketch) downLocked(i int) {
 	}
 }
 
-// swapLocked swaps two slots and their index entries (their parts stay
-// where they are: each slot names its own). REQUIRES: s.mu held.
+// swapLocked swaps two heap positions (the slots stay where they are, and
+// learn their new positions). REQUIRES: s.mu held.
 func (s *Sketch) swapLocked(i, j int) {
 	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.index[s.heap[i].key] = i
-	s.index[s.heap[j].key] = j
+	s.slots[s.heap[i]].pos = i
+	s.slots[s.heap[j]].pos = j
 }

@@ -62,8 +62,10 @@ function drawChart(node, lines) {
   const left = 44, right = 8, top = 8, bottom = 34;
   node.setAttribute('viewBox', `0 0 ${w} ${h}`);
   const pts = lines.flatMap((l) => l.points);
+  // The window grows with the readings, from 30 s to the five minutes kept.
   const now = history.length ? history[history.length - 1].t : 0;
-  const t0 = now - (HISTORY * EVERY_MS) / 1000;
+  const span = Math.min((HISTORY * EVERY_MS) / 1000, Math.max(30, history.length ? now - history[0].t : 0));
+  const t0 = now - span;
   const ymax = Math.max(1, ...pts.map((p) => p.v)) * 1.1;
   const x = (t) => left + ((t - t0) / (now - t0 || 1)) * (w - left - right);
   const y = (v) => top + (1 - v / ymax) * (h - top - bottom);
@@ -73,12 +75,14 @@ function drawChart(node, lines) {
     const v = (ymax / 1.1) * f;
     node.append(svg('text', { x: left - 4, y: y(v) + 3, 'text-anchor': 'end' }, v >= 10 ? Math.round(v).toLocaleString('en-US') : v.toFixed(1)));
   }
-  for (const ago of [300, 240, 180, 120, 60, 0]) {
-    node.append(svg('text', { x: x(now - ago), y: h - bottom + 12, 'text-anchor': 'middle' }, ago ? `-${ago / 60}m` : 'now'));
+  for (let i = 5; i >= 0; i--) {
+    const ago = (span * i) / 5;
+    const label = ago === 0 ? 'now' : ago >= 60 ? `-${(ago / 60).toFixed(ago % 60 ? 1 : 0)}m` : `-${Math.round(ago)}s`;
+    node.append(svg('text', { x: x(now - ago), y: h - bottom + 12, 'text-anchor': 'middle' }, label));
   }
   let lx = left;
   lines.forEach((l, i) => {
-    const color = PALETTE[i % PALETTE.length];
+    const color = l.color || PALETTE[i % PALETTE.length];
     if (l.points.length > 1) {
       const d = l.points.filter((p) => p.t >= t0).map((p, j) => `${j ? 'L' : 'M'}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join('');
       node.append(svg('path', { class: 'series', d, stroke: color }));
@@ -175,10 +179,10 @@ function renderGates(d) {
 
 function renderCharts(d) {
   drawChart($('#chart-requests'), [
-    { name: 'offered', points: series((x) => x.totals.offered) },
-    { name: 'admitted', points: series((x) => x.totals.admitted) },
-    { name: 'useful', points: series((x) => x.totals.useful) },
-    { name: 'rejected', points: series((x) => x.totals.rejected) },
+    { name: 'offered', color: '#7f7f7f', points: series((x) => x.totals.offered) },
+    { name: 'admitted', color: '#1f77b4', points: series((x) => x.totals.admitted) },
+    { name: 'useful', color: '#2ca02c', points: series((x) => x.totals.useful) },
+    { name: 'rejected', color: '#d62728', points: series((x) => x.totals.rejected) },
   ]);
   const reasons = [...new Set(history.flatMap((h) => h.d.classes.flatMap((c) => Object.keys(c.rejected))))].sort();
   drawChart($('#chart-reasons'), reasons.map((r) => ({ name: r, points: series((x) => x.classes.reduce((a, c) => a + (c.rejected[r] || 0), 0)) })));
