@@ -169,8 +169,46 @@ func number(t *testing.T, s string) int64 {
 // -artifacts keeps it), and tries a wrong token.
 func TestLivePageInChromium(t *testing.T) {
 	bin := chromium(t)
+	base, admin := startProxy(t)
+	startLoad(t, base)
+	p := openPage(t, bin, admin)
+	p.waitPolls(8) // rates need two readings; the plots some more
+
+	// Scrape, wait for a reading the page began after the scrape (the
+	// second poll from now: the first may have been in flight), read the
+	// page, scrape again.
+	before := scrape(t, admin)
+	p.waitPolls(p.polls() + 2)
+	page, err := chromedp.Run(p.ctx, chromedp.Evaluate[pageNumbers](readPage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := scrape(t, admin)
+	checkAgainstMetrics(t, page, before, after)
+
+	if got := p.switchMode("request-rate", "shadow", "live-secret", "ok"); got != "request-rate is now in shadow mode" {
+		t.Fatalf("the page says %q", got)
+	}
+	if got := gateModes(t, admin); got != "[{request-rate shadow} {ladder enforce} {pool enforce}]" {
+		t.Fatalf("/v1/gates after the switch: %v", got)
+	}
+	for p.text(`#gates tr[data-gate="request-rate"] td[data-field="mode"]`) != "shadow" {
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.waitPolls(p.polls() + 8) // the plots show the noisy tenant admitted in shadow mode
+	screenshot(t, p.ctx)
+
+	if got := p.switchMode("request-rate", "off", "wrong", "error"); !strings.Contains(got, "missing or wrong admin token") {
+		t.Fatalf("the page says %q after a wrong token", got)
+	}
+	p.checkRequests(admin)
+}
+
+// startProxy runs sluice proxy on livePolicy in front of a no-op upstream
+// until the test ends.
+func startProxy(t *testing.T) (base, admin string) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	defer up.Close()
+	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
 	s, err := proxy.New(proxy.Options{ConfigData: []byte(livePolicy), Config: "live.yaml", Upstream: u,
 		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "live-secret",
@@ -181,76 +219,39 @@ func TestLivePageInChromium(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		stop()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-	}()
+	})
 	pa, aa := s.Addrs()
-	base, admin := "http://"+pa.String(), "http://"+aa.String()
+	return "http://" + pa.String(), "http://" + aa.String()
+}
 
+// startLoad sends three tenants' requests until the test ends, and
+// returns once every tenant has a label in /metrics and the noisy one is
+// rejected.
+func startLoad(t *testing.T, base string) {
 	loads := []*load{
 		{tenant: "sk_noisy", path: "/routes/1", pause: time.Millisecond},         // far over 20/s: mostly rejected
 		{tenant: "sk_calm", path: "/routes/2", pause: 100 * time.Millisecond},    // under its rate
 		{tenant: "sk_reports", path: "/reports/3", pause: 60 * time.Millisecond}, // another class
 	}
-	lctx, stopLoad := context.WithCancel(ctx)
+	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, l := range loads {
-		wg.Go(func() { l.run(lctx, base) })
+		wg.Go(func() { l.run(ctx, base) })
 	}
-	defer func() { stopLoad(); wg.Wait() }()
+	t.Cleanup(func() { stop(); wg.Wait() })
 	for loads[0].rejected.Load() < 50 || loads[1].ok.Load() < 10 || loads[2].ok.Load() < 10 {
-		time.Sleep(20 * time.Millisecond) // until every tenant has a label in /metrics and the noisy one is rejected
+		time.Sleep(20 * time.Millisecond)
 	}
+}
 
-	cctx, cancel := browser(t, bin)
-	defer cancel()
-	var requested []string
-	var exceptions []string
-	var mu sync.Mutex
-	if err := chromedp.Listen(cctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch ev := ev.(type) {
-		case *network.EventRequestWillBeSent:
-			requested = append(requested, ev.Request.URL)
-		case *runtime.EventExceptionThrown:
-			exceptions = append(exceptions, fmt.Sprintf("%s:%d: %s", ev.ExceptionDetails.URL, ev.ExceptionDetails.LineNumber, ev.ExceptionDetails.Text))
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	polls := func() int {
-		n, err := chromedp.Run(cctx, chromedp.Evaluate[int](`Number(document.body.dataset.polls)`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if err := chromedp.Do(cctx, chromedp.EmulateViewport(1440, 1400), chromedp.Navigate(admin+"/")); err != nil {
-		t.Fatal(err)
-	}
-	waitPolls := func(n int) {
-		for polls() < n {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	waitPolls(8) // rates need two readings; the plots some more
-
-	// Scrape, wait for a reading the page began after the scrape (the
-	// second poll from now: the first may have been in flight), read the
-	// page, scrape again.
-	before := scrape(t, admin)
-	for n := polls(); polls() < n+2; {
-		time.Sleep(50 * time.Millisecond)
-	}
-	page, err := chromedp.Run(cctx, chromedp.Evaluate[pageNumbers](readPage))
-	if err != nil {
-		t.Fatal(err)
-	}
-	after := scrape(t, admin)
+// checkAgainstMetrics wants every count the page shows between the
+// scrapes before and after its reading.
+func checkAgainstMetrics(t *testing.T, page pageNumbers, before, after map[string]float64) {
 	between := func(what string, shown string, name string, labels ...string) {
 		t.Helper()
 		lo, hi, got := sum(before, name, labels...), sum(after, name, labels...), number(t, shown)
@@ -291,74 +292,111 @@ func TestLivePageInChromium(t *testing.T) {
 	if g := page.Gates["pool"]; g == nil || !strings.Contains(g["state"], "queue") {
 		t.Errorf("pool row %+v", g)
 	}
+}
 
-	// Switch the rate gate to shadow through the page.
-	row0 := `#gates tr[data-gate="request-rate"]`
-	if err := chromedp.Do(cctx,
-		chromedp.SendKeys(chromedp.CSS(`#token`), "live-secret"),
-		chromedp.SetValue(chromedp.CSS(row0+` select`), "shadow"),
-		chromedp.Click(chromedp.CSS(row0+` button.apply`)),
-		chromedp.WaitVisible(chromedp.CSS(`#switch-result.ok`)),
-	); err != nil {
-		t.Fatal(err)
-	}
-	result, err := chromedp.Run(cctx, chromedp.Text(chromedp.CSS(`#switch-result`)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if result != "request-rate is now in shadow mode" {
-		t.Fatalf("the page says %q", result)
-	}
+// gateModes reads /v1/gates with the token.
+func gateModes(t *testing.T, admin string) string {
 	req, _ := http.NewRequest("GET", admin+"/v1/gates", nil)
 	req.Header.Set("Authorization", "Bearer live-secret")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	var gates []struct{ Name, Mode string }
 	json.NewDecoder(resp.Body).Decode(&gates)
-	resp.Body.Close()
-	if fmt.Sprint(gates) != "[{request-rate shadow} {ladder enforce} {pool enforce}]" {
-		t.Fatalf("/v1/gates after the switch: %v", gates)
-	}
-	var mode string
-	for mode != "shadow" {
-		time.Sleep(50 * time.Millisecond)
-		if mode, err = chromedp.Run(cctx, chromedp.Text(chromedp.CSS(row0+` td[data-field="mode"]`))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitPolls(polls() + 8) // the plots show the noisy tenant admitted in shadow mode
-	screenshot(t, cctx)
+	return fmt.Sprint(gates)
+}
 
-	// A wrong token is refused, and the page says so.
-	if err := chromedp.Do(cctx,
-		chromedp.SetValue(chromedp.CSS(`#token`), "wrong"),
-		chromedp.SetValue(chromedp.CSS(row0+` select`), "off"),
-		chromedp.Click(chromedp.CSS(row0+` button.apply`)),
-		chromedp.WaitVisible(chromedp.CSS(`#switch-result.error`)),
+// livePage is the page open in a browser tab, with what the tab fetched
+// and the script errors it threw.
+type livePage struct {
+	t   *testing.T
+	ctx context.Context
+
+	mu                    sync.Mutex
+	requested, exceptions []string
+}
+
+func openPage(t *testing.T, bin, admin string) *livePage {
+	ctx, cancel := browser(t, bin)
+	t.Cleanup(cancel)
+	p := &livePage{t: t, ctx: ctx}
+	if err := chromedp.Listen(ctx, p.event); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1440, 1400), chromedp.Navigate(admin+"/")); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *livePage) event(ev any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch ev := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		p.requested = append(p.requested, ev.Request.URL)
+	case *runtime.EventExceptionThrown:
+		d := ev.ExceptionDetails
+		p.exceptions = append(p.exceptions, fmt.Sprintf("%s:%d: %s", d.URL, d.LineNumber, d.Text))
+	}
+}
+
+// polls returns the readings the page has made.
+func (p *livePage) polls() int {
+	n, err := chromedp.Run(p.ctx, chromedp.Evaluate[int](`Number(document.body.dataset.polls)`))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return n
+}
+
+func (p *livePage) waitPolls(n int) {
+	for p.polls() < n {
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (p *livePage) text(sel string) string {
+	s, err := chromedp.Run(p.ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return s
+}
+
+// switchMode types token, picks mode for gate and applies it, and returns
+// what the page then says (once its result has class want: ok or error).
+func (p *livePage) switchMode(gate, mode, token, want string) string {
+	row := `#gates tr[data-gate="` + gate + `"]`
+	if err := chromedp.Do(p.ctx,
+		chromedp.Clear(chromedp.CSS(`#token`)),
+		chromedp.SendKeys(chromedp.CSS(`#token`), token),
+		chromedp.SetValue(chromedp.CSS(row+` select`), mode),
+		chromedp.Click(chromedp.CSS(row+` button.apply`)),
+		chromedp.WaitVisible(chromedp.CSS(`#switch-result.`+want)),
 	); err != nil {
-		t.Fatal(err)
+		p.t.Fatal(err)
 	}
-	if result, err = chromedp.Run(cctx, chromedp.Text(chromedp.CSS(`#switch-result`))); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(result, "missing or wrong admin token") {
-		t.Fatalf("the page says %q after a wrong token", result)
-	}
+	return p.text(`#switch-result`)
+}
 
-	mu.Lock()
-	defer mu.Unlock()
-	for _, r := range requested {
+// checkRequests wants every request of the page on the admin listener,
+// and no script error.
+func (p *livePage) checkRequests(admin string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.requested {
 		if !strings.HasPrefix(r, admin+"/") {
-			t.Errorf("the page requested %s, outside the admin listener", r)
+			p.t.Errorf("the page requested %s, outside the admin listener", r)
 		}
 	}
-	if len(requested) < 3 {
-		t.Errorf("requests seen: %v", requested)
+	if len(p.requested) < 3 {
+		p.t.Errorf("requests seen: %v", p.requested)
 	}
-	if len(exceptions) > 0 {
-		t.Errorf("script errors: %v", exceptions)
+	if len(p.exceptions) > 0 {
+		p.t.Errorf("script errors: %v", p.exceptions)
 	}
 }
 

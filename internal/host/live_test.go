@@ -2,12 +2,14 @@ package host
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -74,32 +76,32 @@ func TestLiveCountsTheDecisions(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Classes) != 2 || got.Classes[0].Class != "default" || got.Classes[0].Offered != 20 || got.Classes[0].Admitted != 3 ||
-		got.Classes[0].Rejected["policy_rate"] != 17 || got.Classes[0].Completed["useful"] != 3 || got.Classes[0].Units["consumed"] != 3 ||
-		got.Classes[1].Class != "sheddable" || got.Classes[1].Admitted != 2 {
-		t.Fatalf("classes %+v", got.Classes)
+	if len(got.Classes) != 2 || len(got.Tenants.Rejected.Tenants) != 1 || len(got.Tenants.Consumed.Tenants) != 2 || len(got.Gates) != 3 {
+		t.Fatalf("%s", w.Body)
 	}
-	if got.Totals["offered"] != 22 || got.Totals["rejected"] != 17 || got.Totals["useful"] != 5 || got.Totals["consumed_units"] != 5 || got.Totals["inflight"] != 0 {
-		t.Fatalf("totals %v", got.Totals)
-	}
-	rej := got.Tenants.Rejected
-	if rej.Total != 17 || rej.Capacity != metrics.DefaultTopTenants || len(rej.Tenants) != 1 ||
-		rej.Tenants[0].Tenant != metrics.HashTenant("sk_heavy") || rej.Tenants[0].Count != 17 || rej.Tenants[0].By["policy_rate"] != 17 {
-		t.Fatalf("top rejected %+v", rej)
-	}
-	con := got.Tenants.Consumed
-	if con.Total != 5 || len(con.Tenants) != 2 || con.Tenants[0].Tenant != metrics.HashTenant("sk_heavy") || con.Tenants[0].Count != 3 {
-		t.Fatalf("top consumed %+v", con)
-	}
-	var names []string
-	for _, g := range got.Gates {
-		names = append(names, g.Name+":"+g.Mode)
-	}
-	if strings.Join(names, " ") != "request-rate:enforce ladder:enforce pool:enforce" {
-		t.Fatalf("gates %v", names)
-	}
-	if got.Gates[1].Level != "normal" || got.Gates[2].Queue == nil || got.Gates[0].Failures == nil || got.Gates[0].FailurePolicy == "" {
-		t.Fatalf("gate states %+v", got.Gates)
+	def, shed, rej, con := got.Classes[0], got.Classes[1], got.Tenants.Rejected, got.Tenants.Consumed
+	heavy := metrics.HashTenant("sk_heavy")
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"classes", def.Class + " " + shed.Class, "default sheddable"},
+		{"default offered, admitted", [2]int64{def.Offered, def.Admitted}, [2]int64{20, 3}},
+		{"default rejected", def.Rejected, map[string]int64{"policy_rate": 17}},
+		{"default useful, consumed", [2]int64{def.Completed["useful"], def.Units["consumed"]}, [2]int64{3, 3}},
+		{"sheddable admitted", shed.Admitted, int64(2)},
+		{"totals", got.Totals, map[string]int64{"offered": 22, "admitted": 5, "rejected": 17, "useful": 5, "consumed_units": 5, "inflight": 0}},
+		{"rejected total, capacity", [2]int64{rej.Total, int64(rej.Capacity)}, [2]int64{17, metrics.DefaultTopTenants}},
+		{"rejected most", rej.Tenants[0], metrics.TenantCount{Tenant: heavy, Count: 17, By: map[string]int64{"policy_rate": 17}}},
+		{"consumed most", [3]any{con.Total, con.Tenants[0].Tenant, con.Tenants[0].Count}, [3]any{int64(5), heavy, int64(3)}},
+		{"gates", fmt.Sprint(got.Gates[0].Name, got.Gates[0].Mode, got.Gates[1].Name, got.Gates[2].Name), "request-rateenforceladderpool"},
+		{"ladder level", got.Gates[1].Level, "normal"},
+		{"pool queue", got.Gates[2].Queue != nil, true},
+		{"store failures", got.Gates[0].Failures != nil && got.Gates[0].FailurePolicy != "", true},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.what, c.got, c.want)
+		}
 	}
 	if strings.Contains(w.Body.String(), `"limit":3`) {
 		t.Fatal("/v1/live shows a quota, which /v1/gates keeps behind the token")
