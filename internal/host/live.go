@@ -128,7 +128,7 @@ func (s *Host) live(n int) live {
 func (s *Host) liveGates() []liveGate {
 	c := s.Chain()
 	now := c.Clock().Now()
-	var out []liveGate
+	out := []liveGate{} // [] in JSON, not null, for a policy without gates
 	for _, g := range c.Gates() {
 		m, _ := c.Mode(g.Name())
 		lg := liveGate{Name: g.Name(), Mode: m.String()}

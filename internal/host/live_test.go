@@ -196,3 +196,15 @@ func FuzzLiveQuery(f *testing.F) {
 		}
 	})
 }
+
+// Before any traffic, /v1/live reads as lists the page can walk: no null
+// where it expects an array.
+func TestLiveBeforeAnyTraffic(t *testing.T) {
+	_, _, admin := newLiveHost(t)
+	body := get(t, admin, "/v1/live", nil).Body.String()
+	for _, want := range []string{`"classes":[]`, `"gates":[{`, `"tenants":[]`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/v1/live lacks %s:\n%s", want, body)
+		}
+	}
+}
