@@ -38,10 +38,14 @@ function rate(get) {
   return perSecond(a, b, get);
 }
 
+// perSecond is null where either reading lacks the value (a tenant that
+// just entered the list has no rate yet), and never negative (a series
+// dropped with an idle tenant's label is not a negative rate).
 function perSecond(a, b, get) {
-  const dt = b.t - a.t;
+  const dt = b.t - a.t, va = get(a.d), vb = get(b.d);
+  if (va == null || vb == null) return null;
   if (dt <= 0) return 0;
-  return Math.max(0, ((get(b.d) ?? 0) - (get(a.d) ?? 0)) / dt); // a series dropped (idle tenant reclaimed) is not negative
+  return Math.max(0, (vb - va) / dt);
 }
 
 // series turns a getter into the rates over the history.
@@ -61,7 +65,7 @@ function drawChart(node, lines) {
   const w = node.clientWidth || 420, h = node.clientHeight || 170;
   const left = 44, right = 8, top = 8, bottom = 34;
   node.setAttribute('viewBox', `0 0 ${w} ${h}`);
-  const pts = lines.flatMap((l) => l.points);
+  const pts = lines.flatMap((l) => l.points).filter((p) => p.v != null);
   // The window grows with the readings, from 30 s to the five minutes kept.
   const now = history.length ? history[history.length - 1].t : 0;
   const span = Math.min((HISTORY * EVERY_MS) / 1000, Math.max(30, history.length ? now - history[0].t : 0));
@@ -84,7 +88,7 @@ function drawChart(node, lines) {
   lines.forEach((l, i) => {
     const color = l.color || PALETTE[i % PALETTE.length];
     if (l.points.length > 1) {
-      const d = l.points.filter((p) => p.t >= t0).map((p, j) => `${j ? 'L' : 'M'}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join('');
+      const d = l.points.filter((p) => p.v != null && p.t >= t0).map((p, j) => `${j ? 'L' : 'M'}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join('');
       node.append(svg('path', { class: 'series', d, stroke: color }));
     }
     const label = svg('text', { x: lx + 12, y: h - 4 }, l.name);
@@ -120,7 +124,7 @@ function renderClasses(d) {
     cell('consumed', fmt(c.units.consumed || 0));
     cell('inflight', fmt(c.inflight));
     cell('offered_rate', fmtRate(rate((x) => classOf(x, c.class)?.offered)));
-    cell('rejected_rate', fmtRate(rate((x) => sum(classOf(x, c.class)?.rejected))));
+    cell('rejected_rate', fmtRate(rate((x) => { const k = classOf(x, c.class); return k ? sum(k.rejected) : null; })));
     cell('units_rate', fmtRate(rate((x) => classOf(x, c.class)?.units.consumed)));
     body.append(tr);
   }
