@@ -103,16 +103,21 @@ func BenchmarkDecideAdmitted(b *testing.B) {
 // observing every decision (as sluice proxy and sluice serve run them):
 // the counters by class and tenant, the decision histogram, and the
 // heaviest tenants kept for the live page.
-func BenchmarkRejectedMetrics(b *testing.B) { benchRejectedMetrics(b, 1) }
+func BenchmarkRejectedMetrics(b *testing.B) { benchMetrics(b, "1/h", 1, 1) }
 
 // BenchmarkRejectedMetricsManyTenants: the same with 4,096 tenants in turn,
 // every one over its limit: the worst case of the tenant top-N, where most
 // rejections are of a tenant it does not hold.
-func BenchmarkRejectedMetricsManyTenants(b *testing.B) { benchRejectedMetrics(b, 4096) }
+func BenchmarkRejectedMetricsManyTenants(b *testing.B) { benchMetrics(b, "1/h", 1, 4096) }
 
-func benchRejectedMetrics(b *testing.B, tenants int) {
-	r, _ := limit.ParseRate("1/h")
-	tb, _ := limit.NewTokenBucket(r, 1)
+// BenchmarkAdmittedNoopMetrics: BenchmarkAdmittedNoop with the metrics
+// observing (the decision, and the completion whose units the top-N of
+// consumers counts).
+func BenchmarkAdmittedNoopMetrics(b *testing.B) { benchMetrics(b, "1e9/s", 1e9, 1) }
+
+func benchMetrics(b *testing.B, rate string, burst int64, tenants int) {
+	r, _ := limit.ParseRate(rate)
+	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: metrics.New(metrics.Options{})}, g)
 	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
@@ -122,7 +127,7 @@ func benchRejectedMetrics(b *testing.B, tenants int) {
 	for i := range reqs {
 		reqs[i] = httptest.NewRequest("GET", "/v1/routes/42", nil)
 		reqs[i].Header.Set("X-Api-Key", fmt.Sprint("tenant-", i))
-		h.ServeHTTP(w, reqs[i]) // spends the tenant's one token
+		h.ServeHTTP(w, reqs[i]) // spends a rejected tenant's one token
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
