@@ -37,8 +37,8 @@ const MaxKeyBytes = 256
 type Sketch struct {
 	mu     sync.Mutex
 	index  map[string]int32 // key → its slot
-	slots  []slot           // where each key's counts stay while it is held
-	heap   []int32          // slots, a min-heap on count
+	slots  []slot           // where each key stays while it is held
+	heap   []heapEntry      // the slots' counts, a min-heap
 	parts  []int64          // slot i's at [i*nparts:]
 	nparts int
 	cap    int
@@ -46,9 +46,16 @@ type Sketch struct {
 }
 
 type slot struct {
-	key        string
-	count, err int64
-	pos        int // position in heap
+	key string
+	err int64
+	pos int // position in heap
+}
+
+// heapEntry is a slot's count, kept in the heap so that sifting reads
+// one array.
+type heapEntry struct {
+	count int64
+	slot  int32
 }
 
 // Entry is one key of a Top reading.
@@ -66,7 +73,7 @@ type Entry struct {
 // weights are split into nparts parts (at least 1).
 func New(capacity, nparts int) *Sketch {
 	capacity, nparts = max(capacity, 1), max(nparts, 1)
-	return &Sketch{index: make(map[string]int32, capacity), slots: make([]slot, 0, capacity), heap: make([]int32, 0, capacity),
+	return &Sketch{index: make(map[string]int32, capacity), slots: make([]slot, 0, capacity), heap: make([]heapEntry, 0, capacity),
 		parts: make([]int64, capacity*nparts), nparts: nparts, cap: capacity}
 }
 
@@ -74,7 +81,7 @@ func New(capacity, nparts int) *Sketch {
 func (s *Sketch) Capacity() int { return s.cap }
 
 // Bytes is an upper bound of the memory a sketch of this capacity and
-// parts holds, whatever the stream: its table (40 bytes a slot and 4 of
+// parts holds, whatever the stream: its table (32 bytes a slot and 16 of
 // heap), its parts (8 bytes each), its index (a Go map of at most capacity
 // keys: 20 bytes and a control byte a slot at a load of 7/8 at most,
 // bounded here by 128 bytes a key, room for the table to double under
@@ -82,7 +89,7 @@ func (s *Sketch) Capacity() int { return s.cap }
 // measures it.
 func Bytes(capacity, nparts int) int {
 	capacity, nparts = max(capacity, 1), max(nparts, 1)
-	const slotBytes = 16 + 8 + 8 + 8 + 4 // key header, count, err, position; its heap entry
+	const slotBytes = 16 + 8 + 8 + 16 // key header, err, position; its heap entry (count, slot)
 	const indexBytes = 128
 	return 256 + capacity*(slotBytes+indexBytes+MaxKeyBytes+8*nparts)
 }
@@ -105,17 +112,17 @@ func (s *Sketch) Add(key string, w int64, part int) bool {
 	defer s.mu.Unlock()
 	s.total += w
 	if i, ok := s.index[key]; ok {
-		sl := &s.slots[i]
-		sl.count += w
+		pos := s.slots[i].pos
+		s.heap[pos].count += w
 		s.parts[int(i)*s.nparts+part] += w
-		s.downLocked(sl.pos)
+		s.downLocked(pos)
 		return true
 	}
 	if len(s.slots) < s.cap {
 		i := int32(len(s.slots))
 		key = strings.Clone(key) // not the caller's buffer, which may be larger
-		s.slots = append(s.slots, slot{key: key, count: w, pos: len(s.heap)})
-		s.heap = append(s.heap, i)
+		s.slots = append(s.slots, slot{key: key, pos: len(s.heap)})
+		s.heap = append(s.heap, heapEntry{count: w, slot: i})
 		s.index[key] = i
 		s.parts[int(i)*s.nparts+part] = w
 		s.upLocked(len(s.heap) - 1)
@@ -123,12 +130,13 @@ func (s *Sketch) Add(key string, w int64, part int) bool {
 	}
 	// Full: the key takes the smallest counter (the heap's root), which
 	// is at most total/cap since the counts sum to the total.
-	i := s.heap[0]
+	root := &s.heap[0]
+	i := root.slot
 	sl := &s.slots[i]
 	key = strings.Clone(key)
 	delete(s.index, sl.key)
-	sl.key, sl.err = key, sl.count
-	sl.count += w
+	sl.key, sl.err = key, root.count
+	root.count += w
 	p := s.parts[int(i)*s.nparts : int(i+1)*s.nparts]
 	clear(p)
 	p[part] = w
@@ -157,7 +165,7 @@ func (s *Sketch) Top(n int) ([]Entry, int64) {
 	s.mu.Lock()
 	out := make([]Entry, len(s.slots))
 	for i, sl := range s.slots {
-		out[i] = Entry{Key: sl.key, Count: sl.count, Err: sl.err,
+		out[i] = Entry{Key: sl.key, Count: s.heap[sl.pos].count, Err: sl.err,
 			Parts: slices.Clone(s.parts[i*s.nparts : (i+1)*s.nparts])}
 	}
 	total := s.total
@@ -171,15 +179,12 @@ func (s *Sketch) Top(n int) ([]Entry, int64) {
 	return out[:min(max(n, 0), len(out))], total
 }
 
-// count is the count of the slot at heap position i. REQUIRES: s.mu held.
-func (s *Sketch) countLocked(i int) int64 { return s.slots[s.heap[i]].count }
-
 // upLocked moves heap position i towards the root while it is smaller
 // than its parent. REQUIRES: s.mu held.
 func (s *Sketch) upLocked(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
-		if s.countLocked(p) <= s.countLocked(i) {
+		if s.heap[p].count <= s.heap[i].count {
 			return
 		}
 		s.swapLocked(i, p)
@@ -192,10 +197,10 @@ func (s *Sketch) upLocked(i int) {
 func (s *Sketch) downLocked(i int) {
 	for {
 		l, small := 2*i+1, i
-		if l < len(s.heap) && s.countLocked(l) < s.countLocked(small) {
+		if l < len(s.heap) && s.heap[l].count < s.heap[small].count {
 			small = l
 		}
-		if r := l + 1; r < len(s.heap) && s.countLocked(r) < s.countLocked(small) {
+		if r := l + 1; r < len(s.heap) && s.heap[r].count < s.heap[small].count {
 			small = r
 		}
 		if small == i {
@@ -210,6 +215,6 @@ func (s *Sketch) downLocked(i int) {
 // learn their new positions). REQUIRES: s.mu held.
 func (s *Sketch) swapLocked(i, j int) {
 	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.slots[s.heap[i]].pos = i
-	s.slots[s.heap[j]].pos = j
+	s.slots[s.heap[i].slot].pos = i
+	s.slots[s.heap[j].slot].pos = j
 }
