@@ -38,7 +38,7 @@ bench:
 		KeyedTakeParallel-2/KeyedTakeParallel \
 		RedisRate/RedisSluice RedisSluiceNoBatch/RedisSluice RedisSluiceScriptGoRedis/RedisSluiceNoBatch RedisSluice/RedisLease RedisSluice/RedisLeaseSlots
 	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
-		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop ThroughProxy/Direct)
+		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop RejectedMetrics/Rejected ThroughProxy/Direct)
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
 	$(GO) test -run '^$$' -bench . -count 10 ./grpcgate/... | (cd bench && $(GO) run ./ratio \
 		LoopbackAdmitted/LoopbackBare LoopbackAdmittedNoMetadata/LoopbackBare LoopbackRejected/LoopbackBareError \

@@ -1,6 +1,7 @@
 package httpgate_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/store/memory"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -106,5 +108,43 @@ func BenchmarkDecideAdmitted(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		clear(w.h)
 		h.ServeHTTP(w, req)
+	}
+}
+
+// BenchmarkRejectedMetrics: BenchmarkRejected with the Prometheus metrics
+// observing every decision (as sluice proxy and sluice serve run them):
+// the counters by class and tenant, the decision histogram, and the
+// heaviest tenants kept for the live page.
+func BenchmarkRejectedMetrics(b *testing.B) { benchMetrics(b, "1/h", 1, 1) }
+
+// BenchmarkRejectedMetricsManyTenants: the same with 4,096 tenants in turn,
+// every one over its limit: the worst case of the tenant top-N, where most
+// rejections are of a tenant it does not hold.
+func BenchmarkRejectedMetricsManyTenants(b *testing.B) { benchMetrics(b, "1/h", 1, 4096) }
+
+// BenchmarkAdmittedNoopMetrics: BenchmarkAdmittedNoop with the metrics
+// observing (the decision, and the completion whose units the top-N of
+// consumers counts).
+func BenchmarkAdmittedNoopMetrics(b *testing.B) { benchMetrics(b, "1e9/s", 1e9, 1) }
+
+func benchMetrics(b *testing.B, rate string, burst int64, tenants int) {
+	r, _ := limit.ParseRate(rate)
+	tb, _ := limit.NewTokenBucket(r, burst)
+	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: metrics.New(metrics.Options{})}, g)
+	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	reqs := make([]*http.Request, tenants)
+	w := &discard{h: http.Header{}}
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/v1/routes/42", nil)
+		reqs[i].Header.Set("X-Api-Key", fmt.Sprint("tenant-", i))
+		h.ServeHTTP(w, reqs[i]) // spends a rejected tenant's one token
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		clear(w.h)
+		h.ServeHTTP(w, reqs[i%tenants])
 	}
 }

@@ -3,6 +3,9 @@
 // completed by outcome, goodput, demand units by stage (offered, admitted,
 // rejected, consumed), in-flight, and decision and work latency, per class
 // and tenant with a cap on tenant cardinality: the noisy-neighbour view.
+// For the admin page it also keeps, in bounded memory, the tenants
+// rejected most and those consuming most (TopRejected, TopConsumed), and
+// sums the counters by class (Classes).
 //
 //	m := metrics.New(metrics.Options{})
 //	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: m}, gates...)
@@ -52,6 +55,11 @@ type Options struct {
 	// Default: "t-" and the first 12 hex digits of its SHA-256, so /metrics
 	// never shows a key. Return the tenant itself only if it is not secret.
 	TenantLabel func(tenant string) string
+	// TopTenants is the tenants each of the live view's two sketches holds
+	// (TopRejected, TopConsumed), whatever the number of tenants: memory
+	// stays under TopTenantsBytes. Default DefaultTopTenants (64).
+	// Negative: no sketches.
+	TopTenants int
 }
 
 // HashTenant is the default TenantLabel.
@@ -83,6 +91,8 @@ type Metrics struct {
 	after      int64
 	idle       time.Duration
 	clock      clock.Clock
+
+	top *tenantSketches // nil: none
 
 	mu         sync.Mutex       // guards candidates and reclaims
 	candidates map[string]int64 // admissions of tenants without a label, bounded
@@ -128,6 +138,7 @@ func New(opts Options) *Metrics {
 		idle:       opts.TenantIdle,
 		clock:      opts.Clock,
 		candidates: map[string]int64{},
+		top:        newTenantSketches(opts.TopTenants),
 		offered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_requests_offered_total", Help: "Requests offered to the admission chain.",
 		}, ct),
@@ -253,6 +264,9 @@ func (m *Metrics) Decided(r *sluice.Request, d *sluice.Decision, took time.Durat
 	}
 	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "enforce", r.Class, t).Inc()
 	m.units.WithLabelValues("rejected", r.Class, t).Add(cost)
+	if m.top != nil {
+		m.top.rejected.Add(m.sketchKey(r.Tenant), 1, int(d.Reason))
+	}
 }
 
 // ShadowRejected records a would-be rejection of a gate in shadow mode.
@@ -267,6 +281,9 @@ func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
 	m.completed.WithLabelValues(c.Outcome.String(), r.Class, t).Inc()
 	m.latency.WithLabelValues(c.Outcome.String(), r.Class).Observe(c.Latency.Seconds())
 	m.units.WithLabelValues("consumed", r.Class, t).Add(float64(max(r.Cost, 1)))
+	if m.top != nil {
+		m.top.consumed.Add(m.sketchKey(r.Tenant), max(r.Cost, 1), int(c.Outcome))
+	}
 	if c.Outcome == sluice.OutcomeUseful {
 		m.goodput.WithLabelValues(r.Class, t).Add(float64(r.Cost))
 	}

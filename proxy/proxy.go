@@ -230,7 +230,8 @@ func (s *Server) Close() { s.host.Close() }
 
 // AdminHandler serves /metrics, /healthz, /readyz and /v1/gates (GET lists the
 // gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
-// latter behind "Authorization: Bearer TOKEN" (Options.AdminToken).
+// latter behind "Authorization: Bearer TOKEN" (Options.AdminToken), and
+// the live page (/live/, polling GET /v1/live).
 func (s *Server) AdminHandler() http.Handler { return s.host.AdminHandler(s.opts.AdminToken) }
 
 // Addrs returns the bound proxy and admin addresses once Run has started

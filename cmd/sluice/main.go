@@ -185,7 +185,7 @@ func proxyCmd() *cobra.Command {
 	cmd.Flags().StringVar(&opts.Config, "config", "", "policy file (YAML); reloaded on SIGHUP and on change")
 	cmd.Flags().StringVar(&upstream, "upstream", "", "upstream base URL, e.g. http://127.0.0.1:9000")
 	cmd.Flags().StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "proxy listen address")
-	cmd.Flags().StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /readyz, /v1/gates)")
+	cmd.Flags().StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /readyz, /v1/gates, the live page at /live/)")
 	cmd.Flags().StringVar(&opts.AdminToken, "admin-token", "", "bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN; else, on a loopback --admin only, generated into a file whose path is logged)")
 	cmd.MarkFlagRequired("config")
 	cmd.MarkFlagRequired("upstream")

@@ -26,15 +26,21 @@ type gateState struct {
 	State any `json:"state,omitempty"`
 }
 
-// AdminHandler serves /metrics, /healthz, /readyz and /v1/gates.
+// AdminHandler serves /metrics, /healthz, /readyz, /v1/gates and the live page.
 //
 //	GET  /healthz               200 while the process runs (liveness)
 //	GET  /readyz                200 while serving, 503 once draining (SetReady)
 //	GET  /v1/gates              every gate with its mode and quota
 //	POST /v1/gates/{name}       body {"mode":"shadow"}: switch a gate's mode
+//	GET  /live/                 the live page (embedded HTML, script, style)
+//	GET  /v1/live?n=10          what the page polls: counts by class, the n
+//	                            tenants rejected most and consuming most,
+//	                            each gate's mode and state (JSON)
+//	GET  /                      redirects to /live/
 //
 // /v1/gates requires "Authorization: Bearer TOKEN" with token (see
-// AdminToken).
+// AdminToken); the live page and /v1/live, like /metrics, do not (they
+// show tenant labels, never keys, and no quotas).
 func (s *Host) AdminHandler(token string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
@@ -51,6 +57,7 @@ func (s *Host) AdminHandler(token string) http.Handler {
 		}
 		io.WriteString(w, "ready\n")
 	})
+	s.liveHandlers(mux)
 	mux.HandleFunc("GET /v1/gates", authorized(token, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.gateStates())
 	}))
