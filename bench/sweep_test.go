@@ -18,7 +18,8 @@ import (
 // BenchmarkRedisSweep: decisions per second and latency on one local
 // Redis at 1, 4, 16, 64 and 256 concurrent callers (each on its own
 // tenant key, one decision in flight each), for sluice's token bucket as
-// configured by default, the same without batching (Options.Batch 1), the
+// configured by default, the same without batching (Options.Batch 1) and
+// with the client's former 100 µs flush delay (Options.FlushDelay), the
 // peer go-redis/redis_rate v10 (its pool as large as the callers), and a
 // bare PING through sluice's own client: the round trip no decision can
 // beat. One Redis per benchmark; ns/op is wall time per decision, so
@@ -30,6 +31,9 @@ func BenchmarkRedisSweep(b *testing.B) {
 		b.Run("callers="+strconv.Itoa(callers), func(b *testing.B) {
 			b.Run("sluice", func(b *testing.B) { sweepSluice(b, callers, sredis.Options{}, false) })
 			b.Run("sluice-nobatch", func(b *testing.B) { sweepSluice(b, callers, sredis.Options{Batch: 1}, false) })
+			b.Run("sluice-flush100us", func(b *testing.B) {
+				sweepSluice(b, callers, sredis.Options{FlushDelay: 100 * time.Microsecond}, false)
+			})
 			b.Run("redis_rate", func(b *testing.B) { sweepRedisRate(b, callers) })
 			b.Run("ping", func(b *testing.B) { sweepSluice(b, callers, sredis.Options{}, true) })
 		})
