@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
@@ -47,21 +48,27 @@ func runRedis(b *testing.B, decide func(ctx context.Context, key string) bool) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "dec/s")
 }
 
-// benchSluice runs sluice's token bucket through store/redis with opts
-// against a fresh local Redis.
-func benchSluice(b *testing.B, opts sredis.Options) {
+// sluiceBucket returns sluice's token bucket through store/redis with
+// opts against a fresh local Redis, and its store (closed with b).
+func sluiceBucket(b *testing.B, opts sredis.Options) (store.Limiter, *sredis.Store) {
 	srv := redistest.Start(b)
 	opts.Addrs, opts.Timeout = []string{srv.Addr}, time.Second
 	st, err := sredis.New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
+	b.Cleanup(st.Close)
 	sp, err := sredis.TokenBucket("bench", bucket(b))
 	if err != nil {
 		b.Fatal(err)
 	}
-	lim := st.Limiter(sp)
+	return st.Limiter(sp), st
+}
+
+// benchSluice runs sluice's token bucket through store/redis with opts
+// against a fresh local Redis.
+func benchSluice(b *testing.B, opts sredis.Options) {
+	lim, _ := sluiceBucket(b, opts)
 	runRedis(b, func(ctx context.Context, key string) bool {
 		r, _, err := lim.Take(ctx, key, 0, 1, 0)
 		return err == nil && r.OK()

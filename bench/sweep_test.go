@@ -73,18 +73,7 @@ func sweep(b *testing.B, callers int, decide func(ctx context.Context, key strin
 }
 
 func sweepSluice(b *testing.B, callers int, opts sredis.Options, ping bool) {
-	srv := redistest.Start(b)
-	opts.Addrs, opts.Timeout = []string{srv.Addr}, time.Second
-	st, err := sredis.New(opts)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	sp, err := sredis.TokenBucket("bench", bucket(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	lim := st.Limiter(sp)
+	lim, st := sluiceBucket(b, opts)
 	warm := func(ctx context.Context, key string) bool { // connected, the script loaded
 		r, _, err := lim.Take(ctx, key, 0, 1, 0)
 		return err == nil && r.OK()

@@ -216,15 +216,25 @@ func versionCmd() *cobra.Command {
 	}
 }
 
+// readPolicy reads the policy file named by --config, if one is, into
+// data and name (left as they are otherwise: the scenario's default).
+func readPolicy(config string, data *[]byte, name *string) error {
+	if config == "" {
+		return nil
+	}
+	b, err := os.ReadFile(config)
+	if err != nil {
+		return err
+	}
+	*data, *name = b, config
+	return nil
+}
+
 // demoReservation runs the reservation scenario through the proxy.
 func demoReservation(cmd *cobra.Command, config, jsonPath string) error {
 	var opts demo.ReservationOptions
-	if config != "" {
-		b, err := os.ReadFile(config)
-		if err != nil {
-			return err
-		}
-		opts.Policy, opts.PolicyName = b, config
+	if err := readPolicy(config, &opts.Policy, &opts.PolicyName); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -244,12 +254,8 @@ func demoReservation(cmd *cobra.Command, config, jsonPath string) error {
 // demoRetryStorm runs the retry storm through the proxy with both clients.
 func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error {
 	var opts demo.RetryStormOptions
-	if config != "" {
-		b, err := os.ReadFile(config)
-		if err != nil {
-			return err
-		}
-		opts.Policy, opts.PolicyName = b, config
+	if err := readPolicy(config, &opts.Policy, &opts.PolicyName); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -299,12 +305,8 @@ func demoCmd() *cobra.Command {
 			}
 			opts.Policy, _, _ = examples.ByName("routes-api")
 			opts.PolicyName = "examples/routes-api.yaml (embedded)"
-			if config != "" {
-				b, err := os.ReadFile(config)
-				if err != nil {
-					return err
-				}
-				opts.Policy, opts.PolicyName = b, config
+			if err := readPolicy(config, &opts.Policy, &opts.PolicyName); err != nil {
+				return err
 			}
 			if _, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
 				return err
