@@ -122,7 +122,7 @@ for i = 1, #KEYS do
         if not pcall(redis.call, 'HINCRBY', key, 'c', cost) then status = -1 end
       elseif cost > 0 or s ~= s0 then
         redis.call('HSET', key, 's', str(s), 'c', str(c))
-        redis.call('PEXPIRE', key, str(math.max(math.floor((s + win - now + TOLERANCE) / 1000), 0) + 1))
+        redis.call('PEXPIRE', key, str(math.floor((math.max(s - now, 0) + win + TOLERANCE) / 1000) + 1))
       end
     end
   end
@@ -313,15 +313,31 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
 		return
 	}
-	keys, args := b.args(batch, br.expiry(oldest, s.opts.Timeout))
+	expiry := br.expiry(oldest, s.opts.Timeout)
+	script, width := b.script, b.l.width()
+	var keys, args []string
+	if len(batch) == 1 {
+		// One step, as a caller alone sends: the algorithm's own script,
+		// which costs Redis less than the batch's loop and per-step
+		// wrapper around it (a step answers the same either way: the
+		// batch runs the same body).
+		c := batch[0]
+		keys, args = []string{c.key}, b.l.args(c.op, c.cost, stepExtra(c))
+		if !s.noExpiry {
+			args[len(args)-1] = expiry
+		}
+		script, width = b.l.script, 5
+	} else {
+		keys, args = b.args(batch, expiry)
+	}
 	cctx, cancel := context.WithTimeout(context.Background(), left)
-	vals, err := b.script.Exec(cctx, cn.client, keys, args).AsIntSlice()
+	vals, err := script.Exec(cctx, cn.client, keys, args).AsIntSlice()
 	cancel()
 	switch {
-	case err == nil && len(vals) == 2 && vals[0] == -2:
-		br.observe(vals[1], clock.Now())
+	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):
+		br.observe(vals[len(vals)-1], clock.Now()) // reached after its expiry: did nothing
 		err = errLate
-	case err == nil && len(vals) != b.l.width()*len(batch)+1:
+	case err == nil && len(vals) != width*len(batch)+1:
 		err = fmt.Errorf("batch script returned %d values for %d steps", len(vals), len(batch))
 	case err == nil:
 		br.observe(vals[len(vals)-1], clock.Now())
@@ -335,10 +351,18 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
 		return
 	}
-	w := b.l.width()
 	for i, c := range batch {
-		copy(c.res[:], vals[w*i:w*i+w])
+		copy(c.res[:], vals[width*i:width*i+width])
 	}
+}
+
+// stepExtra is a step's extra argument; for a paced step that waited for
+// a batch, with the deadline budget it has left.
+func stepExtra(c *call) string {
+	if c.budget > 0 && c.queued {
+		return strconv.FormatInt(max(c.budget-int64(clock.Now().Sub(c.arrived)), 1), 10)
+	}
+	return c.extra
 }
 
 // args returns a batch's keys and script arguments (see batchSource).
@@ -367,12 +391,7 @@ func (b *batcher) args(batch []*call, expiry string) (keys, args []string) {
 	}
 	for i, c := range batch {
 		keys[i] = c.key
-		extra := c.extra
-		if c.budget > 0 && c.queued {
-			// The deadline came closer while the step waited for a batch.
-			extra = strconv.FormatInt(max(c.budget-int64(clock.Now().Sub(c.arrived)), 1), 10)
-		}
-		args = append(args, c.op, strconv.FormatInt(c.cost, 10), extra)
+		args = append(args, c.op, strconv.FormatInt(c.cost, 10), stepExtra(c))
 	}
 	return keys, args
 }

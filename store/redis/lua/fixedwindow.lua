@@ -36,14 +36,16 @@ local reset = 0
 if c > 0 then reset = (s + win - now) * 1000 end
 -- Only a take changes the count, and only a new window (or a step of the
 -- clock) changes s. Within its window an admitted take adds its cost (one
--- command); the key's TTL, set when its window began, already ends at
--- s + win plus the clock tolerance, like every key's. A step that changes
--- neither writes nothing: the next one reads the same state and decides
--- the same from it.
+-- command) and leaves the TTL set when the window began: a window plus
+-- the clock tolerance from then (from s, if that step was early), which
+-- outlasts the window for any later step, even one up to the tolerance
+-- behind the first (such a step still counts in this window). A step that
+-- changes neither writes nothing: the next one reads the same state and
+-- decides the same from it.
 if status == 0 and s == s0 and st[1] then
   redis.call('HINCRBY', KEYS[1], 'c', cost)
 elseif status == 0 or s ~= s0 then
   redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
-  redis.call('PEXPIRE', KEYS[1], str(math.max(math.floor((s + win - now + TOLERANCE) / 1000), 0) + 1))
+  redis.call('PEXPIRE', KEYS[1], str(math.floor((math.max(s - now, 0) + win + TOLERANCE) / 1000) + 1))
 end
 return {status, math.max(limit - c, 0), retry, reset, 0, TIME_US}
