@@ -157,6 +157,7 @@ func New(opts Options) (*Server, error) {
 			pr.SetXForwarded()
 		},
 		Transport:    tr,
+		BufferPool:   &copyBuffers{},
 		ErrorHandler: s.upstreamError,
 		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
