@@ -113,6 +113,8 @@ type attempt struct {
 	proc      uint8 // the process that decides it (index into engine.procs)
 	issued    int64 // when this attempt was sent
 	giveUp    int64 // when its caller stops waiting
+	deadline  int64 // the operation's deadline (Client.Deadline; 0: none)
+	header    int64 // the budget a naive caller resends (ns; 0: not yet set)
 	units     int64
 	ticket    sluice.Ticket
 	admission bool // holds a ticket
@@ -615,6 +617,20 @@ func (e *engine) send(i int32) {
 	}
 	a.issued = now
 	a.giveUp = now + sample(e.rCli, c.timeout)
+	told := a.giveUp - now // the budget the request carries
+	if d := int64(e.s.Client.Deadline); d > 0 {
+		if a.deadline == 0 {
+			a.deadline = now + d
+		}
+		a.giveUp = min(a.giveUp, a.deadline)
+		told = a.giveUp - now
+		if e.sluiceClient(a) == nil { // naive: the first attempt's budget, resent
+			if a.header == 0 {
+				a.header = told
+			}
+			told = a.header
+		}
+	}
 	a.measured = e.inWindow()
 	chain := e.chain
 	if len(e.procs) > 1 {
@@ -639,7 +655,7 @@ func (e *engine) send(i int32) {
 	if chain != nil {
 		req := c.req
 		req.Tenant = c.tenants[a.tenant]
-		budget := time.Duration(a.giveUp - now)
+		budget := time.Duration(told)
 		if e.rules.DeadlineHeader != "" {
 			budget = min(budget, e.rules.MaxDeadline)
 		} else {
@@ -784,11 +800,14 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
 		delay = max(delay, secs*int64(time.Second))
 	}
+	if a.deadline > 0 && e.clk.now+max(delay, 1) >= a.deadline {
+		return // the operation's deadline comes first
+	}
 	j := e.alloc()
 	a = &e.slab[i] // alloc may move the slab
 	// The retry's process is drawn when it is sent, as a load balancer
 	// would send a new request.
-	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units}
+	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units, deadline: a.deadline, header: a.header}
 	e.at(e.clk.now+max(delay, 1), evRetry, 0, j)
 }
 
@@ -811,9 +830,12 @@ func (e *engine) retrySluice(i int32, sc *simClient, reason sluice.Reason, retry
 		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
 		delay = max(delay, client.Floor(time.Duration(secs)*time.Second, 1, e.rCli.Float64()))
 	}
+	if a.deadline > 0 && e.clk.now+max(int64(delay), 1) >= a.deadline {
+		return // bounded by the request's deadline
+	}
 	j := e.alloc()
 	a = &e.slab[i]
-	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units}
+	e.slab[j] = attempt{class: a.class, tenant: a.tenant, n: a.n + 1, units: a.units, deadline: a.deadline}
 	e.at(e.clk.now+max(int64(delay), 1), evRetry, 0, j)
 }
 

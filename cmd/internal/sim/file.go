@@ -77,7 +77,7 @@ var (
 	scenarioFields = []string{"base", "name", "description", "unit", "capacity", "workers", "server", "client", "classes",
 		"processes", "balance", "loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
 	serverFields = []string{"check_queue", "scan_cost", "cancel_point", "service", "service_cv"}
-	clientFields = []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients"}
+	clientFields = []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients", "deadline"}
 	classFields  = []string{"name", "method", "path", "headers", "units", "share", "tenants", "service", "timeout"}
 	phaseFields  = []string{"at", "load", "slowdown", "classes", "shares", "balance"}
 	distFields   = []string{"dist", "mean", "cv", "min", "max"}
@@ -259,6 +259,8 @@ func (p *sparser) client(n *yaml.Node, c *Client) {
 			c.Retry = p.OneOf(v, f, RetryNaive, RetrySluice)
 		case "clients":
 			c.Clients = int(p.Integer(v, f, 1, maxClients))
+		case "deadline":
+			c.Deadline = p.Duration(v, f, time.Microsecond)
 		}
 	})
 }

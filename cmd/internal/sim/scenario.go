@@ -136,6 +136,15 @@ type Client struct {
 	// spread over by tenant, each with its own budget and throttle
 	// (default 1); only with Retry "sluice".
 	Clients int
+	// Deadline is each operation's whole time budget from its first
+	// attempt (default none: each attempt has its Timeout alone). A caller
+	// waits for an attempt until the earlier of its Timeout and the
+	// deadline, and starts no retry after the deadline. The budget an
+	// attempt tells the server (the policy's deadline header): naive
+	// callers send the first attempt's again on every retry, as an HTTP
+	// client resending the same header does; "sluice" callers send the
+	// time left.
+	Deadline time.Duration
 }
 
 // Class is one kind of request in the mix.

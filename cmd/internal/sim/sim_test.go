@@ -266,6 +266,51 @@ func TestRetryStormClients(t *testing.T) {
 	}
 }
 
+// The retry storm of sluice demo --scenario retry-storm, modeled: the
+// demo's upstream (2 workers, 10 ms reads, 200 req/s), 20 tenants, an even
+// load, examples/routes-api.yaml, each operation 300 ms in all
+// (Client.Deadline) and up to 5 attempts; the naive loop retries any
+// failure 10 ms later, ignores Retry-After and resends the first attempt's
+// budget, the sluice client runs package client's defaults. Through the
+// policy the sim agrees with the end-to-end run on the direction: the
+// sluice client sends at most 1.1 attempts per operation while the naive
+// loop multiplies them, and its goodput is higher (the naive loop's stale
+// budgets let the wait queue admit attempts that finish after their
+// caller has left). Without the operation deadline (every attempt with its
+// own budget) goodput ties: the deadline is what the storm wastes.
+func TestRetryStormAgreesWithEndToEnd(t *testing.T) {
+	pol := examplePolicy(t, "routes-api")
+	run := func(retry string, load float64) Row {
+		s := RoutesAPI
+		s.Name, s.Workers = "retry-storm-e2e", 2
+		s.Classes = []Class{{Name: "read", Method: "GET", Path: "/v1/routes/42", Share: 100, Tenants: 20, Service: Const(10 * time.Millisecond)}}
+		s.Client = Client{Timeout: Const(300 * time.Millisecond), Deadline: 300 * time.Millisecond, Attempts: 5, Arrivals: "uniform",
+			Retry: retry, RetryOn: []string{"timeout", "overload", "policy"}}
+		if retry == RetryNaive {
+			s.Client.Backoff, s.Client.BackoffMax, s.Client.IgnoreRetryAfter = 10*time.Millisecond, 10*time.Millisecond, true
+		} else {
+			s.Client.Backoff, s.Client.BackoffMax, s.Client.Budget = 100*time.Millisecond, 10*time.Second, 0.1
+		}
+		s.Loads, s.Step, s.Warmup = []float64{load}, 20*time.Second, 5*time.Second
+		rep, err := Simulate(s, Options{Policy: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.Runs[len(rep.Runs)-1].Steps[0] // through the policy
+	}
+	for _, load := range []float64{400, 800} { // 2x and 4x
+		n, s := run(RetryNaive, load), run(RetrySluice, load)
+		t.Logf("%.0f/s: naive %.2f attempts per operation, goodput %.0f; sluice %.2f, goodput %.0f",
+			load, n.Attempts/n.Offered, n.Goodput, s.Attempts/s.Offered, s.Goodput)
+		if s.Attempts > 1.1*s.Offered || n.Attempts < 1.5*n.Offered {
+			t.Errorf("%.0f/s: attempts per operation %.2f (sluice) and %.2f (naive)", load, s.Attempts/s.Offered, n.Attempts/n.Offered)
+		}
+		if s.Goodput <= n.Goodput {
+			t.Errorf("%.0f/s: goodput %.0f with the sluice client, %.0f naive", load, s.Goodput, n.Goodput)
+		}
+	}
+}
+
 // A policy whose tenants are not one header is refused: the simulated
 // tenants would all be one without a word.
 func TestNonHeaderTenantIsRefused(t *testing.T) {
