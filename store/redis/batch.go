@@ -90,7 +90,8 @@ end
 // Redis CPU per step wrapped, 2.4 written out). ARGV: 1 now override (µs,
 // 0: Redis TIME), 2 the expiry (as batchSource's), 3 the fixed parameters
 // (limit, window in µs, packed doubles), then one signed cost per key: a
-// take of cost ≥ 0, or a refund of −cost. The reply is {status, remaining}
+// take of cost ≥ 0, or a refund of −cost (a take past the limit is refused,
+// as fixedwindow.lua refuses it). The reply is {status, remaining}
 // per key (status as fixedwindow.lua's; −1: the step failed, a foreign
 // value under the key), then Redis' time.
 func counterBatchSource(helpers string) string {
@@ -117,10 +118,16 @@ for i = 1, #KEYS do
       local s0 = s
       if ws > s then s, c = ws, 0 elseif s - now > TOLERANCE then s = ws end
       status = 3
-      if cost > 0 then status, c = 0, c + cost end
-      if cost > 0 and s == s0 and st[1] then
-        if not pcall(redis.call, 'HINCRBY', key, 'c', cost) then status = -1 end
-      elseif cost > 0 or s ~= s0 then
+      if cost > limit then
+        status = 2
+      elseif cost > 0 and c + cost <= limit then
+        status, c = 0, c + cost
+      elseif cost > 0 then
+        status = 1
+      end
+      if status == 0 and s == s0 and st[1] and st[2] and string.match(st[2], '^%d+$') then
+        redis.call('HINCRBY', key, 'c', cost)
+      elseif status == 0 or s ~= s0 then
         redis.call('HSET', key, 's', str(s), 'c', str(c))
         redis.call('PEXPIRE', key, str(math.floor((math.max(s - now, 0) + win + TOLERANCE) / 1000) + 1))
       end

@@ -43,7 +43,20 @@ func TestCounterMatchesFixedWindow(t *testing.T) {
 				rt.Fatal(err)
 			}
 			lim := st.Limiter(sp)
+			l := lim.(*limiter)
 			key := fmt.Sprintf("%s-%d", name, round)
+			// The batched store runs each step in a batch of two (the step
+			// and a take on another key), so that the batch script runs:
+			// a caller alone gets the single-step script.
+			inPair := func(op string, cost int64) [5]int64 {
+				c := &call{key: l.s.key(l.name, key), op: op, cost: cost, extra: "1", arrived: clock.Now(), done: make(chan struct{}, 1)}
+				d := &call{key: l.s.key(l.name, key+"-other"), op: "take", cost: 1, extra: "1", arrived: clock.Now(), done: make(chan struct{}, 1)}
+				l.batcher.exec([]*call{c, d})
+				if c.err != nil {
+					rt.Fatalf("%s: %s: %v", name, op, c.err)
+				}
+				return c.res
+			}
 			var state limit.FixedWindowState
 			steps := rapid.IntRange(1, 30).Draw(rt, "steps")
 			for i := range steps {
@@ -57,15 +70,23 @@ func TestCounterMatchesFixedWindow(t *testing.T) {
 				cost := rapid.Int64Range(0, 5).Draw(rt, "cost")
 				if rapid.IntRange(0, 3).Draw(rt, "refund") == 0 {
 					fw.Refund(&state, now, cost)
-					if err := lim.Refund(context.Background(), key, 1, now, cost); err != nil {
+					if name == "batched" && cost > 0 {
+						inPair("refund", cost)
+					} else if err := lim.Refund(context.Background(), key, 1, now, cost); err != nil {
 						rt.Fatalf("%s step %d: refund: %v", name, i, err)
 					}
 					continue
 				}
 				want := fw.Take(&state, now, cost)
-				got, _, err := lim.Take(context.Background(), key, now, cost, 0)
-				if err != nil {
-					rt.Fatalf("%s step %d: take: %v", name, i, err)
+				var got limit.Result
+				if name == "batched" {
+					v := inPair("take", cost)
+					got = limit.Result{Status: limit.Status(v[0]), Remaining: v[1]}
+				} else {
+					var err error
+					if got, _, err = lim.Take(context.Background(), key, now, cost, 0); err != nil {
+						rt.Fatalf("%s step %d: take: %v", name, i, err)
+					}
 				}
 				if got.Status != want.Status || got.Remaining != want.Remaining {
 					rt.Fatalf("%s step %d (t=%v, cost %d): counter %v remaining %d, fixed window %v remaining %d",
@@ -121,5 +142,70 @@ func TestCounterConcurrentTakesCountOnce(t *testing.T) {
 func TestCounterRefusesALimit(t *testing.T) {
 	if _, err := Counter("count", must(limit.NewFixedWindow(100, time.Second))); err == nil {
 		t.Fatal("a counter with limit 100 was accepted")
+	}
+}
+
+// A Counter refuses what a fixed window at MaxCount refuses, batched or
+// alone: a cost above the limit, a take past it.
+func TestCounterRefusesPastMaxCount(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l := st.Limiter(must(Counter("count", must(limit.NewFixedWindow(MaxCount, time.Hour))))).(*limiter)
+	batch := func(costs ...int64) []*call {
+		var b []*call
+		for i, c := range costs {
+			b = append(b, &call{key: st.key("count", fmt.Sprintf("k%d", i)), op: "take", cost: c, extra: "1", arrived: clock.Now(), done: make(chan struct{}, 1)})
+		}
+		l.batcher.exec(b)
+		return b
+	}
+	for _, size := range []int{1, 2} {
+		costs := []int64{MaxCount + 1, 1}[:size]
+		if b := batch(costs...); b[0].err != nil || limit.Status(b[0].res[0]) != limit.Exceeded {
+			t.Errorf("batch of %d: cost MaxCount+1: %v %v, want exceeded", size, b[0].res[:2], b[0].err)
+		}
+	}
+	batch(MaxCount) // k0 full
+	if b := batch(1, 1); limit.Status(b[0].res[0]) != limit.Denied || b[1].res[0] != 0 {
+		t.Errorf("a take past MaxCount in a batch: %v, want denied (and the other key's take allowed: %v)", b[0].res[:2], b[1].res[:2])
+	}
+}
+
+// A foreign hash whose count is not an integer does not fail a take: the
+// step counts it as 0 and writes the state over it, batched or alone, as
+// before fixed windows added within their window with HINCRBY.
+func TestFixedWindowOverwritesAForeignCount(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := fakeclock.New(int64(1_700_000_000 * time.Second))
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 5 * time.Second, DecisionClock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	win := time.Hour
+	ws := int64(clk.Now()) / 1000 / win.Microseconds() * win.Microseconds()
+	for _, c := range []string{"abc", "1.5"} {
+		for name, sp := range map[string]*Spec{"fixed window": must(FixedWindow("fw", must(limit.NewFixedWindow(10, win)))),
+			"counter": must(Counter("cnt", must(limit.NewFixedWindow(MaxCount, win))))} {
+			l := st.Limiter(sp).(*limiter)
+			k := st.key(l.name, "k"+c)
+			srv.Do("HSET", k, "s", fmt.Sprint(ws), "c", c)
+			b := []*call{{key: k, op: "take", cost: 1, extra: "1", arrived: clock.Now(), done: make(chan struct{}, 1)},
+				{key: st.key(l.name, "other"), op: "take", cost: 1, extra: "1", arrived: clock.Now(), done: make(chan struct{}, 1)}}
+			l.batcher.exec(b[:1]) // alone: the single-step script
+			if b[0].err != nil || b[0].res[0] != 0 {
+				t.Errorf("%s, c=%q, alone: %v %v", name, c, b[0].res, b[0].err)
+			}
+			srv.Do("HSET", k, "c", c)
+			b[0].err, b[0].res = nil, [5]int64{}
+			l.batcher.exec(b) // in a batch
+			if b[0].err != nil || b[0].res[0] != 0 {
+				t.Errorf("%s, c=%q, batched: %v %v", name, c, b[0].res, b[0].err)
+			}
+		}
 	}
 }

@@ -42,7 +42,7 @@ if c > 0 then reset = (s + win - now) * 1000 end
 -- behind the first (such a step still counts in this window). A step that
 -- changes neither writes nothing: the next one reads the same state and
 -- decides the same from it.
-if status == 0 and s == s0 and st[1] then
+if status == 0 and s == s0 and st[1] and st[2] and string.match(st[2], '^%d+$') then
   redis.call('HINCRBY', KEYS[1], 'c', cost)
 elseif status == 0 or s ~= s0 then
   redis.call('HSET', KEYS[1], 's', str(s), 'c', str(c))
