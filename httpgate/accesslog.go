@@ -1,6 +1,7 @@
 package httpgate
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -58,6 +59,12 @@ func (s *sampler) take(sec, limit int64) (bool, int64) {
 // method and path are the request's (the original request's, for a
 // decision endpoint).
 func (m *Middleware) logRejected(al *AccessLog, now clock.Instant, r *http.Request, method, path string, req *sluice.Request, d *sluice.Decision, status int, rid string) {
+	m.logRejectedAt(al, now, r.Context(), r.RemoteAddr, method, path, req, d, status, rid)
+}
+
+// logRejectedAt is logRejected of a request known by its context and
+// remote address.
+func (m *Middleware) logRejectedAt(al *AccessLog, now clock.Instant, ctx context.Context, remote, method, path string, req *sluice.Request, d *sluice.Decision, status int, rid string) {
 	suppressed := int64(0)
 	if limit := int64(al.RejectsPerSecond); limit >= 0 {
 		var ok bool
@@ -69,28 +76,34 @@ func (m *Middleware) logRejected(al *AccessLog, now clock.Instant, r *http.Reque
 	attrs = append(attrs, slog.String("decision", "rejected"), slog.String("method", method), slog.String("path", path),
 		slog.Int("status", status), slog.String("reason", d.Reason.String()), slog.String("gate", d.Gate),
 		slog.String("scope", d.Scope.String()), slog.String("request_id", rid))
-	attrs = requestAttrs(attrs, al, r, req)
+	attrs = requestAttrs(attrs, al, remote, req)
 	if suppressed > 0 {
 		attrs = append(attrs, slog.Int64("suppressed", suppressed))
 	}
-	al.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	al.Logger.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
 }
 
 // logAdmitted writes the access line of an admitted request whose handler
 // returned.
 func logAdmitted(al *AccessLog, took time.Duration, r *http.Request, method, path string, req *sluice.Request, status int) {
+	logAdmittedAt(al, took, r.Context(), r.RemoteAddr, method, path, req, status)
+}
+
+// logAdmittedAt is logAdmitted of a request known by its context and
+// remote address.
+func logAdmittedAt(al *AccessLog, took time.Duration, ctx context.Context, remote, method, path string, req *sluice.Request, status int) {
 	if status == 0 {
 		status = http.StatusOK // the handler wrote nothing: net/http answers 200
 	}
 	attrs := make([]slog.Attr, 0, 12)
 	attrs = append(attrs, slog.String("decision", "admitted"), slog.String("method", method), slog.String("path", path),
 		slog.Int("status", status), slog.Duration("duration", took))
-	attrs = requestAttrs(attrs, al, r, req)
-	al.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	attrs = requestAttrs(attrs, al, remote, req)
+	al.Logger.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
 }
 
-func requestAttrs(attrs []slog.Attr, al *AccessLog, r *http.Request, req *sluice.Request) []slog.Attr {
-	attrs = append(attrs, slog.String("remote", r.RemoteAddr), slog.String("class", req.Class),
+func requestAttrs(attrs []slog.Attr, al *AccessLog, remote string, req *sluice.Request) []slog.Attr {
+	attrs = append(attrs, slog.String("remote", remote), slog.String("class", req.Class),
 		slog.String("operation", req.Operation), slog.Int64("cost", max(req.Cost, 1)))
 	if al.TenantLabel != nil {
 		attrs = append(attrs, slog.String("tenant", al.TenantLabel(req.Tenant)))

@@ -73,6 +73,7 @@ type state struct {
 	c      *compiled
 	jitter wire.Jitter
 	policy []string             // RateLimit-Policy value, shared by every response
+	reads  []string             // the request headers the rules read (Headers)
 	gates  map[string]*gateWire // per gate name; read-only after Update
 	tmpls  sync.Map             // tmplKey → *wire.EnvelopeTemplate, for the rest
 }
@@ -173,7 +174,7 @@ func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	st := &state{chain: chain, c: c, jitter: *c.cfg.Jitter, gates: map[string]*gateWire{}}
+	st := &state{chain: chain, c: c, jitter: *c.cfg.Jitter, gates: map[string]*gateWire{}, reads: c.id.Headers()}
 	for _, g := range chain.Gates() {
 		prefix := wire.AppendRateLimit(nil, g.Name(), 0, 0)
 		st.gates[g.Name()] = &gateWire{rlPrefix: prefix[:len(prefix)-1]} // drop the "0"
@@ -301,27 +302,74 @@ func outcome(rw *responseRecorder, r *http.Request) sluice.Outcome {
 }
 
 func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decision) {
+	m.admittedFields(headerFields(h), st, d)
+}
+
+func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision) {
 	if st.policy != nil {
-		h[hRateLimitPolicy] = st.policy
+		h.Set(hRateLimitPolicy, st.policy)
 	}
 	if d.Gate == "" || d.Limit <= 0 {
 		return
 	}
 	var buf [96]byte
 	b := st.appendRateLimit(buf[:0], d, wire.Seconds(d.ResetAfter))
-	h[hRateLimit] = []string{string(b)}
+	h.Set(hRateLimit, []string{string(b)})
 	if st.c.cfg.LegacyHeaders {
-		h[hLegacyLimit] = []string{strconv.FormatInt(d.Limit, 10)}
-		h[hLegacyRemaining] = []string{strconv.FormatInt(d.Remaining, 10)}
-		h[hLegacyReset] = []string{strconv.FormatInt(wire.Seconds(d.ResetAfter), 10)}
+		h.Set(hLegacyLimit, []string{strconv.FormatInt(d.Limit, 10)})
+		h.Set(hLegacyRemaining, []string{strconv.FormatInt(d.Remaining, 10)})
+		h.Set(hLegacyReset, []string{strconv.FormatInt(wire.Seconds(d.ResetAfter), 10)})
 	}
 }
 
 // reject writes a rejection: status, headers and the JSON envelope, and
-// returns the request id it answered with. It allocates one buffer for the
-// dynamic header values and one slice to hold them; the body goes through a
-// pooled buffer.
+// returns the request id it answered with.
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d *sluice.Decision, req *sluice.Request, detail string) string {
+	rj := m.render(headerFields(w.Header()), r.Header, st, d, req, detail)
+	w.WriteHeader(rj.Status)
+	w.Write(rj.Body)
+	rj.Release()
+	return rj.RequestID
+}
+
+// Fields receives the header fields of an answer the middleware renders
+// for a server other than net/http's (sluice proxy's own): Set is given a
+// canonical key and values it must copy or keep unmodified.
+type Fields interface {
+	Set(key string, vals []string)
+}
+
+// headerFields is a net/http header map as Fields.
+type headerFields http.Header
+
+func (h headerFields) Set(key string, vals []string) { h[key] = vals }
+
+// Rejection is a rendered answer that is not the upstream's: its header
+// fields are already set; Status and Body are to be written, the body
+// only until Release.
+type Rejection struct {
+	Status    int
+	Body      []byte
+	RequestID string
+	bp        *[]byte
+	m         *Middleware
+}
+
+// Release returns the body's buffer; the body must not be used after.
+func (rj *Rejection) Release() {
+	if rj.bp != nil {
+		*rj.bp = (*rj.bp)[:0]
+		rj.m.bufs.Put(rj.bp)
+		rj.bp = nil
+	}
+}
+
+// render sets a rejection's header fields in h and renders its status and
+// JSON envelope (or problem details). reqHeader is the request's, for the
+// request id to echo. It allocates one buffer for the dynamic header
+// values and one slice to hold them; the body goes through a pooled
+// buffer.
+func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluice.Decision, req *sluice.Request, detail string) Rejection {
 	cfg := &st.c.cfg
 	retry := int64(0)
 	if d.Retryable {
@@ -333,19 +381,18 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 	blk := new(headerBlock)
 	hb := blk.buf[:0]
 	vals := blk.vals[:0]
-	h := w.Header()
 	switch {
 	case retry > 0 && retry < int64(len(smallInts)):
-		h[hRetryAfter] = smallInts[retry]
+		h.Set(hRetryAfter, smallInts[retry])
 	case retry > 0:
 		n := len(hb)
 		hb = strconv.AppendInt(hb, retry, 10)
 		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
-		h[hRetryAfter] = last(vals)
+		h.Set(hRetryAfter, last(vals))
 	}
 	if quota {
 		if st.policy != nil {
-			h[hRateLimitPolicy] = st.policy
+			h.Set(hRateLimitPolicy, st.policy)
 		}
 		n := len(hb)
 		t := retry
@@ -354,10 +401,10 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 		}
 		hb = st.appendRateLimit(hb, d, t)
 		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
-		h[hRateLimit] = last(vals)
+		h.Set(hRateLimit, last(vals))
 	}
 	n := len(hb)
-	if id, ok := st.c.id.RequestID(r.Header); ok {
+	if id, ok := st.c.id.RequestID(reqHeader); ok {
 		hb = append(hb, id...)
 	} else {
 		hb = append(hb, m.idPrefix...)
@@ -365,8 +412,8 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 	}
 	rid := unsafe.String(&hb[n], len(hb)-n)
 	vals = append(vals, rid)
-	h[st.c.id.RequestIDHeader()] = last(vals)
-	h[hCacheControl] = noStore
+	h.Set(st.c.id.RequestIDHeader(), last(vals))
+	h.Set(hCacheControl, noStore)
 
 	bp := m.bufs.Get().(*[]byte)
 	buf := (*bp)[:0]
@@ -374,7 +421,7 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 	status := wire.Status(d)
 	if detail == "" && !cfg.ProblemDetails {
 		// Steady-state rejections reuse a rendered template.
-		h[hContentType] = jsonType
+		h.Set(hContentType, jsonType)
 		buf = st.template(d, req.Cost).Append(buf, retry, rid)
 	} else {
 		// The message is built first, then the body after it in the
@@ -387,18 +434,15 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 			Message: unsafe.String(unsafe.SliceData(buf), start),
 		}
 		if cfg.ProblemDetails {
-			h[hContentType] = problemType
+			h.Set(hContentType, problemType)
 			buf = wire.AppendProblem(buf, &env, status)
 		} else {
-			h[hContentType] = jsonType
+			h.Set(hContentType, jsonType)
 			buf = wire.AppendEnvelope(buf, &env)
 		}
 	}
-	w.WriteHeader(status)
-	w.Write(buf[start:])
-	*bp = buf[:0]
-	m.bufs.Put(bp)
-	return rid
+	*bp = buf
+	return Rejection{Status: status, Body: buf[start:], RequestID: rid, bp: bp, m: m}
 }
 
 // last returns the last element of vals as a one-element slice that cannot

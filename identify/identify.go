@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -311,6 +312,29 @@ func (id *Identifier) TenantHeaders() []string {
 			hs = append(hs, "X-Forwarded-For")
 		}
 	}
+	return hs
+}
+
+// Headers returns the canonical names of every header IdentifyInput and
+// RequestID read with these rules: the tenant's (TenantHeaders), the
+// deadline header, the routes' cost headers and the request id header,
+// each once. A server that builds the Input's header from only these
+// identifies as it would with the whole header.
+func (id *Identifier) Headers() []string {
+	var hs []string
+	add := func(h string) {
+		if h = http.CanonicalHeaderKey(h); h != "" && !slices.Contains(hs, h) {
+			hs = append(hs, h)
+		}
+	}
+	for _, h := range id.TenantHeaders() {
+		add(h)
+	}
+	add(id.deadlineHeader)
+	for i := range id.routes {
+		add(id.routes[i].cost.Header)
+	}
+	add(id.requestIDHeader)
 	return hs
 }
 

@@ -3,11 +3,22 @@ package proxy
 import (
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 )
+
+// frontEnv selects the server the proxy's tests run through: the proxy's
+// own (Run's, by default) or, with "nethttp", net/http's around Handler.
+// TestSuiteOverNetHTTP runs the whole suite again with the latter.
+const frontEnv = "SLUICE_PROXY_TEST_FRONT"
+
+func netHTTPFront() bool { return os.Getenv(frontEnv) == "nethttp" }
 
 // serve runs a proxy with policy in front of the upstream handler up (nil:
 // one that answers 200 with nothing) on loopback. It returns the proxy and
@@ -31,7 +42,58 @@ func serve(t *testing.T, policy string, up http.Handler, opts ...func(*Options))
 		t.Fatal(err)
 	}
 	t.Cleanup(s.host.Close)
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	return s, srv.URL
+	return s, front(t, s)
+}
+
+// front serves s on loopback through the selected server and returns its
+// URL; it closes when t ends.
+func front(t *testing.T, s *Server) string {
+	t.Helper()
+	if netHTTPFront() || s.opts.Transport != nil || s.opts.NetHTTP {
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := s.newFast()
+	done := make(chan struct{})
+	go func() { fs.srv.Serve(ln); close(done) }()
+	t.Cleanup(func() {
+		fs.srv.Shutdown()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// TestSuiteOverNetHTTP runs every other test of the package again, with
+// the proxy served by net/http's server around Handler.
+func TestSuiteOverNetHTTP(t *testing.T) {
+	if netHTTPFront() {
+		t.Skip("this is the run over net/http")
+	}
+	if testing.Short() {
+		t.Skip("runs the suite again")
+	}
+	args := []string{"-test.run", "^Test", "-test.skip", "^TestSuiteOverNetHTTP$", "-test.count", "1"}
+	if testing.Verbose() {
+		args = append(args, "-test.v")
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), frontEnv+"=nethttp")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the suite over net/http failed: %v\n%s", err, tail(string(out), 200))
+	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

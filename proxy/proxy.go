@@ -62,8 +62,14 @@ type Options struct {
 	// Jitter: exact values, for tests).
 	Jitter *wire.Jitter
 	// Transport for upstream calls. Default: a transport tuned for many
-	// concurrent requests to one host.
+	// concurrent requests to one host. Run serves with net/http's server
+	// when it is set (the proxy's own server has its own client).
 	Transport http.RoundTripper
+	// NetHTTP makes Run serve with net/http's server and
+	// httputil.ReverseProxy (Handler) instead of the proxy's own HTTP/1.1
+	// server (fast.go): slower, and it notices clients that go away while
+	// their requests wait.
+	NetHTTP bool
 	// ReadTimeout bounds reading a whole request, body included. Default
 	// 30 s. Bodies are read before the request is decided (buffer.go), so
 	// a slow sender holds no admitted slot meanwhile.
@@ -119,6 +125,7 @@ type Server struct {
 	ready                chan struct{}
 	lastUpstreamLog      atomic.Int64
 	inflight             *host.Tracker // admitted requests at the upstream, for the drain
+	copyBufs             copyBuffers
 }
 
 // New loads and builds the policy; it fails if the file is invalid.
@@ -157,7 +164,7 @@ func New(opts Options) (*Server, error) {
 			pr.SetXForwarded()
 		},
 		Transport:    tr,
-		BufferPool:   &copyBuffers{},
+		BufferPool:   &s.copyBufs,
 		ErrorHandler: s.upstreamError,
 		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
@@ -260,15 +267,23 @@ func (s *Server) Run(ctx context.Context) error {
 	s.proxyAddr, s.adminAddr = pl.Addr(), al.Addr()
 	s.host.SetReady(true)
 	close(s.ready)
-	ps := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
-		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	var ps host.Stopper
+	var servePublic func() error
+	if s.opts.Transport == nil && !s.opts.NetHTTP {
+		fs := s.newFast()
+		ps, servePublic = fs, func() error { return fs.srv.Serve(pl) }
+	} else {
+		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
+			IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+		ps, servePublic = hs, func() error { return hs.Serve(pl) }
+	}
 	at := s.opts.AdminTimeout
 	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: at, ReadTimeout: at, WriteTimeout: at, IdleTimeout: at,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	s.log.Info("sluice proxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(), "upstream", s.opts.Upstream.String(), "policy", s.opts.Config, "version", s.host.Version())
 
 	errc := make(chan error, 2)
-	go func() { errc <- ps.Serve(pl) }()
+	go func() { errc <- servePublic() }()
 	go func() { errc <- as.Serve(al) }()
 	var wg sync.WaitGroup
 	ticks := s.opts.Ticks

@@ -23,13 +23,11 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	// rueidis may leave a delayed retry of a topology refresh sleeping for
-	// a few seconds after a node died and its client closed; it ends on
-	// its own and holds nothing of ours.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*call).DelayDo.func1"))
+	goleak.VerifyTestMain(m, leakcheck.Ignore()...)
 }
 
 const policyV1 = `version: 1
@@ -362,9 +360,8 @@ func TestUpstreamDownIs502(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/v1/x")
+	defer s.Close()
+	resp, err := http.Get(front(t, s) + "/v1/x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,9 +403,8 @@ gates:
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := httptest.NewServer(s.Handler())
-			defer srv.Close()
-			req, _ := http.NewRequest("GET", srv.URL+"/x", nil)
+			defer s.Close()
+			req, _ := http.NewRequest("GET", front(t, s)+"/x", nil)
 			for k, v := range c.hdr {
 				req.Header[k] = []string{v}
 			}

@@ -43,11 +43,10 @@ gates:
 	}
 	defer s.host.Close()
 	srv.Kill()
-	proxy := httptest.NewServer(s.Handler())
-	defer proxy.Close()
+	proxyURL := front(t, s)
 	admin := httptest.NewServer(s.AdminHandler())
 	defer admin.Close()
-	if resp, err := http.Get(proxy.URL + "/x"); err != nil || resp.StatusCode != 200 {
+	if resp, err := http.Get(proxyURL + "/x"); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("fail_open: %v %v", resp, err)
 	}
 	resp, err := http.Get(admin.URL + "/metrics")

@@ -20,11 +20,12 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/leakcheck"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/wire"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakcheck.Ignore()...) }
 
 const ratePolicy = `version: 1
 service: test

@@ -47,6 +47,27 @@ func (t *Tracker) Wrap(h http.Handler) http.Handler {
 	})
 }
 
+// Tracked is one request a Tracker knows, from Track to Untrack.
+type Tracked = tracked
+
+// Track registers a request while it runs, for servers other than
+// net/http's: Untrack it when it ends. method and path must stay valid
+// until then.
+func (t *Tracker) Track(method, path string) *Tracked {
+	e := &tracked{method: method, path: path, start: t.now()}
+	t.mu.Lock()
+	t.reqs[e] = struct{}{}
+	t.mu.Unlock()
+	return e
+}
+
+// Untrack forgets a request Track registered.
+func (t *Tracker) Untrack(e *Tracked) {
+	t.mu.Lock()
+	delete(t.reqs, e)
+	t.mu.Unlock()
+}
+
 // Len returns the number of requests in flight.
 func (t *Tracker) Len() int {
 	t.mu.Lock()
@@ -77,11 +98,19 @@ type Drain struct {
 	After func(time.Duration) <-chan time.Time
 }
 
+// Stopper is a server Shutdown can drain: *http.Server, or sluice
+// proxy's own. Shutdown stops accepting and returns once every connection
+// is idle and closed, or with ctx's error; Close closes every connection.
+type Stopper interface {
+	Shutdown(ctx context.Context) error
+	Close() error
+}
+
 // Shutdown shuts srv down within the grace: it stops accepting, waits for
 // the requests in flight, and when the grace runs out closes the
 // connections left, logging each request tr still tracks and adding their
 // number to the cut counter. It returns the number cut.
-func (h *Host) Shutdown(srv *http.Server, tr *Tracker, server string, d Drain) int {
+func (h *Host) Shutdown(srv Stopper, tr *Tracker, server string, d Drain) int {
 	if d.Grace <= 0 {
 		d.Grace = DefaultDrainGrace
 	}

@@ -11,9 +11,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakcheck.Ignore()...) }
 
 // A small sweep: at 4x capacity admission must beat no admission on
 // goodput and keep admitted work within the deadline.

@@ -1,0 +1,606 @@
+// Command proxyload measures reverse proxies side by side on one machine:
+// `sluice proxy`, Go's httputil.ReverseProxy alone, and nginx (its Debian
+// package and a config file written here) when it is installed, all in
+// front of the same upstream, with the same generators, in interleaved
+// rounds:
+//
+//   - max: closed-loop maximum throughput with every request admitted
+//     (wrk, -conns connections), and the proxy's CPU time per 1,000
+//     requests (from /proc);
+//
+//   - reject: the same with the tenant over its rate, so that almost every
+//     request is answered 429 by the proxy itself (sluice's token bucket,
+//     nginx's limit_req; the bare proxy has no limiter);
+//
+//   - open: an open-loop load at -rate requests/s (a schedule fixed in
+//     advance, latency measured from each request's scheduled time, so a
+//     stall counts against the server), p50 and p99 latency, and the
+//     latency each proxy adds to the upstream alone.
+//
+//     cd bench && go run ./proxyload -rounds 5 -duration 5s
+//
+// Each process runs alone on loopback ports; the summary gives the median
+// round of each measure and the ratios the acceptance of the proxy's
+// performance names. wrk (Debian's package) is required; nginx is
+// optional.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sluice-go/sluice/proxy"
+)
+
+// The policies sluice runs: every request admitted (a rate far above what
+// loopback offers, and a concurrency limit that never binds), or the one
+// tenant at 100 requests/s, so that nearly every request is rejected.
+const (
+	admitPolicy = `version: 1
+service: bench
+identity: {tenant: {header: X-Api-Key}}
+gates:
+  - {name: request-rate, kind: token_bucket, scope: tenant, rate: 1e9/s, burst: 1000000000}
+  - {name: pool, kind: concurrency, scope: service, limit: 10000}
+`
+	rejectPolicy = `version: 1
+service: bench
+identity: {tenant: {header: X-Api-Key}}
+gates:
+  - {name: request-rate, kind: token_bucket, scope: tenant, rate: 100/s, burst: 1}
+`
+)
+
+// nginxConf is nginx as a reverse proxy with upstream keep-alive, and a
+// second server with limit_req at the same rate as rejectPolicy.
+const nginxConf = `worker_processes {{workers}};
+daemon off;
+master_process on;
+error_log {{dir}}/error.log warn;
+pid {{dir}}/nginx.pid;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path {{dir}}/body;
+    proxy_temp_path {{dir}}/proxy;
+    fastcgi_temp_path {{dir}}/fastcgi;
+    uwsgi_temp_path {{dir}}/uwsgi;
+    scgi_temp_path {{dir}}/scgi;
+    limit_req_zone $http_x_api_key zone=tenants:10m rate=100r/s;
+    limit_req_status 429;
+    upstream app { server {{upstream}}; keepalive 512; keepalive_requests 1000000; }
+    server {
+        listen {{admit}};
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }
+    }
+    server {
+        listen {{reject}};
+        location / {
+            limit_req zone=tenants burst=1 nodelay;
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }
+    }
+}
+`
+
+func main() {
+	role := flag.String("role", "", "internal: run one process of the harness (upstream, bare, sluice)")
+	listen := flag.String("listen", "", "internal: the role's address")
+	upstream := flag.String("upstream", "", "internal: the upstream's address")
+	policy := flag.String("policy", "", "internal: sluice's policy (admit or reject)")
+	rounds := flag.Int("rounds", 5, "interleaved rounds")
+	duration := flag.Duration("duration", 5*time.Second, "length of each measurement")
+	conns := flag.Int("conns", 64, "wrk connections")
+	threads := flag.Int("threads", 2, "wrk threads")
+	rate := flag.Int("rate", 2000, "open-loop requests per second")
+	only := flag.String("only", "max,reject,open", "measures to run")
+	flag.Parse()
+	if *role != "" {
+		runRole(*role, *listen, *upstream, *policy)
+		return
+	}
+	if err := run(*rounds, *duration, *conns, *threads, *rate, strings.Split(*only, ",")); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// runRole is one child process.
+func runRole(role, listen, upstream, policy string) {
+	switch role {
+	case "upstream":
+		serveUpstream(listen)
+	case "bare":
+		u, _ := url.Parse("http://" + upstream)
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 4096, 4096
+		rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
+			Transport: t, BufferPool: &bufPool{}}
+		log.Fatal((&http.Server{Addr: listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}).ListenAndServe())
+	case "sluice", "sluice-nethttp":
+		u, _ := url.Parse("http://" + upstream)
+		p := admitPolicy
+		if policy == "reject" {
+			p = rejectPolicy
+		}
+		s, err := proxy.New(proxy.Options{Config: "bench.yaml", ConfigData: []byte(p), Upstream: u, Listen: listen,
+			Admin: "127.0.0.1:0", AdminToken: "bench", NetHTTP: role == "sluice-nethttp",
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+		if err != nil {
+			log.Fatal(err)
+		}
+		ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer cancel()
+		if err := s.Run(ctx); err != nil {
+			log.Fatal(err)
+		}
+	default:
+		log.Fatalf("unknown role %q", role)
+	}
+}
+
+type bufPool struct{ p sync.Pool }
+
+func (b *bufPool) Get() []byte {
+	if v := b.p.Get(); v != nil {
+		return *v.(*[]byte)
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufPool) Put(x []byte) { b.p.Put(&x) }
+
+// serveUpstream is the upstream every proxy forwards to: HTTP/1.1 with
+// keep-alive, a 2-byte body for every request, as little work as an HTTP
+// server can do, so that what is measured is the proxies.
+func serveUpstream(addr string) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			log.Fatal(err)
+		}
+		go func() {
+			defer c.Close()
+			br := bufio.NewReaderSize(c, 16<<10)
+			bw := bufio.NewWriterSize(c, 16<<10)
+			for {
+				cl := 0
+				for {
+					line, err := br.ReadSlice('\n')
+					if err != nil {
+						return
+					}
+					if len(line) <= 2 {
+						break
+					}
+					if k, v, ok := bytes.Cut(line, []byte(":")); ok && strings.EqualFold(string(k), "content-length") {
+						cl, _ = strconv.Atoi(strings.TrimSpace(string(v)))
+					}
+				}
+				if cl > 0 {
+					io.CopyN(io.Discard, br, int64(cl))
+				}
+				bw.Write(resp)
+				if br.Buffered() == 0 { // answer a pipelined batch at once
+					if bw.Flush() != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+}
+
+// proc is a child process (nginx: its master; the workers are its
+// children).
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+}
+
+// cpu returns the CPU time the process and its children (nginx' workers)
+// have used so far.
+func (p *proc) cpu() time.Duration {
+	pid := p.cmd.Process.Pid
+	total := cpuTime(pid)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || n == pid {
+			continue
+		}
+		if ppid(n) == pid {
+			total += cpuTime(n)
+		}
+	}
+	return total
+}
+
+func statFields(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+// cpuTime is utime + stime of pid (clock ticks of 10 ms).
+func cpuTime(pid int) time.Duration {
+	f := statFields(pid)
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
+}
+
+func ppid(pid int) int {
+	f := statFields(pid)
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
+
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func start(name string, args ...string) (*proc, error) {
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &proc{name: name, cmd: cmd}, nil
+}
+
+func (p *proc) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func waitUp(addr string) error {
+	for range 200 {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return errors.New(addr + " did not come up")
+}
+
+// target is one proxy under test, on its admitted and rejecting ports.
+type target struct {
+	name           string
+	admit, reject  string // addresses ("" reject: no limiter)
+	procs          []*proc
+	admitP, rejecP *proc
+}
+
+func run(rounds int, d time.Duration, conns, threads, rate int, measures []string) error {
+	wrk, err := exec.LookPath("wrk")
+	if err != nil {
+		return errors.New("wrk not installed (apt-get install wrk)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	upAddr := freePort()
+	up, err := start("upstream", self, "-role", "upstream", "-listen", upAddr)
+	if err != nil {
+		return err
+	}
+	defer up.stop()
+	if err := waitUp(upAddr); err != nil {
+		return err
+	}
+	var targets []*target
+	direct := &target{name: "upstream", admit: upAddr, admitP: up}
+	targets = append(targets, direct)
+	if ng, err := exec.LookPath("nginx"); err == nil {
+		t, err := startNginx(ng, upAddr)
+		if err != nil {
+			return err
+		}
+		defer t.admitP.stop()
+		targets = append(targets, t)
+	} else {
+		fmt.Fprintln(os.Stderr, "nginx not installed: measuring without it (apt-get install nginx)")
+	}
+	bare := &target{name: "go-reverseproxy", admit: freePort()}
+	if bare.admitP, err = start("bare", self, "-role", "bare", "-listen", bare.admit, "-upstream", upAddr); err != nil {
+		return err
+	}
+	defer bare.admitP.stop()
+	targets = append(targets, bare)
+	for _, role := range []string{"sluice", "sluice-nethttp"} {
+		t := &target{name: role, admit: freePort(), reject: freePort()}
+		if t.admitP, err = start(role, self, "-role", role, "-listen", t.admit, "-upstream", upAddr, "-policy", "admit"); err != nil {
+			return err
+		}
+		defer t.admitP.stop()
+		if t.rejecP, err = start(role, self, "-role", role, "-listen", t.reject, "-upstream", upAddr, "-policy", "reject"); err != nil {
+			return err
+		}
+		defer t.rejecP.stop()
+		targets = append(targets, t)
+	}
+	for _, t := range targets {
+		for _, a := range []string{t.admit, t.reject} {
+			if a != "" {
+				if err := waitUp(a); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	res := map[string][]float64{} // measure/target → one value per round
+	add := func(k string, v float64) { res[k] = append(res[k], v) }
+	for r := range rounds {
+		fmt.Fprintf(os.Stderr, "round %d of %d\n", r+1, rounds)
+		for _, t := range targets {
+			if slices.Contains(measures, "max") {
+				p := t.admitP
+				c0 := p.cpu()
+				rps, n, non2xx, err := runWrk(wrk, t.admit, d, conns, threads)
+				if err != nil {
+					return err
+				}
+				cpu := p.cpu() - c0
+				add("max/"+t.name, rps)
+				if t != direct {
+					add("cpu/"+t.name, float64(cpu.Milliseconds())*1000/float64(n))
+				}
+				if non2xx > 0 {
+					fmt.Fprintf(os.Stderr, "  %s: %d answers not 2xx with every request admitted\n", t.name, non2xx)
+				}
+			}
+			if slices.Contains(measures, "reject") && t.reject != "" {
+				p := t.rejecP
+				c0 := p.cpu()
+				rps, n, non2xx, err := runWrk(wrk, t.reject, d, conns, threads)
+				if err != nil {
+					return err
+				}
+				cpu := p.cpu() - c0
+				add("reject/"+t.name, rps)
+				add("rejectcpu/"+t.name, float64(cpu.Milliseconds())*1000/float64(n))
+				add("rejected/"+t.name, float64(non2xx)/float64(n))
+			}
+			if slices.Contains(measures, "open") {
+				p50, p99, err := openLoop(t.admit, rate, d)
+				if err != nil {
+					return err
+				}
+				add("p50/"+t.name, p50)
+				add("p99/"+t.name, p99)
+			}
+		}
+	}
+	report(res, targets)
+	return nil
+}
+
+func startNginx(bin, upAddr string) (*target, error) {
+	dir, err := os.MkdirTemp("", "proxyload-nginx-")
+	if err != nil {
+		return nil, err
+	}
+	t := &target{name: "nginx", admit: freePort(), reject: freePort()}
+	conf := strings.NewReplacer("{{dir}}", dir, "{{upstream}}", upAddr, "{{admit}}", t.admit, "{{reject}}", t.reject,
+		"{{workers}}", strconv.Itoa(2)).Replace(nginxConf)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	p, err := start("nginx", bin, "-c", path, "-p", dir, "-e", filepath.Join(dir, "error.log"))
+	if err != nil {
+		return nil, err
+	}
+	t.admitP, t.rejecP = p, p
+	return t, nil
+}
+
+var (
+	wrkRPS    = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	wrkTotal  = regexp.MustCompile(`(\d+) requests in`)
+	wrkNon2xx = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
+)
+
+// runWrk runs wrk against addr and returns requests/s, the requests sent
+// and how many were answered other than 2xx or 3xx.
+func runWrk(wrk, addr string, d time.Duration, conns, threads int) (rps float64, n, non2xx int64, err error) {
+	out, err := exec.Command(wrk, "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns), "-d", strconv.Itoa(int(d.Seconds()))+"s",
+		"-H", "X-Api-Key: tenant-1", "http://"+addr+"/v1/items/42").CombinedOutput()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("wrk: %v\n%s", err, out)
+	}
+	m := wrkRPS.FindSubmatch(out)
+	t := wrkTotal.FindSubmatch(out)
+	if m == nil || t == nil {
+		return 0, 0, 0, fmt.Errorf("wrk: unexpected output\n%s", out)
+	}
+	rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	n, _ = strconv.ParseInt(string(t[1]), 10, 64)
+	if x := wrkNon2xx.FindSubmatch(out); x != nil {
+		non2xx, _ = strconv.ParseInt(string(x[1]), 10, 64)
+	}
+	return rps, n, non2xx, nil
+}
+
+// openLoop sends rate requests a second to addr for d, each at its
+// scheduled time on one of a pool of keep-alive connections (a new one
+// when all are busy), and returns the p50 and p99 latency in ms, from each
+// request's scheduled time to its whole answer.
+func openLoop(addr string, rate int, d time.Duration) (p50, p99 float64, err error) {
+	n := int(d.Seconds() * float64(rate))
+	interval := time.Second / time.Duration(rate)
+	lat := make([]time.Duration, n)
+	req := []byte("GET /v1/items/42 HTTP/1.1\r\nHost: bench\r\nX-Api-Key: tenant-1\r\n\r\n")
+	type conn struct {
+		c  net.Conn
+		br *bufio.Reader
+	}
+	idle := make(chan *conn, 1024)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	start := time.Now().Add(10 * time.Millisecond)
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		time.Sleep(time.Until(at))
+		var c *conn
+		select {
+		case c = <-idle:
+		default:
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c == nil {
+				nc, err := net.Dial("tcp", addr)
+				if err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+					return
+				}
+				c = &conn{c: nc, br: bufio.NewReader(nc)}
+			}
+			if _, err := c.c.Write(req); err != nil {
+				c.c.Close()
+				return
+			}
+			resp, err := http.ReadResponse(c.br, nil)
+			if err != nil {
+				c.c.Close()
+				mu.Lock()
+				firstErr = err
+				mu.Unlock()
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			lat[i] = time.Since(at)
+			if resp.Close {
+				c.c.Close()
+				return
+			}
+			select {
+			case idle <- c:
+			default:
+				c.c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(idle)
+	for c := range idle {
+		c.c.Close()
+	}
+	if firstErr != nil {
+		return 0, 0, firstErr
+	}
+	slices.Sort(lat)
+	ms := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
+	return ms(0.50), ms(0.99), nil
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func report(res map[string][]float64, targets []*target) {
+	get := func(k string) float64 { return median(res[k]) }
+	fmt.Printf("%-16s %12s %12s %12s %12s %9s %9s %9s %9s\n", "target", "max req/s", "cpu ms/1k", "reject req/s", "rej cpu/1k", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms")
+	for _, t := range targets {
+		fmt.Printf("%-16s %12.0f %12.1f %12.0f %12.1f %9.3f %9.3f %9.3f %9.3f\n", t.name, get("max/"+t.name), get("cpu/"+t.name),
+			get("reject/"+t.name), get("rejectcpu/"+t.name), get("p50/"+t.name), get("p99/"+t.name),
+			get("p50/"+t.name)-get("p50/upstream"), get("p99/"+t.name)-get("p99/upstream"))
+	}
+	ratio := func(what, a, b string, inverse bool) {
+		x, y := get(a), get(b)
+		if x == 0 || y == 0 {
+			return
+		}
+		fmt.Printf("  %-58s %6.2f\n", what, x/y)
+	}
+	fmt.Println("ratios (medians):")
+	ratio("sluice / go-reverseproxy, max throughput all admitted", "max/sluice", "max/go-reverseproxy", false)
+	ratio("sluice / nginx, max throughput all admitted", "max/sluice", "max/nginx", false)
+	ratio("sluice / nginx limit_req, rejected-path throughput", "reject/sluice", "reject/nginx", false)
+	ratio("sluice / nginx, CPU per 1k admitted requests", "cpu/sluice", "cpu/nginx", false)
+	x, y := get("p99/sluice")-get("p99/upstream"), get("p99/nginx")-get("p99/upstream")
+	if y > 0 {
+		fmt.Printf("  %-58s %6.2f\n", "sluice / nginx, p99 added latency (open loop)", x/y)
+	}
+	ratio("sluice / sluice over net/http, max throughput all admitted", "max/sluice", "max/sluice-nethttp", false)
+	ratio("sluice / sluice over net/http, rejected-path throughput", "reject/sluice", "reject/sluice-nethttp", false)
+	for _, t := range targets {
+		if v := res["rejected/"+t.name]; len(v) > 0 {
+			fmt.Printf("  share answered 429 by %s: %.3f\n", t.name, median(v))
+		}
+	}
+}

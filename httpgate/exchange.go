@@ -1,0 +1,163 @@
+package httpgate
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/identify"
+)
+
+// The exchange API decides requests that a server other than net/http's
+// reads (sluice proxy serves HTTP/1.1 with its own server for speed): the
+// same rules, chain, answers, access log and hot reload as Wrap, with the
+// request given as an identify.Input and the answer's header fields
+// written through Fields. Wrap is this API behind http.Handler.
+
+// Snapshot is the middleware's rules and chain at one moment: a request
+// read with its Headers is decided with its Admit, under the same policy
+// even when Update replaces it in between.
+type Snapshot struct {
+	m  *Middleware
+	st *state
+}
+
+// Snapshot returns the rules and chain deciding now.
+func (m *Middleware) Snapshot() Snapshot { return Snapshot{m: m, st: m.state.Load()} }
+
+// Headers returns the canonical names of every request header the rules
+// read to decide (identify.Identifier.Headers). A server that copies only
+// these into the Input decides as Wrap would. The slice is shared: it must
+// not be modified.
+func (sn Snapshot) Headers() []string { return sn.st.reads }
+
+// Admission is an admitted request of Admit: its handler runs, then Done
+// reports how it ended. It is not safe for concurrent use.
+type Admission struct {
+	m      *Middleware
+	st     *state
+	tk     sluice.Ticket
+	dec    sluice.Decision
+	req    sluice.Request
+	budget time.Duration
+	start  clock.Instant
+	remote string
+	method string
+	path   string
+	done   bool
+}
+
+// Admit identifies and decides the request in under the snapshot's
+// policy, waiting (in a wait queue)
+// at most until ctx is done or the request's deadline passes. Admitted,
+// it returns the Admission and ok true; otherwise the rejection (400,
+// 429 or 503) is rendered: its header fields are set in f, and the
+// caller writes rj.Status and rj.Body, then calls rj.Release. in.Header
+// needs only the fields Headers names.
+func (sn Snapshot) Admit(ctx context.Context, in *identify.Input, f Fields) (adm Admission, rj Rejection, ok bool) {
+	m, st := sn.m, sn.st
+	req := m.reqs.Get().(*sluice.Request)
+	*req = sluice.Request{}
+	defer m.reqs.Put(req)
+	budget, detail := st.c.id.IdentifyInput(in, req)
+	if detail == "" && st.c.cfg.TenantKey != nil {
+		r := &http.Request{Method: in.Method, URL: &url.URL{Path: in.Path, RawQuery: in.RawQuery}, Header: in.Header, RemoteAddr: in.RemoteAddr}
+		detail = tenantKey(st.c.cfg.TenantKey, r.WithContext(ctx), req)
+	}
+	if detail != "" {
+		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
+		return adm, m.renderLogged(ctx, f, in, st, &d, req, detail), false
+	}
+	if budget > 0 {
+		req.Deadline = st.chain.Clock().Now().Add(budget)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, budget)
+		defer cancel()
+	}
+	d, tk := st.chain.Decide(ctx, req)
+	if !d.Admitted {
+		return adm, m.renderLogged(ctx, f, in, st, &d, req, ""), false
+	}
+	adm = Admission{m: m, st: st, tk: tk, dec: d, req: *req, budget: budget, remote: in.RemoteAddr, method: in.Method, path: in.Path}
+	if st.c.cfg.AccessLog != nil {
+		adm.start = st.chain.Clock().Now()
+	}
+	return adm, rj, true
+}
+
+// renderLogged renders a rejection of in and logs it.
+func (m *Middleware) renderLogged(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string) Rejection {
+	rj := m.render(f, in.Header, st, d, req, detail)
+	if al := st.c.cfg.AccessLog; al != nil {
+		m.logRejectedAt(al, st.chain.Clock().Now(), ctx, in.RemoteAddr, in.Method, in.Path, req, d, rj.Status, rj.RequestID)
+	}
+	return rj
+}
+
+// Budget is the request's time budget from its deadline header or the
+// rules' default (0: none), counted from its decision.
+func (a *Admission) Budget() time.Duration { return a.budget }
+
+// Level is the degradation level the request was admitted at.
+func (a *Admission) Level() sluice.Level { return a.dec.Level }
+
+// SetHeaders sets the admitted answer's own header fields in f, as Wrap
+// sets them before its handler writes: RateLimit-Policy and RateLimit
+// (unless the config turns them off) and Sluice-Level above normal.
+func (a *Admission) SetHeaders(f Fields) {
+	st := a.st
+	if !st.c.cfg.NoRateLimitHeaders && !st.c.cfg.HideCapacity {
+		a.m.admittedFields(f, st, &a.dec)
+	}
+	if a.dec.Level != sluice.LevelNormal {
+		f.Set(hLevel, levelValues[a.dec.Level])
+	}
+}
+
+// Done reports how the admitted request ended, once (later calls do
+// nothing): status is the one answered to the client (a 5xx counts as an
+// error), cancelled that the client went away first; a request done past
+// its deadline counts as late. It logs the request's access line.
+func (a *Admission) Done(ctx context.Context, status int, cancelled bool) {
+	if a.done {
+		return
+	}
+	a.done = true
+	o := sluice.OutcomeUseful
+	switch {
+	case cancelled:
+		o = sluice.OutcomeCancelled
+	case status >= 500:
+		o = sluice.OutcomeErrored
+	}
+	a.tk.Done(o)
+	if al := a.st.c.cfg.AccessLog; al != nil {
+		logAdmittedAt(al, a.st.chain.Clock().Now().Sub(a.start), ctx, a.remote, a.method, a.path, &a.req, status)
+	}
+}
+
+// RenderUpstreamError renders the answer to an admitted request whose
+// upstream call failed with err, as UpstreamError writes it (504 with
+// reason deadline when err is context.DeadlineExceeded, 502 with reason
+// upstream otherwise). reqHeader is the request's (the request id).
+func (m *Middleware) RenderUpstreamError(f Fields, reqHeader http.Header, err error) Rejection {
+	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: true}
+	if errors.Is(err, context.DeadlineExceeded) {
+		d.Reason = sluice.ReasonDeadline
+	}
+	var req sluice.Request
+	return m.render(f, reqHeader, m.state.Load(), &d, &req, "")
+}
+
+// RenderInvalid renders and logs the 400 answer to a request the caller
+// got wrong before it reached the gates, as Invalid writes it.
+func (m *Middleware) RenderInvalid(ctx context.Context, f Fields, in *identify.Input, detail string) Rejection {
+	st := m.state.Load()
+	var req sluice.Request
+	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
+	return m.renderLogged(ctx, f, in, st, &d, &req, detail)
+}

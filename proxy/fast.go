@@ -1,0 +1,616 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/host"
+)
+
+// The proxy's own HTTP/1.1 server (Run). net/http's server and
+// httputil.ReverseProxy cost a goroutine hand-off per request in each
+// direction and a header map per message; on a 2-core machine they cap a
+// reverse proxy at about 0.4 of nginx's throughput and a rejection at
+// about 0.7 of nginx limit_req's (BENCHMARKS.md), below what a proxy in
+// front of a service may cost. Run therefore serves with
+// github.com/valyala/fasthttp, whose server and client read and write on
+// the request's own goroutine with reused buffers. The behaviour is the
+// Handler's (net/http), which stays for embedding, and the tests run the
+// proxy's cases through both:
+//
+//   - Request bodies are read whole before the decision (into a spool past
+//     the server's read buffer), responses read whole from the upstream
+//     (into a spool, within the shared budgets) before the request's slot
+//     is released and the client is written to; streams (server-sent
+//     events, "X-Accel-Buffering: no", responses past the caps) and
+//     upgrades hold the slot, never past the request's deadline plus
+//     Grace.
+//   - Hop-by-hop fields are dropped both ways; X-Forwarded-For is set to
+//     the client's address, X-Forwarded-Host and -Proto to the request's,
+//     and Host to the upstream's, as ReverseProxy's SetURL and
+//     SetXForwarded do.
+//
+// One difference remains: net/http notices a client that goes away while
+// its request waits or runs (a background read on the connection) and
+// cancels the request; this server does not, so such a request waits in a
+// queue or at the upstream until its deadline, and counts as served.
+
+// fastServer serves the proxy over fasthttp.
+type fastServer struct {
+	s      *Server
+	srv    *fasthttp.Server
+	up     *fasthttp.HostClient
+	base   string // the upstream URL's path, without a final "/"
+	query  string // the upstream URL's query
+	host   string // the upstream's Host field
+	conns  sync.Map
+	closed chan struct{}
+}
+
+// newFast builds the proxy's fasthttp server.
+func (s *Server) newFast() *fastServer {
+	u := s.opts.Upstream
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	f := &fastServer{s: s, base: strings.TrimSuffix(u.EscapedPath(), "/"), query: u.RawQuery, host: u.Host, closed: make(chan struct{})}
+	f.up = &fasthttp.HostClient{
+		Addr: addr, IsTLS: u.Scheme == "https",
+		MaxConns:                  4096,
+		MaxIdleConnDuration:       90 * time.Second,
+		StreamResponseBody:        true,
+		DisablePathNormalizing:    true,
+		NoDefaultUserAgentHeader:  true,
+		MaxIdemponentCallAttempts: 2, // one retry of an idempotent request on a stale idle connection
+		ReadBufferSize:            16 << 10,
+	}
+	f.srv = &fasthttp.Server{
+		Handler:                      f.serve,
+		ErrorHandler:                 f.malformed,
+		ReadTimeout:                  s.opts.ReadTimeout,
+		WriteTimeout:                 s.opts.WriteTimeout,
+		IdleTimeout:                  2 * time.Minute,
+		MaxRequestBodySize:           int(min(s.opts.MaxBodyBytes, int64(^uint(0)>>1))),
+		StreamRequestBody:            true,
+		ReadBufferSize:               16 << 10, // the largest request head taken
+		NoDefaultServerHeader:        true,
+		NoDefaultContentType:         true,
+		DisablePreParseMultipartForm: true,
+		CloseOnShutdown:              true,
+		Logger:                       fastLogger{s},
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			switch st {
+			case fasthttp.StateNew:
+				f.conns.Store(c, struct{}{})
+			case fasthttp.StateClosed, fasthttp.StateHijacked:
+				f.conns.Delete(c)
+			}
+		},
+	}
+	return f
+}
+
+// Shutdown stops accepting and waits for the connections in flight (it
+// fits host.Stopper).
+func (f *fastServer) Shutdown(ctx context.Context) error { return f.srv.ShutdownWithContext(ctx) }
+
+// Close closes every connection left.
+func (f *fastServer) Close() error {
+	f.conns.Range(func(c, _ any) bool {
+		c.(net.Conn).Close()
+		return true
+	})
+	return nil
+}
+
+type fastLogger struct{ s *Server }
+
+func (l fastLogger) Printf(format string, args ...any) {}
+
+// respFields writes the middleware's header fields into a response.
+type respFields fasthttp.ResponseHeader
+
+func (h *respFields) Set(key string, vals []string) {
+	rh := (*fasthttp.ResponseHeader)(h)
+	rh.Del(key)
+	for _, v := range vals {
+		rh.Add(key, v)
+	}
+}
+
+// b2s views b as a string; b must not change while the string is used.
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// input fills in with what the middleware reads of the request in ctx:
+// only the fields it names (Middleware.Headers).
+func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string) (ok bool) {
+	in.Method = b2s(ctx.Method())
+	uri := ctx.URI()
+	raw := b2s(uri.PathOriginal())
+	if i := strings.IndexByte(raw, '?'); i >= 0 {
+		raw = raw[:i]
+	}
+	if strings.IndexByte(raw, '%') >= 0 {
+		p, err := url.PathUnescape(raw)
+		if err != nil {
+			return false
+		}
+		raw = p
+	}
+	in.Path = raw
+	in.RawQuery = b2s(uri.QueryString())
+	in.RemoteAddr = ctx.RemoteAddr().String()
+	h := make(http.Header, len(names))
+	if len(names) > 0 {
+		ctx.Request.Header.VisitAll(func(k, v []byte) {
+			for _, n := range names {
+				if len(k) == len(n) && strings.EqualFold(b2s(k), n) {
+					h[n] = append(h[n], string(v))
+					return
+				}
+			}
+		})
+	}
+	in.Header = h
+	return true
+}
+
+// answer writes a rendered rejection.
+func answer(ctx *fasthttp.RequestCtx, rj httpgate.Rejection) {
+	ctx.SetStatusCode(rj.Status)
+	ctx.SetBody(rj.Body)
+	rj.Release()
+}
+
+// malformed answers a request the server could not read: 400 in the
+// envelope (fasthttp's ErrorHandler), 413's case included, as the
+// Handler answers them.
+func (f *fastServer) malformed(ctx *fasthttp.RequestCtx, err error) {
+	detail := "malformed request: " + err.Error()
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		detail = "request body more than the " + strconv.FormatInt(f.s.opts.MaxBodyBytes, 10) + " bytes the proxy takes"
+	}
+	ctx.Response.Reset()
+	in := identify.Input{Method: b2s(ctx.Method()), Path: b2s(ctx.Path()), Header: http.Header{}}
+	answer(ctx, f.s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), &in, detail))
+	ctx.SetConnectionClose()
+}
+
+// hop-by-hop fields (RFC 9110 section 7.6.1), which a proxy must not
+// forward in either direction.
+var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// serve is the proxy's request handler.
+func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
+	s := f.s
+	mw := s.mw
+	snap := mw.Snapshot()
+	fields := (*respFields)(&ctx.Response.Header)
+	var in identify.Input
+	if !f.input(ctx, &in, snap.Headers()) {
+		in.Path = b2s(ctx.Path())
+		in.Header = http.Header{}
+		answer(ctx, mw.RenderInvalid(context.Background(), fields, &in, "malformed request path"))
+		return
+	}
+	if m := in.Method; m == "PRI" || m == http.MethodConnect {
+		answer(ctx, mw.RenderInvalid(context.Background(), fields, &in, "method "+m+" is not proxied"))
+		return
+	}
+	body, ok := f.readBody(ctx, &in)
+	if !ok {
+		return
+	}
+	if body != nil {
+		defer body.Close()
+	}
+	upgrade := ctx.Request.Header.ConnectionUpgrade()
+	if upgrade { // its request outlives the handler: keep copies
+		in.Method, in.Path = strings.Clone(in.Method), strings.Clone(in.Path)
+	}
+
+	adm, rj, ok := snap.Admit(context.Background(), &in, fields)
+	if !ok {
+		answer(ctx, rj)
+		return
+	}
+	tr := s.inflight.Track(in.Method, in.Path)
+	streaming := false
+	defer func() {
+		if streaming {
+			return // the stream's writer ends the request
+		}
+		if p := recover(); p != nil {
+			// net/http's server would recover and close the connection;
+			// fasthttp's would end the process.
+			s.log.Error("proxy: panic serving a request", "path", in.Path, "panic", p)
+			ctx.Response.Reset()
+			ctx.SetStatusCode(http.StatusInternalServerError)
+			ctx.SetConnectionClose()
+			adm.Done(ctx, http.StatusInternalServerError, false)
+		}
+		s.inflight.Untrack(tr)
+	}()
+	var deadline time.Time
+	if b := adm.Budget(); b > 0 {
+		deadline = time.Now().Add(b)
+	}
+	if upgrade {
+		streaming = f.upgrade(ctx, &adm, tr, deadline)
+		if !streaming {
+			adm.Done(ctx, ctx.Response.StatusCode(), false)
+		}
+		return
+	}
+	f.outbound(ctx)
+	resp := fasthttp.AcquireResponse()
+	var err error
+	if deadline.IsZero() {
+		err = f.up.Do(&ctx.Request, resp)
+	} else {
+		err = f.up.DoDeadline(&ctx.Request, resp, deadline)
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		f.upstreamError(ctx, &in, err)
+		adm.Done(ctx, ctx.Response.StatusCode(), false)
+		return
+	}
+	streaming = f.respond(ctx, resp, &adm, tr, deadline)
+	if !streaming {
+		adm.SetHeaders(fields)
+		adm.Done(ctx, ctx.Response.StatusCode(), false)
+	}
+}
+
+// readBody reads a request body that the server streams (one past its
+// read buffer) into a spool, within MaxBodyBytes, and makes it the
+// request's body; it answers 400 itself for one too large or unreadable.
+// A body the budgets cannot hold right now streams, holding its slot.
+func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*spool, bool) {
+	if !ctx.Request.IsBodyStream() {
+		return nil, true
+	}
+	s := f.s
+	max := s.opts.MaxBodyBytes
+	sp := newSpool(s.bufferLimits(max))
+	stream := ctx.RequestBodyStream()
+	n, err := io.Copy(sp, io.LimitReader(stream, max+1))
+	fields := (*respFields)(&ctx.Response.Header)
+	switch {
+	case err == nil && n > max:
+		sp.Close()
+		answer(ctx, s.mw.RenderInvalid(context.Background(), fields, in, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
+		ctx.SetConnectionClose()
+		return nil, false
+	case errors.Is(err, errSpoolFull):
+		ctx.Request.SetBodyStream(io.MultiReader(sp, stream), -1)
+		return sp, true
+	case err != nil:
+		sp.Close()
+		answer(ctx, s.mw.RenderInvalid(context.Background(), fields, in, "request body unreadable: "+err.Error()))
+		ctx.SetConnectionClose()
+		return nil, false
+	}
+	ctx.Request.SetBodyStream(sp, int(n))
+	return sp, true
+}
+
+// outbound turns the client's request into the upstream's, in place: the
+// upstream's path prefix, query and Host, no hop-by-hop fields, the
+// X-Forwarded fields.
+func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
+	req := &ctx.Request
+	h := &req.Header
+	clientHost := string(h.Host())
+	uri := req.URI()
+	path := uri.PathOriginal()
+	if i := strings.IndexByte(b2s(path), '?'); i >= 0 {
+		path = path[:i]
+	}
+	q := uri.QueryString()
+	var b []byte
+	b = append(b, f.base...)
+	if len(path) == 0 || path[0] != '/' {
+		b = append(b, '/')
+	}
+	b = append(b, path...)
+	switch {
+	case f.query != "" && len(q) > 0:
+		b = append(b, '?')
+		b = append(b, f.query...)
+		b = append(b, '&')
+		b = append(b, q...)
+	case f.query != "":
+		b = append(b, '?')
+		b = append(b, f.query...)
+	case len(q) > 0:
+		b = append(b, '?')
+		b = append(b, q...)
+	}
+	req.SetRequestURIBytes(b) // parsed again, without normalizing, when written
+	dropHop(h)
+	h.Del("Forwarded")
+	h.Del("X-Forwarded-Host")
+	h.Del("X-Forwarded-Proto")
+	h.Del("Expect") // the body is read: the upstream gets it at once
+	if ip, _, err := net.SplitHostPort(ctx.RemoteAddr().String()); err == nil {
+		h.Set("X-Forwarded-For", ip)
+	} else {
+		h.Del("X-Forwarded-For")
+	}
+	if clientHost != "" {
+		h.Set("X-Forwarded-Host", clientHost)
+	}
+	h.Set("X-Forwarded-Proto", "http")
+	h.SetHost(f.host)
+	h.ResetConnectionClose()
+}
+
+// dropHop removes the hop-by-hop fields of a request: the fixed list and
+// those its Connection field names.
+func dropHop(h *fasthttp.RequestHeader) {
+	if c := h.Peek("Connection"); len(c) > 0 {
+		for _, n := range strings.Split(string(c), ",") {
+			if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, "close") && !strings.EqualFold(n, "keep-alive") {
+				h.Del(n)
+			}
+		}
+	}
+	for _, n := range hopFields {
+		if n != "Transfer-Encoding" {
+			h.Del(n)
+		}
+	}
+}
+
+// dropHopResponse removes the hop-by-hop fields of a response.
+func dropHopResponse(h *fasthttp.ResponseHeader) {
+	if c := h.Peek("Connection"); len(c) > 0 {
+		for _, n := range strings.Split(string(c), ",") {
+			if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, "close") && !strings.EqualFold(n, "keep-alive") {
+				h.Del(n)
+			}
+		}
+	}
+	for _, n := range hopFields {
+		if n != "Transfer-Encoding" {
+			h.Del(n)
+		}
+	}
+	h.ResetConnectionClose()
+}
+
+// upstreamError answers an admitted request whose upstream call failed:
+// 504 when its deadline ran out, 502 otherwise, logged at most once a
+// second.
+func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, in *identify.Input, err error) {
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) {
+		err = context.DeadlineExceeded
+	}
+	s := f.s
+	if now := time.Now().UnixNano(); err != context.DeadlineExceeded && now-s.lastUpstreamLog.Load() > int64(time.Second) {
+		s.lastUpstreamLog.Store(now)
+		s.log.Warn("upstream request failed (logged at most once per second)", "path", in.Path, "err", err)
+	}
+	ctx.Response.Reset()
+	answer(ctx, s.mw.RenderUpstreamError((*respFields)(&ctx.Response.Header), in.Header, err))
+}
+
+// respond copies the upstream's response into the client's: the body read
+// whole into memory or a spool (the slot is released before the client is
+// written to), or streamed when it asks to be or outgrows the buffers. It
+// reports whether it streams: the stream's writer then reports the
+// outcome and untracks the request.
+func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time) bool {
+	out := &ctx.Response
+	resp.Header.CopyTo(&out.Header)
+	dropHopResponse(&out.Header)
+	out.Header.SetNoDefaultContentType(true)
+	stream := resp.BodyStream()
+	if stream == nil {
+		out.SetBody(resp.Body())
+		fasthttp.ReleaseResponse(resp)
+		return false
+	}
+	var sp *spool
+	if !streamedFast(&resp.Header) {
+		// A small body stays in the response's own buffer; a larger one
+		// goes to a spool, within the budgets, which the server closes
+		// once the client has it.
+		bp := f.s.copyBufs.Get()
+		n, err := io.CopyBuffer(out.BodyWriter(), io.LimitReader(stream, smallBody+1), bp)
+		if err == nil && n > smallBody {
+			sp = newSpool(f.s.bufferLimits(f.s.opts.MaxResponseBuffer))
+			if _, err = sp.Write(out.Body()); err == nil {
+				out.ResetBody()
+				_, err = io.CopyBuffer(sp, stream, bp)
+			}
+		}
+		f.s.copyBufs.Put(bp)
+		switch {
+		case err == nil:
+			resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			if sp != nil {
+				out.SetBodyStream(sp, int(sp.Len()))
+			}
+			return false
+		case !errors.Is(err, errSpoolFull):
+			// The upstream broke off mid-body.
+			if sp != nil {
+				sp.Close()
+			}
+			resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			out.Reset()
+			f.upstreamError(ctx, &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, err)
+			return false
+		}
+		if out.Body() != nil && len(out.Body()) > 0 {
+			rest := append([]byte(nil), out.Body()...)
+			out.ResetBody()
+			stream = io.MultiReader(bytes.NewReader(rest), stream)
+		}
+	}
+	// Stream: what is buffered first, then the rest as it comes, holding
+	// the slot until the end, the deadline plus Grace at most.
+	adm.SetHeaders((*respFields)(&out.Header))
+	status := out.StatusCode()
+	conn := ctx.Conn()
+	out.SetBodyStreamWriter(func(w *bufio.Writer) {
+		if !deadline.IsZero() { // in place of the server's WriteTimeout
+			conn.SetWriteDeadline(deadline.Add(f.s.opts.Grace))
+		}
+		defer func() {
+			resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			if sp != nil {
+				sp.Close()
+			}
+			adm.Done(ctx, status, false)
+			f.s.inflight.Untrack(tr)
+		}()
+		if sp != nil && sp.Len() > 0 {
+			if _, err := io.Copy(w, sp); err != nil {
+				return
+			}
+		}
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := stream.Read(buf)
+			if n > 0 {
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					return
+				}
+				if werr := w.Flush(); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	return true
+}
+
+// smallBody is the largest response body kept in the response's own
+// buffer (outside the budgets, like the server's read buffers).
+const smallBody = 8 << 10
+
+// streamedFast reports whether a response's headers ask for streaming
+// (see streamed).
+func streamedFast(h *fasthttp.ResponseHeader) bool {
+	if strings.EqualFold(b2s(h.Peek("X-Accel-Buffering")), "no") {
+		return true
+	}
+	ct, _, _ := strings.Cut(b2s(h.ContentType()), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
+
+// upgrade forwards a request that asks for a protocol upgrade (a
+// WebSocket): it sends the request on a connection of its own, and on a
+// 101 answer joins the client's connection to it, both ways, until either
+// ends or the request's deadline plus Grace. It reports whether the
+// connections were joined (the joining goroutine then reports the
+// outcome); otherwise the upstream's answer is the response.
+func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time) bool {
+	req := &ctx.Request
+	proto := string(req.Header.Peek("Upgrade"))
+	f.outbound(ctx)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", proto)
+	d := net.Dialer{}
+	dctx := context.Background()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithDeadline(dctx, deadline)
+		defer cancel()
+	}
+	in := identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}
+	up, err := d.DialContext(dctx, "tcp", f.up.Addr)
+	if err != nil {
+		f.upstreamError(ctx, &in, err)
+		return false
+	}
+	if !deadline.IsZero() {
+		up.SetDeadline(deadline)
+	}
+	bw := bufio.NewWriter(up)
+	if err := req.Write(bw); err == nil {
+		err = bw.Flush()
+	}
+	br := bufio.NewReader(up)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	resp.SkipBody = true
+	if err == nil {
+		err = resp.Header.Read(br)
+	}
+	if err != nil {
+		up.Close()
+		f.upstreamError(ctx, &in, err)
+		return false
+	}
+	if resp.StatusCode() != http.StatusSwitchingProtocols {
+		resp.SkipBody = false
+		err := resp.ReadBody(br, int(f.s.opts.MaxResponseBuffer))
+		up.Close()
+		if err != nil {
+			f.upstreamError(ctx, &in, err)
+			return false
+		}
+		resp.CopyTo(&ctx.Response)
+		dropHopResponse(&ctx.Response.Header)
+		adm.SetHeaders((*respFields)(&ctx.Response.Header))
+		return false
+	}
+	head := append([]byte(nil), resp.Header.Header()...)
+	up.SetDeadline(time.Time{})
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		defer func() {
+			adm.Done(context.Background(), http.StatusSwitchingProtocols, false)
+			f.s.inflight.Untrack(tr)
+		}()
+		defer up.Close()
+		if !deadline.IsZero() {
+			end := deadline.Add(f.s.opts.Grace)
+			c.SetDeadline(end)
+			up.SetDeadline(end)
+		}
+		if _, err := c.Write(head); err != nil {
+			return
+		}
+		done := make(chan struct{}, 2)
+		go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+		go func() { io.Copy(c, br); done <- struct{}{} }()
+		<-done
+		c.Close()
+		up.Close()
+		<-done
+	})
+	return true
+}
