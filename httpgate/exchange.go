@@ -35,6 +35,14 @@ func (m *Middleware) Snapshot() Snapshot { return Snapshot{m: m, st: m.state.Loa
 // not be modified.
 func (sn Snapshot) Headers() []string { return sn.st.reads }
 
+// ReadsAddr reports whether deciding reads the Input's RemoteAddr (a
+// tenant keyed by client IP, a TenantKey, the access log): a server may
+// leave it empty otherwise.
+func (sn Snapshot) ReadsAddr() bool {
+	c := sn.st.c
+	return c.id.ReadsClientIP() || c.cfg.TenantKey != nil || c.cfg.AccessLog != nil
+}
+
 // Admission is an admitted request of Admit: its handler runs, then Done
 // reports how it ended. It is not safe for concurrent use.
 type Admission struct {

@@ -338,6 +338,20 @@ func (id *Identifier) Headers() []string {
 	return hs
 }
 
+// ReadsClientIP reports whether the tenant key reads the client's
+// address (Input.RemoteAddr): a server may leave it empty otherwise.
+func (id *Identifier) ReadsClientIP() bool {
+	if id.tenant == nil {
+		return false
+	}
+	for _, p := range id.tenant.rules.Parts {
+		if p.Source == SourceClientIP {
+			return true
+		}
+	}
+	return false
+}
+
 // Rules returns the rules with their defaults filled in.
 func (id *Identifier) Rules() Rules { return id.rules }
 

@@ -86,7 +86,8 @@ type Metrics struct {
 	latency    *prometheus.HistogramVec
 	maxTenants int64
 	label      func(string) string
-	tenants    sync.Map // tenant → *tenantLabel
+	tenants    sync.Map    // tenant → *tenantLabel
+	other      tenantLabel // OtherTenant's
 	nTenants   atomic.Int64
 	after      int64
 	idle       time.Duration
@@ -101,8 +102,68 @@ type Metrics struct {
 
 // tenantLabel is a labelled tenant.
 type tenantLabel struct {
-	label string
-	seen  atomic.Int64 // clock.Instant of the last event
+	label  string
+	seen   atomic.Int64 // clock.Instant of the last event
+	series sync.Map     // seriesKey → *series: the tenant's resolved series
+}
+
+// seriesKey names the series one kind of event of a tenant label updates.
+type seriesKey struct {
+	kind  uint8 // seriesAdmitted, seriesRejected, seriesDone
+	code  uint8 // the reason (rejected) or outcome (done)
+	class string
+	gate  string // rejected only
+}
+
+const (
+	seriesAdmitted = iota
+	seriesRejected
+	seriesDone
+)
+
+// series are the counters and gauges one event updates, resolved once
+// per tenant label and key (WithLabelValues hashes every label each
+// time: it was most of a decision's cost on the proxy's rejection path).
+type series struct {
+	offered, unitsOffered prometheus.Counter
+	counted, units        prometheus.Counter // admitted/rejected/completed, and units of that stage
+	inflight              prometheus.Gauge
+	goodput               prometheus.Counter
+	latency               prometheus.Observer
+}
+
+// seriesOf returns tl's series for k, resolving them the first time.
+func (m *Metrics) seriesOf(tl *tenantLabel, k seriesKey) *series {
+	if v, ok := tl.series.Load(k); ok {
+		return v.(*series)
+	}
+	t := tl.label
+	sr := &series{}
+	if k.kind != seriesRejected {
+		sr.inflight = m.inflight.WithLabelValues(k.class)
+	}
+	switch k.kind {
+	case seriesAdmitted, seriesRejected:
+		sr.offered = m.offered.WithLabelValues(k.class, t)
+		sr.unitsOffered = m.units.WithLabelValues("offered", k.class, t)
+		if k.kind == seriesAdmitted {
+			sr.counted = m.admitted.WithLabelValues(k.class, t)
+			sr.units = m.units.WithLabelValues("admitted", k.class, t)
+		} else {
+			sr.counted = m.rejected.WithLabelValues(sluice.Reason(k.code).String(), k.gate, "enforce", k.class, t)
+			sr.units = m.units.WithLabelValues("rejected", k.class, t)
+		}
+	case seriesDone:
+		o := sluice.Outcome(k.code).String()
+		sr.counted = m.completed.WithLabelValues(o, k.class, t)
+		sr.units = m.units.WithLabelValues("consumed", k.class, t)
+		sr.latency = m.latency.WithLabelValues(o, k.class)
+		if sluice.Outcome(k.code) == sluice.OutcomeUseful {
+			sr.goodput = m.goodput.WithLabelValues(k.class, t)
+		}
+	}
+	v, _ := tl.series.LoadOrStore(k, sr)
+	return v.(*series)
 }
 
 var _ sluice.Observer = (*Metrics)(nil)
@@ -131,6 +192,7 @@ func New(opts Options) *Metrics {
 		opts.TenantLabel = HashTenant
 	}
 	m := &Metrics{
+		other:      tenantLabel{label: OtherTenant},
 		reg:        reg,
 		label:      opts.TenantLabel,
 		maxTenants: int64(max(opts.MaxTenants, 0)),
@@ -183,14 +245,17 @@ func (m *Metrics) Handler() http.Handler {
 // tenant returns the label for t. An admitted tenant without one counts
 // towards a slot: after TenantAfter admissions it takes a free one, or one
 // given back by a tenant idle for TenantIdle.
-func (m *Metrics) tenant(t string, admit bool) string {
+func (m *Metrics) tenant(t string, admit bool) string { return m.tenantOf(t, admit).label }
+
+// tenantOf is tenant's label with its resolved series.
+func (m *Metrics) tenantOf(t string, admit bool) *tenantLabel {
 	if v, ok := m.tenants.Load(t); ok {
 		tl := v.(*tenantLabel)
 		tl.seen.Store(int64(m.clock.Now()))
-		return tl.label
+		return tl
 	}
 	if !admit || m.maxTenants == 0 {
-		return OtherTenant
+		return &m.other
 	}
 	return m.promote(t)
 }
@@ -201,7 +266,7 @@ const maxCandidates = 4096
 
 // promote counts one admission of t, which has no label, and gives it one
 // when it has earned it and a slot is free (reclaiming idle ones).
-func (m *Metrics) promote(t string) string {
+func (m *Metrics) promote(t string) *tenantLabel {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := m.candidates[t] + 1
@@ -210,7 +275,7 @@ func (m *Metrics) promote(t string) string {
 			clear(m.candidates)
 		}
 		m.candidates[t] = n
-		return OtherTenant
+		return &m.other
 	}
 	now := m.clock.Now()
 	if m.nTenants.Load() >= m.maxTenants && now.Sub(m.reclaimed) >= time.Minute {
@@ -219,16 +284,16 @@ func (m *Metrics) promote(t string) string {
 	}
 	if m.nTenants.Load() >= m.maxTenants {
 		m.candidates[t] = n
-		return OtherTenant
+		return &m.other
 	}
 	delete(m.candidates, t)
 	tl := &tenantLabel{label: m.label(t)}
 	tl.seen.Store(int64(now))
 	if v, loaded := m.tenants.LoadOrStore(t, tl); loaded {
-		return v.(*tenantLabel).label
+		return v.(*tenantLabel)
 	}
 	m.nTenants.Add(1)
-	return tl.label
+	return tl
 }
 
 // reclaimLocked removes the labels (and series) of tenants idle for
@@ -251,19 +316,23 @@ func (m *Metrics) reclaimLocked(now clock.Instant) {
 
 // Decided records a final verdict.
 func (m *Metrics) Decided(r *sluice.Request, d *sluice.Decision, took time.Duration) {
-	t := m.tenant(r.Tenant, d.Admitted)
-	m.offered.WithLabelValues(r.Class, t).Inc()
+	tl := m.tenantOf(r.Tenant, d.Admitted)
 	m.decision.Observe(took.Seconds())
 	cost := float64(max(r.Cost, 1))
-	m.units.WithLabelValues("offered", r.Class, t).Add(cost)
 	if d.Admitted {
-		m.admitted.WithLabelValues(r.Class, t).Inc()
-		m.units.WithLabelValues("admitted", r.Class, t).Add(cost)
-		m.inflight.WithLabelValues(r.Class).Inc()
+		sr := m.seriesOf(tl, seriesKey{kind: seriesAdmitted, class: r.Class})
+		sr.offered.Inc()
+		sr.unitsOffered.Add(cost)
+		sr.counted.Inc()
+		sr.units.Add(cost)
+		sr.inflight.Inc()
 		return
 	}
-	m.rejected.WithLabelValues(d.Reason.String(), d.Gate, "enforce", r.Class, t).Inc()
-	m.units.WithLabelValues("rejected", r.Class, t).Add(cost)
+	sr := m.seriesOf(tl, seriesKey{kind: seriesRejected, code: uint8(d.Reason), class: r.Class, gate: d.Gate})
+	sr.offered.Inc()
+	sr.unitsOffered.Add(cost)
+	sr.counted.Inc()
+	sr.units.Add(cost)
 	if m.top != nil {
 		m.top.rejected.Add(m.sketchKey(r.Tenant), 1, int(d.Reason))
 	}
@@ -276,16 +345,16 @@ func (m *Metrics) ShadowRejected(r *sluice.Request, d *sluice.Decision) {
 
 // Done records a completion.
 func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
-	t := m.tenant(r.Tenant, false)
-	m.inflight.WithLabelValues(r.Class).Dec()
-	m.completed.WithLabelValues(c.Outcome.String(), r.Class, t).Inc()
-	m.latency.WithLabelValues(c.Outcome.String(), r.Class).Observe(c.Latency.Seconds())
-	m.units.WithLabelValues("consumed", r.Class, t).Add(float64(max(r.Cost, 1)))
+	sr := m.seriesOf(m.tenantOf(r.Tenant, false), seriesKey{kind: seriesDone, code: uint8(c.Outcome), class: r.Class})
+	sr.inflight.Dec()
+	sr.counted.Inc()
+	sr.latency.Observe(c.Latency.Seconds())
+	sr.units.Add(float64(max(r.Cost, 1)))
 	if m.top != nil {
 		m.top.consumed.Add(m.sketchKey(r.Tenant), max(r.Cost, 1), int(c.Outcome))
 	}
 	if c.Outcome == sluice.OutcomeUseful {
-		m.goodput.WithLabelValues(r.Class, t).Add(float64(r.Cost))
+		sr.goodput.Add(float64(r.Cost))
 	}
 }
 

@@ -132,18 +132,25 @@ type respFields fasthttp.ResponseHeader
 
 func (h *respFields) Set(key string, vals []string) {
 	rh := (*fasthttp.ResponseHeader)(h)
+	if len(vals) == 1 { // the key is canonical already
+		rh.SetCanonical(s2b(key), s2b(vals[0]))
+		return
+	}
 	rh.Del(key)
 	for _, v := range vals {
 		rh.Add(key, v)
 	}
 }
 
+// s2b views s as bytes, for fasthttp's setters, which copy them.
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
 // b2s views b as a string; b must not change while the string is used.
 func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // input fills in with what the middleware reads of the request in ctx:
 // only the fields it names (Middleware.Headers).
-func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string) (ok bool) {
+func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string, addr bool) (ok bool) {
 	in.Method = b2s(ctx.Method())
 	uri := ctx.URI()
 	raw := b2s(uri.PathOriginal())
@@ -159,8 +166,10 @@ func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names [
 	}
 	in.Path = raw
 	in.RawQuery = b2s(uri.QueryString())
-	in.RemoteAddr = ctx.RemoteAddr().String()
-	h := make(http.Header, len(names))
+	if addr {
+		in.RemoteAddr = ctx.RemoteAddr().String()
+	}
+	h := headerPool.Get().(http.Header)
 	if len(names) > 0 {
 		ctx.Request.Header.VisitAll(func(k, v []byte) {
 			for _, n := range names {
@@ -173,6 +182,23 @@ func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names [
 	}
 	in.Header = h
 	return true
+}
+
+// headerPool holds the small header maps of Inputs; serve returns its
+// map when the request is done with it.
+var headerPool = sync.Pool{New: func() any { return make(http.Header, 4) }}
+
+// putHeader empties h's values, keeping their slices (every reader of an
+// Input's header takes an empty one as absent), and pools it.
+func putHeader(h http.Header) {
+	if len(h) > 16 {
+		return
+	}
+	for k, v := range h {
+		clear(v)
+		h[k] = v[:0]
+	}
+	headerPool.Put(h)
 }
 
 // answer writes a rendered rejection.
@@ -208,7 +234,12 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	snap := mw.Snapshot()
 	fields := (*respFields)(&ctx.Response.Header)
 	var in identify.Input
-	if !f.input(ctx, &in, snap.Headers()) {
+	defer func() {
+		if in.Header != nil {
+			putHeader(in.Header)
+		}
+	}()
+	if !f.input(ctx, &in, snap.Headers(), snap.ReadsAddr()) {
 		in.Path = b2s(ctx.Path())
 		in.Header = http.Header{}
 		answer(ctx, mw.RenderInvalid(context.Background(), fields, &in, "malformed request path"))
@@ -350,7 +381,13 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 		b = append(b, q...)
 	}
 	req.SetRequestURIBytes(b) // parsed again, without normalizing, when written
+	te := h.Peek("Te")
+	keepTE := len(te) > 0 && strings.Contains(strings.ToLower(string(te)), "trailers")
 	dropHop(h)
+	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
+		h.Set("Te", "trailers")
+	}
+	h.SetNoDefaultContentType(true)
 	h.Del("Forwarded")
 	h.Del("X-Forwarded-Host")
 	h.Del("X-Forwarded-Proto")

@@ -1,0 +1,302 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/poll"
+)
+
+// echoUpstream answers every request with what it received (request
+// line, Host, the header fields sorted, the body) and with fields of its
+// own, hop-by-hop ones among them, chosen by the request's path.
+func echoUpstream() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %s %s\nhost: %s\n", r.Method, r.RequestURI, r.Proto, r.Host)
+		var keys []string
+		for k := range r.Header {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if k == "Accept-Encoding" && r.Header.Get(k) == "gzip" {
+				// net/http's Transport asks for gzip on its own when the
+				// client did not (and unzips the answer): not a field of
+				// the client's request.
+				continue
+			}
+			if k == "Content-Length" && r.Method == "OPTIONS" && r.Header.Get(k) == "0" {
+				// fasthttp's client writes "Content-Length: 0" on a request
+				// without a body whose method may have one; net/http's
+				// writes none. Both mean no body (RFC 9110 section 8.6).
+				continue
+			}
+			fmt.Fprintf(&b, "%s: %q\n", k, r.Header[k])
+		}
+		fmt.Fprintf(&b, "body %d: %x\n", len(body), sha256.Sum256(body))
+		h := w.Header()
+		h.Set("X-Upstream", "yes")
+		h["Set-Cookie"] = []string{"a=1", "b=2"}
+		switch r.URL.Path {
+		case "/hop":
+			h.Set("Connection", "X-Private")
+			h.Set("X-Private", "secret")
+			h.Set("Keep-Alive", "timeout=5")
+			h.Set("Proxy-Authenticate", "Basic")
+		case "/status/201":
+			w.WriteHeader(201)
+		case "/status/204":
+			w.WriteHeader(204)
+			return
+		case "/status/304":
+			w.WriteHeader(304)
+			return
+		case "/status/503":
+			w.WriteHeader(503)
+		case "/nolength":
+			h.Set("Content-Type", "text/plain")
+			w.(http.Flusher).Flush() // chunked, no Content-Length
+		case "/big":
+			h.Set("Content-Type", "application/octet-stream")
+			w.Write([]byte(strings.Repeat("0123456789abcdef", 20000))) // 320 kB: past the small body
+			return
+		}
+		io.WriteString(w, b.String())
+	})
+}
+
+// parityPolicy admits everything but reads a tenant, a deadline and a
+// cost header, so that the fields the rules read travel both ways.
+const parityPolicy = `version: 1
+identity:
+  tenant: {header: X-Api-Key}
+  deadline: {header: X-Request-Timeout, default: 5s}
+gates:
+  - {name: rate, kind: token_bucket, scope: tenant, rate: 1e9/s, burst: 1000000000}
+  - {name: pool, kind: concurrency, scope: service, limit: 1000}
+`
+
+type parityCase struct {
+	name   string
+	method string
+	target string
+	header map[string]string
+	body   string
+}
+
+var parityCases = []parityCase{
+	{name: "get", method: "GET", target: "/v1/items/42?x=1&y=%20z"},
+	{name: "escaped path", method: "GET", target: "/a%2Fb/c%20d/%7Euser"},
+	{name: "dot segments", method: "GET", target: "/a/../b/./c"},
+	{name: "double slash", method: "GET", target: "//a//b"},
+	{name: "head", method: "HEAD", target: "/v1/items"},
+	{name: "post body", method: "POST", target: "/v1/items", body: `{"a":1}`, header: map[string]string{"Content-Type": "application/json"}},
+	{name: "put empty body", method: "PUT", target: "/v1/items/1", header: map[string]string{"Content-Length": "0"}},
+	{name: "large body", method: "POST", target: "/upload", body: strings.Repeat("x", 200<<10)},
+	{name: "hop by hop request", method: "GET", target: "/x", header: map[string]string{
+		"Connection": "X-Secret", "X-Secret": "1", "Keep-Alive": "300", "Proxy-Authorization": "Basic eA==", "Te": "trailers", "Upgrade-Insecure-Requests": "1"}},
+	{name: "forwarded fields", method: "GET", target: "/x", header: map[string]string{
+		"X-Forwarded-For": "1.2.3.4", "X-Forwarded-Host": "evil", "X-Forwarded-Proto": "https", "Forwarded": "for=1.2.3.4"}},
+	{name: "hop by hop response", method: "GET", target: "/hop"},
+	{name: "201", method: "GET", target: "/status/201"},
+	{name: "204", method: "GET", target: "/status/204"},
+	{name: "304", method: "GET", target: "/status/304"},
+	{name: "upstream 503", method: "GET", target: "/status/503"},
+	{name: "chunked response", method: "GET", target: "/nolength"},
+	{name: "big response", method: "GET", target: "/big"},
+	{name: "tenant and deadline", method: "GET", target: "/t", header: map[string]string{"X-Api-Key": "tenant-1", "X-Request-Timeout": "2s", "X-Request-Id": "abc-1"}},
+	{name: "malformed deadline", method: "GET", target: "/t", header: map[string]string{"X-Request-Timeout": "soon", "X-Request-Id": "abc-2"}},
+	{name: "user agent", method: "GET", target: "/ua", header: map[string]string{"User-Agent": "probe/1"}},
+	{name: "no user agent", method: "GET", target: "/ua", header: map[string]string{"User-Agent": ""}},
+	{name: "options", method: "OPTIONS", target: "/x"},
+	{name: "connect", method: "CONNECT", target: "example.com:443"},
+}
+
+// exchange sends c to the proxy at addr on a connection of its own, as
+// raw HTTP/1.1, and returns the answer in a comparable form: status, the
+// fields both servers must agree on, and the body, with what differs by
+// nature (dates, ports, generated ids) masked.
+func exchange(t *testing.T, addr string, c parityCase) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: front.example\r\n", c.method, c.target)
+	ua := "parity"
+	for k, v := range c.header {
+		if k == "User-Agent" {
+			ua = v
+			continue
+		}
+		fmt.Fprintf(&b, "%s: %s\r\n", k, v)
+	}
+	if ua != "" {
+		fmt.Fprintf(&b, "User-Agent: %s\r\n", ua)
+	}
+	if c.body != "" {
+		fmt.Fprintf(&b, "Content-Length: %d\r\n", len(c.body))
+	}
+	b.WriteString("\r\n")
+	b.WriteString(c.body)
+	if _, err := io.WriteString(conn, b.String()); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(c.method, "http://x"+c.target, nil)
+	if c.method == "CONNECT" {
+		req = &http.Request{Method: "CONNECT"}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out strings.Builder
+	fmt.Fprintf(&out, "status %d\n", resp.StatusCode)
+	var keys []string
+	for k := range resp.Header {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		switch k {
+		case "Date":
+			continue
+		case "X-Request-Id":
+			if v := resp.Header.Get(k); strings.HasPrefix(v, "abc-") {
+				fmt.Fprintf(&out, "%s: %s\n", k, v)
+			} else {
+				fmt.Fprintf(&out, "%s: (generated)\n", k)
+			}
+			continue
+		}
+		fmt.Fprintf(&out, "%s: %q\n", k, resp.Header[k])
+	}
+	s := string(body)
+	if len(s) > 4096 {
+		s = fmt.Sprintf("%d bytes %x", len(s), sha256.Sum256(body))
+	}
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, "X-Forwarded-Host") || strings.HasPrefix(l, "host: ") {
+			continue // compared below, without the port
+		}
+		if strings.Contains(l, `"request_id"`) {
+			l = maskID(l)
+		}
+		out.WriteString(l + "\n")
+	}
+	return out.String()
+}
+
+func maskID(l string) string {
+	i := strings.Index(l, `"request_id":"`)
+	if i < 0 {
+		return l
+	}
+	j := strings.IndexByte(l[i+14:], '"')
+	return l[:i+14] + "(id)" + l[i+14+j:]
+}
+
+// TestFastServerAnswersAsNetHTTP sends the same requests through the
+// proxy's own server and through net/http's around Handler, in front of
+// one upstream that echoes what it gets: both must forward the same
+// request (method, target, Host, fields, body) and answer the same
+// status, fields and body.
+func TestFastServerAnswersAsNetHTTP(t *testing.T) {
+	up := httptest.NewServer(echoUpstream())
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	newServer := func() *Server {
+		s, err := New(Options{Config: "p.yaml", ConfigData: []byte(parityPolicy), Upstream: u, AdminToken: "x",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	std := httptest.NewServer(newServer().Handler())
+	defer std.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := newServer().newFast()
+	done := make(chan struct{})
+	go func() { fs.srv.Serve(ln); close(done) }()
+	defer func() { fs.srv.Shutdown(); <-done }()
+	for _, c := range parityCases {
+		want := exchange(t, std.Listener.Addr().String(), c)
+		got := exchange(t, ln.Addr().String(), c)
+		if got != want {
+			t.Errorf("%s: the proxy's own server answers\n%s\nnet/http answers\n%s", c.name, got, want)
+		}
+	}
+}
+
+// An upgrade (WebSocket's handshake) is forwarded, and on the upstream's
+// 101 the two connections are joined both ways; the slot is held while
+// they are, and given back when the client closes.
+func TestUpgradeJoinsConnections(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "want Upgrade: echo", 400)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw) // echo until the client closes
+	})
+	s, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n", up)
+	c := dial(t, base)
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" {
+		t.Fatalf("answer %d %v, want 101 with Upgrade: echo", resp.StatusCode, resp.Header)
+	}
+	for _, msg := range []string{"hello", "world"} {
+		io.WriteString(c, msg)
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+			t.Fatalf("echo of %q: %q, %v", msg, got, err)
+		}
+	}
+	inflight := func() int64 {
+		d, tk := s.Chain().Decide(context.Background(), &sluice.Request{})
+		tk.Done(sluice.OutcomeUseful)
+		return 9 - d.Remaining
+	}
+	if n := inflight(); n != 1 {
+		t.Fatalf("%d requests in flight during the upgrade, want 1", n)
+	}
+	c.Close()
+	poll.Until(t, 10*time.Second, func() bool { return inflight() == 0 })
+}
