@@ -105,6 +105,14 @@ type tenantLabel struct {
 	label  string
 	seen   atomic.Int64 // clock.Instant of the last event
 	series sync.Map     // seriesKey → *series: the tenant's resolved series
+	last   [3]atomic.Pointer[keyedSeries] // by kind
+}
+
+// keyedSeries is the last series a tenant label used, with its key: the
+// same event repeats most of the time (a tenant's class, its gate).
+type keyedSeries struct {
+	k  seriesKey
+	sr *series
 }
 
 // seriesKey names the series one kind of event of a tenant label updates.
@@ -134,8 +142,14 @@ type series struct {
 
 // seriesOf returns tl's series for k, resolving them the first time.
 func (m *Metrics) seriesOf(tl *tenantLabel, k seriesKey) *series {
+	last := &tl.last[k.kind]
+	if ks := last.Load(); ks != nil && ks.k == k {
+		return ks.sr
+	}
 	if v, ok := tl.series.Load(k); ok {
-		return v.(*series)
+		sr := v.(*series)
+		last.Store(&keyedSeries{k: k, sr: sr})
+		return sr
 	}
 	t := tl.label
 	sr := &series{}

@@ -152,10 +152,13 @@ func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 // only the fields it names (Middleware.Headers).
 func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string, addr bool) (ok bool) {
 	in.Method = b2s(ctx.Method())
-	uri := ctx.URI()
-	raw := b2s(uri.PathOriginal())
-	if i := strings.IndexByte(raw, '?'); i >= 0 {
-		raw = raw[:i]
+	raw, query := b2s(ctx.Request.Header.RequestURI()), ""
+	if len(raw) > 0 && raw[0] == '/' { // origin form, the common one: no need to parse the URI
+		raw, query, _ = strings.Cut(raw, "?")
+	} else {
+		uri := ctx.URI()
+		raw, query = b2s(uri.PathOriginal()), b2s(uri.QueryString())
+		raw, _, _ = strings.Cut(raw, "?")
 	}
 	if strings.IndexByte(raw, '%') >= 0 {
 		p, err := url.PathUnescape(raw)
@@ -165,20 +168,15 @@ func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names [
 		raw = p
 	}
 	in.Path = raw
-	in.RawQuery = b2s(uri.QueryString())
+	in.RawQuery = query
 	if addr {
 		in.RemoteAddr = ctx.RemoteAddr().String()
 	}
 	h := headerPool.Get().(http.Header)
-	if len(names) > 0 {
-		ctx.Request.Header.VisitAll(func(k, v []byte) {
-			for _, n := range names {
-				if len(k) == len(n) && strings.EqualFold(b2s(k), n) {
-					h[n] = append(h[n], string(v))
-					return
-				}
-			}
-		})
+	for _, n := range names {
+		for _, v := range ctx.Request.Header.PeekAll(n) {
+			h[n] = append(h[n], string(v))
+		}
 	}
 	in.Header = h
 	return true
@@ -266,7 +264,16 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		answer(ctx, rj)
 		return
 	}
+	f.forward(ctx, &in, adm, upgrade)
+}
+
+// forward sends an admitted request to the upstream and its answer to
+// the client, and reports how it ended (at once, or when its stream
+// does).
+func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm httpgate.Admission, upgrade bool) {
+	s := f.s
 	tr := s.inflight.Track(in.Method, in.Path)
+	path := in.Path
 	streaming := false
 	defer func() {
 		if streaming {
@@ -275,7 +282,7 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		if p := recover(); p != nil {
 			// net/http's server would recover and close the connection;
 			// fasthttp's would end the process.
-			s.log.Error("proxy: panic serving a request", "path", in.Path, "panic", p)
+			s.log.Error("proxy: panic serving a request", "path", path, "panic", p)
 			ctx.Response.Reset()
 			ctx.SetStatusCode(http.StatusInternalServerError)
 			ctx.SetConnectionClose()
@@ -304,13 +311,13 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		f.upstreamError(ctx, &in, err)
+		f.upstreamError(ctx, in, err)
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 		return
 	}
 	streaming = f.respond(ctx, resp, &adm, tr, deadline)
 	if !streaming {
-		adm.SetHeaders(fields)
+		adm.SetHeaders((*respFields)(&ctx.Response.Header))
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 	}
 }

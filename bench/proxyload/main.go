@@ -51,6 +51,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/sluice-go/sluice/proxy"
 )
 
@@ -146,6 +148,7 @@ func runRole(role, listen, upstream, policy string) {
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 4096, 4096
 		rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
 			Transport: t, BufferPool: &bufPool{}}
+		rp.ErrorLog = log.New(io.Discard, "", 0) // wrk cuts requests at its end
 		log.Fatal((&http.Server{Addr: listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}).ListenAndServe())
 	case "sluice", "sluice-nethttp":
 		u, _ := url.Parse("http://" + upstream)
@@ -164,6 +167,22 @@ func runRole(role, listen, upstream, policy string) {
 		if err := s.Run(ctx); err != nil {
 			log.Fatal(err)
 		}
+	case "floor":
+		// The floor of the proxy's server library: fasthttp answering every
+		// request with a fixed 429 of the size and fields of sluice's, with
+		// nothing decided.
+		body := []byte(`{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (1 requests per 10ms per tenant); retry after 1s"}}`)
+		h := func(ctx *fasthttp.RequestCtx) {
+			ctx.Response.Header.Set("Retry-After", "1")
+			ctx.Response.Header.Set("Ratelimit-Policy", `"request-rate";q=100;w=1;sluice-burst=1`)
+			ctx.Response.Header.Set("Ratelimit", `"request-rate";r=0;t=1`)
+			ctx.Response.Header.Set("X-Request-Id", "0000000-1")
+			ctx.Response.Header.Set("Cache-Control", "no-store")
+			ctx.SetContentType("application/json")
+			ctx.SetStatusCode(429)
+			ctx.SetBody(body)
+		}
+		log.Fatal((&fasthttp.Server{Handler: h, NoDefaultServerHeader: true}).ListenAndServe(listen))
 	default:
 		log.Fatalf("unknown role %q", role)
 	}
@@ -370,6 +389,12 @@ func run(rounds int, d time.Duration, conns, threads, rate int, measures []strin
 	}
 	defer bare.admitP.stop()
 	targets = append(targets, bare)
+	floor := &target{name: "fasthttp-429", reject: freePort()}
+	if floor.rejecP, err = start("floor", self, "-role", "floor", "-listen", floor.reject); err != nil {
+		return err
+	}
+	defer floor.rejecP.stop()
+	targets = append(targets, floor)
 	for _, role := range []string{"sluice", "sluice-nethttp"} {
 		t := &target{name: role, admit: freePort(), reject: freePort()}
 		if t.admitP, err = start(role, self, "-role", role, "-listen", t.admit, "-upstream", upAddr, "-policy", "admit"); err != nil {
@@ -396,7 +421,7 @@ func run(rounds int, d time.Duration, conns, threads, rate int, measures []strin
 	for r := range rounds {
 		fmt.Fprintf(os.Stderr, "round %d of %d\n", r+1, rounds)
 		for _, t := range targets {
-			if slices.Contains(measures, "max") {
+			if slices.Contains(measures, "max") && t.admit != "" {
 				p := t.admitP
 				c0 := p.cpu()
 				rps, n, non2xx, err := runWrk(wrk, t.admit, d, conns, threads)
@@ -424,7 +449,7 @@ func run(rounds int, d time.Duration, conns, threads, rate int, measures []strin
 				add("rejectcpu/"+t.name, float64(cpu.Milliseconds())*1000/float64(n))
 				add("rejected/"+t.name, float64(non2xx)/float64(n))
 			}
-			if slices.Contains(measures, "open") {
+			if slices.Contains(measures, "open") && t.admit != "" {
 				p50, p99, err := openLoop(t.admit, rate, d)
 				if err != nil {
 					return err
@@ -580,7 +605,7 @@ func report(res map[string][]float64, targets []*target) {
 			get("reject/"+t.name), get("rejectcpu/"+t.name), get("p50/"+t.name), get("p99/"+t.name),
 			get("p50/"+t.name)-get("p50/upstream"), get("p99/"+t.name)-get("p99/upstream"))
 	}
-	ratio := func(what, a, b string, inverse bool) {
+	ratio := func(what, a, b string, _ bool) {
 		x, y := get(a), get(b)
 		if x == 0 || y == 0 {
 			return
@@ -596,6 +621,8 @@ func report(res map[string][]float64, targets []*target) {
 	if y > 0 {
 		fmt.Printf("  %-58s %6.2f\n", "sluice / nginx, p99 added latency (open loop)", x/y)
 	}
+	ratio("sluice / its server library's floor (fasthttp, a fixed 429)", "reject/sluice", "reject/fasthttp-429", false)
+	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
 	ratio("sluice / sluice over net/http, max throughput all admitted", "max/sluice", "max/sluice-nethttp", false)
 	ratio("sluice / sluice over net/http, rejected-path throughput", "reject/sluice", "reject/sluice-nethttp", false)
 	for _, t := range targets {
