@@ -103,8 +103,8 @@ type Metrics struct {
 // tenantLabel is a labelled tenant.
 type tenantLabel struct {
 	label  string
-	seen   atomic.Int64 // clock.Instant of the last event
-	series sync.Map     // seriesKey → *series: the tenant's resolved series
+	seen   atomic.Int64                   // clock.Instant of the last event
+	series sync.Map                       // seriesKey → *series: the tenant's resolved series
 	last   [3]atomic.Pointer[keyedSeries] // by kind
 }
 
