@@ -44,12 +44,35 @@ func BenchmarkDirect(b *testing.B) {
 	benchGet(b, up.URL)
 }
 
-// BenchmarkThroughProxy: the same request through sluice proxy (admitted by
-// a per-tenant token bucket and a service concurrency limit). The
-// difference with BenchmarkDirect is the proxy's overhead.
+// BenchmarkThroughProxy: the same request through sluice proxy's Handler
+// on net/http's server (admitted by a per-tenant token bucket and a
+// service concurrency limit). The difference with BenchmarkDirect is the
+// proxy's overhead.
 func BenchmarkThroughProxy(b *testing.B) {
+	s, done := benchProxy(b)
+	defer done()
+	px := httptest.NewServer(s.Handler())
+	defer px.Close()
+	benchGet(b, px.URL)
+}
+
+// BenchmarkThroughFastProxy: the same through the proxy's own server, as
+// Run serves it.
+func BenchmarkThroughFastProxy(b *testing.B) {
+	s, done := benchProxy(b)
+	defer done()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	fs := s.newFast()
+	go fs.srv.Serve(ln)
+	defer fs.srv.Shutdown()
+	benchGet(b, "http://"+ln.Addr().String())
+}
+
+func benchProxy(b *testing.B) (*Server, func()) {
 	up := noopUpstream()
-	defer up.Close()
 	file := filepath.Join(b.TempDir(), "p.yaml")
 	os.WriteFile(file, []byte(`version: 1
 identity: {tenant: {header: X-Api-Key}}
@@ -62,12 +85,10 @@ gates:
 	if err != nil {
 		b.Fatal(err)
 	}
-	px := httptest.NewServer(s.Handler())
-	defer px.Close()
-	benchGet(b, px.URL)
+	return s, func() { s.Close(); up.Close() }
 }
 
-// benchHandler returns the proxy's own server's handler under policy,
+// benchFast returns the proxy's own server's handler under policy,
 // with an upstream that answers 200 "ok".
 func benchFast(b *testing.B, policy string) (*fastServer, func()) {
 	up := noopUpstream()

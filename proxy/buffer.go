@@ -71,7 +71,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 	sp := newSpool(s.bufferLimits(s.opts.MaxBodyBytes))
 	n, err := io.Copy(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1))
 	switch {
-	case err == nil && n > s.opts.MaxBodyBytes:
+	case err == nil && n > s.opts.MaxBodyBytes, errors.Is(err, errSpoolCap):
 		sp.Close()
 		s.mw.Invalid(w, r, "request body more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" bytes the proxy takes")
 		return nil, false

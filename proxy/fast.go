@@ -94,6 +94,7 @@ func (s *Server) newFast() *fastServer {
 		StreamRequestBody:            true,
 		ReadBufferSize:               16 << 10, // the largest request head taken
 		NoDefaultServerHeader:        true,
+		SecureErrorLogMessage:        true, // errors name no bytes of the request
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
@@ -210,13 +211,20 @@ func answer(ctx *fasthttp.RequestCtx, rj httpgate.Rejection) {
 // envelope (fasthttp's ErrorHandler), 413's case included, as the
 // Handler answers them.
 func (f *fastServer) malformed(ctx *fasthttp.RequestCtx, err error) {
-	detail := "malformed request: " + err.Error()
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	detail, status := "malformed request: "+err.Error(), 0
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		detail = "request body more than the " + strconv.FormatInt(f.s.opts.MaxBodyBytes, 10) + " bytes the proxy takes"
+	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
+		detail, status = "request head larger than the "+strconv.Itoa(f.srv.ReadBufferSize>>10)+" KiB the proxy reads", http.StatusRequestHeaderFieldsTooLarge
 	}
 	ctx.Response.Reset()
 	in := identify.Input{Method: b2s(ctx.Method()), Path: b2s(ctx.Path()), Header: http.Header{}}
-	answer(ctx, f.s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), &in, detail))
+	rj := f.s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), &in, detail)
+	if status != 0 {
+		rj.Status = status
+	}
+	answer(ctx, rj)
 	ctx.SetConnectionClose()
 }
 
@@ -327,17 +335,22 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 // request's body; it answers 400 itself for one too large or unreadable.
 // A body the budgets cannot hold right now streams, holding its slot.
 func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*spool, bool) {
-	if !ctx.Request.IsBodyStream() {
-		return nil, true
-	}
 	s := f.s
 	max := s.opts.MaxBodyBytes
+	if !ctx.Request.IsBodyStream() { // read whole already, within the server's read buffer
+		if n := len(ctx.Request.Body()); int64(n) > max {
+			answer(ctx, s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), in, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
+			ctx.SetConnectionClose()
+			return nil, false
+		}
+		return nil, true
+	}
 	sp := newSpool(s.bufferLimits(max))
 	stream := ctx.RequestBodyStream()
 	n, err := io.Copy(sp, io.LimitReader(stream, max+1))
 	fields := (*respFields)(&ctx.Response.Header)
 	switch {
-	case err == nil && n > max:
+	case err == nil && n > max, errors.Is(err, errSpoolCap):
 		sp.Close()
 		answer(ctx, s.mw.RenderInvalid(context.Background(), fields, in, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
 		ctx.SetConnectionClose()
@@ -501,7 +514,7 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 				out.SetBodyStream(sp, int(sp.Len()))
 			}
 			return false
-		case !errors.Is(err, errSpoolFull):
+		case !errors.Is(err, errSpoolFull) && !errors.Is(err, errSpoolCap):
 			// The upstream broke off mid-body.
 			if sp != nil {
 				sp.Close()

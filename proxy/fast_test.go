@@ -300,3 +300,42 @@ func TestUpgradeJoinsConnections(t *testing.T) {
 	c.Close()
 	poll.Until(t, 10*time.Second, func() bool { return inflight() == 0 })
 }
+
+// A body past MaxBodyBytes, with a length or chunked, is answered 400 in
+// the envelope and never forwarded (a chunked one used to stream through:
+// its last chunk hit the spool's cap, which was taken for a spent
+// budget); the proxy's own server answers a request head past its read
+// buffer 431.
+func TestOversizedRequestsAreRefused(t *testing.T) {
+	forwarded := make(chan struct{}, 10)
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { forwarded <- struct{}{} }),
+		func(o *Options) { o.MaxBodyBytes = 1 << 10 })
+	for _, c := range []struct {
+		req    string
+		status int
+	}{
+		{"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\n\r\n" + strings.Repeat("b", 2048), 400},
+		{"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + strings.Repeat("c", 2048) + "\r\n0\r\n\r\n", 400},
+		{"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 20<<10) + "\r\n\r\n", 431},
+	} {
+		if c.status == 431 && netHTTPFront() {
+			continue // net/http takes heads up to 1 MiB
+		}
+		conn := dial(t, base)
+		io.WriteString(conn, c.req)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != c.status || !strings.Contains(string(body), `"reason":"invalid"`) {
+			t.Errorf("%.40q: %d %s, want %d in the envelope", c.req, resp.StatusCode, body, c.status)
+		}
+	}
+	select {
+	case <-forwarded:
+		t.Error("an oversized request reached the upstream")
+	default:
+	}
+}

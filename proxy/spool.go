@@ -13,8 +13,12 @@ import (
 // whole proxy shares. A slow client then costs the proxy buffer space, not
 // an admitted slot of the upstream.
 
-// errSpoolFull: the spool's own cap or a shared budget is reached.
-var errSpoolFull = errors.New("proxy: buffer full")
+// errSpoolFull: a shared budget is spent; errSpoolCap: the spool's own
+// cap is reached (a request body too large, a response to stream).
+var (
+	errSpoolFull = errors.New("proxy: buffer budget spent")
+	errSpoolCap  = errors.New("proxy: buffer cap reached")
+)
 
 // budget is bytes shared by every spool of the proxy.
 type budget struct {
@@ -61,11 +65,11 @@ type spool struct {
 
 func newSpool(lim spoolLimits) *spool { return &spool{lim: lim} }
 
-// Write appends p, or fails with errSpoolFull having written nothing of p
-// when p would pass a cap or a budget.
+// Write appends p, or fails having written nothing of p when p would
+// pass the cap (errSpoolCap) or a budget (errSpoolFull).
 func (s *spool) Write(p []byte) (int, error) {
 	if s.size+int64(len(p)) > s.lim.max {
-		return 0, errSpoolFull
+		return 0, errSpoolCap
 	}
 	if s.file == nil && len(s.mem)+len(p) <= s.lim.memory {
 		if grow := int64(len(p)); s.lim.memPool.take(grow) {
