@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test vet fmt bench bench-nginx build demo
+.PHONY: test vet fmt bench bench-nginx bench-proxy build demo
 
 # The test command: formatting, vet, and every test under the race detector.
 # One package at a time (-p 1): several tests hold real-time bounds (Redis
@@ -49,6 +49,12 @@ bench:
 # BENCHMARKS.md.
 bench-nginx:
 	SLUICE_BENCH_NGINX=1 $(GO) test -run '^TestNginxThroughput$$' -count=1 -v ./serve
+
+# sluice proxy, Go's httputil.ReverseProxy alone and nginx (when installed)
+# in front of one upstream, wrk and an open-loop generator, interleaved
+# rounds, with the ratios of issue 20's acceptance; see BENCHMARKS.md.
+bench-proxy:
+	cd bench && $(GO) run ./proxyload -rounds 5 -duration 5s
 
 # The main job: goodput under open-loop overload, with and without sluice.
 # With empty caches most of the time goes to fetching modules and compiling,

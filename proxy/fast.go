@@ -187,15 +187,18 @@ func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names [
 // map when the request is done with it.
 var headerPool = sync.Pool{New: func() any { return make(http.Header, 4) }}
 
-// putHeader empties h's values, keeping their slices (every reader of an
-// Input's header takes an empty one as absent), and pools it.
-func putHeader(h http.Header) {
+// putHeader empties the values of names in h, keeping their slices
+// (every reader of an Input's header takes an empty one as absent), and
+// pools h.
+func putHeader(h http.Header, names []string) {
 	if len(h) > 16 {
 		return
 	}
-	for k, v := range h {
-		clear(v)
-		h[k] = v[:0]
+	for _, n := range names {
+		if v := h[n]; len(v) > 0 {
+			clear(v)
+			h[n] = v[:0]
+		}
 	}
 	headerPool.Put(h)
 }
@@ -240,12 +243,13 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	snap := mw.Snapshot()
 	fields := (*respFields)(&ctx.Response.Header)
 	var in identify.Input
+	names := snap.Headers()
 	defer func() {
 		if in.Header != nil {
-			putHeader(in.Header)
+			putHeader(in.Header, names)
 		}
 	}()
-	if !f.input(ctx, &in, snap.Headers(), snap.ReadsAddr()) {
+	if !f.input(ctx, &in, names, snap.ReadsAddr()) {
 		in.Path = b2s(ctx.Path())
 		in.Header = http.Header{}
 		answer(ctx, mw.RenderInvalid(context.Background(), fields, &in, "malformed request path"))

@@ -85,6 +85,7 @@ descriptors:
 	phase := func(name string, d time.Duration, want []string) {
 		type stats struct {
 			calls, slow atomic.Int64
+			stalled     atomic.Int64 // up: calls past the store's timeout, answered by the failure mode
 			max         atomic.Int64
 			mu          sync.Mutex
 			bad         map[string]int
@@ -111,7 +112,13 @@ descriptors:
 						if lat > timeout+2*time.Millisecond {
 							ps[i].slow.Add(1)
 						}
-						if want != nil && o != want[i] {
+						if want != nil && o != want[i] && name == "up" && lat >= timeout {
+							// Redis is up but the call outlived the store's
+							// timeout: a scheduling stall of a busy machine
+							// (measured: its latency), answered by the
+							// failure mode as it must be.
+							ps[i].stalled.Add(1)
+						} else if want != nil && o != want[i] {
 							ps[i].mu.Lock()
 							ps[i].bad[o]++
 							ps[i].mu.Unlock()
@@ -130,6 +137,12 @@ descriptors:
 				max.Round(10*time.Microsecond), ps[i].slow.Load())
 			if max > bound {
 				t.Errorf("%s, --on-failure %s: a call took %v, more than timeout + 200 ms", name, names[i], max)
+			}
+			if n := ps[i].stalled.Load(); n > 0 {
+				t.Logf("%-6s --on-failure %-6s %d calls stalled past the timeout with Redis up, answered by the failure mode", name, names[i], n)
+				if n*20 > ps[i].calls.Load() {
+					t.Errorf("%s, --on-failure %s: %d of %d calls past the timeout with Redis up", name, names[i], n, ps[i].calls.Load())
+				}
 			}
 			for o, n := range ps[i].bad {
 				t.Errorf("%s, --on-failure %s: %d calls answered %s, want %s", name, names[i], n, o, want[i])
