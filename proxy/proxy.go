@@ -271,6 +271,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var servePublic func() error
 	if s.opts.Transport == nil && !s.opts.NetHTTP {
 		fs := s.newFast()
+		defer fs.up.CloseIdleConnections()
 		ps, servePublic = fs, func() error { return fs.srv.Serve(pl) }
 	} else {
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,

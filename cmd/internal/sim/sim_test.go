@@ -11,9 +11,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakcheck.Ignore()...) }
 
 func builtin(t testing.TB, name string) Scenario {
 	t.Helper()
