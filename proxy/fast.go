@@ -430,19 +430,53 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.ResetConnectionClose()
 }
 
-// dropHop removes the hop-by-hop fields of a request: the fixed list and
-// those its Connection field names.
-func dropHop(h *fasthttp.RequestHeader) {
-	if c := h.Peek("Connection"); len(c) > 0 {
-		for _, n := range strings.Split(string(c), ",") {
-			if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, "close") && !strings.EqualFold(n, "keep-alive") {
-				h.Del(n)
+// isHop reports whether k names a hop-by-hop field of hopFields.
+func isHop(k []byte) bool {
+	switch len(k) {
+	case 2, 7, 10, 16, 17, 18, 19:
+		for _, n := range hopFields {
+			if len(n) == len(k) && strings.EqualFold(b2s(k), n) {
+				return true
 			}
 		}
 	}
-	for _, n := range hopFields {
-		if n != "Transfer-Encoding" {
+	return false
+}
+
+// hopNamed returns the fields a Connection value names, but close and
+// keep-alive (which are hop-by-hop already).
+func hopNamed(c []byte) []string {
+	var names []string
+	for _, n := range strings.Split(string(c), ",") {
+		if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, "close") && !strings.EqualFold(n, "keep-alive") {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// dropHop removes the hop-by-hop fields of a request: the fixed list and
+// those its Connection field names. Most requests have none but
+// Connection itself, so it looks before it deletes.
+func dropHop(h *fasthttp.RequestHeader) {
+	if c := h.Peek("Connection"); len(c) > 0 {
+		for _, n := range hopNamed(c) {
 			h.Del(n)
+		}
+		h.Del("Connection")
+	}
+	found := false
+	for k := range h.All() {
+		if isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") {
+			found = true
+			break
+		}
+	}
+	if found {
+		for _, n := range hopFields {
+			if n != "Transfer-Encoding" {
+				h.Del(n)
+			}
 		}
 	}
 }
@@ -450,15 +484,23 @@ func dropHop(h *fasthttp.RequestHeader) {
 // dropHopResponse removes the hop-by-hop fields of a response.
 func dropHopResponse(h *fasthttp.ResponseHeader) {
 	if c := h.Peek("Connection"); len(c) > 0 {
-		for _, n := range strings.Split(string(c), ",") {
-			if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, "close") && !strings.EqualFold(n, "keep-alive") {
-				h.Del(n)
-			}
+		for _, n := range hopNamed(c) {
+			h.Del(n)
+		}
+		h.Del("Connection")
+	}
+	found := false
+	for k := range h.All() {
+		if isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") && !strings.EqualFold(b2s(k), "Connection") {
+			found = true
+			break
 		}
 	}
-	for _, n := range hopFields {
-		if n != "Transfer-Encoding" {
-			h.Del(n)
+	if found {
+		for _, n := range hopFields {
+			if n != "Transfer-Encoding" && n != "Connection" {
+				h.Del(n)
+			}
 		}
 	}
 	h.ResetConnectionClose()
