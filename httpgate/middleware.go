@@ -301,8 +301,24 @@ func outcome(rw *responseRecorder, r *http.Request) sluice.Outcome {
 	return sluice.OutcomeUseful
 }
 
+// admittedHeaders is admittedFields into a net/http header map, written
+// out: through the Fields interface it cost the admitted pass 6% more
+// instructions.
 func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decision) {
-	m.admittedFields(headerFields(h), st, d)
+	if st.policy != nil {
+		h[hRateLimitPolicy] = st.policy
+	}
+	if d.Gate == "" || d.Limit <= 0 {
+		return
+	}
+	var buf [96]byte
+	b := st.appendRateLimit(buf[:0], d, wire.Seconds(d.ResetAfter))
+	h[hRateLimit] = []string{string(b)}
+	if st.c.cfg.LegacyHeaders {
+		h[hLegacyLimit] = []string{strconv.FormatInt(d.Limit, 10)}
+		h[hLegacyRemaining] = []string{strconv.FormatInt(d.Remaining, 10)}
+		h[hLegacyReset] = []string{strconv.FormatInt(wire.Seconds(d.ResetAfter), 10)}
+	}
 }
 
 func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision) {
