@@ -153,14 +153,7 @@ func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 // only the fields it names (Middleware.Headers).
 func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string, addr bool) (ok bool) {
 	in.Method = b2s(ctx.Method())
-	raw, query := b2s(ctx.Request.Header.RequestURI()), ""
-	if len(raw) > 0 && raw[0] == '/' { // origin form, the common one: no need to parse the URI
-		raw, query, _ = strings.Cut(raw, "?")
-	} else {
-		uri := ctx.URI()
-		raw, query = b2s(uri.PathOriginal()), b2s(uri.QueryString())
-		raw, _, _ = strings.Cut(raw, "?")
-	}
+	raw, query := target(&ctx.Request.Header)
 	if strings.IndexByte(raw, '%') >= 0 {
 		p, err := url.PathUnescape(raw)
 		if err != nil {
@@ -181,6 +174,42 @@ func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names [
 	}
 	in.Header = h
 	return true
+}
+
+// target returns the path and query of a request's target as written
+// (URL.Path before unescaping and URL.RawQuery of net/http's server), in
+// origin or absolute form. A request target has no fragment (RFC 9112
+// section 3.2): a '#' stays in the path or query, as net/http's server
+// leaves it, so that the gates and the upstream see the same path.
+// The strings view h's buffer.
+func target(h *fasthttp.RequestHeader) (path, query string) {
+	raw := b2s(h.RequestURI())
+	if len(raw) > 0 && raw[0] != '/' { // absolute form: drop the scheme and authority
+		if i := strings.Index(raw, "://"); i >= 0 {
+			raw = raw[i+3:]
+			j := strings.IndexAny(raw, "/?")
+			if j < 0 {
+				return "", ""
+			}
+			raw = raw[j:]
+		}
+	}
+	path, query, _ = strings.Cut(raw, "?")
+	return path, query
+}
+
+// appendEscapedHash appends s to b with every '#' escaped, so that the
+// upstream does not take the rest for a fragment.
+func appendEscapedHash(b []byte, s string) []byte {
+	for {
+		i := strings.IndexByte(s, '#')
+		if i < 0 {
+			return append(b, s...)
+		}
+		b = append(b, s[:i]...)
+		b = append(b, "%23"...)
+		s = s[i+1:]
+	}
 }
 
 // headerPool holds the small header maps of Inputs; serve returns its
@@ -375,30 +404,25 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	req := &ctx.Request
 	h := &req.Header
 	clientHost := string(h.Host())
-	uri := req.URI()
-	path := uri.PathOriginal()
-	if i := strings.IndexByte(b2s(path), '?'); i >= 0 {
-		path = path[:i]
-	}
-	q := uri.QueryString()
+	path, q := target(h)
 	var b []byte
 	b = append(b, f.base...)
 	if len(path) == 0 || path[0] != '/' {
 		b = append(b, '/')
 	}
-	b = append(b, path...)
+	b = appendEscapedHash(b, path)
 	switch {
 	case f.query != "" && len(q) > 0:
 		b = append(b, '?')
 		b = append(b, f.query...)
 		b = append(b, '&')
-		b = append(b, q...)
+		b = appendEscapedHash(b, q)
 	case f.query != "":
 		b = append(b, '?')
 		b = append(b, f.query...)
 	case len(q) > 0:
 		b = append(b, '?')
-		b = append(b, q...)
+		b = appendEscapedHash(b, q)
 	}
 	req.SetRequestURIBytes(b) // parsed again, without normalizing, when written
 	te := h.Peek("Te")

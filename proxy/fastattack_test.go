@@ -1,0 +1,65 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Attacks on the proxy's own server (fast.go), each over real loopback
+// HTTP. They run over both servers (TestSuiteOverNetHTTP): each held over
+// net/http and failed over the proxy's own server before its fix.
+
+// roundTrip writes raw to a new connection to the proxy at base and reads
+// one answer.
+func roundTrip(t *testing.T, base, raw string) (*http.Response, string) {
+	t.Helper()
+	c := dial(t, base)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%.60q: %v", raw, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(body)
+}
+
+// inUse returns how many slots of a service-wide concurrency limit of 10
+// are held.
+func inUse(s *Server) int64 {
+	d, tk := s.Chain().Decide(context.Background(), &sluice.Request{})
+	tk.Done(sluice.OutcomeUseful)
+	return 9 - d.Remaining
+}
+
+// "/v1/analytics/report", the sheddable route, past its gate.
+func TestFragmentIsNotDroppedAfterTheGates(t *testing.T) {
+	got := make(chan string, 1)
+	s, base := serve(t, `version: 1
+routes:
+  - {match: {path: "/v1/analytics/report"}, class: sheddable}
+gates:
+  - {name: no-analytics, kind: concurrency, limit: 1, classes: [sheddable]}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.URL.Path }))
+	d, tk := s.Chain().Decide(context.Background(), &sluice.Request{Class: sluice.ClassSheddable})
+	if !d.Admitted {
+		t.Fatal(d)
+	}
+	defer tk.Done(sluice.OutcomeUseful)
+	resp, _ := roundTrip(t, base, "GET /v1/analytics/report#x HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		return // refused: nothing reached the upstream
+	}
+	if p := <-got; p == "/v1/analytics/report" {
+		t.Errorf("the gates admitted /v1/analytics/report#x, the upstream got %q: the sheddable route past its gate", p)
+	}
+}
