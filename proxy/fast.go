@@ -427,6 +427,7 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	req.SetRequestURIBytes(b) // parsed again, without normalizing, when written
 	te := h.Peek("Te")
 	keepTE := len(te) > 0 && strings.Contains(strings.ToLower(string(te)), "trailers")
+	dropTrailer(h)
 	dropHop(h)
 	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
 		h.Set("Te", "trailers")
@@ -447,6 +448,31 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.Set("X-Forwarded-Proto", "http")
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
+}
+
+// dropTrailer removes the fields of a chunked request's trailer section,
+// which fasthttp keeps beside the head's and would forward among them
+// (deleting the Trailer field merges them in): the gates decided on the
+// head alone, so a trailer must not add to or replace its fields, and a
+// buffered body has no trailer to forward (net/http's path forwards none
+// either). The head's own fields of those names stay.
+func dropTrailer(h *fasthttp.RequestHeader) {
+	var keys []string
+	for k := range h.Trailers() {
+		keys = append(keys, string(k))
+	}
+	for _, k := range keys {
+		var head [][]byte
+		for hk, v := range h.All() {
+			if strings.EqualFold(b2s(hk), k) {
+				head = append(head, append([]byte(nil), v...))
+			}
+		}
+		h.Del(k)
+		for _, v := range head {
+			h.AddBytesV(k, v)
+		}
+	}
 }
 
 // dropHop removes the hop-by-hop fields of a request: the fixed list and

@@ -3,8 +3,10 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,5 +63,32 @@ gates:
 	}
 	if p := <-got; p == "/v1/analytics/report" {
 		t.Errorf("the gates admitted /v1/analytics/report#x, the upstream got %q: the sheddable route past its gate", p)
+	}
+}
+
+// own server merged the trailer into the forwarded head.
+func TestRequestTrailersDoNotBecomeHeaders(t *testing.T) {
+	got := make(chan []string, 2)
+	_, base := serve(t, parityPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		got <- r.Header["X-Api-Key"]
+	}))
+	for _, c := range []struct {
+		head string // the head's fields
+		want string // the tenant the gates decided on
+	}{
+		{"X-Api-Key: attacker\r\n", "attacker"},
+		{"Trailer: X-Api-Key\r\n", ""},
+	} {
+		for _, size := range []int{3, 100 << 10} {
+			body := strings.Repeat("b", size)
+			resp, _ := roundTrip(t, base, fmt.Sprintf("POST /x HTTP/1.1\r\nHost: x\r\n%sTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nX-Api-Key: victim\r\n\r\n", c.head, size, body))
+			if resp.StatusCode != http.StatusOK {
+				continue // refused: nothing reached the upstream
+			}
+			if k := strings.Join(<-got, ","); k != c.want {
+				t.Errorf("%q, body of %d bytes: the gates decided X-Api-Key %q, the upstream got %q", c.head, size, c.want, k)
+			}
+		}
 	}
 }
