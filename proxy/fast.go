@@ -547,12 +547,14 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		// goes to a spool, within the budgets, which the server closes
 		// once the client has it.
 		bp := f.s.copyBufs.Get()
+		var unspooled []byte // read from the upstream, not taken by the spool
 		n, err := io.CopyBuffer(out.BodyWriter(), io.LimitReader(stream, smallBody+1), bp)
 		if err == nil && n > smallBody {
 			sp = newSpool(f.s.bufferLimits(f.s.opts.MaxResponseBuffer))
 			if _, err = sp.Write(out.Body()); err == nil {
 				out.ResetBody()
-				_, err = io.CopyBuffer(sp, stream, bp)
+				unspooled, err = spoolFrom(sp, stream, bp)
+				unspooled = append([]byte(nil), unspooled...)
 			}
 		}
 		f.s.copyBufs.Put(bp)
@@ -575,9 +577,11 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 			f.upstreamError(ctx, &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, err)
 			return false
 		}
-		if out.Body() != nil && len(out.Body()) > 0 {
-			rest := append([]byte(nil), out.Body()...)
-			out.ResetBody()
+		// What the spool did not take goes first (it holds nothing then),
+		// or after what it holds.
+		rest := append(append([]byte(nil), out.Body()...), unspooled...)
+		out.ResetBody()
+		if len(rest) > 0 {
 			stream = io.MultiReader(bytes.NewReader(rest), stream)
 		}
 	}
@@ -621,6 +625,26 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		}
 	})
 	return true
+}
+
+// spoolFrom copies r into sp until r ends or sp takes no more (a budget
+// spent, its cap reached); it returns what it read but sp did not take,
+// a view of buf.
+func spoolFrom(sp *spool, r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if w, werr := sp.Write(buf[:n]); werr != nil {
+				return buf[w:n], werr
+			}
+		}
+		switch {
+		case err == io.EOF:
+			return nil, nil
+		case err != nil:
+			return nil, err
+		}
+	}
 }
 
 // smallBody is the largest response body kept in the response's own

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
@@ -90,5 +91,31 @@ func TestRequestTrailersDoNotBecomeHeaders(t *testing.T) {
 				t.Errorf("%q, body of %d bytes: the gates decided X-Api-Key %q, the upstream got %q", c.head, size, c.want, k)
 			}
 		}
+	}
+}
+
+// the read that hit the cap (up to 32 KiB from the middle).
+func TestResponsePastTheBufferKeepsEveryByte(t *testing.T) {
+	want := make([]byte, 1<<20)
+	for i := range want {
+		want[i] = byte(i * 7 / 3)
+	}
+	for _, name := range []string{"cap", "budget"} {
+		t.Run(name, func(t *testing.T) {
+			_, base := serve(t, parityPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/octet-stream")
+				w.Write(want)
+			}), func(o *Options) {
+				if name == "cap" {
+					o.MaxResponseBuffer = 100 << 10
+				} else {
+					o.BufferMemory, o.BufferDisk = 64<<10, 100<<10
+				}
+			})
+			resp, body := roundTrip(t, base, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+			if resp.StatusCode != 200 || len(body) != len(want) || sha256.Sum256([]byte(body)) != sha256.Sum256(want) {
+				t.Errorf("%d, %d bytes (want 200, %d bytes, the same)", resp.StatusCode, len(body), len(want))
+			}
+		})
 	}
 }
