@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -588,43 +589,64 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 	// Stream: what is buffered first, then the rest as it comes, holding
 	// the slot until the end, the deadline plus Grace at most.
 	adm.SetHeaders((*respFields)(&out.Header))
-	status := out.StatusCode()
-	conn := ctx.Conn()
-	out.SetBodyStreamWriter(func(w *bufio.Writer) {
-		if !deadline.IsZero() { // in place of the server's WriteTimeout
-			conn.SetWriteDeadline(deadline.Add(f.s.opts.Grace))
-		}
-		defer func() {
-			resp.CloseBodyStream()
-			fasthttp.ReleaseResponse(resp)
-			if sp != nil {
-				sp.Close()
-			}
-			adm.Done(ctx, status, false)
-			f.s.inflight.Untrack(tr)
-		}()
-		if sp != nil && sp.Len() > 0 {
-			if _, err := io.Copy(w, sp); err != nil {
-				return
-			}
-		}
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := stream.Read(buf)
-			if n > 0 {
-				if _, werr := w.Write(buf[:n]); werr != nil {
-					return
-				}
-				if werr := w.Flush(); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
+	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), deadline: deadline}
+	body.r = stream
+	if sp != nil && sp.Len() > 0 {
+		body.r = io.MultiReader(sp, stream)
+	}
+	out.SetBodyStream(body, -1)
 	return true
+}
+
+// streamBody is a streamed response's body as the server reads it (and
+// writes it to the client, a chunk per read): what was buffered, then the
+// upstream's body as it comes. An upstream that breaks off is an error of
+// its Read, not its end, so that the server closes the connection without
+// the last chunk and the client does not take a truncated response for a
+// whole one. Close (the server's, once the response is written or given
+// up) reports the outcome, untracks the request and gives its buffers
+// back, once. It is used by one goroutine at a time.
+type streamBody struct {
+	f        *fastServer
+	ctx      *fasthttp.RequestCtx
+	r        io.Reader
+	resp     *fasthttp.Response
+	sp       *spool
+	adm      *httpgate.Admission
+	tr       *host.Tracked
+	status   int
+	deadline time.Time
+	started  bool
+	closed   bool
+}
+
+func (b *streamBody) Read(p []byte) (int, error) {
+	if !b.started {
+		b.started = true
+		if !b.deadline.IsZero() { // in place of the server's WriteTimeout
+			b.ctx.Conn().SetWriteDeadline(b.deadline.Add(b.f.s.opts.Grace))
+		}
+	}
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		return n, fmt.Errorf("proxy: upstream broke off a streamed response: %w", err)
+	}
+	return n, err
+}
+
+func (b *streamBody) Close() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	b.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(b.resp)
+	if b.sp != nil {
+		b.sp.Close()
+	}
+	b.adm.Done(b.ctx, b.status, false)
+	b.f.s.inflight.Untrack(b.tr)
+	return nil
 }
 
 // spoolFrom copies r into sp until r ends or sp takes no more (a budget

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/poll"
 )
 
 // Attacks on the proxy's own server (fast.go), each over real loopback
@@ -117,5 +118,52 @@ func TestResponsePastTheBufferKeepsEveryByte(t *testing.T) {
 				t.Errorf("%d, %d bytes (want 200, %d bytes, the same)", resp.StatusCode, len(body), len(want))
 			}
 		})
+	}
+}
+
+// next byte with no bound.
+func TestSilentStreamReleasesItsSlot(t *testing.T) {
+	release := make(chan struct{})
+	s, base := serve(t, strings.Replace(slowPolicy, "default: 5s", "default: 300ms", 1), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: hello\n\n")
+		w.(http.Flusher).Flush()
+		select { // silent until the test ends
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}), func(o *Options) { o.Grace = 200 * time.Millisecond })
+	defer close(release)
+	c := dial(t, base)
+	fmt.Fprintf(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+		t.Fatal(err)
+	}
+	// The slot comes back after 300 ms + 200 ms (well within the bound).
+	poll.Until(t, 15*time.Second, func() bool { return inUse(s) == 0 })
+}
+
+// client took a truncated response for a whole one.
+func TestBrokenStreamIsNotComplete(t *testing.T) {
+	_, base := serve(t, parityPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Length", "1000")
+		io.WriteString(w, "data: part\n\n")
+		w.(http.Flusher).Flush()
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			c.Close() // 988 bytes short
+		}
+	}))
+	c := dial(t, base)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Errorf("the client read %d bytes of a 1000-byte response broken off after 12 as a whole response (%q)", len(body), body)
 	}
 }
