@@ -623,9 +623,14 @@ type streamBody struct {
 func (b *streamBody) Read(p []byte) (int, error) {
 	if !b.started {
 		b.started = true
-		if !b.deadline.IsZero() { // in place of the server's WriteTimeout
-			b.ctx.Conn().SetWriteDeadline(b.deadline.Add(b.f.s.opts.Grace))
+		// In place of the server's WriteTimeout, which bounds buffered
+		// responses: the deadline plus Grace, or nothing without a deadline
+		// (as net/http's path streams).
+		end := time.Time{}
+		if !b.deadline.IsZero() {
+			end = b.deadline.Add(b.f.s.opts.Grace)
 		}
+		b.ctx.Conn().SetWriteDeadline(end)
 	}
 	n, err := b.r.Read(p)
 	if err != nil && err != io.EOF {

@@ -167,3 +167,24 @@ func TestBrokenStreamIsNotComplete(t *testing.T) {
 		t.Errorf("the client read %d bytes of a 1000-byte response broken off after 12 as a whole response (%q)", len(body), body)
 	}
 }
+
+// such a stream WriteTimeout after its head, mid-event.
+func TestStreamWithoutDeadlineOutlivesWriteTimeout(t *testing.T) {
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 8 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond) // the upstream's pace, not a bound the test asserts
+		}
+	}), func(o *Options) { o.WriteTimeout = 100 * time.Millisecond })
+	resp, err := http.Get(base + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !strings.HasSuffix(string(body), "data: 7\n\n") {
+		t.Errorf("the stream ended after %q: %v", body, err)
+	}
+}
