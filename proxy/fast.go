@@ -266,6 +266,13 @@ var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-
 // serve is the proxy's request handler.
 func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	s := f.s
+	if string(ctx.Request.Header.RequestURI()) == "*" && ctx.IsOptions() {
+		// Asterisk form (RFC 9112 section 3.2.4) asks about the server,
+		// not a resource: answered here, as net/http's server answers it,
+		// and never forwarded (it would be a request for "/*").
+		ctx.Response.Header.SetContentLength(0)
+		return
+	}
 	mw := s.mw
 	snap := mw.Snapshot()
 	fields := (*respFields)(&ctx.Response.Header)

@@ -188,3 +188,18 @@ func TestStreamWithoutDeadlineOutlivesWriteTimeout(t *testing.T) {
 		t.Errorf("the stream ended after %q: %v", body, err)
 	}
 }
+
+// forwarded it as "OPTIONS /*", a request for a resource named "*".
+func TestAsteriskFormIsNotForwarded(t *testing.T) {
+	got := make(chan string, 1)
+	_, base := serve(t, parityPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.RequestURI }))
+	resp, _ := roundTrip(t, base, "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("OPTIONS *: %d, want 200", resp.StatusCode)
+	}
+	select {
+	case u := <-got:
+		t.Errorf("OPTIONS * reached the upstream as %q", u)
+	default:
+	}
+}
