@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -154,14 +155,7 @@ func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 // only the fields it names (Middleware.Headers).
 func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string, addr bool) (ok bool) {
 	in.Method = b2s(ctx.Method())
-	raw, query := b2s(ctx.Request.Header.RequestURI()), ""
-	if len(raw) > 0 && raw[0] == '/' { // origin form, the common one: no need to parse the URI
-		raw, query, _ = strings.Cut(raw, "?")
-	} else {
-		uri := ctx.URI()
-		raw, query = b2s(uri.PathOriginal()), b2s(uri.QueryString())
-		raw, _, _ = strings.Cut(raw, "?")
-	}
+	raw, query := target(&ctx.Request.Header)
 	if strings.IndexByte(raw, '%') >= 0 {
 		p, err := url.PathUnescape(raw)
 		if err != nil {
@@ -182,6 +176,42 @@ func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names [
 	}
 	in.Header = h
 	return true
+}
+
+// target returns the path and query of a request's target as written
+// (URL.Path before unescaping and URL.RawQuery of net/http's server), in
+// origin or absolute form. A request target has no fragment (RFC 9112
+// section 3.2): a '#' stays in the path or query, as net/http's server
+// leaves it, so that the gates and the upstream see the same path.
+// The strings view h's buffer.
+func target(h *fasthttp.RequestHeader) (path, query string) {
+	raw := b2s(h.RequestURI())
+	if len(raw) > 0 && raw[0] != '/' { // absolute form: drop the scheme and authority
+		if i := strings.Index(raw, "://"); i >= 0 {
+			raw = raw[i+3:]
+			j := strings.IndexAny(raw, "/?")
+			if j < 0 {
+				return "", ""
+			}
+			raw = raw[j:]
+		}
+	}
+	path, query, _ = strings.Cut(raw, "?")
+	return path, query
+}
+
+// appendEscapedHash appends s to b with every '#' escaped, so that the
+// upstream does not take the rest for a fragment.
+func appendEscapedHash(b []byte, s string) []byte {
+	for {
+		i := strings.IndexByte(s, '#')
+		if i < 0 {
+			return append(b, s...)
+		}
+		b = append(b, s[:i]...)
+		b = append(b, "%23"...)
+		s = s[i+1:]
+	}
 }
 
 // headerPool holds the small header maps of Inputs; serve returns its
@@ -240,6 +270,13 @@ var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-
 // serve is the proxy's request handler.
 func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	s := f.s
+	if string(ctx.Request.Header.RequestURI()) == "*" && ctx.IsOptions() {
+		// Asterisk form (RFC 9112 section 3.2.4) asks about the server,
+		// not a resource: answered here, as net/http's server answers it,
+		// and never forwarded (it would be a request for "/*").
+		ctx.Response.Header.SetContentLength(0)
+		return
+	}
 	mw := s.mw
 	snap := mw.Snapshot()
 	fields := (*respFields)(&ctx.Response.Header)
@@ -380,34 +417,30 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	req := &ctx.Request
 	h := &req.Header
 	clientHost := string(h.Host())
-	uri := req.URI()
-	path := uri.PathOriginal()
-	if i := strings.IndexByte(b2s(path), '?'); i >= 0 {
-		path = path[:i]
-	}
-	q := uri.QueryString()
+	path, q := target(h)
 	var b []byte
 	b = append(b, f.base...)
 	if len(path) == 0 || path[0] != '/' {
 		b = append(b, '/')
 	}
-	b = append(b, path...)
+	b = appendEscapedHash(b, path)
 	switch {
 	case f.query != "" && len(q) > 0:
 		b = append(b, '?')
 		b = append(b, f.query...)
 		b = append(b, '&')
-		b = append(b, q...)
+		b = appendEscapedHash(b, q)
 	case f.query != "":
 		b = append(b, '?')
 		b = append(b, f.query...)
 	case len(q) > 0:
 		b = append(b, '?')
-		b = append(b, q...)
+		b = appendEscapedHash(b, q)
 	}
 	req.SetRequestURIBytes(b) // parsed again, without normalizing, when written
 	te := h.Peek("Te")
 	keepTE := len(te) > 0 && strings.Contains(strings.ToLower(string(te)), "trailers")
+	dropTrailer(h)
 	dropHop(h)
 	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
 		h.Set("Te", "trailers")
@@ -428,6 +461,31 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.Set("X-Forwarded-Proto", "http")
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
+}
+
+// dropTrailer removes the fields of a chunked request's trailer section,
+// which fasthttp keeps beside the head's and would forward among them
+// (deleting the Trailer field merges them in): the gates decided on the
+// head alone, so a trailer must not add to or replace its fields, and a
+// buffered body has no trailer to forward (net/http's path forwards none
+// either). The head's own fields of those names stay.
+func dropTrailer(h *fasthttp.RequestHeader) {
+	var keys []string
+	for k := range h.Trailers() {
+		keys = append(keys, string(k))
+	}
+	for _, k := range keys {
+		var head [][]byte
+		for hk, v := range h.All() {
+			if strings.EqualFold(b2s(hk), k) {
+				head = append(head, append([]byte(nil), v...))
+			}
+		}
+		h.Del(k)
+		for _, v := range head {
+			h.AddBytesV(k, v)
+		}
+	}
 }
 
 // isHop reports whether k names a hop-by-hop field of hopFields.
@@ -544,12 +602,14 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		// goes to a spool, within the budgets, which the server closes
 		// once the client has it.
 		bp := f.s.copyBufs.Get()
+		var unspooled []byte // read from the upstream, not taken by the spool
 		n, err := io.CopyBuffer(out.BodyWriter(), io.LimitReader(stream, smallBody+1), bp)
 		if err == nil && n > smallBody {
 			sp = newSpool(f.s.bufferLimits(f.s.opts.MaxResponseBuffer))
 			if _, err = sp.Write(out.Body()); err == nil {
 				out.ResetBody()
-				_, err = io.CopyBuffer(sp, stream, bp)
+				unspooled, err = spoolFrom(sp, stream, bp)
+				unspooled = append([]byte(nil), unspooled...)
 			}
 		}
 		f.s.copyBufs.Put(bp)
@@ -572,52 +632,100 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 			f.upstreamError(ctx, &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, err)
 			return false
 		}
-		if out.Body() != nil && len(out.Body()) > 0 {
-			rest := append([]byte(nil), out.Body()...)
-			out.ResetBody()
+		// What the spool did not take goes first (it holds nothing then),
+		// or after what it holds.
+		rest := append(append([]byte(nil), out.Body()...), unspooled...)
+		out.ResetBody()
+		if len(rest) > 0 {
 			stream = io.MultiReader(bytes.NewReader(rest), stream)
 		}
 	}
 	// Stream: what is buffered first, then the rest as it comes, holding
 	// the slot until the end, the deadline plus Grace at most.
 	adm.SetHeaders((*respFields)(&out.Header))
-	status := out.StatusCode()
-	conn := ctx.Conn()
-	out.SetBodyStreamWriter(func(w *bufio.Writer) {
-		if !deadline.IsZero() { // in place of the server's WriteTimeout
-			conn.SetWriteDeadline(deadline.Add(f.s.opts.Grace))
-		}
-		defer func() {
-			resp.CloseBodyStream()
-			fasthttp.ReleaseResponse(resp)
-			if sp != nil {
-				sp.Close()
-			}
-			adm.Done(ctx, status, false)
-			f.s.inflight.Untrack(tr)
-		}()
-		if sp != nil && sp.Len() > 0 {
-			if _, err := io.Copy(w, sp); err != nil {
-				return
-			}
-		}
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := stream.Read(buf)
-			if n > 0 {
-				if _, werr := w.Write(buf[:n]); werr != nil {
-					return
-				}
-				if werr := w.Flush(); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
+	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), deadline: deadline}
+	body.r = stream
+	if sp != nil && sp.Len() > 0 {
+		body.r = io.MultiReader(sp, stream)
+	}
+	out.SetBodyStream(body, -1)
 	return true
+}
+
+// streamBody is a streamed response's body as the server reads it (and
+// writes it to the client, a chunk per read): what was buffered, then the
+// upstream's body as it comes. An upstream that breaks off is an error of
+// its Read, not its end, so that the server closes the connection without
+// the last chunk and the client does not take a truncated response for a
+// whole one. Close (the server's, once the response is written or given
+// up) reports the outcome, untracks the request and gives its buffers
+// back, once. It is used by one goroutine at a time.
+type streamBody struct {
+	f        *fastServer
+	ctx      *fasthttp.RequestCtx
+	r        io.Reader
+	resp     *fasthttp.Response
+	sp       *spool
+	adm      *httpgate.Admission
+	tr       *host.Tracked
+	status   int
+	deadline time.Time
+	started  bool
+	closed   bool
+}
+
+func (b *streamBody) Read(p []byte) (int, error) {
+	if !b.started {
+		b.started = true
+		// In place of the server's WriteTimeout, which bounds buffered
+		// responses: the deadline plus Grace, or nothing without a deadline
+		// (as net/http's path streams).
+		end := time.Time{}
+		if !b.deadline.IsZero() {
+			end = b.deadline.Add(b.f.s.opts.Grace)
+		}
+		b.ctx.Conn().SetWriteDeadline(end)
+	}
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		return n, fmt.Errorf("proxy: upstream broke off a streamed response: %w", err)
+	}
+	return n, err
+}
+
+func (b *streamBody) Close() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	b.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(b.resp)
+	if b.sp != nil {
+		b.sp.Close()
+	}
+	b.adm.Done(b.ctx, b.status, false)
+	b.f.s.inflight.Untrack(b.tr)
+	return nil
+}
+
+// spoolFrom copies r into sp until r ends or sp takes no more (a budget
+// spent, its cap reached); it returns what it read but sp did not take,
+// a view of buf.
+func spoolFrom(sp *spool, r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if w, werr := sp.Write(buf[:n]); werr != nil {
+				return buf[w:n], werr
+			}
+		}
+		switch {
+		case err == io.EOF:
+			return nil, nil
+		case err != nil:
+			return nil, err
+		}
+	}
 }
 
 // smallBody is the largest response body kept in the response's own

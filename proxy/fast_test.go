@@ -104,6 +104,8 @@ var parityCases = []parityCase{
 	{name: "escaped path", method: "GET", target: "/a%2Fb/c%20d/%7Euser"},
 	{name: "dot segments", method: "GET", target: "/a/../b/./c"},
 	{name: "double slash", method: "GET", target: "//a//b"},
+	{name: "hash in path", method: "GET", target: "/a#b/c?d=1"},
+	{name: "absolute form", method: "GET", target: "http://other.example/abs/x?q=1"},
 	{name: "head", method: "HEAD", target: "/v1/items"},
 	{name: "post body", method: "POST", target: "/v1/items", body: `{"a":1}`, header: map[string]string{"Content-Type": "application/json"}},
 	{name: "put empty body", method: "PUT", target: "/v1/items/1", header: map[string]string{"Content-Length": "0"}},
