@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -69,13 +70,16 @@ func TestNginxThroughput(t *testing.T) {
 	appURL, _ := url.Parse(app.URL)
 	appAddr := app.Listener.Addr().String()
 
-	px, err := proxy.New(proxy.Options{Config: "bench.yaml", ConfigData: []byte(benchPolicy), Upstream: appURL, AdminToken: "x", Logger: quiet()})
+	px, err := proxy.New(proxy.Options{Config: "bench.yaml", ConfigData: []byte(benchPolicy), Upstream: appURL, AdminToken: "x", Logger: quiet(),
+		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer px.Close()
-	pxSrv := httptest.NewServer(px.Handler())
-	defer pxSrv.Close()
+	pctx, stopProxy := context.WithCancel(context.Background())
+	proxyDone := make(chan error, 1)
+	go func() { proxyDone <- px.Run(pctx) }() // as sluice proxy serves: its own server
+	defer func() { stopProxy(); <-proxyDone }()
+	pxAddr, _ := px.Addrs()
 	sv, err := New(Options{Config: "bench.yaml", ConfigData: []byte(benchPolicy), AdminToken: "x", Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +93,7 @@ func TestNginxThroughput(t *testing.T) {
 	setups := []struct{ name, url string }{
 		{"nginx alone", "http://" + alone.addr + "/v1/routes/42"},
 		{"nginx + sluice serve (auth_request)", "http://" + withSluice.addr + "/v1/routes/42"},
-		{"sluice proxy", pxSrv.URL + "/v1/routes/42"},
+		{"sluice proxy", "http://" + pxAddr.String() + "/v1/routes/42"},
 	}
 	type result struct{ rps, p50, p99 float64 }
 	res := make([][]result, len(setups))
