@@ -51,11 +51,14 @@ func batchSource(helpers, body string) string {
 local function step(KEYS, ARGV)
 ` + body + `
 end
-local now = tonumber(ARGV[1])
+local own = tonumber(ARGV[1])
+local now = own
 if now <= 0 then now = TIME_US end
 ARGV[1] = now -- for helpers of common.lua that read the global ARGV
--- one KEYS and one ARGV table for every step (no body writes to them)
-local K, A, out, k = {}, {now, '', '', '', ARGV[3]}, {}, 0
+-- one KEYS and one ARGV table for every step (no body writes to them); a
+-- body's own ARGV[1] is the override as sent (0: Redis TIME), so that the
+-- token bucket knows whose clock it runs on
+local K, A, out, k = {}, {own, '', '', '', ARGV[3]}, {}, 0
 for i = 1, #KEYS do
   local j = 3 * i + 1
   K[1], A[2], A[3], A[4] = KEYS[i], ARGV[j], ARGV[j + 1], ARGV[j + 2]

@@ -22,11 +22,11 @@ if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0, TI
 -- The state; a missing, foreign or corrupted value (wrong length, NaN,
 -- outside its range) reads as a full bucket. A deficit above the capacity
 -- (kept across a lowered burst) is an empty bucket.
-local d, last = 0, 0
+local d, last, seen = 0, 0, nil
 local raw = redis.call('GET', KEYS[1])
 if raw and #raw == 16 then
   local a, b = struct.unpack('<dd', raw)
-  if a >= 0 and a < 9007199254740992 and b >= 0 and b < 9007199254740992 then d, last = math.min(a, cap), b end
+  if a >= 0 and a < 9007199254740992 and b >= 0 and b < 9007199254740992 then d, last, seen = math.min(a, cap), b, b end
 end
 
 -- Refill up to now; a now behind last adds nothing and keeps last, unless
@@ -42,9 +42,28 @@ else
   end
 end
 
+-- The key's TTL (it only collects garbage) is renewed once per half TTL of
+-- Redis time, not on every write: an expiry costs Redis as much as the GET.
+-- On Redis' own clock a write renews it (to last + 1.5 ttl) when last moves
+-- into another half-TTL period than the stored one's, or the key held no
+-- state; other writes keep it (KEEPTTL). Every write since the last renewal
+-- kept last within that period, so after any write the key lives at least
+-- ttl more, as when every write set it. On a caller's clock (ARGV[1] > 0),
+-- which says nothing of Redis' expiry clock, every write sets ttl.
+local keep, px = false, ttl
+if tonumber(ARGV[1]) <= 0 then
+  local half = math.floor(ttl / 2)
+  keep = seen ~= nil and math.floor(last / (half * 1000)) == math.floor(seen / (half * 1000))
+  px = ttl + half + math.ceil((last - now) / 1000)
+end
+
 if op == 'refund' then
   d = math.max(d - cost * unit, 0)
-  redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
+  if keep then
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', px)
+  end
   return {0, 0, 0, 0, 0, TIME_US}
 end
 
@@ -80,7 +99,11 @@ else
   -- Last is kept even for a full bucket (it decides how a stale reading
   -- is treated); the TTL collects the key once the bucket has been full a
   -- while.
-  redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
+  if keep then
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', px)
+  end
 end
 
 -- remaining = floor((cap - d) / unit), exact
