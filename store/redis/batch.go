@@ -356,7 +356,7 @@ func (b *batcher) exec(batch []*call) {
 		keys, args = b.args(batch, expiry)
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), left)
-	vals, err := script.Exec(cctx, cn.client, keys, args).AsIntSlice()
+	vals, err := s.exec(cctx, cn, script, keys, args).AsIntSlice()
 	cancel()
 	switch {
 	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):
