@@ -1,7 +1,8 @@
 // Package redis keeps sluice's limiter state in Redis or Redis Cluster, so a
 // fleet shares one budget: each algorithm step of package limit runs as one
 // atomic Lua script (EVALSHA, reloaded on NOSCRIPT), on Redis time, with
-// keys hash-tagged so one limiter key lives in one slot.
+// keys hash-tagged so one limiter key lives in one slot. It needs Redis 6.0
+// or later (the token bucket keeps its key's TTL with SET KEEPTTL).
 //
 //	spec, _ := redis.TokenBucket("request-rate", tb) // checked without a connection
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
@@ -175,8 +176,10 @@ type Options struct {
 	FlushDelay time.Duration
 	// Batch is the most decisions of one limiter sent to Redis as one
 	// script call when callers overlap (batch.go): each step stays atomic
-	// and exact, and Redis pays its per-command costs once per batch.
-	// Default 64; 1: every decision is its own call.
+	// and exact, and Redis pays its per-command costs once per batch. While
+	// a limiter has at most 4 decisions under way each goes out alone, as
+	// with 1: so few gain nothing from sharing a call. Default 64; 1: every
+	// decision is its own call.
 	Batch int
 	// Client, if set, is used instead of dialing Addrs.
 	Client rueidis.Client
