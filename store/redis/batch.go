@@ -165,6 +165,7 @@ type call struct {
 	res            [5]int64
 	err            error
 	batch          []*call       // set when this call is made the leader of a batch
+	one            [1]*call      // the batch of this call alone, without an allocation
 	done           chan struct{} // result ready, or leadership handed over
 }
 
@@ -275,6 +276,10 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 // be held.
 func (g *group) take(first *call, size int) []*call {
 	n := min(len(g.pending), size-1)
+	if n == 0 {
+		first.one[0] = first
+		return first.one[:]
+	}
 	batch := make([]*call, 0, n+1)
 	batch = append(batch, first)
 	batch = append(batch, g.pending[:n]...)
