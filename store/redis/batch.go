@@ -41,9 +41,9 @@ const (
 	// once, whatever is in flight. A few callers gain nothing from sharing
 	// script calls, since Redis is not yet their bottleneck, and waiting for
 	// a batch in flight cost them: measured (bench/sweep_test.go), 4 callers
-	// took 15.5 µs per decision with batching against 13.4 without, and
-	// 13.1 with soloMax 4; 16 and 64 callers keep batching (6.4 and 3.9 µs,
-	// against 8.6 and 7.4 without).
+	// took 15.5 µs per decision batching from two batches in flight, 13.0
+	// with soloMax 4 and 12.8 without batching; 16 and 64 callers keep
+	// batching (6.7 and 3.9 µs, against 8.6 and 7.5 without).
 	soloMax = 4
 )
 
