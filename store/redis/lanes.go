@@ -25,8 +25,12 @@ import (
 // before use. A lane whose call fails is closed, with every idle one: after
 // a restart of Redis each of them would fail its first command.
 //
-// Standalone Redis only: on a Cluster a dedicated connection is bound to
-// one node, and every call goes through the pipelined cluster client.
+// Standalone Redis only, on a client the store dialed itself, with a
+// timeout of at most connWriteTimeout: on a Cluster a dedicated connection
+// is bound to one node; a caller's client may wait less for a reply than
+// the store's timeout says; and rueidis gives up on a reply on a dedicated
+// connection after its write timeout, so a longer store timeout would cut
+// calls short. Every other call goes through the pipelined client.
 
 // maxLanes is the most lanes one connection holds: enough for the calls
 // that go out alone (soloMax per batching group, each group's batches
@@ -167,7 +171,7 @@ func (l *lane) eval(ctx context.Context, sc *rueidis.Lua, keys, args []string) r
 // exec runs sc on an idle lane of cn if there is one (standalone), else
 // through cn's pipelined client.
 func (s *Store) exec(ctx context.Context, cn *connection, sc *rueidis.Lua, keys, args []string) rueidis.RedisResult {
-	if !cn.cluster {
+	if s.lanesFor(cn) {
 		if l := cn.lanes.get(cn.client, s.opts.Timeout); l != nil {
 			r := l.eval(ctx, sc, keys, args)
 			cn.lanes.put(l, r.NonRedisError())
@@ -179,7 +183,7 @@ func (s *Store) exec(ctx context.Context, cn *connection, sc *rueidis.Lua, keys,
 
 // ping sends a PING the way exec sends a script.
 func (s *Store) ping(ctx context.Context, cn *connection) error {
-	if !cn.cluster {
+	if s.lanesFor(cn) {
 		if l := cn.lanes.get(cn.client, s.opts.Timeout); l != nil {
 			r := l.c.Do(ctx, l.c.B().Ping().Build())
 			cn.lanes.put(l, r.NonRedisError())
@@ -187,4 +191,9 @@ func (s *Store) ping(ctx context.Context, cn *connection) error {
 		}
 	}
 	return cn.client.Do(ctx, cn.client.B().Ping().Build()).Error()
+}
+
+// lanesFor reports whether calls on cn may take lanes (see above).
+func (s *Store) lanesFor(cn *connection) bool {
+	return !cn.cluster && s.own && s.opts.Timeout <= connWriteTimeout
 }

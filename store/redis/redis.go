@@ -149,6 +149,11 @@ var (
 	counterBatch       = newScript(batchSources[5])
 )
 
+// connWriteTimeout is the client's ConnWriteTimeout: how long a write may
+// take before the connection is given up, and the longest a call on a
+// lane (lanes.go) may wait for its reply.
+const connWriteTimeout = 200 * time.Millisecond
+
 // Defaults of Options.
 const (
 	DefaultTimeout    = 50 * time.Millisecond
@@ -281,7 +286,7 @@ func (s *Store) dial() error {
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:      s.opts.Addrs,
 		DisableCache:     true,
-		ConnWriteTimeout: 200 * time.Millisecond,
+		ConnWriteTimeout: connWriteTimeout,
 		MaxFlushDelay:    s.opts.FlushDelay,
 		Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
 	})
