@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/lease"
 )
@@ -15,7 +13,7 @@ import (
 //go:embed lua/lease.lua
 var leaseLua string
 
-var leaseScript = rueidis.NewLuaScript(preludeLua + commonLua + leaseLua)
+var leaseScript = newScript(preludeLua + commonLua + leaseLua)
 
 // Lease runs one step of a's allocator for budget on Redis (the twin of
 // lease.Allocator.Step, on Redis' clock): the budget's holdings live in

@@ -1,7 +1,8 @@
 // Package redis keeps sluice's limiter state in Redis or Redis Cluster, so a
 // fleet shares one budget: each algorithm step of package limit runs as one
 // atomic Lua script (EVALSHA, reloaded on NOSCRIPT), on Redis time, with
-// keys hash-tagged so one limiter key lives in one slot.
+// keys hash-tagged so one limiter key lives in one slot. It needs Redis 6.0
+// or later (the token bucket keeps its key's TTL with SET KEEPTTL).
 //
 //	spec, _ := redis.TokenBucket("request-rate", tb) // checked without a connection
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
@@ -11,7 +12,11 @@
 // The client is redis/rueidis: it pipelines concurrent commands on shared
 // connections automatically, which is what a decision path with many
 // concurrent callers needs (measured: about 2× go-redis/v9 on the same
-// script; BENCHMARKS.md). On top of that, concurrent decisions of one
+// script; BENCHMARKS.md). On a standalone server, a call that finds one of
+// a few dedicated connections idle (lanes.go) writes its command and reads
+// the reply itself instead, without the pipeline's two goroutine hand-offs,
+// so a caller with few others under way pays one round trip; the rest are
+// pipelined. On top of that, concurrent decisions of one
 // limiter that share a node and slot are sent as one script call that runs
 // each step in turn (batch.go, Options.Batch): every step is still atomic
 // and exact, and Redis, whose one core is the bottleneck, pays its
@@ -125,24 +130,29 @@ var (
 	sources = []string{preludeLua + tokenBucketLua, preludeLua + commonLua + gcraLua, preludeLua + commonLua + fixedWindowLua,
 		preludeLua + commonLua + concurrencyLua, preludeLua + commonLua + leakyBucketLua, preludeLua + commonLua + slidingWindowLua,
 		preludeLua + commonLua + slidingLogLua}
-	tokenBucketScript   = rueidis.NewLuaScript(sources[0])
-	gcraScript          = rueidis.NewLuaScript(sources[1])
-	fixedWindowScript   = rueidis.NewLuaScript(sources[2])
-	concurrencyScript   = rueidis.NewLuaScript(sources[3])
-	leakyBucketScript   = rueidis.NewLuaScript(sources[4])
-	slidingWindowScript = rueidis.NewLuaScript(sources[5])
-	slidingLogScript    = rueidis.NewLuaScript(sources[6])
+	tokenBucketScript   = newScript(sources[0])
+	gcraScript          = newScript(sources[1])
+	fixedWindowScript   = newScript(sources[2])
+	concurrencyScript   = newScript(sources[3])
+	leakyBucketScript   = newScript(sources[4])
+	slidingWindowScript = newScript(sources[5])
+	slidingLogScript    = newScript(sources[6])
 
 	// The batched forms (batch.go) of the single-key algorithms.
 	batchSources = []string{batchSource("", tokenBucketLua), batchSource(commonLua, gcraLua), batchSource(commonLua, fixedWindowLua),
 		batchSource(commonLua, leakyBucketLua), batchSource(commonLua, slidingWindowLua), counterBatchSource(commonLua)}
-	tokenBucketBatch   = rueidis.NewLuaScript(batchSources[0])
-	gcraBatch          = rueidis.NewLuaScript(batchSources[1])
-	fixedWindowBatch   = rueidis.NewLuaScript(batchSources[2])
-	leakyBucketBatch   = rueidis.NewLuaScript(batchSources[3])
-	slidingWindowBatch = rueidis.NewLuaScript(batchSources[4])
-	counterBatch       = rueidis.NewLuaScript(batchSources[5])
+	tokenBucketBatch   = newScript(batchSources[0])
+	gcraBatch          = newScript(batchSources[1])
+	fixedWindowBatch   = newScript(batchSources[2])
+	leakyBucketBatch   = newScript(batchSources[3])
+	slidingWindowBatch = newScript(batchSources[4])
+	counterBatch       = newScript(batchSources[5])
 )
+
+// connWriteTimeout is the client's ConnWriteTimeout: how long a write may
+// take before the connection is given up, and the longest a call on a
+// lane (lanes.go) may wait for its reply.
+const connWriteTimeout = 200 * time.Millisecond
 
 // Defaults of Options.
 const (
@@ -171,8 +181,10 @@ type Options struct {
 	FlushDelay time.Duration
 	// Batch is the most decisions of one limiter sent to Redis as one
 	// script call when callers overlap (batch.go): each step stays atomic
-	// and exact, and Redis pays its per-command costs once per batch.
-	// Default 64; 1: every decision is its own call.
+	// and exact, and Redis pays its per-command costs once per batch. While
+	// a limiter has at most 4 decisions under way each goes out alone, as
+	// with 1: so few gain nothing from sharing a call. Default 64; 1: every
+	// decision is its own call.
 	Batch int
 	// Client, if set, is used instead of dialing Addrs.
 	Client rueidis.Client
@@ -214,6 +226,7 @@ type connection struct {
 	client  rueidis.Client
 	cluster bool
 	users   atomic.Int32
+	lanes   lanes // standalone: dedicated connections for the calls that find one idle (lanes.go)
 }
 
 // New returns a store on Redis. It checks the options but does not need
@@ -273,7 +286,7 @@ func (s *Store) dial() error {
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:      s.opts.Addrs,
 		DisableCache:     true,
-		ConnWriteTimeout: 200 * time.Millisecond,
+		ConnWriteTimeout: connWriteTimeout,
 		MaxFlushDelay:    s.opts.FlushDelay,
 		Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
 	})
@@ -316,7 +329,13 @@ func (s *Store) Close() {
 	s.closeMu.Unlock()
 	s.probes.Wait()
 	s.journal.flush(s.opts.Timeout)
-	if cn := s.conn.Load(); cn != nil && s.own && cn.users.Add(-1) == 0 {
+	cn := s.conn.Load()
+	switch {
+	case cn == nil:
+	case !s.own: // the caller's client: give its connections back
+		cn.lanes.close()
+	case cn.users.Add(-1) == 0:
+		cn.lanes.close()
 		cn.client.Close()
 	}
 }
@@ -350,8 +369,9 @@ func (s *Store) Share(opts Options) (*Store, error) {
 func (s *Store) Failures() int64 { return s.failures.Load() }
 
 // Ping sends one PING through the store's client, under Options.Timeout,
-// to the standalone server (on a Cluster, to one node): the round trip no
-// decision on Redis can be faster than. It returns ErrUnavailable while
+// to the standalone server (on a Cluster, to one node), the way a decision
+// is sent (on an idle lane, else pipelined): the round trip no decision on
+// Redis can be faster than. It returns ErrUnavailable while
 // Redis has not been reached.
 func (s *Store) Ping(ctx context.Context) error {
 	cn := s.conn.Load()
@@ -360,7 +380,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	if err := cn.client.Do(ctx, cn.client.B().Ping().Build()).Error(); err != nil {
+	if err := s.ping(ctx, cn); err != nil {
 		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	return nil
@@ -397,7 +417,7 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 		args[len(args)-1] = b.expiry(clock.Now(), s.opts.Timeout)
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	vals, err := sc.Exec(cctx, cn.client, keys, args).AsIntSlice()
+	vals, err := s.exec(cctx, cn, sc, keys, args).AsIntSlice()
 	cancel()
 	if err == nil && len(vals) != 6 {
 		err = fmt.Errorf("script returned %d values", len(vals))

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -99,4 +100,69 @@ func must[A any](a A, err error) A {
 		panic(err)
 	}
 	return a
+}
+
+// On Redis' own clock the token bucket renews its key's TTL once per half
+// TTL instead of on every write (KEEPTTL otherwise): after every step,
+// batched or alone, the key still lives at least the TTL every write used
+// to set, and a state last written in an earlier half-TTL period (here
+// faked: 3 s back, with a short expiry) is renewed.
+func TestTokenBucketTTLOnRedisTime(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, batch := range []int{1, 0} {
+		st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second, Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		tb := must(limit.NewTokenBucket(limit.PerSecond(10), 10))
+		sp := must(TokenBucket(fmt.Sprint("ttlrt", batch), tb))
+		lim := st.Limiter(sp).(*limiter)
+		ctx := context.Background()
+		want := ttlMs(tb.Window()) // what every write set before
+		key := lim.keys("k")[0]
+		pttl := func() int64 {
+			t.Helper()
+			ms, err := st.rc().Do(ctx, st.rc().B().Pttl().Key(key).Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ms
+		}
+		step := func(op string) {
+			t.Helper()
+			var err error
+			if op == "take" {
+				_, _, err = lim.Take(ctx, "k", 0, 1, 0)
+			} else {
+				err = lim.Refund(ctx, "k", 1, 0, 1)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ms := pttl(); ms < want-20 { // 20 ms: the time between the step and the PTTL
+				t.Fatalf("batch %d: after a %s the key expires in %d ms, want at least %d", batch, op, ms, want)
+			}
+		}
+		for i := range 20 {
+			step([]string{"take", "refund"}[i%3/2])
+		}
+		// A state from an earlier period with a short expiry left: the next
+		// write renews it.
+		tm, err := st.rc().Do(ctx, st.rc().B().Time().Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sec, _ := strconv.ParseInt(tm[0], 10, 64)
+		us, _ := strconv.ParseInt(tm[1], 10, 64)
+		old := sec*1e6 + us - 3e6
+		if err := st.rc().Do(ctx, st.rc().B().Set().Key(key).Value(packDoubles(0, old)).Px(100*time.Millisecond).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		step("take")
+		if err := st.rc().Do(ctx, st.rc().B().Set().Key(key).Value(packDoubles(0, old)).Px(100*time.Millisecond).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		step("refund")
+	}
 }

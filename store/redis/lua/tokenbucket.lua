@@ -13,8 +13,9 @@
 --       unit), burst, fill (ns from empty to full), ttl (ms).
 -- Reply: {status, remaining, retry_after_ns, reset_after_ns, 0, Redis TIME (us)}
 --   status 0 allowed, 1 denied, 2 exceeded, 3 invalid.
-local now = tonumber(ARGV[1])
-if now <= 0 then now = TIME_US end
+local own = tonumber(ARGV[1]) <= 0 -- on Redis' own clock
+local now = TIME_US
+if not own then now = tonumber(ARGV[1]) end
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local unit, gain, cap, burst, fill, ttl = struct.unpack('<dddddd', ARGV[5])
 if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0, TIME_US} end
@@ -22,11 +23,14 @@ if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0, TI
 -- The state; a missing, foreign or corrupted value (wrong length, NaN,
 -- outside its range) reads as a full bucket. A deficit above the capacity
 -- (kept across a lowered burst) is an empty bucket.
-local d, last = 0, 0
+local d, last, seen = 0, 0, nil
 local raw = redis.call('GET', KEYS[1])
 if raw and #raw == 16 then
   local a, b = struct.unpack('<dd', raw)
-  if a >= 0 and a < 9007199254740992 and b >= 0 and b < 9007199254740992 then d, last = math.min(a, cap), b end
+  if a >= 0 and a < 9007199254740992 and b >= 0 and b < 9007199254740992 then
+    if a > cap then a = cap end
+    d, last, seen = a, b, b
+  end
 end
 
 -- Refill up to now; a now behind last adds nothing and keeps last, unless
@@ -38,13 +42,37 @@ else
   local e = (now - last) * 1000
   last = now
   if d > 0 then
-    if e >= fill then d = 0 else d = math.max(d - e * gain, 0) end
+    d = d - e * gain
+    if e >= fill or d < 0 then d = 0 end
   end
+end
+
+-- The key's TTL (it only collects garbage) is renewed once per half TTL of
+-- Redis time, not on every write: an expiry costs Redis as much as the GET.
+-- On Redis' own clock a write renews it (to last + 1.5 ttl) when last moves
+-- into another half-TTL period than the stored one's, or the key held no
+-- state; other writes keep it (KEEPTTL). Every write since the last renewal
+-- kept last within that period, so after any write the key lives at least
+-- ttl more, as when every write set it. On a caller's clock (ARGV[1] > 0),
+-- which says nothing of Redis' expiry clock, every write sets ttl. (While a
+-- fleet still runs builds that set ttl on every write, a key one of them
+-- wrote last lives at least half the ttl after a write that keeps it.)
+local keep, px = false, ttl
+if own then
+  local half = ttl - ttl % 2
+  local span = half * 500 -- half the ttl in us
+  half = half / 2
+  keep = seen ~= nil and last - last % span == seen - seen % span
+  if not keep then px = ttl + half + math.ceil((last - now) / 1000) end
 end
 
 if op == 'refund' then
   d = math.max(d - cost * unit, 0)
-  redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
+  if keep then
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', px)
+  end
   return {0, 0, 0, 0, 0, TIME_US}
 end
 
@@ -80,7 +108,11 @@ else
   -- Last is kept even for a full bucket (it decides how a stale reading
   -- is treated); the TTL collects the key once the bucket has been full a
   -- while.
-  redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', ttl)
+  if keep then
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'PX', px)
+  end
 end
 
 -- remaining = floor((cap - d) / unit), exact
