@@ -19,7 +19,8 @@ const MaxGates = 16
 // concurrent use; the pointers they receive are valid only during the call.
 type Observer interface {
 	// Decided is called once per Chain.Decide with the final verdict and the
-	// time the decision took.
+	// time the decision took. d is valid during the call only (the chain
+	// reuses it): an observer that keeps it keeps a copy.
 	Decided(r *Request, d *Decision, took time.Duration)
 	// ShadowRejected is called when a gate in ModeShadow would have rejected r.
 	ShadowRejected(r *Request, d *Decision)
@@ -227,10 +228,19 @@ func (c *Chain) Refuse(r *Request, d Decision) Decision {
 	return c.finish(r, d, c.clock.Now())
 }
 
+// decisionPool holds the copies of decisions the observer sees.
+var decisionPool = sync.Pool{New: func() any { return new(Decision) }}
+
 func (c *Chain) finish(r *Request, d Decision, start clock.Instant) Decision {
 	if c.obs != nil {
-		od := d // only this copy escapes, and only with an observer
-		c.obs.Decided(r, &od, c.clock.Now().Sub(start))
+		// The observer sees a pooled copy: through the interface the
+		// pointer escapes, and a copy per decision was the rejection
+		// path's largest allocation.
+		od := decisionPool.Get().(*Decision)
+		*od = d
+		c.obs.Decided(r, od, c.clock.Now().Sub(start))
+		*od = Decision{}
+		decisionPool.Put(od)
 	}
 	return d
 }

@@ -99,7 +99,7 @@ func (sn Snapshot) Admit(ctx context.Context, in *identify.Input, f Fields) (adm
 
 // renderLogged renders a rejection of in and logs it.
 func (m *Middleware) renderLogged(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string) Rejection {
-	rj := m.render(f, in.Header, st, d, req, detail)
+	rj := m.render(f, in.Header, st, d, req, detail, true)
 	if al := st.c.cfg.AccessLog; al != nil {
 		m.logRejectedAt(al, st.chain.Clock().Now(), ctx, in.RemoteAddr, in.Method, in.Path, req, d, rj.Status, rj.RequestID)
 	}
@@ -158,7 +158,7 @@ func (m *Middleware) RenderUpstreamError(f Fields, reqHeader http.Header, err er
 		d.Reason = sluice.ReasonDeadline
 	}
 	var req sluice.Request
-	return m.render(f, reqHeader, m.state.Load(), &d, &req, "")
+	return m.render(f, reqHeader, m.state.Load(), &d, &req, "", true)
 }
 
 // RenderInvalid renders and logs the 400 answer to a request the caller

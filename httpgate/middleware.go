@@ -58,6 +58,7 @@ type Middleware struct {
 	idPrefix string
 	ids      atomic.Uint64
 	bufs     sync.Pool                   // *[]byte for envelopes
+	blocks   sync.Pool                   // *headerBlock for Rejections whose Fields copy
 	reqs     sync.Pool                   // *sluice.Request; gates see it by pointer, so it would escape
 	samples  [sluice.ReasonCount]sampler // the access log's rejection samples, by reason
 }
@@ -157,6 +158,7 @@ func New(chain *sluice.Chain, cfg Config) (*Middleware, error) {
 	crand.Read(seed[:])
 	m := &Middleware{idPrefix: hex.EncodeToString(seed[:]) + "-"}
 	m.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
+	m.blocks.New = func() any { return new(headerBlock) }
 	m.reqs.New = func() any { return new(sluice.Request) }
 	if err := m.Update(chain, cfg); err != nil {
 		return nil, err
@@ -341,7 +343,7 @@ func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision) {
 // reject writes a rejection: status, headers and the JSON envelope, and
 // returns the request id it answered with.
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d *sluice.Decision, req *sluice.Request, detail string) string {
-	rj := m.render(headerFields(w.Header()), r.Header, st, d, req, detail)
+	rj := m.render(headerFields(w.Header()), r.Header, st, d, req, detail, false)
 	w.WriteHeader(rj.Status)
 	w.Write(rj.Body)
 	rj.Release()
@@ -350,7 +352,8 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 
 // Fields receives the header fields of an answer the middleware renders
 // for a server other than net/http's (sluice proxy's own): Set is given a
-// canonical key and values it must copy or keep unmodified.
+// canonical key and values it must copy before the Rejection's Release
+// (after which they change), and must not modify.
 type Fields interface {
 	Set(key string, vals []string)
 }
@@ -368,15 +371,22 @@ type Rejection struct {
 	Body      []byte
 	RequestID string
 	bp        *[]byte
+	blk       *headerBlock // pooled: the Fields copied the values
 	m         *Middleware
 }
 
-// Release returns the body's buffer; the body must not be used after.
+// Release returns the body's buffer and the block of the header values;
+// neither the body, the RequestID nor the values given to Fields may be
+// used after it.
 func (rj *Rejection) Release() {
 	if rj.bp != nil {
 		*rj.bp = (*rj.bp)[:0]
 		rj.m.bufs.Put(rj.bp)
 		rj.bp = nil
+	}
+	if rj.blk != nil {
+		rj.m.blocks.Put(rj.blk)
+		rj.blk = nil
 	}
 }
 
@@ -384,8 +394,11 @@ func (rj *Rejection) Release() {
 // JSON envelope (or problem details). reqHeader is the request's, for the
 // request id to echo. It allocates one buffer for the dynamic header
 // values and one slice to hold them; the body goes through a pooled
-// buffer.
-func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluice.Decision, req *sluice.Request, detail string) Rejection {
+// buffer. With pooled, the values' block comes from a pool and goes back
+// with Release: for Fields that copy what they are given (the exchange
+// API's contract); net/http's header map keeps them until the response is
+// written, after the handler.
+func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluice.Decision, req *sluice.Request, detail string, pooled bool) Rejection {
 	cfg := &st.c.cfg
 	retry := int64(0)
 	if d.Retryable {
@@ -394,7 +407,12 @@ func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluic
 	quota := !cfg.NoRateLimitHeaders && !cfg.HideCapacity && d.Limit > 0 && d.Gate != ""
 
 	// Dynamic header values share one allocation.
-	blk := new(headerBlock)
+	var blk *headerBlock
+	if pooled {
+		blk = m.blocks.Get().(*headerBlock)
+	} else {
+		blk = new(headerBlock)
+	}
 	hb := blk.buf[:0]
 	vals := blk.vals[:0]
 	switch {
@@ -458,7 +476,11 @@ func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluic
 		}
 	}
 	*bp = buf
-	return Rejection{Status: status, Body: buf[start:], RequestID: rid, bp: bp, m: m}
+	rj := Rejection{Status: status, Body: buf[start:], RequestID: rid, bp: bp, m: m}
+	if pooled {
+		rj.blk = blk
+	}
+	return rj
 }
 
 // last returns the last element of vals as a one-element slice that cannot
