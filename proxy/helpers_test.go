@@ -60,7 +60,7 @@ func front(t *testing.T, s *Server) string {
 	}
 	fs := s.newFast()
 	done := make(chan struct{})
-	go func() { fs.srv.Serve(ln); close(done) }()
+	go func() { fs.serveOn(ln); close(done) }()
 	t.Cleanup(func() {
 		fs.srv.Shutdown()
 		<-done

@@ -70,7 +70,9 @@ type Options struct {
 	// server (fast.go): slower, and it notices clients that go away while
 	// their requests wait.
 	NetHTTP bool
-	// ReadTimeout bounds reading a whole request, body included. Default
+	// ReadTimeout bounds reading a whole request, body included, and (on the
+	// proxy's own server) an idle keep-alive connection; both end up to 1 s
+	// early (coarseConn). Default
 	// 30 s. Bodies are read before the request is decided (buffer.go), so
 	// a slow sender holds no admitted slot meanwhile.
 	ReadTimeout time.Duration
@@ -272,7 +274,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.opts.Transport == nil && !s.opts.NetHTTP {
 		fs := s.newFast()
 		defer fs.up.CloseIdleConnections()
-		ps, servePublic = fs, func() error { return fs.srv.Serve(pl) }
+		ps, servePublic = fs, func() error { return fs.serveOn(pl) }
 	} else {
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
 			IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
