@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net"
 	"net/http"
 	"net/url"
@@ -571,54 +572,40 @@ func hopNamed(c []byte) []string {
 	return names
 }
 
-// dropHop removes the hop-by-hop fields of a request: the fixed list and
-// those its Connection field names. Most requests have none but
+// hopHeader is a request's or a response's header, for dropHop.
+type hopHeader interface {
+	Peek(key string) []byte
+	Del(key string)
+	All() iter.Seq2[[]byte, []byte]
+}
+
+// dropHop removes the hop-by-hop fields of a request or a response: the
+// fixed list and those its Connection field names (fasthttp frames the
+// body itself: Transfer-Encoding is its own). Most messages have none but
 // Connection itself, so it looks before it deletes.
-func dropHop(h *fasthttp.RequestHeader) {
+func dropHop(h hopHeader) {
 	if c := h.Peek("Connection"); len(c) > 0 {
 		for _, n := range hopNamed(c) {
 			h.Del(n)
 		}
 		h.Del("Connection")
 	}
-	found := false
 	for k := range h.All() {
-		if isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") {
-			found = true
-			break
-		}
-	}
-	if found {
-		for _, n := range hopFields {
-			if n != "Transfer-Encoding" {
-				h.Del(n)
+		if isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") && !strings.EqualFold(b2s(k), "Connection") {
+			for _, n := range hopFields {
+				if n != "Transfer-Encoding" && n != "Connection" {
+					h.Del(n)
+				}
 			}
+			return
 		}
 	}
 }
 
-// dropHopResponse removes the hop-by-hop fields of a response.
+// dropHopResponse removes the hop-by-hop fields of a response, and its
+// "Connection: close" (the client's connection is not the upstream's).
 func dropHopResponse(h *fasthttp.ResponseHeader) {
-	if c := h.Peek("Connection"); len(c) > 0 {
-		for _, n := range hopNamed(c) {
-			h.Del(n)
-		}
-		h.Del("Connection")
-	}
-	found := false
-	for k := range h.All() {
-		if isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") && !strings.EqualFold(b2s(k), "Connection") {
-			found = true
-			break
-		}
-	}
-	if found {
-		for _, n := range hopFields {
-			if n != "Transfer-Encoding" && n != "Connection" {
-				h.Del(n)
-			}
-		}
-	}
+	dropHop(h)
 	h.ResetConnectionClose()
 }
 
