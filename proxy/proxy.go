@@ -1,7 +1,9 @@
 // Package proxy is `sluice proxy`: a reverse proxy that puts a policy
 // file's gate chain in front of any HTTP upstream, with an admin listener
 // (Prometheus /metrics, /healthz, /v1/gates to read and switch gate modes)
-// and hot reload of the policy on SIGHUP or file change.
+// and hot reload of the policy on SIGHUP or file change. Run serves with
+// the proxy's own HTTP/1.1 server (fast.go, on valyala/fasthttp);
+// Handler is the same proxy as a net/http handler, for embedding.
 //
 //	s, _ := proxy.New(proxy.Options{Config: "routes-api.yaml", Upstream: u})
 //	err := s.Run(ctx) // until ctx is done
