@@ -106,6 +106,10 @@ func (m *Middleware) renderLogged(ctx context.Context, f Fields, in *identify.In
 	return rj
 }
 
+// SetPath replaces the path the access log shows for the request (a
+// server whose Input viewed a buffer it reuses gives a copy).
+func (a *Admission) SetPath(path string) { a.path = path }
+
 // Budget is the request's time budget from its deadline header or the
 // rules' default (0: none), counted from its decision.
 func (a *Admission) Budget() time.Duration { return a.budget }

@@ -381,6 +381,10 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 // does).
 func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm httpgate.Admission, upgrade bool) {
 	s := f.s
+	// outbound rewrites the request target in its buffer, which in.Path
+	// may view: the drain's log and the access log keep a copy.
+	in.Path = strings.Clone(in.Path)
+	adm.SetPath(in.Path)
 	tr := s.inflight.Track(in.Method, in.Path)
 	path := in.Path
 	streaming := false

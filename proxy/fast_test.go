@@ -13,10 +13,12 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/internal/poll"
 )
 
@@ -340,4 +342,59 @@ func TestOversizedRequestsAreRefused(t *testing.T) {
 		t.Error("an oversized request reached the upstream")
 	default:
 	}
+}
+
+// The access log shows the path the client asked for, also when the
+// upstream's URL has a path of its own (the proxy's own server rewrites
+// the request target in the buffer the path was read from).
+func TestAccessLogShowsTheClientsPath(t *testing.T) {
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/base/v1/items/42" {
+			http.Error(w, "path "+r.URL.Path, 404)
+		}
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL + "/base")
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte("version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"),
+		Upstream: u, AdminToken: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AccessLog: &httpgate.AccessLog{Logger: log}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	base := front(t, s)
+	for range 3 { // on one keep-alive connection: its buffers are reused
+		resp, err := http.Get(base + "/v1/items/42")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	poll.Until(t, 5*time.Second, func() bool { return strings.Count(buf.String(), `"decision":"admitted"`) == 3 })
+	if n := strings.Count(buf.String(), `"path":"/v1/items/42"`); n != 3 {
+		t.Fatalf("access log lines %s: %d with the client's path /v1/items/42, want 3", buf.String(), n)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
