@@ -54,14 +54,18 @@ func runRedis(b *testing.B, decide func(ctx context.Context, key string) bool) {
 // still within what the store's lanes take (a longer timeout sends every
 // call through the pipelined client).
 func sluiceBucket(b *testing.B, opts sredis.Options) (store.Limiter, *sredis.Store) {
-	srv := redistest.Start(b)
-	opts.Addrs, opts.Timeout = []string{srv.Addr}, 200*time.Millisecond
+	return sluiceOn(b, redistest.Start(b).Addr, opts)
+}
+
+// sluiceOn is sluiceBucket on the Redis at addr.
+func sluiceOn(b *testing.B, addr string, opts sredis.Options) (store.Limiter, *sredis.Store) {
+	opts.Addrs, opts.Timeout = []string{addr}, 200*time.Millisecond
 	st, err := sredis.New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(st.Close)
-	sp, err := sredis.TokenBucket("bench", bucket(b))
+	sp, err := sredis.TokenBucket("bench", redisBucket(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -99,7 +103,7 @@ func BenchmarkRedisSluiceScriptGoRedis(b *testing.B) {
 		b.Fatal(err)
 	}
 	script := goredis.NewScript(string(src))
-	args := tokenBucketArgs(bucket(b), 1)
+	args := tokenBucketArgs(redisBucket(b), 1)
 	runRedis(b, func(ctx context.Context, key string) bool {
 		v, err := script.Run(ctx, rdb, []string{"sluice:{bench:" + key + "}"}, args...).Int64Slice()
 		return err == nil && v[0] == 0
@@ -124,11 +128,44 @@ func BenchmarkRedisRate(b *testing.B) {
 	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: redisCallers})
 	defer rdb.Close()
 	lim := redis_rate.NewLimiter(rdb)
-	l := redis_rate.Limit{Rate: 1_000_000_000, Burst: 1_000_000_000, Period: time.Second}
 	runRedis(b, func(ctx context.Context, key string) bool {
-		r, err := lim.Allow(ctx, key, l)
+		r, err := lim.Allow(ctx, key, redisRateLimit)
 		return err == nil && r.Allowed > 0
 	})
+	peerWrote(b, rdb)
+}
+
+// redisPerSecond is the rate (and burst) of every Redis benchmark's
+// limit, for sluice and the peer alike: far above what one key sees in a
+// benchmark, so every decision is admitted, and low enough that the peer's
+// arithmetic keeps one decision's increment. redis_rate holds its GCRA
+// state as float seconds since 2017, about 3e8 now, to a precision of
+// about 6e-8 s: at 1e9 per second the increment of 1e-9 s is lost, the
+// state never moves and its script skips the SET (measured with INFO
+// commandstats: no SET at all), doing a third less work than in any real
+// use. At 1e6 per second both write their state on every decision.
+const redisPerSecond = 1_000_000
+
+// redisRateLimit is redisPerSecond as a redis_rate limit.
+var redisRateLimit = redis_rate.Limit{Rate: redisPerSecond, Burst: redisPerSecond, Period: time.Second}
+
+// redisBucket is redisPerSecond as sluice's token bucket.
+func redisBucket(b *testing.B) *limit.TokenBucket {
+	tb, err := limit.NewTokenBucket(limit.PerSecond(redisPerSecond), redisPerSecond)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tb
+}
+
+// peerWrote fails b unless the peer's script wrote the state of a key it
+// decided on: a benchmark in which the peer skips its SET measures less
+// than the peer does.
+func peerWrote(b *testing.B, rdb *goredis.Client) {
+	keys, err := rdb.Keys(context.Background(), "rate:*").Result()
+	if err != nil || len(keys) == 0 {
+		b.Fatalf("redis_rate wrote no state (%v): the benchmark's limit lets it skip its SET", err)
+	}
 }
 
 // BenchmarkRedisLease: the same decisions through a lease gate whose lease

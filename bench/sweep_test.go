@@ -96,9 +96,9 @@ func sweepRedisRate(b *testing.B, callers int) {
 	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: callers})
 	defer rdb.Close()
 	lim := redis_rate.NewLimiter(rdb)
-	l := redis_rate.Limit{Rate: 1_000_000_000, Burst: 1_000_000_000, Period: time.Second}
 	sweep(b, callers, func(ctx context.Context, key string) bool {
-		r, err := lim.Allow(ctx, key, l)
+		r, err := lim.Allow(ctx, key, redisRateLimit)
 		return err == nil && r.Allowed > 0
 	})
+	peerWrote(b, rdb)
 }
