@@ -159,3 +159,64 @@ func quantile(v []float64, q float64) float64 {
 	}
 	return s[i] + (x-float64(i))*(s[i+1]-s[i])
 }
+
+// BenchmarkRedisSoloLatency: one caller's decision latency against a bare
+// PING through the same client, paired op by op. Throughput over a slice
+// (BenchmarkRedisPaired's callers=1) counts a slice's stalls against
+// whichever variant ran in it, and one VM stall of a few ms in a slice of
+// 25 ms moves its ratio by a tenth or more. Here one goroutine alternates
+// PING and decision (which of the two goes first alternates too) b.N
+// times, timing each, so that every decision has a PING beside it, within
+// a few hundred µs of the same machine state. Reported: the median
+// latency of each (ns), the ratio of the medians, the median of the
+// per-pair ratios, and the 90th percentiles.
+//
+//	go test -run '^$' -bench RedisSoloLatency -benchtime 20000x .
+func BenchmarkRedisSoloLatency(b *testing.B) {
+	srv := redistest.Start(b)
+	lim, st := sluiceOn(b, srv.Addr, sredis.Options{})
+	ctx := context.Background()
+	decide := func() {
+		if r, _, err := lim.Take(ctx, "solo", 0, 1, 0); err != nil || !r.OK() {
+			b.Fatalf("decision: %v, %v", r, err)
+		}
+	}
+	ping := func() {
+		if err := st.Ping(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 1000 { // connections, the script, the key's state
+		decide()
+		ping()
+	}
+	dec := make([]float64, 0, b.N)
+	pin := make([]float64, 0, b.N)
+	per := make([]float64, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		var d, p time.Duration
+		if i%2 == 0 {
+			t0 := time.Now()
+			ping()
+			t1 := time.Now()
+			decide()
+			p, d = t1.Sub(t0), time.Since(t1)
+		} else {
+			t0 := time.Now()
+			decide()
+			t1 := time.Now()
+			ping()
+			d, p = t1.Sub(t0), time.Since(t1)
+		}
+		dec, pin = append(dec, float64(d)), append(pin, float64(p))
+		per = append(per, float64(d)/float64(p))
+	}
+	b.StopTimer()
+	b.ReportMetric(quantile(dec, 0.5), "decision-ns")
+	b.ReportMetric(quantile(pin, 0.5), "ping-ns")
+	b.ReportMetric(quantile(dec, 0.5)/quantile(pin, 0.5), "decision/ping")
+	b.ReportMetric(quantile(per, 0.5), "pair-median")
+	b.ReportMetric(quantile(dec, 0.9), "decision-p90-ns")
+	b.ReportMetric(quantile(pin, 0.9), "ping-p90-ns")
+}
