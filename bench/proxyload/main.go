@@ -28,6 +28,16 @@
 // round of each measure and the ratios the acceptance of the proxy's
 // performance names. wrk (Debian's package) is required; nginx is
 // optional.
+//
+// To profile sluice under the same load, run its role by hand with
+// PROXYLOAD_CPUPROFILE naming the file its CPU profile goes to (written
+// when it stops on SIGTERM), next to an upstream role, and load it with
+// wrk:
+//
+//	proxyload -role upstream -listen 127.0.0.1:18080 &
+//	PROXYLOAD_CPUPROFILE=reject.prof proxyload -role sluice -policy reject \
+//	    -listen 127.0.0.1:18081 -upstream 127.0.0.1:18080 &
+//	wrk -t2 -c64 -d10s -H 'X-Api-Key: t1' http://127.0.0.1:18081/
 package main
 
 import (
@@ -49,6 +59,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -157,6 +168,14 @@ func runRole(role, listen, upstream, policy string) {
 		rp.ErrorLog = log.New(io.Discard, "", 0) // wrk cuts requests at its end
 		log.Fatal((&http.Server{Addr: listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}).ListenAndServe())
 	case "sluice", "sluice-nethttp":
+		if f := os.Getenv("PROXYLOAD_CPUPROFILE"); f != "" {
+			out, err := os.Create(f)
+			if err != nil {
+				log.Fatal(err)
+			}
+			_ = pprof.StartCPUProfile(out)
+			defer pprof.StopCPUProfile()
+		}
 		u, _ := url.Parse("http://" + upstream)
 		p := admitPolicy
 		if policy == "reject" {
