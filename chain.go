@@ -117,6 +117,12 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 // Clock returns the chain's clock.
 func (c *Chain) Clock() clock.Clock { return c.clock }
 
+// MayWait reports whether Decide may wait: whether one of the chain's gates
+// is a Waiter that may wait (a wait queue). A server that can tell when a
+// client goes away only at some cost (polling its connection) need pay it
+// only then.
+func (c *Chain) MayWait() bool { return c.waits }
+
 // Gates returns the chain's gates in evaluation order.
 func (c *Chain) Gates() []Gate {
 	gs := make([]Gate, len(c.gates))

@@ -43,6 +43,11 @@ func (sn Snapshot) ReadsAddr() bool {
 	return c.id.ReadsClientIP() || c.cfg.TenantKey != nil || c.cfg.AccessLog != nil
 }
 
+// MayWait reports whether Admit may wait (a wait queue in the chain,
+// sluice.Chain.MayWait): only then does a server gain from cancelling
+// Admit's context when the client goes away.
+func (sn Snapshot) MayWait() bool { return sn.st.chain.MayWait() }
+
 // Admission is an admitted request of Admit: its handler runs, then Done
 // reports how it ended. It is not safe for concurrent use.
 type Admission struct {

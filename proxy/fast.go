@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -49,9 +50,11 @@ import (
 //     SetXForwarded do.
 //
 // One difference remains: net/http notices a client that goes away while
-// its request waits or runs (a background read on the connection) and
-// cancels the request; this server does not, so such a request waits in a
-// queue or at the upstream until its deadline, and counts as served.
+// its request runs at the upstream (a background read on the connection)
+// and cancels the request; this server notices it only while the request
+// waits in a gate (goneWatch, gone.go): once forwarded, such a request
+// runs at the upstream until it answers or its deadline passes, and counts
+// as served.
 
 // fastServer serves the proxy over fasthttp.
 type fastServer struct {
@@ -63,6 +66,7 @@ type fastServer struct {
 	host   string // the upstream's Host field
 	conns  sync.Map
 	closed chan struct{}
+	gone   goneWatch // clients gone while their requests wait
 }
 
 // newFast builds the proxy's fasthttp server.
@@ -150,7 +154,8 @@ func (l coarseListener) Accept() (net.Conn, error) {
 // earlier deadline, or none, is always applied.
 type coarseConn struct {
 	net.Conn
-	rd, wd atomic.Int64 // the deadlines set, Unix ns; 0: none
+	rd, wd atomic.Int64    // the deadlines set, Unix ns; 0: none
+	raw    syscall.RawConn // the connection to peek at, once asked for (goneWatch)
 }
 
 const deadlineSlack = int64(time.Second)
@@ -368,12 +373,26 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		in.Method, in.Path = strings.Clone(in.Method), strings.Clone(in.Path)
 	}
 
-	adm, rj, ok := snap.Admit(context.Background(), &in, fields)
+	var adm httpgate.Admission
+	var rj httpgate.Rejection
+	if snap.MayWait() {
+		adm, rj, ok = f.admitWatched(ctx, snap, &in, fields)
+	} else {
+		adm, rj, ok = snap.Admit(context.Background(), &in, fields)
+	}
 	if !ok {
 		answer(ctx, rj)
 		return
 	}
 	f.forward(ctx, &in, adm, upgrade)
+}
+
+// admitWatched decides a request that may wait in a gate, with a context
+// that ends if its client goes away meanwhile (goneWatch).
+func (f *fastServer) admitWatched(ctx *fasthttp.RequestCtx, snap httpgate.Snapshot, in *identify.Input, fields httpgate.Fields) (httpgate.Admission, httpgate.Rejection, bool) {
+	actx, e := f.gone.watch(ctx.Conn())
+	defer f.gone.done(e)
+	return snap.Admit(actx, in, fields)
 }
 
 // forward sends an admitted request to the upstream and its answer to

@@ -70,7 +70,8 @@ type Options struct {
 	// NetHTTP makes Run serve with net/http's server and
 	// httputil.ReverseProxy (Handler) instead of the proxy's own HTTP/1.1
 	// server (fast.go): slower, and it notices clients that go away while
-	// their requests wait.
+	// their requests run at the upstream (both notice them while their
+	// requests wait in a queue).
 	NetHTTP bool
 	// ReadTimeout bounds reading a whole request, body included, and (on the
 	// proxy's own server) an idle keep-alive connection; both end up to 1 s
