@@ -92,7 +92,11 @@ gates:
 )
 
 // nginxConf is nginx as a reverse proxy with upstream keep-alive, and a
-// second server with limit_req at the same rate as rejectPolicy.
+// second server with limit_req at the same rate as rejectPolicy. nginx logs
+// every request limit_req refuses, a line in error.log at level error
+// (limit_req_log_level's default), and sluice logs none by default; the
+// third server is the second without that line (logged at info, below the
+// log's level), measured as the target nginx-quiet.
 const nginxConf = `worker_processes {{workers}};
 daemon off;
 master_process on;
@@ -121,6 +125,17 @@ http {
     }
     server {
         listen {{reject}};
+        location / {
+            limit_req zone=tenants burst=1 nodelay;
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }
+    }
+    server {
+        listen {{quiet}};
+        limit_req_log_level info;
         location / {
             limit_req zone=tenants burst=1 nodelay;
             proxy_pass http://app;
@@ -399,12 +414,15 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	direct := &target{name: "upstream", admit: upAddr, admitP: up}
 	targets = append(targets, direct)
 	if ng, err := exec.LookPath("nginx"); err == nil {
-		t, err := startNginx(ng, upAddr)
+		t, quiet, dir, err := startNginx(ng, upAddr)
+		if dir != "" {
+			defer os.RemoveAll(dir) // after nginx stops: its error.log grows by ~700 MB a run
+		}
 		if err != nil {
 			return err
 		}
 		defer t.admitP.stop()
-		targets = append(targets, t)
+		targets = append(targets, t, quiet)
 	} else {
 		fmt.Fprintln(os.Stderr, "nginx not installed: measuring without it (apt-get install nginx)")
 	}
@@ -506,24 +524,25 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	return nil
 }
 
-func startNginx(bin, upAddr string) (*target, error) {
-	dir, err := os.MkdirTemp("", "proxyload-nginx-")
+func startNginx(bin, upAddr string) (t, quiet *target, dir string, err error) {
+	dir, err = os.MkdirTemp("", "proxyload-nginx-")
 	if err != nil {
-		return nil, err
+		return nil, nil, "", err
 	}
-	t := &target{name: "nginx", admit: freePort(), reject: freePort()}
+	t = &target{name: "nginx", admit: freePort(), reject: freePort()}
+	quiet = &target{name: "nginx-quiet", reject: freePort()}
 	conf := strings.NewReplacer("{{dir}}", dir, "{{upstream}}", upAddr, "{{admit}}", t.admit, "{{reject}}", t.reject,
-		"{{workers}}", strconv.Itoa(2)).Replace(nginxConf)
+		"{{quiet}}", quiet.reject, "{{workers}}", strconv.Itoa(2)).Replace(nginxConf)
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-		return nil, err
+		return nil, nil, dir, err
 	}
 	p, err := start("nginx", bin, "-c", path, "-p", dir, "-e", filepath.Join(dir, "error.log"))
 	if err != nil {
-		return nil, err
+		return nil, nil, dir, err
 	}
-	t.admitP, t.rejecP = p, p
-	return t, nil
+	t.admitP, t.rejecP, quiet.rejecP = p, p, p
+	return t, quiet, dir, nil
 }
 
 var (
@@ -669,6 +688,7 @@ func report(res map[string][]float64, targets []*target) {
 	ratio("sluice / go-reverseproxy, max throughput all admitted", "max/sluice", "max/go-reverseproxy", false)
 	ratio("sluice / nginx, max throughput all admitted", "max/sluice", "max/nginx", false)
 	ratio("sluice / nginx limit_req, rejected-path throughput", "reject/sluice", "reject/nginx", false)
+	ratio("  the same against nginx without its log line per rejection", "reject/sluice", "reject/nginx-quiet", false)
 	ratio("sluice / nginx, CPU per 1k admitted requests", "cpu/sluice", "cpu/nginx", false)
 	x, y := get("p99/sluice")-get("p99/upstream"), get("p99/nginx")-get("p99/upstream")
 	if y > 0 {
@@ -676,6 +696,7 @@ func report(res map[string][]float64, targets []*target) {
 	}
 	ratio("sluice / its server library's floor (fasthttp, a fixed 429)", "reject/sluice", "reject/fasthttp-429", false)
 	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
+	ratio("nginx without / with its log line per rejection", "reject/nginx-quiet", "reject/nginx", false)
 	ratio("sluice / sluice over net/http, max throughput all admitted", "max/sluice", "max/sluice-nethttp", false)
 	ratio("sluice / sluice over net/http, rejected-path throughput", "reject/sluice", "reject/sluice-nethttp", false)
 	for _, t := range targets {
