@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -69,7 +70,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 		return nil, false
 	}
 	sp := newSpool(s.bufferLimits(s.opts.MaxBodyBytes))
-	n, err := io.Copy(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1))
+	bp := s.copyBufs.Get()
+	held, err := spoolFrom(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1), bp)
+	held = append([]byte(nil), held...) // a view of bp
+	s.copyBufs.Put(bp)
+	n := sp.Len()
 	switch {
 	case err == nil && n > s.opts.MaxBodyBytes, errors.Is(err, errSpoolCap):
 		sp.Close()
@@ -80,7 +85,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{io.MultiReader(sp, r.Body), r.Body}
+		}{io.MultiReader(sp, bytes.NewReader(held), r.Body), r.Body}
 		return sp, true
 	case err != nil:
 		sp.Close()

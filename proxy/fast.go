@@ -471,7 +471,11 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 	}
 	sp := newSpool(s.bufferLimits(max))
 	stream := ctx.RequestBodyStream()
-	n, err := io.Copy(sp, io.LimitReader(stream, max+1))
+	bp := s.copyBufs.Get()
+	held, err := spoolFrom(sp, io.LimitReader(stream, max+1), bp)
+	held = append([]byte(nil), held...) // a view of bp
+	s.copyBufs.Put(bp)
+	n := sp.Len()
 	fields := (*respFields)(&ctx.Response.Header)
 	switch {
 	case err == nil && n > max, errors.Is(err, errSpoolCap):
@@ -480,7 +484,9 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 		ctx.SetConnectionClose()
 		return nil, false
 	case errors.Is(err, errSpoolFull):
-		ctx.Request.SetBodyStream(io.MultiReader(sp, stream), -1)
+		// The budgets are spent: what was read goes first, the rest
+		// streams, with the length the client declared (-1: chunked).
+		ctx.Request.SetBodyStream(io.MultiReader(sp, bytes.NewReader(held), stream), ctx.Request.Header.ContentLength())
 		return sp, true
 	case err != nil:
 		sp.Close()
@@ -774,26 +780,6 @@ func (b *streamBody) Close() error {
 	b.adm.Done(b.ctx, b.status, false)
 	b.f.s.inflight.Untrack(b.tr)
 	return nil
-}
-
-// spoolFrom copies r into sp until r ends or sp takes no more (a budget
-// spent, its cap reached); it returns what it read but sp did not take,
-// a view of buf.
-func spoolFrom(sp *spool, r io.Reader, buf []byte) ([]byte, error) {
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			if w, werr := sp.Write(buf[:n]); werr != nil {
-				return buf[w:n], werr
-			}
-		}
-		switch {
-		case err == io.EOF:
-			return nil, nil
-		case err != nil:
-			return nil, err
-		}
-	}
 }
 
 // smallBody is the largest response body kept in the response's own

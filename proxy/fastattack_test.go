@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -116,6 +117,58 @@ func TestResponsePastTheBufferKeepsEveryByte(t *testing.T) {
 			resp, body := roundTrip(t, base, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
 			if resp.StatusCode != 200 || len(body) != len(want) || sha256.Sum256([]byte(body)) != sha256.Sum256(want) {
 				t.Errorf("%d, %d bytes (want 200, %d bytes, the same)", resp.StatusCode, len(body), len(want))
+			}
+		})
+	}
+}
+
+// A request body past what the buffer budgets hold streams on to the
+// upstream, whole and in order: the chunk read when the budget ran out
+// (up to 32 KiB from the middle) goes first, then the rest. The spool
+// used to refuse that chunk and the copy drop it: 8 KiB of 256 KiB missing
+// on the proxy's own server (a chunked body, so the upstream could not
+// tell), a 502 over net/http.
+func TestRequestBodyPastTheBudgetKeepsEveryByte(t *testing.T) {
+	want := make([]byte, 256<<10)
+	for i := range want {
+		want[i] = byte(i * 7 / 3)
+	}
+	for _, c := range []struct {
+		name        string
+		memory, dsk int64
+		chunked     bool
+	}{
+		{"nothing-fits", 1, 1, false},
+		{"part-fits", 64 << 10, 100 << 10, false},
+		{"part-fits-chunked", 64 << 10, 100 << 10, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := make(chan []byte, 1)
+			_, base := serve(t, parityPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, err := io.ReadAll(r.Body)
+				if err != nil {
+					b = nil
+				}
+				got <- b
+			}), func(o *Options) { o.BufferMemory, o.BufferDisk = c.memory, c.dsk })
+			var body io.Reader = bytes.NewReader(want)
+			if c.chunked {
+				body = io.MultiReader(body) // no length known: sent chunked
+			}
+			req, err := http.NewRequest("POST", base+"/upload", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if b := <-got; len(b) != len(want) || sha256.Sum256(b) != sha256.Sum256(want) {
+				t.Fatalf("the upstream got %d bytes (want %d, the same)", len(b), len(want))
 			}
 		})
 	}

@@ -133,3 +133,25 @@ func (s *spool) Close() error {
 	}
 	return nil
 }
+
+// spoolFrom copies r into sp until r ends or sp takes no more (a budget
+// spent, its cap reached); it returns what it read but sp did not take,
+// a view of buf. A body or response that streams on goes out as sp, then
+// that, then the rest of r (io.Copy would drop it: the upstream or the
+// client would get the bytes without that chunk).
+func spoolFrom(sp *spool, r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if w, werr := sp.Write(buf[:n]); werr != nil {
+				return buf[w:n], werr
+			}
+		}
+		switch {
+		case err == io.EOF:
+			return nil, nil
+		case err != nil:
+			return nil, err
+		}
+	}
+}
