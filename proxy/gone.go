@@ -15,13 +15,19 @@ import (
 // that is no longer there. net/http's server does the same with a
 // background read; fasthttp's has none, and a read of our own would take
 // bytes the server must parse. Instead, while requests wait, one goroutine
-// peeks at each of their connections (a non-blocking recv with MSG_PEEK,
-// which consumes nothing) every goneEvery, or less often with many waiting
-// (goneCost per connection per round bounds the polling to about 2% of a
-// core): a peek that reads end of stream or a reset is a client gone. Data
-// (a pipelined request, the rest of a body) or nothing yet is a client
-// still there. A client that half-closes (shuts down its sending side)
-// and waits for the answer counts as gone, as with net/http's server.
+// looks at each of their connections without reading every goneEvery, or
+// less often with many waiting (goneCost per connection per round bounds
+// the polling to about 2% of a core). On Linux that is poll(2) with a zero
+// timeout (gone_linux.go): the client's FIN or a reset is a client gone,
+// even behind bytes not yet read (a pipelined request, the rest of a body
+// that streams). Elsewhere on unix it is a non-blocking recv with MSG_PEEK
+// (gone_unix.go), which sees the end of the stream or a reset only once
+// every byte before it has been read. A client that half-closes (shuts
+// down its sending side) and waits for the answer counts as gone, as with
+// net/http's server. One close no look can see: that of a client whose body
+// streams (past the buffer budgets) and fills the proxy's receive window,
+// since its FIN waits behind the body in the client's own kernel until the
+// proxy reads; a reset is seen.
 type goneWatch struct {
 	mu      sync.Mutex
 	waiting map[*goneEntry]struct{}

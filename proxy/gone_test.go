@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,140 +13,179 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
+// queued is a proxy with a worker pool of one and a wait queue of a
+// minute in front of an upstream that holds /a until free is called, so
+// that every other request waits.
+type queued struct {
+	t       *testing.T
+	base    string
+	q       sluice.Queuer
+	s       *Server
+	free    func()
+	entered chan string // every path the upstream gets, in order
+	reached atomic.Int64
+}
+
+func newQueued(t *testing.T, opts ...func(*Options)) *queued {
+	t.Helper()
+	release := make(chan struct{})
+	p := &queued{t: t, entered: make(chan string, 16)}
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.reached.Add(1)
+		p.entered <- r.URL.Path
+		if r.URL.Path == "/a" {
+			<-release
+		}
+	})
+	p.s, p.base = serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, limit: 1, queue: {max_wait: 60s}}\n", up, opts...)
+	p.free = sync.OnceFunc(func() { close(release) })
+	t.Cleanup(p.free) // before the servers close: a failed test must not hang in /a
+	for _, g := range p.s.mw.Chain().Gates() {
+		if v, ok := sluice.As[sluice.Queuer](g); ok {
+			p.q = v
+		}
+	}
+	if p.q == nil {
+		t.Fatal("no wait queue in the chain")
+	}
+	return p
+}
+
+func (p *queued) waiting() int {
+	n, _, _, _ := p.q.QueueStats(p.s.mw.Chain().Clock().Now())
+	return n
+}
+
+// until waits for cond, for 30 s at most (a failure, not a bound).
+func (p *queued) until(what string, cond func() bool) {
+	p.t.Helper()
+	for end := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			p.t.Fatalf("after 30 s: %s", what)
+		}
+	}
+}
+
+// hold sends /a, which takes the pool's one slot until free; the
+// returned channel gives its status.
+func (p *queued) hold() chan int {
+	p.t.Helper()
+	done := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(p.base + "/a")
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	if got := <-p.entered; got != "/a" {
+		p.t.Fatalf("upstream got %s first", got)
+	}
+	return done
+}
+
+func (p *queued) dial() *net.TCPConn {
+	p.t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(p.base, "http://"))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return c.(*net.TCPConn)
+}
+
+// afterGone frees /a and checks that the pool's slot serves the next
+// request and that the upstream got nothing but /a and it.
+func (p *queued) afterGone(held chan int) {
+	p.t.Helper()
+	p.free()
+	if code := <-held; code != 200 {
+		p.t.Fatalf("/a: %d", code)
+	}
+	resp, err := http.Get(p.base + "/c")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		p.t.Fatalf("/c after the client left: %d (the slot it waited for must be free)", resp.StatusCode)
+	}
+	if got := <-p.entered; got != "/c" {
+		p.t.Fatalf("the upstream got %s after /a: a request whose client had gone", got)
+	}
+	if n := p.reached.Load(); n != 2 {
+		p.t.Fatalf("the upstream got %d requests, want 2 (/a and /c)", n)
+	}
+}
+
 // A request waiting in a wait queue whose client closes its connection
 // leaves the queue, and never reaches the upstream: over both servers
 // (net/http's notices with its background read, the proxy's own with
 // goneWatch). Without it the request would wait out its max_wait (a
 // minute here), then be forwarded for a client no longer there.
 func TestQueuedRequestOfAGoneClientLeavesTheQueue(t *testing.T) {
-	release := make(chan struct{})
-	entered := make(chan string, 4)
-	var reached atomic.Int64
-	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached.Add(1)
-		entered <- r.URL.Path
-		if r.URL.Path == "/a" {
-			<-release
-		}
-	})
-	s, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, limit: 1, queue: {max_wait: 60s}}\n", up)
-	free := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(free) // before the servers close: a failed test must not hang in /a
-	var q sluice.Queuer
-	for _, g := range s.mw.Chain().Gates() {
-		if v, ok := sluice.As[sluice.Queuer](g); ok {
-			q = v
-		}
-	}
-	if q == nil {
-		t.Fatal("no wait queue in the chain")
-	}
-	waiting := func() int {
-		n, _, _, _ := q.QueueStats(s.mw.Chain().Clock().Now())
-		return n
-	}
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		for end := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("after 30 s: %s", what)
-			}
-		}
-	}
-
-	aDone := make(chan int, 1)
-	go func() {
-		resp, err := http.Get(base + "/a")
-		if err != nil {
-			aDone <- 0
-			return
-		}
-		resp.Body.Close()
-		aDone <- resp.StatusCode
-	}()
-	if p := <-entered; p != "/a" {
-		t.Fatalf("upstream got %s first", p)
-	}
-
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newQueued(t)
+	held := p.hold()
+	c := p.dial()
 	if _, err := c.Write([]byte("GET /b HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	until("/b is not waiting in the queue", func() bool { return waiting() == 1 })
+	p.until("/b is not waiting in the queue", func() bool { return p.waiting() == 1 })
 	c.Close()
-	until("/b still waits in the queue after its client closed the connection", func() bool { return waiting() == 0 })
+	p.until("/b still waits in the queue after its client closed the connection", func() bool { return p.waiting() == 0 })
+	p.afterGone(held)
+}
 
-	free()
-	if code := <-aDone; code != 200 {
-		t.Fatalf("/a: %d", code)
+// The same behind bytes the server has not read: the client pipelines a
+// second request while the first waits, then closes (FIN) or resets
+// (RST). A peek at the connection would read the pipelined request's first
+// byte, not the end of the stream, and take the client for present; on
+// Linux the proxy's own server polls for the FIN or the reset instead.
+// (net/http's background read has the same blind spot: skipped there.)
+func TestQueuedRequestOfAGoneClientLeavesBehindUnreadBytes(t *testing.T) {
+	if netHTTPFront() || runtime.GOOS != "linux" {
+		t.Skip("the proxy's own server on Linux only")
 	}
-	resp, err := http.Get(base + "/c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("/c after /b's client left: %d (the slot it waited for must be free)", resp.StatusCode)
-	}
-	if got := <-entered; got != "/c" {
-		t.Fatalf("the upstream got %s after /a: a request whose client had gone", got)
-	}
-	if n := reached.Load(); n != 2 {
-		t.Fatalf("the upstream got %d requests, want 2 (/a and /c)", n)
+	for _, how := range []string{"fin", "rst"} {
+		t.Run(how, func(t *testing.T) {
+			p := newQueued(t)
+			held := p.hold()
+			c := p.dial()
+			if _, err := c.Write([]byte("GET /b HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			p.until("/b is not waiting in the queue", func() bool { return p.waiting() == 1 })
+			if _, err := c.Write([]byte("GET /b2 HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			if how == "rst" {
+				_ = c.SetLinger(0) // Close sends a reset
+			}
+			c.Close()
+			p.until("/b still waits in the queue after its client left", func() bool { return p.waiting() == 0 })
+			p.afterGone(held)
+		})
 	}
 }
 
-// A client that stays connected keeps its place: a peek at its
+// A client that stays connected keeps its place: a look at its
 // connection (nothing to read yet, or its next pipelined request) is not
 // a client gone, nor is a read deadline of the server's that passed while
 // the request waited (ReadTimeout 100 ms here).
 func TestQueuedRequestOfAConnectedClientIsServed(t *testing.T) {
-	release := make(chan struct{})
-	entered := make(chan struct{}, 4)
-	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		if r.URL.Path == "/a" {
-			<-release
-		}
-	})
-	s, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, limit: 1, queue: {max_wait: 60s}}\n", up, func(o *Options) { o.ReadTimeout = 100 * time.Millisecond })
-	free := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(free) // before the servers close: a failed test must not hang in /a
-	var q sluice.Queuer
-	for _, g := range s.mw.Chain().Gates() {
-		if v, ok := sluice.As[sluice.Queuer](g); ok {
-			q = v
-		}
-	}
-	go func() {
-		if resp, err := http.Get(base + "/a"); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	<-entered
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newQueued(t, func(o *Options) { o.ReadTimeout = 100 * time.Millisecond })
+	p.hold()
+	c := p.dial()
 	defer c.Close()
 	// /b, then /b2 pipelined behind it: /b waits with bytes to read on its
 	// connection.
 	if _, err := c.Write([]byte("GET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /b2 HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if n, _, _, _ := q.QueueStats(s.mw.Chain().Clock().Now()); n == 1 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("/b is not waiting in the queue")
-		}
-	}
-	time.Sleep(max(3*goneEvery, 300*time.Millisecond)) // rounds of peeks, and past the read deadline
-	free()
+	p.until("/b is not waiting in the queue", func() bool { return p.waiting() == 1 })
+	time.Sleep(max(3*goneEvery, 300*time.Millisecond)) // rounds of looks, and past the read deadline
+	p.free()
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	buf := make([]byte, 4096)
 	var got string
