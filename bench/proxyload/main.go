@@ -67,6 +67,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
+	"github.com/panjf2000/gnet/v2/pkg/logging"
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluice-go/sluice/proxy"
@@ -223,9 +225,54 @@ func runRole(role, listen, upstream, policy string) {
 			ctx.SetBody(body)
 		}
 		log.Fatal((&fasthttp.Server{Handler: h, NoDefaultServerHeader: true}).ListenAndServe(listen))
+	case "gnet-floor":
+		// The floor of an event-loop server: gnet (no goroutine per
+		// connection) answering every request head with the same fixed 429
+		// as the fasthttp floor, with nothing parsed but the end of the head
+		// (wrk sends GETs without bodies). Not an HTTP server: the ceiling a
+		// proxy on an event loop could approach.
+		log.Fatal(gnet.Run(&gnetFloor{resp: fixed429()}, "tcp://"+listen, gnet.WithMulticore(true), gnet.WithLogLevel(logging.ErrorLevel)))
 	default:
 		log.Fatalf("unknown role %q", role)
 	}
+}
+
+// fixed429 is the fasthttp floor's answer, as bytes on the wire.
+func fixed429() []byte {
+	body := `{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (1 requests per 10ms per tenant); retry after 1s"}}`
+	return []byte("HTTP/1.1 429 Too Many Requests\r\n" +
+		"Date: " + time.Now().UTC().Format(http.TimeFormat) + "\r\n" +
+		"Content-Type: application/json\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n" +
+		"Retry-After: 1\r\n" +
+		`Ratelimit-Policy: "request-rate";q=100;w=1;sluice-burst=1` + "\r\n" +
+		`Ratelimit: "request-rate";r=0;t=1` + "\r\n" +
+		"X-Request-Id: 0000000-1\r\n" +
+		"Cache-Control: no-store\r\n\r\n" + body)
+}
+
+// gnetFloor answers each complete request head with resp.
+type gnetFloor struct {
+	gnet.BuiltinEventEngine
+	resp []byte
+}
+
+func (g *gnetFloor) OnTraffic(c gnet.Conn) gnet.Action {
+	buf, _ := c.Peek(-1)
+	done, n := 0, 0
+	for {
+		i := bytes.Index(buf[done:], []byte("\r\n\r\n"))
+		if i < 0 {
+			break
+		}
+		done += i + 4
+		n++
+	}
+	_, _ = c.Discard(done)
+	for range n {
+		_, _ = c.Write(g.resp)
+	}
+	return gnet.None
 }
 
 type bufPool struct{ p sync.Pool }
@@ -438,6 +485,12 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	}
 	defer floor.rejecP.stop()
 	targets = append(targets, floor)
+	gfloor := &target{name: "gnet-429", reject: freePort()}
+	if gfloor.rejecP, err = start("gnet-floor", self, "-role", "gnet-floor", "-listen", gfloor.reject); err != nil {
+		return err
+	}
+	defer gfloor.rejecP.stop()
+	targets = append(targets, gfloor)
 	for _, role := range []string{"sluice", "sluice-nethttp"} {
 		t := &target{name: role, admit: freePort(), reject: freePort()}
 		if t.admitP, err = start(role, self, "-role", role, "-listen", t.admit, "-upstream", upAddr, "-policy", "admit"); err != nil {
@@ -696,6 +749,8 @@ func report(res map[string][]float64, targets []*target) {
 	}
 	ratio("sluice / its server library's floor (fasthttp, a fixed 429)", "reject/sluice", "reject/fasthttp-429", false)
 	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
+	ratio("an event loop's floor (gnet, the same 429) / fasthttp's", "reject/gnet-429", "reject/fasthttp-429", false)
+	ratio("the event loop's floor / nginx limit_req without its log line", "reject/gnet-429", "reject/nginx-quiet", false)
 	ratio("nginx without / with its log line per rejection", "reject/nginx-quiet", "reject/nginx", false)
 	ratio("sluice / sluice over net/http, max throughput all admitted", "max/sluice", "max/sluice-nethttp", false)
 	ratio("sluice / sluice over net/http, rejected-path throughput", "reject/sluice", "reject/sluice-nethttp", false)
