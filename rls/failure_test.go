@@ -103,7 +103,7 @@ func TestFailureMatrix(t *testing.T) {
 								break
 							}
 						}
-						if lat > timeout+2*time.Millisecond+meter.Max() {
+						if lat > timeout+2*time.Millisecond+meter.Max() && lat > timeout+2*time.Millisecond+meter.MaxIn(lat) {
 							ps[i].slow.Add(1)
 						}
 						if got := outcome(resp, err); want != nil && got != want[i] {

@@ -11,16 +11,30 @@
 package stall
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// Meter records the longest scheduling delay since its last Reset.
+// Meter records the longest scheduling delay since its last Reset, and
+// every delay, for MaxIn.
 type Meter struct {
 	max  atomic.Int64
 	stop chan struct{}
 	done chan struct{}
+
+	mu     sync.Mutex
+	recent []sample // the delays since the last Reset, oldest first (at most keep)
 }
+
+// sample is one wake-up: when, and how late.
+type sample struct {
+	at   time.Time
+	late time.Duration
+}
+
+// keep bounds the delays kept for MaxIn: a few seconds of ticks.
+const keep = 8192
 
 // Start starts a meter; Stop ends it.
 func Start() *Meter {
@@ -39,8 +53,18 @@ func (m *Meter) run() {
 			return
 		case <-time.After(tick):
 		}
-		if late := int64(time.Since(want)); late > m.max.Load() {
-			m.max.Store(late) // one writer
+		now := time.Now()
+		late := now.Sub(want)
+		if int64(late) > m.max.Load() {
+			m.max.Store(int64(late)) // one writer
+		}
+		if late > 0 {
+			m.mu.Lock()
+			if len(m.recent) == keep {
+				m.recent = append(m.recent[:0], m.recent[keep/2:]...)
+			}
+			m.recent = append(m.recent, sample{at: now, late: late})
+			m.mu.Unlock()
 		}
 	}
 }
@@ -48,8 +72,35 @@ func (m *Meter) run() {
 // Max returns the longest delay seen since the last Reset.
 func (m *Meter) Max() time.Duration { return time.Duration(m.max.Load()) }
 
+// MaxIn returns the most delay, summed, that the meter saw within any span
+// of length w since the last Reset: what a busy machine took from an
+// operation that lasted w. A wait of several hand-offs between goroutines
+// (a Redis call: the caller, the client's writer and reader) can be late at
+// each of them, and on a machine that runs this process in short turns,
+// Max (the longest single delay) is less than their sum.
+func (m *Meter) MaxIn(w time.Duration) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var best, sum time.Duration
+	first := 0
+	for _, s := range m.recent {
+		sum += s.late
+		for s.at.Sub(m.recent[first].at) > w {
+			sum -= m.recent[first].late
+			first++
+		}
+		best = max(best, sum)
+	}
+	return max(best, m.Max())
+}
+
 // Reset starts a new measurement.
-func (m *Meter) Reset() { m.max.Store(0) }
+func (m *Meter) Reset() {
+	m.max.Store(0)
+	m.mu.Lock()
+	m.recent = m.recent[:0]
+	m.mu.Unlock()
+}
 
 // Stop ends the meter's goroutine.
 func (m *Meter) Stop() {

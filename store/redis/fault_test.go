@@ -75,8 +75,10 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 
 	// failures counts calls that went to Redis and failed (each paid up to
 	// the timeout); decisions answered by the open breaker cost nothing. A
-	// decision may take the timeout plus 2 ms, plus the longest scheduling
-	// stall this process suffered meanwhile (a busy machine's, not ours).
+	// decision may take the timeout plus 2 ms, plus the scheduling stalls
+	// this process suffered within a span of its length (a busy machine's,
+	// not ours: a call waits at several hand-offs between goroutines, and on
+	// a loaded machine each can be late).
 	meter := stall.Start()
 	defer meter.Stop()
 	phase := func(name string, d time.Duration) (failures int64) {
@@ -89,7 +91,9 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 		t.Logf("%-9s %6d decisions so far, slowest %v, %d calls to Redis failed, %d decisions by failure policy, longest stall %v",
 			name, load.total.Load(), time.Duration(load.maxLatency.Load()), failures, gOpen.Failures()+gClosed.Failures()+gLocal.Failures()-gb, stalled)
 		if max := time.Duration(load.maxLatency.Load()); max > timeout+2*time.Millisecond+stalled {
-			t.Errorf("%s: a decision took %v, more than timeout + 2ms + the longest stall %v", name, max, stalled)
+			if in := meter.MaxIn(max); max > timeout+2*time.Millisecond+in {
+				t.Errorf("%s: a decision took %v, more than timeout + 2ms + the stalls within a span that long, %v", name, max, in)
+			}
 		}
 		return failures
 	}
