@@ -2,7 +2,12 @@
 // `sluice proxy`, Go's httputil.ReverseProxy alone, and nginx (its Debian
 // package and a config file written here) when it is installed, all in
 // front of the same upstream, with the same generators, in interleaved
-// rounds:
+// rounds. Three more targets answer the rejecting load only, to show where
+// the floor is: nginx-quiet (nginx without the error.log line it writes
+// for every rejection by default), fasthttp-429 (the proxy's server
+// library answering a fixed 429 of sluice's size and fields) and gnet-429
+// (an event-loop server answering the same, parsing nothing but the end
+// of each request head):
 //
 //   - max: closed-loop maximum throughput with every request admitted
 //     (wrk, -conns connections), and the proxy's CPU time per 1,000
