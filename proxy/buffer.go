@@ -85,7 +85,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{io.MultiReader(sp, bytes.NewReader(held), r.Body), r.Body}
+		}{io.MultiReader(sp, bytes.NewReader(held), &bodyCap{r: r.Body, left: s.opts.MaxBodyBytes - n - int64(len(held))}), r.Body}
 		return sp, true
 	case err != nil:
 		sp.Close()
@@ -237,4 +237,30 @@ func bufferedOf(w http.ResponseWriter) *bufferedWriter {
 			return nil
 		}
 	}
+}
+
+// bodyCap reads r, and fails once it has given left bytes and more
+// follow: the rest of a body that streams past the spool stays within
+// MaxBodyBytes (a chunked body declares no length to refuse up front).
+// The upstream then sees the body broken off, never a larger one whole.
+type bodyCap struct {
+	r    io.Reader
+	left int64
+}
+
+var errBodyCap = errors.New("proxy: request body more than the proxy takes")
+
+func (b *bodyCap) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, errBodyCap
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1] // one byte past the cap tells a larger body
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n + int(b.left), errBodyCap // the bytes within the cap, then the error
+	}
+	return n, err
 }

@@ -486,7 +486,8 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 	case errors.Is(err, errSpoolFull):
 		// The budgets are spent: what was read goes first, the rest
 		// streams, with the length the client declared (-1: chunked).
-		ctx.Request.SetBodyStream(io.MultiReader(sp, bytes.NewReader(held), stream), ctx.Request.Header.ContentLength())
+		rest := &bodyCap{r: stream, left: max - n - int64(len(held))}
+		ctx.Request.SetBodyStream(io.MultiReader(sp, bytes.NewReader(held), rest), ctx.Request.Header.ContentLength())
 		return sp, true
 	case err != nil:
 		sp.Close()

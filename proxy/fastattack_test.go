@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -174,6 +175,43 @@ func TestRequestBodyPastTheBudgetKeepsEveryByte(t *testing.T) {
 	}
 }
 
+// A chunked body (no length to refuse up front) that streams past the
+// buffer budgets stays within MaxBodyBytes: the upstream never gets more
+// than that as a whole body, and the client no 200. The rest of such a
+// body used to stream unbounded over both servers (fasthttp's
+// MaxRequestBodySize does not bound a streamed chunked body): 256 KiB
+// reached the upstream whole with MaxBodyBytes at 100 KiB.
+func TestStreamedChunkedBodyStaysWithinMaxBodyBytes(t *testing.T) {
+	const max = 100 << 10
+	got := make(chan int, 1)
+	_, base := serve(t, parityPolicy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			got <- -1 // broken off: not a body the upstream takes
+			return
+		}
+		got <- len(b)
+	}), func(o *Options) { o.BufferMemory, o.BufferDisk, o.MaxBodyBytes = 1, 1, max })
+	req, err := http.NewRequest("POST", base+"/upload", io.MultiReader(bytes.NewReader(make([]byte, 256<<10))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Errorf("a body of 256 KiB past MaxBodyBytes %d answered 200", max)
+		}
+	}
+	select {
+	case n := <-got:
+		if n > max {
+			t.Errorf("the upstream got a whole body of %d bytes, more than MaxBodyBytes %d", n, max)
+		}
+	default: // never reached the upstream
+	}
+}
+
 // next byte with no bound.
 func TestSilentStreamReleasesItsSlot(t *testing.T) {
 	release := make(chan struct{})
@@ -254,5 +292,20 @@ func TestAsteriskFormIsNotForwarded(t *testing.T) {
 	case u := <-got:
 		t.Errorf("OPTIONS * reached the upstream as %q", u)
 	default:
+	}
+}
+
+// bodyCap gives a body of exactly its cap whole, and one byte more as the
+// bytes within the cap, then errBodyCap.
+func TestBodyCapAtItsBound(t *testing.T) {
+	for _, c := range []struct {
+		size     int
+		wantN    int
+		wantFail bool
+	}{{10, 10, false}, {11, 10, true}, {0, 0, false}, {4096, 10, true}} {
+		b, err := io.ReadAll(&bodyCap{r: bytes.NewReader(make([]byte, c.size)), left: 10})
+		if len(b) != c.wantN || (err != nil) != c.wantFail || (err != nil && !errors.Is(err, errBodyCap)) {
+			t.Errorf("a body of %d through a cap of 10: %d bytes, %v", c.size, len(b), err)
+		}
 	}
 }
