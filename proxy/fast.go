@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,10 +153,37 @@ func (l coarseListener) Accept() (net.Conn, error) {
 // request, 3.5% of the rejection path's throughput), and a timeout of
 // tens of seconds loses nothing by ending up to deadlineSlack early. An
 // earlier deadline, or none, is always applied.
+//
+// It also yields the processor once between writing to the client and
+// reading from it again (runtime.Gosched). On a keep-alive connection the
+// server reads for the next request as soon as it has written an answer,
+// before the client can have sent one: the read finds nothing, the
+// goroutine parks, and the poller wakes it for a second read, two read
+// calls and a park a request where nginx, told by edge-triggered epoll
+// that the socket is empty, makes one. Go's poller does not tell a
+// program whether a socket is readable without a read. Letting the other
+// runnable goroutines go first gives the client that time when the
+// server is busy, which is when a request's cost matters; when it is
+// idle the yield returns at once. Under wrk, 98% of requests rejected,
+// it took the reads from 1.94 to 1.26 a request.
 type coarseConn struct {
 	net.Conn
 	rd, wd atomic.Int64    // the deadlines set, Unix ns; 0: none
 	raw    syscall.RawConn // the connection to peek at, once asked for (goneWatch)
+	wrote  atomic.Bool     // written to since the last read (atomic: a hijacked connection is read and written by two goroutines)
+}
+
+func (c *coarseConn) Write(p []byte) (int, error) {
+	c.wrote.Store(true)
+	return c.Conn.Write(p)
+}
+
+func (c *coarseConn) Read(p []byte) (int, error) {
+	if c.wrote.Load() {
+		c.wrote.Store(false)
+		runtime.Gosched()
+	}
+	return c.Conn.Read(p)
 }
 
 const deadlineSlack = int64(time.Second)
