@@ -163,15 +163,41 @@ func (l coarseListener) Accept() (net.Conn, error) {
 // that the socket is empty, makes one. Go's poller does not tell a
 // program whether a socket is readable without a read. Letting the other
 // runnable goroutines go first gives the client that time when the
-// server is busy, which is when a request's cost matters; when it is
-// idle the yield returns at once. Under wrk, 98% of requests rejected,
-// it took the reads from 1.94 to 1.26 a request.
+// server is busy, which is when a request's cost matters. Under wrk, 98%
+// of requests rejected, it took the reads from 1.94 to 1.26 a request.
+//
+// A yield is not free: the runtime wakes an idle thread for the
+// goroutine it queues, a futex call and a context switch. When the
+// server is not busy the next request is not there after the yield
+// either, and the yield is only that cost (at 2,000 requests/s it was
+// two of the 4.4 futex calls a request). So a connection yields while
+// its yields pay: a read after one that returns within yieldPaid found
+// the request there, and a yield that took as long ran other goroutines
+// (the server is busy, and letting them go first is the point). A yield
+// that returned at once followed by a read that waited makes the
+// connection skip its next 1, 3, 7 … up to yieldSkipMax answers' yields;
+// a yield that pays ends the skipping.
 type coarseConn struct {
 	net.Conn
 	rd, wd atomic.Int64    // the deadlines set, Unix ns; 0: none
 	raw    syscall.RawConn // the connection to peek at, once asked for (goneWatch)
 	wrote  atomic.Bool     // written to since the last read (atomic: a hijacked connection is read and written by two goroutines)
+	// The yield's backoff, read and written by the reading goroutine only,
+	// and the clock it is timed by (nil: time.Now; a test's own).
+	skip, backoff int
+	clock         func() time.Time
 }
+
+// yieldPaid is how long a read after a yield may take and still count as
+// having found its request there (a read that finds data returns in a
+// few µs; one that waits, waits for the client), and how long a yield
+// takes when it ran other goroutines (one with nothing else to run takes
+// a few µs); yieldSkipMax is the most answers a connection skips the
+// yield for when its yields do not pay.
+const (
+	yieldPaid    = 20 * time.Microsecond
+	yieldSkipMax = 63
+)
 
 func (c *coarseConn) Write(p []byte) (int, error) {
 	c.wrote.Store(true)
@@ -179,11 +205,35 @@ func (c *coarseConn) Write(p []byte) (int, error) {
 }
 
 func (c *coarseConn) Read(p []byte) (int, error) {
-	if c.wrote.Load() {
-		c.wrote.Store(false)
-		runtime.Gosched()
+	if !c.wrote.Load() {
+		return c.Conn.Read(p)
 	}
-	return c.Conn.Read(p)
+	c.wrote.Store(false)
+	if c.skip > 0 {
+		c.skip--
+		return c.Conn.Read(p)
+	}
+	now := time.Now
+	if c.clock != nil {
+		now = c.clock
+	}
+	t0 := now()
+	runtime.Gosched()
+	t1 := now()
+	n, err := c.Conn.Read(p)
+	c.yielded(t1.Sub(t0), now().Sub(t1))
+	return n, err
+}
+
+// yielded keeps the backoff after a yield that took yield and a read
+// after it that took read.
+func (c *coarseConn) yielded(yield, read time.Duration) {
+	if read <= yieldPaid || yield >= yieldPaid {
+		c.backoff = 0
+		return
+	}
+	c.backoff = min(2*c.backoff+1, yieldSkipMax)
+	c.skip = c.backoff
 }
 
 const deadlineSlack = int64(time.Second)

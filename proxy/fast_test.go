@@ -463,3 +463,82 @@ func TestCoarseConnIsReadAndWrittenConcurrently(t *testing.T) {
 		t.Fatalf("read %d bytes back, not the %d written", len(got), n)
 	}
 }
+
+// The yield backs off while it returns at once and the reads after it
+// wait, 1, 3, 7 … 63 answers without one; a read that finds its request
+// at once, or a yield that ran other goroutines, ends the skipping.
+func TestCoarseConnYieldBacksOffWhileItDoesNotPay(t *testing.T) {
+	c := &coarseConn{}
+	for _, want := range []int{1, 3, 7, 15, 31, 63, 63} {
+		c.yielded(time.Microsecond, time.Millisecond)
+		if c.skip != want || c.backoff != want {
+			t.Fatalf("after a read that waited: skip %d, backoff %d, want %d", c.skip, c.backoff, want)
+		}
+	}
+	c.yielded(time.Microsecond, yieldPaid)
+	if c.backoff != 0 {
+		t.Fatalf("a read that paid left backoff %d", c.backoff)
+	}
+	c.yielded(time.Microsecond, time.Millisecond)
+	c.yielded(yieldPaid, time.Millisecond)
+	if c.backoff != 0 {
+		t.Fatalf("a yield that ran others left backoff %d", c.backoff)
+	}
+}
+
+// Read yields, or skips its yield, as the backoff says: on a clock where
+// every yield returns at once and every read after one waits, the reads
+// go yield (skip 1), skip, yield (skip 3), skip, skip, skip, yield.
+func TestCoarseConnSkipsYieldsAsTheBackoffSays(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	var calls int
+	at := time.Unix(0, 0)
+	cc := &coarseConn{Conn: a, clock: func() time.Time {
+		// A yielded read asks the time three times: before the yield,
+		// after it (1 µs later) and after the read (1 ms later).
+		calls++
+		switch calls % 3 {
+		case 2:
+			at = at.Add(time.Microsecond)
+		case 0:
+			at = at.Add(time.Millisecond)
+		}
+		return at
+	}}
+	done := make(chan struct{})
+	go func() { // the client: reads each answer and sends the next request
+		defer close(done)
+		buf := make([]byte, 1)
+		for {
+			if _, err := b.Read(buf); err != nil {
+				return
+			}
+			if _, err := b.Write([]byte("r")); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 1)
+	var skips []int
+	var yields int
+	for range 7 {
+		if _, err := cc.Write([]byte("a")); err != nil {
+			t.Fatal(err)
+		}
+		before := calls
+		if _, err := cc.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		if calls > before {
+			yields++
+		}
+		skips = append(skips, cc.skip)
+	}
+	a.Close()
+	<-done
+	if want := []int{1, 0, 3, 2, 1, 0, 7}; !slices.Equal(skips, want) || yields != 3 {
+		t.Fatalf("skips after each read %v and %d yields, want %v and 3", skips, yields, want)
+	}
+}
