@@ -70,6 +70,7 @@ func serveCmd() *cobra.Command {
 			"errors logged (file:line) and the old configuration keeps serving.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			keepMonitorAwake(cmd)
 			log, err := logger(cmd)
 			if err != nil {
 				return err
