@@ -43,6 +43,14 @@
 //	PROXYLOAD_CPUPROFILE=reject.prof proxyload -role sluice -policy reject \
 //	    -listen 127.0.0.1:18081 -upstream 127.0.0.1:18080 &
 //	wrk -t2 -c64 -d10s -H 'X-Api-Key: t1' http://127.0.0.1:18081/
+//
+// or with the open-loop generator alone (it prints its quantiles):
+//
+//	proxyload -role open -listen 127.0.0.1:18081 -rate 2000 -open-for 10s
+//
+// For an A/B of two builds or settings in the same interleaved rounds,
+// -b-bin (another build of proxyload) or -b-env (extra environment, such
+// as GOGC=off) adds a target sluice-b, and -skip leaves targets out.
 package main
 
 import (
@@ -76,6 +84,7 @@ import (
 	"github.com/panjf2000/gnet/v2/pkg/logging"
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluice-go/sluice/internal/sysmon"
 	"github.com/sluice-go/sluice/proxy"
 )
 
@@ -163,24 +172,50 @@ func main() {
 	duration := flag.Duration("duration", 5*time.Second, "length of each measurement")
 	conns := flag.Int("conns", 64, "wrk connections")
 	threads := flag.Int("threads", 2, "wrk threads")
-	rate := flag.Int("rate", 2000, "open-loop requests per second")
 	only := flag.String("only", "max,reject,open", "measures to run")
 	nslices := flag.Int("open-slices", 5, "slices each round's open-loop measure is cut into, interleaved across the targets")
+	flag.StringVar(&abEnv, "b-env", "", "also measure sluice-b: sluice started with these extra environment variables (K=V,K=V), for an A/B in the same rounds")
+	flag.StringVar(&abBin, "b-bin", "", "also measure sluice-b: this proxyload binary's sluice role (another build), for an A/B in the same rounds")
+	flag.IntVar(&openRate, "rate", 2000, "open-loop requests per second")
+	flag.DurationVar(&openFor, "open-for", 10*time.Second, "internal: how long -role open runs")
+	skip := flag.String("skip", "", "targets left out of every measure (comma-separated names, e.g. go-reverseproxy,sluice-nethttp)")
 	flag.Parse()
+	skipped = strings.Split(*skip, ",")
 	if *role != "" {
 		runRole(*role, *listen, *upstream, *policy)
 		return
 	}
-	if err := run(*rounds, *duration, *conns, *threads, *rate, max(*nslices, 1), strings.Split(*only, ",")); err != nil {
+	if err := run(*rounds, *duration, *conns, *threads, openRate, max(*nslices, 1), strings.Split(*only, ",")); err != nil {
 		log.Fatal(err)
 	}
 }
+
+// The A/B target's settings (flags -b-env and -b-bin), and the targets
+// left out of the measures (-skip).
+var (
+	abEnv, abBin string
+	skipped      []string
+	openRate     int           // -rate
+	openFor      time.Duration // -open-for
+)
 
 // runRole is one child process.
 func runRole(role, listen, upstream, policy string) {
 	switch role {
 	case "upstream":
 		serveUpstream(listen)
+	case "open":
+		// The open-loop generator alone, against listen, for a profile
+		// or a system-call count of one target under it.
+		l, err := openLoop(listen, openRate, openFor)
+		if err != nil {
+			log.Fatal(err)
+		}
+		slices.Sort(l)
+		for _, q := range quantiles {
+			fmt.Printf("%s %.3f ms  ", q.name, float64(l[int(q.q*float64(len(l)-1))].Microseconds())/1000)
+		}
+		fmt.Println()
 	case "bare":
 		u, _ := url.Parse("http://" + upstream)
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -190,6 +225,11 @@ func runRole(role, listen, upstream, policy string) {
 		rp.ErrorLog = log.New(io.Discard, "", 0) // wrk cuts requests at its end
 		log.Fatal((&http.Server{Addr: listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}).ListenAndServe())
 	case "sluice", "sluice-nethttp":
+		// As `sluice proxy` does: started again with the runtime's monitor
+		// kept awake (sysmon.Reexec).
+		if err := sysmon.Reexec(); err != nil {
+			log.Printf("sysmon: %v", err)
+		}
 		if f := os.Getenv("PROXYLOAD_CPUPROFILE"); f != "" {
 			out, err := os.Create(f)
 			if err != nil {
@@ -404,7 +444,15 @@ func freePort() string {
 }
 
 func start(name string, args ...string) (*proc, error) {
+	return startEnv(name, nil, args...)
+}
+
+// startEnv is start with env added to the harness's own environment.
+func startEnv(name string, env []string, args ...string) (*proc, error) {
 	cmd := exec.Command(args[0], args[1:]...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -496,13 +544,27 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	}
 	defer gfloor.rejecP.stop()
 	targets = append(targets, gfloor)
-	for _, role := range []string{"sluice", "sluice-nethttp"} {
-		t := &target{name: role, admit: freePort(), reject: freePort()}
-		if t.admitP, err = start(role, self, "-role", role, "-listen", t.admit, "-upstream", upAddr, "-policy", "admit"); err != nil {
+	roles := []string{"sluice", "sluice-nethttp"}
+	if abEnv != "" || abBin != "" {
+		roles = append(roles, "sluice-b")
+	}
+	for _, name := range roles {
+		role, bin, env := name, self, []string(nil)
+		if name == "sluice-b" {
+			role = "sluice"
+			if abBin != "" {
+				bin = abBin
+			}
+			if abEnv != "" {
+				env = strings.Split(abEnv, ",")
+			}
+		}
+		t := &target{name: name, admit: freePort(), reject: freePort()}
+		if t.admitP, err = startEnv(name, env, bin, "-role", role, "-listen", t.admit, "-upstream", upAddr, "-policy", "admit"); err != nil {
 			return err
 		}
 		defer t.admitP.stop()
-		if t.rejecP, err = start(role, self, "-role", role, "-listen", t.reject, "-upstream", upAddr, "-policy", "reject"); err != nil {
+		if t.rejecP, err = startEnv(name, env, bin, "-role", role, "-listen", t.reject, "-upstream", upAddr, "-policy", "reject"); err != nil {
 			return err
 		}
 		defer t.rejecP.stop()
@@ -523,6 +585,9 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	for r := range rounds {
 		fmt.Fprintf(os.Stderr, "round %d of %d\n", r+1, rounds)
 		for _, t := range targets {
+			if slices.Contains(skipped, t.name) {
+				continue
+			}
 			if slices.Contains(measures, "max") && t.admit != "" {
 				p := t.admitP
 				c0 := p.cpu()
@@ -560,7 +625,7 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 			for k := range openSlices {
 				for i := range targets {
 					t := targets[(i+k+r)%len(targets)]
-					if t.admit == "" {
+					if t.admit == "" || slices.Contains(skipped, t.name) {
 						continue
 					}
 					l, err := openLoop(t.admit, rate, d/time.Duration(openSlices))
@@ -568,6 +633,11 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 						return err
 					}
 					lats[t.name] = append(lats[t.name], l...)
+					// Each slice's own p99, for the median over slices: a
+					// stall of the machine (tens of ms, a few times a run)
+					// lands in one target's slice and moves its pooled p99.
+					slices.Sort(l)
+					add("slicep99/"+t.name, float64(l[int(0.99*float64(len(l)-1))].Microseconds())/1000)
 				}
 			}
 		}
@@ -575,6 +645,9 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	for name, l := range lats {
 		slices.Sort(l)
 		ms := func(q float64) float64 { return float64(l[int(q*float64(len(l)-1))].Microseconds()) / 1000 }
+		for _, q := range quantiles {
+			add(fmt.Sprintf("q%g/%s", q.q, name), ms(q.q))
+		}
 		add("p50/"+name, ms(0.50))
 		add("p99/"+name, ms(0.99))
 	}
@@ -635,88 +708,138 @@ func runWrk(wrk, addr string, d time.Duration, conns, threads int) (rps float64,
 // when all are busy), and returns every request's latency, from its
 // scheduled time to its whole answer.
 //
-// Each call starts with no connection: a pool kept across one target's
-// slices, idle while the other targets run, measured a p99 of 3 to 6 ms
-// for every target against 1.3 to 2.3 ms, swinging between runs by more
-// than any proxy adds.
+// One goroutine, on a thread of its own, keeps the schedule (newPacer)
+// and writes each request itself; each connection has a goroutine that
+// waits in the read of its next answer, so that neither sending nor
+// receiving waits for a goroutine to be scheduled. Each call starts with
+// no connection: a pool kept across one target's slices, idle while the
+// other targets run, measured a p99 of 3 to 6 ms for every target against
+// 1.3 to 2.3 ms, swinging between runs by more than any proxy adds.
 func openLoop(addr string, rate int, d time.Duration) ([]time.Duration, error) {
-	idle := make(chan *conn, 1024)
-	defer closePool(idle)
 	n := int(d.Seconds() * float64(rate))
 	interval := time.Second / time.Duration(rate)
 	lat := make([]time.Duration, n)
 	req := []byte("GET /v1/items/42 HTTP/1.1\r\nHost: bench\r\nX-Api-Key: tenant-1\r\n\r\n")
-	var wg sync.WaitGroup
+	idle := make(chan *conn, 4096)
+	var readers sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
-	start := time.Now().Add(10 * time.Millisecond)
-	for i := range n {
-		at := start.Add(time.Duration(i) * interval)
-		time.Sleep(time.Until(at))
-		var c *conn
-		select {
-		case c = <-idle:
-		default:
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if c == nil {
+		mu.Unlock()
+	}
+	var all []*conn
+	var pending sync.WaitGroup // requests written and not yet answered
+	paced := make(chan struct{})
+	go func() {
+		defer close(paced)
+		sleepUntil := newPacer()
+		start := time.Now().Add(10 * time.Millisecond)
+		for i := range n {
+			at := start.Add(time.Duration(i) * interval)
+			sleepUntil(at)
+			var c *conn
+			select {
+			case c = <-idle:
+			default:
 				nc, err := net.Dial("tcp", addr)
 				if err != nil {
-					mu.Lock()
-					firstErr = err
-					mu.Unlock()
+					fail(err)
 					return
 				}
-				c = &conn{c: nc, br: bufio.NewReader(nc)}
+				c = &conn{c: nc, br: bufio.NewReader(nc), jobs: make(chan job, 1)}
+				all = append(all, c)
+				readers.Add(1)
+				go c.answers(lat, idle, &readers, &pending, fail)
 			}
+			pending.Add(1)
+			c.jobs <- job{i: i, at: at}
 			if _, err := c.c.Write(req); err != nil {
-				c.c.Close()
+				fail(err)
 				return
 			}
-			resp, err := http.ReadResponse(c.br, nil)
-			if err != nil {
-				c.c.Close()
-				mu.Lock()
-				firstErr = err
-				mu.Unlock()
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			lat[i] = time.Since(at)
-			if resp.Close {
-				c.c.Close()
-				return
-			}
-			select {
-			case idle <- c:
-			default:
-				c.c.Close()
-			}
-		}()
+		}
+	}()
+	<-paced
+	// The last answers, then the readers end on their closed connections
+	// (a reader with a request still unanswered reports it).
+	answered := make(chan struct{})
+	go func() { pending.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		fail(errors.New("answers missing 5 s after the last request"))
 	}
-	wg.Wait()
+	for _, c := range all {
+		close(c.jobs)
+		c.c.Close()
+	}
+	readers.Wait()
 	if firstErr != nil {
 		return nil, firstErr
 	}
 	return lat, nil
 }
 
-// conn is a keep-alive connection of the open-loop generator.
+// conn is a keep-alive connection of the open-loop generator, with the
+// request it carries (jobs holds at most one: a connection is idle again
+// only once its answer is read).
 type conn struct {
-	c  net.Conn
-	br *bufio.Reader
+	c    net.Conn
+	br   *bufio.Reader
+	jobs chan job
 }
 
-// closePool closes every idle connection of p.
-func closePool(p chan *conn) {
-	close(p)
-	for c := range p {
-		c.c.Close()
+// job is one request of the open-loop schedule: its index and its
+// scheduled time.
+type job struct {
+	i  int
+	at time.Time
+}
+
+// answers reads c's answers, one per job, until c is closed, recording
+// each request's latency in lat, marking it done in pending and handing c
+// back to idle after each (unless the server closes it).
+func (c *conn) answers(lat []time.Duration, idle chan<- *conn, done, pending *sync.WaitGroup, fail func(error)) {
+	defer done.Done()
+	for {
+		// The read waits for the answer (parked in the poller) before the
+		// job is taken: the request is written after its job is queued.
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			if _, more := <-c.jobs; more {
+				fail(err)
+			}
+			return
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		j, more := <-c.jobs
+		if !more {
+			fail(errors.New("an answer with no request"))
+			return
+		}
+		lat[j.i] = time.Since(j.at)
+		pending.Done()
+		if err != nil {
+			fail(fmt.Errorf("answer %d: %w", j.i, err))
+			return
+		}
+		if resp.Close {
+			return // the pacer dials another when none is idle
+		}
+		idle <- c
 	}
 }
+
+// The open-loop quantiles the report's second table shows.
+var quantiles = []struct {
+	name string
+	q    float64
+}{{"p50", 0.5}, {"p90", 0.9}, {"p99", 0.99}, {"p99.9", 0.999}, {"max", 1}}
 
 func median(v []float64) float64 {
 	if len(v) == 0 {
@@ -735,6 +858,24 @@ func report(res map[string][]float64, targets []*target) {
 			get("reject/"+t.name), get("rejectcpu/"+t.name), get("p50/"+t.name), get("p99/"+t.name),
 			get("p50/"+t.name)-get("p50/upstream"), get("p99/"+t.name)-get("p99/upstream"))
 	}
+	if len(res["p50/upstream"]) > 0 {
+		fmt.Printf("\nopen loop at the rate, pooled quantiles, ms:\n%-16s", "target")
+		for _, q := range quantiles {
+			fmt.Printf(" %8s", q.name)
+		}
+		fmt.Println()
+		for _, t := range targets {
+			if len(res["p50/"+t.name]) == 0 {
+				continue
+			}
+			fmt.Printf("%-16s", t.name)
+			for _, q := range quantiles {
+				fmt.Printf(" %8.3f", get(fmt.Sprintf("q%g/%s", q.q, t.name)))
+			}
+			fmt.Printf("   (median of slices' p99s %.3f)\n", get("slicep99/"+t.name))
+		}
+		fmt.Println()
+	}
 	ratio := func(what, a, b string, _ bool) {
 		x, y := get(a), get(b)
 		if x == 0 || y == 0 {
@@ -752,6 +893,10 @@ func report(res map[string][]float64, targets []*target) {
 	if y > 0 {
 		fmt.Printf("  %-58s %6.2f\n", "sluice / nginx, p99 added latency (open loop)", x/y)
 	}
+	x, y = get("slicep99/sluice")-get("slicep99/upstream"), get("slicep99/nginx")-get("slicep99/upstream")
+	if y > 0 {
+		fmt.Printf("  %-58s %6.2f\n", "  the same, medians of the 1 s slices' p99s", x/y)
+	}
 	ratio("sluice / its server library's floor (fasthttp, a fixed 429)", "reject/sluice", "reject/fasthttp-429", false)
 	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
 	ratio("an event loop's floor (gnet, the same 429) / fasthttp's", "reject/gnet-429", "reject/fasthttp-429", false)
@@ -759,6 +904,19 @@ func report(res map[string][]float64, targets []*target) {
 	ratio("nginx without / with its log line per rejection", "reject/nginx-quiet", "reject/nginx", false)
 	ratio("sluice / sluice over net/http, max throughput all admitted", "max/sluice", "max/sluice-nethttp", false)
 	ratio("sluice / sluice over net/http, rejected-path throughput", "reject/sluice", "reject/sluice-nethttp", false)
+	if res["max/sluice-b"] != nil || res["p99/sluice-b"] != nil || res["reject/sluice-b"] != nil {
+		ratio("A/B: sluice-b / sluice, max throughput all admitted", "max/sluice-b", "max/sluice", false)
+		ratio("A/B: sluice-b / sluice, CPU per 1k admitted", "cpu/sluice-b", "cpu/sluice", false)
+		ratio("A/B: sluice-b / sluice, rejected-path throughput", "reject/sluice-b", "reject/sluice", false)
+		ratio("A/B: sluice-b / sluice, CPU per 1k rejected", "rejectcpu/sluice-b", "rejectcpu/sluice", false)
+		x, y := get("p99/sluice-b")-get("p99/upstream"), get("p99/sluice")-get("p99/upstream")
+		if y > 0 {
+			fmt.Printf("  %-58s %6.2f\n", "A/B: sluice-b / sluice, p99 added latency (open loop)", x/y)
+		}
+		if y := get("p99/nginx") - get("p99/upstream"); y > 0 {
+			fmt.Printf("  %-58s %6.2f\n", "sluice-b / nginx, p99 added latency (open loop)", x/y)
+		}
+	}
 	for _, t := range targets {
 		if v := res["rejected/"+t.name]; len(v) > 0 {
 			fmt.Printf("  share answered 429 by %s: %.3f\n", t.name, median(v))
