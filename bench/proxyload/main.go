@@ -889,14 +889,18 @@ func report(res map[string][]float64, targets []*target) {
 	ratio("sluice / nginx limit_req, rejected-path throughput", "reject/sluice", "reject/nginx", false)
 	ratio("  the same against nginx without its log line per rejection", "reject/sluice", "reject/nginx-quiet", false)
 	ratio("sluice / nginx, CPU per 1k admitted requests", "cpu/sluice", "cpu/nginx", false)
-	x, y := get("p99/sluice")-get("p99/upstream"), get("p99/nginx")-get("p99/upstream")
-	if y > 0 {
-		fmt.Printf("  %-58s %6.2f\n", "sluice / nginx, p99 added latency (open loop)", x/y)
+	added := func(label, key string) {
+		x, y := get(key+"/sluice")-get(key+"/upstream"), get(key+"/nginx")-get(key+"/upstream")
+		switch {
+		case get(key+"/nginx") == 0 || get(key+"/sluice") == 0:
+		case y > 0:
+			fmt.Printf("  %-58s %6.2f\n", label, x/y)
+		default: // no ratio to a negative or zero added latency
+			fmt.Printf("  %-58s   none: nginx's is %.3f ms, sluice's %.3f\n", label, y, x)
+		}
 	}
-	x, y = get("slicep99/sluice")-get("slicep99/upstream"), get("slicep99/nginx")-get("slicep99/upstream")
-	if y > 0 {
-		fmt.Printf("  %-58s %6.2f\n", "  the same, medians of the 1 s slices' p99s", x/y)
-	}
+	added("sluice / nginx, p99 added latency (open loop)", "p99")
+	added("  the same, medians of the 1 s slices' p99s", "slicep99")
 	ratio("sluice / its server library's floor (fasthttp, a fixed 429)", "reject/sluice", "reject/fasthttp-429", false)
 	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
 	ratio("an event loop's floor (gnet, the same 429) / fasthttp's", "reject/gnet-429", "reject/fasthttp-429", false)
