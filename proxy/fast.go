@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -896,6 +897,9 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	}
 	in := identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}
 	up, err := d.DialContext(dctx, "tcp", f.up.Addr)
+	if err == nil && f.up.IsTLS {
+		up, err = f.handshake(dctx, up)
+	}
 	if err != nil {
 		f.upstreamError(ctx, &in, err)
 		return false
@@ -950,7 +954,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 			return
 		}
 		done := make(chan struct{}, 2)
-		go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+		go func() { io.Copy(up, c); closeWrite(up); done <- struct{}{} }()
 		go func() { io.Copy(c, br); done <- struct{}{} }()
 		<-done
 		c.Close()
@@ -958,4 +962,32 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		<-done
 	})
 	return true
+}
+
+// handshake runs TLS over an upgrade's connection to an https upstream,
+// with the upstream client's TLS configuration (nil: the system's roots,
+// verifying the upstream's host name). It closes raw when it fails.
+func (f *fastServer) handshake(ctx context.Context, raw net.Conn) (net.Conn, error) {
+	cfg := &tls.Config{}
+	if f.up.TLSConfig != nil {
+		cfg = f.up.TLSConfig.Clone()
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName, _, _ = net.SplitHostPort(f.up.Addr)
+	}
+	cfg.NextProtos = nil // the upgrade is HTTP/1.1's: no ALPN to h2
+	c := tls.Client(raw, cfg)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// closeWrite half-closes an upgrade's upstream connection (TCP's FIN, or
+// TLS's close_notify), telling the upstream the client is done sending.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
 }

@@ -259,7 +259,8 @@ func TestFastServerAnswersAsNetHTTP(t *testing.T) {
 
 // An upgrade (WebSocket's handshake) is forwarded, and on the upstream's
 // 101 the two connections are joined both ways; the slot is held while
-// they are, and given back when the client closes.
+// they are, and given back when the client closes. An https upstream gets
+// the upgrade over TLS (it used to be dialled in plain TCP).
 func TestUpgradeJoinsConnections(t *testing.T) {
 	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "echo" {
@@ -275,34 +276,82 @@ func TestUpgradeJoinsConnections(t *testing.T) {
 		brw.Flush()
 		io.Copy(c, brw) // echo until the client closes
 	})
-	s, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n", up)
-	c := dial(t, base)
-	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
+	for _, secure := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http", true: "https"}[secure], func(t *testing.T) {
+			var s *Server
+			var base string
+			if secure {
+				s, base = serveTLS(t, policy, up)
+			} else {
+				s, base = serve(t, policy, up)
+			}
+			c := dial(t, base)
+			fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" {
+				t.Fatalf("answer %d %v, want 101 with Upgrade: echo", resp.StatusCode, resp.Header)
+			}
+			for _, msg := range []string{"hello", "world"} {
+				io.WriteString(c, msg)
+				got := make([]byte, len(msg))
+				if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+					t.Fatalf("echo of %q: %q, %v", msg, got, err)
+				}
+			}
+			inflight := func() int64 {
+				d, tk := s.Chain().Decide(context.Background(), &sluice.Request{})
+				tk.Done(sluice.OutcomeUseful)
+				return 9 - d.Remaining
+			}
+			if n := inflight(); n != 1 {
+				t.Fatalf("%d requests in flight during the upgrade, want 1", n)
+			}
+			c.Close()
+			poll.Until(t, 10*time.Second, func() bool { return inflight() == 0 })
+		})
+	}
+}
+
+// serveTLS is serve with an https upstream whose certificate the proxy
+// trusts: through the transport on net/http's front, through the
+// upstream client's TLS configuration on the proxy's own.
+func serveTLS(t *testing.T, policy string, up http.Handler) (*Server, string) {
+	t.Helper()
+	upstream := httptest.NewTLSServer(up)
+	t.Cleanup(upstream.Close)
+	u, _ := url.Parse(upstream.URL)
+	trust := upstream.Client().Transport.(*http.Transport).TLSClientConfig
+	o := Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if netHTTPFront() {
+		o.Transport = &http.Transport{TLSClientConfig: trust}
+	}
+	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" {
-		t.Fatalf("answer %d %v, want 101 with Upgrade: echo", resp.StatusCode, resp.Header)
+	t.Cleanup(s.host.Close)
+	if netHTTPFront() {
+		return s, front(t, s)
 	}
-	for _, msg := range []string{"hello", "world"} {
-		io.WriteString(c, msg)
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
-			t.Fatalf("echo of %q: %q, %v", msg, got, err)
-		}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	inflight := func() int64 {
-		d, tk := s.Chain().Decide(context.Background(), &sluice.Request{})
-		tk.Done(sluice.OutcomeUseful)
-		return 9 - d.Remaining
-	}
-	if n := inflight(); n != 1 {
-		t.Fatalf("%d requests in flight during the upgrade, want 1", n)
-	}
-	c.Close()
-	poll.Until(t, 10*time.Second, func() bool { return inflight() == 0 })
+	fs := s.newFast()
+	fs.up.TLSConfig = trust
+	done := make(chan struct{})
+	go func() { fs.serveOn(ln); close(done) }()
+	t.Cleanup(func() {
+		fs.srv.Shutdown()
+		<-done
+	})
+	return s, "http://" + ln.Addr().String()
 }
 
 // A body past MaxBodyBytes, with a length or chunked, is answered 400 in
