@@ -27,6 +27,14 @@
 //     by more than a proxy adds (the upstream alone 1.3 to 2.0 ms in one
 //     run), so a median of per-round p99s compared noise.
 //
+//   - paired: the open-loop load to each proxy again, its requests
+//     interleaved one by one with as many sent to the upstream alone at
+//     the same rate. A stall of the machine (tens of ms, a few times a
+//     minute on a shared VM) then delays the requests of both alike, and
+//     the difference of their quantiles is what the proxy adds, where
+//     the open measure's difference also holds which stalls fell in
+//     whose slice.
+//
 //     cd bench && go run ./proxyload -rounds 5 -duration 5s
 //
 // Each process runs alone on loopback ports; the summary gives the median
@@ -172,7 +180,7 @@ func main() {
 	duration := flag.Duration("duration", 5*time.Second, "length of each measurement")
 	conns := flag.Int("conns", 64, "wrk connections")
 	threads := flag.Int("threads", 2, "wrk threads")
-	only := flag.String("only", "max,reject,open", "measures to run")
+	only := flag.String("only", "max,reject,open,paired", "measures to run")
 	nslices := flag.Int("open-slices", 5, "slices each round's open-loop measure is cut into, interleaved across the targets")
 	flag.StringVar(&abEnv, "b-env", "", "also measure sluice-b: sluice started with these extra environment variables (K=V,K=V), for an A/B in the same rounds")
 	flag.StringVar(&abBin, "b-bin", "", "also measure sluice-b: this proxyload binary's sluice role (another build), for an A/B in the same rounds")
@@ -207,10 +215,11 @@ func runRole(role, listen, upstream, policy string) {
 	case "open":
 		// The open-loop generator alone, against listen, for a profile
 		// or a system-call count of one target under it.
-		l, err := openLoop(listen, openRate, openFor)
+		ls, err := openLoop([]string{listen}, openRate, openFor)
 		if err != nil {
 			log.Fatal(err)
 		}
+		l := ls[0]
 		slices.Sort(l)
 		for _, q := range quantiles {
 			fmt.Printf("%s %.3f ms  ", q.name, float64(l[int(q.q*float64(len(l)-1))].Microseconds())/1000)
@@ -628,16 +637,36 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 					if t.admit == "" || slices.Contains(skipped, t.name) {
 						continue
 					}
-					l, err := openLoop(t.admit, rate, d/time.Duration(openSlices))
+					ls, err := openLoop([]string{t.admit}, rate, d/time.Duration(openSlices))
 					if err != nil {
 						return err
 					}
+					l := ls[0]
 					lats[t.name] = append(lats[t.name], l...)
 					// Each slice's own p99, for the median over slices: a
 					// stall of the machine (tens of ms, a few times a run)
 					// lands in one target's slice and moves its pooled p99.
-					slices.Sort(l)
-					add("slicep99/"+t.name, float64(l[int(0.99*float64(len(l)-1))].Microseconds())/1000)
+					add("slicep99/"+t.name, p99of(l))
+				}
+			}
+		}
+		// The same load interleaved request by request with as much to the
+		// upstream alone: a stall of the machine delays both alike, so the
+		// difference of their quantiles is what the proxy adds.
+		if slices.Contains(measures, "paired") {
+			for k := range openSlices {
+				for i := range targets {
+					t := targets[(i+k+r)%len(targets)]
+					if t == direct || t.admit == "" || slices.Contains(skipped, t.name) {
+						continue
+					}
+					ls, err := openLoop([]string{direct.admit, t.admit}, rate, d/time.Duration(openSlices))
+					if err != nil {
+						return err
+					}
+					lats["beside/"+t.name] = append(lats["beside/"+t.name], ls[0]...)
+					lats["paired/"+t.name] = append(lats["paired/"+t.name], ls[1]...)
+					add("pairslice/"+t.name, p99of(ls[1])-p99of(ls[0]))
 				}
 			}
 		}
@@ -715,12 +744,20 @@ func runWrk(wrk, addr string, d time.Duration, conns, threads int) (rps float64,
 // no connection: a pool kept across one target's slices, idle while the
 // other targets run, measured a p99 of 3 to 6 ms for every target against
 // 1.3 to 2.3 ms, swinging between runs by more than any proxy adds.
-func openLoop(addr string, rate int, d time.Duration) ([]time.Duration, error) {
-	n := int(d.Seconds() * float64(rate))
-	interval := time.Second / time.Duration(rate)
+// openLoop runs an open-loop schedule of rate requests/s to each of addrs
+// for d, the requests of one address interleaved with the others' one by
+// one (request i goes to addrs[i%len(addrs)]), and returns each address's
+// latencies, measured from the scheduled times.
+func openLoop(addrs []string, rate int, d time.Duration) ([][]time.Duration, error) {
+	k := len(addrs)
+	n := int(d.Seconds()*float64(rate)) * k
+	interval := time.Second / time.Duration(rate*k)
 	lat := make([]time.Duration, n)
 	req := []byte("GET /v1/items/42 HTTP/1.1\r\nHost: bench\r\nX-Api-Key: tenant-1\r\n\r\n")
-	idle := make(chan *conn, 4096)
+	idle := make([]chan *conn, k)
+	for a := range idle {
+		idle[a] = make(chan *conn, 4096)
+	}
 	var readers sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
@@ -741,11 +778,12 @@ func openLoop(addr string, rate int, d time.Duration) ([]time.Duration, error) {
 		for i := range n {
 			at := start.Add(time.Duration(i) * interval)
 			sleepUntil(at)
+			a := i % k
 			var c *conn
 			select {
-			case c = <-idle:
+			case c = <-idle[a]:
 			default:
-				nc, err := net.Dial("tcp", addr)
+				nc, err := net.Dial("tcp", addrs[a])
 				if err != nil {
 					fail(err)
 					return
@@ -753,7 +791,7 @@ func openLoop(addr string, rate int, d time.Duration) ([]time.Duration, error) {
 				c = &conn{c: nc, br: bufio.NewReader(nc), jobs: make(chan job, 1)}
 				all = append(all, c)
 				readers.Add(1)
-				go c.answers(lat, idle, &readers, &pending, fail)
+				go c.answers(lat, idle[a], &readers, &pending, fail)
 			}
 			pending.Add(1)
 			c.jobs <- job{i: i, at: at}
@@ -781,7 +819,11 @@ func openLoop(addr string, rate int, d time.Duration) ([]time.Duration, error) {
 	if firstErr != nil {
 		return nil, firstErr
 	}
-	return lat, nil
+	out := make([][]time.Duration, k)
+	for i, l := range lat {
+		out[i%k] = append(out[i%k], l)
+	}
+	return out, nil
 }
 
 // conn is a keep-alive connection of the open-loop generator, with the
@@ -850,6 +892,12 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// p99of is the p99 of l in ms (l is sorted).
+func p99of(l []time.Duration) float64 {
+	slices.Sort(l)
+	return float64(l[int(0.99*float64(len(l)-1))].Microseconds()) / 1000
+}
+
 func report(res map[string][]float64, targets []*target) {
 	get := func(k string) float64 { return median(res[k]) }
 	fmt.Printf("%-16s %12s %12s %12s %12s %9s %9s %9s %9s\n", "target", "max req/s", "cpu ms/1k", "reject req/s", "rej cpu/1k", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms")
@@ -883,6 +931,20 @@ func report(res map[string][]float64, targets []*target) {
 		}
 		fmt.Printf("  %-58s %6.2f\n", what, x/y)
 	}
+	if len(res["pairslice/sluice"]) > 0 {
+		fmt.Printf("open loop interleaved request by request with the upstream alone, pooled, ms:\n%-16s %8s %8s %8s %8s %9s %9s %12s\n",
+			"target", "p50", "beside", "p99", "beside", "+p50", "+p99", "+p99 slices")
+		for _, t := range targets {
+			n := t.name
+			if len(res["pairslice/"+n]) == 0 {
+				continue
+			}
+			fmt.Printf("%-16s %8.3f %8.3f %8.3f %8.3f %9.3f %9.3f %12.3f\n", n,
+				get("p50/paired/"+n), get("p50/beside/"+n), get("p99/paired/"+n), get("p99/beside/"+n),
+				get("p50/paired/"+n)-get("p50/beside/"+n), get("p99/paired/"+n)-get("p99/beside/"+n), get("pairslice/"+n))
+		}
+		fmt.Println()
+	}
 	fmt.Println("ratios (medians):")
 	ratio("sluice / go-reverseproxy, max throughput all admitted", "max/sluice", "max/go-reverseproxy", false)
 	ratio("sluice / nginx, max throughput all admitted", "max/sluice", "max/nginx", false)
@@ -901,6 +963,14 @@ func report(res map[string][]float64, targets []*target) {
 	}
 	added("sluice / nginx, p99 added latency (open loop)", "p99")
 	added("  the same, medians of the 1 s slices' p99s", "slicep99")
+	if x, y := get("p99/paired/sluice")-get("p99/beside/sluice"), get("p99/paired/nginx")-get("p99/beside/nginx"); y > 0 {
+		fmt.Printf("  %-58s %6.2f\n", "  the same, interleaved with the upstream alone", x/y)
+	} else if len(res["pairslice/nginx"]) > 0 {
+		fmt.Printf("  %-58s   none: nginx's is %.3f ms, sluice's %.3f\n", "  the same, interleaved with the upstream alone", y, x)
+	}
+	if x, y := get("pairslice/sluice"), get("pairslice/nginx"); y > 0 {
+		fmt.Printf("  %-58s %6.2f\n", "    and the median of its slices", x/y)
+	}
 	ratio("sluice / its server library's floor (fasthttp, a fixed 429)", "reject/sluice", "reject/fasthttp-429", false)
 	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
 	ratio("an event loop's floor (gnet, the same 429) / fasthttp's", "reject/gnet-429", "reject/fasthttp-429", false)
