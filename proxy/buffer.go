@@ -70,10 +70,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 		return nil, false
 	}
 	sp := newSpool(s.bufferLimits(s.opts.MaxBodyBytes))
-	bp := s.copyBufs.Get()
-	held, err := spoolFrom(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1), bp)
+	bp := s.copyBufs.get()
+	held, err := spoolFrom(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1), *bp)
 	held = append([]byte(nil), held...) // a view of bp
-	s.copyBufs.Put(bp)
+	s.copyBufs.put(bp)
 	n := sp.Len()
 	switch {
 	case err == nil && n > s.opts.MaxBodyBytes, errors.Is(err, errSpoolCap):

@@ -29,3 +29,16 @@ func (c *copyBuffers) Put(b []byte) {
 	b = b[:copyBufferSize]
 	c.p.Put(&b)
 }
+
+// get is Get for the proxy's own code, which hands the same pointer back
+// to put: Put must box a new one (an allocation a body copied).
+func (c *copyBuffers) get() *[]byte {
+	if b, ok := c.p.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, copyBufferSize)
+	return &b
+}
+
+// put gives back a buffer from get.
+func (c *copyBuffers) put(b *[]byte) { c.p.Put(b) }

@@ -62,3 +62,28 @@ func TestPooledCopiesKeepBodiesApart(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// get and put share the pool with Get and Put, and a buffer put back
+// whole is handed out again without an allocation.
+func TestCopyBuffersByPointer(t *testing.T) {
+	var c copyBuffers
+	b := c.get()
+	if len(*b) != copyBufferSize {
+		t.Fatalf("get: %d bytes", len(*b))
+	}
+	c.put(b)
+	if g := c.Get(); len(g) != copyBufferSize {
+		t.Fatalf("Get after put: %d bytes", len(g))
+	}
+	c.Put(make([]byte, copyBufferSize))
+	if g := c.get(); len(*g) != copyBufferSize {
+		t.Fatalf("get after Put: %d bytes", len(*g))
+	}
+	if raceEnabled {
+		return // the race detector makes sync.Pool drop items at random
+	}
+	c.put(c.get())
+	if n := testing.AllocsPerRun(100, func() { c.put(c.get()) }); n != 0 {
+		t.Errorf("get and put: %.1f allocations, want 0", n)
+	}
+}

@@ -8,9 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"runtime"
 	"strconv"
@@ -550,10 +550,10 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 	}
 	sp := newSpool(s.bufferLimits(max))
 	stream := ctx.RequestBodyStream()
-	bp := s.copyBufs.Get()
-	held, err := spoolFrom(sp, io.LimitReader(stream, max+1), bp)
+	bp := s.copyBufs.get()
+	held, err := spoolFrom(sp, io.LimitReader(stream, max+1), *bp)
 	held = append([]byte(nil), held...) // a view of bp
-	s.copyBufs.Put(bp)
+	s.copyBufs.put(bp)
 	n := sp.Len()
 	fields := (*respFields)(&ctx.Response.Header)
 	switch {
@@ -609,7 +609,7 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	te := h.Peek("Te")
 	keepTE := len(te) > 0 && strings.Contains(strings.ToLower(string(te)), "trailers")
 	dropTrailer(h)
-	dropHop(h)
+	dropHopRequest(h)
 	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
 		h.Set("Te", "trailers")
 	}
@@ -618,8 +618,8 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.Del("X-Forwarded-Host")
 	h.Del("X-Forwarded-Proto")
 	h.Del("Expect") // the body is read: the upstream gets it at once
-	if ip, _, err := net.SplitHostPort(ctx.RemoteAddr().String()); err == nil {
-		h.Set("X-Forwarded-For", ip)
+	if ip := appendClientIP(make([]byte, 0, 64), ctx.RemoteAddr()); len(ip) > 0 {
+		h.SetBytesV("X-Forwarded-For", ip)
 	} else {
 		h.Del("X-Forwarded-For")
 	}
@@ -629,6 +629,26 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.Set("X-Forwarded-Proto", "http")
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
+}
+
+// appendClientIP appends the IP address of a client's address to b (an
+// IPv4 one mapped into IPv6 as IPv4, an IPv6 one with its zone), as
+// net.SplitHostPort of its String would give it, without building the
+// string; nothing for an address that is not TCP or has no IP.
+func appendClientIP(b []byte, a net.Addr) []byte {
+	if t, ok := a.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(t.IP); ok {
+			return ip.Unmap().WithZone(t.Zone).AppendTo(b)
+		}
+		return b
+	}
+	if a == nil {
+		return b
+	}
+	if ip, _, err := net.SplitHostPort(a.String()); err == nil {
+		return append(b, ip...)
+	}
+	return b
 }
 
 // dropTrailer removes the fields of a chunked request's trailer section,
@@ -681,41 +701,66 @@ func hopNamed(c []byte) []string {
 	return names
 }
 
-// hopHeader is a request's or a response's header, for dropHop.
+// hopHeader is a request's or a response's header, for dropNamedHop and
+// dropHopFields.
 type hopHeader interface {
 	Peek(key string) []byte
 	Del(key string)
-	All() iter.Seq2[[]byte, []byte]
 }
 
-// dropHop removes the hop-by-hop fields of a request or a response: the
-// fixed list and those its Connection field names (fasthttp frames the
-// body itself: Transfer-Encoding is its own). Most messages have none but
-// Connection itself, so it looks before it deletes.
-func dropHop(h hopHeader) {
+// dropHopRequest removes the hop-by-hop fields of a request: the fixed
+// list and those its Connection field names (fasthttp frames the body
+// itself: Transfer-Encoding is its own). Most messages have none but
+// Connection itself, so it looks before it deletes. Each kind of header
+// ranges over its own fields: through an interface the iterator would be
+// two allocations a call.
+func dropHopRequest(h *fasthttp.RequestHeader) {
+	dropNamedHop(h)
+	for k := range h.All() {
+		if fixedHop(k) {
+			dropHopFields(h)
+			return
+		}
+	}
+}
+
+// dropHopResponse is dropHopRequest for a response, which also loses its
+// "Connection: close" (the client's connection is not the upstream's).
+func dropHopResponse(h *fasthttp.ResponseHeader) {
+	dropNamedHop(h)
+	for k := range h.All() {
+		if fixedHop(k) {
+			dropHopFields(h)
+			break
+		}
+	}
+	h.ResetConnectionClose()
+}
+
+// dropNamedHop removes the Connection field and the fields it names.
+func dropNamedHop(h hopHeader) {
 	if c := h.Peek("Connection"); len(c) > 0 {
 		for _, n := range hopNamed(c) {
 			h.Del(n)
 		}
 		h.Del("Connection")
 	}
-	for k := range h.All() {
-		if isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") && !strings.EqualFold(b2s(k), "Connection") {
-			for _, n := range hopFields {
-				if n != "Transfer-Encoding" && n != "Connection" {
-					h.Del(n)
-				}
-			}
-			return
-		}
-	}
 }
 
-// dropHopResponse removes the hop-by-hop fields of a response, and its
-// "Connection: close" (the client's connection is not the upstream's).
-func dropHopResponse(h *fasthttp.ResponseHeader) {
-	dropHop(h)
-	h.ResetConnectionClose()
+// fixedHop reports whether k is a field of hopFields other than
+// Transfer-Encoding and Connection.
+func fixedHop(k []byte) bool {
+	return isHop(k) && !strings.EqualFold(b2s(k), "Transfer-Encoding") && !strings.EqualFold(b2s(k), "Connection")
+}
+
+// dropHopFields removes every field of hopFields but Transfer-Encoding
+// and Connection.
+func dropHopFields(h hopHeader) {
+	for _, n := range hopFields {
+		if n != "Transfer-Encoding" && n != "Connection" {
+			h.Del(n)
+		}
+	}
 }
 
 // upstreamError answers an admitted request whose upstream call failed:
@@ -755,18 +800,18 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		// A small body stays in the response's own buffer; a larger one
 		// goes to a spool, within the budgets, which the server closes
 		// once the client has it.
-		bp := f.s.copyBufs.Get()
+		bp := f.s.copyBufs.get()
 		var unspooled []byte // read from the upstream, not taken by the spool
-		n, err := io.CopyBuffer(out.BodyWriter(), io.LimitReader(stream, smallBody+1), bp)
+		n, err := io.CopyBuffer(out.BodyWriter(), io.LimitReader(stream, smallBody+1), *bp)
 		if err == nil && n > smallBody {
 			sp = newSpool(f.s.bufferLimits(f.s.opts.MaxResponseBuffer))
 			if _, err = sp.Write(out.Body()); err == nil {
 				out.ResetBody()
-				unspooled, err = spoolFrom(sp, stream, bp)
+				unspooled, err = spoolFrom(sp, stream, *bp)
 				unspooled = append([]byte(nil), unspooled...)
 			}
 		}
-		f.s.copyBufs.Put(bp)
+		f.s.copyBufs.put(bp)
 		switch {
 		case err == nil:
 			resp.CloseBodyStream()

@@ -591,3 +591,29 @@ func TestCoarseConnSkipsYieldsAsTheBackoffSays(t *testing.T) {
 		t.Fatalf("skips after each read %v and %d yields, want %v and 3", skips, yields, want)
 	}
 }
+
+// appendClientIP gives what net.SplitHostPort of the address's String
+// gives, for every kind of address a listener hands out, and nothing for
+// one without an IP.
+func TestAppendClientIP(t *testing.T) {
+	for _, a := range []net.Addr{
+		&net.TCPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 80}, // 16-byte form, as the kernel's
+		&net.TCPAddr{IP: net.IP{192, 0, 2, 7}.To4(), Port: 80},
+		&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 443},
+		&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"},
+		&net.UDPAddr{IP: net.ParseIP("2001:db8::2"), Port: 53},
+	} {
+		want, _, err := net.SplitHostPort(a.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(appendClientIP(nil, a)); got != want {
+			t.Errorf("%v: %q, want %q", a, got, want)
+		}
+	}
+	for _, a := range []net.Addr{nil, &net.TCPAddr{}, &net.UnixAddr{Name: "/s", Net: "unix"}} {
+		if got := appendClientIP(nil, a); len(got) != 0 {
+			t.Errorf("%v: %q, want nothing", a, got)
+		}
+	}
+}
