@@ -23,6 +23,7 @@ type drainHarness struct {
 	base, admin      string
 	grace            chan time.Time
 	release, entered chan struct{}
+	upstreamCut      chan struct{} // a /slow/ request the upstream saw cancelled
 	stop             context.CancelFunc
 	done             chan error
 	log              *logbuf.Buffer
@@ -31,13 +32,15 @@ type drainHarness struct {
 
 func newDrainHarness(t *testing.T) *drainHarness {
 	h := &drainHarness{grace: make(chan time.Time), release: make(chan struct{}), entered: make(chan struct{}, 10),
-		done: make(chan error, 1), log: &logbuf.Buffer{}, graceAsked: make(chan time.Duration, 1)}
+		done: make(chan error, 1), log: &logbuf.Buffer{}, graceAsked: make(chan time.Duration, 1),
+		upstreamCut: make(chan struct{}, 10)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/slow/") {
 			h.entered <- struct{}{}
 			select {
 			case <-h.release:
 			case <-r.Context().Done():
+				h.upstreamCut <- struct{}{}
 				return
 			}
 		}
@@ -46,7 +49,7 @@ func newDrainHarness(t *testing.T) *drainHarness {
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
 	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(policyV1), Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
-		AdminToken: "x", DrainGrace: 3 * time.Second, Logger: slog.New(slog.NewTextHandler(h.log, nil)),
+		AdminToken: "x", DrainGrace: 3 * time.Second, NetHTTP: netHTTPFront(), Logger: slog.New(slog.NewTextHandler(h.log, nil)),
 		DrainAfter: func(d time.Duration) <-chan time.Time { h.graceAsked <- d; return h.grace }})
 	if err != nil {
 		t.Fatal(err)
@@ -155,6 +158,11 @@ func TestDrainGraceCutsAndCountsLongRequests(t *testing.T) {
 	close(h.grace) // the grace runs out with the request still at the upstream
 	if c := <-got; c == 200 {
 		t.Fatal("a request still running after the grace was answered 200")
+	}
+	if netHTTPFront() {
+		// Its upstream call ends with it (a client going away would not
+		// end it: TestGoneClientsRequestHoldsItsSlotUntilTheUpstreamAnswers).
+		<-h.upstreamCut
 	}
 	if err := <-h.done; err != nil {
 		t.Fatal(err)

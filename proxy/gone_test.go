@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/poll"
 )
 
 // queued is a proxy with a worker pool of one and a wait queue of a
@@ -228,4 +230,48 @@ func BenchmarkGoneWatch(b *testing.B) {
 		_, e := w.watch(cc)
 		w.done(e)
 	}
+}
+
+// A request whose client goes away while it runs at the upstream runs on
+// to the upstream's answer and holds its slot until then, on both fronts:
+// net/http's used to cancel the upstream call and free the slot at once,
+// while the upstream could still be working on it. (A busy machine can
+// only make the 300 ms look pass where it should fail, never the other
+// way.)
+func TestGoneClientsRequestHoldsItsSlotUntilTheUpstreamAnswers(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	cancelled := make(chan struct{}, 1)
+	s, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 1}\n",
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(started)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				cancelled <- struct{}{}
+			}
+		}))
+	held := func() bool {
+		d, tk := s.Chain().Decide(t.Context(), &sluice.Request{})
+		if d.Admitted {
+			tk.Done(sluice.OutcomeUseful)
+		}
+		return !d.Admitted
+	}
+	c := dial(t, base)
+	io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	c.Close()
+	for range 30 {
+		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-cancelled:
+			t.Fatal("the upstream call was cancelled when the client went away")
+		default:
+		}
+		if !held() {
+			t.Fatal("the slot was freed while the upstream still ran the request")
+		}
+	}
+	close(release)
+	poll.Until(t, 10*time.Second, func() bool { return !held() })
 }

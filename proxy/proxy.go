@@ -69,9 +69,10 @@ type Options struct {
 	Transport http.RoundTripper
 	// NetHTTP makes Run serve with net/http's server and
 	// httputil.ReverseProxy (Handler) instead of the proxy's own HTTP/1.1
-	// server (fast.go): slower, and it notices clients that go away while
-	// their requests run at the upstream (both notice them while their
-	// requests wait in a queue).
+	// server (fast.go): slower. Both notice clients that go away while
+	// their requests wait in a queue, and both let a request whose client
+	// went away while it ran at the upstream run to its answer or its
+	// deadline, holding its slot.
 	NetHTTP bool
 	// ReadTimeout bounds reading a whole request, body included, and (on the
 	// proxy's own server) an idle keep-alive connection; both end up to 1 s
@@ -129,7 +130,9 @@ type Server struct {
 	proxyAddr, adminAddr net.Addr
 	ready                chan struct{}
 	lastUpstreamLog      atomic.Int64
-	inflight             *host.Tracker // admitted requests at the upstream, for the drain
+	inflight             *host.Tracker   // admitted requests at the upstream, for the drain
+	cut                  context.Context // done when the drain cuts the requests left, or on Close
+	cutNow               context.CancelFunc
 	copyBufs             copyBuffers
 }
 
@@ -148,6 +151,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}), inflight: host.NewTracker(),
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
+	s.cut, s.cutNow = context.WithCancel(context.Background())
 	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
 		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter})
 	if err != nil {
@@ -179,9 +183,44 @@ func New(opts Options) (*Server, error) {
 		if bw := bufferedOf(w); bw != nil {
 			bw.setDeadline(r) // admitted: a streamed response holds the slot until the deadline at most
 		}
-		s.proxy.ServeHTTP(w, r)
+		ctx, cancel := s.detach(r.Context())
+		defer cancel()
+		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	}))))
 	return s, nil
+}
+
+// detach returns a context with ctx's values and deadline that a client
+// going away does not end: an admitted request's call to the upstream runs
+// to its answer or its deadline, and holds its slot meanwhile, as on the
+// proxy's own server. Cancelling the call would free the slot while the
+// upstream may go on working on it, so that clients that time out and
+// retry would have the upstream run more requests than the gates admit.
+// The drain's cut (and Close) still ends it.
+func (s *Server) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := context.WithoutCancel(ctx)
+	var c context.Context
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		c, cancel = context.WithDeadline(d, dl)
+	} else {
+		c, cancel = context.WithCancel(d)
+	}
+	stop := context.AfterFunc(s.cut, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// cutting is net/http's server for the drain, whose Close also ends the
+// upstream calls of the requests it cuts (detach keeps them from ending
+// with their connections).
+type cutting struct {
+	*http.Server
+	cut context.CancelFunc
+}
+
+func (c cutting) Close() error {
+	c.cut()
+	return c.Server.Close()
 }
 
 // set puts def in *v when *v is the zero value.
@@ -237,9 +276,13 @@ func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
 func (s *Server) Reload() (bool, error) { return s.host.Reload() }
 
 // Close releases the policy's runtime (its Redis client, its leases), for
-// a Server whose Run was never called (its Handler served elsewhere); Run
-// closes it when it returns.
-func (s *Server) Close() { s.host.Close() }
+// a Server whose Run was never called (its Handler served elsewhere), and
+// ends the upstream calls of Handler's requests still in flight (they
+// answer 502); Run closes it when it returns.
+func (s *Server) Close() {
+	s.cutNow()
+	s.host.Close()
+}
 
 // AdminHandler serves /metrics, /healthz, /readyz and /v1/gates (GET lists the
 // gates, POST /v1/gates/{name} with {"mode":"shadow"} switches one), the
@@ -281,7 +324,7 @@ func (s *Server) Run(ctx context.Context) error {
 	} else {
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
 			IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
-		ps, servePublic = hs, func() error { return hs.Serve(pl) }
+		ps, servePublic = cutting{hs, s.cutNow}, func() error { return hs.Serve(pl) }
 	}
 	at := s.opts.AdminTimeout
 	as := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: at, ReadTimeout: at, WriteTimeout: at, IdleTimeout: at,
