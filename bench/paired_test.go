@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,6 +194,9 @@ func BenchmarkRedisSoloLatency(b *testing.B) {
 	dec := make([]float64, 0, b.N)
 	pin := make([]float64, 0, b.N)
 	per := make([]float64, 0, b.N)
+	stats := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer stats.Close()
+	before := commandStats(b, stats)
 	b.ResetTimer()
 	for i := range b.N {
 		var d, p time.Duration
@@ -219,4 +223,38 @@ func BenchmarkRedisSoloLatency(b *testing.B) {
 	b.ReportMetric(quantile(per, 0.5), "pair-median")
 	b.ReportMetric(quantile(dec, 0.9), "decision-p90-ns")
 	b.ReportMetric(quantile(pin, 0.9), "ping-p90-ns")
+	// What of a decision is Redis' own time: the script's usec_per_call
+	// over the timed loop (a PING's is well under 1 us).
+	after := commandStats(b, stats)
+	if calls := after["evalsha"][0] - before["evalsha"][0]; calls > 0 {
+		b.ReportMetric(1000*(after["evalsha"][1]-before["evalsha"][1])/calls, "script-server-ns")
+	}
+}
+
+// commandStats returns INFO commandstats as calls and usec by command.
+func commandStats(b *testing.B, c *goredis.Client) map[string][2]float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var v [2]float64
+		for _, kv := range strings.Split(rest, ",") {
+			k, val, _ := strings.Cut(kv, "=")
+			f, _ := strconv.ParseFloat(val, 64)
+			switch k {
+			case "calls":
+				v[0] = f
+			case "usec":
+				v[1] = f
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out
 }
