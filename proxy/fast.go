@@ -45,7 +45,8 @@ import (
 //     is released and the client is written to; streams (server-sent
 //     events, "X-Accel-Buffering: no", responses past the caps) and
 //     upgrades hold the slot, never past the request's deadline plus
-//     Grace.
+//     Grace, nor past an upstream silence of UpstreamTimeout
+//     (upstream.go).
 //   - Hop-by-hop fields are dropped both ways; X-Forwarded-For is set to
 //     the client's address, X-Forwarded-Host and -Proto to the request's,
 //     and Host to the upstream's, as ReverseProxy's SetURL and
@@ -63,10 +64,11 @@ type fastServer struct {
 	s      *Server
 	srv    *fasthttp.Server
 	up     *fasthttp.HostClient
-	base   string // the upstream URL's path, without a final "/"
-	query  string // the upstream URL's query
-	host   string // the upstream's Host field
-	conns  sync.Map
+	base   string   // the upstream URL's path, without a final "/"
+	query  string   // the upstream URL's query
+	host   string   // the upstream's Host field
+	conns  sync.Map // the clients' connections
+	ups    conns    // the upstream's connections, for Close
 	closed chan struct{}
 	gone   goneWatch // clients gone while their requests wait
 }
@@ -91,7 +93,9 @@ func (s *Server) newFast() *fastServer {
 		DisablePathNormalizing:    true,
 		NoDefaultUserAgentHeader:  true,
 		MaxIdemponentCallAttempts: 2, // one retry of an idempotent request on a stale idle connection
+		RetryIfErr:                retryStale,
 		ReadBufferSize:            16 << 10,
+		DialTimeout:               f.dialUpstream,
 	}
 	f.srv = &fasthttp.Server{
 		Handler:                      f.serve,
@@ -128,12 +132,14 @@ func (f *fastServer) serveOn(ln net.Listener) error { return f.srv.Serve(coarseL
 // fits host.Stopper).
 func (f *fastServer) Shutdown(ctx context.Context) error { return f.srv.ShutdownWithContext(ctx) }
 
-// Close closes every connection left.
+// Close closes every connection left: the clients', and the upstream's,
+// so that the requests the drain cuts end their upstream calls too.
 func (f *fastServer) Close() error {
 	f.conns.Range(func(c, _ any) bool {
 		c.(net.Conn).Close()
 		return true
 	})
+	f.ups.closeAll()
 	return nil
 }
 
@@ -767,7 +773,7 @@ func dropHopFields(h hopHeader) {
 // 504 when its deadline ran out, 502 otherwise, logged at most once a
 // second.
 func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, in *identify.Input, err error) {
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) {
+	if upstreamTimedOut(err) {
 		err = context.DeadlineExceeded
 	}
 	s := f.s
@@ -924,7 +930,8 @@ func streamedFast(h *fasthttp.ResponseHeader) bool {
 // upgrade forwards a request that asks for a protocol upgrade (a
 // WebSocket): it sends the request on a connection of its own, and on a
 // 101 answer joins the client's connection to it, both ways, until either
-// ends or the request's deadline plus Grace. It reports whether the
+// ends, both are silent for UpstreamTimeout, or the request's deadline
+// plus Grace. It reports whether the
 // connections were joined (the joining goroutine then reports the
 // outcome); otherwise the upstream's answer is the response.
 func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time) bool {
@@ -933,7 +940,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	f.outbound(ctx)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", proto)
-	d := net.Dialer{}
+	d := net.Dialer{Timeout: fasthttp.DefaultDialTimeout} // as the upstream client's dial
 	dctx := context.Background()
 	if !deadline.IsZero() {
 		var cancel context.CancelFunc
@@ -942,6 +949,9 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	}
 	in := identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}
 	up, err := d.DialContext(dctx, "tcp", f.up.Addr)
+	if err == nil {
+		up = f.track(up) // the idle bound, and the drain's cut
+	}
 	if err == nil && f.up.IsTLS {
 		up, err = f.handshake(dctx, up)
 	}
@@ -1002,7 +1012,12 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		go func() { io.Copy(up, c); closeWrite(up); done <- struct{}{} }()
 		go func() { io.Copy(c, br); done <- struct{}{} }()
 		<-done
-		c.Close()
+		// Whichever side ended, end the other's copy: fasthttp's
+		// hijacked connection closes only once this returns (its Close
+		// does nothing), so a read or write blocked on it is ended by
+		// its deadline. (A silent client used to hold the slot after the
+		// upstream closed.)
+		c.SetDeadline(time.Unix(1, 0))
 		up.Close()
 		<-done
 	})

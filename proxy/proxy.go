@@ -83,6 +83,18 @@ type Options struct {
 	// WriteTimeout bounds writing a buffered response to the client (its
 	// slot is already free by then). Default 60 s.
 	WriteTimeout time.Duration
+	// UpstreamTimeout bounds each wait on the upstream: a dial (by at most
+	// 3 s on the proxy's own server, 30 s over net/http, as before), and
+	// then the time between two successive reads or writes on its
+	// connection, as nginx's proxy_read_timeout does, not the whole
+	// exchange: a response or a stream that keeps arriving runs on, an
+	// upstream that goes silent that long is cut and the request answers
+	// 504, freeing its slot (a request without a deadline would otherwise
+	// hold it while the connection stays open). An upgraded connection
+	// (WebSocket) silent both ways that long is closed, as nginx does. It
+	// may end up to an eighth of itself (at most 1 s) early. Default 60 s;
+	// negative: no bound. Not applied to a Transport of the caller's own.
+	UpstreamTimeout time.Duration
 	// Grace is how long past its deadline a request whose response
 	// streams may hold its slot while the client reads. Default 1 s.
 	Grace time.Duration
@@ -164,6 +176,7 @@ func New(opts Options) (*Server, error) {
 		t.MaxIdleConns = 4096
 		t.MaxIdleConnsPerHost = 4096
 		t.IdleConnTimeout = 90 * time.Second
+		t.DialContext = dialContext(opts.UpstreamTimeout)
 		tr = t
 	}
 	up := opts.Upstream
@@ -239,6 +252,7 @@ func (o *Options) withDefaults() {
 	set(&o.ReadTimeout, 30*time.Second)
 	set(&o.WriteTimeout, time.Minute)
 	set(&o.Grace, time.Second)
+	set(&o.UpstreamTimeout, time.Minute)
 	set(&o.MaxBodyBytes, 16<<20)
 	set(&o.MaxResponseBuffer, 256<<20)
 	set(&o.BufferMemory, 64<<20)
@@ -254,6 +268,9 @@ func (o *Options) withDefaults() {
 // (502, or 504 when the caller's deadline ran out; both count as errored
 // outcomes) and logs at most once per second.
 func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if upstreamTimedOut(err) {
+		err = context.DeadlineExceeded
+	}
 	gone := errors.Is(err, context.Canceled) && r.Context().Err() != nil
 	if now := time.Now().UnixNano(); !gone && now-s.lastUpstreamLog.Load() > int64(time.Second) {
 		s.lastUpstreamLog.Store(now)

@@ -1,0 +1,324 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// upstreamTimeout sets Options.UpstreamTimeout.
+func upstreamTimeout(d time.Duration) func(*Options) {
+	return func(o *Options) { o.UpstreamTimeout = d }
+}
+
+// guarded is a client whose timeout only turns a hang into a failure: far
+// above anything a test here waits for, even on a busy machine.
+var guarded = &http.Client{Timeout: 60 * time.Second}
+
+// An upstream that takes a request and says nothing frees the request's
+// slot after UpstreamTimeout: the request answers 504 and the next one is
+// admitted. Requests have no deadline here (no identity.deadline), and
+// before the bound such a request held its slot for as long as the
+// upstream kept the connection open.
+func TestSilentUpstreamIsCutAndItsSlotFreed(t *testing.T) {
+	quit := make(chan struct{})
+	defer close(quit)
+	var calls atomic.Int32
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			select { // silent
+			case <-quit:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 1}\n"
+	_, base := serve(t, policy, up, upstreamTimeout(300*time.Millisecond))
+	resp, err := guarded.Get(base + "/silent")
+	if err != nil {
+		t.Fatalf("the request to a silent upstream never ended: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("the request to a silent upstream answered %d, want 504", resp.StatusCode)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the upstream got the timed-out request %d times, want once (a retry runs it twice)", n)
+	}
+	resp, err = guarded.Get(base + "/next")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "ok" {
+		t.Fatalf("the next request answered %d %q: the silent one kept its slot", resp.StatusCode, body)
+	}
+}
+
+// The bound is on the silence, not on the exchange: a response that keeps
+// arriving, a chunk every 25 ms for twice the bound, is answered whole.
+func TestUpstreamTimeoutBoundsTheSilenceNotTheExchange(t *testing.T) {
+	const bound, gap, chunks = 500 * time.Millisecond, 25 * time.Millisecond, 40
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := range chunks {
+			fmt.Fprintf(w, "%02d;", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(gap)
+		}
+	})
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 1}\n"
+	_, base := serve(t, policy, up, upstreamTimeout(bound))
+	start := time.Now()
+	resp, err := guarded.Get(base + "/trickle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil || len(body) != 3*chunks {
+		t.Fatalf("answered %d with %d bytes (%v) after %v, want 200 with all %d", resp.StatusCode, len(body), err,
+			time.Since(start), 3*chunks)
+	}
+}
+
+// An upgrade whose upstream takes the request and never answers it is
+// cut the same way (504), and so is an upgraded connection silent both
+// ways; traffic in either direction keeps it open.
+func TestSilentUpgradeIsCut(t *testing.T) {
+	quit := make(chan struct{})
+	defer close(quit)
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if r.URL.Path == "/silent" {
+			<-quit
+			return
+		}
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw) // echo until the proxy closes
+	})
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
+	_, base := serve(t, policy, up, upstreamTimeout(300*time.Millisecond))
+
+	c := dial(t, base)
+	c.SetDeadline(time.Now().Add(60 * time.Second)) // a hang fails
+	fmt.Fprintf(c, "GET /silent HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("an upgrade to a silent upstream answered %d, want 504", resp.StatusCode)
+	}
+
+	c = dial(t, base)
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	// Traffic keeps it open past the bound...
+	for i := range 8 {
+		msg := fmt.Sprintf("m%d", i)
+		io.WriteString(c, msg)
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+			t.Fatalf("echo %d after %d×100 ms: %q, %v", i, i, got, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// ... and silence closes it.
+	if n, err := br.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("a silent upgraded connection stayed open: read %d, %v", n, err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// upConn's bound: a read waits at most idle for data, and no longer than
+// the deadline its user set; CloseWrite reaches the TCP connection
+// inside; Close forgets the connection once.
+func TestUpConnBoundsEachWait(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	c := newUpConn(a, 50*time.Millisecond, nil)
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a read with nothing to read: %v, want the idle bound's timeout", err)
+	}
+	go b.Write([]byte("x"))
+	if n, err := c.Read(make([]byte, 1)); n != 1 || err != nil {
+		t.Fatalf("a read after the bound ran out once: %d, %v", n, err)
+	}
+	c.SetReadDeadline(time.Now().Add(-time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a read past the user's deadline: %v", err)
+	}
+	c.Close()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		s, err := ln.Accept()
+		if err == nil {
+			io.Copy(s, s) // echo, then close when the other side is done
+			s.Close()
+		}
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forgot := 0
+	u := newUpConn(raw, time.Minute, func(*upConn) { forgot++ })
+	io.WriteString(u, "bye")
+	closeWrite(u)
+	if got, err := io.ReadAll(u); string(got) != "bye" || err != nil {
+		t.Fatalf("after CloseWrite the peer echoed %q, %v; want bye and EOF", got, err)
+	}
+	u.Close()
+	if forgot != 1 {
+		t.Fatalf("forget called %d times, want 1", forgot)
+	}
+}
+
+// The idle bound is renewed only when it moves by its slack: reads in a
+// quick loop set no deadline each.
+func TestIdleSlack(t *testing.T) {
+	for _, c := range []struct{ idle, want time.Duration }{
+		{time.Minute, time.Second}, {4 * time.Second, 500 * time.Millisecond}, {80 * time.Millisecond, 10 * time.Millisecond},
+	} {
+		if got := time.Duration(idleSlack(c.idle)); got != c.want {
+			t.Errorf("idleSlack(%v) = %v, want %v", c.idle, got, c.want)
+		}
+	}
+	if !strings.Contains(fmt.Sprint(sooner(0, 0)), "0001") || sooner(5, 0).UnixNano() != 5 || sooner(0, 7).UnixNano() != 7 ||
+		sooner(9, 3).UnixNano() != 3 {
+		t.Error("sooner")
+	}
+}
+
+// A pooled connection the upstream closed (after an answer without
+// "Connection: close") fails the next request sent on it before any
+// answer: that request, idempotent, is sent again on a new connection,
+// and the client never sees the failure.
+func TestRequestOnAStaleConnectionIsSentAgain(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var seen atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // one answer a connection, then close it
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				seen.Add(1)
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}()
+		}
+	}()
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
+	_, base := serve(t, policy, nil, func(o *Options) { o.Upstream = u })
+	for i := range 3 {
+		resp, err := guarded.Get(base + "/again")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("request %d on a stale connection answered %d %q", i, resp.StatusCode, body)
+		}
+		time.Sleep(20 * time.Millisecond) // the upstream's close reaches the proxy
+	}
+	if n := seen.Load(); n != 3 {
+		t.Fatalf("the upstream answered %d requests, want 3", n)
+	}
+}
+
+// When the upstream ends an upgraded connection, the proxy ends the
+// client's too, and the slot is free, however silent the client is (the
+// proxy's own server used to wait for the client to send or close; over
+// net/http it still does: ReverseProxy forwards the end as a half-close).
+func TestUpgradeEndsWhenTheUpstreamCloses(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			io.WriteString(w, "ok")
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\nbye")
+		brw.Flush()
+		c.Close()
+	})
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 1}\n"
+	_, base := serve(t, policy, up)
+	c := dial(t, base)
+	c.SetDeadline(time.Now().Add(60 * time.Second)) // a hang fails
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	got, err := io.ReadAll(br)
+	if string(got) != "bye" || err != nil {
+		t.Fatalf("the client read %q, %v; want bye, then the connection closed", got, err)
+	}
+	if netHTTPFront() {
+		// httputil.ReverseProxy forwards the upstream's end as a
+		// half-close and waits for the client to close its side too.
+		c.Close()
+	}
+	// The slot is given back as the upgrade's handler returns, which may
+	// come just after the client saw the close (net/http's ReverseProxy
+	// closes first).
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		resp, err = guarded.Get(base + "/after")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the request after the upgrade ended answered %d: its slot is still held", resp.StatusCode)
+		}
+	}
+}
