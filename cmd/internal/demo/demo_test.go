@@ -121,8 +121,21 @@ func TestReservationRuns(t *testing.T) {
 		t.Fatalf("%d phases", len(rep.Phases))
 	}
 	both, lent, back := rep.Phases[0], rep.Phases[1], rep.Phases[2]
-	if both.Premium.Useful < 0.8*both.WantPremium || back.Premium.Useful < 0.8*back.WantPremium {
-		t.Errorf("premium got %.0f and %.0f units/s of its %.0f", both.Premium.Useful, back.Premium.Useful, both.WantPremium)
+	// Premium's share of the useful work, against the share promised: on
+	// a machine kept busy by other processes the proxy and its simulated
+	// upstream serve less than the 400 units/s the policy counts on (348
+	// in one run under -race and two CPU burners), and premium's absolute
+	// units fall with the total (182 of 240 there, with its share at 0.86
+	// of the promised one). First come, first served would give premium
+	// 0.55 of its share (300 of 900 units offered), as the absolute bound
+	// below 0.8 of its reserve caught.
+	share := func(ph ReservationPhase) float64 {
+		got := ph.Premium.Useful / max(ph.Premium.Useful+ph.Free.Useful, 1)
+		return got / (ph.WantPremium / (ph.WantPremium + ph.WantFree))
+	}
+	if share(both) < 0.8 || share(back) < 0.8 {
+		t.Errorf("premium got %.0f and %.0f units/s of its %.0f: %.2f and %.2f of its promised share of the useful work",
+			both.Premium.Useful, back.Premium.Useful, both.WantPremium, share(both), share(back))
 	}
 	if lent.Free.Admitted < 1.3*both.Free.Admitted {
 		t.Errorf("free admitted %.0f units/s with premium idle vs %.0f with premium busy: no borrowing", lent.Free.Admitted, both.Free.Admitted)
