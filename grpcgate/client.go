@@ -282,7 +282,14 @@ func (s *retryStream) SendMsg(m any) error {
 			s.committed, s.sent = true, nil
 		}
 	}
-	return s.cs.SendMsg(m)
+	err := s.cs.SendMsg(m)
+	if errors.Is(err, io.EOF) && !s.committed {
+		// The attempt ended before this message went out (a refusal
+		// comes at the stream's start). m is kept for the next attempt;
+		// RecvMsg learns how this one ended and retries or reports it.
+		return nil
+	}
+	return err
 }
 
 func (s *retryStream) commit() {
@@ -341,7 +348,9 @@ func (s *retryStream) reopen() error {
 	defer s.mu.Unlock()
 	s.cs = cs
 	for _, m := range s.sent {
-		if err := cs.SendMsg(m); err != nil {
+		if err := cs.SendMsg(m); errors.Is(err, io.EOF) {
+			return nil // this attempt ended too: RecvMsg gets its status
+		} else if err != nil {
 			return err
 		}
 	}

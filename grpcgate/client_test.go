@@ -155,6 +155,33 @@ func TestClientStreamRetries(t *testing.T) {
 	}
 }
 
+// A message sent after the first attempt was refused (the refusal ends
+// the stream at its start, and grpc-go's SendMsg then answers io.EOF) is
+// kept and replayed, not reported: the caller sees only the retried
+// stream's answer. Header waits for the refusal here; under load it used
+// to race the first SendMsg, which failed with EOF.
+func TestClientStreamSendAfterTheRefusalIsReplayed(t *testing.T) {
+	for _, refusals := range []int{1, 2} {
+		f := newClientFixture(t, refusals, overload)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cs, err := f.conn.NewStream(ctx, &streamDesc, "/"+service+"/Stream")
+		must(t, err)
+		if md, err := cs.Header(); md != nil || err != nil {
+			t.Fatalf("refused stream's header: %v, %v", md, err)
+		}
+		must(t, cs.SendMsg(wrapperspb.String("one")))
+		must(t, cs.CloseSend())
+		out := new(wrapperspb.StringValue)
+		if err := cs.RecvMsg(out); err != nil || out.Value != "one" {
+			t.Fatalf("%d refusals: %v %q", refusals, err, out.Value)
+		}
+		if len(f.ids) != refusals+1 {
+			t.Fatalf("%d refusals: ids %q", refusals, f.ids)
+		}
+		cancel()
+	}
+}
+
 // A local rejection is UNAVAILABLE and matches client.ErrLocal.
 func TestClientLocalRejection(t *testing.T) {
 	r, err := client.New(client.Options{ThrottleMin: -1, MaxAttempts: 1, Rand: rand.NewPCG(1, 1)})
