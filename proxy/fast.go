@@ -93,7 +93,8 @@ func (s *Server) newFast() *fastServer {
 		DisablePathNormalizing:    true,
 		NoDefaultUserAgentHeader:  true,
 		MaxIdemponentCallAttempts: 2, // one retry of an idempotent request on a stale idle connection
-		RetryIfErr:                retryStale,
+		RetryIfErr:                retryIdempotent,
+		Transport:                 upTransport{},
 		ReadBufferSize:            16 << 10,
 		DialTimeout:               f.dialUpstream,
 	}
@@ -950,7 +951,11 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	in := identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}
 	up, err := d.DialContext(dctx, "tcp", f.up.Addr)
 	if err == nil {
-		up = f.track(up) // the idle bound, and the drain's cut
+		if u := f.track(up); u != nil { // the idle bound, and the drain's cut
+			up = u
+		} else {
+			err = net.ErrClosed
+		}
 	}
 	if err == nil && f.up.IsTLS {
 		up, err = f.handshake(dctx, up)

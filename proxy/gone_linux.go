@@ -27,3 +27,17 @@ func peerGone(rc syscall.RawConn) bool {
 	})
 	return gone || err != nil // err: the connection is closed already
 }
+
+// idleCheck returns the look at an idle upstream connection, for
+// RawConn.Control (made once per connection: a closure made per look
+// would be an allocation per request). It sets *spoiled when the upstream
+// has sent anything, without waiting and without reading: poll(2) with a
+// zero timeout, for bytes (POLLIN: an answer nobody asked for), its FIN
+// (POLLRDHUP) or a reset (POLLHUP, POLLERR).
+func idleCheck(spoiled *bool) func(fd uintptr) {
+	return func(fd uintptr) {
+		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		n, err := unix.Poll(fds[:], 0)
+		*spoiled = err == nil && n > 0 && fds[0].Revents != 0
+	}
+}

@@ -9,3 +9,5 @@ import "syscall"
 const canPeek = false
 
 func peerGone(syscall.RawConn) bool { return false }
+
+func idleCheck(*bool) func(uintptr) { return func(uintptr) {} }

@@ -29,3 +29,15 @@ func peerGone(rc syscall.RawConn) bool {
 	})
 	return gone || err != nil // err: the connection is closed already
 }
+
+// idleCheck returns the look at an idle upstream connection, for
+// RawConn.Control (made once per connection). It sets *spoiled when the
+// upstream has sent anything (bytes nobody asked for, the end of the
+// stream, a reset), peeking without waiting and without consuming a byte.
+func idleCheck(spoiled *bool) func(fd uintptr) {
+	return func(fd uintptr) {
+		var buf [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		*spoiled = !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR)
+	}
+}

@@ -141,58 +141,243 @@ func upstreamTimedOut(err error) bool {
 		errors.Is(err, fasthttp.ErrDialTimeout)
 }
 
-// retryStale is the upstream client's retry rule: an idempotent request
-// (RFC 9110, section 9.2.2) is sent again, once, only when its connection closed or was reset
-// before any answer (a pooled connection the upstream had closed), never
-// after a timeout or a partial answer: the upstream may have it and be
-// working on it, and a retry would run it twice. (fasthttp's own rule
-// retries an idempotent request after any error.)
-func retryStale(req *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) {
+// retryIdempotent is the upstream client's retry rule once upTransport
+// has judged that a request may be sent again: only an idempotent method
+// (RFC 9110, section 9.2.2) is. (fasthttp's own rule retries an
+// idempotent request after any error, a timeout included: the upstream
+// may have it and be working on it, and would run it twice.)
+func retryIdempotent(req *fasthttp.Request, _ int, _ error) (resetTimeout, retry bool) {
 	h := &req.Header
-	if !(h.IsGet() || h.IsHead() || h.IsPut() || h.IsOptions() || h.IsDelete() || h.IsTrace()) {
-		return false, false
-	}
-	return false, errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return false, h.IsGet() || h.IsHead() || h.IsPut() || h.IsOptions() || h.IsDelete() || h.IsTrace()
 }
+
+// upTransport is fasthttp's transport, with the judgement of which failed
+// requests may be sent again (then retryIdempotent asks the method): one
+// whose pooled connection had answered before and then, with no byte of
+// an answer to it, ended (a bare io.EOF: fasthttp's read of the head saw
+// nothing) or refused its write (EPIPE, ECONNRESET). That is the race of
+// an upstream closing an idle connection as the request goes out, which
+// the look before each request (pooledConn) cannot see; net/http's
+// transport and nginx's keepalive connections retry it too. Not after a
+// partial answer (the upstream had it), not on a new connection (nothing
+// would explain an upstream hanging up on a request it never saw but a
+// failure in handling it), never after a timeout.
+type upTransport struct{}
+
+func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (bool, error) {
+	retry, err := fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
+	if err == nil || !retry {
+		return retry, err
+	}
+	a, ok := resp.LocalAddr().(pooledAddr)
+	if !ok || !a.c.reused {
+		return false, err
+	}
+	var op *net.OpError
+	return err == io.EOF || (errors.As(err, &op) && op.Op == "write" &&
+		(errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET))), err
+}
+
+// pooledConn is one of the fast server's pooled upstream connections
+// (fasthttp's HostClient keeps them). When a request starts on one that
+// has answered before, it looks first, without waiting, for anything the
+// upstream sent while it sat idle: its close (a FIN), a reset, or bytes
+// nobody asked for (a 408 before a close). Any of them spoils it, and the
+// request goes out on a new connection dialed in its place. Not a byte of
+// the request went out on the old one, so it is sent once whatever its
+// method and body. (fasthttp retries only a request without a body, and
+// only after it failed: a POST on a connection the upstream had closed
+// answered 502.) net/http's transport notices the same close with a read
+// it keeps running on every idle connection; here the look is one poll(2)
+// a request. Over TLS (fasthttp runs TLS over the dialed connection, and a
+// new one under it would break the session) the connection is not
+// wrapped: neither the look nor upTransport's retry applies.
+type pooledConn struct {
+	cur     atomic.Pointer[pooledLeg]
+	local   net.Addr // pooledAddr{c}, made once: LocalAddr is asked every request
+	f       *fastServer
+	addr    string
+	timeout time.Duration // the dial's
+	mu      sync.Mutex    // a new leg against Close
+	closed  bool
+
+	// Used only by the request on the connection (the pool hands it from
+	// one request to the next under its lock):
+	readAny bool // a byte has come back on the current leg
+	reading bool // the last call was a Read: the next Write starts a request
+	reused  bool // the request under way started on a leg that had answered before
+}
+
+// pooledLeg is the connection a pooledConn currently runs on.
+type pooledLeg struct {
+	u       *upConn
+	rc      syscall.RawConn  // nil: not peekable
+	check   func(fd uintptr) // idleCheck(&spoiled)
+	spoiled bool
+}
+
+func newPooledConn(f *fastServer, addr string, timeout time.Duration, u *upConn) *pooledConn {
+	c := &pooledConn{f: f, addr: addr, timeout: timeout}
+	c.local = pooledAddr{c}
+	c.cur.Store(newLeg(u))
+	return c
+}
+
+func newLeg(u *upConn) *pooledLeg {
+	l := &pooledLeg{u: u}
+	if sc, ok := u.Conn.(syscall.Conn); ok && canPeek {
+		l.rc, _ = sc.SyscallConn()
+		l.check = idleCheck(&l.spoiled)
+	}
+	return l
+}
+
+func (c *pooledConn) Read(p []byte) (int, error) {
+	n, err := c.cur.Load().u.Read(p)
+	if n > 0 {
+		c.readAny = true
+	}
+	c.reading = true
+	return n, err
+}
+
+func (c *pooledConn) Write(p []byte) (int, error) {
+	if c.reading { // a request starts
+		c.reading = false
+		c.reused = c.readAny
+		if c.reused {
+			if err := c.freshen(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return c.cur.Load().u.Write(p)
+}
+
+// freshen replaces the current leg with a new connection if the upstream
+// has spoiled it while it was idle.
+func (c *pooledConn) freshen() error {
+	old := c.cur.Load()
+	if old.rc == nil {
+		return nil
+	}
+	old.spoiled = false
+	if err := old.rc.Control(old.check); err != nil {
+		return net.ErrClosed // closed here (the drain's cut): no new connection
+	}
+	if !old.spoiled {
+		return nil
+	}
+	nc, err := c.f.dialRaw(c.addr, c.timeout)
+	if err != nil {
+		return err
+	}
+	u := c.f.track(nc)
+	if u == nil {
+		return net.ErrClosed
+	}
+	if rd := old.u.rd.Load(); rd != 0 {
+		u.SetReadDeadline(time.Unix(0, rd))
+	}
+	if wd := old.u.wd.Load(); wd != 0 {
+		u.SetWriteDeadline(time.Unix(0, wd))
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		u.Close()
+		return net.ErrClosed
+	}
+	c.cur.Store(newLeg(u))
+	c.mu.Unlock()
+	old.u.Close()
+	c.readAny, c.reused = false, false // a new connection
+	return nil
+}
+
+func (c *pooledConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	l := c.cur.Load()
+	c.mu.Unlock()
+	return l.u.Close()
+}
+
+func (c *pooledConn) LocalAddr() net.Addr                { return c.local }
+func (c *pooledConn) RemoteAddr() net.Addr               { return c.cur.Load().u.RemoteAddr() }
+func (c *pooledConn) SetDeadline(t time.Time) error      { return c.cur.Load().u.SetDeadline(t) }
+func (c *pooledConn) SetReadDeadline(t time.Time) error  { return c.cur.Load().u.SetReadDeadline(t) }
+func (c *pooledConn) SetWriteDeadline(t time.Time) error { return c.cur.Load().u.SetWriteDeadline(t) }
+
+// pooledAddr is a pooledConn's local address. It names the current leg's,
+// and lets upTransport find the connection a request failed on (fasthttp
+// keeps it in the response: Response.LocalAddr).
+type pooledAddr struct{ c *pooledConn }
+
+func (a pooledAddr) Network() string { return a.c.cur.Load().u.LocalAddr().Network() }
+func (a pooledAddr) String() string  { return a.c.cur.Load().u.LocalAddr().String() }
 
 // conns is a set of connections, for closing those left at the drain's
 // cut. It is safe for concurrent use.
-type conns struct{ m sync.Map }
+type conns struct {
+	m    sync.Map
+	shut atomic.Bool
+}
 
-func (s *conns) add(c *upConn)    { s.m.Store(c, struct{}{}) }
+// add keeps c, or reports false once closeAll has run.
+func (s *conns) add(c *upConn) bool {
+	s.m.Store(c, struct{}{})
+	if s.shut.Load() {
+		s.m.Delete(c)
+		return false
+	}
+	return true
+}
+
 func (s *conns) forget(c *upConn) { s.m.Delete(c) }
 
-// closeAll closes every connection in the set.
+// closeAll closes every connection in the set, and any added later.
 func (s *conns) closeAll() {
+	s.shut.Store(true)
 	s.m.Range(func(c, _ any) bool {
 		c.(net.Conn).Close()
 		return true
 	})
 }
 
-// dialUpstream dials the fast server's upstream connections as fasthttp's
-// own dialer would (within timeout, or its default of 3 s), with the idle
-// bound, keeping them for Close.
+// dialUpstream dials the fast server's pooled upstream connections
+// (pooledConn, with the idle bound), as fasthttp's own dialer would.
 func (f *fastServer) dialUpstream(addr string, timeout time.Duration) (net.Conn, error) {
-	var c net.Conn
-	var err error
-	if timeout > 0 {
-		c, err = fasthttp.DialTimeout(addr, timeout)
-	} else {
-		c, err = fasthttp.Dial(addr)
-	}
+	c, err := f.dialRaw(addr, timeout)
 	if err != nil {
 		return nil, err
 	}
-	return f.track(c), nil
+	u := f.track(c)
+	if u == nil {
+		return nil, net.ErrClosed
+	}
+	if f.up.IsTLS {
+		return u, nil
+	}
+	return newPooledConn(f, addr, timeout, u), nil
+}
+
+// dialRaw dials addr within timeout, or fasthttp's default of 3 s.
+func (f *fastServer) dialRaw(addr string, timeout time.Duration) (net.Conn, error) {
+	if timeout > 0 {
+		return fasthttp.DialTimeout(addr, timeout)
+	}
+	return fasthttp.Dial(addr)
 }
 
 // track wraps an upstream connection with the idle bound and keeps it for
-// Close until it closes.
-func (f *fastServer) track(c net.Conn) net.Conn {
+// Close until it closes; nil (and c closed) once Close has run.
+func (f *fastServer) track(c net.Conn) *upConn {
 	u := newUpConn(c, f.s.opts.UpstreamTimeout, f.ups.forget).(*upConn)
-	f.ups.add(u)
+	if !f.ups.add(u) {
+		c.Close()
+		return nil
+	}
 	return u
 }
 
