@@ -12,6 +12,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -92,8 +93,9 @@ type Options struct {
 	// 504, freeing its slot (a request without a deadline would otherwise
 	// hold it while the connection stays open). An upgraded connection
 	// (WebSocket) silent both ways that long is closed, as nginx does. It
-	// may end up to an eighth of itself (at most 1 s) early. Default 60 s;
-	// negative: no bound. Not applied to a Transport of the caller's own.
+	// may end up to an eighth of itself (at most 1 s) early. Default 60 s
+	// (also for 0); negative: no bound; a positive value below 1 ms is an
+	// error of New. Not applied to a Transport of the caller's own.
 	UpstreamTimeout time.Duration
 	// Grace is how long past its deadline a request whose response
 	// streams may hold its slot while the client reads. Default 1 s.
@@ -152,6 +154,9 @@ type Server struct {
 func New(opts Options) (*Server, error) {
 	if opts.Upstream == nil {
 		return nil, errors.New("proxy: no upstream")
+	}
+	if t := opts.UpstreamTimeout; t > 0 && t < time.Millisecond {
+		return nil, fmt.Errorf("proxy: upstream timeout %v is below 1ms: every request would answer 504 (negative: no bound)", t)
 	}
 	opts.withDefaults()
 	var err error

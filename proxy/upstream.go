@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -61,7 +62,11 @@ func (c *upConn) renew() {
 	if c.idle <= 0 {
 		return
 	}
-	want := time.Now().UnixNano() + int64(c.idle)
+	now := time.Now().UnixNano()
+	want := now + int64(c.idle)
+	if want < now { // past the year 2262: as far as a deadline goes
+		want = math.MaxInt64
+	}
 	old := c.armed.Load()
 	if want-old < idleSlack(c.idle) || !c.armed.CompareAndSwap(old, want) {
 		return

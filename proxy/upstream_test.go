@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -430,5 +431,26 @@ func TestUpgradeEndsWhenTheUpstreamCloses(t *testing.T) {
 		if time.Since(start) > 30*time.Second {
 			t.Fatalf("the request after the upgrade ended answered %d: its slot is still held", resp.StatusCode)
 		}
+	}
+}
+
+// A bound below 1 ms is refused (every request would answer 504), and one
+// past the year 2262 saturates instead of wrapping into a deadline passed.
+func TestUpstreamTimeoutExtremes(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1")
+	_, err := New(Options{Upstream: u, UpstreamTimeout: time.Microsecond, ConfigData: []byte("version: 1\n"), AdminToken: "x"})
+	if err == nil || !strings.Contains(err.Error(), "below 1ms") {
+		t.Fatalf("New with a 1us upstream timeout: %v", err)
+	}
+	a, b := net.Pipe()
+	defer b.Close()
+	c := newUpConn(a, time.Duration(math.MaxInt64), nil).(*upConn)
+	defer c.Close()
+	if got := c.armed.Load(); got < time.Now().Add(100*365*24*time.Hour).UnixNano() {
+		t.Fatalf("the bound of a huge timeout is at %v", time.Unix(0, got))
+	}
+	go b.Write([]byte("x"))
+	if _, err := c.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("a read under a huge timeout: %v", err)
 	}
 }
