@@ -1,12 +1,16 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +39,17 @@ func newDrainHarness(t *testing.T) *drainHarness {
 		done: make(chan error, 1), log: &logbuf.Buffer{}, graceAsked: make(chan time.Duration, 1),
 		upstreamCut: make(chan struct{}, 10)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "" { // an echo until the client closes
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			brw.Flush()
+			io.Copy(c, brw)
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/slow/") {
 			h.entered <- struct{}{}
 			select {
@@ -173,4 +188,81 @@ func TestDrainGraceCutsAndCountsLongRequests(t *testing.T) {
 	if !strings.Contains(log, "request cut") || !strings.Contains(log, "path=/slow/long") || !strings.Contains(log, "requests_cut=1") {
 		t.Fatalf("the cut is not logged:\n%s", log)
 	}
+}
+
+// upgraded opens an upgrade to the harness's echo and checks it echoes.
+func (h *drainHarness) upgraded(t *testing.T) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: x\r\nX-Api-Key: tenant-ws\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	echo(t, c, br, "hello")
+	return c, br
+}
+
+func echo(t *testing.T, c net.Conn, br *bufio.Reader, msg string) {
+	t.Helper()
+	io.WriteString(c, msg)
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+		t.Fatalf("echo of %q: %q, %v", msg, got, err)
+	}
+}
+
+// An upgraded connection (a WebSocket) gets the drain's grace as any
+// request does: it runs on while the drain waits, and the drain ends when
+// it does. The servers do not count hijacked connections, so the drain
+// used to end at once and cut it unlogged.
+func TestDrainWaitsForAnUpgrade(t *testing.T) {
+	h := newDrainHarness(t)
+	c, br := h.upgraded(t)
+	h.stop()
+	<-h.graceAsked
+	echo(t, c, br, "still here")
+	select {
+	case err := <-h.done:
+		h.done <- err // for the cleanup
+		t.Fatalf("the drain ended with an upgrade open: %v", err)
+	case <-time.After(50 * time.Millisecond): // a proof of absence: passes on a slow machine too
+	}
+	c.Close()
+	if err := <-h.done; err != nil {
+		t.Fatal(err)
+	}
+	h.done <- nil
+	if n := testutil.ToFloat64(h.s.host.DrainCut().WithLabelValues("proxy")); n != 0 {
+		t.Fatalf("%v requests counted as cut", n)
+	}
+}
+
+// An upgrade open when the grace runs out is cut, logged and counted.
+func TestDrainGraceCutsAnUpgrade(t *testing.T) {
+	h := newDrainHarness(t)
+	c, br := h.upgraded(t)
+	h.stop()
+	<-h.graceAsked
+	close(h.grace)
+	c.SetReadDeadline(time.Now().Add(30 * time.Second)) // a hang turned into a failure
+	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the upgrade was not cut: %v", err)
+	}
+	if err := <-h.done; err != nil {
+		t.Fatal(err)
+	}
+	h.done <- nil
+	if n := testutil.ToFloat64(h.s.host.DrainCut().WithLabelValues("proxy")); n != 1 {
+		t.Fatalf("%v requests counted as cut, want 1", n)
+	}
+	if log := h.log.String(); !strings.Contains(log, "path=/ws") {
+		t.Fatalf("the cut is not logged:\n%s", log)
+	}
+	c.Close()
 }

@@ -1013,18 +1013,36 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		if _, err := c.Write(head); err != nil {
 			return
 		}
-		done := make(chan struct{}, 2)
-		go func() { io.Copy(up, c); closeWrite(up); done <- struct{}{} }()
-		go func() { io.Copy(c, br); done <- struct{}{} }()
-		<-done
-		// Whichever side ended, end the other's copy: fasthttp's
-		// hijacked connection closes only once this returns (its Close
-		// does nothing), so a read or write blocked on it is ended by
-		// its deadline. (A silent client used to hold the slot after the
-		// upstream closed.)
+		sent := make(chan error, 1)        // the client's side, copied to the upstream
+		answered := make(chan struct{}, 1) // the upstream's side, copied to the client
+		go func() { _, err := io.Copy(up, c); closeWrite(up); sent <- err }()
+		go func() { io.Copy(c, br); answered <- struct{}{} }()
+		left := 2
+		select {
+		case err := <-sent:
+			left--
+			if err == nil {
+				// The client half-closed: the upstream's answer still
+				// goes out to it, until the upstream ends or stays
+				// silent for UpstreamTimeout. (It used to be dropped.)
+				<-answered
+				left--
+			}
+		case <-answered:
+			left--
+		}
+		// End the other side's copy: fasthttp's hijacked connection
+		// closes only once this returns (its Close does nothing), so a
+		// read or write blocked on it is ended by its deadline. (A
+		// silent client used to hold the slot after the upstream closed.)
 		c.SetDeadline(time.Unix(1, 0))
 		up.Close()
-		<-done
+		for ; left > 0; left-- {
+			select {
+			case <-sent:
+			case <-answered:
+			}
+		}
 	})
 	return true
 }

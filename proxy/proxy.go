@@ -10,6 +10,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -203,9 +204,40 @@ func New(opts Options) (*Server, error) {
 		}
 		ctx, cancel := s.detach(r.Context())
 		defer cancel()
+		if r.Header.Get("Upgrade") != "" {
+			w = upgradeWriter{w}
+		}
 		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	}))))
 	return s, nil
+}
+
+// upgradeWriter hands ReverseProxy an upgraded client connection
+// (endingConn) that ends when the upstream's side does, as on the proxy's
+// own server.
+type upgradeWriter struct{ http.ResponseWriter }
+
+func (w upgradeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w upgradeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	return endingConn{c}, brw, nil
+}
+
+// endingConn is an upgraded client connection whose CloseWrite, which is
+// how ReverseProxy passes on the upstream's end of the upgrade, also ends
+// the copy of the client's side: ReverseProxy would wait for the client
+// to close too, and a silent client held the request's slot.
+type endingConn struct{ net.Conn }
+
+func (c endingConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	return c.Conn.SetReadDeadline(time.Unix(1, 0))
 }
 
 // detach returns a context with ctx's values and deadline that a client

@@ -380,9 +380,9 @@ func TestFailedGetIsNotSentTwice(t *testing.T) {
 }
 
 // When the upstream ends an upgraded connection, the proxy ends the
-// client's too, and the slot is free, however silent the client is (the
-// proxy's own server used to wait for the client to send or close; over
-// net/http it still does: ReverseProxy forwards the end as a half-close).
+// client's too, and the slot is free, however silent the client is (both
+// fronts used to wait for the client to send or close: ReverseProxy
+// forwards the end as a half-close).
 func TestUpgradeEndsWhenTheUpstreamCloses(t *testing.T) {
 	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") == "" {
@@ -410,11 +410,6 @@ func TestUpgradeEndsWhenTheUpstreamCloses(t *testing.T) {
 	got, err := io.ReadAll(br)
 	if string(got) != "bye" || err != nil {
 		t.Fatalf("the client read %q, %v; want bye, then the connection closed", got, err)
-	}
-	if netHTTPFront() {
-		// httputil.ReverseProxy forwards the upstream's end as a
-		// half-close and waits for the client to close its side too.
-		c.Close()
 	}
 	// The slot is given back as the upgrade's handler returns, which may
 	// come just after the client saw the close (net/http's ReverseProxy
@@ -452,5 +447,40 @@ func TestUpstreamTimeoutExtremes(t *testing.T) {
 	go b.Write([]byte("x"))
 	if _, err := c.Read(make([]byte, 1)); err != nil {
 		t.Fatalf("a read under a huge timeout: %v", err)
+	}
+}
+
+// When the client half-closes an upgraded connection, what the upstream
+// still sends reaches it: the proxy's own server used to close both sides
+// at once and drop it.
+func TestUpgradeAnswerAfterTheClientHalfCloses(t *testing.T) {
+	tail := strings.Repeat("t", 200_000)
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		got, _ := io.ReadAll(brw) // up to the client's half-close
+		brw.WriteString(string(got) + tail)
+		brw.Flush()
+	})
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 1}\n"
+	_, base := serve(t, policy, up)
+	c := dial(t, base)
+	c.SetDeadline(time.Now().Add(60 * time.Second)) // a hang fails
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	io.WriteString(c, "last words")
+	c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil || string(got) != "last words"+tail {
+		t.Fatalf("after its half-close the client read %d bytes (%v), want %d", len(got), err, len("last words"+tail))
 	}
 }

@@ -20,6 +20,7 @@ const DefaultDrainGrace = 10 * time.Second
 type Tracker struct {
 	mu   sync.Mutex
 	reqs map[*tracked]struct{}
+	idle []chan struct{} // Wait's, closed when reqs empties
 	now  func() time.Time
 }
 
@@ -38,11 +39,7 @@ func (t *Tracker) Wrap(h http.Handler) http.Handler {
 		t.mu.Lock()
 		t.reqs[e] = struct{}{}
 		t.mu.Unlock()
-		defer func() {
-			t.mu.Lock()
-			delete(t.reqs, e)
-			t.mu.Unlock()
-		}()
+		defer t.Untrack(e)
 		h.ServeHTTP(w, r)
 	})
 }
@@ -65,7 +62,31 @@ func (t *Tracker) Track(method, path string) *Tracked {
 func (t *Tracker) Untrack(e *Tracked) {
 	t.mu.Lock()
 	delete(t.reqs, e)
+	if len(t.reqs) == 0 {
+		for _, c := range t.idle {
+			close(c)
+		}
+		t.idle = nil
+	}
 	t.mu.Unlock()
+}
+
+// Wait returns nil once no request is in flight, or ctx's error.
+func (t *Tracker) Wait(ctx context.Context) error {
+	t.mu.Lock()
+	if len(t.reqs) == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	c := make(chan struct{})
+	t.idle = append(t.idle, c)
+	t.mu.Unlock()
+	select {
+	case <-c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Len returns the number of requests in flight.
@@ -107,7 +128,8 @@ type Stopper interface {
 }
 
 // Shutdown shuts srv down within the grace: it stops accepting, waits for
-// the requests in flight, and when the grace runs out closes the
+// the requests in flight (those tr tracks too, upgraded connections the
+// server no longer counts among its own), and when the grace runs out closes the
 // connections left, logging each request tr still tracks and adding their
 // number to the cut counter. It returns the number cut.
 func (h *Host) Shutdown(srv Stopper, tr *Tracker, server string, d Drain) int {
@@ -130,7 +152,13 @@ func (h *Host) Shutdown(srv Stopper, tr *Tracker, server string, d Drain) int {
 		case <-stop:
 		}
 	}()
-	if srv.Shutdown(ctx) == nil {
+	err := srv.Shutdown(ctx)
+	if err == nil && tr != nil {
+		// Servers do not wait for the connections they handed over
+		// (hijacked: upgrades, WebSockets), which tr still tracks.
+		err = tr.Wait(ctx)
+	}
+	if err == nil {
 		return 0
 	}
 	n := 0
