@@ -16,10 +16,17 @@
 // with lease time L, refresh interval R and a local bucket of B (time at
 // the grant):
 //   - Overshoot: the grants never sum above C, so the fleet admits at most
-//     C·(T + B) in any window T while the allocator keeps its state; a
-//     concurrency budget's holders report what they have in flight, which
-//     the allocator does not grant to others, so the fleet never has more
-//     than C in flight while its processes reach the allocator. After
+//     C·(T + B) in any window T while the allocator keeps its state. That
+//     holds for what the processes spend, not only for what the allocator
+//     has on record: a gate spends its old grant until the answer to its
+//     refresh applies, and until that grant's expiry when the answer is
+//     lost after the step ran (a timeout after Redis ran the script), so
+//     each refresh reports what the gate spends as in use, and the
+//     allocator keeps it from the others until the gate's next step (a
+//     gate whose grant shrank by more than an eighth asks again at once).
+//     Likewise a concurrency budget's holders report what they have in
+//     flight, so the fleet never has more than C in flight while its
+//     processes reach the allocator. After
 //     it lost its state (a Redis restart or failover, indistinguishable
 //     from a budget that is new) it learns for L: it confirms what holders
 //     say they hold and grants nothing new; a process holding nothing is
@@ -45,13 +52,16 @@
 //     A gate that never had an answer spends nothing (or SafeShare);
 //     FailOpen has no bound; FailClosed admits nothing.
 //   - Unused allocation: a process whose demand fell keeps its grant until
-//     its next refresh, so at most C stays unused for R; a stopped process
+//     its next refresh, so at most C stays unused for R (and a grant cut
+//     by less than an eighth keeps its old size from the others for one
+//     more R); a stopped process
 //     holds its share for at most L (none after it gives the lease back).
 //     While learning, the first process to ask is told all of C until the
 //     others have asked (every R/4 while learning): at most C − its demand
 //     unused for R/4.
 //   - Convergence: a new process has its fair share once the others have
-//     refreshed (within R of its first request); a new budget is shared
+//     refreshed and confirmed their smaller grants (within R of its first
+//     request, and one round trip); a new budget is shared
 //     by the processes that use it within two rounds of R/4.
 //
 // The step is after Google Doorman's server (youtube/doorman,
@@ -120,7 +130,8 @@ type Holding struct {
 	// client has in use, which it spends within its safe share).
 	Spare int64
 	// InUse is what the client reported in use at its last step (the
-	// slots of a concurrency budget in flight): until it steps again it
+	// slots of a concurrency budget in flight, the rate a gate spent until
+	// the answer applied): until it steps again it
 	// counts against the room as much as its grant, when larger.
 	InUse int64
 }
@@ -149,9 +160,11 @@ type Request struct {
 	// Has is what the client holds now by its own account (its last grant,
 	// if unexpired): during learning the allocator confirms it.
 	Has int64
-	// InUse is what the client has in use now (a concurrency budget's
-	// slots in flight; 0 for a rate): a grant that shrank below it cannot
-	// take those slots back, so the others are not granted them meanwhile.
+	// InUse is what the client has in use now, or may use until this
+	// step's answer applies (a concurrency budget's slots in flight, a
+	// rate gate's current grant or safe share): a grant that shrank below
+	// it cannot take that back at once, so the others are not granted it
+	// until the client's next step.
 	InUse int64
 	// Release gives the lease back (a graceful shutdown).
 	Release bool

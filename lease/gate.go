@@ -16,8 +16,10 @@ import (
 // background (Run), and a lapsed lease falls back to OnFailure.
 //
 // Bounds, with n processes, capacity C units/s, lease time L and refresh
-// interval R: the grants never sum above C (the allocator's invariant),
-// so the fleet admits at most C·T + Σ bursts = C·(T + Burst) in any window
+// interval R: the grants never sum above C (the allocator's invariant; each
+// refresh reports the rate the gate spends until the answer applies, which
+// the allocator keeps from the others until the gate's next step), so the
+// fleet admits at most C·T + Σ bursts = C·(T + Burst) in any window
 // T while every process spends a live grant; after the allocator lost its
 // state, and while some processes spend safe shares, see the package doc
 // (up to 2C, for bounded times). The unused allocation is at most what the
@@ -63,7 +65,7 @@ func NewGate(name string, opts GateOptions) (*Gate, error) {
 		return nil, errors.New("lease: burst must be in [1ms, 1s]")
 	}
 	g := &Gate{name: name, demandAt: opts.Clock.Now()}
-	g.holder = holder{opts: opts, short: make(chan struct{}, 1), wants: g.wantsLocked, inUse: func() int64 { return 0 },
+	g.holder = holder{opts: opts, short: make(chan struct{}, 1), wants: g.wantsLocked, inUse: func() int64 { return 0 }, reserve: true,
 		change: func(now clock.Instant) {
 			g.fillLocked(now, g.limitLocked(now)) // the old rate up to now
 			g.demand, g.demandAt = 0, now

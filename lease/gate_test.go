@@ -170,17 +170,18 @@ func TestGateRunGivesTheLeaseBack(t *testing.T) {
 // after the first (which loses what the first process was told it may
 // spend beyond its demand until its next refresh, a quarter refresh
 // interval), through the learning period and after it; with
-// FailClosed the same fleet admits nothing until the learning ends.
+// FailClosed the same fleet admits nothing until the learning ends. The
+// gates refresh inline, as Run would: at the interval the allocator
+// names, early when they turn requests away.
 func TestGateColdStart(t *testing.T) {
 	for _, mode := range []lease.Failure{lease.FailSafe, lease.FailClosed} {
 		clk := fakeclock.New(int64(time.Hour))
 		l := &lease.Local{Clock: clk}
 		a := lease.Allocator{Capacity: 10000, Lease: 10 * time.Second}
 		var gates []*lease.Gate
-		next := make([]clock.Instant, 4)
 		for i := range 4 {
 			g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: string(rune('a' + i)), Leaser: l, Clock: clk,
-				Allocator: a, OnFailure: mode})
+				Allocator: a, OnFailure: mode, Inline: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -190,11 +191,7 @@ func TestGateColdStart(t *testing.T) {
 		for ms := range 14000 {
 			now := clock.Instant(int64(time.Hour) + int64(ms)*int64(time.Millisecond))
 			clk.Set(int64(now))
-			for i, g := range gates {
-				if now >= next[i] {
-					wait, _ := g.Refresh(context.Background())
-					next[i] = now.Add(wait)
-				}
+			for _, g := range gates {
 				for range 5 {
 					if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); d.Admitted {
 						perSecond[ms/1000]++

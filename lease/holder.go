@@ -156,8 +156,18 @@ type holder struct {
 	// capacity.
 	asked bool
 	// reserve reports in use what the gate may spend until the answer
-	// comes (a concurrency gate admits on its old grant meanwhile).
+	// applies: it decides on its old grant meanwhile (a rate gate spends
+	// it, a concurrency gate admits on it), and keeps doing so until its
+	// expiry when the answer is lost although the step ran (a timeout
+	// after Redis ran the script).
 	reserve bool
+	// confirmAt is set when an answer cut what the gate spends by more
+	// than an eighth of what it had reported: the allocator keeps that
+	// from the others until the gate's next step, so the gate asks again
+	// at once, for confirmWants (the demand it asked for then, not one
+	// measured over an instant) if within an eighth of the interval.
+	confirmAt    clock.Instant
+	confirmWants int64
 	// successor, set by Continue, takes the lease over when Run ends;
 	// over is set then: the gate spends no lease any more.
 	successor *holder
@@ -228,14 +238,20 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	r := Request{Client: h.opts.Client, Wants: h.wants(now, !h.asked), InUse: h.inUse()}
+	if h.confirmAt != 0 && now.Sub(h.confirmAt) < h.opts.Allocator.refresh()/8 {
+		r.Wants = h.confirmWants
+	}
+	h.confirmAt = 0
 	if h.liveLocked(now) {
 		r.Has = h.grant
 	}
 	if lim := h.limitLocked(now); h.reserve && lim > r.InUse {
-		// Until the answer applies the gate admits up to lim: the slots
-		// it takes meanwhile are not in its in-flight count, so the
-		// allocator must keep them from the others (a grant shrinks one
-		// refresh later).
+		// Until the answer applies the gate spends up to lim (a rate
+		// gate its old grant, a concurrency gate the slots it admits
+		// meanwhile, which are not in its in-flight count), and on to
+		// the old grant's expiry if the answer is lost after the step
+		// ran: the allocator keeps lim from the others until the gate's
+		// next step, so a shrunk grant frees its room one step later.
 		r.InUse = lim
 	}
 	h.mu.Unlock()
@@ -246,8 +262,15 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	h.mu.Lock()
 	h.change(now)
 	h.grant, h.expiry, h.granted, h.learning, h.safe, h.asked, h.over = grant.Has, grant.Expiry, true, grant.Learning, grant.Safe, true, false
+	wait := grant.Refresh
+	if lim := h.limitLocked(now); h.reserve && lim >= 0 && r.InUse-max(lim, h.inUse()) > r.InUse/8 {
+		// The allocator keeps what this step reserved until the next:
+		// confirm the smaller spending at once, so the others get the
+		// room (a smaller cut waits for the next refresh).
+		h.confirmAt, h.confirmWants, wait = max(now, 1), r.Wants, 0
+	}
 	h.mu.Unlock()
-	return grant.Refresh, nil
+	return wait, nil
 }
 
 // inherit takes over the lease of the gate h succeeds (its Run ended), unless h

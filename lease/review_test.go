@@ -2,10 +2,12 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/lease"
 )
@@ -160,5 +162,104 @@ func TestGateFailClosedAdmitsNothingAfterTheLapse(t *testing.T) {
 	clk.Advance(2 * time.Second)                                        // lapsed, unrefreshed
 	if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now()); d.Admitted {
 		t.Fatal("FailClosed admitted a request after the lease lapsed")
+	}
+}
+
+// onReply is a Local leaser whose next answer is held back after the
+// allocator's step: hook runs while it is on the wire, and lose drops it
+// (the caller sees an error although the step ran: a timeout after Redis
+// ran the script).
+type onReply struct {
+	lease.Local
+	hook func()
+	lose bool
+}
+
+func (o *onReply) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	g, err := o.Local.Lease(ctx, budget, a, r)
+	if h := o.hook; h != nil {
+		o.hook = nil
+		h()
+	}
+	if o.lose {
+		o.lose = false
+		return lease.Grant{}, errors.New("timed out after the step ran")
+	}
+	return g, err
+}
+
+// liveGrants is the sum of the gates' live grants at now.
+func liveGrants(now clock.Instant, gs ...*lease.Gate) int64 {
+	sum := int64(0)
+	for _, g := range gs {
+		if st := g.Lease(now); st.Live {
+			sum += st.Granted
+		}
+	}
+	return sum
+}
+
+// A rate gate spends its old grant until the answer to its refresh
+// applies, and to that grant's expiry when the answer is lost although the
+// step ran. The allocator gave the room a shrinking grant left to another
+// process at once: the live grants summed to 1,500 on a budget of 1,000,
+// while the reply was on the wire, or for the rest of the old lease when
+// it was lost. Now the allocator keeps what the gate was spending until
+// its next step, and a gate whose grant shrank asks again at once, so the
+// other process gets the room one step later.
+func TestGateShrinkingGrantNeverSumsAboveCapacity(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		clk := fakeclock.New(int64(time.Hour))
+		l := &onReply{Local: lease.Local{Clock: clk}}
+		a := lease.Allocator{Capacity: 1000, Lease: time.Second, Refresh: 250 * time.Millisecond}
+		mk := func(client string) *lease.Gate {
+			g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: client, Leaser: l, Clock: clk, Allocator: a})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		ga, gb := mk("a"), mk("b")
+		ctx := context.Background()
+		ga.Refresh(ctx)                             // the allocator learns
+		offer(ga, clk, 1000, 1100*time.Millisecond) // a's demand: 1,000/s
+		ga.Refresh(ctx)                             // a alone: all of it
+		gb.Refresh(ctx)                             // b: nothing left while a holds it all
+		offer(ga, clk, 1000, 100*time.Millisecond)
+		offer(gb, clk, 1000, 100*time.Millisecond) // b's demand, turned away
+		check := func(when string) {
+			t.Helper()
+			if sum := liveGrants(clk.Now(), ga, gb); sum > a.Capacity {
+				t.Errorf("lost %v, %s: the live grants sum to %d (a %d, b %d), above the capacity %d", lost, when, sum,
+					ga.Lease(clk.Now()).Granted, gb.Lease(clk.Now()).Granted, a.Capacity)
+			}
+		}
+		// a's refresh shrinks it to its fair share of 500: b refreshes
+		// while the answer is on the wire, or after it was lost
+		if lost {
+			l.lose = true
+		} else {
+			l.hook = func() { gb.Refresh(ctx); check("b refreshed while a's answer was on the wire") }
+		}
+		wait, err := ga.Refresh(ctx)
+		check("a's answer in")
+		if lost {
+			if err == nil {
+				t.Fatal("the lost answer reported no error")
+			}
+			offer(ga, clk, 1000, wait)
+			gb.Refresh(ctx)
+			check("b refreshed after a's lost answer")
+			wait, err = ga.Refresh(ctx) // a asks again; the old grant still runs
+		}
+		if err != nil || wait != 0 || ga.Lease(clk.Now()).Granted >= a.Capacity {
+			t.Fatalf("lost %v: a granted %d, next refresh in %v, %v: want its share, confirmed at once", lost, ga.Lease(clk.Now()).Granted, wait, err)
+		}
+		ga.Refresh(ctx) // the confirmation
+		gb.Refresh(ctx)
+		check("after a confirmed")
+		if got, left := gb.Lease(clk.Now()).Granted, a.Capacity-ga.Lease(clk.Now()).Granted; got < left*9/10 {
+			t.Errorf("lost %v: b granted %d after a confirmed, want the %d a left", lost, got, left)
+		}
 	}
 }

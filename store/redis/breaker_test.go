@@ -61,9 +61,11 @@ func TestClusterMasterDownFailsOnlyItsSlots(t *testing.T) {
 		t.Errorf("dead slots: %d ok, %d failed", load.deadOK.Load(), load.deadErr.Load())
 	}
 	// Only the probes of the dead master (one per interval) and calls in
-	// flight reach it.
-	if limit := int64(took/probe) + 1 + 16; failed > limit {
-		t.Errorf("%d calls failed on Redis in %v: the breaker let decisions through to the dead master", failed, took)
+	// flight reach it. The store counts every failed call: the live slots'
+	// own (timeouts on a busy machine) are not the dead master's.
+	onDead := failed - load.liveErr.Load()
+	if limit := int64(took/probe) + 1 + 16; onDead > limit {
+		t.Errorf("%d calls failed on the dead master in %v: the breaker let decisions through to it", onDead, took)
 	}
 	if !dead.open.Load() || st.breaker.open.Load() {
 		t.Errorf("dead master's breaker open %v, store's own open %v", dead.open.Load(), st.breaker.open.Load())

@@ -45,6 +45,7 @@ type faultFleet struct {
 
 	mu    sync.Mutex
 	steps []faultStep
+	over  string // the gates' leases at the first sample above the capacity
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -154,13 +155,22 @@ func (f *faultFleet) sample(ctx context.Context) {
 		case <-tk.C:
 		}
 		now := clock.Now()
-		sum := int64(0)
-		for _, g := range f.gates {
-			if st := g.Lease(now); st.Live {
-				sum += st.Granted
+		sum, what := int64(0), ""
+		for i, g := range f.gates {
+			st := g.ReportState(now).(lease.GateState)
+			if st.Live {
+				sum += st.Rate
 			}
+			what += fmt.Sprintf(" process %d: %+v;", i, st)
 		}
 		raise(&f.grants[f.bucket(now)], sum)
+		if sum > f.gates[0].Lease(now).Capacity {
+			f.mu.Lock()
+			if f.over == "" {
+				f.over = fmt.Sprintf("%.3f s:%s", now.Sub(f.start).Seconds(), what)
+			}
+			f.mu.Unlock()
+		}
 	}
 }
 
@@ -465,6 +475,14 @@ func TestLeaseFaultRealTime(t *testing.T) {
 	for b := 0; b <= end; b++ {
 		if g := f.grants[b].Load(); g > C {
 			t.Errorf("%.2f s: the live grants sum to %d units/s, above the capacity %d", float64(b)*faultBucket.Seconds(), g, C)
+		}
+	}
+	if f.over != "" {
+		t.Logf("first sample above the capacity at %s", f.over)
+		for _, s := range f.log() {
+			t.Logf("refresh of process %d sent %.3f s, answered %.3f s, holding %d: granted %d until %.3f s, %d clients, safe %d, learning %v, %v", s.proc,
+				s.sent.Sub(f.start).Seconds(), s.at.Sub(f.start).Seconds(), s.has, s.grant.Has, s.grant.Expiry.Sub(f.start).Seconds(),
+				s.grant.Clients, s.grant.Safe, s.grant.Learning, s.err)
 		}
 	}
 
