@@ -3,11 +3,13 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/lease"
+	"github.com/sluice-go/sluice/store"
 )
 
 //go:embed lua/lease.lua
@@ -23,7 +25,10 @@ var leaseScript = newScript(preludeLua + commonLua + leaseLua)
 // after a restart. The grant's expiry is on the caller's clock (clock.System),
 // one lease time after the call was sent: the step runs later, so the
 // grant never outlives its holding by the reply's latency. A call that Redis
-// reaches after its timeout does nothing. The error wraps
+// reaches after its timeout does nothing; one that failed before it (a
+// broken connection) may still run until then, so the client's next step
+// of the budget is not sent before (it answers ErrUnavailable): an old
+// step never lands after a newer one. The error wraps
 // store.ErrUnavailable when Redis cannot be reached.
 func (s *Store) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
 	g, _, err := s.leaseAt(ctx, budget, a, r, 0)
@@ -43,8 +48,25 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	args := []string{strconv.FormatInt(nowUS, 10), op, r.Client,
 		strconv.FormatInt(max(r.Wants, 0), 10) + " " + strconv.FormatInt(max(r.Has, 0), 10) + " " + strconv.FormatInt(max(r.InUse, 0), 10),
 		packDoubles(a.Capacity, a.Lease.Microseconds()), "0"}
+	id := budget + "\x00" + r.Client
 	sent := clock.Now() // Redis runs the step after this: the grant lapses no later on the caller's clock
-	v, _, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
+	if !r.Release && s.stepMayRun(id, sent) {
+		return lease.Grant{}, 0, fmt.Errorf("%w: the previous lease step of %q may still run", store.ErrUnavailable, r.Client)
+	}
+	v, tried, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
+	s.leaseMu.Lock()
+	switch {
+	case err == nil:
+		delete(s.leaseLate, id)
+	case tried:
+		// run's deadline is its own start (after sent) plus the timeout,
+		// on Redis' clock as estimated early: past this, the step is late
+		if s.leaseLate == nil {
+			s.leaseLate = map[string]clock.Instant{}
+		}
+		s.leaseLate[id] = sent.Add(s.opts.Timeout + time.Millisecond)
+	}
+	s.leaseMu.Unlock()
 	if err != nil {
 		return lease.Grant{}, 0, err
 	}
@@ -62,4 +84,17 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 		expiry = nowUS + a.Lease.Microseconds()
 	}
 	return g, expiry, nil
+}
+
+// stepMayRun reports whether a failed lease step of id may still run on
+// Redis at now (and forgets one that no longer may).
+func (s *Store) stepMayRun(id string, now clock.Instant) bool {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	until, ok := s.leaseLate[id]
+	if ok && now >= until {
+		delete(s.leaseLate, id)
+		ok = false
+	}
+	return ok
 }

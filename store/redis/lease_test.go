@@ -2,15 +2,19 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"pgregory.net/rapid"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/lease"
+	"github.com/sluice-go/sluice/store"
 )
 
 // leaseStore is a store on a fresh local Redis, closed with the test.
@@ -90,5 +94,47 @@ func TestLeaseAfterRedisRestart(t *testing.T) {
 	gb, _, _ = st.leaseAt(ctx, "b1", a, lease.Request{Client: "b", Wants: 100, Has: 50}, now+2)
 	if ga.Has != 50 || gb.Has != 50 {
 		t.Fatalf("holders after the restart: a %d, b %d; want their 50 confirmed", ga.Has, gb.Has)
+	}
+}
+
+// A lease step that failed before the store's timeout (here the caller's
+// own context ended; a broken connection does the same) may still run on
+// Redis until that timeout: the client's next step is not sent before,
+// so it cannot be overwritten by the old one. Redis is stopped while the
+// first step is sent, and runs it once it resumes, within the timeout.
+func TestLeaseStepWaitsForTheFailedOne(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	a := lease.Allocator{Capacity: 1000, Lease: 10 * time.Second}
+	bg := context.Background()
+	if _, err := st.Lease(bg, "b", a, lease.Request{Client: "other", Wants: 1}); err != nil { // learn Redis' clock
+		t.Fatal(err)
+	}
+	srv.Pause()
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	_, err = st.Lease(ctx, "b", a, lease.Request{Client: "c", Wants: 700})
+	cancel()
+	if err == nil {
+		srv.Resume()
+		t.Fatal("a step answered while Redis was stopped")
+	}
+	_, err = st.Lease(bg, "b", a, lease.Request{Client: "c", Wants: 300})
+	srv.Resume()
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "may still run") {
+		t.Fatalf("the next step while the failed one may still run: %v", err)
+	}
+	if _, err := st.Lease(bg, "b", a, lease.Request{Client: "other", Wants: 1}); err != nil {
+		t.Fatalf("another client's step: %v", err) // not held back
+	}
+	poll.Until(t, 10*time.Second, func() bool {
+		_, err := st.Lease(bg, "b", a, lease.Request{Client: "c", Wants: 300})
+		return err == nil
+	})
+	if f := strings.Fields(srv.Do("HGET", st.key("lease", "b"), "c:c")); len(f) < 2 || f[1] != "300" {
+		t.Errorf("c's holding after its newer step: %q, want 300 wanted", f)
 	}
 }

@@ -218,6 +218,11 @@ type Store struct {
 	failures atomic.Int64
 	journal  journal
 	noExpiry bool // tests: calls never expire, so only the journal cleans up
+
+	// leaseLate holds, per budget and client, until when a lease step
+	// that failed may still run on Redis (lease.go); guarded by leaseMu.
+	leaseLate map[string]clock.Instant
+	leaseMu   sync.Mutex
 }
 
 // connection is a connected client and what it found, and how many stores
