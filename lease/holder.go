@@ -151,6 +151,7 @@ type holder struct {
 	// request away for want of lease.
 	next, early clock.Instant
 	wanting     bool
+	inlining    bool // an Inline refresh is under way
 	// asked reports a grant of the gate's own asking (not one it took
 	// over from the gate it succeeded): its first refresh asks for the
 	// capacity.
@@ -221,12 +222,13 @@ func (h *holder) inline(ctx context.Context, now clock.Instant) {
 		return
 	}
 	h.mu.Lock()
-	due := now >= h.next || (h.wanting && now >= h.early)
+	due := !h.inlining && (now >= h.next || (h.wanting && now >= h.early))
+	h.inlining = h.inlining || due
 	h.mu.Unlock()
-	if due {
+	if due { // one at a time: concurrent steps' answers could apply out of order
 		wait, _ := h.Refresh(ctx)
 		h.mu.Lock()
-		h.next, h.early, h.wanting = now.Add(wait), now.Add(h.opts.Allocator.refresh()/8), false
+		h.next, h.early, h.wanting, h.inlining = now.Add(wait), now.Add(h.opts.Allocator.refresh()/8), false, false
 		h.mu.Unlock()
 	}
 }

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,5 +262,52 @@ func TestGateShrinkingGrantNeverSumsAboveCapacity(t *testing.T) {
 		if got, left := gb.Lease(clk.Now()).Granted, a.Capacity-ga.Lease(clk.Now()).Granted; got < left*9/10 {
 			t.Errorf("lost %v: b granted %d after a confirmed, want the %d a left", lost, got, left)
 		}
+	}
+}
+
+// overlap is a Local leaser that records the most calls it had at once.
+type overlap struct {
+	lease.Local
+	mu       sync.Mutex
+	now, max int
+}
+
+func (o *overlap) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	o.mu.Lock()
+	o.now++
+	o.max = max(o.max, o.now)
+	o.mu.Unlock()
+	time.Sleep(time.Millisecond) // the step on the wire, while others decide
+	g, err := o.Local.Lease(ctx, budget, a, r)
+	o.mu.Lock()
+	o.now--
+	o.mu.Unlock()
+	return g, err
+}
+
+// An Inline gate decided on by several goroutines refreshes one at a
+// time: concurrent steps of one client could have their answers applied
+// out of order, an older grant over a newer.
+func TestGateInlineRefreshesOneAtATime(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &overlap{Local: lease.Local{Clock: clk}}
+	g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: "p1", Leaser: l, Clock: clk, Inline: true,
+		Allocator: lease.Allocator{Capacity: 1000, Lease: time.Second, Refresh: 250 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now())
+			}
+		}()
+	}
+	wg.Wait()
+	if l.max > 1 {
+		t.Errorf("%d refreshes of one Inline gate at once", l.max)
 	}
 }
