@@ -49,6 +49,14 @@ type compiled struct {
 	id  *identify.Identifier
 }
 
+// Check reports the error New or Update would return for cfg, without
+// making anything: a caller that must not fail after a point (a reload
+// that has stopped the gates it replaces) checks first.
+func (cfg Config) Check() error {
+	_, err := cfg.compile()
+	return err
+}
+
 func (cfg Config) compile() (*compiled, error) {
 	if cfg.TenantKey != nil && (cfg.TenantHeader != "" || len(cfg.Tenant.Parts) > 0) {
 		return nil, errors.New("httpgate: TenantKey and the rules' tenant both set")

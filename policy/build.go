@@ -150,6 +150,20 @@ func (b *builder) gateOptions() gate.Options {
 // reused with their state, so a reload does not reset unchanged limits;
 // gates whose state means the same (see the kinds) continue from it.
 func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
+	rt, err := Prepare(f, prev, opts)
+	if err != nil {
+		return nil, err
+	}
+	rt.Start(prev)
+	return rt, nil
+}
+
+// Prepare is the first half of Build: it builds f's chain, reusing prev's
+// gates and state as Build does, but changes nothing of prev and starts
+// nothing, so that a reload can still be refused after it. Then either
+// Start makes the runtime live (prev's replaced gates stop, the new loops
+// start), or Discard drops it (prev serves on, untouched).
+func Prepare(f *File, prev *Runtime, opts Options) (_ *Runtime, err error) {
 	if err := Validate(f); err != nil {
 		return nil, err
 	}
@@ -157,6 +171,11 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	if err := rt.openStore(prev); err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			rt.Discard(prev)
+		}
+	}()
 	if prev != nil && prev.local != nil {
 		rt.local = prev.local
 	} else {
@@ -181,10 +200,17 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 	if err != nil {
 		return nil, &Error{File: f.Path, Line: 1, Field: "gates", Msg: err.Error(), Err: err}
 	}
-	// The build is sure: the new lease gates succeed the ones they replace,
-	// whose loops then stop (handing their leases over, or giving them
-	// back) before the new loops start, so that the holdings of one client
-	// name never have two gates refreshing them.
+	rt.Chain = chain
+	rt.Rules = f.rules()
+	return rt, nil
+}
+
+// Start makes a prepared runtime live in place of prev (may be nil): the
+// new lease gates succeed the ones they replace, whose loops then stop
+// (handing their leases over, or giving them back) before the new loops
+// start, so that the holdings of one client name never have two gates
+// refreshing them. Call it once, before the runtime's chain serves.
+func (rt *Runtime) Start(prev *Runtime) {
 	for _, bg := range rt.gates {
 		if bg.handover != nil && bg.stop == nil {
 			bg.handover()
@@ -197,9 +223,15 @@ func Build(f *File, prev *Runtime, opts Options) (*Runtime, error) {
 			rt.gates[name] = bg
 		}
 	}
-	rt.Chain = chain
-	rt.Rules = f.rules()
-	return rt, nil
+}
+
+// Discard drops a prepared runtime that never started: it closes the
+// Redis store it opened (not one it shares with prev). prev is untouched.
+func (rt *Runtime) Discard(prev *Runtime) {
+	if rt.redis != nil && (prev == nil || prev.redis != rt.redis) {
+		rt.redis.st.Close()
+	}
+	rt.redis = nil
 }
 
 // bindQueue gives every deadline gate its Q: the predicted wait of the

@@ -57,8 +57,10 @@ type Options struct {
 	// (httpgate.Config.ProblemDetails).
 	ProblemDetails bool
 	// OnBuild, if set, is given every runtime before it serves (the first
-	// and every reload), for a caller that decides with the same chain
-	// outside the middleware; an error refuses it like an invalid file.
+	// and every reload; on a reload before the gates it replaces stop and
+	// its own background loops start), for a caller that decides with the
+	// same chain outside the middleware; an error refuses it like an
+	// invalid file, and the old policy serves on untouched.
 	OnBuild func(*policy.Runtime) error
 }
 
@@ -179,20 +181,25 @@ func (h *Host) Reload() (bool, error) {
 		err = h.opts.Check(f)
 	}
 	if err == nil {
+		// Everything that may refuse the new policy runs before the old
+		// one is touched: only then do the gates it replaces stop.
 		var rt *policy.Runtime
-		if rt, err = policy.Build(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics}); err == nil {
+		if rt, err = policy.Prepare(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics}); err == nil {
 			h.keepModeOverrides(rt)
-			if h.opts.OnBuild != nil {
+			err = h.gateConfig(rt).Check()
+			if err == nil && h.opts.OnBuild != nil {
 				err = h.opts.OnBuild(rt)
 			}
 			if err == nil {
-				err = h.mw.Update(rt.Chain, h.gateConfig(rt))
-			}
-			if err == nil {
+				rt.Start(h.rt)
+				if err := h.mw.Update(rt.Chain, h.gateConfig(rt)); err != nil { // checked above: cannot happen
+					h.log.Error("policy reload: the checked configuration refused; the old chain serves on", "file", h.opts.Config, "err", err)
+				}
 				h.rt, h.version, h.refused = rt, v, ""
 				h.log.Info("policy reloaded", "file", h.opts.Config, "version", v, "gates", len(f.Gates))
 				return true, nil
 			}
+			rt.Discard(h.rt)
 		}
 	}
 	h.refused, h.why = v, err
