@@ -36,8 +36,12 @@
 //     the holdings not yet reported on top of C: at most 2C, and only
 //     until those holders refresh (within R when they reach the
 //     allocator) and the others ask again after them (R/4); under
-//     FailClosed it stays within C throughout. With the
-//     allocator unreachable a lease runs to its expiry and then the
+//     FailClosed it stays within C throughout. It also learns again when
+//     a client says it holds a lease its state no longer has (a holding
+//     outlives its holder's lease, so only a forward step of the
+//     allocator's clock, a Redis host's wall clock, or a partial loss
+//     does that): the holders are confirmed, not granted their room a
+//     second time. With the allocator unreachable a lease runs to its expiry and then the
 //     failure mode decides: FailSafe spends C ÷ (the clients last seen),
 //     so the fleet stays within C while no process has a lease, when
 //     every process saw the same clients (and within C·n/m when a process
@@ -205,6 +209,15 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	}
 	st.Holdings = slices.DeleteFunc(st.Holdings, func(h Holding) bool { return h.Expiry <= now })
 	i := slices.IndexFunc(st.Holdings, func(h Holding) bool { return h.Client == r.Client })
+	if !r.Release && r.Has > 0 && i < 0 && now >= st.LearnUntil {
+		// The client spends a lease, by its own clock, that the state no
+		// longer holds (a holding outlives its holder's lease): the
+		// allocator's clock stepped forward (a Redis host's wall clock)
+		// past holdings still spent, or part of the state was lost. The
+		// others' may be gone too: learn again, confirming what holders
+		// say they hold.
+		st.LearnUntil = now.Add(a.Lease)
+	}
 	if r.Release {
 		if i >= 0 {
 			st.Holdings = slices.Delete(st.Holdings, i, i+1)

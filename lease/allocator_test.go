@@ -62,7 +62,7 @@ func TestAllocatorLearnsAfterLosingItsState(t *testing.T) {
 		t.Fatalf("a new client during learning: %+v, want 0", g)
 	}
 	after := now.Add(10 * time.Second)
-	g := a.Step(&st, lease.Request{Client: "a", Wants: 80, Has: 70}, after)
+	g := a.Step(&st, lease.Request{Client: "a", Wants: 80}, after) // its lease lapsed now, by its clock too
 	if g.Learning || g.Has > 100-30 {
 		t.Fatalf("a after learning: %+v", g)
 	}
@@ -205,5 +205,32 @@ func TestFairShares(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// The allocator's clock steps forward past every holding (a Redis host's
+// wall clock set ahead) while the holders, on their own clocks, still
+// spend their leases: a holder that says so, whose holding the state no
+// longer has, starts learning, so its grant and the others' are confirmed
+// rather than handed out again (before, a was granted all 100 on top of
+// the 40 b still spent).
+func TestAllocatorLearnsAfterItsClockStepsForward(t *testing.T) {
+	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
+	st := lease.State{Started: true}
+	now := clock.Instant(time.Hour)
+	ga := a.Step(&st, lease.Request{Client: "a", Wants: 60}, now)
+	gb := a.Step(&st, lease.Request{Client: "b", Wants: 60}, now)
+	if ga.Has != 60 || gb.Has != 40 {
+		t.Fatalf("before the step: a %d, b %d, want 60 and 40", ga.Has, gb.Has)
+	}
+	stepped := now.Add(time.Minute) // the holders' clocks: 1 s later, both leases live
+	if g := a.Step(&st, lease.Request{Client: "a", Wants: 100, Has: 60}, stepped); !g.Learning || g.Has != 60 {
+		t.Fatalf("a after the clock step: %+v, want its 60 confirmed while learning", g)
+	}
+	if g := a.Step(&st, lease.Request{Client: "b", Wants: 100, Has: 40}, stepped); !g.Learning || g.Has != 40 {
+		t.Fatalf("b after the clock step: %+v, want its 40 confirmed", g)
+	}
+	if g := a.Step(&st, lease.Request{Client: "c", Wants: 100}, stepped); g.Has != 0 {
+		t.Fatalf("a new client after the clock step: %+v, want nothing granted", g)
 	}
 }

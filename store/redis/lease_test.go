@@ -138,3 +138,26 @@ func TestLeaseStepWaitsForTheFailedOne(t *testing.T) {
 		t.Errorf("c's holding after its newer step: %q, want 300 wanted", f)
 	}
 }
+
+// Redis' clock set a minute ahead while two holders still spend their
+// leases: the first of them to refresh starts the allocator learning, and
+// both are confirmed, not granted anew (the twin of the Go step's test).
+func TestLeaseLearnsAfterRedisClockStepsForward(t *testing.T) {
+	st := leaseStore(t)
+	ctx := context.Background()
+	a := lease.Allocator{Capacity: 100, Lease: 10 * time.Second}
+	t0 := int64(1_000_000_000)
+	st.leaseAt(ctx, "jump", a, lease.Request{Client: "a", Wants: 60}, t0) // learning begins
+	t1 := t0 + a.Lease.Microseconds()
+	ga, _, _ := st.leaseAt(ctx, "jump", a, lease.Request{Client: "a", Wants: 60}, t1)
+	gb, _, _ := st.leaseAt(ctx, "jump", a, lease.Request{Client: "b", Wants: 60}, t1)
+	if ga.Has != 60 || gb.Has != 40 {
+		t.Fatalf("before the step: a %+v, b %+v, want 60 and 40", ga, gb)
+	}
+	t2 := t1 + time.Minute.Microseconds()
+	ga, _, _ = st.leaseAt(ctx, "jump", a, lease.Request{Client: "a", Wants: 100, Has: 60}, t2)
+	gb, _, _ = st.leaseAt(ctx, "jump", a, lease.Request{Client: "b", Wants: 100, Has: 40}, t2)
+	if !ga.Learning || ga.Has != 60 || gb.Has != 40 {
+		t.Fatalf("after Redis' clock stepped: a %+v, b %+v, want 60 and 40 confirmed while learning", ga, gb)
+	}
+}

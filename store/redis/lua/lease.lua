@@ -24,7 +24,7 @@ if not learn then
 end
 
 -- The live holdings, in client order; expired and foreign fields go.
-local holdings, mine = {}, nil
+local holdings, mine, found = {}, nil, false
 local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
@@ -39,9 +39,21 @@ for i = 1, #fields, 2 do
       redis.call('HDEL', key, f)
     else
       local c = string.sub(f, 3)
-      if c ~= client then table.insert(holdings, {client = c, has = h, wants = w, spare = s, inuse = u}) end
+      if c ~= client then
+        table.insert(holdings, {client = c, has = h, wants = w, spare = s, inuse = u})
+      else
+        found = true
+      end
     end
   end
+end
+
+-- A client that spends a lease (by its own clock) the hash no longer holds
+-- (a holding outlives its holder's lease): Redis' clock stepped forward
+-- past holdings still spent, or part of the state was lost. Learn again.
+if op ~= 'release' and has > 0 and not found and now >= learn then
+  learn = now + lease
+  redis.call('HSET', key, 'learn', str(learn))
 end
 
 -- The hash only collects garbage: it outlives its holdings (two lease times,
