@@ -3,7 +3,9 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
@@ -25,8 +27,9 @@ var leaseScript = newScript(preludeLua + commonLua + leaseLua)
 // after a restart. The grant's expiry is on the caller's clock (clock.System),
 // one lease time after the call was sent: the step runs later, so the
 // grant never outlives its holding by the reply's latency. A call that Redis
-// reaches after its timeout does nothing; one that failed before it (a
-// broken connection) may still run until then, so the client's next step
+// reaches after its timeout does nothing; one its caller gave up on before
+// (its own context, a connection the client closed on its write timeout)
+// may still run until then, so the client's next step
 // of the budget is not sent before (it answers ErrUnavailable): an old
 // step never lands after a newer one. The error wraps
 // store.ErrUnavailable when Redis cannot be reached.
@@ -58,7 +61,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	switch {
 	case err == nil:
 		delete(s.leaseLate, id)
-	case tried:
+	case tried && mayStillRun(ctx, err):
 		// run's deadline is its own start (after sent) plus the timeout,
 		// on Redis' clock as estimated early: past this, the step is late
 		if s.leaseLate == nil {
@@ -97,4 +100,26 @@ func (s *Store) stepMayRun(id string, now clock.Instant) bool {
 		ok = false
 	}
 	return ok
+}
+
+// unavailable is the error of a call sent to Redis that failed: it reads
+// and matches as store.ErrUnavailable, and keeps the client's error for
+// mayStillRun.
+type unavailable struct{ err error }
+
+func (u *unavailable) Error() string        { return store.ErrUnavailable.Error() + ": " + u.err.Error() }
+func (u *unavailable) Is(target error) bool { return target == store.ErrUnavailable }
+
+// mayStillRun reports whether a sent call that failed with err may still
+// run on Redis: its caller gave up (a timeout, its context) while Redis
+// may hold it, unread or queued. Not when Redis answered (an error reply,
+// a late call that did nothing) or ended the connection (EOF, a reset,
+// refused): Redis drops what it had not run of a connection it closed.
+func mayStillRun(ctx context.Context, err error) bool {
+	var u *unavailable
+	if !errors.As(err, &u) || errors.Is(u.err, errLate) || dataError(u.err) {
+		return false
+	}
+	return ctx.Err() != nil || errors.Is(u.err, context.DeadlineExceeded) || errors.Is(u.err, context.Canceled) ||
+		errors.Is(u.err, os.ErrDeadlineExceeded)
 }

@@ -435,7 +435,7 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 	}
 	if err != nil {
 		s.failed(ctx, b, err)
-		return out, true, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+		return out, true, &unavailable{err}
 	}
 	copy(out[:], vals)
 	if s.journal.owes.Load() {
