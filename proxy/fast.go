@@ -478,7 +478,14 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 func (f *fastServer) admitWatched(ctx *fasthttp.RequestCtx, snap httpgate.Snapshot, in *identify.Input, fields httpgate.Fields) (httpgate.Admission, httpgate.Rejection, bool) {
 	actx, e := f.gone.watch(ctx.Conn())
 	defer f.gone.done(e)
-	return snap.Admit(actx, in, fields)
+	adm, rj, ok := snap.Admit(actx, in, fields)
+	if !ok && actx.Err() != nil {
+		// Its client went away while it waited: the connection serves
+		// nothing more, not even a request pipelined behind this one,
+		// which the server has read already and would otherwise forward.
+		ctx.SetConnectionClose()
+	}
+	return adm, rj, ok
 }
 
 // forward sends an admitted request to the upstream and its answer to
