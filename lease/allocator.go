@@ -41,7 +41,10 @@
 //     outlives its holder's lease, so only a forward step of the
 //     allocator's clock, a Redis host's wall clock, or a partial loss
 //     does that): the holders are confirmed, not granted their room a
-//     second time. With the allocator unreachable a lease runs to its expiry and then the
+//     second time. A client holding nothing that reaches it first is
+//     granted from the state as it finds it, so until the holders refresh
+//     (within R) the fleet can spend up to 2C, as after a loss. With the
+//     allocator unreachable a lease runs to its expiry and then the
 //     failure mode decides: FailSafe spends C ÷ (the clients last seen),
 //     so the fleet stays within C while no process has a lease, when
 //     every process saw the same clients (and within C·n/m when a process

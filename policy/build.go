@@ -211,6 +211,12 @@ func Prepare(f *File, prev *Runtime, opts Options) (_ *Runtime, err error) {
 // start, so that the holdings of one client name never have two gates
 // refreshing them. Call it once, before the runtime's chain serves.
 func (rt *Runtime) Start(prev *Runtime) {
+	if prev != nil && prev.redis != nil && prev.redis != rt.redis {
+		// prev's store (other settings, or none now) closes once its
+		// requests in flight are done; only now, when nothing can refuse
+		// rt any more
+		time.AfterFunc(retireStoreAfter, prev.redis.st.Close)
+	}
 	for _, bg := range rt.gates {
 		if bg.handover != nil && bg.stop == nil {
 			bg.handover()
@@ -275,12 +281,13 @@ func (rt *Runtime) openStore(prev *Runtime) error {
 		return &Error{File: rt.File.Path, Line: s.Line, Field: "store", Msg: err.Error(), Err: err}
 	}
 	rt.redis = &redisConn{st: st, cfg: cfg}
-	if prev != nil && prev.redis != nil {
-		old := prev.redis.st
-		time.AfterFunc(2*time.Minute, old.Close) // let requests in flight release first
-	}
 	return nil
 }
+
+// retireStoreAfter is how long a replaced runtime's Redis store stays open
+// once its successor starts: requests in flight release their permits
+// first.
+var retireStoreAfter = 2 * time.Minute
 
 // build returns g built, or prev's gate when nothing changed.
 func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error) {

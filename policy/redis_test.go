@@ -263,3 +263,58 @@ gates:
 		return d.Admitted
 	})
 }
+
+// A runtime prepared with other store settings and then discarded (a
+// reload refused after its build) leaves the serving runtime's store
+// open: the build scheduled the old store's close as soon as it opened
+// the new one, so the serving policy lost Redis two minutes after a
+// refused reload. The old store closes only once a successor starts.
+func TestDiscardedStoreChangeKeepsTheServingStore(t *testing.T) {
+	srv := redistest.Start(t)
+	defer func(d time.Duration) { retireStoreAfter = d }(retireStoreAfter)
+	retireStoreAfter = 10 * time.Millisecond
+	parse := func(timeout int) *File {
+		f, err := Parse("r.yaml", []byte(strings.ReplaceAll(`version: 1
+store: {backend: redis, addrs: [ADDR], timeout: `+strconv.Itoa(timeout)+`ms}
+gates:
+  - {name: rate, kind: token_bucket, scope: service, rate: 1/s, burst: 10}
+`, "ADDR", srv.Addr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	clients := func() int {
+		info := srv.Do("info", "clients")
+		i := strings.Index(info, "connected_clients:")
+		n, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(info[i+len("connected_clients:"):], "\n", 2)[0]))
+		return n
+	}
+	before := clients()
+	serving, err := Build(parse(50), nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, err := Prepare(parse(60), serving, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused.Discard(serving)
+	time.Sleep(100 * time.Millisecond) // ten times the retirement delay
+	if err := serving.redis.st.Ping(context.Background()); err != nil {
+		t.Fatalf("the serving store after a discarded store change: %v", err)
+	}
+	// A successor that starts shares the connection; the old store closes
+	// after the delay, so once the successor closes too the connection
+	// is gone.
+	next, err := Build(parse(70), serving, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := next.redis.st.Ping(context.Background()); err != nil {
+		t.Fatalf("the successor's store: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	next.Close()
+	poll.Until(t, 5*time.Second, func() bool { return clients() <= before })
+}
