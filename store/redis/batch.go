@@ -343,6 +343,14 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
 		return
 	}
+	cctx, cancel := context.WithTimeout(context.Background(), left)
+	defer cancel()
+	if !s.noExpiry {
+		if err := s.learnClock(cctx, context.Background(), cn, br, batch[0].key); err != nil {
+			fail(err)
+			return
+		}
+	}
 	expiry := br.expiry(oldest, s.opts.Timeout)
 	script, width := b.script, b.l.width()
 	var keys, args []string
@@ -360,7 +368,6 @@ func (b *batcher) exec(batch []*call) {
 	} else {
 		keys, args = b.args(batch, expiry)
 	}
-	cctx, cancel := context.WithTimeout(context.Background(), left)
 	vals, err := s.exec(cctx, cn, script, keys, args).AsIntSlice()
 	cancel()
 	switch {

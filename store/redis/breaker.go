@@ -3,14 +3,17 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/store"
 )
 
 // slotCount is the number of Redis Cluster hash slots.
@@ -36,6 +39,8 @@ type breaker struct {
 	offset    atomic.Int64 // µs
 	epoch     atomic.Int64 // local µs when the current offset estimate began
 	known     atomic.Bool  // offset holds an estimate
+	readMu    sync.Mutex
+	reading   chan struct{} // closed when the clock read under way ends (nil: none)
 }
 
 // observe takes a reply's Redis time (µs) received at local instant at.
@@ -65,7 +70,8 @@ func (b *breaker) observe(redisUs int64, at clock.Instant) {
 
 // expiry returns the Redis time (µs, as a script argument) after which a
 // call sent at local instant start is given up: start + timeout on Redis'
-// clock, by the offset estimate; "0" (none) before any reply. The estimate
+// clock, by the offset estimate; "0" (none) before any reply, which is why
+// a call that must expire learns the clock first (learnClock). The estimate
 // errs early by the return time of its best reply, so Redis treats a call
 // as late slightly before its caller does, never after.
 func (b *breaker) expiry(start clock.Instant, timeout time.Duration) string {
@@ -73,6 +79,58 @@ func (b *breaker) expiry(start clock.Instant, timeout time.Duration) string {
 		return "0"
 	}
 	return strconv.FormatInt(int64(start)/1000+b.offset.Load()+timeout.Microseconds(), 10)
+}
+
+// clockScript reads Redis' clock (µs) on the node that holds its key.
+var clockScript = newScript("local t = redis.call('TIME') return tonumber(t[1]) * 1000000 + tonumber(t[2])")
+
+// learnClock makes sure b knows its node's clock before a call that must
+// expire by it is sent. Until a first reply came, such a call could not
+// tell Redis when its caller gives up, and ran whenever Redis reached it:
+// a store started against a stalled Redis had every call of the stall run
+// once Redis resumed, long after its caller had failed (tokens taken for
+// decisions already made, a lease step landing after a newer one). The
+// clock is read once, by a script on key (on a Cluster it runs on key's
+// master, b's node); concurrent callers wait for the read under way. ctx
+// bounds the wait; caller is the caller's own context, which says whether
+// a failure is news about Redis (Store.failed). It returns nil once the
+// clock is known, else an error wrapping store.ErrUnavailable; nothing of
+// the caller's call was sent then.
+func (s *Store) learnClock(ctx, caller context.Context, cn *connection, b *breaker, key string) error {
+	for !b.known.Load() {
+		b.readMu.Lock()
+		r := b.reading
+		lead := r == nil
+		if lead {
+			r = make(chan struct{})
+			b.reading = r
+		}
+		b.readMu.Unlock()
+		if !lead {
+			select {
+			case <-r:
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("%w: waiting for Redis' clock: %v", store.ErrUnavailable, ctx.Err())
+			}
+		}
+		v, err := s.exec(ctx, cn, clockScript, []string{key}, nil).AsInt64()
+		if err == nil {
+			b.observe(v, clock.Now())
+			if !b.known.Load() {
+				err = fmt.Errorf("Redis TIME read as %d", v)
+			}
+		}
+		b.readMu.Lock()
+		b.reading = nil
+		b.readMu.Unlock()
+		close(r)
+		if err != nil {
+			s.failed(caller, b, err)
+			return fmt.Errorf("%w: reading Redis' clock: %v", store.ErrUnavailable, err)
+		}
+	}
+	return nil
 }
 
 // maybeProbe starts a background probe of b when it is open and its

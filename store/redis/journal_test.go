@@ -175,15 +175,25 @@ func TestStallUnderConcurrentAcquires(t *testing.T) {
 
 // A take that Redis reaches after its caller gave up takes nothing: the
 // tokens of a bucket stalled under 8 takes are all still there. The store
-// first learns Redis' clock from a look that takes nothing (retried: on a
-// busy machine the first call to a new Cluster can miss its 20 ms).
+// has learned Redis' clock from a look that takes nothing (retried: on a
+// busy machine the first call to a new Cluster can miss its 20 ms), or,
+// fresh, has never had a reply from Redis (which holds the script, as when
+// other processes use it): its first calls must not run whenever Redis
+// reaches them either. Before, with no expiry to send, the stalled takes
+// that were sent all ran once Redis resumed.
 func TestLateTakeTakesNothing(t *testing.T) {
 	for _, topo := range []string{"standalone", "cluster"} {
-		t.Run(topo, func(t *testing.T) { lateTake(t, topo == "cluster") })
+		for _, fresh := range []bool{false, true} {
+			name := topo
+			if fresh {
+				name += "/fresh"
+			}
+			t.Run(name, func(t *testing.T) { lateTake(t, topo == "cluster", fresh) })
+		}
 	}
 }
 
-func lateTake(t *testing.T, cluster bool) {
+func lateTake(t *testing.T, cluster, fresh bool) {
 	st, srv := topology(t, cluster, "late", "k", 20*time.Millisecond)
 	tb := must(limit.NewTokenBucket(must(limit.ParseRate("1/h")), 10))
 	lim, _ := bind(st)(TokenBucket("late", tb))
@@ -192,7 +202,15 @@ func lateTake(t *testing.T, cluster bool) {
 		r, _, err := lim.Take(ctx, "k", 0, 0, 0) // cost 0: a look, takes nothing
 		return err == nil && r.Status == limit.Invalid
 	}
-	poll.Until(t, 10*time.Second, look) // learn Redis' clock
+	if fresh {
+		st.rc() // connected, with no call yet
+		srv.Do("SCRIPT", "LOAD", scriptTexts[tokenBucketScript].src)
+		if st.breakerFor(st.key("late", "k")).known.Load() {
+			t.Fatal("a fresh store knows Redis' clock")
+		}
+	} else {
+		poll.Until(t, 10*time.Second, look) // learn Redis' clock
+	}
 	pause(srv, 100*time.Millisecond, func() {
 		var wg sync.WaitGroup
 		for range 8 {

@@ -418,10 +418,15 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 		s.maybeProbe(b)
 		return out, false, store.ErrUnavailable
 	}
-	if expires && !s.noExpiry {
-		args[len(args)-1] = b.expiry(clock.Now(), s.opts.Timeout)
-	}
+	start := clock.Now()
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	if expires && !s.noExpiry {
+		if err := s.learnClock(cctx, ctx, cn, b, keys[0]); err != nil {
+			return out, false, err
+		}
+		args[len(args)-1] = b.expiry(start, s.opts.Timeout)
+	}
 	vals, err := s.exec(cctx, cn, sc, keys, args).AsIntSlice()
 	cancel()
 	if err == nil && len(vals) != 6 {
