@@ -71,6 +71,9 @@ type fastServer struct {
 	ups    conns    // the upstream's connections, for Close
 	closed chan struct{}
 	gone   goneWatch // clients gone while their requests wait
+	// sessions resumes TLS sessions to an https upstream (the pool's new
+	// connections, upgrades), unless its TLS configuration has a cache.
+	sessions tls.ClientSessionCache
 }
 
 // newFast builds the proxy's fasthttp server.
@@ -84,7 +87,8 @@ func (s *Server) newFast() *fastServer {
 			addr += ":80"
 		}
 	}
-	f := &fastServer{s: s, base: strings.TrimSuffix(u.EscapedPath(), "/"), query: u.RawQuery, host: u.Host, closed: make(chan struct{})}
+	f := &fastServer{s: s, base: strings.TrimSuffix(u.EscapedPath(), "/"), query: u.RawQuery, host: u.Host, closed: make(chan struct{}),
+		sessions: tls.NewLRUClientSessionCache(0)}
 	f.up = &fasthttp.HostClient{
 		Addr: addr, IsTLS: u.Scheme == "https",
 		MaxConns:                  4096,
@@ -643,6 +647,12 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.Set("X-Forwarded-Proto", "http")
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
+	if f.up != nil && f.up.IsTLS {
+		// The upstream client parses the URI from these fields, with the
+		// scheme of the connection the request came on (plain HTTP), and
+		// refuses one whose scheme is not its own.
+		req.URI().SetScheme("https")
+	}
 }
 
 // appendClientIP appends the IP address of a client's address to b (an
@@ -1054,9 +1064,10 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	return true
 }
 
-// handshake runs TLS over an upgrade's connection to an https upstream,
-// with the upstream client's TLS configuration (nil: the system's roots,
-// verifying the upstream's host name). It closes raw when it fails.
+// handshake runs TLS over a connection to an https upstream (the pool's,
+// or an upgrade's), with the upstream client's TLS configuration (nil: the
+// system's roots, verifying the upstream's host name). It closes raw when
+// it fails.
 func (f *fastServer) handshake(ctx context.Context, raw net.Conn) (net.Conn, error) {
 	cfg := &tls.Config{}
 	if f.up.TLSConfig != nil {
@@ -1065,7 +1076,10 @@ func (f *fastServer) handshake(ctx context.Context, raw net.Conn) (net.Conn, err
 	if cfg.ServerName == "" {
 		cfg.ServerName, _, _ = net.SplitHostPort(f.up.Addr)
 	}
-	cfg.NextProtos = nil // the upgrade is HTTP/1.1's: no ALPN to h2
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = f.sessions
+	}
+	cfg.NextProtos = nil // HTTP/1.1: no ALPN to h2
 	c := tls.Client(raw, cfg)
 	if err := c.HandshakeContext(ctx); err != nil {
 		raw.Close()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,6 +319,44 @@ func TestUpgradeJoinsConnections(t *testing.T) {
 	}
 }
 
+// Requests reach an https upstream: path, query, body and the upstream's
+// Host, on connections kept alive (one TLS handshake for a run of requests
+// one at a time). The proxy's own server answered every one 502: its
+// upstream client took the request for plain HTTP (the scheme of the
+// connection it came on) and refused it as a redirect to another scheme.
+func TestRequestsReachAnHTTPSUpstream(t *testing.T) {
+	var conns atomic.Int32
+	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %s %d %s", r.Method, r.URL.RequestURI(), r.Host, len(body), r.Header.Get("X-Forwarded-Proto"))
+	}))
+	upstream.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	upstream.StartTLS()
+	t.Cleanup(upstream.Close)
+	u, _ := url.Parse(upstream.URL + "/base?k=v")
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
+	_, base := serveTrusting(t, policy, u, upstream.Client().Transport.(*http.Transport).TLSClientConfig)
+	for i := range 5 {
+		resp, err := guarded.Post(base+"/p?q=1", "text/plain", strings.NewReader(strings.Repeat("b", 1000*i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := fmt.Sprintf("POST /base/p?k=v&q=1 %s %d http", u.Host, 1000*i)
+		if resp.StatusCode != 200 || string(got) != want {
+			t.Fatalf("request %d answered %d %q, want 200 %q", i, resp.StatusCode, got, want)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections to the upstream for 5 requests one at a time, want 1", n)
+	}
+}
+
 // serveTLS is serve with an https upstream whose certificate the proxy
 // trusts: through the transport on net/http's front, through the
 // upstream client's TLS configuration on the proxy's own.
@@ -325,7 +365,13 @@ func serveTLS(t *testing.T, policy string, up http.Handler) (*Server, string) {
 	upstream := httptest.NewTLSServer(up)
 	t.Cleanup(upstream.Close)
 	u, _ := url.Parse(upstream.URL)
-	trust := upstream.Client().Transport.(*http.Transport).TLSClientConfig
+	return serveTrusting(t, policy, u, upstream.Client().Transport.(*http.Transport).TLSClientConfig)
+}
+
+// serveTrusting serves the proxy in front of the https upstream u, whose
+// certificate trust verifies.
+func serveTrusting(t *testing.T, policy string, u *url.URL, trust *tls.Config) (*Server, string) {
+	t.Helper()
 	o := Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if netHTTPFront() {

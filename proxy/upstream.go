@@ -194,9 +194,12 @@ func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, res
 // only after it failed: a POST on a connection the upstream had closed
 // answered 502.) net/http's transport notices the same close with a read
 // it keeps running on every idle connection; here the look is one poll(2)
-// a request. Over TLS (fasthttp runs TLS over the dialed connection, and a
-// new one under it would break the session) the connection is not
-// wrapped: neither the look nor upTransport's retry applies.
+// a request. To an https upstream the connection runs TLS itself (fasthttp
+// takes a connection with a Handshake method for one already secured), so
+// that a spoiled one is replaced by a new TLS session, resumed from the
+// session cache where the upstream allows: the look and upTransport's
+// retry hold over TLS as over TCP. (The look sees the TCP connection: a
+// close, a reset, or a record nobody asked for.)
 type pooledConn struct {
 	cur     atomic.Pointer[pooledLeg]
 	local   net.Addr // pooledAddr{c}, made once: LocalAddr is asked every request
@@ -215,21 +218,22 @@ type pooledConn struct {
 
 // pooledLeg is the connection a pooledConn currently runs on.
 type pooledLeg struct {
-	u       *upConn
+	u       *upConn          // the TCP connection: its deadlines, the idle bound, the look
+	c       net.Conn         // what requests are written and answers read on: u, or TLS over it
 	rc      syscall.RawConn  // nil: not peekable
 	check   func(fd uintptr) // idleCheck(&spoiled)
 	spoiled bool
 }
 
-func newPooledConn(f *fastServer, addr string, timeout time.Duration, u *upConn) *pooledConn {
+func newPooledConn(f *fastServer, addr string, timeout time.Duration, u *upConn, rw net.Conn) *pooledConn {
 	c := &pooledConn{f: f, addr: addr, timeout: timeout}
 	c.local = pooledAddr{c}
-	c.cur.Store(newLeg(u))
+	c.cur.Store(newLeg(u, rw))
 	return c
 }
 
-func newLeg(u *upConn) *pooledLeg {
-	l := &pooledLeg{u: u}
+func newLeg(u *upConn, rw net.Conn) *pooledLeg {
+	l := &pooledLeg{u: u, c: rw}
 	if sc, ok := u.Conn.(syscall.Conn); ok && canPeek {
 		l.rc, _ = sc.SyscallConn()
 		l.check = idleCheck(&l.spoiled)
@@ -238,7 +242,7 @@ func newLeg(u *upConn) *pooledLeg {
 }
 
 func (c *pooledConn) Read(p []byte) (int, error) {
-	n, err := c.cur.Load().u.Read(p)
+	n, err := c.cur.Load().c.Read(p)
 	if n > 0 {
 		c.readAny = true
 	}
@@ -256,7 +260,7 @@ func (c *pooledConn) Write(p []byte) (int, error) {
 			}
 		}
 	}
-	return c.cur.Load().u.Write(p)
+	return c.cur.Load().c.Write(p)
 }
 
 // freshen replaces the current leg with a new connection if the upstream
@@ -281,6 +285,10 @@ func (c *pooledConn) freshen() error {
 	if u == nil {
 		return net.ErrClosed
 	}
+	rw, err := c.f.secure(u, c.timeout)
+	if err != nil {
+		return err
+	}
 	if rd := old.u.rd.Load(); rd != 0 {
 		u.SetReadDeadline(time.Unix(0, rd))
 	}
@@ -293,7 +301,7 @@ func (c *pooledConn) freshen() error {
 		u.Close()
 		return net.ErrClosed
 	}
-	c.cur.Store(newLeg(u))
+	c.cur.Store(newLeg(u, rw))
 	c.mu.Unlock()
 	old.u.Close()
 	c.readAny, c.reused = false, false // a new connection
@@ -307,6 +315,10 @@ func (c *pooledConn) Close() error {
 	c.mu.Unlock()
 	return l.u.Close()
 }
+
+// Handshake tells fasthttp that the connection to an https upstream is
+// secured already (dialUpstream ran TLS over it).
+func (c *pooledConn) Handshake() error { return nil }
 
 func (c *pooledConn) LocalAddr() net.Addr                { return c.local }
 func (c *pooledConn) RemoteAddr() net.Addr               { return c.cur.Load().u.RemoteAddr() }
@@ -361,10 +373,26 @@ func (f *fastServer) dialUpstream(addr string, timeout time.Duration) (net.Conn,
 	if u == nil {
 		return nil, net.ErrClosed
 	}
-	if f.up.IsTLS {
+	rw, err := f.secure(u, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return newPooledConn(f, addr, timeout, u, rw), nil
+}
+
+// secure runs TLS over u to an https upstream, the handshake within the
+// dial's timeout (fasthttp's default of 3 s when 0); it returns u itself
+// to an http one. It closes u when the handshake fails.
+func (f *fastServer) secure(u *upConn, timeout time.Duration) (net.Conn, error) {
+	if !f.up.IsTLS {
 		return u, nil
 	}
-	return newPooledConn(f, addr, timeout, u), nil
+	if timeout <= 0 {
+		timeout = fasthttp.DefaultDialTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return f.handshake(ctx, u)
 }
 
 // dialRaw dials addr within timeout, or fasthttp's default of 3 s.

@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
@@ -231,6 +233,24 @@ func rawUpstream(t *testing.T, handle func(c net.Conn)) *url.URL {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rawUpstreamOn(t, ln, "http", handle)
+}
+
+// rawUpstreamTLS is rawUpstream over TLS, with httptest's certificate,
+// and the client configuration that trusts it.
+func rawUpstreamTLS(t *testing.T, handle func(c net.Conn)) (*url.URL, *tls.Config) {
+	t.Helper()
+	ts := httptest.NewTLSServer(nil) // for its certificate
+	cfg, trust := ts.TLS.Clone(), ts.Client().Transport.(*http.Transport).TLSClientConfig
+	ts.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rawUpstreamOn(t, tls.NewListener(ln, cfg), "https", handle), trust
+}
+
+func rawUpstreamOn(t *testing.T, ln net.Listener, scheme string, handle func(c net.Conn)) *url.URL {
 	var mu sync.Mutex
 	var open []net.Conn
 	var wg sync.WaitGroup
@@ -262,17 +282,25 @@ func rawUpstream(t *testing.T, handle func(c net.Conn)) *url.URL {
 			}()
 		}
 	}()
-	u, _ := url.Parse("http://" + ln.Addr().String())
+	u, _ := url.Parse(scheme + "://" + ln.Addr().String())
 	return u
 }
 
 // A request on a pooled connection the upstream closed while it sat idle
 // goes out once, on a new connection, whatever its method and body: a POST
 // on it answered 502 on the proxy's own server, whose client retries only
-// requests without a body, and only after they failed.
+// requests without a body, and only after they failed. To an https
+// upstream too (the proxy's own server had neither the look nor the retry
+// over TLS: every request after the first answered 502 here).
 func TestRequestOnAClosedIdleConnectionGoesOutOnANewOne(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http", true: "https"}[secure], func(t *testing.T) { requestOnAClosedIdleConnection(t, secure) })
+	}
+}
+
+func requestOnAClosedIdleConnection(t *testing.T, secure bool) {
 	var seen atomic.Int32
-	u := rawUpstream(t, func(c net.Conn) { // one answer a connection, then close it
+	handle := func(c net.Conn) { // one answer a connection, then close it
 		r, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			return
@@ -280,9 +308,15 @@ func TestRequestOnAClosedIdleConnectionGoesOutOnANewOne(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		seen.Add(1)
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-	})
+	}
 	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
-	_, base := serve(t, policy, nil, func(o *Options) { o.Upstream = u })
+	var base string
+	if secure {
+		u, trust := rawUpstreamTLS(t, handle)
+		_, base = serveTrusting(t, policy, u, trust)
+	} else {
+		_, base = serve(t, policy, nil, func(o *Options) { o.Upstream = rawUpstream(t, handle) })
+	}
 	sent := 0
 	for i := range 3 {
 		for _, method := range []string{"GET", "POST", "PUT", "DELETE"} {
