@@ -226,27 +226,45 @@ func maskID(l string) string {
 // proxy's own server and through net/http's around Handler, in front of
 // one upstream that echoes what it gets: both must forward the same
 // request (method, target, Host, fields, body) and answer the same
-// status, fields and body.
+// status, fields and body; to an http upstream and to an https one.
 func TestFastServerAnswersAsNetHTTP(t *testing.T) {
-	up := httptest.NewServer(echoUpstream())
+	for _, secure := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http", true: "https"}[secure], func(t *testing.T) { answersAsNetHTTP(t, secure) })
+	}
+}
+
+func answersAsNetHTTP(t *testing.T, secure bool) {
+	up := httptest.NewUnstartedServer(echoUpstream())
+	var trust *tls.Config
+	if secure {
+		up.StartTLS()
+		trust = up.Client().Transport.(*http.Transport).TLSClientConfig
+	} else {
+		up.Start()
+	}
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	newServer := func() *Server {
+	newServer := func(tr http.RoundTripper) *Server {
 		s, err := New(Options{Config: "p.yaml", ConfigData: []byte(parityPolicy), Upstream: u, AdminToken: "x",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Transport: tr})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(s.Close)
 		return s
 	}
-	std := httptest.NewServer(newServer().Handler())
+	var tr http.RoundTripper
+	if secure {
+		tr = &http.Transport{TLSClientConfig: trust}
+	}
+	std := httptest.NewServer(newServer(tr).Handler())
 	defer std.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := newServer().newFast()
+	fs := newServer(nil).newFast()
+	fs.up.TLSConfig = trust
 	done := make(chan struct{})
 	go func() { fs.srv.Serve(ln); close(done) }()
 	defer func() { fs.srv.Shutdown(); <-done }()
