@@ -2,6 +2,9 @@ package policy
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -71,8 +74,10 @@ const retireFor = 10 * time.Minute
 
 // redisConn is a Redis store and the settings it was opened with.
 type redisConn struct {
-	st  *sredis.Store
-	cfg string
+	st   *sredis.Store
+	cfg  string      // every setting of the store: equal, the store is kept
+	conn string      // what the connection depends on: equal, it is shared
+	tls  *tls.Config // the store's (Share compares it as a pointer)
 }
 
 // Close releases the runtime's connections (the Redis client). A runtime
@@ -264,23 +269,45 @@ func (rt *Runtime) openStore(prev *Runtime) error {
 	if s.Backend != BackendRedis {
 		return nil
 	}
-	cfg := fmt.Sprint(s.Addrs, s.Timeout, s.ProbeEvery)
+	// The connection's identity; the password enters as a digest, the TLS
+	// settings as theirs (files' contents included).
+	pw := sha256.Sum256([]byte(s.password))
+	var tlsDigest string
+	var tlsConfig *tls.Config
+	if s.TLS != nil {
+		tlsDigest, tlsConfig = s.TLS.digest, s.TLS.config
+	}
+	conn := fmt.Sprintf("%q %q %x %t %s", s.Addrs, s.Username, pw[:8], s.TLS != nil, tlsDigest)
+	cfg := fmt.Sprint(conn, s.Timeout, s.ProbeEvery)
 	if prev != nil && prev.redis != nil && prev.redis.cfg == cfg {
 		rt.redis = prev.redis
 		return nil
 	}
-	o := sredis.Options{Addrs: s.Addrs, Timeout: s.Timeout, ProbeEvery: s.ProbeEvery, Prefix: "sluice:" + rt.File.Service}
+	if prev != nil && prev.redis != nil && prev.redis.conn == conn {
+		tlsConfig = prev.redis.tls // the same settings: Share keeps the connection
+	}
+	o := sredis.Options{Addrs: s.Addrs, Timeout: s.Timeout, ProbeEvery: s.ProbeEvery, Prefix: "sluice:" + rt.File.Service,
+		Username: s.Username, Password: s.password, TLS: tlsConfig}
 	var st *sredis.Store
 	var err error
 	if prev != nil && prev.redis != nil {
-		st, err = prev.redis.st.Share(o) // the same addresses: no new connection
+		st, err = prev.redis.st.Share(o) // the same connection settings: no new connection
 	} else {
 		st, err = sredis.New(o)
 	}
 	if err != nil {
-		return &Error{File: rt.File.Path, Line: s.Line, Field: "store", Msg: err.Error(), Err: err}
+		field, line := "store", s.Line
+		var verify *tls.CertificateVerificationError
+		var header tls.RecordHeaderError
+		switch {
+		case s.TLS != nil && (errors.As(err, &verify) || errors.As(err, &header)):
+			field, line = "store.tls", s.TLS.Line
+		case errors.Is(err, sredis.ErrRefused) && s.passwordField != "":
+			field, line = s.passwordField, s.passwordLine
+		}
+		return &Error{File: rt.File.Path, Line: line, Field: field, Msg: err.Error(), Err: err}
 	}
-	rt.redis = &redisConn{st: st, cfg: cfg}
+	rt.redis = &redisConn{st: st, cfg: cfg, conn: conn, tls: tlsConfig}
 	return nil
 }
 

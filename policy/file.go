@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"crypto/tls"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -63,9 +64,31 @@ type Store struct {
 	MaxKeys    int                // memory: key cap per gate (0: the store's default)
 	Replicas   int64              // redis: expected fleet size; local_fallback gives each replica limit ÷ replicas
 	ProbeEvery time.Duration      // redis: breaker probe interval (0: the store's default)
-	Line       int
+	Username   string             // redis: the ACL user (empty: the default user)
+	// redis: where the password comes from (at most one; neither: none).
+	// The password itself, read when the file is parsed, is kept unexported
+	// and never printed.
+	PasswordEnv, PasswordFile string
+	TLS                       *StoreTLS // redis: TLS settings (nil: plain TCP)
+	Line                      int
+	password                  string
+	passwordField             string // where the password was named, for a refusal's error
+	passwordLine              int
 	// onFailureSet records whether the file wrote on_failure.
 	onFailureSet bool
+}
+
+// StoreTLS is how the Redis store's connections are secured. The files
+// are read when the policy file is parsed (so a reload takes rotated
+// ones); config is what they make.
+type StoreTLS struct {
+	CAFile     string // PEM CAs that sign the server's certificate (empty: the system's roots)
+	CertFile   string // the client's certificate, for a server that asks for one (with KeyFile)
+	KeyFile    string
+	ServerName string // the name the server's certificate must hold (empty: each address's host)
+	Line       int
+	config     *tls.Config
+	digest     string // of the settings and the files' contents: equal digests, same connection
 }
 
 // Identity says where tenant, deadline and request id come from.

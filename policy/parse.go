@@ -1,8 +1,13 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -111,7 +116,7 @@ func (p *parser) spec(n *yaml.Node) Spec {
 	return s
 }
 
-var redisOnly = []string{"addrs", "cluster", "timeout", "replicas", "probe_every"}
+var redisOnly = []string{"addrs", "cluster", "timeout", "replicas", "probe_every", "username", "password_env", "password_file", "tls"}
 
 func (p *parser) store(n *yaml.Node) Store {
 	s := Store{Backend: BackendMemory, Line: n.Line}
@@ -120,6 +125,12 @@ func (p *parser) store(n *yaml.Node) Store {
 	})
 	if s.Backend == BackendRedis && len(s.Addrs) == 0 {
 		p.Errf(n, "store.addrs", "missing: the redis backend needs addrs (host:port of a server or of cluster nodes)")
+	}
+	if l, ok := seen["password_file"]; ok && s.PasswordEnv != "" {
+		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "store.password_file", Msg: "password_env names the password already: write one of them"})
+	}
+	if l, ok := seen["username"]; ok && s.PasswordEnv == "" && s.PasswordFile == "" {
+		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "store.username", Msg: "a user needs its password: write password_env or password_file"})
 	}
 	if s.Backend != BackendRedis {
 		for _, k := range redisOnly {
@@ -156,7 +167,100 @@ func (p *parser) storeField(s *Store, k string, v *yaml.Node) {
 		s.Replicas = p.Integer(v, path, 1, 100_000)
 	case "probe_every":
 		s.ProbeEvery = p.Duration(v, path, 10*time.Millisecond)
+	case "username":
+		s.Username = p.nonEmpty(v, path, p.Str(v, path), "an ACL user name")
+	case "password_env":
+		s.passwordField, s.passwordLine = path, v.Line
+		s.PasswordEnv = p.nonEmpty(v, path, p.Str(v, path), "the name of an environment variable")
+		if s.PasswordEnv != "" {
+			s.password = os.Getenv(s.PasswordEnv)
+			if s.password == "" {
+				p.Errf(v, path, "the environment variable %s is not set, or empty", s.PasswordEnv)
+			}
+		}
+	case "password_file":
+		s.passwordField, s.passwordLine = path, v.Line
+		s.PasswordFile = p.nonEmpty(v, path, p.Str(v, path), "a file holding the password")
+		if s.PasswordFile != "" {
+			if b, ok := p.readFile(v, path, s.PasswordFile); ok {
+				s.password = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+				if s.password == "" {
+					p.Errf(v, path, "%s is empty", s.PasswordFile)
+				}
+			}
+		}
+	case "tls":
+		s.TLS = p.storeTLS(v, path)
 	}
+}
+
+// readFile reads name, relative to the policy file's directory unless it
+// is absolute, or reports why it cannot at v.
+func (p *parser) readFile(v *yaml.Node, path, name string) ([]byte, bool) {
+	if !filepath.IsAbs(name) {
+		name = filepath.Join(filepath.Dir(p.File), name)
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		p.Errf(v, path, "%v", err)
+		return nil, false
+	}
+	return b, true
+}
+
+// storeTLS parses store.tls and builds its configuration from the files it
+// names: TLS 1.2 at least, the server's certificate verified.
+func (p *parser) storeTLS(n *yaml.Node, path string) *StoreTLS {
+	t := &StoreTLS{Line: n.Line}
+	nodes := map[string]*yaml.Node{}
+	p.Fields(n, path, keysOf("store", "tls"), func(k string, v *yaml.Node) {
+		nodes[k] = v
+		s := p.nonEmpty(v, yamlfile.Join(path, k), p.Str(v, yamlfile.Join(path, k)), "a value")
+		switch k {
+		case "ca_file":
+			t.CAFile = s
+		case "cert_file":
+			t.CertFile = s
+		case "key_file":
+			t.KeyFile = s
+		case "server_name":
+			t.ServerName = s
+		}
+	})
+	cfg := &tls.Config{ServerName: t.ServerName, MinVersion: tls.VersionTLS12}
+	sum := sha256.New()
+	fmt.Fprintf(sum, "%q %q %q %q\n", t.CAFile, t.CertFile, t.KeyFile, t.ServerName)
+	if t.CAFile != "" {
+		if b, ok := p.readFile(nodes["ca_file"], yamlfile.Join(path, "ca_file"), t.CAFile); ok {
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(b) {
+				p.Errf(nodes["ca_file"], yamlfile.Join(path, "ca_file"), "%s holds no PEM certificate", t.CAFile)
+			}
+			sum.Write(b)
+		}
+	}
+	switch {
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		at, field := nodes["cert_file"], "key_file"
+		if at == nil {
+			at, field = nodes["key_file"], "cert_file"
+		}
+		p.Errf(at, yamlfile.Join(path, field), "missing: a client certificate needs both cert_file and key_file")
+	case t.CertFile != "":
+		cert, certOK := p.readFile(nodes["cert_file"], yamlfile.Join(path, "cert_file"), t.CertFile)
+		key, keyOK := p.readFile(nodes["key_file"], yamlfile.Join(path, "key_file"), t.KeyFile)
+		if certOK && keyOK {
+			pair, err := tls.X509KeyPair(cert, key)
+			if err != nil {
+				p.Errf(nodes["cert_file"], yamlfile.Join(path, "cert_file"), "with key_file: %v", err)
+			}
+			cfg.Certificates = []tls.Certificate{pair}
+			sum.Write(cert)
+			sum.Write(key)
+		}
+	}
+	t.config, t.digest = cfg, hex.EncodeToString(sum.Sum(nil))
+	return t
 }
 
 func (p *parser) failurePolicy(v *yaml.Node, path string) gate.FailurePolicy {

@@ -18,6 +18,7 @@ func TestReference(t *testing.T) {
 // documented key is one the parser reads, with a valid example.
 func TestSchemaExamplesParse(t *testing.T) {
 	src := exampleFile()
+	t.Setenv("REDIS_PASSWORD", "example") // store.password_env's example
 	f, err := Parse("every-key.yaml", []byte(src))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, src)

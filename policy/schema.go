@@ -22,6 +22,9 @@ type key struct {
 	doc     string
 	example string // a value as written in a file (a mapping's comes from its keys)
 	sub     []key  // the keys of a mapping, or of each item of a list of mappings
+	// commented: the example file writes it as a comment (its value names
+	// a file, or it excludes another key).
+	commented bool
 }
 
 // schema is every key of a policy file but the gates' own (which the
@@ -43,6 +46,15 @@ var schema = []key{
 		{key: "max_keys", typ: "integer in [1, 2^30]", def: strconv.Itoa(memory.DefaultMaxKeys), doc: "memory: about how many keys (tenants) each gate holds; past it, keys in their fresh state are dropped first, then the longest idle of a sample", example: "100000"},
 		{key: "replicas", typ: "integer in [1, 100000]", def: "1", doc: "redis: the fleet's size, by which local_fallback divides each limit", example: "4"},
 		{key: "probe_every", typ: "duration", def: sredis.DefaultProbeEvery.String(), doc: "redis: how often an open breaker probes the store (at least 10ms)", example: "500ms"},
+		{key: "username", typ: "string", def: "none: the default user", doc: "redis: the ACL user the connections authenticate as (Redis 6 and later), with password_env or password_file", example: "sluice"},
+		{key: "password_env", typ: "environment variable name", def: "none", doc: "redis: the environment variable holding the password (AUTH; the default user's requirepass, or username's), read when the file is loaded; the password is never logged. A wrong one fails the load, naming Redis' answer", example: "REDIS_PASSWORD"},
+		{key: "password_file", typ: "path", def: "none", doc: "redis: instead of password_env, a file holding the password (a final newline dropped), as a mounted secret: read at each load, so a reload (SIGHUP) takes a rotated one. Relative to the policy file's directory", example: "/run/secrets/redis-password", commented: true},
+		{key: "tls", typ: "mapping", def: "none: plain TCP", doc: "redis: connect over TLS (1.2 at least), verifying the server's certificate; `tls: {}` trusts the system's roots. The files are read at each load; relative paths are from the policy file's directory", sub: []key{
+			{key: "ca_file", typ: "path", def: "the system's roots", doc: "PEM certificates of the CAs that sign the server's", example: "/etc/redis/ca.pem", commented: true},
+			{key: "server_name", typ: "string", def: "each address's host", doc: "the name the server's certificate must hold", example: "redis.internal"},
+			{key: "cert_file", typ: "path", def: "none", doc: "a client certificate (PEM), for a server that asks for one (tls-auth-clients); with key_file", example: "/etc/sluice/redis-client.pem", commented: true},
+			{key: "key_file", typ: "path", def: "none", doc: "the client certificate's private key (PEM)", example: "/etc/sluice/redis-client.key", commented: true},
+		}},
 	}},
 	{key: "identity", typ: "mapping", def: "one anonymous tenant, no deadline", doc: "how requests are identified: server-side rules only, a client never picks its class", sub: []key{
 		{key: "tenant", typ: "mapping", def: "none: one anonymous tenant", doc: "the tenant key, a state key (never logged): one or more parts, combined in the order header, query, claim, ip, route; gates of scope tenant need one", sub: []key{
@@ -137,6 +149,8 @@ func writeExample(b *strings.Builder, k *key, indent string) {
 		for j := range k.sub {
 			writeExample(b, &k.sub[j], indent+"  ")
 		}
+	case k.commented:
+		b.WriteString(indent + "# " + k.key + ": " + k.example + "\n")
 	default:
 		b.WriteString(indent + k.key + ": " + k.example + "\n")
 	}

@@ -9,7 +9,15 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -24,13 +32,15 @@ import (
 
 // Server is one redis-server process.
 type Server struct {
-	Addr   string
-	port   int
-	dir    string
-	args   []string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	t      testing.TB
+	Addr    string
+	TLSAddr string // StartTLS: the TLS port's address (Addr stays plain TCP)
+	CAFile  string // StartTLS: the PEM file of the CA that signed the server's certificate
+	port    int
+	dir     string
+	args    []string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	t       testing.TB
 }
 
 // need skips t when redis-server is not installed, or fails it when the
@@ -94,6 +104,69 @@ func Start(t testing.TB, extra ...string) *Server {
 	s.start()
 	t.Cleanup(s.Kill)
 	return s
+}
+
+// StartTLS starts a standalone server that also listens for TLS, with a
+// certificate for 127.0.0.1 signed by a CA made for it (CAFile), and
+// returns it with a client configuration that trusts that CA. Clients
+// need not present a certificate.
+func StartTLS(t testing.TB, extra ...string) (*Server, *tls.Config) {
+	t.Helper()
+	need(t)
+	dir := t.TempDir()
+	pool, err := writeCerts(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	s := Start(t, append([]string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", filepath.Join(dir, "server.pem"),
+		"--tls-key-file", filepath.Join(dir, "server.key"), "--tls-ca-cert-file", filepath.Join(dir, "ca.pem"),
+		"--tls-auth-clients", "no"}, extra...)...)
+	s.TLSAddr, s.CAFile = "127.0.0.1:"+strconv.Itoa(port), filepath.Join(dir, "ca.pem")
+	return s, &tls.Config{RootCAs: pool}
+}
+
+// writeCerts writes a CA (ca.pem) and a certificate it signs for
+// 127.0.0.1 (server.pem, server.key) into dir, and returns a pool holding
+// the CA.
+func writeCerts(dir string) (*x509.CertPool, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "redistest CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(crand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(crand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	for name, b := range map[string]*pem.Block{"ca.pem": {Type: "CERTIFICATE", Bytes: caDER},
+		"server.pem": {Type: "CERTIFICATE", Bytes: der}, "server.key": {Type: "EC PRIVATE KEY", Bytes: keyDER}} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(b), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return pool, nil
 }
 
 // start runs redis-server and waits until it answers. If the process
@@ -233,7 +306,7 @@ func ping(addr string) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
+	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") { // up, with a password
 		return fmt.Errorf("ping: %q", line)
 	}
 	return nil

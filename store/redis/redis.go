@@ -83,6 +83,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -186,7 +187,15 @@ type Options struct {
 	// with 1: so few gain nothing from sharing a call. Default 64; 1: every
 	// decision is its own call.
 	Batch int
-	// Client, if set, is used instead of dialing Addrs.
+	// Username and Password authenticate the store's connections (HELLO
+	// with AUTH, Redis 6 and later; an empty Username is the default user),
+	// on every node of a Cluster. None: no authentication.
+	Username, Password string
+	// TLS, if set, secures the connections with this configuration (its
+	// ServerName empty: each address's host is verified). Nil: plain TCP.
+	TLS *tls.Config
+	// Client, if set, is used instead of dialing Addrs (and the settings
+	// above are the client's own).
 	Client rueidis.Client
 	// Clock times the breaker (how long it stays open before a probe) and
 	// the calls' expiry. Default clock.System. (Decisions take their time
@@ -273,7 +282,10 @@ func New(opts Options) (*Store, error) {
 		}
 	}
 	s.own = true
-	if s.dial() != nil {
+	if err := s.dial(); err != nil {
+		if u := (*unavailable)(nil); errors.As(err, &u) && refusal(u.err) {
+			return nil, fmt.Errorf("%w: %w", ErrRefused, u.err)
+		}
 		// Not reachable now: start open, and let the probe connect.
 		s.breaker.openUntil.Store(int64(opts.Clock.Now()))
 		s.breaker.open.Store(true)
@@ -290,13 +302,16 @@ func (s *Store) dial() error {
 	}
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:      s.opts.Addrs,
+		Username:         s.opts.Username,
+		Password:         s.opts.Password,
+		TLSConfig:        s.opts.TLS,
 		DisableCache:     true,
 		ConnWriteTimeout: connWriteTimeout,
 		MaxFlushDelay:    s.opts.FlushDelay,
 		Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
 	})
 	if err != nil {
-		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+		return &unavailable{err}
 	}
 	s.closeMu.Lock()
 	closed := s.closed
@@ -307,6 +322,32 @@ func (s *Store) dial() error {
 	}
 	s.setConn(c)
 	return nil
+}
+
+// ErrRefused is New's error when Redis refused the store's settings (see
+// refusal): wrong credentials, a certificate that does not verify.
+var ErrRefused = errors.New("redis: the server refused the store's credentials or TLS settings")
+
+// refusal reports whether a dial's error is Redis refusing the store's
+// settings, not an outage: its credentials (WRONGPASS, NOAUTH, NOPERM, a
+// password to a server that has none), or a TLS server whose certificate
+// does not verify, or a TLS answer that is not TLS. No probe would do
+// better; New reports it. (A plain server sent TLS waits for the rest of
+// a command and answers nothing: that reads as an outage.)
+func refusal(err error) bool {
+	var re *rueidis.RedisError
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+		return strings.Contains(msg, "without any password configured")
+	}
+	var verify *tls.CertificateVerificationError
+	var header tls.RecordHeaderError
+	return errors.As(err, &verify) || errors.As(err, &header)
 }
 
 // setConn starts using c, learning the Cluster's slot map.
@@ -348,11 +389,13 @@ func (s *Store) Close() {
 // Share returns a store with opts (its timeout, probe interval, prefix) on
 // s's connection, so that a reload that changes only those settings opens
 // no new connection: the connection closes with the last store using it.
-// The addresses must be s's. Before s has reached Redis, the new store
-// connects on its own.
+// With other addresses, credentials or TLS configuration (compared as
+// pointers), or before s has reached Redis, the new store connects on its
+// own.
 func (s *Store) Share(opts Options) (*Store, error) {
 	cn := s.conn.Load()
-	if cn == nil || !s.own || !slices.Equal(opts.Addrs, s.opts.Addrs) {
+	if cn == nil || !s.own || !slices.Equal(opts.Addrs, s.opts.Addrs) || opts.Username != s.opts.Username ||
+		opts.Password != s.opts.Password || opts.TLS != s.opts.TLS {
 		return New(opts)
 	}
 	if cn.users.Add(1) <= 1 { // closed meanwhile
@@ -365,7 +408,7 @@ func (s *Store) Share(opts Options) (*Store, error) {
 		cn.users.Add(-1)
 		return nil, err
 	}
-	n.opts.Addrs, n.own = opts.Addrs, true
+	n.opts.Addrs, n.opts.Username, n.opts.Password, n.opts.TLS, n.own = opts.Addrs, opts.Username, opts.Password, opts.TLS, true
 	n.useConn(cn)
 	return n, nil
 }

@@ -1,0 +1,108 @@
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/limit"
+)
+
+// decides reports whether a store on opts decides on Redis: a take of a
+// fresh bucket is allowed. It fails t when New refuses opts.
+func decides(t *testing.T, opts Options) bool {
+	t.Helper()
+	st, err := New(opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer st.Close()
+	lim, _ := bind(st)(TokenBucket("auth", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	r, _, err := lim.Take(context.Background(), "k", 0, 1, 0)
+	return err == nil && r.OK()
+}
+
+// refused returns New's error for opts, failing t if New accepted them.
+func refused(t *testing.T, opts Options) string {
+	t.Helper()
+	st, err := New(opts)
+	if err == nil {
+		st.Close()
+		t.Fatalf("New accepted %+v", opts)
+	}
+	return err.Error()
+}
+
+// A store authenticates with a password (the default user's requirepass)
+// or a user and its password (an ACL user), and secures its connections
+// with TLS, verifying the server's certificate. Settings Redis refuses
+// (a wrong or missing password, a certificate that does not verify) are
+// New's error, naming the cause: no probe would ever
+// reach Redis with them, and a store that started "unreachable" would
+// send every gate to its failure policy for good, with the reason lost.
+func TestPasswordUserAndTLS(t *testing.T) {
+	t.Run("password", func(t *testing.T) {
+		srv := redistest.Start(t, "--requirepass", "s3cret")
+		if !decides(t, Options{Addrs: []string{srv.Addr}, Password: "s3cret", Timeout: time.Second}) {
+			t.Fatal("no decision with the password")
+		}
+		if msg := refused(t, Options{Addrs: []string{srv.Addr}, Password: "wrong"}); !strings.Contains(msg, "WRONGPASS") {
+			t.Errorf("a wrong password: %s", msg)
+		}
+		if msg := refused(t, Options{Addrs: []string{srv.Addr}}); !strings.Contains(msg, "NOAUTH") {
+			t.Errorf("no password: %s", msg)
+		}
+	})
+	t.Run("user", func(t *testing.T) {
+		srv := redistest.Start(t, "--user", "sluice", "on", ">pw", "~*", "&*", "+@all")
+		if !decides(t, Options{Addrs: []string{srv.Addr}, Username: "sluice", Password: "pw", Timeout: time.Second}) {
+			t.Fatal("no decision as the user")
+		}
+		if msg := refused(t, Options{Addrs: []string{srv.Addr}, Username: "sluice", Password: "nope"}); !strings.Contains(msg, "WRONGPASS") {
+			t.Errorf("a wrong password: %s", msg)
+		}
+	})
+	t.Run("tls", func(t *testing.T) {
+		srv, trust := redistest.StartTLS(t)
+		if !decides(t, Options{Addrs: []string{srv.TLSAddr}, TLS: trust, Timeout: time.Second}) {
+			t.Fatal("no decision over TLS")
+		}
+		if msg := refused(t, Options{Addrs: []string{srv.TLSAddr}, TLS: &tls.Config{}}); !strings.Contains(msg, "certificate") {
+			t.Errorf("a certificate the system's roots do not verify: %s", msg)
+		}
+	})
+}
+
+// Share opens a connection of its own for other credentials or another
+// TLS configuration: a reload that changes the password must not go on
+// deciding on the connection the old one opened.
+func TestShareKeepsTheConnectionOnlyForTheSameCredentials(t *testing.T) {
+	srv := redistest.Start(t, "--user", "a", "on", ">pa", "~*", "&*", "+@all", "--user", "b", "on", ">pb", "~*", "&*", "+@all")
+	st, err := New(Options{Addrs: []string{srv.Addr}, Username: "a", Password: "pa"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	same, err := st.Share(Options{Addrs: []string{srv.Addr}, Username: "a", Password: "pa", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer same.Close()
+	if same.conn.Load() != st.conn.Load() {
+		t.Error("the same credentials opened a new connection")
+	}
+	if _, err := st.Share(Options{Addrs: []string{srv.Addr}, Username: "b", Password: "wrong"}); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Errorf("other credentials shared the connection, or were not checked: %v", err)
+	}
+	other, err := st.Share(Options{Addrs: []string{srv.Addr}, Username: "b", Password: "pb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if other.conn.Load() == st.conn.Load() {
+		t.Error("other credentials shared the connection")
+	}
+}
