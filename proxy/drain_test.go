@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluice-go/sluice/internal/logbuf"
+	"github.com/sluice-go/sluice/internal/poll"
 )
 
 // drainHarness runs a proxy whose drain grace ends when the test closes
@@ -34,7 +36,7 @@ type drainHarness struct {
 	graceAsked       chan time.Duration
 }
 
-func newDrainHarness(t *testing.T) *drainHarness {
+func newDrainHarness(t *testing.T, opts ...func(*Options)) *drainHarness {
 	h := &drainHarness{grace: make(chan time.Time), release: make(chan struct{}), entered: make(chan struct{}, 10),
 		done: make(chan error, 1), log: &logbuf.Buffer{}, graceAsked: make(chan time.Duration, 1),
 		upstreamCut: make(chan struct{}, 10)}
@@ -63,9 +65,13 @@ func newDrainHarness(t *testing.T) *drainHarness {
 	}))
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
-	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(policyV1), Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+	o := (Options{Config: "p.yaml", ConfigData: []byte(policyV1), Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
 		AdminToken: "x", DrainGrace: 3 * time.Second, NetHTTP: netHTTPFront(), Logger: slog.New(slog.NewTextHandler(h.log, nil)),
 		DrainAfter: func(d time.Duration) <-chan time.Time { h.graceAsked <- d; return h.grace }})
+	for _, f := range opts {
+		f(&o)
+	}
+	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +163,55 @@ func TestDrainTurnsUnreadyFirstAndFinishesInFlight(t *testing.T) {
 	}
 	if strings.Contains(h.log.String(), "request cut") {
 		t.Fatalf("a cut logged:\n%s", h.log.String())
+	}
+}
+
+// With a drain delay the listener goes on accepting and serving new
+// connections after SIGTERM, /readyz answering 503 already, until the delay
+// ends; then it stops, and the grace begins. (Without one, a connection a
+// load balancer still sent in the moment after SIGTERM was refused.)
+func TestDrainDelayKeepsAccepting(t *testing.T) {
+	delay := make(chan time.Time)
+	var h *drainHarness
+	h = newDrainHarness(t, func(o *Options) {
+		o.DrainDelay = 7 * time.Second
+		o.DrainAfter = func(d time.Duration) <-chan time.Time {
+			if d == 7*time.Second {
+				return delay
+			}
+			h.graceAsked <- d
+			return h.grace
+		}
+	})
+	h.stop()
+	poll.Until(t, 10*time.Second, func() bool { return status(t, h.admin+"/readyz") == 503 })
+	for i := range 3 { // new connections, each served
+		c, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+		if err != nil {
+			t.Fatalf("a connection during the drain delay: %v", err)
+		}
+		fmt.Fprintf(c, "GET /fresh/%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", i)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("a request during the drain delay: %v %v", resp, err)
+		}
+		c.Close()
+	}
+	select {
+	case d := <-h.graceAsked:
+		t.Fatalf("the grace (%v) began during the delay", d)
+	default:
+	}
+	close(delay)
+	if d := <-h.graceAsked; d != 3*time.Second {
+		t.Fatalf("drain grace %v after the delay, want 3s", d)
+	}
+	if err := <-h.done; err != nil {
+		t.Fatal(err)
+	}
+	h.done <- nil // for the cleanup
+	if _, err := net.DialTimeout("tcp", strings.TrimPrefix(h.base, "http://"), time.Second); err == nil {
+		t.Fatal("the listener still accepts after the drain")
 	}
 }
 

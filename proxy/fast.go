@@ -540,7 +540,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		f.upstreamError(ctx, in, err)
+		f.upstreamError(ctx, &adm, in, err)
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 		return
 	}
@@ -788,19 +788,21 @@ func dropHopFields(h hopHeader) {
 }
 
 // upstreamError answers an admitted request whose upstream call failed:
-// 504 when its deadline ran out, 502 otherwise, logged at most once a
-// second.
-func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, in *identify.Input, err error) {
+// 504 when its deadline ran out, 502 otherwise, with the admission's
+// fields (RateLimit and the level, as on every admitted answer), logged
+// at most once a second, with the path the upstream was sent.
+func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, in *identify.Input, err error) {
 	if upstreamTimedOut(err) {
 		err = context.DeadlineExceeded
 	}
 	s := f.s
-	if now := time.Now().UnixNano(); err != context.DeadlineExceeded && now-s.lastUpstreamLog.Load() > int64(time.Second) {
+	if now := time.Now().UnixNano(); now-s.lastUpstreamLog.Load() > int64(time.Second) {
 		s.lastUpstreamLog.Store(now)
-		s.log.Warn("upstream request failed (logged at most once per second)", "path", in.Path, "err", err)
+		s.log.Warn("upstream request failed (logged at most once per second)", "path", string(ctx.Request.URI().Path()), "err", err)
 	}
 	ctx.Response.Reset()
 	answer(ctx, s.mw.RenderUpstreamError((*respFields)(&ctx.Response.Header), in.Header, err))
+	adm.SetHeaders((*respFields)(&ctx.Response.Header))
 }
 
 // respond copies the upstream's response into the client's: the body read
@@ -852,7 +854,7 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 			resp.CloseBodyStream()
 			fasthttp.ReleaseResponse(resp)
 			out.Reset()
-			f.upstreamError(ctx, &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, err)
+			f.upstreamError(ctx, adm, &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, err)
 			return false
 		}
 		// What the spool did not take goes first (it holds nothing then),
@@ -978,7 +980,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		up, err = f.handshake(dctx, up)
 	}
 	if err != nil {
-		f.upstreamError(ctx, &in, err)
+		f.upstreamError(ctx, adm, &in, err)
 		return false
 	}
 	if !deadline.IsZero() {
@@ -997,7 +999,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	}
 	if err != nil {
 		up.Close()
-		f.upstreamError(ctx, &in, err)
+		f.upstreamError(ctx, adm, &in, err)
 		return false
 	}
 	if resp.StatusCode() != http.StatusSwitchingProtocols {
@@ -1005,7 +1007,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		err := resp.ReadBody(br, int(f.s.opts.MaxResponseBuffer))
 		up.Close()
 		if err != nil {
-			f.upstreamError(ctx, &in, err)
+			f.upstreamError(ctx, adm, &in, err)
 			return false
 		}
 		resp.CopyTo(&ctx.Response)

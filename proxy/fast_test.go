@@ -72,6 +72,11 @@ func echoUpstream() http.Handler {
 			return
 		case "/status/503":
 			w.WriteHeader(503)
+		case "/hangup": // no answer at all: the proxy answers 502 itself
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				c.Close()
+			}
+			return
 		case "/nolength":
 			h.Set("Content-Type", "text/plain")
 			w.(http.Flusher).Flush() // chunked, no Content-Length
@@ -123,6 +128,8 @@ var parityCases = []parityCase{
 	{name: "204", method: "GET", target: "/status/204"},
 	{name: "304", method: "GET", target: "/status/304"},
 	{name: "upstream 503", method: "GET", target: "/status/503"},
+	// the proxy's own 502 to an admitted request, with its RateLimit fields
+	{name: "upstream hangs up", method: "POST", target: "/hangup", body: "x"},
 	{name: "chunked response", method: "GET", target: "/nolength"},
 	{name: "big response", method: "GET", target: "/big"},
 	{name: "tenant and deadline", method: "GET", target: "/t", header: map[string]string{"X-Api-Key": "tenant-1", "X-Request-Timeout": "2s", "X-Request-Id": "abc-1"}},

@@ -126,6 +126,13 @@ type Options struct {
 	// runs out has its connection closed, and is logged and counted in
 	// sluice_drain_requests_cut_total. Default 10 s.
 	DrainGrace time.Duration
+	// DrainDelay is how long the listener goes on accepting once Run's
+	// context is done, /readyz answering 503 already, before it stops and
+	// the grace begins: the time load balancers take to see the 503 and
+	// send nothing more (on Kubernetes, more than the readiness probe's
+	// period times its failure threshold). Default 0: it stops at once,
+	// and a connection the balancer still sends is refused.
+	DrainDelay time.Duration
 	// DrainAfter, if set, replaces time.After for the drain grace (tests
 	// end the grace by hand).
 	DrainAfter func(time.Duration) <-chan time.Time
@@ -155,6 +162,9 @@ type Server struct {
 func New(opts Options) (*Server, error) {
 	if opts.Upstream == nil {
 		return nil, errors.New("proxy: no upstream")
+	}
+	if u := opts.Upstream; (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return nil, fmt.Errorf("proxy: upstream %q: want an http or https URL with a host and no user, such as http://127.0.0.1:9000", u.Redacted())
 	}
 	if t := opts.UpstreamTimeout; t > 0 && t < time.Millisecond {
 		return nil, fmt.Errorf("proxy: upstream timeout %v is below 1ms: every request would answer 504 (negative: no bound)", t)
@@ -410,9 +420,13 @@ func (s *Server) Run(ctx context.Context) error {
 	case serveErr = <-errc:
 	}
 	s.host.SetReady(false)
-	s.log.Info("sluice proxy draining: /readyz answers 503", "in_flight", s.inflight.Len(), "drain_grace", s.opts.DrainGrace)
+	delay := s.opts.DrainDelay
+	if serveErr != nil {
+		delay = 0 // a listener failed: nothing to go on serving
+	}
+	s.log.Info("sluice proxy draining: /readyz answers 503", "drain_delay", delay, "in_flight", s.inflight.Len(), "drain_grace", s.opts.DrainGrace)
 	stopWatch()
-	s.host.Shutdown(ps, s.inflight, "proxy", host.Drain{Grace: s.opts.DrainGrace, After: s.opts.DrainAfter})
+	s.host.Shutdown(ps, s.inflight, "proxy", host.Drain{Delay: delay, Grace: s.opts.DrainGrace, After: s.opts.DrainAfter})
 	actx, cancel := context.WithTimeout(context.Background(), s.opts.AdminTimeout)
 	defer cancel()
 	as.Shutdown(actx)

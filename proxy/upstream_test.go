@@ -484,6 +484,19 @@ func TestUpstreamTimeoutExtremes(t *testing.T) {
 	}
 }
 
+// An upstream that is not an http or https URL with a host is refused by
+// New: an ftp:// one was served, the proxy's own server forwarding it as
+// plain HTTP (200) and net/http's answering 502.
+func TestUpstreamMustBeHTTP(t *testing.T) {
+	for _, raw := range []string{"ftp://127.0.0.1:9000", "unix:///run/x.sock", "http://", "https://user:secret@127.0.0.1:1", "localhost:9000"} {
+		u, _ := url.Parse(raw)
+		_, err := New(Options{Upstream: u, ConfigData: []byte("version: 1\n"), AdminToken: "x"})
+		if err == nil || !strings.Contains(err.Error(), "want an http or https URL") || strings.Contains(err.Error(), "secret") {
+			t.Errorf("upstream %q: %v", raw, err)
+		}
+	}
+}
+
 // When the client half-closes an upgraded connection, what the upstream
 // still sends reaches it: the proxy's own server used to close both sides
 // at once and drop it.

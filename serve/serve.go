@@ -109,6 +109,13 @@ type Options struct {
 	// and is logged and counted in sluice_drain_requests_cut_total.
 	// Default 10 s.
 	DrainGrace time.Duration
+	// DrainDelay is how long the listener goes on accepting once Run's
+	// context is done, /readyz answering 503 already, before it stops and
+	// the grace begins: the time load balancers take to see the 503 and
+	// send nothing more (on Kubernetes, more than the readiness probe's
+	// period times its failure threshold). Default 0: it stops at once,
+	// and a connection the balancer still sends is refused.
+	DrainDelay time.Duration
 	// DrainAfter, if set, replaces time.After for the drain grace (tests).
 	DrainAfter func(time.Duration) <-chan time.Time
 }
@@ -297,9 +304,13 @@ func (s *Server) Run(ctx context.Context) error {
 	case serveErr = <-errc:
 	}
 	s.host.SetReady(false)
-	s.log.Info("sluice serve draining: /readyz answers 503", "drain_grace", s.opts.DrainGrace)
+	delay := s.opts.DrainDelay
+	if serveErr != nil {
+		delay = 0 // a listener failed: nothing to go on serving
+	}
+	s.log.Info("sluice serve draining: /readyz answers 503", "drain_delay", delay, "drain_grace", s.opts.DrainGrace)
 	stopWatch()
-	s.host.Shutdown(ls[0].srv, s.inflight, "serve", host.Drain{Grace: s.opts.DrainGrace, After: s.opts.DrainAfter})
+	s.host.Shutdown(ls[0].srv, s.inflight, "serve", host.Drain{Delay: delay, Grace: s.opts.DrainGrace, After: s.opts.DrainAfter})
 	actx, cancel := context.WithTimeout(context.Background(), at)
 	defer cancel()
 	ls[1].srv.Shutdown(actx)

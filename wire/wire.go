@@ -330,7 +330,7 @@ func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bo
 		b = append(b, ": no slot within the time a request may wait"...)
 	case sluice.ReasonDeadline:
 		if d.EffectPossible {
-			b = append(b, "the upstream did not answer before the request's deadline"...)
+			b = append(b, "the upstream did not answer in time (the request's deadline, or the proxy's upstream timeout, ran out)"...)
 		} else {
 			b = append(b, "the request cannot finish before its deadline"...)
 		}

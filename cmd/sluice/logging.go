@@ -107,6 +107,7 @@ type serverFlags struct {
 	rejects        int
 	problemDetails bool
 	drainGrace     time.Duration
+	drainDelay     time.Duration
 }
 
 func (f *serverFlags) add(fl *pflag.FlagSet, what string) {
@@ -114,12 +115,16 @@ func (f *serverFlags) add(fl *pflag.FlagSet, what string) {
 	fl.IntVar(&f.rejects, "access-log-rejects", 1, "access log: rejection lines per reason per second (the rest are counted on the next line as suppressed=N); -1: every one")
 	fl.BoolVar(&f.problemDetails, "problem-details", false, "answer rejections with RFC 9457 problem details (application/problem+json) instead of the JSON envelope; status and headers unchanged")
 	fl.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "on SIGTERM: /readyz turns 503 at once, then requests in flight get this long before their connections are closed (each one cut is logged and counted)")
+	fl.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM: keep accepting and serving this long (/readyz answering 503) before the listener stops and --drain-grace begins, so that load balancers stop sending first; on Kubernetes more than the readiness probe's period times its failure threshold; 0: stop at once")
 }
 
 // accessLogger returns the access log the flags ask for, or nil.
 func (f *serverFlags) accessLogger(log *slog.Logger) (*httpgate.AccessLog, error) {
 	if f.drainGrace <= 0 {
 		return nil, fmt.Errorf("--drain-grace %v: want > 0", f.drainGrace)
+	}
+	if f.drainDelay < 0 {
+		return nil, fmt.Errorf("--drain-delay %v: want 0 or more", f.drainDelay)
 	}
 	if !f.accessLog {
 		return nil, nil

@@ -151,8 +151,8 @@ func proxyCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			keepMonitorAwake(cmd)
 			u, err := url.Parse(upstream)
-			if err != nil || u.Scheme == "" || u.Host == "" {
-				return fmt.Errorf("--upstream %q: want an absolute URL such as http://127.0.0.1:9000", upstream)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("--upstream %q: want an absolute http or https URL such as http://127.0.0.1:9000", upstream)
 			}
 			opts.Upstream = u
 			if opts.AdminToken == "" {
@@ -164,7 +164,7 @@ func proxyCmd() *cobra.Command {
 			if opts.AccessLog, err = sf.accessLogger(opts.Logger); err != nil {
 				return err
 			}
-			opts.ProblemDetails, opts.DrainGrace = sf.problemDetails, sf.drainGrace
+			opts.ProblemDetails, opts.DrainGrace, opts.DrainDelay = sf.problemDetails, sf.drainGrace, sf.drainDelay
 			s, err := proxy.New(opts)
 			if err != nil {
 				return logStartErrors(cmd, opts.Logger, err)

@@ -181,6 +181,9 @@ func rlsOptions(f serveFlags) (rlsserve.Options, error) {
 	if f.server.drainGrace <= 0 {
 		return o, fmt.Errorf("--drain-grace %v: want > 0", f.server.drainGrace)
 	}
+	if f.server.drainDelay < 0 {
+		return o, fmt.Errorf("--drain-delay %v: want 0 or more", f.server.drainDelay)
+	}
 	if f.redisTimeout <= 0 {
 		return o, fmt.Errorf("--redis-timeout %v: want > 0", f.redisTimeout)
 	}
@@ -235,7 +238,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		return err
 	}
 	opts := serve.Options{Config: f.config, HTTP: f.http, Admin: f.admin, AdminToken: f.adminToken, Logger: log,
-		AccessLog: al, ProblemDetails: f.server.problemDetails, DrainGrace: f.server.drainGrace}
+		AccessLog: al, ProblemDetails: f.server.problemDetails, DrainGrace: f.server.drainGrace} // the drain delay is below, for gRPC and HTTP at once
 	opts.Decision.MethodHeader, opts.Decision.URIHeader = f.methodHeader, f.uriHeader
 	if opts.AdminToken == "" {
 		opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
@@ -281,6 +284,10 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		httpEnded = true
 	}
 	s.Unready() // /readyz: 503 before any listener drains
+	if d := f.server.drainDelay; d > 0 && ctx.Err() != nil && grpcErr == nil && !httpEnded {
+		log.Info("sluice serve draining: /readyz answers 503; still accepting while load balancers see it", "drain_delay", d)
+		time.Sleep(d) // both listeners go on serving
+	}
 	gracefulStop(gs, f.server.drainGrace, log)
 	stopHTTP()
 	if !httpEnded {

@@ -112,6 +112,12 @@ func (t *Tracker) logCut(log *slog.Logger, server string, grace time.Duration) i
 // Drain is how a server stops: it turns unready, lets requests in flight
 // finish within a grace, and cuts, logs and counts those that do not.
 type Drain struct {
+	// Delay is how long the server goes on accepting and serving, with
+	// /readyz answering 503 already, before it stops accepting: the time a
+	// load balancer (Kubernetes endpoints, a readiness probe's period times
+	// its failure threshold) takes to stop sending new connections. 0:
+	// none, the listener stops at once.
+	Delay time.Duration
 	// Grace is how long requests in flight get. Default DefaultDrainGrace.
 	Grace time.Duration
 	// After, if set, replaces time.After for the grace (tests fire it by
@@ -127,7 +133,7 @@ type Stopper interface {
 	Close() error
 }
 
-// Shutdown shuts srv down within the grace: it stops accepting, waits for
+// Shutdown shuts srv down within the grace: after the delay, it stops accepting, waits for
 // the requests in flight (those tr tracks too, upgraded connections the
 // server no longer counts among its own), and when the grace runs out closes the
 // connections left, logging each request tr still tracks and adding their
@@ -139,6 +145,10 @@ func (h *Host) Shutdown(srv Stopper, tr *Tracker, server string, d Drain) int {
 	after := d.After
 	if after == nil {
 		after = time.After
+	}
+	if d.Delay > 0 {
+		h.log.Info("drain: still accepting while load balancers see /readyz 503", "server", server, "drain_delay", d.Delay)
+		<-after(d.Delay)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
