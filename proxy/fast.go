@@ -977,7 +977,11 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		}
 	}
 	if err == nil && f.up.IsTLS {
-		up, err = f.handshake(dctx, up)
+		// within the dial's bound too: a request without a deadline must
+		// not wait on a stalled handshake for as long as the idle bound
+		hctx, cancel := context.WithTimeout(dctx, fasthttp.DefaultDialTimeout)
+		up, err = f.handshake(hctx, up)
+		cancel()
 	}
 	if err != nil {
 		f.upstreamError(ctx, adm, &in, err)

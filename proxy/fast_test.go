@@ -395,10 +395,13 @@ func serveTLS(t *testing.T, policy string, up http.Handler) (*Server, string) {
 
 // serveTrusting serves the proxy in front of the https upstream u, whose
 // certificate trust verifies.
-func serveTrusting(t *testing.T, policy string, u *url.URL, trust *tls.Config) (*Server, string) {
+func serveTrusting(t *testing.T, policy string, u *url.URL, trust *tls.Config, opts ...func(*Options)) (*Server, string) {
 	t.Helper()
 	o := Options{Config: "p.yaml", ConfigData: []byte(policy), Upstream: u, AdminToken: "x",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, f := range opts {
+		f(&o)
+	}
 	if netHTTPFront() {
 		o.Transport = &http.Transport{TLSClientConfig: trust}
 	}

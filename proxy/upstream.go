@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"math"
@@ -198,16 +199,18 @@ func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, res
 // takes a connection with a Handshake method for one already secured), so
 // that a spoiled one is replaced by a new TLS session, resumed from the
 // session cache where the upstream allows: the look and upTransport's
-// retry hold over TLS as over TCP. (The look sees the TCP connection: a
-// close, a reset, or a record nobody asked for.)
+// retry hold over TLS as over TCP. Over TLS the look is two: the TCP
+// connection's (a close, a reset, bytes in the kernel), and what TLS has
+// already read from it, unasked, behind the last answer (a read that
+// cannot wait: an answer sent right behind another in one segment would
+// otherwise be taken for the next request's).
 type pooledConn struct {
-	cur     atomic.Pointer[pooledLeg]
-	local   net.Addr // pooledAddr{c}, made once: LocalAddr is asked every request
-	f       *fastServer
-	addr    string
-	timeout time.Duration // the dial's
-	mu      sync.Mutex    // a new leg against Close
-	closed  bool
+	cur    atomic.Pointer[pooledLeg]
+	local  net.Addr // pooledAddr{c}, made once: LocalAddr is asked every request
+	f      *fastServer
+	addr   string
+	mu     sync.Mutex // a new leg against Close
+	closed bool
 
 	// Used only by the request on the connection (the pool hands it from
 	// one request to the next under its lock):
@@ -220,13 +223,14 @@ type pooledConn struct {
 type pooledLeg struct {
 	u       *upConn          // the TCP connection: its deadlines, the idle bound, the look
 	c       net.Conn         // what requests are written and answers read on: u, or TLS over it
+	tls     *tls.Conn        // c over TLS (nil: plain)
 	rc      syscall.RawConn  // nil: not peekable
 	check   func(fd uintptr) // idleCheck(&spoiled)
 	spoiled bool
 }
 
-func newPooledConn(f *fastServer, addr string, timeout time.Duration, u *upConn, rw net.Conn) *pooledConn {
-	c := &pooledConn{f: f, addr: addr, timeout: timeout}
+func newPooledConn(f *fastServer, addr string, u *upConn, rw net.Conn) *pooledConn {
+	c := &pooledConn{f: f, addr: addr}
 	c.local = pooledAddr{c}
 	c.cur.Store(newLeg(u, rw))
 	return c
@@ -234,6 +238,7 @@ func newPooledConn(f *fastServer, addr string, timeout time.Duration, u *upConn,
 
 func newLeg(u *upConn, rw net.Conn) *pooledLeg {
 	l := &pooledLeg{u: u, c: rw}
+	l.tls, _ = rw.(*tls.Conn)
 	if sc, ok := u.Conn.(syscall.Conn); ok && canPeek {
 		l.rc, _ = sc.SyscallConn()
 		l.check = idleCheck(&l.spoiled)
@@ -274,10 +279,22 @@ func (c *pooledConn) freshen() error {
 	if err := old.rc.Control(old.check); err != nil {
 		return net.ErrClosed // closed here (the drain's cut): no new connection
 	}
-	if !old.spoiled {
+	if !old.spoiled && (old.tls == nil || !old.unrequested()) {
 		return nil
 	}
-	nc, err := c.f.dialRaw(c.addr, c.timeout)
+	// The new connection is dialled and secured within this request's
+	// deadline (fasthttp set it as the write deadline before writing), or
+	// fasthttp's dial default: not the bound of the request that dialled
+	// the old one.
+	deadline := time.Now().Add(fasthttp.DefaultDialTimeout)
+	if wd := old.u.wd.Load(); wd != 0 && wd < deadline.UnixNano() {
+		deadline = time.Unix(0, wd)
+	}
+	left := time.Until(deadline)
+	if left <= 0 {
+		return os.ErrDeadlineExceeded
+	}
+	nc, err := c.f.dialRaw(c.addr, left)
 	if err != nil {
 		return err
 	}
@@ -285,7 +302,7 @@ func (c *pooledConn) freshen() error {
 	if u == nil {
 		return net.ErrClosed
 	}
-	rw, err := c.f.secure(u, c.timeout)
+	rw, err := c.f.secure(u, deadline)
 	if err != nil {
 		return err
 	}
@@ -306,6 +323,24 @@ func (c *pooledConn) freshen() error {
 	old.u.Close()
 	c.readAny, c.reused = false, false // a new connection
 	return nil
+}
+
+// unrequested reports whether TLS holds, already read from the socket,
+// something nobody asked for: application data, an alert, the close. It
+// reads once with a deadline long past, so that TLS returns what it holds
+// and never waits on the socket (a timeout leaves a TLS connection
+// usable), and puts the read deadline back.
+func (l *pooledLeg) unrequested() bool {
+	rd := l.u.rd.Load()
+	l.u.SetReadDeadline(time.Unix(1, 0))
+	var b [1]byte
+	n, err := l.tls.Read(b[:])
+	var back time.Time
+	if rd != 0 {
+		back = time.Unix(0, rd)
+	}
+	l.u.SetReadDeadline(back)
+	return n > 0 || !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 func (c *pooledConn) Close() error {
@@ -365,6 +400,7 @@ func (s *conns) closeAll() {
 // dialUpstream dials the fast server's pooled upstream connections
 // (pooledConn, with the idle bound), as fasthttp's own dialer would.
 func (f *fastServer) dialUpstream(addr string, timeout time.Duration) (net.Conn, error) {
+	start := time.Now()
 	c, err := f.dialRaw(addr, timeout)
 	if err != nil {
 		return nil, err
@@ -373,24 +409,24 @@ func (f *fastServer) dialUpstream(addr string, timeout time.Duration) (net.Conn,
 	if u == nil {
 		return nil, net.ErrClosed
 	}
-	rw, err := f.secure(u, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return newPooledConn(f, addr, timeout, u, rw), nil
-}
-
-// secure runs TLS over u to an https upstream, the handshake within the
-// dial's timeout (fasthttp's default of 3 s when 0); it returns u itself
-// to an http one. It closes u when the handshake fails.
-func (f *fastServer) secure(u *upConn, timeout time.Duration) (net.Conn, error) {
-	if !f.up.IsTLS {
-		return u, nil
-	}
 	if timeout <= 0 {
 		timeout = fasthttp.DefaultDialTimeout
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	rw, err := f.secure(u, start.Add(timeout)) // the dial and the handshake within one timeout
+	if err != nil {
+		return nil, err
+	}
+	return newPooledConn(f, addr, u, rw), nil
+}
+
+// secure runs TLS over u to an https upstream, the handshake done by
+// deadline; it returns u itself to an http one. It closes u when the
+// handshake fails.
+func (f *fastServer) secure(u *upConn, deadline time.Time) (net.Conn, error) {
+	if !f.up.IsTLS {
+		return u, nil
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	return f.handshake(ctx, u)
 }

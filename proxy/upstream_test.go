@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // upstreamTimeout sets Options.UpstreamTimeout.
@@ -240,14 +243,143 @@ func rawUpstream(t *testing.T, handle func(c net.Conn)) *url.URL {
 // and the client configuration that trusts it.
 func rawUpstreamTLS(t *testing.T, handle func(c net.Conn)) (*url.URL, *tls.Config) {
 	t.Helper()
-	ts := httptest.NewTLSServer(nil) // for its certificate
-	cfg, trust := ts.TLS.Clone(), ts.Client().Transport.(*http.Transport).TLSClientConfig
-	ts.Close()
+	cfg, trust := testCert()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rawUpstreamOn(t, tls.NewListener(ln, cfg), "https", handle), trust
+}
+
+// testCert returns httptest's server TLS configuration and the client one
+// that trusts it.
+func testCert() (server, client *tls.Config) {
+	ts := httptest.NewTLSServer(nil)
+	defer ts.Close()
+	return ts.TLS.Clone(), ts.Client().Transport.(*http.Transport).TLSClientConfig
+}
+
+// holding is a listener whose connections can hold their writes and send
+// them as one (two answers in one TCP segment, TLS records included).
+type holding struct{ net.Listener }
+
+func (l holding) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &holdConn{Conn: c}, nil
+}
+
+type holdConn struct {
+	net.Conn
+	mu   sync.Mutex
+	held []byte
+	hold bool
+}
+
+func (c *holdConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hold {
+		c.held = append(c.held, p...)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+// together runs write with the writes held, then sends them in one.
+func together(c net.Conn, write func()) {
+	h, ok := c.(*holdConn)
+	if tc, isTLS := c.(*tls.Conn); isTLS {
+		h, ok = tc.NetConn().(*holdConn)
+	}
+	if !ok {
+		panic("not a holding connection")
+	}
+	h.mu.Lock()
+	h.hold = true
+	h.mu.Unlock()
+	write()
+	h.mu.Lock()
+	h.hold = false
+	h.Conn.Write(h.held)
+	h.held = nil
+	h.mu.Unlock()
+}
+
+// Bytes an upstream sends that no request asked for (an answer right
+// behind another, in the same segment or a moment later; a body behind a
+// HEAD's answer) never answer the next request: the connection is given
+// up. Over TLS the proxy's own server answered the next request with them
+// (TLS had read them from the socket with the answer before, so the look
+// at the socket saw nothing), and every later answer was one behind.
+func TestUnrequestedBytesNeverAnswerTheNextRequest(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		for _, mode := range []string{"behind", "late", "after head"} {
+			t.Run(map[bool]string{false: "http", true: "https"}[secure]+"/"+mode, func(t *testing.T) {
+				unrequestedBytes(t, secure, mode)
+			})
+		}
+	}
+}
+
+func unrequestedBytes(t *testing.T, secure bool, mode string) {
+	const evil = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"
+	var n atomic.Int32
+	handle := func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			r, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, r.Body)
+			i := n.Add(1)
+			answer := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nr%d", i%10)
+			switch {
+			case i > 1:
+				io.WriteString(c, answer)
+			case mode == "behind":
+				together(c, func() { io.WriteString(c, answer); io.WriteString(c, evil) })
+			case mode == "late":
+				io.WriteString(c, answer)
+				time.Sleep(5 * time.Millisecond)
+				io.WriteString(c, evil)
+			default: // a HEAD's answer, then a body no one asked for
+				together(c, func() { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 41\r\n\r\n"); io.WriteString(c, evil) })
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
+	var base string
+	if secure {
+		cfg, trust := testCert()
+		_, base = serveTrusting(t, policy, rawUpstreamOn(t, tls.NewListener(holding{ln}, cfg), "https", handle), trust)
+	} else {
+		_, base = serve(t, policy, nil, func(o *Options) { o.Upstream = rawUpstreamOn(t, holding{ln}, "http", handle) })
+	}
+	for i := 1; i <= 3; i++ {
+		method := "GET"
+		if mode == "after head" && i == 1 {
+			method = "HEAD"
+		}
+		req, _ := http.NewRequest(method, base+"/x", nil)
+		resp, err := guarded.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(got), "EVIL") {
+			t.Fatalf("%s %d answered with bytes no request asked for: %d %q", method, i, resp.StatusCode, got)
+		}
+		time.Sleep(20 * time.Millisecond) // what came late has arrived
+	}
 }
 
 func rawUpstreamOn(t *testing.T, ln net.Listener, scheme string, handle func(c net.Conn)) *url.URL {
@@ -529,5 +661,125 @@ func TestUpgradeAnswerAfterTheClientHalfCloses(t *testing.T) {
 	got, err := io.ReadAll(br)
 	if err != nil || string(got) != "last words"+tail {
 		t.Fatalf("after its half-close the client read %d bytes (%v), want %d", len(got), err, len("last words"+tail))
+	}
+}
+
+const stallPolicy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
+
+// stalledAfterFirst is a TLS upstream that answers one request on its
+// first connection, closes it a moment later (an idle close), and never
+// completes a handshake on any later connection.
+func stalledAfterFirst(t *testing.T) (*url.URL, *tls.Config) {
+	cfg, trust := testCert()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for first := true; ; first = false {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, raw)
+			mu.Unlock()
+			if !first {
+				continue // the handshake stalls
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := tls.Server(raw, cfg)
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				time.Sleep(20 * time.Millisecond)
+				raw.Close()
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	u, _ := url.Parse("https://" + ln.Addr().String())
+	return u, trust
+}
+
+// A pooled connection the upstream spoiled is replaced within the
+// deadline of the request that finds it so, not within the bound of the
+// request that dialled it: with a stalled handshake, a request of 300 ms
+// after one of 30 s waited the 30 s.
+func TestReplacedConnectionKeepsTheRequestsDeadline(t *testing.T) {
+	if netHTTPFront() {
+		t.Skip("the proxy's own server's upstream client")
+	}
+	u, trust := stalledAfterFirst(t)
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(stallPolicy), Upstream: u, AdminToken: "x",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.host.Close)
+	fs := s.newFast()
+	fs.up.TLSConfig = trust
+	t.Cleanup(func() { fs.Close() })
+	do := func(d time.Duration) (time.Duration, error) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI(u.String() + "/x")
+		start := time.Now()
+		err := fs.up.DoDeadline(req, resp, start.Add(d))
+		if err == nil {
+			io.Copy(io.Discard, resp.BodyStream())
+			resp.CloseBodyStream()
+		}
+		return time.Since(start), err
+	}
+	if _, err := do(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the idle close arrives
+	took, err := do(300 * time.Millisecond)
+	if err == nil || took > 10*time.Second {
+		t.Fatalf("a 300ms request on a spoiled connection, new handshakes stalled: %v after %v", err, took)
+	}
+}
+
+// An upgrade to an https upstream whose handshake stalls answers (504, as
+// a pooled request's stalled handshake) once the dial's bound (3 s) is out, with no upstream timeout and no request
+// deadline to end it: it waited for ever, holding its slot, and held up
+// the server's shutdown.
+func TestUpgradeToAStalledHandshakeAnswers(t *testing.T) {
+	if netHTTPFront() {
+		t.Skip("the proxy's own server's upgrade (net/http's transport bounds the handshake itself)")
+	}
+	u, trust := stalledAfterFirst(t)
+	c, err := net.Dial("tcp", u.Host) // take the one connection that would answer
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	time.Sleep(20 * time.Millisecond)
+	_, base := serveTrusting(t, stallPolicy, u, trust, func(o *Options) { o.UpstreamTimeout = -1 })
+	cl := dial(t, base)
+	fmt.Fprintf(cl, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	cl.SetReadDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(cl), nil)
+	if err != nil || (resp.StatusCode != 502 && resp.StatusCode != 504) {
+		t.Fatalf("an upgrade whose TLS handshake stalls: %v %v", resp, err)
 	}
 }

@@ -345,8 +345,15 @@ func (b *batcher) exec(batch []*call) {
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), left)
 	defer cancel()
+	// A timeout counts against Redis only when the batch had at least
+	// half the timeout to run.
+	failed := func(err error) {
+		if !errors.Is(err, context.DeadlineExceeded) || 2*left >= s.opts.Timeout {
+			s.failed(context.Background(), br, err)
+		}
+	}
 	if !s.noExpiry {
-		if err := s.learnClock(cctx, context.Background(), cn, br, batch[0].key); err != nil {
+		if err := s.learnClock(cctx, cn, br, batch[0].key, failed); err != nil {
 			fail(err)
 			return
 		}
@@ -380,11 +387,7 @@ func (b *batcher) exec(batch []*call) {
 		br.observe(vals[len(vals)-1], clock.Now())
 	}
 	if err != nil {
-		// A timeout counts against Redis only when the batch had at least
-		// half the timeout to run.
-		if !errors.Is(err, context.DeadlineExceeded) || 2*left >= s.opts.Timeout {
-			s.failed(context.Background(), br, err)
-		}
+		failed(err)
 		fail(fmt.Errorf("%w: %v", store.ErrUnavailable, err))
 		return
 	}

@@ -81,8 +81,10 @@ func (b *breaker) expiry(start clock.Instant, timeout time.Duration) string {
 	return strconv.FormatInt(int64(start)/1000+b.offset.Load()+timeout.Microseconds(), 10)
 }
 
-// clockScript reads Redis' clock (µs) on the node that holds its key.
-var clockScript = newScript("local t = redis.call('TIME') return tonumber(t[1]) * 1000000 + tonumber(t[2])")
+// clockLua reads Redis' clock (µs) on the node that holds its key. It is
+// sent whole (EVAL: it is short), so that the read is one round trip
+// even before Redis holds the store's scripts.
+const clockLua = "local t = redis.call('TIME') return tonumber(t[1]) * 1000000 + tonumber(t[2])"
 
 // learnClock makes sure b knows its node's clock before a call that must
 // expire by it is sent. Until a first reply came, such a call could not
@@ -92,12 +94,15 @@ var clockScript = newScript("local t = redis.call('TIME') return tonumber(t[1]) 
 // decisions already made, a lease step landing after a newer one). The
 // clock is read once, by a script on key (on a Cluster it runs on key's
 // master, b's node); concurrent callers wait for the read under way. ctx
-// bounds the wait; caller is the caller's own context, which says whether
-// a failure is news about Redis (Store.failed). It returns nil once the
-// clock is known, else an error wrapping store.ErrUnavailable; nothing of
-// the caller's call was sent then.
-func (s *Store) learnClock(ctx, caller context.Context, cn *connection, b *breaker, key string) error {
+// bounds the wait; failed is told the read's error, if it fails (the
+// caller decides whether it is news about Redis: Store.failed). It returns
+// nil once the clock is known, else an error wrapping
+// store.ErrUnavailable; nothing of the caller's call was sent then.
+func (s *Store) learnClock(ctx context.Context, cn *connection, b *breaker, key string, failed func(error)) error {
 	for !b.known.Load() {
+		if b.open.Load() { // a read that failed just now opened it
+			return store.ErrUnavailable
+		}
 		b.readMu.Lock()
 		r := b.reading
 		lead := r == nil
@@ -114,7 +119,7 @@ func (s *Store) learnClock(ctx, caller context.Context, cn *connection, b *break
 				return fmt.Errorf("%w: waiting for Redis' clock: %v", store.ErrUnavailable, ctx.Err())
 			}
 		}
-		v, err := s.exec(ctx, cn, clockScript, []string{key}, nil).AsInt64()
+		v, err := cn.client.Do(ctx, cn.client.B().Eval().Script(clockLua).Numkeys(1).Key(key).Build()).AsInt64()
 		if err == nil {
 			b.observe(v, clock.Now())
 			if !b.known.Load() {
@@ -126,7 +131,7 @@ func (s *Store) learnClock(ctx, caller context.Context, cn *connection, b *break
 		b.readMu.Unlock()
 		close(r)
 		if err != nil {
-			s.failed(caller, b, err)
+			failed(err)
 			return fmt.Errorf("%w: reading Redis' clock: %v", store.ErrUnavailable, err)
 		}
 	}

@@ -300,6 +300,13 @@ func (s *Store) dial() error {
 	if s.conn.Load() != nil {
 		return nil
 	}
+	// A dial is bounded tightly (New dials on its caller's path, a probe on
+	// a paused Redis), but a TLS handshake, its certificate checked, can
+	// take a loaded host longer than a TCP connect.
+	dialTimeout := 100 * time.Millisecond
+	if s.opts.TLS != nil {
+		dialTimeout = time.Second
+	}
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:      s.opts.Addrs,
 		Username:         s.opts.Username,
@@ -308,7 +315,7 @@ func (s *Store) dial() error {
 		DisableCache:     true,
 		ConnWriteTimeout: connWriteTimeout,
 		MaxFlushDelay:    s.opts.FlushDelay,
-		Dialer:           net.Dialer{Timeout: 100 * time.Millisecond},
+		Dialer:           net.Dialer{Timeout: dialTimeout},
 	})
 	if err != nil {
 		return &unavailable{err}
@@ -465,7 +472,7 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	if expires && !s.noExpiry {
-		if err := s.learnClock(cctx, ctx, cn, b, keys[0]); err != nil {
+		if err := s.learnClock(cctx, cn, b, keys[0], func(err error) { s.failed(ctx, b, err) }); err != nil {
 			return out, false, err
 		}
 		args[len(args)-1] = b.expiry(start, s.opts.Timeout)
