@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,7 +172,8 @@ func New(opts Options) (*Server, error) {
 	}
 	opts.withDefaults()
 	var err error
-	if opts.AdminToken, err = host.AdminToken("proxy", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
+	var tokenFile string
+	if opts.AdminToken, tokenFile, err = host.AdminToken("proxy", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
 		return nil, err
 	}
 	if opts.ConfigData != nil {
@@ -180,9 +182,12 @@ func New(opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}), inflight: host.NewTracker(),
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
 	s.cut, s.cutNow = context.WithCancel(context.Background())
-	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
+	s.host, err = host.New(host.Options{Config: opts.Config, TokenFile: tokenFile, ConfigData: opts.ConfigData, Logger: opts.Logger,
 		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter})
 	if err != nil {
+		if tokenFile != "" {
+			os.Remove(tokenFile)
+		}
 		return nil, err
 	}
 	s.mw = s.host.Middleware()

@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -152,13 +153,17 @@ func New(opts Options) (*Server, error) {
 		opts.ReloadEvery = -1
 	}
 	var err error
-	if opts.AdminToken, err = host.AdminToken("serve", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
+	var tokenFile string
+	if opts.AdminToken, tokenFile, err = host.AdminToken("serve", opts.Admin, opts.AdminToken, opts.Logger); err != nil {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}), inflight: host.NewTracker()}
-	s.host, err = host.New(host.Options{Config: opts.Config, ConfigData: opts.ConfigData, Logger: opts.Logger,
+	s.host, err = host.New(host.Options{Config: opts.Config, TokenFile: tokenFile, ConfigData: opts.ConfigData, Logger: opts.Logger,
 		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly, OnBuild: onBuild(opts.OnPolicy)})
 	if err != nil {
+		if tokenFile != "" {
+			os.Remove(tokenFile)
+		}
 		return nil, err
 	}
 	mw := s.host.Middleware()

@@ -59,7 +59,8 @@ func jsonLines(t *testing.T, log string) []map[string]any {
 
 // `sluice proxy --log-format json --access-log` in a process of its own:
 // every line it writes is one JSON object; a generated admin token goes to
-// a file only this user reads and never into the log; requests get access
+// a file only this user reads (removed when it exits) and never into the
+// log; requests get access
 // lines; /metrics has the build information; SIGTERM drains and exits.
 func TestProxyLogsJSONAndNoSecrets(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
@@ -101,6 +102,9 @@ func TestProxyLogsJSONAndNoSecrets(t *testing.T) {
 		t.Fatalf("/readyz %d", code)
 	}
 	c.stop()
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("the generated token file outlived the process: %v", err) // restarts piled them up
+	}
 	log := c.logText()
 	jsonLines(t, log)
 	for _, secret := range []string{strings.TrimSpace(string(token)), "SECRET", "tenant-secret-key"} {

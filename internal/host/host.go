@@ -36,6 +36,9 @@ import (
 type Options struct {
 	// Config is the policy file path.
 	Config string
+	// TokenFile, if set, is the admin token file AdminToken generated for
+	// this server: Close removes it (its token dies with the process).
+	TokenFile string
 	// ConfigData, if set, is the policy itself (Config then only names it
 	// in messages, and nothing reloads).
 	ConfigData []byte
@@ -149,6 +152,9 @@ func (h *Host) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.rt.Close()
+	if h.opts.TokenFile != "" {
+		os.Remove(h.opts.TokenFile)
+	}
 }
 
 // Reload re-reads the policy file. A valid file replaces the policy without
@@ -288,22 +294,22 @@ func digest(b []byte) string {
 // AdminToken returns token, or for an empty one on a loopback admin
 // address a generated token written to a new file only this user can read
 // (mode 0600; the file's path and the token's Fingerprint are logged, the
-// token never is). It refuses an empty
-// token on any other address: the admin API can switch gates off. who
-// prefixes errors ("proxy", "serve").
-func AdminToken(who, addr, token string, log *slog.Logger) (string, error) {
+// token never is), and that file (for Options.TokenFile; "" when token was
+// given). It refuses an empty token on any other address: the admin API
+// can switch gates off. who prefixes errors ("proxy", "serve").
+func AdminToken(who, addr, token string, log *slog.Logger) (string, string, error) {
 	if token != "" {
-		return token, nil
+		return token, "", nil
 	}
 	if !Loopback(addr) {
-		return "", fmt.Errorf("%s: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one", who, addr)
+		return "", "", fmt.Errorf("%s: the admin listener on %s is not on loopback and has no admin token: it can switch gates off, so set one (--admin-token, or $SLUICE_ADMIN_TOKEN)", who, addr)
 	}
 	token, file, err := generateToken()
 	if err != nil {
-		return "", fmt.Errorf("%s: writing the generated admin token: %v", who, err)
+		return "", "", fmt.Errorf("%s: writing the generated admin token: %v", who, err)
 	}
-	log.Info("admin token generated (the file is readable by this user only)", "file", file, "fingerprint", Fingerprint(token))
-	return token, nil
+	log.Info("admin token generated (the file is readable by this user only, and removed when the server closes)", "file", file, "fingerprint", Fingerprint(token))
+	return token, file, nil
 }
 
 // Fingerprint names a secret in logs without showing it: "sha256:" and
