@@ -58,5 +58,5 @@ gates:
 `))
 	fmt.Println(err)
 	// Output:
-	// routes-api.yaml:3: gates[0].rate: limit: invalid rate "100/x": bad period "x" (want ns, us, ms, s, m, h, d or a duration like 10s)
+	// routes-api.yaml:3: gates[0].rate: invalid rate "100/x": bad period "x" (want ns, us, ms, s, m, h, d or a duration like 10s)
 }

@@ -127,7 +127,11 @@ func (p *parser) kind(v *yaml.Node, path string) *kind {
 	}
 	k := kindNamed(name)
 	if k == nil {
-		p.Errf(v, path, "unknown kind %q (known: %s)", name, kindNames())
+		if best := yamlfile.Closest(name, kindList()); best != "" {
+			p.Errf(v, path, "unknown kind %q; did you mean %q? (known: %s)", name, best, kindNames())
+		} else {
+			p.Errf(v, path, "unknown kind %q (known: %s)", name, kindNames())
+		}
 	}
 	return k
 }

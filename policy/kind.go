@@ -82,13 +82,16 @@ func kindNamed(name string) *kind {
 	return nil
 }
 
-func kindNames() string {
+func kindNames() string { return strings.Join(kindList(), ", ") }
+
+// kindList returns the kinds' names, sorted.
+func kindList() []string {
 	names := make([]string, len(kinds))
 	for i, k := range kinds {
 		names[i] = k.name
 	}
 	slices.Sort(names)
-	return strings.Join(names, ", ")
+	return names
 }
 
 // entitlement reports whether g's rejections answer 429 (the caller's own

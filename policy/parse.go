@@ -55,7 +55,11 @@ type parser struct {
 
 // fail records err, an error of another package, at n's line in path.
 func (p *parser) fail(n *yaml.Node, path string, err error) {
-	p.Errs = append(p.Errs, &Error{File: p.File, Line: n.Line, Field: path, Msg: err.Error(), Err: err})
+	msg := err.Error()
+	for _, pkg := range []string{"sluice: ", "limit: ", "identify: ", "gate: ", "shed: "} {
+		msg = strings.TrimPrefix(msg, pkg) // the field names the subject already
+	}
+	p.Errs = append(p.Errs, &Error{File: p.File, Line: n.Line, Field: path, Msg: msg, Err: err})
 }
 
 func (p *parser) file(n *yaml.Node) *File {

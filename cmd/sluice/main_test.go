@@ -169,7 +169,7 @@ func TestCheckArgumentQuietAndRefusals(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for name, c := range map[string]struct{ src, want string }{
-		"rate.yaml":   {"version: 1\ngates:\n  - {name: a, kind: token_bucket, scope: service, rate: 10/sec, burst: 5}\n", `rate.yaml:3: gates[0].rate: limit: invalid rate "10/sec": period "sec": write "s"`},
+		"rate.yaml":   {"version: 1\ngates:\n  - {name: a, kind: token_bucket, scope: service, rate: 10/sec, burst: 5}\n", `rate.yaml:3: gates[0].rate: invalid rate "10/sec": period "sec": write "s"`},
 		"empty.yaml":  {"version: 1\ngates: []\n", "empty.yaml:2: gates: empty"},
 		"tenant.yaml": {"version: 1\ngates:\n  - {name: a, kind: token_bucket, rate: 10/s, burst: 5}\n", "tenant.yaml:3: gates[0].scope: scope tenant (the default of kind token_bucket), but the policy identifies no tenant"},
 		"indent.yaml": {"version: 1\ngates:\n  - name: a\n    kind: concurrency\n    limit: 1\n    mode: enforce\n    retry_hint: 1s\n    scope: service\n   ttl: 5s\n", "indent.yaml:9: (yaml)"},

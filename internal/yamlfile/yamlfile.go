@@ -218,16 +218,23 @@ func (w *Walker) Fields(n *yaml.Node, path string, known []string, visit func(ke
 	return seen
 }
 
+// Closest returns the word of known a typo of at most 2 edits makes word
+// (the nearest), or "".
+func Closest(word string, known []string) string {
+	best, dist := "", 3
+	for _, k := range known {
+		if d := editDistance(word, k); d < dist {
+			best, dist = k, d
+		}
+	}
+	return best
+}
+
 // unknownField is the message for key, which is not in known: the known
 // keys (all of them when they are few), and the closest one when a typo
 // explains the difference (an edit distance of at most 2).
 func unknownField(key string, known []string) string {
-	best, dist := "", 3
-	for _, k := range known {
-		if d := editDistance(key, k); d < dist {
-			best, dist = k, d
-		}
-	}
+	best := Closest(key, known)
 	msg := "unknown field"
 	if best != "" {
 		msg += fmt.Sprintf("; did you mean %q?", best)
