@@ -125,8 +125,19 @@ func (b *bufferedWriter) WriteHeader(code int) {
 	}
 	b.status = code
 	if b.stream {
-		b.client.WriteHeader(code)
+		b.writeHeader()
 	}
+}
+
+// writeHeader writes the status to the client, without the Content-Type
+// net/http's server would guess for an answer the upstream sent without
+// one: a proxy passes what the upstream sent (the proxy's own server
+// does).
+func (b *bufferedWriter) writeHeader() {
+	if _, ok := b.header["Content-Type"]; !ok {
+		b.header["Content-Type"] = nil
+	}
+	b.client.WriteHeader(b.status)
 }
 
 func (b *bufferedWriter) Write(p []byte) (int, error) {
@@ -161,7 +172,7 @@ func (b *bufferedWriter) startStream() {
 		http.NewResponseController(b.client).SetWriteDeadline(b.deadline)
 	}
 	if b.status != 0 {
-		b.client.WriteHeader(b.status)
+		b.writeHeader()
 	}
 	if b.body.Len() > 0 {
 		_, b.err = io.Copy(b.client, b.body)
@@ -221,7 +232,7 @@ func (b *bufferedWriter) finish(r *http.Request, timeout time.Duration) {
 		b.header.Set("Content-Length", strconv.FormatInt(b.body.Len(), 10))
 	}
 	http.NewResponseController(b.client).SetWriteDeadline(time.Now().Add(timeout))
-	b.client.WriteHeader(b.status)
+	b.writeHeader()
 	io.Copy(b.client, b.body)
 }
 

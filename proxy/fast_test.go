@@ -72,6 +72,10 @@ func echoUpstream() http.Handler {
 			return
 		case "/status/503":
 			w.WriteHeader(503)
+		case "/untyped": // a body with no Content-Type: none is added
+			h["Content-Type"] = nil
+			io.WriteString(w, "<html>not declared</html>")
+			return
 		case "/hangup": // no answer at all: the proxy answers 502 itself
 			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
 				c.Close()
@@ -130,6 +134,7 @@ var parityCases = []parityCase{
 	{name: "upstream 503", method: "GET", target: "/status/503"},
 	// the proxy's own 502 to an admitted request, with its RateLimit fields
 	{name: "upstream hangs up", method: "POST", target: "/hangup", body: "x"},
+	{name: "no content type", method: "GET", target: "/untyped"},
 	{name: "chunked response", method: "GET", target: "/nolength"},
 	{name: "big response", method: "GET", target: "/big"},
 	{name: "tenant and deadline", method: "GET", target: "/t", header: map[string]string{"X-Api-Key": "tenant-1", "X-Request-Timeout": "2s", "X-Request-Id": "abc-1"}},
