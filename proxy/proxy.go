@@ -198,6 +198,7 @@ func New(opts Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 4096
 		t.IdleConnTimeout = 90 * time.Second
 		t.DialContext = dialContext(opts.UpstreamTimeout)
+		t.DisableCompression = true // the client's Accept-Encoding passes as sent; the transport asks for no gzip of its own to undo
 		tr = t
 	}
 	up := opts.Upstream
