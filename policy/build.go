@@ -319,6 +319,13 @@ var retireStoreAfter = 2 * time.Minute
 // build returns g built, or prev's gate when nothing changed.
 func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error) {
 	fp, sk := g.fingerprint(rt.File.Store), g.stateKey(rt.File.Store)
+	if rt.redis != nil {
+		// A gate on Redis is bound to its store: a new store (other
+		// addresses, credentials, TLS or timing) builds the gate anew on it
+		// (its state is in Redis), or it would decide on the old store,
+		// closed retireStoreAfter later, on its failure policy for good.
+		fp += "|" + rt.redis.cfg
+	}
 	var old *builtGate
 	if prev != nil {
 		if o, ok := prev.gates[g.Name]; ok {

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"encoding/hex"
+	"crypto/sha256"
 	"crypto/tls"
 	"time"
 
@@ -77,6 +79,27 @@ type Store struct {
 	// onFailureSet records whether the file wrote on_failure.
 	onFailureSet bool
 }
+
+// Inputs returns a digest of what the file read besides itself (the
+// password file, the TLS files; "" when nothing): a reload of an unchanged
+// file that finds them changed (a rotated secret) is a new policy.
+func (f *File) Inputs() string {
+	s := f.Store
+	if s.PasswordFile == "" && s.TLS == nil {
+		return ""
+	}
+	sum := sha256.New()
+	if s.PasswordFile != "" {
+		sum.Write([]byte(s.password))
+	}
+	if s.TLS != nil {
+		sum.Write([]byte(s.TLS.digest))
+	}
+	return hex.EncodeToString(sum.Sum(nil)[:8])
+}
+
+// ReadsFiles reports whether the file reads other files (Inputs).
+func (f *File) ReadsFiles() bool { return f.Store.PasswordFile != "" || f.Store.TLS != nil }
 
 // StoreTLS is how the Redis store's connections are secured. The files
 // are read when the policy file is parsed (so a reload takes rotated

@@ -318,3 +318,49 @@ gates:
 	next.Close()
 	poll.Until(t, 5*time.Second, func() bool { return clients() <= before })
 }
+
+// A reload that gives the store new settings (here its timeout, so a new
+// store shares the connection; a rotated password or new addresses open
+// another) moves the gates onto the new store, though the gates themselves
+// did not change: they were kept on the old store, which closes a while
+// after its successor starts, and from then on every decision went to the
+// failure policy.
+func TestGatesFollowANewStore(t *testing.T) {
+	srv := redistest.Start(t, "--user", "a", "on", ">pa", "~*", "&*", "+@all", "--user", "b", "on", ">pb", "~*", "&*", "+@all")
+	defer func(d time.Duration) { retireStoreAfter = d }(retireStoreAfter)
+	retireStoreAfter = 10 * time.Millisecond
+	t.Setenv("SLUICE_TEST_PA", "pa")
+	t.Setenv("SLUICE_TEST_PB", "pb")
+	parse := func(timeout int, user string) *File {
+		f, err := Parse("r.yaml", []byte(strings.ReplaceAll(`version: 1
+store: {backend: redis, addrs: [ADDR], timeout: `+strconv.Itoa(timeout)+`ms, on_failure: fail_closed, username: `+user+`, password_env: SLUICE_TEST_P`+strings.ToUpper(user)+`}
+gates:
+  - {name: rate, kind: token_bucket, scope: service, rate: 1/h, burst: 10}
+`, "ADDR", srv.Addr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	rt, err := Build(parse(500, "a"), nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		timeout int
+		user    string
+	}{{600, "a"}, {600, "b"}} { // the connection shared; another opened
+		next, err := Build(parse(c.timeout, c.user), rt, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt = next
+		time.Sleep(100 * time.Millisecond) // the old store has closed
+		d, tk := rt.Chain.Decide(context.Background(), &sluice.Request{})
+		if left := int64(9 - i); !d.Admitted || d.Remaining != left {
+			t.Fatalf("after reload %d (%+v), the old store closed: %+v, want admitted on Redis with %d left", i+1, c, d, left)
+		}
+		tk.Done(sluice.OutcomeUseful)
+	}
+	rt.Close()
+}

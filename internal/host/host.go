@@ -79,7 +79,8 @@ type Host struct {
 
 	mu      sync.Mutex // serializes reloads and admin mode switches
 	rt      *policy.Runtime
-	version string // sha256 of the file content serving now
+	version string // sha256 of the file content serving now, and of the files it read (policy.File.Inputs)
+	file    string // sha256 of the file content serving now
 	refused string // sha256 of the last content refused (logged once)
 	why     error  // why it was refused
 }
@@ -116,7 +117,7 @@ func New(opts Options) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h.rt, h.version = rt, digest(data)
+	h.rt, h.version, h.file = rt, versionOf(data, f), digest(data)
 	h.mw, err = httpgate.New(rt.Chain, h.gateConfig(rt))
 	if err == nil && opts.OnBuild != nil {
 		err = opts.OnBuild(rt)
@@ -160,8 +161,25 @@ func (h *Host) Close() {
 // Reload re-reads the policy file. A valid file replaces the policy without
 // dropping requests in flight and keeps the state of unchanged gates; an
 // invalid one (or one Options.Check refuses) is refused, logged, and the
-// old policy keeps serving. It returns whether the policy changed.
-func (h *Host) Reload() (bool, error) {
+// old policy keeps serving. It returns whether the policy changed. It is
+// the operator's reload (SIGHUP): the files the policy reads (a password
+// file, TLS files) are read again even when the policy file is unchanged,
+// and a file refused before is tried again (what refused it may have been
+// Redis, or a file since fixed).
+func (h *Host) Reload() (bool, error) { return h.reload(true) }
+
+// versionOf is the version of a policy: its file's digest, with that of
+// the files it read when it reads any.
+func versionOf(data []byte, f *policy.File) string {
+	if in := f.Inputs(); in != "" {
+		return digest(append(append([]byte(nil), data...), in...))
+	}
+	return digest(data)
+}
+
+// reload is Reload; the watcher's (not explicit) skips an unchanged file
+// and stays quiet about one it refused before.
+func (h *Host) reload(explicit bool) (bool, error) {
 	if !h.Reloads() {
 		return false, nil
 	}
@@ -172,14 +190,20 @@ func (h *Host) Reload() (bool, error) {
 		h.log.Error("policy reload refused: cannot read file; the old policy keeps serving", "file", h.opts.Config, "err", err)
 		return false, err
 	}
-	v := digest(data)
-	if v == h.version {
+	fileV := digest(data)
+	if fileV == h.file && !(explicit && h.rt.File.ReadsFiles()) {
 		return false, nil
 	}
-	if v == h.refused {
+	if fileV == h.refused && !explicit {
 		return false, h.why // refused and logged before: stay quiet
 	}
 	f, err := policy.Parse(h.opts.Config, data)
+	v := fileV
+	if err == nil {
+		if v = versionOf(data, f); v == h.version {
+			return false, nil // the file and what it reads are as serving
+		}
+	}
 	if err == nil && len(f.Gates) == 0 && len(h.rt.File.Gates) > 0 {
 		err = errors.New("the new policy has no gates: every limit would be off at once (to pass all traffic, set the gates' mode to off)")
 	}
@@ -201,14 +225,14 @@ func (h *Host) Reload() (bool, error) {
 				if err := h.mw.Update(rt.Chain, h.gateConfig(rt)); err != nil { // checked above: cannot happen
 					h.log.Error("policy reload: the checked configuration refused; the old chain serves on", "file", h.opts.Config, "err", err)
 				}
-				h.rt, h.version, h.refused = rt, v, ""
+				h.rt, h.version, h.file, h.refused = rt, v, fileV, ""
 				h.log.Info("policy reloaded", "file", h.opts.Config, "version", v, "gates", len(f.Gates))
 				return true, nil
 			}
 			rt.Discard(h.rt)
 		}
 	}
-	h.refused, h.why = v, err
+	h.refused, h.why = fileV, err
 	h.log.Error("policy reload refused; the old policy keeps serving", "file", h.opts.Config, "err", err)
 	return false, err
 }
@@ -257,7 +281,7 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 				continue
 			}
 			v := digest(data)
-			if v == h.Version() {
+			if v == h.fileVersion() {
 				loaded = fi // what serves (reloaded on SIGHUP, say)
 				continue
 			}
@@ -272,14 +296,22 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 				pending = v
 				continue
 			}
-			if _, err := h.Reload(); err == nil {
+			if _, err := h.reload(false); err == nil {
 				loaded = fi
 			}
 		}
 	}
 }
 
-// Version returns the digest of the policy serving now.
+// fileVersion returns the digest of the policy file serving now.
+func (h *Host) fileVersion() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.file
+}
+
+// Version returns the digest of the policy serving now (with the files it
+// read, when it reads any).
 func (h *Host) Version() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -1,0 +1,59 @@
+package host
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/redistest"
+)
+
+// The operator's reload (SIGHUP) reads the files the policy names again
+// even when the policy file did not change: a rotated password file is
+// taken, and a reload refused for a wrong password is tried again once
+// the file is fixed. Before, an unchanged policy file was "unchanged"
+// whatever its secret files held, and a refused one stayed refused.
+func TestReloadRereadsThePasswordFile(t *testing.T) {
+	srv := redistest.Start(t, "--user", "a", "on", ">one", "~*", "&*", "+@all")
+	dir := t.TempDir()
+	path, pw := filepath.Join(dir, "p.yaml"), filepath.Join(dir, "pw")
+	os.WriteFile(pw, []byte("one\n"), 0o600)
+	os.WriteFile(path, []byte("version: 1\nstore: {backend: redis, addrs: ["+srv.Addr+"], timeout: 1s, username: a, password_file: pw}\n"+
+		"gates:\n  - {name: rate, kind: token_bucket, scope: service, rate: 1/h, burst: 10}\n"), 0o600)
+	h, err := New(Options{Config: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	decides := func(left int64) {
+		t.Helper()
+		d, tk := h.Chain().Decide(context.Background(), &sluice.Request{})
+		if !d.Admitted || d.Remaining != left {
+			t.Fatalf("decision %+v, want admitted on Redis with %d left", d, left)
+		}
+		tk.Done(sluice.OutcomeUseful)
+	}
+	decides(9)
+	if changed, err := h.Reload(); changed || err != nil {
+		t.Fatalf("a reload with nothing changed: %v %v", changed, err)
+	}
+	v := h.Version()
+	os.WriteFile(pw, []byte("wrong\n"), 0o600)
+	if changed, err := h.Reload(); changed || err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("a reload with a wrong password: %v %v", changed, err)
+	}
+	srv.Do("ACL", "SETUSER", "a", ">two", "<one") // the password rotated on Redis
+	os.WriteFile(pw, []byte("two\n"), 0o600)
+	if changed, err := h.Reload(); !changed || err != nil {
+		t.Fatalf("a reload of the rotated password file: %v %v", changed, err)
+	}
+	if h.Version() == v {
+		t.Error("the version did not change with the password file")
+	}
+	decides(8)
+}
