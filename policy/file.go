@@ -1,9 +1,9 @@
 package policy
 
 import (
-	"encoding/hex"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"time"
 
 	"github.com/sluice-go/sluice"
