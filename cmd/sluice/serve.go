@@ -170,7 +170,8 @@ func parseHeaders(s string) (rls.HeaderStyle, error) {
 // rlsOptions turns the flags into rlsserve.Options.
 func rlsOptions(f serveFlags) (rlsserve.Options, error) {
 	o := rlsserve.Options{Config: f.config, Listen: f.listen, HTTP: f.http, Admin: f.admin, Redis: f.redis, RedisPrefix: f.redisPrefix,
-		RedisTimeout: f.redisTimeout, ShadowMode: f.shadow, ShutdownTimeout: f.server.drainGrace}
+		RedisTimeout: f.redisTimeout, ShadowMode: f.shadow, ShutdownTimeout: f.server.drainGrace,
+		DrainDelay: f.server.drainDelay}
 	var err error
 	if o.OnFailure, err = parseFailure(f.onFailure); err != nil {
 		return o, err

@@ -103,6 +103,13 @@ type Options struct {
 	// ShutdownTimeout bounds the graceful shutdown: calls in flight get
 	// this long, then connections are closed. Default 10 s.
 	ShutdownTimeout time.Duration
+	// DrainDelay is how long the service keeps accepting and answering
+	// after ctx is done, with /readyz and the gRPC health check already
+	// failing, before the listeners close and ShutdownTimeout begins: load
+	// balancers stop sending first. Default 0 (stop at once).
+	DrainDelay time.Duration
+	// DrainAfter, if set, replaces time.After for the drain delay (tests).
+	DrainAfter func(time.Duration) <-chan time.Time
 	// Logger receives operational logs. Default slog.Default().
 	Logger *slog.Logger
 	// Clock is the wall clock the windows align to (tests; on Redis it is
@@ -476,6 +483,17 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.draining.Store(true) // /readyz: 503 from here
 	s.hlth.Shutdown()
+	if d := s.opts.DrainDelay; d > 0 && serveErr == nil {
+		after := time.After
+		if s.opts.DrainAfter != nil {
+			after = s.opts.DrainAfter
+		}
+		s.log.Info("draining: serving on while load balancers see the failing health checks", "delay", d)
+		select {
+		case <-after(d):
+		case serveErr = <-errc: // a listener failed meanwhile
+		}
+	}
 	stopWatch()
 	wg.Wait()
 	s.shutdown(hs)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -516,5 +517,67 @@ func TestGracefulShutdown(t *testing.T) {
 	defer cancel()
 	if _, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req("edge", 0, desc("tenant", "a"))); status.Code(err) != codes.Unavailable && status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("a call after the shutdown: %v", err)
+	}
+}
+
+// With a drain delay, the service keeps accepting and answering after its
+// context ends, its health checks already failing (/readyz 503, the
+// peer's /healthcheck 500, gRPC health NOT_SERVING) so that load balancers
+// stop sending first; the listeners close when the delay is over.
+func TestDrainDelayKeepsServing(t *testing.T) {
+	delay := make(chan time.Time)
+	asked := make(chan time.Duration, 1)
+	r := start(t, Options{Config: edgeDir(t), Clock: newClock(now), DrainDelay: 7 * time.Second,
+		DrainAfter: func(d time.Duration) <-chan time.Time { asked <- d; return delay }})
+	g, h, _ := r.Addrs()
+	r.stop()
+	if d := <-asked; d != 7*time.Second {
+		t.Fatalf("drain delay %v, want 7s", d)
+	}
+	if code, _ := get(t, r.adminURL+"/readyz"); code != 503 {
+		t.Errorf("/readyz during the drain delay: %d, want 503", code)
+	}
+	if code, _ := get(t, r.httpURL+HealthcheckPath); code != 500 {
+		t.Errorf("/healthcheck during the drain delay: %d, want 500", code)
+	}
+	// A new connection is accepted and served, on gRPC and on /json.
+	conn, err := grpc.NewClient(g.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health during the drain delay: %v %v, want NOT_SERVING", hc, err)
+	}
+	resp, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), req("edge", 0, desc("tenant", "a")))
+	if err != nil || resp.GetOverallCode() != okCode {
+		t.Errorf("a call on a new connection during the drain delay: %v %v", resp, err)
+	}
+	body, _ := protojson.Marshal(req("edge", 0, desc("tenant", "a")))
+	hr, err := http.Post(r.httpURL+JSONPath, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Body.Close()
+	if hr.StatusCode != 200 {
+		t.Errorf("/json during the drain delay: %d", hr.StatusCode)
+	}
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned during the drain delay: %v", err)
+	default:
+	}
+	close(delay)
+	if err := <-r.done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	r.stopped = true
+	r.conn.Close()
+	for _, a := range []string{g.String(), h.String()} {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts after the drain", a)
+		}
 	}
 }
