@@ -3,12 +3,15 @@ package redis
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
 )
 
 // decides reports whether a store on opts decides on Redis: a take of a
@@ -104,5 +107,67 @@ func TestShareKeepsTheConnectionOnlyForTheSameCredentials(t *testing.T) {
 	defer other.Close()
 	if other.conn.Load() == st.conn.Load() {
 		t.Error("other credentials shared the connection")
+	}
+}
+
+// What the ACL of the store's user must allow (scripts, on the keys of the
+// store's prefix, reading TIME) is checked at New: a user without it is
+// refused with Redis' NOPERM, not started to fail every decision.
+func TestUserWithoutTheRightsIsRefused(t *testing.T) {
+	srv := redistest.Start(t, "--user", "keys", "on", ">pw", "~other:*", "&*", "+@all",
+		"--user", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-eval")
+	for _, user := range []string{"keys", "noscripts"} {
+		msg := refused(t, Options{Addrs: []string{srv.Addr}, Username: user, Password: "pw"})
+		if !strings.Contains(msg, "NOPERM") || !strings.Contains(msg, "refused") {
+			t.Errorf("user %s: %s", user, msg)
+		}
+	}
+	if !decides(t, Options{Addrs: []string{srv.Addr}, Username: "keys", Password: "pw", Prefix: "other", Timeout: time.Second}) {
+		t.Error("no decision under the prefix the user may use")
+	}
+	st, err := New(Options{Addrs: []string{srv.Addr}, Username: "keys", Password: "pw", Prefix: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Share(Options{Addrs: []string{srv.Addr}, Username: "keys", Password: "pw", Prefix: "sluice"}); !errors.Is(err, ErrRefused) {
+		t.Errorf("a shared connection under a prefix the user may not use: %v", err)
+	}
+}
+
+// A TLS server that requires a client certificate refuses a store that
+// has none: New's error, with the server's alert.
+func TestTLSClientCertificateRequired(t *testing.T) {
+	srv, trust := redistest.StartTLS(t, "--tls-auth-clients", "yes")
+	msg := refused(t, Options{Addrs: []string{srv.TLSAddr}, TLS: trust})
+	t.Log(msg)
+	if !strings.Contains(msg, "refused") || !strings.Contains(msg, "certificate") {
+		t.Errorf("no client certificate: %s", msg)
+	}
+}
+
+// Once started, a store whose Redis begins refusing it (a password set,
+// the connections ended) says so in the error of each decision the open
+// breaker fails fast, not only "unavailable": the gates log that error.
+func TestRefusalAfterStartIsTheDecisionsError(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: time.Second, ProbeEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim, _ := bind(st)(TokenBucket("auth", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do("CONFIG", "SET", "requirepass", "now")
+	srv.Do("-a", "now", "--no-auth-warning", "CLIENT", "KILL", "TYPE", "normal")
+	var last error
+	poll.Until(t, 10*time.Second, func() bool {
+		_, _, last = lim.Take(context.Background(), "k", 0, 1, 0)
+		return errors.Is(last, ErrRefused)
+	})
+	if !errors.Is(last, store.ErrUnavailable) || !strings.Contains(last.Error(), "NOAUTH") {
+		t.Errorf("the decision's error: %v", last)
 	}
 }

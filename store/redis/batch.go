@@ -227,7 +227,7 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 	g, br := b.group(key)
 	if br.open.Load() {
 		s.maybeProbe(br)
-		return [5]int64{}, store.ErrUnavailable
+		return [5]int64{}, br.unavailable()
 	}
 	c := callPool.Get().(*call)
 	c.key, c.op, c.cost, c.extra, c.budget, c.arrived = key, op, cost, extra, budget, clock.Now()
@@ -326,7 +326,7 @@ func (b *batcher) exec(batch []*call) {
 	cn := s.conn.Load()
 	if cn == nil || br.open.Load() {
 		s.maybeProbe(br)
-		fail(store.ErrUnavailable)
+		fail(br.unavailable())
 		return
 	}
 	oldest := batch[0].arrived

@@ -41,6 +41,53 @@ type breaker struct {
 	known     atomic.Bool  // offset holds an estimate
 	readMu    sync.Mutex
 	reading   chan struct{} // closed when the clock read under way ends (nil: none)
+	// cause is the error the calls it fails fast get: ErrUnavailable with
+	// what opened it last (built once per opening, not per call), so that
+	// a gate's log says why (a refused password, a connection refused),
+	// not only that.
+	cause atomic.Pointer[error]
+}
+
+// setCause makes why the cause of b's opening.
+func (b *breaker) setCause(why error) {
+	if u := (*unavailable)(nil); errors.As(why, &u) {
+		why = u.err
+	}
+	var err error = &openCause{store.ErrUnavailable.Error() + ": " + why.Error(), false}
+	if refusal(why) {
+		err = &openCause{store.ErrUnavailable.Error() + ": " + ErrRefused.Error() + ": " + why.Error(), true}
+	}
+	b.cause.Store(&err)
+}
+
+// openCause is the error of the calls an open breaker fails fast: it
+// matches store.ErrUnavailable, and ErrRefused when Redis refused the
+// store's settings, and reads as what opened the breaker.
+type openCause struct {
+	msg     string
+	refused bool
+}
+
+func (c *openCause) Error() string { return c.msg }
+func (c *openCause) Is(target error) bool {
+	return target == store.ErrUnavailable || c.refused && target == ErrRefused
+}
+
+// name names b's node in an error: its address, or "Redis" for the
+// store's own breaker.
+func (b *breaker) name() string {
+	if b.addr == "" {
+		return "Redis"
+	}
+	return b.addr
+}
+
+// unavailable returns the error of a call b fails fast.
+func (b *breaker) unavailable() error {
+	if p := b.cause.Load(); p != nil {
+		return *p
+	}
+	return store.ErrUnavailable
 }
 
 // observe takes a reply's Redis time (µs) received at local instant at.
@@ -101,7 +148,7 @@ const clockLua = "local t = redis.call('TIME') return tonumber(t[1]) * 1000000 +
 func (s *Store) learnClock(ctx context.Context, cn *connection, b *breaker, key string, failed func(error)) error {
 	for !b.known.Load() {
 		if b.open.Load() { // a read that failed just now opened it
-			return store.ErrUnavailable
+			return b.unavailable()
 		}
 		b.readMu.Lock()
 		r := b.reading
@@ -175,14 +222,19 @@ func (s *Store) startProbe(b *breaker, probe func(*breaker)) {
 	}()
 }
 
-// trip counts a failed call and opens b for ProbeEvery.
-func (s *Store) trip(b *breaker) {
+// trip counts a failed call and opens b for ProbeEvery; why is what
+// failed.
+func (s *Store) trip(b *breaker, why error) {
 	s.failures.Add(1)
-	s.reopen(b)
+	s.reopen(b, why)
 }
 
-// reopen opens b for another ProbeEvery.
-func (s *Store) reopen(b *breaker) {
+// reopen opens b for another ProbeEvery; why (if not nil) is what failed,
+// told to the calls failed fast meanwhile.
+func (s *Store) reopen(b *breaker, why error) {
+	if why != nil {
+		b.setCause(why)
+	}
 	b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
 	b.open.Store(true)
 }
@@ -221,7 +273,7 @@ func (s *Store) confirm(b *breaker) {
 			err = node.Do(ctx, node.B().Ping().Build()).Error()
 		}
 		if err != nil {
-			s.trip(b)
+			s.trip(b, fmt.Errorf("PING %s: %w", b.name(), err))
 			return
 		}
 	}
@@ -257,10 +309,12 @@ func (s *Store) justClosed(b *breaker) bool {
 func (s *Store) probe(b *breaker) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ProbeEvery, 100*time.Millisecond))
 	defer cancel()
-	if s.conn.Load() == nil && s.dial() != nil {
-		s.failures.Add(1)
-		s.reopen(b)
-		return
+	if s.conn.Load() == nil {
+		if err := s.dial(); err != nil {
+			s.failures.Add(1)
+			s.reopen(b, err)
+			return
+		}
 	}
 	cn := s.conn.Load()
 	nodes, ok := s.nodesOf(ctx, cn, b)
@@ -281,7 +335,7 @@ func (s *Store) probe(b *breaker) {
 	}
 	if err != nil {
 		s.failures.Add(1)
-		s.reopen(b)
+		s.reopen(b, fmt.Errorf("loading the scripts on %s: %w", b.name(), err))
 		return
 	}
 	b.closedAt.Store(int64(s.opts.Clock.Now()))

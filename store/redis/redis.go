@@ -282,11 +282,19 @@ func New(opts Options) (*Store, error) {
 		}
 	}
 	s.own = true
-	if err := s.dial(); err != nil {
+	err := s.dial()
+	if err == nil {
+		err = s.check()
+	} else if alert := s.tlsAlert(err); alert != nil {
+		err = alert
+	}
+	if err != nil {
 		if u := (*unavailable)(nil); errors.As(err, &u) && refusal(u.err) {
+			s.Close()
 			return nil, fmt.Errorf("%w: %w", ErrRefused, u.err)
 		}
 		// Not reachable now: start open, and let the probe connect.
+		s.breaker.setCause(err)
 		s.breaker.openUntil.Store(int64(opts.Clock.Now()))
 		s.breaker.open.Store(true)
 	}
@@ -331,14 +339,63 @@ func (s *Store) dial() error {
 	return nil
 }
 
+// check runs, once the store has connected, what its calls need of the
+// server's access control: a script (EVAL) on a key of the store's prefix
+// that reads TIME. A user whose ACL lacks any of it (NOPERM) would have
+// every decision fail from the first, each a log line saying only that
+// Redis is unavailable; New refuses it instead. A check that times out or
+// fails otherwise is left to the calls (the breaker's to judge).
+func (s *Store) check() error {
+	cn := s.conn.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.Timeout, time.Second))
+	defer cancel()
+	key := s.opts.Prefix + ":{check}"
+	err := cn.client.Do(ctx, cn.client.B().Eval().Script(clockLua).Numkeys(1).Key(key).Build()).Error()
+	if err != nil && refusal(err) {
+		return &unavailable{err}
+	}
+	return nil
+}
+
+// tlsAlert looks, after a TLS dial failed with err other than a refusal,
+// for an alert of the first server refusing the store's TLS settings, and
+// returns it (as unavailable) if there is one. Under TLS 1.3 the server
+// judges the client's certificate (or its lack of one) after the client's
+// side of the handshake is done: its alert may come after the client
+// wrote its first command, and the client then reads a reset connection,
+// an outage's error. A connection that does only the handshake and reads
+// gets the alert.
+func (s *Store) tlsAlert(err error) error {
+	if s.opts.TLS == nil {
+		return nil
+	}
+	if u := (*unavailable)(nil); !errors.As(err, &u) || refusal(u.err) {
+		return nil
+	}
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: s.opts.TLS}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", s.opts.Addrs[0])
+	if err == nil {
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if err != nil && refusal(err) {
+		return &unavailable{err}
+	}
+	return nil
+}
+
 // ErrRefused is New's error when Redis refused the store's settings (see
 // refusal): wrong credentials, a certificate that does not verify.
 var ErrRefused = errors.New("redis: the server refused the store's credentials or TLS settings")
 
 // refusal reports whether a dial's error is Redis refusing the store's
 // settings, not an outage: its credentials (WRONGPASS, NOAUTH, NOPERM, a
-// password to a server that has none), or a TLS server whose certificate
-// does not verify, or a TLS answer that is not TLS. No probe would do
+// password sent for the default user of a server that has none), or a
+// TLS server whose certificate does not verify, that refuses the store's
+// (or its lack of one), or a TLS answer that is not TLS. No probe would do
 // better; New reports it. (A plain server sent TLS waits for the rest of
 // a command and answers nothing: that reads as an outage.)
 func refusal(err error) bool {
@@ -354,7 +411,10 @@ func refusal(err error) bool {
 	}
 	var verify *tls.CertificateVerificationError
 	var header tls.RecordHeaderError
-	return errors.As(err, &verify) || errors.As(err, &header)
+	var op *net.OpError
+	// "remote error": the server's TLS alert (a certificate it requires,
+	// or refuses; a version or cipher it does not speak).
+	return errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &op) && op.Op == "remote error"
 }
 
 // setConn starts using c, learning the Cluster's slot map.
@@ -417,6 +477,12 @@ func (s *Store) Share(opts Options) (*Store, error) {
 	}
 	n.opts.Addrs, n.opts.Username, n.opts.Password, n.opts.TLS, n.own = opts.Addrs, opts.Username, opts.Password, opts.TLS, true
 	n.useConn(cn)
+	if n.opts.Prefix != s.opts.Prefix { // the user's ACL may cover one prefix's keys, not the other's
+		if err := n.check(); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("%w: %w", ErrRefused, err.(*unavailable).err)
+		}
+	}
 	return n, nil
 }
 
@@ -466,7 +532,7 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 	cn := s.conn.Load()
 	if cn == nil || b.open.Load() {
 		s.maybeProbe(b)
-		return out, false, store.ErrUnavailable
+		return out, false, b.unavailable()
 	}
 	start := clock.Now()
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
@@ -522,7 +588,7 @@ func (s *Store) failed(ctx context.Context, b *breaker, err error) {
 		s.failures.Add(1)
 		s.suspect(b)
 	default:
-		s.trip(b)
+		s.trip(b, err)
 	}
 }
 
