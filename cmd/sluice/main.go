@@ -169,7 +169,7 @@ func proxyCmd() *cobra.Command {
 			if err != nil {
 				return logStartErrors(cmd, opts.Logger, err)
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := stopContext(context.Background())
 			defer stop()
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -252,7 +252,7 @@ func demoReservation(cmd *cobra.Command, config, jsonPath string) error {
 	if err := readPolicy(config, &opts.Policy, &opts.PolicyName); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopContext(context.Background())
 	defer stop()
 	fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario reservation: the article's premium and free example at a tenth of its scale; "+
 		"premium 100 queries/s (3 units each) → 40 → 100, free 600/s (1 unit), 10 s per phase, open loop")
@@ -273,7 +273,7 @@ func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error
 	if err := readPolicy(config, &opts.Policy, &opts.PolicyName); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopContext(context.Background())
 	defer stop()
 	rep, err := demo.RunRetryStorm(ctx, opts)
 	if err != nil {
@@ -297,7 +297,7 @@ func demoCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scenario == "ladder" {
-				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+				ctx, stop := stopContext(context.Background())
 				defer stop()
 				fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario ladder: critical route solves at 25% of capacity, analytics stepping 20% → 65% → 300% → 20%")
 				rep, err := demo.RunLadderStep(ctx, []demo.LadderPhase{
@@ -328,7 +328,7 @@ func demoCmd() *cobra.Command {
 				return err
 			}
 			if scenario == "service-step" {
-				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+				ctx, stop := stopContext(context.Background())
 				defer stop()
 				fmt.Fprintf(cmd.OutOrStdout(), "sluice demo --scenario service-step: 8 workers behind %s; reads 5 ms → 25 ms for 30 s → 5 ms, 960 req/s open-loop (3x the 25 ms capacity)\n", opts.PolicyName)
 				rep, err := demo.RunServiceStep(ctx, demo.StepOptions{Policy: opts.Policy, PolicyName: opts.PolicyName, Deadline: opts.Deadline})
@@ -344,7 +344,7 @@ func demoCmd() *cobra.Command {
 				return savePlot(cmd, rep, plotBase)
 			}
 			opts.Progress = cmd.ErrOrStderr()
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := stopContext(context.Background())
 			defer stop()
 			fmt.Fprintf(cmd.OutOrStdout(), "sluice demo: routes-api model behind %s\n", opts.PolicyName)
 			rep, err := demo.Run(ctx, opts)

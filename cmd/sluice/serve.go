@@ -24,6 +24,25 @@ import (
 	"github.com/sluice-go/sluice/serve"
 )
 
+// stopContext is done on the first SIGINT or SIGTERM. From then on the
+// two signals have their default action again: a second one ends the
+// process at once, cutting short a drain (--drain-delay, --drain-grace)
+// its operator does not want to wait for.
+func stopContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sig:
+		case <-ctx.Done():
+		}
+		signal.Stop(sig) // the default action is back before ctx is done
+		cancel()
+	}()
+	return ctx, cancel
+}
+
 // baseContext is the context `sluice serve` runs under until SIGINT or
 // SIGTERM (tests replace it to stop the command).
 var baseContext = context.Background
@@ -82,7 +101,7 @@ func serveCmd() *cobra.Command {
 			if cmd.Flags().Changed("shutdown-timeout") && !cmd.Flags().Changed("drain-grace") {
 				f.server.drainGrace = f.shutdown
 			}
-			ctx, stop := signal.NotifyContext(baseContext(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := stopContext(baseContext())
 			defer stop()
 			if isRLS {
 				return runRLS(ctx, cmd, f, log)

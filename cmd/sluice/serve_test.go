@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -310,5 +311,39 @@ func TestCheckAndFlagsForRateLimitConfigs(t *testing.T) {
 		if err == nil || !strings.Contains(errOut, c.msg) {
 			t.Errorf("serve %v: %v\n%s", c.args, err, errOut)
 		}
+	}
+}
+
+// A second SIGTERM ends the process at once, cutting a drain short: the
+// first starts the drain (a minute's --drain-delay here), and from then on
+// the signal has its default action.
+func TestSecondSignalCutsTheDrainShort(t *testing.T) {
+	dir := t.TempDir()
+	rename(t, filepath.Join(dir, "edge.yaml"), rlsConfig)
+	for _, tc := range []struct {
+		name, serving, draining string
+		args                    []string
+	}{
+		{"envoyproxy/ratelimit configuration", "sluice serve: rate limit service", "draining: serving on",
+			[]string{"--config", dir, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}},
+		{"policy", "sluice serve", "sluice serve draining",
+			[]string{"--config", "../../examples/nginx/policy.yaml", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startChild(t, append([]string{"serve", "--admin", "127.0.0.1:0", "--drain-delay", "1m"}, tc.args...)...)
+			c.waitLine(tc.serving)
+			c.cmd.Process.Signal(syscall.SIGTERM)
+			c.waitLine(tc.draining)
+			c.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case err := <-c.exited:
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+					t.Errorf("exit after the second SIGTERM: %v, want killed by it", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("still running 20 s after the second SIGTERM:\n%s", c.logText())
+			}
+		})
 	}
 }
