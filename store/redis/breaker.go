@@ -36,6 +36,7 @@ type breaker struct {
 	openUntil atomic.Int64 // the clock.Instant before which no probe goes
 	closedAt  atomic.Int64 // the clock.Instant a probe last closed it
 	probing   atomic.Bool  // one probe at a time
+	watching  atomic.Bool  // a watch runs (see Store.watch)
 	offset    atomic.Int64 // µs
 	epoch     atomic.Int64 // local µs when the current offset estimate began
 	known     atomic.Bool  // offset holds an estimate
@@ -237,6 +238,49 @@ func (s *Store) reopen(b *breaker, why error) {
 	}
 	b.openUntil.Store(int64(s.opts.Clock.Now().Add(s.opts.ProbeEvery)))
 	b.open.Store(true)
+	s.watch(b)
+}
+
+// watch makes sure that an open b is probed once per ProbeEvery even when
+// no call comes: a store without traffic (a quiet night, a gate only some
+// requests reach) must be closed again when its first call after Redis
+// came back arrives, not decide that call by the failure policy. One watch
+// per breaker runs, on a real-time ticker, until b closes or the store
+// does; each tick starts the probe a call would (maybeProbe: after
+// openUntil on Options.Clock, so a test's clock still says when).
+func (s *Store) watch(b *breaker) {
+	if !b.watching.CompareAndSwap(false, true) {
+		return
+	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed {
+		b.watching.Store(false)
+		return
+	}
+	s.probes.Add(1)
+	go func() {
+		defer s.probes.Done()
+		t := time.NewTicker(max(s.opts.ProbeEvery, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-s.done:
+				b.watching.Store(false)
+				return
+			case <-t.C:
+			}
+			if !b.open.Load() {
+				b.watching.Store(false)
+				// An opening between the load and the store found the
+				// watch still running: go on watching for it.
+				if !b.open.Load() || !b.watching.CompareAndSwap(false, true) {
+					return
+				}
+			}
+			s.maybeProbe(b)
+		}
+	}()
 }
 
 // nodesOf returns the clients of b's node: one master, or every node for

@@ -267,3 +267,29 @@ func TestBreakerResumesWithinOneProbeAfterRestart(t *testing.T) {
 		}
 	}
 }
+
+// An open breaker is probed on its own, without calls: a store that opened
+// on a failure and then saw no traffic decides its next call on Redis
+// again, not by the failure policy.
+func TestIdleStoreClosesItsBreakerWithoutCalls(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: time.Second, ProbeEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim, _ := bind(st)(TokenBucket("idle", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do("CLIENT", "KILL", "TYPE", "normal")
+	for !st.breaker.open.Load() { // the connection's end opens the breaker
+		if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	poll.Until(t, 10*time.Second, func() bool { return !st.breaker.open.Load() })
+	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
+		t.Errorf("the first call after the idle time: %v", err)
+	}
+}

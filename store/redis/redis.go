@@ -224,6 +224,7 @@ type Store struct {
 	probes   sync.WaitGroup
 	closeMu  sync.Mutex // orders probes.Add against Close
 	closed   bool
+	done     chan struct{} // closed by Close: the breakers' watches end
 	failures atomic.Int64
 	journal  journal
 	noExpiry bool // tests: calls never expire, so only the journal cleans up
@@ -267,7 +268,7 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("redis: prefix %q: braces would change the keys' hash tags", opts.Prefix)
 	}
 	opts.FlushDelay = max(opts.FlushDelay, 0)
-	s := &Store{opts: opts}
+	s := &Store{opts: opts, done: make(chan struct{})}
 	s.journal.s = s
 	if opts.Client != nil {
 		s.setConn(opts.Client)
@@ -297,6 +298,7 @@ func New(opts Options) (*Store, error) {
 		s.breaker.setCause(err)
 		s.breaker.openUntil.Store(int64(opts.Clock.Now()))
 		s.breaker.open.Store(true)
+		s.watch(&s.breaker)
 	}
 	return s, nil
 }
@@ -438,6 +440,9 @@ func (s *Store) useConn(cn *connection) {
 // owed to Redis, and closes the client the store dialed.
 func (s *Store) Close() {
 	s.closeMu.Lock()
+	if !s.closed {
+		close(s.done)
+	}
 	s.closed = true
 	s.closeMu.Unlock()
 	s.probes.Wait()
