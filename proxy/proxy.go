@@ -375,12 +375,14 @@ func (s *Server) Addrs() (proxy, admin net.Addr) {
 func (s *Server) Run(ctx context.Context) error {
 	pl, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
-		return err
+		s.host.Close() // Run closes the runtime (and removes a generated token's file) whenever it returns
+		return fmt.Errorf("proxy listener: %w", err)
 	}
 	al, err := net.Listen("tcp", s.opts.Admin)
 	if err != nil {
 		pl.Close()
-		return err
+		s.host.Close()
+		return fmt.Errorf("admin listener: %w", err)
 	}
 	s.proxyAddr, s.adminAddr = pl.Addr(), al.Addr()
 	s.host.SetReady(true)

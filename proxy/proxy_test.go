@@ -668,3 +668,36 @@ func TestReloadKeepsStateAcrossKeyCapAndReturn(t *testing.T) {
 		t.Fatalf("%d in flight after every request ended", n)
 	}
 }
+
+// A proxy whose listener cannot bind says which one, and removes the admin
+// token file it generated, as when it stops normally.
+func TestBindFailureRemovesTheTokenFile(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	u, _ := url.Parse("http://127.0.0.1:1")
+	for _, tc := range []struct{ listen, admin, want string }{
+		{taken.Addr().String(), "127.0.0.1:0", "proxy listener"},
+		{"127.0.0.1:0", taken.Addr().String(), "admin listener"},
+	} {
+		var logs strings.Builder
+		s, err := New(Options{ConfigData: []byte(policyV1), Upstream: u, Listen: tc.listen, Admin: tc.admin,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := regexp.MustCompile(`file=(\S+)`).FindStringSubmatch(logs.String())
+		if file == nil {
+			t.Fatalf("no token file in the log: %s", logs.String())
+		}
+		if err := s.Run(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Run: %v, want an error naming the %s", err, tc.want)
+		}
+		if _, err := os.Stat(file[1]); !os.IsNotExist(err) {
+			os.Remove(file[1])
+			t.Errorf("the token file outlived the failed start (%s): %v", tc.want, err)
+		}
+	}
+}

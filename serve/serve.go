@@ -23,6 +23,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -274,7 +275,7 @@ func (s *Server) Run(ctx context.Context) error {
 			for _, o := range ls[:i] {
 				o.l.Close()
 			}
-			return err
+			return fmt.Errorf("%s listener: %w", l.name, err)
 		}
 	}
 	s.httpAddr, s.adminAddr = ls[0].l.Addr(), ls[1].l.Addr()

@@ -135,19 +135,25 @@ func (f *serverFlags) accessLogger(log *slog.Logger) (*httpgate.AccessLog, error
 	return &httpgate.AccessLog{Logger: log, RejectsPerSecond: f.rejects}, nil
 }
 
-// logStartErrors logs a server's start failure: each policy error (file:
-// line: field) on a record of its own, so that the log stays in one
-// format, and tells cobra not to print it again.
+// logStartErrors logs how a server ended: a clean stop (err nil) as one
+// line; a policy that does not load as each of its errors (file: line:
+// field) on a record of its own, so that the log stays in one format, and
+// one line saying the server did not start; any other error as the line
+// it stopped with. It tells cobra not to print the error again.
 func logStartErrors(cmd *cobra.Command, log *slog.Logger, err error) error {
+	if err == nil {
+		log.Info(cmd.CommandPath() + " stopped")
+		return nil
+	}
 	var es policy.Errors
 	if errors.As(err, &es) {
 		for _, e := range es {
 			log.Error("policy error", "error", e.Error())
 		}
-	}
-	if err != nil {
+		log.Error(cmd.CommandPath()+" did not start: the policy has errors", "errors", len(es))
+	} else {
 		log.Error(cmd.CommandPath()+" stopped", "err", err)
-		cmd.SilenceErrors = true
 	}
+	cmd.SilenceErrors = true
 	return err
 }

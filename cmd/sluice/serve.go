@@ -280,7 +280,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		s.Close()
-		return logStartErrors(cmd, log, err)
+		return logStartErrors(cmd, log, fmt.Errorf("gRPC listener (--listen): %w", err))
 	}
 	gs := grpc.NewServer(rlsserve.ServerOptions(runtime.GOMAXPROCS(0))...)
 	extauthz.Register(gs, ext)

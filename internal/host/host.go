@@ -101,7 +101,7 @@ func New(opts Options) (*Host, error) {
 	if data == nil {
 		var err error
 		if data, err = os.ReadFile(opts.Config); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("policy file: %w", err)
 		}
 	}
 	f, err := policy.Parse(opts.Config, data)
