@@ -278,7 +278,7 @@ func (rt *Runtime) openStore(prev *Runtime) error {
 		tlsDigest, tlsConfig = s.TLS.digest, s.TLS.config
 	}
 	conn := fmt.Sprintf("%q %q %x %t %s", s.Addrs, s.Username, pw[:8], s.TLS != nil, tlsDigest)
-	cfg := fmt.Sprint(conn, s.Timeout, s.ProbeEvery)
+	cfg := fmt.Sprint(conn, s.Timeout, s.ProbeEvery, rt.File.Service) // the service names the keys (Prefix)
 	if prev != nil && prev.redis != nil && prev.redis.cfg == cfg {
 		rt.redis = prev.redis
 		return nil

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -363,4 +364,26 @@ gates:
 		tk.Done(sluice.OutcomeUseful)
 	}
 	rt.Close()
+}
+
+// A reload that renames the service moves its gates to the new service's
+// keys, as a restart does: a fleet whose processes were partly reloaded,
+// partly restarted would otherwise spend two budgets.
+func TestServiceRenameMovesTheKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	src := func(svc string) string {
+		return "version: 1\nservice: " + svc + "\nstore:\n  backend: redis\n  addrs: [" + srv.Addr + "]\n  timeout: 1s\n" +
+			"gates:\n  - {name: rate, kind: token_bucket, scope: service, rate: 1/h, burst: 10}\n"
+	}
+	first, err := buildsAndDecides(t, path, src("alpha"), nil, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := buildsAndDecides(t, path, src("beta"), first, 9); err != nil { // a fresh bucket: beta's
+		t.Fatal(err)
+	}
+	if keys := srv.Do("KEYS", "sluice:beta*"); keys == "" {
+		t.Errorf("no key under sluice:beta after the rename; keys: %q", srv.Do("KEYS", "*"))
+	}
 }
