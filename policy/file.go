@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
@@ -82,13 +84,15 @@ type Store struct {
 
 // Inputs returns a digest of what the file read besides itself (the
 // password file, the TLS files; "" when nothing): a reload of an unchanged
-// file that finds them changed (a rotated secret) is a new policy.
+// file that finds them changed (a rotated secret) is a new policy. The
+// digest is keyed with a key of this process (HMAC-SHA-256), so that it
+// tells a change and nothing of a secret, wherever it ends up.
 func (f *File) Inputs() string {
 	s := f.Store
 	if s.PasswordFile == "" && s.TLS == nil {
 		return ""
 	}
-	sum := sha256.New()
+	sum := hmac.New(sha256.New, inputsKey[:])
 	if s.PasswordFile != "" {
 		sum.Write([]byte(s.password))
 	}
@@ -97,6 +101,12 @@ func (f *File) Inputs() string {
 	}
 	return hex.EncodeToString(sum.Sum(nil)[:8])
 }
+
+// inputsKey keys Inputs' digest: random, and this process's alone.
+var inputsKey = func() (k [32]byte) {
+	rand.Read(k[:])
+	return k
+}()
 
 // ReadsFiles reports whether the file reads other files (Inputs).
 func (f *File) ReadsFiles() bool { return f.Store.PasswordFile != "" || f.Store.TLS != nil }

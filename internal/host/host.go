@@ -226,7 +226,7 @@ func (h *Host) reload(explicit bool) (bool, error) {
 					h.log.Error("policy reload: the checked configuration refused; the old chain serves on", "file", h.opts.Config, "err", err)
 				}
 				h.rt, h.version, h.file, h.refused = rt, v, fileV, ""
-				h.log.Info("policy reloaded", "file", h.opts.Config, "version", v, "gates", len(f.Gates))
+				h.log.Info("policy reloaded", "file", h.opts.Config, "version", fileV, "gates", len(f.Gates))
 				return true, nil
 			}
 			rt.Discard(h.rt)
@@ -310,12 +310,17 @@ func (h *Host) fileVersion() string {
 	return h.file
 }
 
-// Version returns the digest of the policy serving now (with the files it
-// read, when it reads any).
+// Version returns the digest of the policy file serving now: the same in
+// every process that serves the same file. It covers nothing of the files
+// the policy reads (a password, a TLS key): a version is shown without
+// authentication (/v1/live, the logs), and a digest of a secret with a
+// known file beside it would let a weak secret be guessed offline. A
+// rotated secret reloads the policy (the change is told apart in-process)
+// with the same version.
 func (h *Host) Version() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.version
+	return h.file
 }
 
 func digest(b []byte) string {
