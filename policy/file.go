@@ -78,6 +78,7 @@ type Store struct {
 	password                  string
 	passwordField             string // where the password was named, for a refusal's error
 	passwordLine              int
+	usernameLine              int // 0: no username (the default user)
 	// onFailureSet records whether the file wrote on_failure.
 	onFailureSet bool
 }

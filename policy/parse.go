@@ -172,6 +172,7 @@ func (p *parser) storeField(s *Store, k string, v *yaml.Node) {
 	case "probe_every":
 		s.ProbeEvery = p.Duration(v, path, 10*time.Millisecond)
 	case "username":
+		s.usernameLine = v.Line
 		s.Username = p.nonEmpty(v, path, p.Str(v, path), "an ACL user name")
 	case "password_env":
 		s.passwordField, s.passwordLine = path, v.Line

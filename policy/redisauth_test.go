@@ -75,15 +75,28 @@ func TestRedisCredentialsAndTLSFromThePolicyFile(t *testing.T) {
 			t.Errorf("a wrong password: %v (%s:%d %s)", err, file, line, field)
 		}
 		_, err = buildsAndDecides(t, path, authPolicy(srv.Addr, ""), nil, 0)
-		if !strings.Contains(err.Error(), "NOAUTH") {
+		if !strings.Contains(err.Error(), "NOAUTH") || !strings.Contains(err.Error(), "set store.password_env or store.password_file") {
 			t.Errorf("no password: %v", err)
 		}
 	})
 	t.Run("user", func(t *testing.T) {
-		srv := redistest.Start(t, "--user", "sluice", "on", ">pw", "~*", "&*", "+@all")
+		srv := redistest.Start(t, "--user", "sluice", "on", ">pw", "~*", "&*", "+@all", "--user", "other", "on", ">pw", "~other:*", "&*", "+@all")
 		t.Setenv("SLUICE_TEST_REDIS_PW", "pw")
 		if _, err := buildsAndDecides(t, path, authPolicy(srv.Addr, "  username: sluice\n  password_env: SLUICE_TEST_REDIS_PW\n"), nil, 9); err != nil {
 			t.Fatal(err)
+		}
+		// The right password, a user whose keys are others': the user's
+		// field, not the password's.
+		_, err := buildsAndDecides(t, path, authPolicy(srv.Addr, "  username: other\n  password_env: SLUICE_TEST_REDIS_PW\n"), nil, 0)
+		if _, line, field := fieldOf(err); line != 6 || field != "store.username" || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("a user without the rights: %v (line %d, %s)", err, line, field)
+		}
+	})
+	t.Run("client certificate required", func(t *testing.T) {
+		srv, _ := redistest.StartTLS(t, "--tls-auth-clients", "yes")
+		_, err := buildsAndDecides(t, path, authPolicy(srv.TLSAddr, "  tls: {ca_file: "+srv.CAFile+"}\n"), nil, 0)
+		if _, line, field := fieldOf(err); line != 6 || field != "store.tls" || !strings.Contains(err.Error(), "tls.cert_file and tls.key_file") {
+			t.Errorf("no client certificate: %v (line %d, %s)", err, line, field)
 		}
 	})
 	t.Run("tls", func(t *testing.T) {

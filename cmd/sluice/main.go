@@ -361,7 +361,7 @@ func demoCmd() *cobra.Command {
 			return savePlot(cmd, rep, plotBase)
 		},
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace) reservation (premium and free class reservations: the split, borrowing and reclaim) or retry-storm (a naive retry loop against package client's retries, through the proxy in overload)")
+	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim) or retry-storm (a naive retry loop against package client's retries, through the proxy in overload)")
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
 	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")

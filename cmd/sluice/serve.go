@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -98,8 +101,11 @@ func serveCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if cmd.Flags().Changed("shutdown-timeout") && !cmd.Flags().Changed("drain-grace") {
-				f.server.drainGrace = f.shutdown
+			if cmd.Flags().Changed("shutdown-timeout") {
+				log.Warn("--shutdown-timeout is deprecated: use --drain-grace")
+				if !cmd.Flags().Changed("drain-grace") {
+					f.server.drainGrace = f.shutdown
+				}
 			}
 			ctx, stop := stopContext(baseContext())
 			defer stop()
@@ -113,7 +119,7 @@ func serveCmd() *cobra.Command {
 	fl.StringVar(&f.config, "config", "", "a sluice policy file, an envoyproxy/ratelimit configuration file, or a folder of those (one domain per file); reloaded on SIGHUP and on change")
 	fl.StringVar(&f.listen, "listen", rlsserve.DefaultListen, "gRPC listen address (RateLimitService, or ext_authz under a policy)")
 	fl.StringVar(&f.http, "http", rlsserve.DefaultHTTP, "HTTP listen address ("+rlsserve.JSONPath+" and "+rlsserve.HealthcheckPath+"; under a policy "+serve.DecidePath+" and "+serve.ExtAuthzPrefix+"/)")
-	fl.StringVar(&f.admin, "admin", rlsserve.DefaultAdmin, "admin listen address (/metrics, /healthz; "+rlsserve.RulesPath+", or /v1/gates under a policy)")
+	fl.StringVar(&f.admin, "admin", rlsserve.DefaultAdmin, "admin listen address (/metrics, /healthz, /readyz (503 from the start of a drain); "+rlsserve.RulesPath+", or /v1/gates under a policy)")
 	fl.StringVar(&f.adminToken, "admin-token", "", "policy only: bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN; else, on a loopback --admin only, generated into a file whose path is logged)")
 	fl.StringVar(&f.methodHeader, "method-header", "X-Original-Method", "policy only: header with the original method at "+serve.DecidePath)
 	fl.StringVar(&f.uriHeader, "uri-header", "X-Original-URI", "policy only: header with the original request URI at "+serve.DecidePath)
@@ -124,7 +130,9 @@ func serveCmd() *cobra.Command {
 	fl.StringVar(&f.headers, "headers", "off", "rate limit configuration only: response headers: off, draft (RateLimit-Policy, RateLimit), peer (RateLimit-Limit, -Remaining, -Reset)")
 	fl.BoolVar(&f.shadow, "shadow", false, "rate limit configuration only: global shadow mode (every overall verdict OK; counters and statuses unchanged)")
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "the old name of --drain-grace")
-	fl.MarkDeprecated("shutdown-timeout", "use --drain-grace")
+	// Hidden, and its deprecation logged by the command (not by pflag, which
+	// would print it again in the process keepMonitorAwake starts).
+	fl.MarkHidden("shutdown-timeout")
 	f.server.add(fl, "decision (policy only)")
 	cmd.MarkFlagRequired("config")
 	return cmd
@@ -207,7 +215,69 @@ func rlsOptions(f serveFlags) (rlsserve.Options, error) {
 	if f.redisTimeout <= 0 {
 		return o, fmt.Errorf("--redis-timeout %v: want > 0", f.redisTimeout)
 	}
+	if len(o.Redis) > 0 {
+		if o.RedisUsername, o.RedisPassword, o.RedisTLS, err = redisEnv(os.Getenv); err != nil {
+			return o, err
+		}
+	}
 	return o, nil
+}
+
+// redisEnv reads the peer's Redis settings from the environment (getenv):
+// REDIS_AUTH, "password" or "user:password" (split at the first colon, as
+// the peer does); REDIS_TLS (a boolean) with REDIS_TLS_CACERT (PEM CAs
+// that sign the server's certificate; empty: the system's roots) and
+// REDIS_TLS_CLIENT_CERT with REDIS_TLS_CLIENT_KEY (a client certificate).
+// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION is refused: the server's
+// certificate is verified for the address's host.
+func redisEnv(getenv func(string) string) (user, password string, cfg *tls.Config, err error) {
+	if auth := getenv("REDIS_AUTH"); auth != "" {
+		if u, p, ok := strings.Cut(auth, ":"); ok {
+			user, password = u, p
+		} else {
+			password = auth
+		}
+	}
+	on := false
+	if v := getenv("REDIS_TLS"); v != "" {
+		if on, err = strconv.ParseBool(v); err != nil {
+			return "", "", nil, fmt.Errorf("REDIS_TLS %q: want true or false", v)
+		}
+	}
+	ca, cert, key := getenv("REDIS_TLS_CACERT"), getenv("REDIS_TLS_CLIENT_CERT"), getenv("REDIS_TLS_CLIENT_KEY")
+	if !on {
+		for name, v := range map[string]string{"REDIS_TLS_CACERT": ca, "REDIS_TLS_CLIENT_CERT": cert, "REDIS_TLS_CLIENT_KEY": key} {
+			if v != "" {
+				return "", "", nil, fmt.Errorf("%s is set but REDIS_TLS is not true", name)
+			}
+		}
+		return user, password, nil, nil
+	}
+	if v := getenv("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"); v != "" && v != "false" {
+		return "", "", nil, errors.New("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION is not supported: the server's certificate must hold the address's host")
+	}
+	cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("REDIS_TLS_CACERT: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return "", "", nil, fmt.Errorf("REDIS_TLS_CACERT %s: no PEM certificate in it", ca)
+		}
+	}
+	if (cert == "") != (key == "") {
+		return "", "", nil, errors.New("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY: give both, or neither")
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return user, password, cfg, nil
 }
 
 // runRLS serves an envoyproxy/ratelimit configuration.

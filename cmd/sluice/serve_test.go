@@ -21,6 +21,8 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+
+	"github.com/sluice-go/sluice/internal/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -345,5 +347,77 @@ func TestSecondSignalCutsTheDrainShort(t *testing.T) {
 				t.Fatalf("still running 20 s after the second SIGTERM:\n%s", c.logText())
 			}
 		})
+	}
+}
+
+// `sluice serve --redis` for an envoyproxy/ratelimit configuration takes
+// the peer's Redis credentials and TLS settings from its environment
+// (REDIS_AUTH, REDIS_TLS, REDIS_TLS_CACERT): a managed Redis that wants a
+// password, a user or TLS is reached, and one that wants a password the
+// environment does not give fails the start, saying to set REDIS_AUTH.
+func TestServeRateLimitConfigRedisAuthAndTLS(t *testing.T) {
+	dir := t.TempDir()
+	rename(t, filepath.Join(dir, "edge.yaml"), rlsConfig)
+	decides := func(t *testing.T, addr string) {
+		t.Helper()
+		c := startChild(t, "serve", "--config", dir, "--redis", addr, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+		f := fields(c.waitLine("sluice serve: rate limit service"))
+		resp, err := rlspb.NewRateLimitServiceClient(dial(t, f["grpc"])).ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge",
+			Descriptors: []*descpb.RateLimitDescriptor{{Entries: []*descpb.RateLimitDescriptor_Entry{{Key: "tenant", Value: "a"}}}}})
+		if err != nil || resp.GetOverallCode() != rlspb.RateLimitResponse_OK || resp.GetStatuses()[0].GetLimitRemaining() != 4 {
+			t.Fatalf("a call: %v %v", resp, err)
+		}
+		c.stop()
+	}
+	t.Run("password", func(t *testing.T) {
+		srv := redistest.Start(t, "--requirepass", "s3cret")
+		t.Setenv("REDIS_AUTH", "s3cret")
+		decides(t, srv.Addr)
+		t.Setenv("REDIS_AUTH", "")
+		c := startChild(t, "serve", "--config", dir, "--redis", srv.Addr, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+		c.waitLine("set REDIS_AUTH")
+	})
+	t.Run("user", func(t *testing.T) {
+		srv := redistest.Start(t, "--user", "rl", "on", ">pw", "~*", "&*", "+@all")
+		t.Setenv("REDIS_AUTH", "rl:pw")
+		decides(t, srv.Addr)
+	})
+	t.Run("tls", func(t *testing.T) {
+		srv, _ := redistest.StartTLS(t)
+		t.Setenv("REDIS_TLS", "true")
+		t.Setenv("REDIS_TLS_CACERT", srv.CAFile)
+		decides(t, srv.TLSAddr)
+	})
+}
+
+// The environment's Redis settings, read as the peer reads them; the
+// mistakes are errors naming the variable.
+func TestRedisEnv(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	if u, p, c, err := redisEnv(env("REDIS_AUTH", "pw:with:colons")); u != "pw" || p != "with:colons" || c != nil || err != nil {
+		t.Errorf("user:password: %q %q %v %v", u, p, c, err)
+	}
+	if u, p, _, err := redisEnv(env("REDIS_AUTH", "secret")); u != "" || p != "secret" || err != nil {
+		t.Errorf("password: %q %q %v", u, p, err)
+	}
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"REDIS_TLS", "yes please"}, "REDIS_TLS"},
+		{[]string{"REDIS_TLS_CACERT", "ca.pem"}, "REDIS_TLS is not true"},
+		{[]string{"REDIS_TLS", "true", "REDIS_TLS_CACERT", "/nonexistent/ca.pem"}, "REDIS_TLS_CACERT"},
+		{[]string{"REDIS_TLS", "true", "REDIS_TLS_CLIENT_CERT", "c.pem"}, "give both"},
+		{[]string{"REDIS_TLS", "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"}, "not supported"},
+	} {
+		if _, _, _, err := redisEnv(env(tc.env...)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.env, err, tc.want)
+		}
 	}
 }

@@ -114,11 +114,16 @@ func TestShareKeepsTheConnectionOnlyForTheSameCredentials(t *testing.T) {
 // store's prefix, reading TIME) is checked at New: a user without it is
 // refused with Redis' NOPERM, not started to fail every decision.
 func TestUserWithoutTheRightsIsRefused(t *testing.T) {
-	srv := redistest.Start(t, "--user", "keys", "on", ">pw", "~other:*", "&*", "+@all",
-		"--user", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-eval")
-	for _, user := range []string{"keys", "noscripts"} {
+	args := []string{"--user", "keys", "on", ">pw", "~other:*", "&*", "+@all"}
+	denied := map[string]string{"noeval": "", "noevalsha": "", "notime": "TIME", "noset": "SET", "nozadd": "ZADD", "nohash": "HSET HGET"}
+	for user, cmds := range map[string]string{"noeval": "-eval", "noevalsha": "-evalsha", "notime": "-time", "noset": "-set",
+		"nozadd": "-zadd", "nohash": "-hset -hget"} {
+		args = append(append(args, "--user", user, "on", ">pw", "~*", "&*", "+@all"), strings.Fields(cmds)...)
+	}
+	srv := redistest.Start(t, args...)
+	for _, user := range []string{"keys", "noeval", "noevalsha", "notime", "noset", "nozadd", "nohash"} {
 		msg := refused(t, Options{Addrs: []string{srv.Addr}, Username: user, Password: "pw"})
-		if !strings.Contains(msg, "NOPERM") || !strings.Contains(msg, "refused") {
+		if !strings.Contains(msg, "NOPERM") || !strings.Contains(msg, "refused") || !strings.Contains(msg, denied[user]) {
 			t.Errorf("user %s: %s", user, msg)
 		}
 	}
@@ -170,4 +175,36 @@ func TestRefusalAfterStartIsTheDecisionsError(t *testing.T) {
 	if !errors.Is(last, store.ErrUnavailable) || !strings.Contains(last.Error(), "NOAUTH") {
 		t.Errorf("the decision's error: %v", last)
 	}
+}
+
+// A user who may not PING or SCRIPT LOAD has what the calls need (EVALSHA,
+// EVAL when Redis lost the script): New takes it, and its store recovers
+// from a Redis restart (the probe loads no script, the calls send EVAL) and
+// does not open its breaker on one slow call (the check's PING is denied,
+// and answered).
+func TestUserWithoutPingOrScriptLoadRecovers(t *testing.T) {
+	srv := redistest.Start(t, "--user", "u", "on", ">pw", "~*", "&*", "+@all", "-ping", "-script|load")
+	st, err := New(Options{Addrs: []string{srv.Addr}, Username: "u", Password: "pw", Timeout: 100 * time.Millisecond,
+		ProbeEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim, _ := bind(st)(TokenBucket("acl", must(limit.NewTokenBucket(limit.PerSecond(1), 100))))
+	take := func() error {
+		_, _, err := lim.Take(context.Background(), "k", 0, 1, 0)
+		return err
+	}
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do("CLIENT", "PAUSE", "300")
+	take() // times out: the check that follows is a PING, denied, and answered
+	time.Sleep(400 * time.Millisecond)
+	if st.breaker.open.Load() {
+		t.Error("the breaker opened on one slow call: the denied PING was taken for a dead Redis")
+	}
+	srv.Restart()
+	srv.Do("ACL", "SETUSER", "u", "on", ">pw", "~*", "&*", "+@all", "-ping", "-script|load")
+	poll.Until(t, 10*time.Second, func() bool { return take() == nil })
 }

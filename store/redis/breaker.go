@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -316,11 +317,23 @@ func (s *Store) confirm(b *breaker) {
 		if brokenConn(ctx, err) { // a stale connection: the retry dials a new one
 			err = node.Do(ctx, node.B().Ping().Build()).Error()
 		}
-		if err != nil {
+		if !answered(err) {
 			s.trip(b, fmt.Errorf("PING %s: %w", b.name(), err))
 			return
 		}
 	}
+}
+
+// answered reports whether err, a command's, means its node answered:
+// nil, or the user's ACL denying that one command (NOPERM). A user who may
+// not PING, or SCRIPT LOAD (the calls fall back to EVAL), has an answering
+// Redis all the same; New's check found the commands the calls need.
+func answered(err error) bool {
+	if err == nil {
+		return true
+	}
+	re, reply := rueidis.IsRedisErr(err)
+	return reply && strings.HasPrefix(re.Error(), "NOPERM")
 }
 
 // brokenConn reports whether err, from a call under ctx, is a connection
@@ -373,6 +386,9 @@ func (s *Store) probe(b *breaker) {
 			// the retry the breaker would wait another interval for nothing.
 			err = loadScripts(ctx, node)
 		}
+		if answered(err) {
+			err = nil // loaded, or the user may not load them: the calls send EVAL
+		}
 		if err != nil {
 			break
 		}
@@ -382,9 +398,30 @@ func (s *Store) probe(b *breaker) {
 		s.reopen(b, fmt.Errorf("loading the scripts on %s: %w", b.name(), err))
 		return
 	}
+	for _, node := range nodes {
+		s.warm(ctx, node)
+	}
+	cn.lanes.dropIdle()
 	b.closedAt.Store(int64(s.opts.Clock.Now()))
 	b.open.Store(false)
 	s.journal.kick()
+}
+
+// warm sends a few reads to node once a probe found it again, so that the
+// client's connections to it that Redis ended meanwhile (after a restart,
+// or a CLIENT KILL) fail on them rather than on a decision: rueidis keeps
+// several connections per node (PipelineMultiplex) and sends each keyed
+// command on one at random, and an idle one learns it is dead only when a
+// command fails on it (then it is replaced). Eight reads find each of two
+// connections with probability 1 − 2⁻⁸ (one that fails is replaced, and
+// the reads go on).
+func (s *Store) warm(ctx context.Context, node rueidis.Client) {
+	cmd := node.B().Exists().Key(s.opts.Prefix + ":{warm}").Build().Pin()
+	for range 8 {
+		if node.Do(ctx, cmd); ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // loadScripts loads every script on node and returns the first error.

@@ -83,7 +83,7 @@ func (ls *lanes) open(client rueidis.Client, timeout time.Duration) {
 	cancel()
 	ls.mu.Lock()
 	ls.opening = false
-	if err != nil || ls.closed {
+	if !answered(err) || ls.closed { // a reply (PING denied by the user's ACL) is an answer
 		ls.mu.Unlock()
 		release()
 		return
@@ -115,6 +115,29 @@ func (ls *lanes) put(l *lane, err error) {
 	// Given back in the background: rueidis may send a command on a
 	// connection it takes back (to end subscriptions), which a paused
 	// Redis would not answer.
+	ls.wg.Add(1)
+	ls.mu.Unlock()
+	go func() {
+		defer ls.wg.Done()
+		for _, d := range drop {
+			d.release()
+		}
+	}()
+}
+
+// dropIdle gives every idle lane back to the client (in the background,
+// as put does): a probe that found Redis again calls it, since lanes
+// opened before the failure (a restart, connections Redis ended) would
+// each fail their first command, one decision each on the failure policy.
+func (ls *lanes) dropIdle() {
+	ls.mu.Lock()
+	if len(ls.idle) == 0 || ls.closed { // closing: close gives them back
+		ls.mu.Unlock()
+		return
+	}
+	drop := ls.idle
+	ls.idle = nil
+	ls.held -= len(drop)
 	ls.wg.Add(1)
 	ls.mu.Unlock()
 	go func() {

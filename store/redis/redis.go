@@ -342,21 +342,64 @@ func (s *Store) dial() error {
 }
 
 // check runs, once the store has connected, what its calls need of the
-// server's access control: a script (EVAL) on a key of the store's prefix
-// that reads TIME. A user whose ACL lacks any of it (NOPERM) would have
-// every decision fail from the first, each a log line saying only that
-// Redis is unavailable; New refuses it instead. A check that times out or
-// fails otherwise is left to the calls (the breaker's to judge).
+// server's access control: a script (EVALSHA, EVAL when Redis does not
+// hold it yet) on keys of the store's prefix that runs each command the
+// store's scripts run. A user whose ACL lacks any of it would have every
+// decision fail from the first, each a log line saying only that Redis is
+// unavailable; New refuses it instead, naming what is denied. A check
+// that times out or fails otherwise is left to the calls (the breaker's
+// to judge).
 func (s *Store) check() error {
 	cn := s.conn.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.Timeout, time.Second))
 	defer cancel()
-	key := s.opts.Prefix + ":{check}"
-	err := cn.client.Do(ctx, cn.client.B().Eval().Script(clockLua).Numkeys(1).Key(key).Build()).Error()
-	if err != nil && refusal(err) {
-		return &unavailable{err}
+	p := s.opts.Prefix + ":{check}"
+	res := checkScript.Exec(ctx, cn.client, []string{p + ":s", p + ":h", p + ":z"}, nil)
+	if err := res.Error(); err != nil {
+		if refusal(err) {
+			return &unavailable{err}
+		}
+		return nil
+	}
+	if denied, _ := res.ToString(); denied != "" {
+		return &unavailable{&aclError{denied}}
 	}
 	return nil
+}
+
+// checkScript runs every command of the store's scripts (store/redis/lua)
+// on three keys of the check's own (a string, a hash, a sorted set), each
+// under redis.pcall, and answers those the user may not run ("" when
+// none); it leaves nothing behind.
+var checkScript = rueidis.NewLuaScript(`
+local s, h, z = KEYS[1], KEYS[2], KEYS[3]
+local calls = {
+  {'TIME'}, {'SET', s, '0', 'PX', '10000'}, {'GET', s}, {'INCRBY', s, '0'}, {'DECRBY', s, '0'},
+  {'EXISTS', s}, {'PEXPIRE', s, '10000'}, {'SET', s, '0', 'KEEPTTL'},
+  {'HSET', h, 'f', '0'}, {'HGET', h, 'f'}, {'HMGET', h, 'f'}, {'HINCRBY', h, 'f', '0'}, {'HGETALL', h}, {'HDEL', h, 'f'},
+  {'ZADD', z, '0', 'm'}, {'ZRANGE', z, '0', '0'}, {'ZRANGEBYSCORE', z, '0', '0', 'WITHSCORES'},
+  {'ZREVRANGEBYSCORE', z, '0', '0', 'LIMIT', '0', '1'}, {'ZREM', z, 'm'}, {'ZREMRANGEBYSCORE', z, '1', '0'},
+  {'DEL', s, h, z},
+}
+local denied, seen = {}, {}
+for _, c in ipairs(calls) do
+  local r = redis.pcall(unpack(c))
+  if type(r) == 'table' and r.err and not seen[c[1]] then
+    local m = string.lower(r.err)
+    if string.find(m, 'perm', 1, true) or string.find(m, "can't run", 1, true) or string.find(m, 'acl', 1, true) then
+      denied[#denied + 1] = c[1]
+      seen[c[1]] = true
+    end
+  end
+end
+return table.concat(denied, ' ')
+`)
+
+// aclError is check's finding: the commands the user may not run.
+type aclError struct{ denied string }
+
+func (e *aclError) Error() string {
+	return "NOPERM the user may not run " + e.denied + " (which the store's scripts run): grant them, e.g. +@read +@write +@scripting +time"
 }
 
 // tlsAlert looks, after a TLS dial failed with err other than a refusal,
@@ -394,29 +437,50 @@ func (s *Store) tlsAlert(err error) error {
 var ErrRefused = errors.New("redis: the server refused the store's credentials or TLS settings")
 
 // refusal reports whether a dial's error is Redis refusing the store's
-// settings, not an outage: its credentials (WRONGPASS, NOAUTH, NOPERM, a
-// password sent for the default user of a server that has none), or a
-// TLS server whose certificate does not verify, that refuses the store's
-// (or its lack of one), or a TLS answer that is not TLS. No probe would do
-// better; New reports it. (A plain server sent TLS waits for the rest of
-// a command and answers nothing: that reads as an outage.)
-func refusal(err error) bool {
+// settings, not an outage (see RefusalOf). No probe would do better; New
+// reports it. (A plain server sent TLS waits for the rest of a command and
+// answers nothing: that reads as an outage.)
+func refusal(err error) bool { return RefusalOf(err) != NotRefused }
+
+// Refusal is what of a store's settings Redis refused (ErrRefused).
+type Refusal int
+
+const (
+	NotRefused  Refusal = iota // not a refusal: an outage, or no error
+	Credentials                // the password or user (WRONGPASS, NOAUTH; a password for a default user that has none)
+	Permissions                // the user's ACL: a command or key the store's scripts need (NOPERM)
+	TLS                        // the TLS handshake: a certificate that does not verify, the server's alert (one it requires), an answer that is not TLS
+)
+
+// RefusalOf returns what of the store's settings err (New's, or a call's)
+// says Redis refused.
+func RefusalOf(err error) Refusal {
+	if err == nil {
+		return NotRefused
+	}
+	if errors.As(err, new(*aclError)) {
+		return Permissions
+	}
 	var re *rueidis.RedisError
 	if errors.As(err, &re) {
 		msg := re.Error()
-		for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM"} {
-			if strings.HasPrefix(msg, p) {
-				return true
-			}
+		switch {
+		case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"), strings.Contains(msg, "without any password configured"):
+			return Credentials
+		case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "user executing the script can't run"): // the latter: Redis 6 and 7.0, inside a script
+			return Permissions
 		}
-		return strings.Contains(msg, "without any password configured")
+		return NotRefused
 	}
 	var verify *tls.CertificateVerificationError
 	var header tls.RecordHeaderError
 	var op *net.OpError
 	// "remote error": the server's TLS alert (a certificate it requires,
 	// or refuses; a version or cipher it does not speak).
-	return errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &op) && op.Op == "remote error"
+	if errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &op) && op.Op == "remote error" {
+		return TLS
+	}
+	return NotRefused
 }
 
 // setConn starts using c, learning the Cluster's slot map.

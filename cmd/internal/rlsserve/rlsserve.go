@@ -27,6 +27,7 @@ package rlsserve
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -91,6 +92,12 @@ type Options struct {
 	// RedisTimeout bounds the store work of one call, and each Redis call.
 	// Default rls.DefaultTimeout.
 	RedisTimeout time.Duration
+	// RedisUsername and RedisPassword authenticate to Redis (AUTH, or an
+	// ACL user), RedisTLS secures its connections (nil: plain); the
+	// command takes them from the peer's REDIS_AUTH and REDIS_TLS*
+	// environment variables.
+	RedisUsername, RedisPassword string
+	RedisTLS                     *tls.Config
 	// OnFailure, Headers and ShadowMode are rls.Options'.
 	OnFailure  rls.FailurePolicy
 	Headers    rls.HeaderStyle
@@ -171,11 +178,15 @@ func New(opts Options) (*Server, error) {
 	ro := rls.Options{Timeout: opts.RedisTimeout, OnFailure: opts.OnFailure, Headers: opts.Headers,
 		ShadowMode: opts.ShadowMode, Registry: s.reg, Clock: opts.Clock}
 	if len(opts.Redis) > 0 {
-		so := sredis.Options{Addrs: opts.Redis, Timeout: opts.RedisTimeout, Prefix: opts.RedisPrefix}
+		so := sredis.Options{Addrs: opts.Redis, Timeout: opts.RedisTimeout, Prefix: opts.RedisPrefix,
+			Username: opts.RedisUsername, Password: opts.RedisPassword, TLS: opts.RedisTLS}
 		if opts.Clock != nil {
 			so.DecisionClock = opts.Clock
 		}
 		if s.store, err = sredis.New(so); err != nil {
+			if sredis.RefusalOf(err) == sredis.Credentials && opts.RedisPassword == "" {
+				err = fmt.Errorf("%w (the server wants a password: set REDIS_AUTH)", err)
+			}
 			return nil, err
 		}
 		ro.Redis = s.store
