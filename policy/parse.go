@@ -38,6 +38,10 @@ func Parse(path string, data []byte) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if yamlfile.HasKey(doc, "domain") && !yamlfile.HasKey(doc, "gates") && !yamlfile.HasKey(doc, "version") {
+		return nil, Errors{{File: path, Line: doc.Line, Field: "(file)",
+			Msg: "an envoyproxy/ratelimit configuration (it names a domain), not a sluice policy: serve it with sluice serve --config, check it with sluice check"}}
+	}
 	p := &parser{Walker: yamlfile.Walker{File: path}}
 	f := p.file(doc)
 	if err := p.Err(); err != nil {

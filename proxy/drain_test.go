@@ -185,15 +185,18 @@ func TestDrainDelayKeepsAccepting(t *testing.T) {
 	})
 	h.stop()
 	poll.Until(t, 10*time.Second, func() bool { return status(t, h.admin+"/readyz") == 503 })
-	for i := range 3 { // new connections, each served
+	for i := range 3 { // new connections, each served, and closed after its answer
 		c, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
 		if err != nil {
 			t.Fatalf("a connection during the drain delay: %v", err)
 		}
-		fmt.Fprintf(c, "GET /fresh/%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", i)
+		fmt.Fprintf(c, "GET /fresh/%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("a request during the drain delay: %v %v", resp, err)
+		}
+		if !resp.Close {
+			t.Errorf("an answer during the drain delay keeps its connection alive: %v", resp.Header)
 		}
 		c.Close()
 	}

@@ -71,6 +71,8 @@ type fastServer struct {
 	ups    conns    // the upstream's connections, for Close
 	closed chan struct{}
 	gone   goneWatch // clients gone while their requests wait
+	// draining: every answer closes its connection (the drain delay).
+	draining atomic.Bool
 	// sessions resumes TLS sessions to an https upstream (the pool's new
 	// connections, upgrades), unless its TLS configuration has a cache.
 	sessions tls.ClientSessionCache
@@ -129,6 +131,12 @@ func (s *Server) newFast() *fastServer {
 	}
 	return f
 }
+
+// SetKeepAlivesEnabled(false) makes every answer from now on close its
+// connection ("Connection: close"), as net/http's server does: a drain
+// delay sends the clients' pooled connections elsewhere one by one, each
+// after an answer, rather than cutting them all when the delay ends.
+func (f *fastServer) SetKeepAlivesEnabled(v bool) { f.draining.Store(!v) }
 
 // serve serves ln with deadlines kept coarse (coarseConn).
 func (f *fastServer) serveOn(ln net.Listener) error { return f.srv.Serve(coarseListener{ln}) }
@@ -423,6 +431,9 @@ var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-
 
 // serve is the proxy's request handler.
 func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
+	if f.draining.Load() {
+		defer ctx.SetConnectionClose()
+	}
 	s := f.s
 	if string(ctx.Request.Header.RequestURI()) == "*" && ctx.IsOptions() {
 		// Asterisk form (RFC 9112 section 3.2.4) asks about the server,

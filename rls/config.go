@@ -362,6 +362,10 @@ func Parse(path string, data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !yamlfile.HasKey(doc, "domain") && yamlfile.HasKey(doc, "gates") {
+		return nil, yamlfile.Errors{{File: path, Line: doc.Line, Field: "(file)",
+			Msg: "a sluice policy (it has gates), not an envoyproxy/ratelimit configuration: check or serve it by its own name (a folder is read as a rate limit configuration)"}}
+	}
 	p := &parser{Walker: yamlfile.Walker{File: path}}
 	if doc, err = p.expand(doc); err != nil {
 		return nil, err

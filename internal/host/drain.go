@@ -147,7 +147,13 @@ func (h *Host) Shutdown(srv Stopper, tr *Tracker, server string, d Drain) int {
 		after = time.After
 	}
 	if d.Delay > 0 {
-		h.log.Info("drain: still accepting while load balancers see /readyz 503", "server", server, "drain_delay", d.Delay)
+		// Answers close their connections from now on: a client's pooled
+		// connection goes to another server after its next answer, not cut
+		// with the others when the delay ends.
+		if ka, ok := srv.(interface{ SetKeepAlivesEnabled(bool) }); ok {
+			ka.SetKeepAlivesEnabled(false)
+		}
+		h.log.Info("drain: still accepting while load balancers see /readyz 503; answers close their connections", "server", server, "drain_delay", d.Delay)
 		<-after(d.Delay)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -92,6 +92,19 @@ func Document(path string, data []byte, what string) (*yaml.Node, error) {
 	return doc.Content[0], nil
 }
 
+// HasKey reports whether n is a mapping with key among its keys.
+func HasKey(n *yaml.Node, key string) bool {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return true
+		}
+	}
+	return false
+}
+
 // syntaxError returns the line the YAML parser reports and its message
 // without "yaml: line N:".
 func syntaxError(err error) (int, string) {
