@@ -16,11 +16,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluice-go/sluice/internal/leakcheck"
+
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/metrics"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakcheck.Ignore()...) }
 
 const livePolicy = `version: 1
 identity: {tenant: {header: X-Api-Key}}
