@@ -246,6 +246,9 @@ func TestDrainGraceCutsAndCountsLongRequests(t *testing.T) {
 	if !strings.Contains(log, "request cut") || !strings.Contains(log, "path=/slow/long") || !strings.Contains(log, "requests_cut=1") {
 		t.Fatalf("the cut is not logged:\n%s", log)
 	}
+	if strings.Contains(log, "upstream request failed") {
+		t.Errorf("the cut is logged as the upstream's failure:\n%s", log)
+	}
 }
 
 // upgraded opens an upgrade to the harness's echo and checks it echoes.

@@ -73,6 +73,9 @@ type fastServer struct {
 	gone   goneWatch // clients gone while their requests wait
 	// draining: every answer closes its connection (the drain delay).
 	draining atomic.Bool
+	// cut: Close cut the connections left (the drain's grace ran out); an
+	// upstream call that fails from then on is the drain's doing.
+	cut atomic.Bool
 	// sessions resumes TLS sessions to an https upstream (the pool's new
 	// connections, upgrades), unless its TLS configuration has a cache.
 	sessions tls.ClientSessionCache
@@ -148,6 +151,7 @@ func (f *fastServer) Shutdown(ctx context.Context) error { return f.srv.Shutdown
 // Close closes every connection left: the clients', and the upstream's,
 // so that the requests the drain cuts end their upstream calls too.
 func (f *fastServer) Close() error {
+	f.cut.Store(true)
 	f.conns.Range(func(c, _ any) bool {
 		c.(net.Conn).Close()
 		return true
@@ -807,7 +811,9 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admis
 		err = context.DeadlineExceeded
 	}
 	s := f.s
-	if now := time.Now().UnixNano(); now-s.lastUpstreamLog.Load() > int64(time.Second) {
+	// A call the drain cut is logged as cut (host.Shutdown), not as the
+	// upstream's failure.
+	if now := time.Now().UnixNano(); !f.cut.Load() && now-s.lastUpstreamLog.Load() > int64(time.Second) {
 		s.lastUpstreamLog.Store(now)
 		s.log.Warn("upstream request failed (logged at most once per second)", "path", string(ctx.Request.URI().Path()), "err", err)
 	}

@@ -324,7 +324,9 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	if upstreamTimedOut(err) {
 		err = context.DeadlineExceeded
 	}
-	gone := errors.Is(err, context.Canceled) && r.Context().Err() != nil
+	// A client gone, or a call the drain cut (logged as cut), is not the
+	// upstream's failure.
+	gone := errors.Is(err, context.Canceled) && (r.Context().Err() != nil || s.cut.Err() != nil)
 	if now := time.Now().UnixNano(); !gone && now-s.lastUpstreamLog.Load() > int64(time.Second) {
 		s.lastUpstreamLog.Store(now)
 		s.log.Warn("upstream request failed (logged at most once per second)", "path", r.URL.Path, "err", err)
