@@ -162,7 +162,7 @@ func (a *Admission) Done(ctx context.Context, status int, cancelled bool) {
 // reason deadline when err is context.DeadlineExceeded, 502 with reason
 // upstream otherwise). reqHeader is the request's (the request id).
 func (m *Middleware) RenderUpstreamError(f Fields, reqHeader http.Header, err error) Rejection {
-	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: true}
+	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: !neverSent(err)}
 	if errors.Is(err, context.DeadlineExceeded) {
 		d.Reason = sluice.ReasonDeadline
 	}

@@ -268,12 +268,23 @@ func (m *Middleware) UpstreamError(w http.ResponseWriter, r *http.Request, err e
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // nobody reads a response
 	}
-	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: true}
+	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: !neverSent(err)}
 	if errors.Is(err, context.DeadlineExceeded) {
 		d.Reason = sluice.ReasonDeadline
 	}
 	var req sluice.Request
 	m.reject(w, r, m.state.Load(), &d, &req, "")
+}
+
+// neverSent reports whether err, an upstream call's, failed before the
+// request could reach the upstream: no connection was made (the dial was
+// refused, timed out, or its name did not resolve). The answer then says
+// the work had no effect (effect_possible false): a client may retry even
+// what is not idempotent.
+func neverSent(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &dns)
 }
 
 // Invalid answers a request the caller got wrong before it reached the

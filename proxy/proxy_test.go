@@ -391,10 +391,11 @@ gates:
 		hdr            map[string]string
 		status         int
 		reason, id     string
+		effect         bool // a refused connection sent nothing: no effect possible
 	}{
-		{"refused", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-1"}, 502, "upstream", "abc-1"},
-		{"not utf-8", "http://127.0.0.1:1", map[string]string{"X-Trace": "\xff\xfe\"\\", "X-Request-Id": "other"}, 502, "upstream", ""},
-		{"deadline", hang.URL, map[string]string{"X-Trace": "abc-2", "X-Request-Timeout": "20ms"}, 504, "deadline", "abc-2"},
+		{"refused", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-1"}, 502, "upstream", "abc-1", false},
+		{"not utf-8", "http://127.0.0.1:1", map[string]string{"X-Trace": "\xff\xfe\"\\", "X-Request-Id": "other"}, 502, "upstream", "", false},
+		{"deadline", hang.URL, map[string]string{"X-Trace": "abc-2", "X-Request-Timeout": "20ms"}, 504, "deadline", "abc-2", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			u, _ := url.Parse(c.upstream)
@@ -425,7 +426,7 @@ gates:
 				t.Fatalf("invalid JSON %q: %v", body, err)
 			}
 			id := resp.Header.Get("X-Trace")
-			if resp.StatusCode != c.status || env.Error.Reason != c.reason || !env.Error.EffectPossible || env.Error.RequestID != id || id == "" ||
+			if resp.StatusCode != c.status || env.Error.Reason != c.reason || env.Error.EffectPossible != c.effect || env.Error.RequestID != id || id == "" ||
 				(c.id != "" && id != c.id) || resp.Header.Get("X-Request-Id") != "" {
 				t.Fatalf("%d %s (X-Trace %q)", resp.StatusCode, body, id)
 			}
