@@ -15,11 +15,18 @@ import (
 // Limit is the gate's quota in Unit (the burst of a bucket, the limit of a
 // window or of a concurrency gate) and WindowSeconds the exact time a used
 // quota takes to come back (0 for concurrency).
+//
+// A bucket (token_bucket, gcra) also shows in the policy's own terms:
+// RatePerSecond, its sustained rate (tokens/s), and Burst (= Limit; the
+// window is the time an empty bucket takes to fill).
 type gateState struct {
 	Name          string  `json:"name"`
+	Kind          string  `json:"kind,omitempty"`
 	Mode          string  `json:"mode"`
 	Limit         int64   `json:"limit,omitempty"`
 	WindowSeconds float64 `json:"window_seconds,omitempty"`
+	RatePerSecond float64 `json:"rate_per_second,omitempty"`
+	Burst         int64   `json:"burst,omitempty"`
 	Unit          string  `json:"unit,omitempty"`
 	// State is what a protection gate is doing now (ladder level, shed
 	// fraction), for gates that report one.
@@ -121,15 +128,24 @@ func (s *Host) gateStates() []gateState {
 	for _, p := range c.Policies() {
 		policies[p.Name] = p
 	}
+	kinds := map[string]string{}
+	s.mu.Lock()
+	for _, g := range s.rt.File.Gates {
+		kinds[g.Name] = g.Kind
+	}
+	s.mu.Unlock()
 	var out []gateState
 	for _, g := range c.Gates() {
 		m, _ := c.Mode(g.Name())
-		st := gateState{Name: g.Name(), Mode: m.String()}
+		st := gateState{Name: g.Name(), Kind: kinds[g.Name()], Mode: m.String()}
 		if p, ok := policies[g.Name()]; ok {
 			st.Limit, st.WindowSeconds = p.Quota, p.Window.Seconds()
 			st.Unit = "requests"
 			if p.Unit == sluice.UnitConcurrentRequests {
 				st.Unit = "concurrent-requests"
+			}
+			if (st.Kind == "token_bucket" || st.Kind == "gcra") && p.Window > 0 {
+				st.RatePerSecond, st.Burst = float64(p.Quota)/p.Window.Seconds(), p.Quota
 			}
 		}
 		if a, ok := sluice.As[sluice.StateReporter](g); ok {

@@ -210,3 +210,31 @@ func TestLiveBeforeAnyTraffic(t *testing.T) {
 		}
 	}
 }
+
+// /v1/gates shows each gate's kind, and a bucket in the policy's own terms
+// (rate and burst) beside its quota over the time it takes to fill.
+func TestGatesShowBucketsAsRateAndBurst(t *testing.T) {
+	_, _, admin := newLiveHost(t)
+	w := get(t, admin, "/v1/gates", map[string]string{"Authorization": "Bearer secret"})
+	var gates []gateState
+	if err := json.Unmarshal(w.Body.Bytes(), &gates); err != nil || w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	want := map[string]gateState{
+		"request-rate": {Name: "request-rate", Kind: "token_bucket", Mode: "enforce", Limit: 3, WindowSeconds: 3 * 3600,
+			RatePerSecond: 1.0 / 3600, Burst: 3, Unit: "requests"},
+		"pool": {Name: "pool", Kind: "concurrency", Mode: "enforce", Limit: 5, Unit: "concurrent-requests"},
+	}
+	for _, g := range gates {
+		if w, ok := want[g.Name]; ok {
+			g.State = nil
+			if g != w {
+				t.Errorf("%+v, want %+v", g, w)
+			}
+			delete(want, g.Name)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("missing: %v", want)
+	}
+}

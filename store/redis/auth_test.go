@@ -76,6 +76,11 @@ func TestPasswordUserAndTLS(t *testing.T) {
 		if msg := refused(t, Options{Addrs: []string{srv.TLSAddr}, TLS: &tls.Config{}}); !strings.Contains(msg, "certificate") {
 			t.Errorf("a certificate the system's roots do not verify: %s", msg)
 		}
+		// A plain store sent to the TLS port reads a reset: refused, saying
+		// the server speaks TLS.
+		if msg := refused(t, Options{Addrs: []string{srv.TLSAddr}}); !strings.Contains(msg, "speaks TLS") {
+			t.Errorf("no TLS settings for a TLS server: %s", msg)
+		}
 	})
 }
 

@@ -88,6 +88,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -402,35 +403,51 @@ func (e *aclError) Error() string {
 	return "NOPERM the user may not run " + e.denied + " (which the store's scripts run): grant them, e.g. +@read +@write +@scripting +time"
 }
 
-// tlsAlert looks, after a TLS dial failed with err other than a refusal,
-// for an alert of the first server refusing the store's TLS settings, and
-// returns it (as unavailable) if there is one. Under TLS 1.3 the server
-// judges the client's certificate (or its lack of one) after the client's
-// side of the handshake is done: its alert may come after the client
-// wrote its first command, and the client then reads a reset connection,
-// an outage's error. A connection that does only the handshake and reads
-// gets the alert.
+// tlsAlert looks again, after a dial failed with err other than a
+// refusal or a timeout (a reset, an EOF), at what the first server speaks,
+// and returns (as unavailable) the refusal it finds, if any:
+//   - with TLS, the server's alert refusing the store's TLS settings. Under
+//     TLS 1.3 the server judges the client's certificate (or its lack of
+//     one) after the client's side of the handshake is done: its alert may
+//     come after the client wrote its first command, and the client then
+//     reads a reset connection, an outage's error. A connection that does
+//     only the handshake and reads gets the alert.
+//   - without TLS, a server that completes a TLS handshake (its
+//     certificate unchecked: the question is only whether it speaks TLS),
+//     which a plain client reads as a reset.
 func (s *Store) tlsAlert(err error) error {
-	if s.opts.TLS == nil {
+	u := (*unavailable)(nil)
+	if !errors.As(err, &u) || refusal(u.err) || errors.Is(u.err, os.ErrDeadlineExceeded) || errors.Is(u.err, context.DeadlineExceeded) {
 		return nil
 	}
-	if u := (*unavailable)(nil); !errors.As(err, &u) || refusal(u.err) {
+	if ne := net.Error(nil); errors.As(u.err, &ne) && ne.Timeout() {
 		return nil
 	}
-	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: s.opts.TLS}
+	cfg := s.opts.TLS
+	if cfg == nil {
+		cfg = &tls.Config{InsecureSkipVerify: true}
+	}
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: cfg}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	c, err := d.DialContext(ctx, "tcp", s.opts.Addrs[0])
+	if err == nil && s.opts.TLS == nil {
+		c.Close()
+		return &unavailable{errSpeaksTLS}
+	}
 	if err == nil {
 		c.SetReadDeadline(time.Now().Add(time.Second))
 		_, err = c.Read(make([]byte, 1))
 		c.Close()
 	}
-	if err != nil && refusal(err) {
+	if err != nil && s.opts.TLS != nil && refusal(err) {
 		return &unavailable{err}
 	}
 	return nil
 }
+
+// errSpeaksTLS is tlsAlert's finding for a store without TLS.
+var errSpeaksTLS = errors.New("the server speaks TLS, and the store was given no TLS settings")
 
 // ErrRefused is New's error when Redis refused the store's settings (see
 // refusal): wrong credentials, a certificate that does not verify.
@@ -460,6 +477,9 @@ func RefusalOf(err error) Refusal {
 	}
 	if errors.As(err, new(*aclError)) {
 		return Permissions
+	}
+	if errors.Is(err, errSpeaksTLS) {
+		return TLS
 	}
 	var re *rueidis.RedisError
 	if errors.As(err, &re) {
