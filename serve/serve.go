@@ -120,6 +120,12 @@ type Options struct {
 	DrainDelay time.Duration
 	// DrainAfter, if set, replaces time.After for the drain grace (tests).
 	DrainAfter func(time.Duration) <-chan time.Time
+	// KeepOpen leaves the runtime (the chain, its Redis client, its
+	// leases) open when Run returns; the caller closes it with Close once
+	// nothing decides with the chain any more. A caller that serves the
+	// chain on a listener of its own too (the command's gRPC ext_authz)
+	// drains both at once, within one grace, and closes after both.
+	KeepOpen bool
 }
 
 // Server is a decision service. Its methods are safe for concurrent use.
@@ -259,7 +265,11 @@ type listener struct {
 // counted), then the admin listener (/healthz 200 until then) shuts down
 // and the runtime closes.
 func (s *Server) Run(ctx context.Context) error {
-	defer s.host.Close()
+	defer func() {
+		if !s.opts.KeepOpen {
+			s.host.Close()
+		}
+	}()
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	at := s.opts.AdminTimeout
 	ls := []*listener{

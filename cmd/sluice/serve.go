@@ -328,7 +328,8 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		return err
 	}
 	opts := serve.Options{Config: f.config, HTTP: f.http, Admin: f.admin, AdminToken: f.adminToken, Logger: log,
-		AccessLog: al, ProblemDetails: f.server.problemDetails, DrainGrace: f.server.drainGrace} // the drain delay is below, for gRPC and HTTP at once
+		AccessLog: al, ProblemDetails: f.server.problemDetails, DrainGrace: f.server.drainGrace, // the drain delay is below, for gRPC and HTTP at once
+		KeepOpen: true} // closed below, once gRPC and HTTP have both drained
 	opts.Decision.MethodHeader, opts.Decision.URIHeader = f.methodHeader, f.uriHeader
 	if opts.AdminToken == "" {
 		opts.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
@@ -357,8 +358,8 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	log.Info("sluice serve: ext_authz gRPC", "grpc", lis.Addr().String())
 	reloadOnHUP(ctx, s.Reload, log, f.config)
 
-	// The gRPC server stops first (gracefully, within the bound), while
-	// the chain it decides with is still open; then the HTTP listeners.
+	// The gRPC server and the HTTP listeners drain at once, within one
+	// grace; the chain they decide with closes after both.
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
 	httpDone := make(chan error, 1)
@@ -378,11 +379,17 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		log.Info("sluice serve draining: /readyz answers 503; still accepting while load balancers see it", "drain_delay", d)
 		time.Sleep(d) // both listeners go on serving
 	}
-	gracefulStop(gs, f.server.drainGrace, log)
+	grpcStopped := make(chan struct{})
+	go func() {
+		gracefulStop(gs, f.server.drainGrace, log)
+		close(grpcStopped)
+	}()
 	stopHTTP()
 	if !httpEnded {
 		httpErr = <-httpDone
 	}
+	<-grpcStopped
+	s.Close()
 	if grpcErr != nil && !errors.Is(grpcErr, grpc.ErrServerStopped) {
 		return logStartErrors(cmd, log, grpcErr)
 	}
