@@ -18,6 +18,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
@@ -355,6 +357,8 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	}
 	gs := grpc.NewServer(rlsserve.ServerOptions(runtime.GOMAXPROCS(0))...)
 	extauthz.Register(gs, ext)
+	hlth := health.NewServer() // grpc.health.v1: SERVING until the drain starts
+	healthpb.RegisterHealthServer(gs, hlth)
 	log.Info("sluice serve: ext_authz gRPC", "grpc", lis.Addr().String())
 	reloadOnHUP(ctx, s.Reload, log, f.config)
 
@@ -375,6 +379,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		httpEnded = true
 	}
 	s.Unready() // /readyz: 503 before any listener drains
+	hlth.Shutdown()
 	if d := f.server.drainDelay; d > 0 && ctx.Err() != nil && grpcErr == nil && !httpEnded {
 		log.Info("sluice serve draining: /readyz answers 503; still accepting while load balancers see it", "drain_delay", d)
 		time.Sleep(d) // both listeners go on serving

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-go/sluice/internal/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // TestMain runs the command itself when asked to (the end-to-end tests
@@ -420,4 +421,22 @@ func TestRedisEnv(t *testing.T) {
 			t.Errorf("%v: %v, want an error with %q", tc.env, err, tc.want)
 		}
 	}
+}
+
+// `sluice serve --config POLICY` answers grpc.health.v1 on its gRPC
+// listener: SERVING, and NOT_SERVING from the start of a drain.
+func TestServePolicyGRPCHealth(t *testing.T) {
+	c := startChild(t, "serve", "--config", "../../examples/nginx/policy.yaml", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+		"--admin", "127.0.0.1:0", "--admin-token", "x", "--drain-delay", "1m")
+	g := fields(c.waitLine("ext_authz gRPC"))["grpc"]
+	hc := healthpb.NewHealthClient(dial(t, g))
+	if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health while serving: %v %v", r, err)
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	c.waitLine("sluice serve draining")
+	if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health while draining: %v %v", r, err)
+	}
+	c.cmd.Process.Kill()
 }
