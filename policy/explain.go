@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 	"strings"
 )
 
@@ -33,5 +34,9 @@ func Explain(name string) (string, error) {
 		writeKind(&b, k)
 		return b.String(), nil
 	}
-	return "", fmt.Errorf("policy: nothing named %q to explain (known: %s)", name, strings.Join(ExplainNames(), ", "))
+	names := ExplainNames()
+	if c := yamlfile.Closest(name, names); c != "" {
+		return "", fmt.Errorf("policy: nothing named %q to explain: did you mean %q? (known: %s)", name, c, strings.Join(names, ", "))
+	}
+	return "", fmt.Errorf("policy: nothing named %q to explain (known: %s)", name, strings.Join(names, ", "))
 }
