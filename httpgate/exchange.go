@@ -160,9 +160,11 @@ func (a *Admission) Done(ctx context.Context, status int, cancelled bool) {
 // RenderUpstreamError renders the answer to an admitted request whose
 // upstream call failed with err, as UpstreamError writes it (504 with
 // reason deadline when err is context.DeadlineExceeded, 502 with reason
-// upstream otherwise). reqHeader is the request's (the request id).
-func (m *Middleware) RenderUpstreamError(f Fields, reqHeader http.Header, err error) Rejection {
-	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: !neverSent(err)}
+// upstream otherwise). method and reqHeader are the request's (whether it
+// may have reached the upstream, "" for a request that may have been sent
+// twice; the request id).
+func (m *Middleware) RenderUpstreamError(f Fields, method string, reqHeader http.Header, err error) Rejection {
+	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: !neverSent(method, reqHeader, err)}
 	if errors.Is(err, context.DeadlineExceeded) {
 		d.Reason = sluice.ReasonDeadline
 	}

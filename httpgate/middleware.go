@@ -268,7 +268,7 @@ func (m *Middleware) UpstreamError(w http.ResponseWriter, r *http.Request, err e
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // nobody reads a response
 	}
-	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: !neverSent(err)}
+	d := sluice.Decision{Reason: sluice.ReasonUpstream, Retryable: true, EffectPossible: !neverSent(r.Method, r.Header, err)}
 	if errors.Is(err, context.DeadlineExceeded) {
 		d.Reason = sluice.ReasonDeadline
 	}
@@ -276,12 +276,23 @@ func (m *Middleware) UpstreamError(w http.ResponseWriter, r *http.Request, err e
 	m.reject(w, r, m.state.Load(), &d, &req, "")
 }
 
-// neverSent reports whether err, an upstream call's, failed before the
-// request could reach the upstream: no connection was made (the dial was
-// refused, timed out, or its name did not resolve). The answer then says
-// the work had no effect (effect_possible false): a client may retry even
-// what is not idempotent.
-func neverSent(err error) bool {
+// neverSent reports whether a request of method with header, whose
+// upstream call failed with err, cannot have reached the upstream: no
+// connection was made (the dial was refused, or the name did not resolve)
+// for a request no transport sends twice. A replayable request (an
+// idempotent method, or an Idempotency-Key: the proxies' transports send
+// it again after a reused connection fails) may have reached the upstream
+// on its first attempt, whatever the last one's error. The answer then
+// says the work had no effect (effect_possible false): a client may retry
+// even what is not idempotent.
+func neverSent(method string, header http.Header, err error) bool {
+	switch method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return false // "": not known, taken as replayable
+	}
+	if len(header["Idempotency-Key"]) > 0 || len(header["X-Idempotency-Key"]) > 0 {
+		return false
+	}
 	var op *net.OpError
 	var dns *net.DNSError
 	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &dns)

@@ -135,6 +135,12 @@ func (s *Server) newFast() *fastServer {
 	return f
 }
 
+func (f *fastServer) closeIfDraining(ctx *fasthttp.RequestCtx) {
+	if f.draining.Load() {
+		ctx.SetConnectionClose()
+	}
+}
+
 // SetKeepAlivesEnabled(false) makes every answer from now on close its
 // connection ("Connection: close"), as net/http's server does: a drain
 // delay sends the clients' pooled connections elsewhere one by one, each
@@ -435,9 +441,7 @@ var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-
 
 // serve is the proxy's request handler.
 func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
-	if f.draining.Load() {
-		defer ctx.SetConnectionClose()
-	}
+	defer f.closeIfDraining(ctx) // read when answering: a request under way when the drain starts closes too
 	s := f.s
 	if string(ctx.Request.Header.RequestURI()) == "*" && ctx.IsOptions() {
 		// Asterisk form (RFC 9112 section 3.2.4) asks about the server,
@@ -818,7 +822,11 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admis
 		s.log.Warn("upstream request failed (logged at most once per second)", "path", string(ctx.Request.URI().Path()), "err", err)
 	}
 	ctx.Response.Reset()
-	answer(ctx, s.mw.RenderUpstreamError((*respFields)(&ctx.Response.Header), in.Header, err))
+	method := in.Method
+	if h := &ctx.Request.Header; len(h.Peek("Idempotency-Key")) > 0 || len(h.Peek("X-Idempotency-Key")) > 0 {
+		method = "" // replayable: it may have reached the upstream before the attempt that failed
+	}
+	answer(ctx, s.mw.RenderUpstreamError((*respFields)(&ctx.Response.Header), method, in.Header, err))
 	adm.SetHeaders((*respFields)(&ctx.Response.Header))
 }
 

@@ -392,10 +392,15 @@ gates:
 		status         int
 		reason, id     string
 		effect         bool // a refused connection sent nothing: no effect possible
+		method         string
 	}{
-		{"refused", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-1"}, 502, "upstream", "abc-1", false},
-		{"not utf-8", "http://127.0.0.1:1", map[string]string{"X-Trace": "\xff\xfe\"\\", "X-Request-Id": "other"}, 502, "upstream", "", false},
-		{"deadline", hang.URL, map[string]string{"X-Trace": "abc-2", "X-Request-Timeout": "20ms"}, 504, "deadline", "abc-2", true},
+		{"refused", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-1"}, 502, "upstream", "abc-1", false, "POST"},
+		// A replayable request may have reached the upstream on an attempt
+		// before the one refused (a reused connection that failed).
+		{"refused, idempotent", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-3"}, 502, "upstream", "abc-3", true, "GET"},
+		{"refused, idempotency key", "http://127.0.0.1:1", map[string]string{"X-Trace": "abc-4", "Idempotency-Key": "k"}, 502, "upstream", "abc-4", true, "POST"},
+		{"not utf-8", "http://127.0.0.1:1", map[string]string{"X-Trace": "\xff\xfe\"\\", "X-Request-Id": "other"}, 502, "upstream", "", false, "POST"},
+		{"deadline", hang.URL, map[string]string{"X-Trace": "abc-2", "X-Request-Timeout": "20ms"}, 504, "deadline", "abc-2", true, "GET"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			u, _ := url.Parse(c.upstream)
@@ -405,7 +410,7 @@ gates:
 				t.Fatal(err)
 			}
 			defer s.Close()
-			req, _ := http.NewRequest("GET", front(t, s)+"/x", nil)
+			req, _ := http.NewRequest(c.method, front(t, s)+"/x", nil)
 			for k, v := range c.hdr {
 				req.Header[k] = []string{v}
 			}

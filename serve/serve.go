@@ -31,6 +31,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -136,6 +137,7 @@ type Server struct {
 	handler http.Handler
 
 	httpAddr, adminAddr net.Addr
+	httpSrv             atomic.Pointer[http.Server] // the HTTP listener's, once Run listens
 	ready               chan struct{}
 	inflight            *host.Tracker
 }
@@ -232,6 +234,17 @@ func (s *Server) AdminHandler() http.Handler { return s.host.AdminHandler(s.opts
 // end turns it off in any case.
 func (s *Server) Unready() { s.host.SetReady(false) }
 
+// SetKeepAlivesEnabled(false) makes every answer of the HTTP listener from
+// now on close its connection (Connection: close), as for a drain delay
+// Run keeps itself: a caller that keeps a drain delay of its own (the
+// command, for gRPC and HTTP at once) calls it when the delay starts. It
+// does nothing before Run listens.
+func (s *Server) SetKeepAlivesEnabled(v bool) {
+	if h := s.httpSrv.Load(); h != nil {
+		h.SetKeepAlivesEnabled(v)
+	}
+}
+
 // Chain returns the chain deciding now.
 func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
 
@@ -289,6 +302,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	s.httpAddr, s.adminAddr = ls[0].l.Addr(), ls[1].l.Addr()
+	s.httpSrv.Store(ls[0].srv)
 	s.host.SetReady(true)
 	close(s.ready)
 	s.log.Info("sluice serve deciding", "http", s.httpAddr.String(), "decide", DecidePath, "ext_authz", ExtAuthzPrefix+"/",

@@ -255,8 +255,10 @@ func redisEnv(getenv func(string) string) (user, password string, cfg *tls.Confi
 		}
 		return user, password, nil, nil
 	}
-	if v := getenv("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"); v != "" && v != "false" {
-		return "", "", nil, errors.New("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION is not supported: the server's certificate must hold the address's host")
+	if v := getenv("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"); v != "" {
+		if skip, err := strconv.ParseBool(v); err != nil || skip {
+			return "", "", nil, fmt.Errorf("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION %q is not supported: the server's certificate must hold the address's host", v)
+		}
 	}
 	cfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	if ca != "" {
@@ -381,7 +383,8 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	s.Unready() // /readyz: 503 before any listener drains
 	hlth.Shutdown()
 	if d := f.server.drainDelay; d > 0 && ctx.Err() != nil && grpcErr == nil && !httpEnded {
-		log.Info("sluice serve draining: /readyz answers 503; still accepting while load balancers see it", "drain_delay", d)
+		s.SetKeepAlivesEnabled(false) // answers close their connections from now on
+		log.Info("sluice serve draining: /readyz answers 503; still accepting while load balancers see it; answers close their connections", "drain_delay", d)
 		time.Sleep(d) // both listeners go on serving
 	}
 	grpcStopped := make(chan struct{})
@@ -422,10 +425,13 @@ func reloadOnHUP(ctx context.Context, reload func() (bool, error), log *slog.Log
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
-		defer signal.Stop(hup)
 		for {
 			select {
 			case <-ctx.Done():
+				// Draining: a SIGHUP now reloads nothing, and must not end
+				// the process either (its default action): ignored.
+				signal.Ignore(syscall.SIGHUP)
+				signal.Stop(hup)
 				return
 			case <-hup:
 				if changed, err := reload(); err == nil && !changed {

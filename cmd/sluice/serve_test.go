@@ -407,6 +407,9 @@ func TestRedisEnv(t *testing.T) {
 	if u, p, _, err := redisEnv(env("REDIS_AUTH", "secret")); u != "" || p != "secret" || err != nil {
 		t.Errorf("password: %q %q %v", u, p, err)
 	}
+	if _, _, c, err := redisEnv(env("REDIS_TLS", "1", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "False")); c == nil || err != nil {
+		t.Errorf("TLS, hostname verified (False): %v %v", c, err)
+	}
 	for _, tc := range []struct {
 		env  []string
 		want string
@@ -429,6 +432,7 @@ func TestServePolicyGRPCHealth(t *testing.T) {
 	c := startChild(t, "serve", "--config", "../../examples/nginx/policy.yaml", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
 		"--admin", "127.0.0.1:0", "--admin-token", "x", "--drain-delay", "1m")
 	g := fields(c.waitLine("ext_authz gRPC"))["grpc"]
+	h := fields(c.waitLine("sluice serve deciding"))["http"]
 	hc := healthpb.NewHealthClient(dial(t, g))
 	if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health while serving: %v %v", r, err)
@@ -438,5 +442,35 @@ func TestServePolicyGRPCHealth(t *testing.T) {
 	if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health while draining: %v %v", r, err)
 	}
+	// The HTTP listener's answers close their connections during the delay.
+	resp, err := http.Get("http://" + h + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !resp.Close {
+		t.Errorf("an answer during the drain delay keeps its connection: %v", resp.Header)
+	}
 	c.cmd.Process.Kill()
+}
+
+// A SIGHUP during a drain is ignored: it reloads nothing and does not end
+// the process (its default action) while requests finish.
+func TestHangupDuringTheDrainIsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	rename(t, filepath.Join(dir, "edge.yaml"), rlsConfig)
+	c := startChild(t, "serve", "--config", dir, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--drain-delay", "1s")
+	c.waitLine("sluice serve: rate limit service")
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	c.waitLine("draining: serving on")
+	time.Sleep(100 * time.Millisecond) // the reload watcher has seen the end of its context
+	c.cmd.Process.Signal(syscall.SIGHUP)
+	select {
+	case err := <-c.exited:
+		if err != nil {
+			t.Errorf("exit after a SIGHUP during the drain: %v, want a clean stop", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("did not stop:\n%s", c.logText())
+	}
 }

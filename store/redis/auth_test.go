@@ -213,3 +213,56 @@ func TestUserWithoutPingOrScriptLoadRecovers(t *testing.T) {
 	srv.Do("ACL", "SETUSER", "u", "on", ">pw", "~*", "&*", "+@all", "-ping", "-script|load")
 	poll.Until(t, 10*time.Second, func() bool { return take() == nil })
 }
+
+// What New could not check because Redis was away is checked by the first
+// probe that reaches it: a user without the rights is then refused (the
+// breaker stays open, its cause Redis' refusal), not left to fail every
+// decision behind a closed breaker.
+func TestRightsCheckedOnceRedisIsBack(t *testing.T) {
+	srv := redistest.Start(t, "--user", "notime", "on", ">pw", "~*", "&*", "+@all", "-time")
+	addr := srv.Addr
+	srv.Kill()
+	st, err := New(Options{Addrs: []string{addr}, Username: "notime", Password: "pw", Timeout: time.Second, ProbeEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("New with Redis away: %v", err)
+	}
+	defer st.Close()
+	srv.Restart()
+	srv.Do("ACL", "SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time")
+	lim, _ := bind(st)(TokenBucket("acl", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	var last error
+	poll.Until(t, 10*time.Second, func() bool {
+		_, _, last = lim.Take(context.Background(), "k", 0, 1, 0)
+		return errors.Is(last, ErrRefused)
+	})
+	if RefusalOf(last) != Permissions || !strings.Contains(last.Error(), "TIME") {
+		t.Errorf("the decision's error: %v (%v)", last, RefusalOf(last))
+	}
+}
+
+// A user who may run EVALSHA but not EVAL is refused even when Redis holds
+// the check's script already (another store ran it): the clock read is
+// sent as EVAL.
+func TestUserWithoutEvalRefusedWhenTheScriptIsCached(t *testing.T) {
+	srv := redistest.Start(t, "--user", "noeval", "on", ">pw", "~*", "&*", "+@all", "-eval")
+	ok, err := New(Options{Addrs: []string{srv.Addr}}) // the default user: runs the check, caching its script
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok.Close()
+	if msg := refused(t, Options{Addrs: []string{srv.Addr}, Username: "noeval", Password: "pw"}); !strings.Contains(msg, "eval") {
+		t.Errorf("a user without EVAL: %s", msg)
+	}
+}
+
+// A read-only replica's address is refused at New: every decision writes.
+func TestReplicaRefused(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.Start(t)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	replica.Do("REPLICAOF", host, port)
+	msg := refused(t, Options{Addrs: []string{replica.Addr}, Timeout: time.Second})
+	if !strings.Contains(msg, "replica") {
+		t.Errorf("a replica: %s", msg)
+	}
+}

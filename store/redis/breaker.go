@@ -55,24 +55,25 @@ func (b *breaker) setCause(why error) {
 	if u := (*unavailable)(nil); errors.As(why, &u) {
 		why = u.err
 	}
-	var err error = &openCause{store.ErrUnavailable.Error() + ": " + why.Error(), false}
-	if refusal(why) {
-		err = &openCause{store.ErrUnavailable.Error() + ": " + ErrRefused.Error() + ": " + why.Error(), true}
+	var err error = &openCause{store.ErrUnavailable.Error() + ": " + why.Error(), NotRefused}
+	if k := RefusalOf(why); k != NotRefused {
+		err = &openCause{store.ErrUnavailable.Error() + ": " + ErrRefused.Error() + ": " + why.Error(), k}
 	}
 	b.cause.Store(&err)
 }
 
 // openCause is the error of the calls an open breaker fails fast: it
 // matches store.ErrUnavailable, and ErrRefused when Redis refused the
-// store's settings, and reads as what opened the breaker.
+// store's settings (RefusalOf tells what), and reads as what opened the
+// breaker.
 type openCause struct {
 	msg     string
-	refused bool
+	refused Refusal
 }
 
 func (c *openCause) Error() string { return c.msg }
 func (c *openCause) Is(target error) bool {
-	return target == store.ErrUnavailable || c.refused && target == ErrRefused
+	return target == store.ErrUnavailable || c.refused != NotRefused && target == ErrRefused
 }
 
 // name names b's node in an error: its address, or "Redis" for the
@@ -246,8 +247,8 @@ func (s *Store) reopen(b *breaker, why error) {
 // no call comes: a store without traffic (a quiet night, a gate only some
 // requests reach) must be closed again when its first call after Redis
 // came back arrives, not decide that call by the failure policy. One watch
-// per breaker runs, on a real-time ticker, until b closes or the store
-// does; each tick starts the probe a call would (maybeProbe: after
+// per breaker runs, on a real-time ticker (a quarter of ProbeEvery), until
+// b closes or the store does; each tick starts the probe a call would (maybeProbe: after
 // openUntil on Options.Clock, so a test's clock still says when).
 func (s *Store) watch(b *breaker) {
 	if !b.watching.CompareAndSwap(false, true) {
@@ -262,7 +263,10 @@ func (s *Store) watch(b *breaker) {
 	s.probes.Add(1)
 	go func() {
 		defer s.probes.Done()
-		t := time.NewTicker(max(s.opts.ProbeEvery, 10*time.Millisecond))
+		// A quarter of the interval: a probe starts within that of
+		// openUntil (a tick of the interval itself, just short of openUntil
+		// after a slow probe, would wait a second interval).
+		t := time.NewTicker(max(s.opts.ProbeEvery/4, 5*time.Millisecond))
 		defer t.Stop()
 		for {
 			select {
@@ -397,6 +401,18 @@ func (s *Store) probe(b *breaker) {
 		s.failures.Add(1)
 		s.reopen(b, fmt.Errorf("loading the scripts on %s: %w", b.name(), err))
 		return
+	}
+	if !s.checked.Load() {
+		// New could not check the user's rights (Redis was away): the
+		// first probe that reaches it does, and a refusal keeps b open
+		// with it as the cause.
+		done, err := s.check()
+		if err != nil {
+			s.failures.Add(1)
+			s.reopen(b, err)
+			return
+		}
+		s.checked.Store(done)
 	}
 	for _, node := range nodes {
 		s.warm(ctx, node)

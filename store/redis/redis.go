@@ -90,6 +90,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,6 +227,7 @@ type Store struct {
 	closeMu  sync.Mutex // orders probes.Add against Close
 	closed   bool
 	done     chan struct{} // closed by Close: the breakers' watches end
+	checked  atomic.Bool   // check has run to its end (New, or the first probe that reached Redis)
 	failures atomic.Int64
 	journal  journal
 	noExpiry bool // tests: calls never expire, so only the journal cleans up
@@ -286,7 +288,9 @@ func New(opts Options) (*Store, error) {
 	s.own = true
 	err := s.dial()
 	if err == nil {
-		err = s.check()
+		var done bool
+		done, err = s.check()
+		s.checked.Store(done)
 	} else if alert := s.tlsAlert(err); alert != nil {
 		err = alert
 	}
@@ -345,33 +349,83 @@ func (s *Store) dial() error {
 // check runs, once the store has connected, what its calls need of the
 // server's access control: a script (EVALSHA, EVAL when Redis does not
 // hold it yet) on keys of the store's prefix that runs each command the
-// store's scripts run. A user whose ACL lacks any of it would have every
-// decision fail from the first, each a log line saying only that Redis is
-// unavailable; New refuses it instead, naming what is denied. A check
-// that times out or fails otherwise is left to the calls (the breaker's
-// to judge).
-func (s *Store) check() error {
+// store's scripts run, and the clock read sent as EVAL (learnClock's), on
+// every master of a Cluster (each has its own ACL). A user whose ACL lacks
+// any of it would have every decision fail from the first, each a log
+// line saying only that Redis is unavailable; New refuses it instead,
+// naming what is denied, and so does a read-only replica. done reports
+// whether every node answered: a check that times out or fails otherwise
+// is left to the next probe (Store.checked).
+func (s *Store) check() (done bool, err error) {
 	cn := s.conn.Load()
+	if cn == nil {
+		return false, nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.Timeout, time.Second))
 	defer cancel()
-	p := s.opts.Prefix + ":{check}"
-	res := checkScript.Exec(ctx, cn.client, []string{p + ":s", p + ":h", p + ":z"}, nil)
-	if err := res.Error(); err != nil {
-		if refusal(err) {
-			return &unavailable{err}
+	tags := []string{"check"}
+	if cn.cluster {
+		if tags = s.checkTags(); tags == nil {
+			return false, nil // the slot map is not known yet
 		}
+	}
+	for _, tag := range tags {
+		p := s.opts.Prefix + ":{" + tag + "}"
+		res := checkScript.Exec(ctx, cn.client, []string{p + ":s", p + ":h", p + ":z"}, nil)
+		if err := res.Error(); err != nil {
+			if refusal(err) {
+				return true, &unavailable{err}
+			}
+			return false, nil
+		}
+		switch denied, _ := res.ToString(); {
+		case denied == "!READONLY":
+			return true, &unavailable{errReplica}
+		case denied != "":
+			return true, &unavailable{&aclError{denied}}
+		}
+		err := cn.client.Do(ctx, cn.client.B().Eval().Script(clockLua).Numkeys(1).Key(p+":s").Build()).Error()
+		if err != nil {
+			if refusal(err) {
+				return true, &unavailable{err}
+			}
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// checkTags returns one hash tag per master of the Cluster (its keys on a
+// slot that master holds), or nil while the slot map is unknown.
+func (s *Store) checkTags() []string {
+	m := s.slots.Load()
+	if m == nil {
 		return nil
 	}
-	if denied, _ := res.ToString(); denied != "" {
-		return &unavailable{&aclError{denied}}
+	want := map[*breaker]bool{}
+	for _, b := range m {
+		if b != nil {
+			want[b] = true
+		}
 	}
-	return nil
+	var tags []string
+	for i := 0; len(want) > 0 && i < 1<<22; i++ {
+		tag := "check-" + strconv.Itoa(i)
+		if b := m[keySlot("{"+tag+"}")]; want[b] {
+			delete(want, b)
+			tags = append(tags, tag)
+		}
+	}
+	return tags
 }
+
+// errReplica is check's finding for a read-only replica.
+var errReplica = errors.New("READONLY the server is a read-only replica: give the store its master's address")
 
 // checkScript runs every command of the store's scripts (store/redis/lua)
 // on three keys of the check's own (a string, a hash, a sorted set), each
 // under redis.pcall, and answers those the user may not run ("" when
-// none); it leaves nothing behind.
+// none; "!READONLY" on a replica); it leaves nothing behind.
 var checkScript = rueidis.NewLuaScript(`
 local s, h, z = KEYS[1], KEYS[2], KEYS[3]
 local calls = {
@@ -385,6 +439,9 @@ local calls = {
 local denied, seen = {}, {}
 for _, c in ipairs(calls) do
   local r = redis.pcall(unpack(c))
+  if type(r) == 'table' and r.err and string.sub(r.err, 1, 8) == 'READONLY' then
+    return '!READONLY'
+  end
   if type(r) == 'table' and r.err and not seen[c[1]] then
     local m = string.lower(r.err)
     if string.find(m, 'perm', 1, true) or string.find(m, "can't run", 1, true) or string.find(m, 'acl', 1, true) then
@@ -467,6 +524,7 @@ const (
 	Credentials                // the password or user (WRONGPASS, NOAUTH; a password for a default user that has none)
 	Permissions                // the user's ACL: a command or key the store's scripts need (NOPERM)
 	TLS                        // the TLS handshake: a certificate that does not verify, the server's alert (one it requires), an answer that is not TLS
+	Replica                    // the address is a read-only replica's (READONLY)
 )
 
 // RefusalOf returns what of the store's settings err (New's, or a call's)
@@ -480,6 +538,15 @@ func RefusalOf(err error) Refusal {
 	}
 	if errors.Is(err, errSpeaksTLS) {
 		return TLS
+	}
+	if errors.Is(err, errReplica) {
+		return Replica
+	}
+	if u := (*unavailable)(nil); errors.As(err, &u) {
+		return RefusalOf(u.err) // a call's error: the client's inside
+	}
+	if c := (*openCause)(nil); errors.As(err, &c) {
+		return c.refused
 	}
 	var re *rueidis.RedisError
 	if errors.As(err, &re) {
@@ -567,7 +634,7 @@ func (s *Store) Share(opts Options) (*Store, error) {
 	n.opts.Addrs, n.opts.Username, n.opts.Password, n.opts.TLS, n.own = opts.Addrs, opts.Username, opts.Password, opts.TLS, true
 	n.useConn(cn)
 	if n.opts.Prefix != s.opts.Prefix { // the user's ACL may cover one prefix's keys, not the other's
-		if err := n.check(); err != nil {
+		if _, err := n.check(); err != nil {
 			n.Close()
 			return nil, fmt.Errorf("%w: %w", ErrRefused, err.(*unavailable).err)
 		}

@@ -184,8 +184,11 @@ func New(opts Options) (*Server, error) {
 			so.DecisionClock = opts.Clock
 		}
 		if s.store, err = sredis.New(so); err != nil {
-			if sredis.RefusalOf(err) == sredis.Credentials && opts.RedisPassword == "" {
+			switch {
+			case sredis.RefusalOf(err) == sredis.Credentials && opts.RedisPassword == "":
 				err = fmt.Errorf("%w (the server wants a password: set REDIS_AUTH)", err)
+			case sredis.RefusalOf(err) == sredis.Credentials && opts.RedisUsername != "":
+				err = fmt.Errorf("%w (REDIS_AUTH was read as user:password, user %q)", err, opts.RedisUsername)
 			}
 			return nil, err
 		}
@@ -499,6 +502,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if s.opts.DrainAfter != nil {
 			after = s.opts.DrainAfter
 		}
+		hs[0].SetKeepAlivesEnabled(false) // /json answers close their connections from now on
 		s.log.Info("draining: serving on while load balancers see the failing health checks", "delay", d)
 		select {
 		case <-after(d):

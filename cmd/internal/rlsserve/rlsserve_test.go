@@ -560,8 +560,8 @@ func TestDrainDelayKeepsServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	hr.Body.Close()
-	if hr.StatusCode != 200 {
-		t.Errorf("/json during the drain delay: %d", hr.StatusCode)
+	if hr.StatusCode != 200 || !hr.Close {
+		t.Errorf("/json during the drain delay: %d, connection closed after it: %v (want 200, true)", hr.StatusCode, hr.Close)
 	}
 	select {
 	case err := <-r.done:
