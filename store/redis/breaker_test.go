@@ -201,6 +201,9 @@ func TestBreakerProbesOncePerInterval(t *testing.T) {
 	if _, _, err := lim.Take(ctx, "k", 0, 1, 0); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Redis down: %v", err)
 	}
+	// The broken connection's check (a PING on a new one) finds Redis
+	// gone and opens the breaker.
+	poll.Until(t, 10*time.Second, func() bool { return st.breaker.open.Load() && !st.breaker.probing.Load() })
 	failed := st.Failures()
 	srv.Restart()
 	// Redis is back, but the breaker holds until the interval has passed.
@@ -282,14 +285,46 @@ func TestIdleStoreClosesItsBreakerWithoutCalls(t *testing.T) {
 	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	srv.Do("CLIENT", "KILL", "TYPE", "normal")
-	for !st.breaker.open.Load() { // the connection's end opens the breaker
-		if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err == nil {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	poll.Until(t, 10*time.Second, func() bool { return !st.breaker.open.Load() })
+	srv.Kill()
+	poll.Until(t, 10*time.Second, func() bool { // Redis gone: the breaker opens
+		lim.Take(context.Background(), "k", 0, 1, 0)
+		return st.breaker.open.Load()
+	})
+	srv.Restart()
+	poll.Until(t, 10*time.Second, func() bool { return !st.breaker.open.Load() }) // no call meanwhile
 	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
 		t.Errorf("the first call after the idle time: %v", err)
 	}
+}
+
+// A quick restart of Redis between a sparse gate's decisions costs at most
+// the decisions that meet a connection Redis ended (each fails once, at
+// once), never a probe interval on the failure policy: a broken connection
+// is checked with a PING on a new one, and Redis answers it.
+func TestSparseCallsAfterAnUnseenRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 100 * time.Millisecond, ProbeEvery: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim, _ := bind(st)(TokenBucket("sparse", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))))
+	ctx := context.Background()
+	for range 20 { // lanes and connections in use
+		if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Restart() // between two decisions: no call sees Redis away
+	failed := 0
+	for range 40 {
+		if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil {
+			failed++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if failed > 4 {
+		t.Errorf("%d of 40 sparse decisions failed after a restart Redis was back from (want only those that met an ended connection)", failed)
+	}
+	t.Logf("%d of 40 failed", failed)
 }

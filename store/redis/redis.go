@@ -724,10 +724,11 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 // failed counts a failed call and decides what it says about b's node:
 // nothing when the caller's own context ended, Redis answered about the
 // data, or the call came late (the caller's timeout already reported it);
-// a timeout starts a probe of the node, which opens b only if the node
-// does not answer it either; any other failure (connection refused, reset,
-// closed) opens b at once, unless a probe closed b less than an interval
-// ago: then it is checked like a timeout.
+// a timeout, or a connection that broke (refused, reset, closed), starts
+// a check of the node, which opens b only if the node does not answer a
+// PING on a fresh connection either; any other failure (a reply refusing
+// the store: NOAUTH, LOADING, ...) opens b at once, unless a probe closed
+// b less than an interval ago: then it is checked too.
 func (s *Store) failed(ctx context.Context, b *breaker, err error) {
 	switch {
 	case ctx.Err() != nil, dataError(err), errors.Is(err, errLate):
@@ -735,12 +736,13 @@ func (s *Store) failed(ctx context.Context, b *breaker, err error) {
 	case errors.Is(err, context.DeadlineExceeded):
 		s.failures.Add(1)
 		s.suspect(b)
-	case s.justClosed(b):
-		// A probe found the node less than an interval ago: a broken
-		// connection now is most likely one the client pooled before a
-		// restart (each fails its first command, and only the probe's was
-		// renewed). Check with a PING instead of opening for another
-		// interval; if the node is gone again, the PING fails and b opens.
+	case brokenConn(ctx, err), s.justClosed(b):
+		// A broken connection is as often one the client pooled before a
+		// restart of Redis, or before Redis ended it (each fails its first
+		// command), as a node gone: a sparse gate would spend a probe
+		// interval on its failure policy with Redis up. The check's PING
+		// dials a new connection; if the node is gone, it fails at once
+		// (refused) and b opens.
 		s.failures.Add(1)
 		s.suspect(b)
 	default:
