@@ -239,6 +239,11 @@ func TestDrainGraceCutsAndCountsLongRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.done <- nil
+	// Run returned after the cut request's handler ended: the runtime it
+	// closes took whatever the handler gave back.
+	if n := h.s.inflight.Len(); n != 0 {
+		t.Errorf("%d requests still in their handlers when Run returned", n)
+	}
 	if n := testutil.ToFloat64(h.s.host.DrainCut().WithLabelValues("proxy")); n != 1 {
 		t.Fatalf("%v requests counted as cut, want 1", n)
 	}

@@ -184,6 +184,16 @@ func (h *Host) Shutdown(srv Stopper, tr *Tracker, server string, d Drain) int {
 	h.log.Warn("drain grace ran out: closing the connections left", "server", server, "requests_cut", n, "drain_grace", d.Grace)
 	h.drainCut.WithLabelValues(server).Add(float64(n))
 	srv.Close()
+	if tr != nil {
+		// The handlers of the requests cut end soon after their
+		// connections closed (their upstream calls are cut with them):
+		// wait a moment for them, so that the runtime the caller closes
+		// next still takes what they give back (a permit's release, which
+		// a closed Redis store would leave held until its TTL).
+		wctx, wcancel := context.WithTimeout(context.Background(), time.Second)
+		tr.Wait(wctx)
+		wcancel()
+	}
 	return n
 }
 
