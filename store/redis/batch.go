@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -343,8 +344,7 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.Background(), left)
-	defer cancel()
+	dl := time.Now().Add(left)
 	// A timeout counts against Redis only when the batch had at least
 	// half the timeout to run.
 	failed := func(err error) {
@@ -353,7 +353,7 @@ func (b *batcher) exec(batch []*call) {
 		}
 	}
 	if !s.noExpiry {
-		if err := s.learnClock(cctx, cn, br, batch[0].key, failed); err != nil {
+		if err := s.learnClock(context.Background(), dl, cn, br, batch[0].key, failed); err != nil {
 			fail(err)
 			return
 		}
@@ -375,8 +375,7 @@ func (b *batcher) exec(batch []*call) {
 	} else {
 		keys, args = b.args(batch, expiry)
 	}
-	vals, err := s.exec(cctx, cn, script, keys, args).AsIntSlice()
-	cancel()
+	vals, err := s.exec(context.Background(), dl, cn, script, keys, args).AsIntSlice()
 	switch {
 	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):
 		br.observe(vals[len(vals)-1], clock.Now()) // reached after its expiry: did nothing

@@ -144,11 +144,16 @@ const clockLua = "local t = redis.call('TIME') return tonumber(t[1]) * 1000000 +
 // decisions already made, a lease step landing after a newer one). The
 // clock is read once, by a script on key (on a Cluster it runs on key's
 // master, b's node); concurrent callers wait for the read under way. ctx
-// bounds the wait; failed is told the read's error, if it fails (the
+// and dl bound the wait; failed is told the read's error, if it fails (the
 // caller decides whether it is news about Redis: Store.failed). It returns
 // nil once the clock is known, else an error wrapping
 // store.ErrUnavailable; nothing of the caller's call was sent then.
-func (s *Store) learnClock(ctx context.Context, cn *connection, b *breaker, key string, failed func(error)) error {
+func (s *Store) learnClock(ctx context.Context, dl time.Time, cn *connection, b *breaker, key string, failed func(error)) error {
+	if b.known.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
 	for !b.known.Load() {
 		if b.open.Load() { // a read that failed just now opened it
 			return b.unavailable()

@@ -192,28 +192,64 @@ func (l *lane) eval(ctx context.Context, sc *rueidis.Lua, keys, args []string) r
 }
 
 // exec runs sc on an idle lane of cn if there is one (standalone), else
-// through cn's pipelined client.
-func (s *Store) exec(ctx context.Context, cn *connection, sc *rueidis.Lua, keys, args []string) rueidis.RedisResult {
+// through cn's pipelined client, with deadline dl.
+func (s *Store) exec(ctx context.Context, dl time.Time, cn *connection, sc *rueidis.Lua, keys, args []string) rueidis.RedisResult {
 	if s.lanesFor(cn) {
 		if l := cn.lanes.get(cn.client, s.opts.Timeout); l != nil {
-			r := l.eval(ctx, sc, keys, args)
+			r := l.eval(laneContext(ctx, dl), sc, keys, args)
 			cn.lanes.put(l, r.NonRedisError())
 			return r
 		}
 	}
+	ctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
 	return sc.Exec(ctx, cn.client, keys, args)
 }
 
 // ping sends a PING the way exec sends a script.
-func (s *Store) ping(ctx context.Context, cn *connection) error {
+func (s *Store) ping(ctx context.Context, dl time.Time, cn *connection) error {
 	if s.lanesFor(cn) {
 		if l := cn.lanes.get(cn.client, s.opts.Timeout); l != nil {
-			r := l.c.Do(ctx, l.c.B().Ping().Build())
+			r := l.c.Do(laneContext(ctx, dl), l.c.B().Ping().Build())
 			cn.lanes.put(l, r.NonRedisError())
 			return r.Error()
 		}
 	}
+	ctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
 	return cn.client.Do(ctx, cn.client.B().Ping().Build()).Error()
+}
+
+// laneCtx is the context of a call on a lane: its caller's, with deadline
+// dl (or the caller's, if earlier), and no timer. On a dedicated connection
+// rueidis sets the deadline on the connection and reads the reply itself,
+// never waiting on Done, so a timer would only be armed and stopped; arming
+// one that is due before any other wakes an idle P of the Go runtime (a
+// futex wake and a thread's round trip through the scheduler), which cost a
+// lone caller more than its own share of the call's CPU. The pipelined
+// client waits on Done, so its calls keep a real timer (exec).
+type laneCtx struct {
+	context.Context
+	dl time.Time
+}
+
+func laneContext(ctx context.Context, dl time.Time) laneCtx {
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	return laneCtx{ctx, dl}
+}
+
+func (c laneCtx) Deadline() (time.Time, bool) { return c.dl, true }
+
+func (c laneCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // lanesFor reports whether calls on cn may take lanes (see above).

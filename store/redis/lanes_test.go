@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -151,5 +152,31 @@ func TestNoLanes(t *testing.T) {
 	callers.Close()
 	if err := own.Ping(ctx); err != nil {
 		t.Fatalf("the caller's client after Close: %v", err)
+	}
+}
+
+func TestLaneContext(t *testing.T) {
+	now := time.Now()
+	// The earlier of the two deadlines wins.
+	if dl, ok := laneContext(context.Background(), now.Add(time.Second)).Deadline(); !ok || !dl.Equal(now.Add(time.Second)) {
+		t.Fatalf("deadline %v, %v", dl, ok)
+	}
+	parent, cancel := context.WithDeadline(context.Background(), now.Add(time.Millisecond))
+	defer cancel()
+	if dl, _ := laneContext(parent, now.Add(time.Hour)).Deadline(); !dl.Equal(now.Add(time.Millisecond)) {
+		t.Fatalf("the caller's earlier deadline was lost: %v", dl)
+	}
+	// No timer: Done is the caller's (nil for Background), and Err reads the
+	// deadline itself.
+	if c := laneContext(context.Background(), now.Add(time.Hour)); c.Done() != nil || c.Err() != nil {
+		t.Fatalf("Done %v, Err %v", c.Done(), c.Err())
+	}
+	if err := laneContext(context.Background(), now.Add(-time.Nanosecond)).Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("past deadline: Err %v", err)
+	}
+	gone, stop := context.WithCancel(context.Background())
+	stop()
+	if c := laneContext(gone, now.Add(time.Hour)); c.Done() != gone.Done() || !errors.Is(c.Err(), context.Canceled) {
+		t.Fatalf("the caller's cancellation was lost: %v", c.Err())
 	}
 }

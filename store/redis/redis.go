@@ -655,9 +655,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	if cn == nil {
 		return store.ErrUnavailable
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
-	if err := s.ping(ctx, cn); err != nil {
+	if err := s.ping(ctx, time.Now().Add(s.opts.Timeout), cn); err != nil {
 		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	return nil
@@ -691,16 +689,14 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 		return out, false, b.unavailable()
 	}
 	start := clock.Now()
-	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
+	dl := time.Now().Add(s.opts.Timeout)
 	if expires && !s.noExpiry {
-		if err := s.learnClock(cctx, cn, b, keys[0], func(err error) { s.failed(ctx, b, err) }); err != nil {
+		if err := s.learnClock(ctx, dl, cn, b, keys[0], func(err error) { s.failed(ctx, b, err) }); err != nil {
 			return out, false, err
 		}
 		args[len(args)-1] = b.expiry(start, s.opts.Timeout)
 	}
-	vals, err := s.exec(cctx, cn, sc, keys, args).AsIntSlice()
-	cancel()
+	vals, err := s.exec(ctx, dl, cn, sc, keys, args).AsIntSlice()
 	if err == nil && len(vals) != 6 {
 		err = fmt.Errorf("script returned %d values", len(vals))
 	}
