@@ -104,7 +104,13 @@ func (sn Snapshot) Admit(ctx context.Context, in *identify.Input, f Fields) (adm
 
 // renderLogged renders a rejection of in and logs it.
 func (m *Middleware) renderLogged(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string) Rejection {
-	rj := m.render(f, in.Header, st, d, req, detail, true)
+	return m.renderLoggedStatus(ctx, f, in, st, d, req, detail, 0)
+}
+
+// renderLoggedStatus is renderLogged with status (0: the decision's) as
+// render takes it.
+func (m *Middleware) renderLoggedStatus(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string, status int) Rejection {
+	rj := m.render(f, in.Header, st, d, req, detail, true, status)
 	if al := st.c.cfg.AccessLog; al != nil {
 		m.logRejectedAt(al, st.chain.Clock().Now(), ctx, in.RemoteAddr, in.Method, in.Path, req, d, rj.Status, rj.RequestID)
 	}
@@ -169,14 +175,21 @@ func (m *Middleware) RenderUpstreamError(f Fields, method string, reqHeader http
 		d.Reason = sluice.ReasonDeadline
 	}
 	var req sluice.Request
-	return m.render(f, reqHeader, m.state.Load(), &d, &req, "", true)
+	return m.render(f, reqHeader, m.state.Load(), &d, &req, "", true, 0)
 }
 
 // RenderInvalid renders and logs the 400 answer to a request the caller
 // got wrong before it reached the gates, as Invalid writes it.
 func (m *Middleware) RenderInvalid(ctx context.Context, f Fields, in *identify.Input, detail string) Rejection {
+	return m.RenderInvalidStatus(ctx, f, in, http.StatusBadRequest, detail)
+}
+
+// RenderInvalidStatus renders and logs the answer InvalidStatus writes:
+// RenderInvalid's, with status (413, 431; a status outside 400-499 is
+// 400) in the status line and a problem details body.
+func (m *Middleware) RenderInvalidStatus(ctx context.Context, f Fields, in *identify.Input, status int, detail string) Rejection {
 	st := m.state.Load()
 	var req sluice.Request
 	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
-	return m.renderLogged(ctx, f, in, st, &d, &req, detail)
+	return m.renderLoggedStatus(ctx, f, in, st, &d, &req, detail, clientStatus(status))
 }

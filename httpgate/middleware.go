@@ -299,17 +299,37 @@ func neverSent(method string, header http.Header, err error) bool {
 }
 
 // Invalid answers a request the caller got wrong before it reached the
-// gates (for example a body the proxy will not take): 400 with reason
+// gates (for example a method the proxy does not forward): 400 with reason
 // invalid and detail as the message, in the JSON envelope of every other
 // answer.
 func (m *Middleware) Invalid(w http.ResponseWriter, r *http.Request, detail string) {
+	m.InvalidStatus(w, r, http.StatusBadRequest, detail)
+}
+
+// InvalidStatus answers as Invalid does, with status instead of 400 in
+// the status line and in a problem details body: for a request refused
+// for its size, 413 Content Too Large (RFC 9110 section 15.5.14) or 431
+// Request Header Fields Too Large (RFC 6585 section 5). A status outside
+// 400-499 is answered as 400.
+func (m *Middleware) InvalidStatus(w http.ResponseWriter, r *http.Request, status int, detail string) {
 	st := m.state.Load()
 	var req sluice.Request
 	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
-	rid := m.reject(w, r, st, &d, &req, detail)
+	rj := m.render(headerFields(w.Header()), r.Header, st, &d, &req, detail, false, clientStatus(status))
+	w.WriteHeader(rj.Status)
+	w.Write(rj.Body)
+	rj.Release()
 	if al := st.c.cfg.AccessLog; al != nil {
-		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, wire.Status(&d), rid)
+		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, rj.Status, rj.RequestID)
 	}
+}
+
+// clientStatus is status if it is a 4xx (a caller's error), else 400.
+func clientStatus(status int) int {
+	if status < 400 || status > 499 {
+		return http.StatusBadRequest
+	}
+	return status
 }
 
 // outcome classifies a finished handler: the client went away →
@@ -365,7 +385,7 @@ func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision) {
 // reject writes a rejection: status, headers and the JSON envelope, and
 // returns the request id it answered with.
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d *sluice.Decision, req *sluice.Request, detail string) string {
-	rj := m.render(headerFields(w.Header()), r.Header, st, d, req, detail, false)
+	rj := m.render(headerFields(w.Header()), r.Header, st, d, req, detail, false, 0)
 	w.WriteHeader(rj.Status)
 	w.Write(rj.Body)
 	rj.Release()
@@ -419,8 +439,9 @@ func (rj *Rejection) Release() {
 // buffer. With pooled, the values' block comes from a pool and goes back
 // with Release: for Fields that copy what they are given (the exchange
 // API's contract); net/http's header map keeps them until the response is
-// written, after the handler.
-func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluice.Decision, req *sluice.Request, detail string, pooled bool) Rejection {
+// written, after the handler. status, if not 0, replaces the decision's
+// (wire.Status) in the status line and the problem details.
+func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluice.Decision, req *sluice.Request, detail string, pooled bool, status int) Rejection {
 	cfg := &st.c.cfg
 	retry := int64(0)
 	if d.Retryable {
@@ -474,7 +495,9 @@ func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluic
 	bp := m.bufs.Get().(*[]byte)
 	buf := (*bp)[:0]
 	start := 0
-	status := wire.Status(d)
+	if status == 0 {
+		status = wire.Status(d)
+	}
 	if detail == "" && !cfg.ProblemDetails {
 		// Steady-state rejections reuse a rendered template.
 		h.Set(hContentType, jsonType)

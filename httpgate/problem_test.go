@@ -111,3 +111,24 @@ func TestProblemDetailsInvalid(t *testing.T) {
 		t.Fatalf("%d %+v", prob.Code, p)
 	}
 }
+
+// InvalidStatus answers the status it is given, in the status line and the
+// problem's status alike; a status that is not a client's error is 400.
+func TestInvalidStatus(t *testing.T) {
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)})
+	mw, err := httpgate.New(chain, httpgate.Config{ProblemDetails: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ give, want int }{{413, 413}, {431, 431}, {400, 400}, {500, 400}, {200, 400}, {0, 400}} {
+		rec := httptest.NewRecorder()
+		mw.InvalidStatus(rec, httptest.NewRequest("POST", "/", nil), c.give, "too large")
+		var p problem
+		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+			t.Fatalf("%v: %s", err, rec.Body.String())
+		}
+		if rec.Code != c.want || p.Status != c.want || p.Reason != "invalid" || p.Retryable {
+			t.Errorf("InvalidStatus(%d): %d %+v, want %d", c.give, rec.Code, p, c.want)
+		}
+	}
+}

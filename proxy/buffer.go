@@ -66,7 +66,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 		return nil, true
 	}
 	if r.ContentLength > s.opts.MaxBodyBytes {
-		s.mw.Invalid(w, r, "request body of "+strconv.FormatInt(r.ContentLength, 10)+" bytes, more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" the proxy takes")
+		s.mw.InvalidStatus(w, r, http.StatusRequestEntityTooLarge, "request body of "+strconv.FormatInt(r.ContentLength, 10)+" bytes, more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" the proxy takes")
 		return nil, false
 	}
 	sp := newSpool(s.bufferLimits(s.opts.MaxBodyBytes))
@@ -78,7 +78,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 	switch {
 	case err == nil && n > s.opts.MaxBodyBytes, errors.Is(err, errSpoolCap):
 		sp.Close()
-		s.mw.Invalid(w, r, "request body more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" bytes the proxy takes")
+		s.mw.InvalidStatus(w, r, http.StatusRequestEntityTooLarge, "request body more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" bytes the proxy takes")
 		return nil, false
 	case errors.Is(err, errSpoolFull):
 		// The budgets are spent: what was read goes first, the rest streams.

@@ -413,24 +413,20 @@ func answer(ctx *fasthttp.RequestCtx, rj httpgate.Rejection) {
 	rj.Release()
 }
 
-// malformed answers a request the server could not read: 400 in the
-// envelope (fasthttp's ErrorHandler), 413's case included, as the
-// Handler answers them.
+// malformed answers a request the server could not read (fasthttp's
+// ErrorHandler) in the envelope, as the Handler answers them: 400, 413 for
+// a body beyond MaxBodyBytes, 431 for a head beyond the read buffer.
 func (f *fastServer) malformed(ctx *fasthttp.RequestCtx, err error) {
-	detail, status := "malformed request: "+err.Error(), 0
+	detail, status := "malformed request: "+err.Error(), http.StatusBadRequest
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		detail = "request body more than the " + strconv.FormatInt(f.s.opts.MaxBodyBytes, 10) + " bytes the proxy takes"
+		detail, status = "request body more than the "+strconv.FormatInt(f.s.opts.MaxBodyBytes, 10)+" bytes the proxy takes", http.StatusRequestEntityTooLarge
 	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
 		detail, status = "request head larger than the "+strconv.Itoa(f.srv.ReadBufferSize>>10)+" KiB the proxy reads", http.StatusRequestHeaderFieldsTooLarge
 	}
 	ctx.Response.Reset()
 	in := identify.Input{Method: b2s(ctx.Method()), Path: b2s(ctx.Path()), Header: http.Header{}}
-	rj := f.s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), &in, detail)
-	if status != 0 {
-		rj.Status = status
-	}
-	answer(ctx, rj)
+	answer(ctx, f.s.mw.RenderInvalidStatus(context.Background(), (*respFields)(&ctx.Response.Header), &in, status, detail))
 	ctx.SetConnectionClose()
 }
 
@@ -579,7 +575,7 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 	max := s.opts.MaxBodyBytes
 	if !ctx.Request.IsBodyStream() { // read whole already, within the server's read buffer
 		if n := len(ctx.Request.Body()); int64(n) > max {
-			answer(ctx, s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), in, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
+			answer(ctx, s.mw.RenderInvalidStatus(context.Background(), (*respFields)(&ctx.Response.Header), in, http.StatusRequestEntityTooLarge, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
 			ctx.SetConnectionClose()
 			return nil, false
 		}
@@ -596,7 +592,7 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 	switch {
 	case err == nil && n > max, errors.Is(err, errSpoolCap):
 		sp.Close()
-		answer(ctx, s.mw.RenderInvalid(context.Background(), fields, in, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
+		answer(ctx, s.mw.RenderInvalidStatus(context.Background(), fields, in, http.StatusRequestEntityTooLarge, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
 		ctx.SetConnectionClose()
 		return nil, false
 	case errors.Is(err, errSpoolFull):
