@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"io"
 	"log/slog"
 
 	"github.com/sluice-go/sluice"
@@ -144,5 +145,41 @@ func TestAccessLogEveryRejection(t *testing.T) {
 	lines := accessLines(t, &buf)
 	if len(lines) != 6 || lines[0].Status != 200 || lines[5].Status != 429 || lines[5].Tenant != "" {
 		t.Fatalf("%+v", lines)
+	}
+}
+
+// rfWriter is a ResponseWriter with io.ReaderFrom, as net/http's is.
+type rfWriter struct {
+	*httptest.ResponseRecorder
+	readFrom int
+}
+
+func (w *rfWriter) ReadFrom(src io.Reader) (int64, error) {
+	w.readFrom++
+	return io.Copy(w.ResponseRecorder, src)
+}
+
+// The status logged is the final one: a 103 Early Hints sent ahead of a
+// 500 is not it. A body copied into the wrapped writer reaches the
+// server's own io.ReaderFrom (sendfile, for net/http's).
+func TestAccessLogFinalStatusAndReadFrom(t *testing.T) {
+	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)})
+	var buf bytes.Buffer
+	mw, _ := httpgate.New(chain, httpgate.Config{AccessLog: &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil))}})
+	mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Link", "</app.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusInternalServerError)
+	})).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/hints", nil))
+	w := &rfWriter{ResponseRecorder: httptest.NewRecorder()}
+	mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.CopyN(w, strings.NewReader("file body"), 9) // as http.ServeContent copies
+	})).ServeHTTP(w, httptest.NewRequest("GET", "/file", nil))
+	lines := accessLines(t, &buf)
+	if len(lines) != 2 || lines[0].Status != 500 || lines[1].Status != 200 {
+		t.Fatalf("%+v", lines)
+	}
+	if w.readFrom != 1 || w.Body.String() != "file body" {
+		t.Fatalf("ReadFrom calls %d, body %q", w.readFrom, w.Body.String())
 	}
 }

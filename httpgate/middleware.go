@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -535,14 +536,19 @@ func last(vals []string) []string {
 	return vals[i : i+1 : i+1]
 }
 
-// responseRecorder remembers the status the handler wrote.
+// responseRecorder remembers the status the handler wrote. It passes on
+// every optional interface of net/http's writer that a handler may use
+// (Flusher, Hijacker, io.ReaderFrom, and the rest through Unwrap).
 type responseRecorder struct {
 	http.ResponseWriter
 	status int
 }
 
+// WriteHeader records the final status: an informational one (103 Early
+// Hints, 100 Continue) is sent ahead of it and does not count, except 101
+// Switching Protocols, after which there is no other.
 func (rw *responseRecorder) WriteHeader(code int) {
-	if rw.status == 0 {
+	if rw.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		rw.status = code
 	}
 	rw.ResponseWriter.WriteHeader(code)
@@ -554,6 +560,23 @@ func (rw *responseRecorder) Write(p []byte) (int, error) {
 	}
 	return rw.ResponseWriter.Write(p)
 }
+
+// ReadFrom forwards to the underlying writer's io.ReaderFrom, so that a
+// file served through the middleware still goes out by sendfile (net/http's
+// writer); io.Copy into the recorder would copy it through a buffer.
+func (rw *responseRecorder) ReadFrom(src io.Reader) (int64, error) {
+	if rw.status == 0 {
+		rw.status = http.StatusOK
+	}
+	if rf, ok := rw.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(writerOnly{rw.ResponseWriter}, src)
+}
+
+// writerOnly hides every method of a writer but Write (io.Copy's
+// destination, so that it cannot come back to ReadFrom).
+type writerOnly struct{ io.Writer }
 
 // Flush forwards to the underlying writer when it can flush.
 func (rw *responseRecorder) Flush() {
