@@ -1,6 +1,8 @@
 package client_test
 
 import (
+	"context"
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -88,10 +90,7 @@ func TestThrottleFormula(t *testing.T) {
 		th := client.NewThrottle(c.k, time.Minute, 6, 0)
 		now := clock.Instant(time.Hour)
 		for i := range c.requests {
-			th.Allow(now, 0.999999) // counted, never rejected at u near 1 unless p = 1
-			if i < c.accepts {
-				th.Accept(now)
-			}
+			th.Done(now, i < c.accepts)
 		}
 		if r, a := th.Counts(now); r != c.requests || a != c.accepts {
 			t.Fatalf("counts %d/%d, want %d/%d", r, a, c.requests, c.accepts)
@@ -118,10 +117,7 @@ func TestThrottleFormula(t *testing.T) {
 func clone(requests, accepts int64, k float64, now clock.Instant) *client.Throttle {
 	th := client.NewThrottle(k, time.Minute, 6, 0)
 	for i := range requests {
-		th.Allow(now, 1)
-		if i < accepts {
-			th.Accept(now)
-		}
+		th.Done(now, i < accepts)
 	}
 	return th
 }
@@ -134,6 +130,7 @@ func TestThrottleMinimum(t *testing.T) {
 		if !th.Allow(now, 0) {
 			t.Fatalf("request %d rejected below the minimum", i)
 		}
+		th.Done(now, false)
 	}
 	if th.Allow(now, 0) {
 		t.Fatal("the 11th request, with 10 and no accepts in the window, was sent at u = 0")
@@ -147,7 +144,7 @@ func TestThrottleSlides(t *testing.T) {
 	for i := range 6 {
 		at := t0.Add(time.Duration(i) * 10 * time.Second)
 		for range 10 {
-			th.Allow(at, 1)
+			th.Done(at, false)
 		}
 	}
 	last := t0.Add(50 * time.Second)
@@ -184,5 +181,76 @@ func TestPacer(t *testing.T) {
 	p.Observe(now, []client.Limit{{Policy: "rate", Remaining: 0, Reset: 3 * time.Second}}, q)
 	if w := p.Reserve(now); w != 3*time.Second {
 		t.Fatalf("r=0: wait %v, want the reset (3s)", w)
+	}
+}
+
+// A burst of concurrent requests to a healthy server is not refused by its
+// own client: a request counts once its outcome is known, so requests in
+// flight do not weigh as refusals (before, 10 in flight with no answer
+// yet gave p = 10/11, and a burst of 200 lost most of itself).
+func TestThrottleCountsOnCompletion(t *testing.T) {
+	f := newFake()
+	r := f.retrier(t, 3, client.Options{})
+	calls := make([]*client.Call, 200)
+	for i := range calls {
+		calls[i] = r.Begin(context.Background(), true)
+		if err := calls[i].Admit(); err != nil {
+			t.Fatalf("request %d of a burst, none answered yet: %v", i, err)
+		}
+	}
+	for _, c := range calls {
+		c.Next(client.Result{OK: true})
+		c.End(client.Result{Refused: true}) // counted already: no second count
+	}
+	th := client.NewThrottle(2, time.Minute, 6, 0)
+	now := clock.Instant(time.Hour)
+	th.Allow(now, 0)
+	if r, _ := th.Counts(now); r != 0 {
+		t.Fatalf("Allow counted a request it let go: %d", r)
+	}
+	th.Done(now, false)
+	if th.Allow(now, 0) {
+		t.Fatal("1 request, 0 accepts: p = 1/2, u = 0 was sent")
+	}
+	if r, a := th.Counts(now); r != 2 || a != 0 {
+		t.Fatalf("a local rejection counts as a request at once: %d/%d, want 2/0", r, a)
+	}
+	if p := r.ThrottleProbability(); p != 0 {
+		t.Fatalf("after 200 accepted: p = %v", p)
+	}
+}
+
+// A request whose context ends while it waits for its pacing slot gives
+// the slot back: the next request waits one interval, not two.
+func TestPacerSlotGivenBackOnCancel(t *testing.T) {
+	f := newFake()
+	// A sleep that a cancelled context ends at once, before any time passes.
+	r, err := client.New(client.Options{ThrottleK: -1, Clock: f.clk, Sleep: func(ctx context.Context, d time.Duration) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return f.sleep(ctx, d)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Observe([]client.Limit{{Policy: "rate", Remaining: 1, Reset: 20 * time.Second}}, []client.Quota{{Policy: "rate", Quota: 100}})
+	first := r.Begin(context.Background(), true)
+	if err := first.Admit(); err != nil { // slot 0: at once
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 2 {
+		if err := r.Begin(gone, true).Admit(); !errors.Is(err, context.Canceled) {
+			t.Fatalf("a cancelled request's Admit: %v", err)
+		}
+	}
+	f.waits = nil
+	if err := r.Begin(context.Background(), true).Admit(); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.waits) != 1 || f.waits[0] != 10*time.Second {
+		t.Fatalf("waits %v, want one of 10s (the interval: 20 s over 2 slots)", f.waits)
 	}
 }

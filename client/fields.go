@@ -30,9 +30,10 @@ type Quota struct {
 // maxSFInt is the largest Structured Field Integer (RFC 9651).
 const maxSFInt = 999_999_999_999_999
 
-// maxWait bounds any wait read from a field (a day): a larger one is read
-// as a day, so that no arithmetic on it overflows.
-const maxWait = 24 * time.Hour
+// MaxWait bounds any wait a server asks for (a day), in a field or in a
+// gRPC status: a larger one is read as a day, so that no arithmetic on it
+// overflows.
+const MaxWait = 24 * time.Hour
 
 // ParseRateLimit parses a RateLimit field value: a Structured Field List
 // (RFC 9651) of items naming a policy (a String or a Token) with the
@@ -80,10 +81,10 @@ func ParsePolicy(v string) ([]Quota, error) {
 	return out, nil
 }
 
-// seconds converts a field's whole seconds to a wait bounded by maxWait.
+// seconds converts a field's whole seconds to a wait bounded by MaxWait.
 func seconds(n int64) time.Duration {
-	if n > int64(maxWait/time.Second) {
-		return maxWait
+	if n > int64(MaxWait/time.Second) {
+		return MaxWait
 	}
 	return time.Duration(n) * time.Second
 }
@@ -299,8 +300,8 @@ func ParseRetryAfter(v string, date time.Time) (time.Duration, error) {
 			}
 		}
 		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n > uint64(maxWait/time.Second) {
-			return maxWait, nil // a huge number: as long as we wait at most
+		if err != nil || n > uint64(MaxWait/time.Second) {
+			return MaxWait, nil // a huge number: as long as we wait at most
 		}
 		return time.Duration(n) * time.Second, nil
 	}
@@ -312,8 +313,8 @@ func ParseRetryAfter(v string, date time.Time) (time.Duration, error) {
 	switch {
 	case d <= 0:
 		return 0, nil
-	case d > maxWait || d == math.MinInt64:
-		return maxWait, nil
+	case d > MaxWait || d == math.MinInt64:
+		return MaxWait, nil
 	}
 	return d, nil
 }

@@ -258,6 +258,7 @@ type Call struct {
 	safe     bool          // replay-safe: idempotent, or carrying an idempotency key
 	deadline clock.Instant // on the Retrier's clock; 0: none
 	attempts int
+	pending  bool // an attempt was sent whose outcome the throttle has not counted
 }
 
 // Begin starts a logical request: it counts it and credits the retry
@@ -317,12 +318,35 @@ func (c *Call) Admit() error {
 	if wait > 0 {
 		r.o.Observer.Paced(wait)
 		if err := r.o.Sleep(c.ctx, wait); err != nil {
+			r.mu.Lock()
+			r.pacer.Cancel() // the slot goes to the next request
+			r.mu.Unlock()
 			return err
 		}
 	}
 	c.attempts++
+	c.pending = true
 	r.o.Observer.Attempt(c.attempts > 1)
 	return nil
+}
+
+// End records how the last attempt ended without deciding on a retry:
+// for a transport that will not retry it whatever the outcome (a stream
+// that has sent more than it can replay). Each attempt Admit let go is
+// counted once, by End or Next, whichever comes first.
+func (c *Call) End(res Result) {
+	c.r.mu.Lock()
+	c.endLocked(res)
+	c.r.mu.Unlock()
+}
+
+// endLocked counts the pending attempt's outcome for the throttle. r.mu
+// must be held.
+func (c *Call) endLocked(res Result) {
+	if c.pending && c.r.throttle != nil {
+		c.r.throttle.Done(c.r.o.Clock.Now(), !res.Refused && !res.Unanswered)
+	}
+	c.pending = false
 }
 
 // fits reports whether waiting d from now leaves time before the
@@ -353,7 +377,8 @@ const (
 	StopCancelled = "cancelled"
 )
 
-// Next records how the last attempt ended and decides whether to retry:
+// Next records how the last attempt ended (unless End did) and decides
+// whether to retry:
 // it returns the wait before the next attempt and "" to retry, or the
 // reason to stop (one of the Stop constants). The wait is the larger of the
 // backoff's full-jitter draw and the server's wait jittered upward; a retry
@@ -364,9 +389,7 @@ func (c *Call) Next(res Result) (time.Duration, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.o.Clock.Now()
-	if r.throttle != nil && !res.Refused && !res.Unanswered {
-		r.throttle.Accept(now)
-	}
+	c.endLocked(res)
 	switch {
 	case res.OK:
 		return 0, StopDone

@@ -19,6 +19,14 @@ import (
 // about K requests per accept, so it notices recovery. Requests rejected
 // locally count as requests, as in the book.
 //
+// A request that is sent is counted when its outcome is known (Done), not
+// when it goes out: counted on sending, the requests in flight would weigh
+// as refused until they are answered, and a client that sends a burst of
+// concurrent requests with an empty window would count tens of requests
+// and no accept, and refuse most of its own burst to a healthy server.
+// Counting on completion is also how the common implementations of the
+// book's throttle count (go-kratos' and go-zero's "sre" breakers).
+//
 // The window is split into buckets that expire whole. Until the window
 // holds minRequests requests the throttle rejects nothing: one refusal of a
 // new client's first request would otherwise shed half of what follows.
@@ -88,15 +96,25 @@ func Probability(requests, accepts int64, k float64) float64 {
 	return max(p, 0)
 }
 
-// Allow counts a request at now and reports whether to send it: false with
-// the throttle's probability (u is a uniform draw in [0, 1)), a local
-// rejection.
+// Allow reports whether to send a request at now: false with the
+// throttle's probability (u is a uniform draw in [0, 1)), a local
+// rejection, which counts as a request at once. A request it lets go is
+// counted by Done, once its outcome is known.
 func (t *Throttle) Allow(now clock.Instant, u float64) bool {
-	p := t.Probability(now)
-	t.at(now).requests++
-	return !(u < p)
+	if u < t.Probability(now) {
+		t.at(now).requests++
+		return false
+	}
+	return true
 }
 
-// Accept counts a request the server accepted at now: any answer that is
-// not a refusal for load or quota.
-func (t *Throttle) Accept(now clock.Instant) { t.at(now).accepts++ }
+// Done counts, at now, a request that Allow let go and whose outcome is
+// known: accepted (any answer that is not a refusal for load or quota) or
+// not (refused, or no answer came).
+func (t *Throttle) Done(now clock.Instant, accepted bool) {
+	b := t.at(now)
+	b.requests++
+	if accepted {
+		b.accepts++
+	}
+}

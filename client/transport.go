@@ -68,6 +68,7 @@ var _ http.RoundTripper = (*Transport)(nil)
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := t.Retrier
 	if r == nil {
+		closeBody(req)
 		return nil, errors.New("client: Transport without a Retrier")
 	}
 	base := t.Base
@@ -83,6 +84,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var err error
 	for {
 		if aerr := call.Admit(); aerr != nil {
+			if call.Attempts() == 0 {
+				closeBody(req) // never sent: a RoundTripper closes the body, errors included
+			}
 			return nil, aerr
 		}
 		resp, err = t.attempt(ctx, base, req, call, id)
@@ -104,6 +108,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if werr := call.Wait(wait); werr != nil {
 			return nil, werr
 		}
+	}
+}
+
+// closeBody closes req's body, which the base transport closes once it has
+// sent req: for a request that returns before that (http.RoundTripper's
+// contract; a file stays open, an io.Pipe's writer blocks for good).
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
 	}
 }
 

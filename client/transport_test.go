@@ -384,3 +384,42 @@ func TestTransportPaces(t *testing.T) {
 		t.Fatalf("attempt times %v, waits %v", base.at[85:], f.waits)
 	}
 }
+
+// closeCount is a request body that counts its Close calls.
+type closeCount struct {
+	io.Reader
+	closed atomic.Int64
+}
+
+func (c *closeCount) Close() error { c.closed.Add(1); return nil }
+
+// A request refused locally (the throttle, pacing past the deadline) or by
+// a Transport without a Retrier has its body closed, as a RoundTripper
+// must: it was never sent, so no base transport closed it.
+func TestLocalRejectionClosesTheBody(t *testing.T) {
+	f := newFake()
+	base := newScripted(f, overloaded)
+	tr := &client.Transport{Retrier: f.retrier(t, 11, client.Options{MaxAttempts: 1}), Base: base}
+	shed := 0
+	for range 200 {
+		body := &closeCount{Reader: strings.NewReader("x")}
+		req, _ := http.NewRequest("POST", "http://svc/x", body)
+		resp, err := tr.RoundTrip(req)
+		if errors.Is(err, client.ErrThrottled) {
+			shed++
+			if body.closed.Load() != 1 {
+				t.Fatalf("a body refused locally was closed %d times", body.closed.Load())
+			}
+		} else if resp != nil {
+			resp.Body.Close()
+		}
+	}
+	if shed == 0 {
+		t.Fatal("nothing was shed locally")
+	}
+	body := &closeCount{Reader: strings.NewReader("x")}
+	req, _ := http.NewRequest("POST", "http://svc/x", body)
+	if _, err := (&client.Transport{}).RoundTrip(req); err == nil || body.closed.Load() != 1 {
+		t.Fatalf("without a Retrier: %v, body closed %d times", err, body.closed.Load())
+	}
+}

@@ -161,7 +161,7 @@ func classifyStatus(ctx context.Context, err error, trailer metadata.MD) client.
 			res.EffectPossible = d.GetMetadata()["effect_possible"] != "false"
 		case *errdetails.RetryInfo:
 			if res.Wait == 0 && d.GetRetryDelay() != nil {
-				res.Wait = d.GetRetryDelay().AsDuration()
+				res.Wait = min(max(d.GetRetryDelay().AsDuration(), 0), client.MaxWait)
 			}
 		}
 	}
@@ -183,18 +183,22 @@ func classifyStatus(ctx context.Context, err error, trailer metadata.MD) client.
 	return res
 }
 
-// pushbackOf reads grpc-retry-pushback-ms: the wait, negative for "do not
-// retry"; a malformed value is ignored, as gRFC A6 says.
+// pushbackOf reads grpc-retry-pushback-ms (gRFC A6, "Pushback"): the wait,
+// or −1 for "do not retry", which a negative value says, and so does one
+// that is not a 32-bit integer or a key given more than once (as grpc-go's
+// own retries read them: clientStream.shouldRetry in stream.go). ok is
+// false without the key.
 func pushbackOf(md metadata.MD) (d time.Duration, ok bool) {
 	v := md.Get(PushbackKey)
-	if len(v) != 1 {
+	switch len(v) {
+	case 0:
 		return 0, false
+	case 1:
+	default:
+		return -1, true
 	}
 	ms, err := strconv.ParseInt(v[0], 10, 32)
-	if err != nil {
-		return 0, false
-	}
-	if ms < 0 {
+	if err != nil || ms < 0 {
 		return -1, true
 	}
 	return time.Duration(ms) * time.Millisecond, true
@@ -233,7 +237,9 @@ func StreamClientInterceptor(r *client.Retrier, opts ClientOptions) grpc.StreamC
 }
 
 // retryStream is a client stream that can be opened again, with its sent
-// messages replayed, until its first answer.
+// messages replayed, until its first answer. As a grpc.ClientStream, one
+// goroutine may send (SendMsg, CloseSend) while another receives (RecvMsg,
+// Header): no lock is held while a call of the stream blocks.
 type retryStream struct {
 	call *client.Call
 	r    *client.Retrier
@@ -241,11 +247,16 @@ type retryStream struct {
 	open func() (grpc.ClientStream, error)
 	max  int
 
-	mu        sync.Mutex // guards what follows; held while sending
+	// sendMu is held while sending (SendMsg, CloseSend, a replay), so that
+	// messages go out in order and a replay comes before what follows it.
+	sendMu sync.Mutex
+	// mu guards what follows; it is never held while sending or receiving.
+	mu        sync.Mutex
 	cs        grpc.ClientStream
 	sent      []any
 	closed    bool // CloseSend called
-	committed bool // an answer came, or too much to replay: no more retries
+	committed bool // no more retries: an answer came, or too much to replay
+	answered  bool // the first answer came, or the stream ended
 }
 
 func (s *retryStream) current() grpc.ClientStream {
@@ -254,10 +265,23 @@ func (s *retryStream) current() grpc.ClientStream {
 	return s.cs
 }
 
+// answer records the stream's first answer: no more retries, and the
+// attempt counts as accepted (the throttle's count; a refusal comes before
+// any answer).
+func (s *retryStream) answer() {
+	s.mu.Lock()
+	first := !s.answered
+	s.answered, s.committed, s.sent = true, true, nil
+	s.mu.Unlock()
+	if first {
+		s.call.End(client.Result{OK: true})
+	}
+}
+
 func (s *retryStream) Header() (metadata.MD, error) {
 	md, err := s.current().Header()
 	if err == nil && md != nil {
-		s.commit()
+		s.answer()
 	}
 	return md, err
 }
@@ -266,15 +290,19 @@ func (s *retryStream) Trailer() metadata.MD     { return s.current().Trailer() }
 func (s *retryStream) Context() context.Context { return s.current().Context() }
 
 func (s *retryStream) CloseSend() error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.closed = true
-	return s.cs.CloseSend()
+	cs := s.cs
+	s.mu.Unlock()
+	return cs.CloseSend()
 }
 
 func (s *retryStream) SendMsg(m any) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.committed {
 		if len(s.sent) < s.max {
 			s.sent = append(s.sent, m)
@@ -282,8 +310,10 @@ func (s *retryStream) SendMsg(m any) error {
 			s.committed, s.sent = true, nil
 		}
 	}
-	err := s.cs.SendMsg(m)
-	if errors.Is(err, io.EOF) && !s.committed {
+	cs, replayable := s.cs, !s.committed
+	s.mu.Unlock()
+	err := cs.SendMsg(m)
+	if errors.Is(err, io.EOF) && replayable {
 		// The attempt ended before this message went out (a refusal
 		// comes at the stream's start). m is kept for the next attempt;
 		// RecvMsg learns how this one ended and retries or reports it.
@@ -292,38 +322,30 @@ func (s *retryStream) SendMsg(m any) error {
 	return err
 }
 
-func (s *retryStream) commit() {
-	s.mu.Lock()
-	s.committed, s.sent = true, nil
-	s.mu.Unlock()
-}
-
 func (s *retryStream) RecvMsg(m any) error {
 	for {
 		cs := s.current()
 		err := cs.RecvMsg(m)
+		if err == nil || errors.Is(err, io.EOF) {
+			s.answer()
+			return err
+		}
 		s.mu.Lock()
-		first := !s.committed
+		first, retry := !s.answered, !s.committed
 		s.mu.Unlock()
-		if err == nil {
-			if first {
-				s.commit()
-				s.call.Next(client.Result{OK: true})
-			}
-			return nil
-		}
 		if !first {
-			return err
-		}
-		if errors.Is(err, io.EOF) {
-			s.commit()
-			s.call.Next(client.Result{OK: true})
-			return err
+			return err // after an answer, errors are the caller's
 		}
 		observe(s.r, cs.Trailer())
-		wait, stop := s.call.Next(classifyStatus(s.ctx, err, cs.Trailer()))
+		res := classifyStatus(s.ctx, err, cs.Trailer())
+		if !retry { // sent more than it could replay: counted, not retried
+			s.call.End(res)
+			s.end()
+			return err
+		}
+		wait, stop := s.call.Next(res)
 		if stop != "" {
-			s.commit()
+			s.end()
 			return err
 		}
 		if werr := s.call.Wait(wait); werr != nil {
@@ -335,27 +357,42 @@ func (s *retryStream) RecvMsg(m any) error {
 	}
 }
 
-// reopen opens the stream again and replays what was sent.
+// end marks the stream over without an answer: nothing more is retried.
+func (s *retryStream) end() {
+	s.mu.Lock()
+	s.answered, s.committed, s.sent = true, true, nil
+	s.mu.Unlock()
+}
+
+// reopen opens the stream again and replays what was sent. The replay runs
+// on its own goroutine, holding sendMu (later sends wait for it), so that
+// RecvMsg can read the new stream's answers while it runs: a server that
+// answers each message before it reads the next would otherwise stall on
+// flow control against a replay nobody reads for.
 func (s *retryStream) reopen() error {
 	if err := s.call.Admit(); err != nil {
 		return local(err)
 	}
 	cs, err := s.open()
 	if err != nil {
+		s.call.End(classifyStatus(s.ctx, err, nil))
 		return err
 	}
+	s.sendMu.Lock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.cs = cs
-	for _, m := range s.sent {
-		if err := cs.SendMsg(m); errors.Is(err, io.EOF) {
-			return nil // this attempt ended too: RecvMsg gets its status
-		} else if err != nil {
-			return err
+	msgs, closed := s.sent, s.closed
+	s.mu.Unlock()
+	go func() {
+		defer s.sendMu.Unlock()
+		for _, m := range msgs {
+			if err := cs.SendMsg(m); err != nil {
+				return // the attempt ended (io.EOF) or broke: RecvMsg gets its status
+			}
 		}
-	}
-	if s.closed {
-		return cs.CloseSend()
-	}
+		if closed {
+			cs.CloseSend()
+		}
+	}()
 	return nil
 }

@@ -3,6 +3,7 @@ package grpcgate_test
 import (
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -199,5 +200,93 @@ func TestClientLocalRejection(t *testing.T) {
 	}
 	if !errors.Is(last, client.ErrThrottled) || status.Code(last) != codes.Unavailable {
 		t.Fatalf("after 50 failures: %v (code %v)", last, status.Code(last))
+	}
+}
+
+// healthyConn dials an echo server (no gate) through the client
+// interceptors over r, with opts.
+func healthyConn(t *testing.T, r *client.Retrier, opts grpcgate.ClientOptions) *grpc.ClientConn {
+	t.Helper()
+	return serve(t, func(s *grpc.Server) { s.RegisterService(&echoDesc, &echo{}) }, nil,
+		grpc.WithDisableRetry(),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20), grpc.MaxCallSendMsgSize(8<<20)),
+		grpc.WithStreamInterceptor(grpcgate.StreamClientInterceptor(r, opts)))
+}
+
+// One goroutine sends while another receives, as grpc-go allows: a send
+// blocked on flow control must not keep the receiver from draining the
+// answers that would unblock it (SendMsg held the stream's lock while it
+// sent, and RecvMsg waited for it: no echo of 32 MiB came back).
+func TestClientStreamSendsWhileReceiving(t *testing.T) {
+	r, err := client.New(client.Options{})
+	must(t, err)
+	conn := healthyConn(t, r, grpcgate.ClientOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs, err := conn.NewStream(ctx, &streamDesc, "/"+service+"/Stream")
+	must(t, err)
+	const n = 32
+	big := wrapperspb.String(string(make([]byte, 1<<20)))
+	sent := make(chan error, 1)
+	go func() {
+		for range n {
+			if err := cs.SendMsg(big); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- cs.CloseSend()
+	}()
+	got := 0
+	for {
+		out := new(wrapperspb.StringValue)
+		if err := cs.RecvMsg(out); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("after %d echoes: %v", got, err)
+			}
+			break
+		}
+		got++
+	}
+	if err := <-sent; err != nil || got != n {
+		t.Fatalf("send: %v; %d echoes of %d", err, got, n)
+	}
+}
+
+// Healthy streams count as accepted by the adaptive throttle, also when
+// the caller reads the header first or sends more than it can replay
+// (both committed the stream without telling the throttle, which took
+// every such stream for a refusal and soon refused them locally).
+func TestClientStreamsCountAsAccepted(t *testing.T) {
+	r, err := client.New(client.Options{})
+	must(t, err)
+	conn := healthyConn(t, r, grpcgate.ClientOptions{MaxReplay: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 100 {
+		cs, err := conn.NewStream(ctx, &streamDesc, "/"+service+"/Stream")
+		if err != nil {
+			t.Fatalf("stream %d: %v (throttle p = %v)", i, err, r.ThrottleProbability())
+		}
+		for range 1 + i%2*4 { // odd streams send 5, more than the 2 kept
+			must(t, cs.SendMsg(wrapperspb.String("x")))
+		}
+		must(t, cs.CloseSend())
+		if i%2 == 0 { // the header first (the echo sends it with its first answer)
+			if _, err := cs.Header(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for {
+			if err := cs.RecvMsg(new(wrapperspb.StringValue)); err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+	if p := r.ThrottleProbability(); p != 0 {
+		t.Fatalf("throttle p = %v after 100 healthy streams", p)
 	}
 }

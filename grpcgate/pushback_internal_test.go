@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -39,6 +41,34 @@ func TestPushbackValues(t *testing.T) {
 		ms, secs := pushback(tc.d, tc.j, tc.rnd)
 		if ms != tc.ms || secs != tc.secs {
 			t.Errorf("%s: pushback %d ms, %d s; want %d, %d", tc.name, ms, secs, tc.ms, tc.secs)
+		}
+	}
+}
+
+// A pushback the client cannot read as one 32-bit integer of at least 0
+// means "do not retry", as grpc-go's own retries read it.
+func TestPushbackOf(t *testing.T) {
+	for _, c := range []struct {
+		vals []string
+		d    time.Duration
+		ok   bool
+	}{
+		{nil, 0, false},
+		{[]string{"0"}, 0, true},
+		{[]string{"1500"}, 1500 * time.Millisecond, true},
+		{[]string{"-1"}, -1, true},
+		{[]string{"abc"}, -1, true},
+		{[]string{"1.5"}, -1, true},
+		{[]string{"99999999999"}, -1, true},
+		{[]string{""}, -1, true},
+		{[]string{"10", "20"}, -1, true},
+	} {
+		md := metadata.MD{}
+		for _, v := range c.vals {
+			md.Append(PushbackKey, v)
+		}
+		if d, ok := pushbackOf(md); d != c.d || ok != c.ok {
+			t.Errorf("%q: %v, %v; want %v, %v", c.vals, d, ok, c.d, c.ok)
 		}
 	}
 }

@@ -672,7 +672,7 @@ func (e *engine) send(i int32) {
 			if a.measured {
 				e.m.reject(d.Reason, float64(a.units))
 			}
-			a.answered = true
+			e.answer(a, false)
 			e.retry(i, d.Reason, d.Retryable, d.RetryAfter)
 			e.unref(i)
 			return
@@ -762,7 +762,7 @@ func (e *engine) unadmit(a *attempt, reason sluice.Reason) {
 func (e *engine) turnAway(i int32, reason sluice.Reason) {
 	a := &e.slab[i]
 	if !a.answered {
-		a.answered = true
+		e.answer(a, false)
 		e.unadmit(a, reason)
 		retryAfter := time.Duration(0)
 		if reason == sluice.ReasonQueue {
@@ -924,10 +924,7 @@ func (e *engine) finish(i int32, how uint8) {
 			}
 			e.drop(i, sluice.OutcomeCancelled)
 		case now <= a.giveUp && !a.answered:
-			a.answered = true
-			if sc := e.sluiceClient(a); sc != nil {
-				sc.throttle.Accept(clock.Instant(now))
-			}
+			e.answer(a, true)
 			if win {
 				e.m.Goodput += float64(a.units)
 				e.byClass(a).Goodput += float64(a.units)
@@ -947,6 +944,16 @@ func (e *engine) finish(i int32, how uint8) {
 		}
 	}
 	e.dispatch()
+}
+
+// answer marks attempt a answered (or given up on by its caller): the
+// caller knows its outcome, which a sluice client's throttle counts, as
+// package client counts it (accepted: a useful answer in time).
+func (e *engine) answer(a *attempt, accepted bool) {
+	a.answered = true
+	if sc := e.sluiceClient(a); sc != nil {
+		sc.throttle.Done(clock.Instant(e.clk.now), accepted)
+	}
 }
 
 // drop releases attempt i from the service without an answer.
@@ -969,14 +976,15 @@ func (e *engine) timeout(i int32) {
 		// Still waiting for a slot: the queue turns it away as its caller
 		// leaves (reason queue, never admitted), which counts as that
 		// rejection rather than as a timeout of admitted work.
-		a.parked, a.answered = false, true
+		a.parked = false
+		e.answer(a, false)
 		e.unadmit(a, sluice.ReasonQueue)
 		e.done(a, sluice.OutcomeCancelled)
 		a.refs-- // the service's; the caller's goes below
 		e.retry(i, sluice.ReasonNone, true, 0)
 	}
 	if a = &e.slab[i]; !a.answered {
-		a.answered = true
+		e.answer(a, false)
 		if e.inWindow() {
 			e.m.TimedOut += float64(a.units)
 		}
