@@ -219,7 +219,7 @@ func TestForeignValueFailsOneDecision(t *testing.T) {
 	defer st.Close()
 	fw, _ := limit.NewFixedWindow(1000, time.Hour)
 	lim, _ := bind(st)(FixedWindow("foreign", fw))
-	if err := st.rc().Do(context.Background(), st.rc().B().Set().Key(st.key("foreign", "poison")).Value("x").Build()).Error(); err != nil {
+	if err := st.rc().Do(context.Background(), st.rc().B().Set().Key(lim.(*limiter).stateKey("poison")).Value("x").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

@@ -46,6 +46,7 @@ func checkCount(kind, name string, limit int64) error {
 // answers {status, remaining, retry_after_ns, reset_after_ns, wait_ns}.
 type Spec struct {
 	name    string
+	layout  string // what the state under the keys means: the algorithm and its units (see keys)
 	script  *rueidis.Lua
 	batch   *rueidis.Lua // the batched form (batch.go); nil: never batched
 	fixed   []string
@@ -114,7 +115,7 @@ func (l *limiter) Take(ctx context.Context, key string, now clock.Instant, cost 
 	var v [5]int64
 	var err error
 	if l.batcher != nil {
-		v, err = l.batcher.do(ctx, l.s.key(l.name, key), "take", cost, extra, budget)
+		v, err = l.batcher.do(ctx, l.stateKey(key), "take", cost, extra, budget)
 	} else {
 		var sent bool
 		v, sent, err = l.s.run(ctx, l.script, l.keys(key), l.args("take", cost, extra), true)
@@ -152,7 +153,7 @@ func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now cl
 	}
 	extra := strconv.FormatUint(uint64(h), 16)
 	if l.batcher != nil {
-		_, err := l.batcher.do(ctx, l.s.key(l.name, key), "refund", cost, extra, 0)
+		_, err := l.batcher.do(ctx, l.stateKey(key), "refund", cost, extra, 0)
 		return err
 	}
 	_, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra), false)
@@ -174,7 +175,7 @@ func (l *limiter) release(ctx context.Context, key string, h store.Handle, cost 
 
 // keys returns the script's keys for a state key, all in one slot.
 func (l *limiter) keys(key string) []string {
-	k := l.s.key(l.name, key)
+	k := l.stateKey(key)
 	switch {
 	case l.permits:
 		return []string{k + ":permits", k + ":held"}
@@ -183,6 +184,17 @@ func (l *limiter) keys(key string) []string {
 	}
 	return []string{k}
 }
+
+// stateKey is the Redis key of key's state: the store's hash-tagged key
+// of the limiter's name and key, then the Spec's layout. Two limiters
+// under one name whose states mean different things (another algorithm,
+// whose script would meet a value of the wrong type, WRONGTYPE, for as
+// long as the old key lives; or the same one with other units: a rate of
+// another period, another window) keep apart, as a process running one
+// policy and a process running the next do during a rolling deploy. A
+// Spec's limit, burst or queue is not part of it: a state carries over a
+// new one.
+func (l *limiter) stateKey(key string) string { return l.s.key(l.name, key) + ":" + l.layout }
 
 // Limit returns the quota.
 func (l *limiter) Limit() int64 { return l.limit }
@@ -238,7 +250,7 @@ func TokenBucket(name string, tb *limit.TokenBucket) (*Spec, error) {
 		return nil, param.Errorf("burst", "redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
 	}
 	fill := int64(tb.Window())
-	return &Spec{name: name, script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(),
+	return &Spec{name: name, layout: "tb:" + r.String(), script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(),
 		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
 }
 
@@ -253,7 +265,7 @@ func GCRA(name string, g *limit.GCRA) (*Spec, error) {
 	if burst > maxExact/max(per, 1000*n) {
 		return nil, param.Errorf("burst", "redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
 	}
-	return &Spec{name: name, script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(),
+	return &Spec{name: name, layout: "gcra:" + r.String(), script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(),
 		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
 }
 
@@ -269,7 +281,7 @@ func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
 	if err := checkCount("fixed window", name, w.Limit()); err != nil {
 		return nil, err
 	}
-	return &Spec{name: name, script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(),
+	return &Spec{name: name, layout: "fw:" + w.Window().String(), script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(),
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
 }
 
@@ -306,7 +318,7 @@ func Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (*Spec, e
 	if err := checkCount("concurrency", name, c.Limit()); err != nil {
 		return nil, err
 	}
-	return &Spec{name: name, script: concurrencyScript, limit: c.Limit(), permits: true, meta: true,
+	return &Spec{name: name, layout: "conc", script: concurrencyScript, limit: c.Limit(), permits: true, meta: true,
 		fixed: []string{packDoubles(c.Limit(), ttl.Microseconds())}}, nil
 }
 
@@ -324,7 +336,7 @@ func LeakyBucket(name string, lb *limit.LeakyBucket) (*Spec, error) {
 	// The schedule runs at most (queue+1)·T ahead of now: the last admitted
 	// request's slot, which Window (the longest wait, queue·T) leaves out.
 	ahead := time.Duration(ceilDiv((lb.Queue()+1)*per, n))
-	return &Spec{name: name, script: leakyBucketScript, batch: leakyBucketBatch, limit: lb.Limit(), window: lb.Window(), paced: true,
+	return &Spec{name: name, layout: "lb:" + r.String(), script: leakyBucketScript, batch: leakyBucketBatch, limit: lb.Limit(), window: lb.Window(), paced: true,
 		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(ahead))}}, nil
 }
 
@@ -342,7 +354,7 @@ func SlidingWindow(name string, w *limit.SlidingWindow) (*Spec, error) {
 	if w.Limit() > maxExact/us {
 		return nil, param.Errorf("limit", "redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
 	}
-	return &Spec{name: name, script: slidingWindowScript, batch: slidingWindowBatch, limit: w.Limit(), window: w.Window(),
+	return &Spec{name: name, layout: "sw:" + w.Window().String(), script: slidingWindowScript, batch: slidingWindowBatch, limit: w.Limit(), window: w.Window(),
 		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}, nil
 }
 
@@ -359,7 +371,7 @@ func SlidingLog(name string, w *limit.SlidingLog) (*Spec, error) {
 	if err := checkCount("sliding log", name, w.Limit()); err != nil {
 		return nil, err
 	}
-	return &Spec{name: name, script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
+	return &Spec{name: name, layout: "slog:" + w.Window().String(), script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds(), ttlMs(w.Window()))}}, nil
 }
 

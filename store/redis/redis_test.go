@@ -86,7 +86,7 @@ func TestCorruptStateReadsFresh(t *testing.T) {
 	for _, raw := range []string{nan, huge, string(make([]byte, 16)) + "x", "not ours", packDoubles(1<<53, 1<<53),
 		"\x00\x00\x00\x00\x00\x00\xf0\x7f\x00\x00\x00\x00\x00\x00\xf0\x7f" /* +Inf, +Inf */, "\x00\x00\x00\x00\x00\x00\xf0\xff\x00\x00\x00\x00\x00\x00\xf0\xff" /* -Inf */} {
 		for name, lim := range map[string]store.Limiter{"tb": ltb, "gcra": lg, "leaky": llb} {
-			key := st.key(name, "k")
+			key := lim.(*limiter).stateKey("k")
 			if err := st.rc().Do(context.Background(), st.rc().B().Set().Key(key).Value(raw).Build()).Error(); err != nil {
 				t.Fatal(err)
 			}
@@ -195,5 +195,58 @@ func (s *Store) rc() rueidis.Client {
 			panic("redis: no connection after 10 s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Limiters of one name whose states mean different things keep apart: a
+// fixed window after a token bucket (a policy reload that changed the
+// gate's kind, or the next policy's processes in a rolling deploy) met the
+// bucket's string with HMGET, WRONGTYPE, for the key's whole TTL; a bucket
+// of another rate period would read the old one's units. A new burst keeps
+// the state.
+func TestKindChangeUnderOneName(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	take := func(lim store.Limiter) limit.Result {
+		t.Helper()
+		r, _, err := lim.Take(ctx, "k1", 0, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	perHour, _ := limit.NewRate(1, time.Hour)
+	perMin, _ := limit.NewRate(1, time.Minute)
+	tb, _ := limit.NewTokenBucket(perHour, 2)
+	bucket, _ := bind(st)(TokenBucket("g", tb))
+	take(bucket)
+	take(bucket)
+	if r := take(bucket); r.OK() {
+		t.Fatalf("the bucket's third take: %+v", r)
+	}
+	fw, _ := limit.NewFixedWindow(10, time.Hour)
+	window, _ := bind(st)(FixedWindow("g", fw))
+	if r := take(window); !r.OK() || r.Remaining != 9 {
+		t.Fatalf("a fixed window of the bucket's name: %+v, want a fresh window", r)
+	}
+	slog, _ := limit.NewSlidingLog(10, time.Hour)
+	log, _ := bind(st)(SlidingLog("g", slog))
+	if r := take(log); !r.OK() || r.Remaining != 9 {
+		t.Fatalf("a sliding log of the bucket's name: %+v", r)
+	}
+	other, _ := limit.NewTokenBucket(perMin, 2)
+	perMinute, _ := bind(st)(TokenBucket("g", other))
+	if r := take(perMinute); !r.OK() || r.Remaining != 1 {
+		t.Fatalf("a bucket of another rate: %+v, want a fresh one", r)
+	}
+	deeper, _ := limit.NewTokenBucket(perHour, 5)
+	sameRate, _ := bind(st)(TokenBucket("g", deeper))
+	if r := take(sameRate); !r.OK() || r.Remaining != 2 {
+		t.Fatalf("a deeper bucket of the same rate: %+v, want the old state (3 of 5 spent)", r)
 	}
 }
