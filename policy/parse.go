@@ -23,7 +23,7 @@ import (
 
 // Load reads, parses and validates the policy file at path (see Parse).
 func Load(path string) (*File, error) {
-	data, err := os.ReadFile(path)
+	data, err := yamlfile.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +209,7 @@ func (p *parser) readFile(v *yaml.Node, path, name string) ([]byte, bool) {
 	if !filepath.IsAbs(name) {
 		name = filepath.Join(filepath.Dir(p.File), name)
 	}
-	b, err := os.ReadFile(name)
+	b, err := yamlfile.ReadFile(name)
 	if err != nil {
 		p.Errf(v, path, "%v", err)
 		return nil, false

@@ -276,6 +276,23 @@ func TestHalfWrittenFileNeverLoads(t *testing.T) {
 	if n := len(h.s.Chain().Gates()); n != gates {
 		t.Fatalf("a policy with no gates replaced the serving one: %d gates", n)
 	}
+	// The refused file, now written in place, is not loaded either: it
+	// was (half a policy, one gate, loaded as if it had replaced the file).
+	os.WriteFile(h.file, []byte(half), 0o644)
+	h.poll(5)
+	if n := len(h.s.Chain().Gates()); n != gates {
+		t.Fatalf("an in-place write to a refused file was loaded: %d gates of %d", n, gates)
+	}
+	os.WriteFile(h.file, []byte(full), 0o644)
+	if changed, err := h.s.Reload(); !changed || err != nil {
+		t.Fatal(changed, err)
+	}
+	// And a replacement after it reloads by itself.
+	h.replace(strings.Replace(full, "limit: 50", "limit: 70", 1))
+	h.poll(3)
+	if p := h.policyOf("third"); p.Quota != 70 {
+		t.Fatalf("an atomic replacement after SIGHUP was not loaded: %+v", p)
+	}
 }
 
 // policyOf returns the advertised policy of gate name.

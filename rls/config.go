@@ -292,7 +292,7 @@ func Load(path string) (*Config, error) {
 		return nil, err
 	}
 	if !st.IsDir() {
-		data, err := os.ReadFile(path)
+		data, err := yamlfile.ReadFile(path)
 		if err != nil {
 			return nil, err
 		}
@@ -315,7 +315,7 @@ func Load(path string) (*Config, error) {
 		} else if !fi.Mode().IsRegular() {
 			continue // a link to a folder, a named pipe (reading it would block)
 		}
-		data, err := os.ReadFile(p)
+		data, err := yamlfile.ReadFile(p)
 		if err != nil {
 			return nil, err
 		}

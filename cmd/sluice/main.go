@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-go/sluice/examples"
 	"github.com/sluice-go/sluice/internal/buildinfo"
 	"github.com/sluice-go/sluice/internal/sysmon"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/proxy"
 	"github.com/sluice-go/sluice/rls"
@@ -238,7 +239,7 @@ func readPolicy(config string, data *[]byte, name *string) error {
 	if config == "" {
 		return nil
 	}
-	b, err := os.ReadFile(config)
+	b, err := yamlfile.ReadFile(config)
 	if err != nil {
 		return err
 	}

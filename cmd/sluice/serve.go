@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
 	"github.com/sluice-go/sluice/grpcgate/extauthz"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/rls"
 	"github.com/sluice-go/sluice/serve"
 )
@@ -151,7 +152,7 @@ func isRLSConfig(path string) (bool, error) {
 	if st.IsDir() {
 		return true, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := yamlfile.ReadFile(path)
 	if err != nil {
 		return false, err
 	}

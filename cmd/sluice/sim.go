@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/internal/sim"
 	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 )
 
 // simFlags are the flags of sluice sim.
@@ -165,7 +166,7 @@ func simPolicy(config, scenarioPolicy string) (*sim.Policy, error) {
 	if config == "" {
 		return nil, errors.New("no policy: give --config FILE (or --no-policy)")
 	}
-	data, err := os.ReadFile(config)
+	data, err := yamlfile.ReadFile(config)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/internal/buildinfo"
+	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/wire"
@@ -100,7 +101,7 @@ func New(opts Options) (*Host, error) {
 	data := opts.ConfigData
 	if data == nil {
 		var err error
-		if data, err = os.ReadFile(opts.Config); err != nil {
+		if data, err = yamlfile.ReadFile(opts.Config); err != nil {
 			return nil, fmt.Errorf("policy file: %w", err)
 		}
 	}
@@ -185,7 +186,7 @@ func (h *Host) reload(explicit bool) (bool, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	data, err := os.ReadFile(h.opts.Config)
+	data, err := yamlfile.ReadFile(h.opts.Config)
 	if err != nil {
 		h.log.Error("policy reload refused: cannot read file; the old policy keeps serving", "file", h.opts.Config, "err", err)
 		return false, err
@@ -265,18 +266,39 @@ func (h *Host) keepModeOverrides(rt *policy.Runtime) {
 // policy with fewer gates), so the watcher cannot know it is complete. It
 // logs that the change waits for SIGHUP, once per change.
 func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
+	// loaded is the file serving; tried the last file the watcher tried and
+	// the policy refused. An in-place write to either is not loaded: a file
+	// refused once and then edited in place may be read half-written as
+	// well (it loaded a truncated but valid policy, one gate of two).
 	loaded, _ := os.Stat(h.opts.Config)
+	var tried os.FileInfo
 	pending, told := "", ""
+	same := func(fi, of os.FileInfo) bool { return of != nil && os.SameFile(fi, of) }
+	unchanged := func(fi, of os.FileInfo) bool {
+		return same(fi, of) && fi.ModTime().Equal(of.ModTime()) && fi.Size() == of.Size()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticks:
 			fi, err := os.Stat(h.opts.Config)
-			if err != nil || (loaded != nil && os.SameFile(fi, loaded) && fi.ModTime().Equal(loaded.ModTime()) && fi.Size() == loaded.Size()) {
-				continue // unchanged
+			if err != nil {
+				continue
 			}
-			data, err := os.ReadFile(h.opts.Config)
+			// A file no longer at the path is forgotten: its inode number
+			// may be reused by the next file renamed there, which would
+			// then look like it, written in place.
+			if !same(fi, loaded) {
+				loaded = nil
+			}
+			if !same(fi, tried) {
+				tried = nil
+			}
+			if unchanged(fi, loaded) || unchanged(fi, tried) {
+				continue
+			}
+			data, err := yamlfile.ReadFile(h.opts.Config)
 			if err != nil {
 				continue
 			}
@@ -285,10 +307,13 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 				loaded = fi // what serves (reloaded on SIGHUP, say)
 				continue
 			}
-			if loaded != nil && os.SameFile(fi, loaded) {
+			if same(fi, loaded) || same(fi, tried) {
 				if v != told {
 					told = v
 					h.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", h.opts.Config)
+				}
+				if same(fi, tried) {
+					tried = fi // told once for this content
 				}
 				continue
 			}
@@ -297,7 +322,9 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 				continue
 			}
 			if _, err := h.reload(false); err == nil {
-				loaded = fi
+				loaded, tried = fi, nil
+			} else {
+				tried = fi
 			}
 		}
 	}

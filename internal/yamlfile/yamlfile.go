@@ -12,12 +12,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -197,9 +201,68 @@ func clip(s string) string {
 	return s
 }
 
+// maxMsg bounds a message: a value quoted in it (a name of megabytes) is
+// cut, so that a refused file is not logged at its own size.
+const maxMsg = 400
+
 // Errf records an error at n's line in field.
 func (w *Walker) Errf(n *yaml.Node, field, format string, args ...any) {
-	w.Errs = append(w.Errs, &Error{File: w.File, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)})
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) > maxMsg {
+		cut := maxMsg - 3
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "..."
+	}
+	w.Errs = append(w.Errs, &Error{File: w.File, Line: n.Line, Field: field, Msg: msg})
+}
+
+// MaxFileSize is the largest file ReadFile reads (4 MiB): a policy, a
+// scenario, or a file one names (a password, a certificate) is far smaller.
+const MaxFileSize = 4 << 20
+
+// ReadFile reads the file at path, which must be a regular file of at
+// most MaxFileSize bytes. A FIFO, a device or a directory is refused
+// without reading it (a FIFO would block the reader for good, /dev/zero
+// would fill the memory), and so is a larger file.
+func ReadFile(path string) ([]byte, error) {
+	// O_NONBLOCK: opening a FIFO waits for a writer otherwise; a regular
+	// file reads the same either way.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if m := fi.Mode(); !m.IsRegular() {
+		what := "not a regular file"
+		switch {
+		case m.IsDir():
+			what = "is a directory"
+		case m&os.ModeNamedPipe != 0:
+			what = "is a named pipe (FIFO), not a regular file"
+		case m&os.ModeDevice != 0:
+			what = "is a device, not a regular file"
+		case m&os.ModeSocket != 0:
+			what = "is a socket, not a regular file"
+		}
+		return nil, fmt.Errorf("%s: %s", path, what)
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%s: %d bytes, more than the %d a file may have here", path, fi.Size(), MaxFileSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("%s: more than the %d bytes a file may have here", path, MaxFileSize)
+	}
+	return data, nil
 }
 
 // Fields walks a mapping, reporting unknown and duplicate keys, and calls
