@@ -3,12 +3,16 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // --version and the version command print the same line, from the
@@ -114,5 +118,60 @@ func TestProxyLogsJSONAndNoSecrets(t *testing.T) {
 	}
 	if !strings.Contains(log, "draining") {
 		t.Fatalf("no drain logged:\n%s", log)
+	}
+}
+
+// A SIGHUP while the proxy is still starting (building a policy whose
+// Redis does not answer yet: systemctl reload right after start) is
+// ignored; it ended the process (SIGHUP's default action) before the
+// reload handler was installed.
+func TestHangupDuringStartIsIgnored(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer up.Close()
+	// A Redis that takes connections and never answers: the start waits
+	// for it (up to its timeouts) before serving.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var conns []net.Conn
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "p.yaml")
+	os.WriteFile(pol, []byte("version: 1\nstore: {backend: redis, addrs: ["+ln.Addr().String()+"], timeout: 500ms}\n"+
+		"gates:\n  - {name: r, kind: token_bucket, scope: service, rate: 10/s, burst: 10, on_failure: fail_open}\n"), 0o644)
+	c := startChild(t, "proxy", "--config", pol, "--upstream", up.URL, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--admin-token", "x")
+	for range 5 { // well after the process started, while it waits for Redis
+		time.Sleep(100 * time.Millisecond)
+		c.cmd.Process.Signal(syscall.SIGHUP)
+	}
+	c.waitLine("sluice proxy serving")
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-c.exited:
+		if err != nil {
+			t.Fatalf("exit %v:\n%s", err, c.logText())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("did not stop:\n%s", c.logText())
 	}
 }

@@ -200,8 +200,13 @@ func proxyCmd() *cobra.Command {
 // keepMonitorAwake starts a serving command again with the Go runtime's
 // system monitor kept awake (sysmon.Reexec: at 2,000 requests/s it halved
 // the proxy's CPU per request), unless GODEBUG already names schedtrace.
-// Where that cannot be done the command goes on as it is.
+// Where that cannot be done the command goes on as it is. It first has a
+// SIGHUP ignored until the command listens for it (reloads): one that came
+// while the policy was still being built (systemctl reload right after
+// start) ended the process, SIGHUP's default action. The setting carries
+// over the exec.
 func keepMonitorAwake(cmd *cobra.Command) {
+	signal.Ignore(syscall.SIGHUP)
 	if err := sysmon.Reexec(); err != nil {
 		if log, lerr := logger(cmd); lerr == nil {
 			log.Debug("runtime monitor left as the runtime decides", "reason", err)
