@@ -31,7 +31,7 @@ type deadlineParams struct {
 
 func (p *deadlineParams) fields() []field {
 	return []field{
-		shareField("percentile", "the percentile of recent service times a request is predicted to take, e.g. 90%", &p.percentile).dflt("90%%"),
+		shareField("percentile", "the percentile of recent service times a request is predicted to take, e.g. 90%", &p.percentile).dflt("90%%").nonZero(),
 		durationField("reserve", "time a response still needs after the work (R)", &p.reserve, 0).dflt("0s"),
 		durationField("margin", "safety margin (U)", &p.margin, 0).dflt("0s"),
 		intField("min_samples", "completions of a class before its estimate is trusted", &p.minSamples, 1, 1<<20).dflt("20").feeds("MinSamples"),

@@ -37,6 +37,35 @@ func (f field) must() field { f.required = true; return f }
 // dflt documents f's default.
 func (f field) dflt(format string, args ...any) field { f.def = fmt.Sprintf(format, args...); return f }
 
+// nonZero refuses an explicit 0 in f (after dflt, whose default it names):
+// the library reads a zero setting as unset, so a 0 written in the file
+// would silently become the default.
+func (f field) nonZero() field {
+	parse, def := f.parse, f.def
+	f.typ += ", not 0"
+	f.parse = func(p *parser, v *yaml.Node, path string) {
+		parse(p, v, path)
+		if zeroScalar(v) {
+			p.Errf(v, path, "0 reads as unset here; leave the field out for the default (%s), or give a value above 0", def)
+		}
+	}
+	return f
+}
+
+// zeroScalar reports whether v is a scalar that reads as 0: a number, a
+// share ("0%") or a duration ("0s").
+func zeroScalar(v *yaml.Node) bool {
+	if v.Kind != yaml.ScalarNode {
+		return false
+	}
+	s := strings.TrimSpace(v.Value)
+	if x, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64); err == nil {
+		return x == 0
+	}
+	d, err := time.ParseDuration(s)
+	return err == nil && d == 0
+}
+
 // feeds names the Go parameters f sets (by default, none: errors of the
 // parameter named like the key land on it too).
 func (f field) feeds(params ...string) field { f.sets = params; return f }
@@ -137,6 +166,10 @@ func sharesField(key, doc string, dst *[]float64) field {
 func thresholdsField(key, doc string, enter, exit *float64) field {
 	return field{key: key, typ: "{enter: share, exit: share}", doc: doc, parse: func(p *parser, v *yaml.Node, path string) {
 		p.Fields(v, path, []string{"enter", "exit"}, func(k string, vv *yaml.Node) {
+			if zeroScalar(vv) {
+				p.Errf(vv, yamlfile.Join(path, k), "0 reads as unset here; leave the field out for the default, or give a share above 0")
+				return
+			}
 			if k == "enter" {
 				*enter = p.share(vv, yamlfile.Join(path, k))
 			} else {
@@ -154,12 +187,18 @@ func sharePerClassField(key, doc string, dst *map[string]float64) field {
 			p.Errf(v, path, "want a mapping of class to share, e.g. {critical: 20%%}")
 			return
 		}
+		lines := map[string]int{}
 		for k := 0; k+1 < len(v.Content); k += 2 {
 			class, sv := v.Content[k], v.Content[k+1]
 			if !validName(class.Value) {
 				p.Errf(class, yamlfile.Join(path, class.Value), "%q is not a class name", class.Value)
 				continue
 			}
+			if first, dup := lines[class.Value]; dup {
+				p.Errf(class, yamlfile.Join(path, class.Value), "class %s listed twice (first at line %d)", class.Value, first)
+				continue
+			}
+			lines[class.Value] = class.Line
 			(*dst)[class.Value] = p.share(sv, yamlfile.Join(path, class.Value))
 		}
 	}}
@@ -191,9 +230,13 @@ func (p *parser) classList(v *yaml.Node, path string) []string {
 	}
 	var out []string
 	for j, c := range v.Content {
-		name := p.Str(c, fmt.Sprintf("%s[%d]", path, j))
-		if name != "" && !validName(name) {
-			p.Errf(c, fmt.Sprintf("%s[%d]", path, j), "%q: class names use a-z, 0-9, '_' and '-'", name)
+		at := fmt.Sprintf("%s[%d]", path, j)
+		name := p.Str(c, at)
+		switch {
+		case name != "" && !validName(name):
+			p.Errf(c, at, "%q: class names use a-z, 0-9, '_' and '-'", name)
+		case slices.Contains(out, name):
+			p.Errf(c, at, "class %s listed twice", name)
 		}
 		out = append(out, name)
 	}

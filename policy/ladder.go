@@ -34,7 +34,7 @@ func (p *ladderParams) fields() []field {
 			dflt("{enter: %v, exit: %v}", d.DegradeEnter, d.DegradeExit).feeds("DegradeEnter", "DegradeExit"),
 		thresholdsField("shed", "demand at or above enter: → SHED from any state; SHED → RECOVER below exit", &p.cfg.ShedEnter, &p.cfg.ShedExit).
 			dflt("{enter: %v, exit: %v}", d.ShedEnter, d.ShedExit).feeds("ShedEnter", "ShedExit"),
-		durationField("min_dwell", "least time in a state before stepping down", &p.cfg.MinDwell, 0).dflt("%v", d.MinDwell).feeds("MinDwell"),
+		durationField("min_dwell", "least time in a state before stepping down", &p.cfg.MinDwell, 0).dflt("%v", d.MinDwell).nonZero().feeds("MinDwell"),
 		sharesField("recover", "shares of non-protected load admitted in RECOVER, one step each", &p.cfg.RecoverSteps).
 			dflt("%s", percents(d.RecoverSteps)).feeds("RecoverSteps"),
 		durationField("step_every", "length of each recovery step", &p.cfg.StepEvery, time.Millisecond).dflt("%v", d.StepEvery).feeds("StepEvery"),

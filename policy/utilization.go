@@ -44,9 +44,9 @@ func (p *utilizationParams) fields() []field {
 	c := shed.ControllerConfig{}.WithDefaults()
 	o := shed.UtilizationOptions{}.WithDefaults()
 	return []field{
-		shareField("good", "utilization below which shedding decays", &p.ctrl.Good).dflt("%v", c.Good).feeds("Good"),
-		shareField("bad", "utilization above which shedding grows (between good and bad nothing moves)", &p.ctrl.Bad).dflt("%v", c.Bad).feeds("Bad"),
-		durationField("delay", "how long utilization stays above bad before the first shed", &p.ctrl.Delay, 0).dflt("%v", c.Delay).feeds("Delay"),
+		shareField("good", "utilization below which shedding decays", &p.ctrl.Good).dflt("%v", c.Good).nonZero().feeds("Good"),
+		shareField("bad", "utilization above which shedding grows (between good and bad nothing moves)", &p.ctrl.Bad).dflt("%v", c.Bad).nonZero().feeds("Bad"),
+		durationField("delay", "how long utilization stays above bad before the first shed", &p.ctrl.Delay, 0).dflt("%v", c.Delay).nonZero().feeds("Delay"),
 		durationField("shed_all_after", "time from the first shed to shedding everything at full pressure", &p.ctrl.ShedAllAfter, time.Second).
 			dflt("%v", c.ShedAllAfter).feeds("ShedAllAfter"),
 		classesField("tiers", "classes in shed order, first shed first", &p.tiers).must(),

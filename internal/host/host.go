@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -360,9 +361,17 @@ func digest(b []byte) string {
 // (mode 0600; the file's path and the token's Fingerprint are logged, the
 // token never is), and that file (for Options.TokenFile; "" when token was
 // given). It refuses an empty token on any other address: the admin API
-// can switch gates off. who prefixes errors ("proxy", "serve").
+// can switch gates off. who prefixes errors ("proxy", "serve"). A given
+// token is taken without surrounding white space (a newline read from a
+// file with it: a client's Authorization value loses it, so the token
+// could never match), and refused if white space or a control character
+// is left inside it, which no Bearer credential can carry.
 func AdminToken(who, addr, token string, log *slog.Logger) (string, string, error) {
+	token = strings.TrimSpace(token)
 	if token != "" {
+		if i := strings.IndexFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+			return "", "", fmt.Errorf("%s: the admin token has white space or a control character at byte %d: no client can send it as a bearer token", who, i)
+		}
 		return token, "", nil
 	}
 	if !Loopback(addr) {

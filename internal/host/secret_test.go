@@ -66,3 +66,20 @@ func mustRead(t *testing.T, path string) []byte {
 	}
 	return b
 }
+
+// A given admin token loses the white space around it (a newline of the
+// file it came from, which no client's Authorization value keeps) and is
+// refused with white space or a control character inside.
+func TestAdminTokenTrimmed(t *testing.T) {
+	for _, c := range []struct{ give, want, err string }{
+		{"s3cret\n", "s3cret", ""},
+		{"  s3cret ", "s3cret", ""},
+		{"s3 cret", "", "white space or a control character at byte 2"},
+		{"s3\x00cret", "", "at byte 2"},
+	} {
+		got, file, err := AdminToken("proxy", "127.0.0.1:9901", c.give, nil)
+		if got != c.want || file != "" || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%q: %q, %q, %v; want %q, error %q", c.give, got, file, err, c.want, c.err)
+		}
+	}
+}
