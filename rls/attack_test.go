@@ -303,3 +303,29 @@ func TestMetricKeyLabelBounded(t *testing.T) {
 		t.Errorf("hits under %s: %v, want 5", OtherKey, got)
 	}
 }
+
+// A call whose context has ended before it is decided counts nothing, on
+// every backend: the memory store counted its hits (three such calls used
+// up a limit of 2 a minute) while Redis, which refuses to send a call of an
+// ended context, counted none.
+func TestEndedContextCountsNothing(t *testing.T) {
+	cfg := mustParse(t, conformanceConfig)
+	for _, b := range backends(t, false) {
+		t.Run(b.name, func(t *testing.T) {
+			s, clk := b.server(t, cfg, Options{})
+			clk.Set(sec(1200))
+			ended, cancel := context.WithCancel(context.Background())
+			cancel()
+			req := &Request{Domain: "edge", Descriptors: []Descriptor{d("path", "/a")}}
+			for range 3 {
+				if _, err := s.ShouldRateLimit(ended, req); !errors.Is(err, context.Canceled) {
+					t.Fatalf("an ended call: %v", err)
+				}
+			}
+			resp, err := s.ShouldRateLimit(context.Background(), req)
+			if err != nil || resp.Overall != CodeOK {
+				t.Fatalf("the first live call after three ended ones: %+v, %v", resp, err)
+			}
+		})
+	}
+}

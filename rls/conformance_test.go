@@ -171,6 +171,15 @@ func TestJSONHandler(t *testing.T) {
 		{`{"domain":"edge","descriptors":[{"entries":[{"key":"k"}],"limit":{"unit":"FORTNIGHT"}}]}`, 400, "not a RateLimitUnit"},
 		{`{"domain":"edge","descriptors":[{"entries":[{"key":"k"}],"limit":{"unit":"UNKNOWN"}}]}`, 400, "limit.unit 0 is not a unit"},
 		{`{"domain":"edge","surprise":1}`, 400, "unknown field"},
+		// names exactly as protojson reads them, once each, in UTF-8 (the
+		// gRPC endpoint's answers), and no WEEK in a request
+		{`{"DOMAIN":"edge","descriptors":[{"entries":[{"key":"k"}]}]}`, 400, `unknown field "DOMAIN"`},
+		{`{"domain":"edge","hitsaddend":1,"descriptors":[{"entries":[{"key":"k"}]}]}`, 400, `unknown field "hitsaddend"`},
+		{`{"domain":"edge","domain":"other","descriptors":[{"entries":[{"key":"k"}]}]}`, 400, `field "domain" given twice`},
+		{`{"domain":"edge","descriptors":[{"entries":[{"key":"k","key":"j"}]}]}`, 400, `field "key" given twice`},
+		{"{\"domain\":\"edge\",\"descriptors\":[{\"entries\":[{\"key\":\"k\",\"value\":\"\xff\"}]}]}", 400, "not UTF-8"},
+		{`{"domain":"edge","descriptors":[{"entries":[{"key":"k"}],"limit":{"requestsPerUnit":1,"unit":"WEEK"}}]}`, 400, "limit.unit 7 is not a unit of requests"},
+		{`{"domain":"edge","descriptors":[{"entries":[{"key":"k"}],"limit":{"requestsPerUnit":1,"unit":7}}]}`, 400, "limit.unit 7 is not a unit of requests"},
 		{`{"domain":"edge"} {}`, 400, "data after the JSON object"},
 		{`not json`, 400, "not a RateLimitRequest"},
 		{`{"domain":"` + strings.Repeat("x", 2000) + `"}`, 413, "over 1024 bytes"},

@@ -3,12 +3,15 @@ package rls
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -114,6 +117,34 @@ func FuzzJSON(f *testing.F) {
 			if !json.Valid(rec.Body.Bytes()) {
 				t.Fatalf("%d with invalid JSON %q", rec.Code, rec.Body.Bytes())
 			}
+		}
+	})
+}
+
+// FuzzDecodeRequest: no body makes DecodeRequest panic, and a body it
+// takes is UTF-8 and decodes again to the same request.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"domain":"edge","hitsAddend":4,"descriptors":[{"entries":[{"key":"tenant","value":"a"}],"limit":{"requestsPerUnit":1,"unit":"HOUR"}}]}`,
+		`{"domain":"edge","descriptors":[{"entries":[{"key":"k","key":"j"}]}]}`,
+		`{"DOMAIN":"x"}`, `[]`, `{"domain":{"domain":1}}`, `{"descriptors":[[],{}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeRequest(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%q: %v does not wrap ErrInvalid", data, err)
+			}
+			return
+		}
+		if !utf8.Valid(data) {
+			t.Fatalf("%q: not UTF-8, taken", data)
+		}
+		again, err := DecodeRequest(data)
+		if err != nil || !reflect.DeepEqual(r, again) {
+			t.Fatalf("%q: decoded twice differently: %v", data, err)
 		}
 	})
 }

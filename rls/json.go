@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultMaxBody is the largest request body JSONHandler reads by default.
@@ -168,6 +169,71 @@ func clipJSON(s string) string {
 	return s
 }
 
+// jsonNames are the field names of a RateLimitRequest in proto3 JSON, at
+// any depth (the decoder places them).
+var jsonNames = map[string]bool{
+	"domain": true, "descriptors": true, "hitsAddend": true, "hits_addend": true,
+	"entries": true, "key": true, "value": true, "limit": true, "isNegativeHits": true, "is_negative_hits": true,
+	"requestsPerUnit": true, "requests_per_unit": true, "unit": true,
+}
+
+// checkNames walks data's tokens and refuses an object key that is not
+// one of jsonNames as written, or that an object holds twice: encoding/json
+// matches names without regard to case and keeps the last of two. A
+// syntax error is left to the decoder.
+func checkNames(data []byte) error {
+	type frame struct {
+		obj, wantKey bool
+		keys         map[string]bool
+	}
+	var stack []*frame
+	top := func() *frame {
+		if len(stack) == 0 {
+			return nil
+		}
+		return stack[len(stack)-1]
+	}
+	valueDone := func() {
+		if f := top(); f != nil && f.obj {
+			f.wantKey = true
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		if f := top(); f != nil && f.obj && f.wantKey {
+			if tok == json.Delim('}') {
+				stack = stack[:len(stack)-1]
+				valueDone()
+				continue
+			}
+			name, _ := tok.(string)
+			switch {
+			case !jsonNames[name]:
+				return fmt.Errorf("unknown field %s", clipJSON(strconv.Quote(name)))
+			case f.keys[name]:
+				return fmt.Errorf("field %q given twice", name)
+			}
+			f.keys[name], f.wantKey = true, false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{obj: true, wantKey: true, keys: map[string]bool{}})
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
+}
+
 // either returns the one of a field's two spellings that is set; both set
 // is an error, as in protojson.
 func either[T any](a, b *T, name string) (*T, error) {
@@ -180,11 +246,20 @@ func either[T any](a, b *T, name string) (*T, error) {
 	return b, nil
 }
 
-// DecodeRequest parses a RateLimitRequest in proto3 JSON. Unknown fields,
-// a field given under both its names, trailing data and values out of
-// range are errors wrapping ErrInvalid. Semantic checks (an empty domain,
-// too many descriptors) are the Service's.
+// DecodeRequest parses a RateLimitRequest in proto3 JSON. Unknown fields
+// (names match exactly, as protojson matches them), a field given twice
+// (under one name or under both), text that is not UTF-8, trailing data and
+// values out of range are errors wrapping ErrInvalid. Semantic checks (an
+// empty domain, too many descriptors) are the Service's.
 func DecodeRequest(data []byte) (*Request, error) {
+	if !utf8.Valid(data) {
+		// encoding/json would read each bad byte as U+FFFD, so that two
+		// different values shared one counter; the gRPC endpoint refuses them.
+		return nil, fmt.Errorf("%w: body is not UTF-8 (JSON text must be)", ErrInvalid)
+	}
+	if err := checkNames(data); err != nil {
+		return nil, fmt.Errorf("%w: body is not a RateLimitRequest in JSON: %v", ErrInvalid, err)
+	}
 	var jr jsonRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

@@ -519,8 +519,10 @@ func (s *Server) validate(r *Request) error {
 			return fmt.Errorf("%w: descriptors[%d] has %d entries, more than %d", ErrInvalid, i, len(d.Entries), s.opts.MaxEntries)
 		case d.Hits != nil && *d.Hits > MaxHits:
 			return fmt.Errorf("%w: descriptors[%d].hits_addend %d is more than %d", ErrInvalid, i, *d.Hits, uint64(MaxHits))
-		case d.Limit != nil && (d.Limit.Unit == UnitUnknown || d.Limit.Unit > Week):
-			return fmt.Errorf("%w: descriptors[%d].limit.unit %d is not a unit (SECOND 1 … YEAR 6, WEEK 7)", ErrInvalid, i, d.Limit.Unit)
+		case d.Limit != nil && (d.Limit.Unit == UnitUnknown || d.Limit.Unit > Year):
+			// envoy.type.v3.RateLimitUnit ends at YEAR; WEEK is the
+			// response's unit only.
+			return fmt.Errorf("%w: descriptors[%d].limit.unit %d is not a unit of requests (SECOND 1 … YEAR 6; WEEK 7 is a response's only)", ErrInvalid, i, d.Limit.Unit)
 		}
 		for j, e := range d.Entries {
 			switch {
@@ -648,6 +650,12 @@ func (s *Server) execute(ctx context.Context, domain string, plans []plan, now c
 	}
 	if n == 0 {
 		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		// Ended before any store work: nothing is counted, on any
+		// backend (the memory store counted the hits of a call whose
+		// answer no one got, where Redis refused to send them).
+		return err
 	}
 	if s.opts.Redis != nil {
 		cctx := ctx
