@@ -90,7 +90,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, aerr
 		}
 		resp, err = t.attempt(ctx, base, req, call, id)
-		res := classify(ctx, resp, err)
+		res := classify(ctx, resp, err, call.Attempts() < r.o.MaxAttempts)
 		if resp != nil {
 			t.observe(resp)
 		}
@@ -260,7 +260,7 @@ func ParseEnvelope(body []byte) (e Envelope, ok bool) {
 }
 
 // classify reads an attempt's outcome.
-func classify(ctx context.Context, resp *http.Response, err error) Result {
+func classify(ctx context.Context, resp *http.Response, err error, mayRetry bool) Result {
 	if err != nil {
 		if ctx.Err() != nil {
 			return Result{Unanswered: true, Cause: "cancelled"} // the caller's own deadline or cancel: Next stops
@@ -285,6 +285,11 @@ func classify(ctx context.Context, resp *http.Response, err error) Result {
 	// Without an envelope: a 429 is a quota refusal before any work (RFC
 	// 6585); a 503, 502 or 504 may come after work began.
 	res.EffectPossible = resp.StatusCode != http.StatusTooManyRequests
+	// The envelope only tells whether to retry: a last attempt leaves the
+	// body unread (a slow one delayed the answer by as long as it took).
+	if !mayRetry {
+		return res
+	}
 	if env, ok := readEnvelope(resp); ok {
 		res.Retryable, res.EffectPossible = env.Retryable, env.EffectPossible
 	}

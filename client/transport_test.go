@@ -423,3 +423,37 @@ func TestLocalRejectionClosesTheBody(t *testing.T) {
 		t.Fatalf("without a Retrier: %v, body closed %d times", err, body.closed.Load())
 	}
 }
+
+// countReads is a body that counts its reads.
+type countReads struct {
+	io.Reader
+	reads atomic.Int64
+}
+
+func (c *countReads) Read(p []byte) (int, error) { c.reads.Add(1); return c.Reader.Read(p) }
+func (c *countReads) Close() error               { return nil }
+
+// A refusal on the last attempt is handed back with its body unread: the
+// envelope only decides a retry, and a slow body held the answer back for
+// as long as it took to arrive.
+func TestLastAttemptLeavesTheBodyUnread(t *testing.T) {
+	f := newFake()
+	body := &countReads{Reader: strings.NewReader(retryableEnvelope)}
+	base := newScripted(f, func(int, *http.Request) (*http.Response, error) {
+		r := reply(503, map[string]string{"Content-Type": "application/json"}, "")
+		r.Body = body
+		return r, nil
+	})
+	tr := &client.Transport{Retrier: f.retrier(t, 1, client.Options{MaxAttempts: 1}), Base: base}
+	req, _ := http.NewRequest("GET", "http://svc/x", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != 503 {
+		t.Fatal(resp, err)
+	}
+	if n := body.reads.Load(); n != 0 {
+		t.Fatalf("the body was read %d times before RoundTrip returned", n)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != retryableEnvelope {
+		t.Fatalf("body %q", b)
+	}
+}
