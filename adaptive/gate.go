@@ -116,6 +116,10 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 // Pin holds the limit at n (n ≥ 1) whatever the controller says, until
 // Unpin; the controller keeps learning meanwhile.
 func (g *Gate) Pin(n int) {
+	// Under mu, as a window's close is: a close that read pinned false
+	// before the pin must not store its limit over it.
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.pinned.Store(true)
 	g.limit.Store(int64(max(n, 1)))
 }
