@@ -99,9 +99,10 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 		deliver(notes)
 		return q.reject(why), 0
 	}
+	w.until = now.Add(wait)
 	q.push(w)
 	id := q.hold(w)
-	park.Queue, park.ID, park.Until = q, uint64(id), now.Add(wait)
+	park.Queue, park.ID, park.Until = q, uint64(id), w.until
 	notes = append(notes, q.grown(now)...)
 	q.mu.Unlock()
 	deliver(notes)

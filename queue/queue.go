@@ -119,6 +119,7 @@ type waiter struct {
 	req     *sluice.Request
 	ctx     context.Context // the caller's, for the inner gate (blocking mode)
 	since   clock.Instant
+	until   clock.Instant // its wait runs out (since + the wait budget)
 	class   int           // index of its queue
 	ready   chan struct{} // blocking mode: closed once decided or dropped
 	waiting bool          // in a queue now
@@ -256,6 +257,7 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 		deliver(notes)
 		return q.reject(why), 0
 	}
+	w.until = now.Add(wait)
 	q.push(w)
 	notes = append(notes, q.grown(now)...)
 	q.mu.Unlock()
@@ -318,7 +320,10 @@ func (q *Queue) grown(now clock.Instant) []note {
 // freed slot goes to the waiter it is meant for, however many a release
 // freed (a weighted limit) or a grown limit added. A waiter the gate
 // rejects for another reason gets that rejection and the next one is
-// tried. The returned notes tell the waiters, once the lock is released.
+// tried. A waiter whose wait has run out by now (on Options.Clock) is
+// turned away as its timer would have: a release that comes before the
+// timer fires, or a clock that moved past it, must not start it late. The
+// returned notes tell the waiters, once the lock is released.
 // REQUIRES: q.mu held.
 func (q *Queue) grant(now clock.Instant) []note {
 	var notes []note
@@ -327,6 +332,11 @@ func (q *Queue) grant(now clock.Instant) []note {
 		w, lifo, ok := q.pop(now, &drops)
 		if !ok {
 			break
+		}
+		if w.until != 0 && now >= w.until {
+			q.dropped++
+			drops = append(drops, w)
+			continue
 		}
 		ctx := w.ctx
 		if ctx == nil {
