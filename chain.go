@@ -59,8 +59,9 @@ type Chain struct {
 }
 
 type entry struct {
-	gate Gate
-	mode atomic.Uint32
+	gate  Gate
+	mode  atomic.Uint32
+	waits bool // the gate may wait in Decide (Waiter)
 }
 
 // ErrUnknownGate is returned by SetMode for a name no gate of the chain has.
@@ -102,7 +103,7 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 			c.policies = append(c.policies, a.Policy())
 		}
 		if w, ok := As[Waiter](g); ok && w.MayWait() {
-			c.waits = true
+			c.waits, e.waits = true, true
 		}
 	}
 	for name := range opts.Modes {
@@ -193,6 +194,19 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 			continue
 		}
 		d, p := e.gate.Decide(ctx, r, now)
+		if d.Admitted && e.waits {
+			// The gate may have waited: the gates after it decide at the
+			// time it let the request go, and a deadline that passed
+			// meanwhile rejects it (a pacer after a queue computed its
+			// wait from the instant before the queue's).
+			now = c.clock.Now()
+			if r.Deadline != 0 && now >= r.Deadline {
+				hs[n] = held{gate: i, permit: p}
+				n++
+				c.release(hs[:n], r, Completion{Outcome: OutcomeRejected, Now: now})
+				return c.finish(r, Decision{Reason: ReasonDeadline, Scope: d.Scope, Gate: e.gate.Name()}, now), Ticket{}
+			}
+		}
 		if d.Admitted {
 			hs[n] = held{gate: i, permit: p}
 			n++
@@ -216,10 +230,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	}
 	t := c.pool.Get().(*ticket)
 	t.req = *r
-	t.start = now
-	if c.waits { // the work starts after any wait in a gate
-		t.start = c.clock.Now()
-	}
+	t.start = now // after any wait in a gate: now was read again after it
 	t.n = n
 	t.held = hs
 	tk := Ticket{t: t, gen: t.gen.Load()}
