@@ -774,7 +774,13 @@ func dropHopResponse(h *fasthttp.ResponseHeader) {
 		}
 	}
 	h.ResetConnectionClose()
+	// The status line is the proxy's own version, not the upstream's
+	// (RFC 9110 section 6.2): an HTTP/1.0 upstream's reached the client,
+	// which then closed every keep-alive connection after one answer.
+	h.SetProtocol(http11)
 }
+
+var http11 = []byte("HTTP/1.1")
 
 // dropNamedHop removes the Connection field and the fields it names.
 func dropNamedHop(h hopHeader) {

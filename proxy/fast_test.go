@@ -698,3 +698,50 @@ func TestAppendClientIP(t *testing.T) {
 		}
 	}
 }
+
+// An HTTP/1.0 upstream's answers go out in the proxy's own version, on a
+// connection kept alive: its "HTTP/1.0" reached the client, which then
+// closed every connection after one answer (python's http.server is such
+// an upstream).
+func TestHTTP10UpstreamAnsweredAsHTTP11(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					l, err := br.ReadString('\n')
+					if err != nil || l == "\r\n" {
+						break
+					}
+				}
+				io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}()
+		}
+	}()
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n", nil,
+		func(o *Options) { o.Upstream = u })
+	conn := dial(t, base)
+	br := bufio.NewReader(conn)
+	for i := range 2 {
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d on one connection: %v", i+1, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.Proto != "HTTP/1.1" || resp.Close || string(body) != "ok" {
+			t.Fatalf("answer %d: %s close %v %q", i+1, resp.Proto, resp.Close, body)
+		}
+	}
+}
