@@ -341,6 +341,11 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Chain returns the chain serving now.
 func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
 
+// TokenFile returns the file holding the generated admin token ("" when
+// the token was given). Run removes it when it returns; a process that
+// ends otherwise (a second SIGTERM during the drain) removes it itself.
+func (s *Server) TokenFile() string { return s.host.TokenFile() }
+
 // Reload re-reads the policy file. A valid file replaces the policy without
 // dropping requests in flight and keeps the state of unchanged gates; an
 // invalid one is refused, logged, and the old policy keeps serving. It

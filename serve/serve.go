@@ -248,6 +248,11 @@ func (s *Server) SetKeepAlivesEnabled(v bool) {
 // Chain returns the chain deciding now.
 func (s *Server) Chain() *sluice.Chain { return s.host.Chain() }
 
+// TokenFile returns the file holding the generated admin token ("" when
+// the token was given). Run removes it when it returns; a process that
+// ends otherwise (a second SIGTERM during the drain) removes it itself.
+func (s *Server) TokenFile() string { return s.host.TokenFile() }
+
 // Reload re-reads the policy file. A valid file that a decision service
 // can enforce replaces the policy and keeps the state of unchanged gates;
 // any other is refused, logged, and the old policy keeps serving. It

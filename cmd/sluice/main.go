@@ -170,6 +170,7 @@ func proxyCmd() *cobra.Command {
 			if err != nil {
 				return logStartErrors(cmd, opts.Logger, err)
 			}
+			onForcedExit(func() { removeTokenFile(s.TokenFile()) })
 			ctx, stop := stopContext(context.Background())
 			defer stop()
 			hup := make(chan os.Signal, 1)
@@ -195,6 +196,13 @@ func proxyCmd() *cobra.Command {
 	cmd.MarkFlagRequired("config")
 	cmd.MarkFlagRequired("upstream")
 	return cmd
+}
+
+// removeTokenFile removes a generated admin token's file, if there is one.
+func removeTokenFile(file string) {
+	if file != "" {
+		os.Remove(file)
+	}
 }
 
 // keepMonitorAwake starts a serving command again with the Go runtime's

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,23 +31,66 @@ import (
 	"github.com/sluice-go/sluice/serve"
 )
 
-// stopContext is done on the first SIGINT or SIGTERM. From then on the
-// two signals have their default action again: a second one ends the
-// process at once, cutting short a drain (--drain-delay, --drain-grace)
-// its operator does not want to wait for.
+// stopContext is done on the first SIGINT or SIGTERM. A second one ends
+// the process at once, cutting short a drain (--drain-delay, --drain-grace)
+// its operator does not want to wait for: the functions given to
+// onForcedExit run (a generated admin token's file is removed), and the
+// signal then takes its default action, so the process is seen to die of
+// it.
 func stopContext(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(parent)
-	sig := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() { close(done) })
+		cancel()
+	}
+	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
+		defer signal.Stop(sig)
 		select {
 		case <-sig:
-		case <-ctx.Done():
+		case <-done:
+			return
 		}
-		signal.Stop(sig) // the default action is back before ctx is done
 		cancel()
+		select {
+		case s := <-sig:
+			forcedExit.run()
+			signal.Stop(sig) // the default action is back
+			if p, err := os.FindProcess(os.Getpid()); err == nil {
+				p.Signal(s)
+			}
+		case <-done:
+		}
 	}()
-	return ctx, cancel
+	return ctx, stop
+}
+
+// forcedExit holds what must be done before a second signal ends the
+// process (onForcedExit).
+var forcedExit cleanups
+
+type cleanups struct {
+	mu  sync.Mutex
+	fns []func()
+}
+
+// onForcedExit adds f to what a second SIGINT or SIGTERM runs before it
+// ends the process.
+func onForcedExit(f func()) {
+	forcedExit.mu.Lock()
+	defer forcedExit.mu.Unlock()
+	forcedExit.fns = append(forcedExit.fns, f)
+}
+
+func (c *cleanups) run() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, f := range c.fns {
+		f()
+	}
 }
 
 // baseContext is the context `sluice serve` runs under until SIGINT or
@@ -353,6 +397,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	if err != nil {
 		return logStartErrors(cmd, log, err)
 	}
+	onForcedExit(func() { removeTokenFile(s.TokenFile()) })
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		s.Close()

@@ -347,6 +347,19 @@ func TestSecondSignalCutsTheDrainShort(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				t.Fatalf("still running 20 s after the second SIGTERM:\n%s", c.logText())
 			}
+			// The generated admin token's file goes with the process (it
+			// was left behind: one more file in /tmp per run).
+			m := regexp.MustCompile(`admin token generated.* file=(\S+)`).FindStringSubmatch(c.logText())
+			if m == nil {
+				if tc.name == "policy" {
+					t.Fatalf("no generated token logged:\n%s", c.logText())
+				}
+				return // the rate limit configuration's admin takes no token
+			}
+			if _, err := os.Stat(m[1]); !errors.Is(err, os.ErrNotExist) {
+				os.Remove(m[1])
+				t.Errorf("the token file %s outlived the second SIGTERM: %v", m[1], err)
+			}
 		})
 	}
 }

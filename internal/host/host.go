@@ -150,6 +150,10 @@ func (h *Host) Metrics() *metrics.Metrics { return h.metrics }
 // Chain returns the chain serving now.
 func (h *Host) Chain() *sluice.Chain { return h.mw.Chain() }
 
+// TokenFile returns the file of the generated admin token (Options.TokenFile;
+// "" when the token was given), which Close removes.
+func (h *Host) TokenFile() string { return h.opts.TokenFile }
+
 // Close releases the runtime serving now (its Redis client, its leases).
 func (h *Host) Close() {
 	h.mu.Lock()
