@@ -313,6 +313,9 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 				continue
 			}
 			if same(fi, loaded) || same(fi, tried) {
+				if v == h.refusedVersion() {
+					told = v // a reload (SIGHUP) refused this content and said why
+				}
 				if v != told {
 					told = v
 					h.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", h.opts.Config)
@@ -333,6 +336,13 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 			}
 		}
 	}
+}
+
+// refusedVersion returns the digest of the file content last refused.
+func (h *Host) refusedVersion() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.refused
 }
 
 // fileVersion returns the digest of the policy file serving now.
