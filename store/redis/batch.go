@@ -226,7 +226,7 @@ func (b *batcher) do(ctx context.Context, key, op string, cost int64, extra stri
 		return [5]int64{}, fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	g, br := b.group(key)
-	if br.open.Load() {
+	if br.held() {
 		s.maybeProbe(br)
 		return [5]int64{}, br.unavailable()
 	}
@@ -325,7 +325,7 @@ func (b *batcher) exec(batch []*call) {
 	}
 	br := s.breakerFor(batch[0].key) // one slot, one master
 	cn := s.conn.Load()
-	if cn == nil || br.open.Load() {
+	if cn == nil || br.held() {
 		s.maybeProbe(br)
 		fail(br.unavailable())
 		return

@@ -37,6 +37,9 @@ type breaker struct {
 	openUntil atomic.Int64 // the clock.Instant before which no probe goes
 	closedAt  atomic.Int64 // the clock.Instant a probe last closed it
 	probing   atomic.Bool  // one probe at a time
+	// checking: a call failed on a broken connection and a check of the
+	// node is under way; calls fail fast until it ends (held).
+	checking atomic.Bool
 	watching  atomic.Bool  // a watch runs (see Store.watch)
 	offset    atomic.Int64 // µs
 	epoch     atomic.Int64 // local µs when the current offset estimate began
@@ -86,6 +89,10 @@ func (b *breaker) name() string {
 }
 
 // unavailable returns the error of a call b fails fast.
+// held reports whether calls must not go to b's node now: b is open, or a
+// broken connection's check is under way.
+func (b *breaker) held() bool { return b.open.Load() || b.checking.Load() }
+
 func (b *breaker) unavailable() error {
 	if p := b.cause.Load(); p != nil {
 		return *p
@@ -210,17 +217,37 @@ func (s *Store) maybeProbe(b *breaker) {
 // failure policy.
 func (s *Store) suspect(b *breaker) { s.startProbe(b, s.confirm) }
 
+// suspectBroken starts the check of suspect after a call failed on a
+// broken connection (why), and holds the node's calls until it ends: they
+// fail fast with why. A dead node refuses each call at once, so while the
+// check ran every caller's next call went out and failed too (dozens a
+// check on a loaded host, each a dial against the dead node); a restarted
+// one answers the check's PING within a round trip.
+func (s *Store) suspectBroken(b *breaker, why error) {
+	if b.probing.Load() {
+		return // a probe is under way: it decides
+	}
+	b.setCause(why)
+	b.checking.Store(true)
+	if !s.startProbe(b, func(b *breaker) {
+		defer b.checking.Store(false)
+		s.confirm(b)
+	}) {
+		b.checking.Store(false)
+	}
+}
+
 // startProbe runs probe(b) in the background unless one runs already or
-// the store is closed.
-func (s *Store) startProbe(b *breaker, probe func(*breaker)) {
+// the store is closed; it reports whether it started it.
+func (s *Store) startProbe(b *breaker, probe func(*breaker)) bool {
 	if !b.probing.CompareAndSwap(false, true) {
-		return
+		return false
 	}
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
 	if s.closed {
 		b.probing.Store(false)
-		return
+		return false
 	}
 	s.probes.Add(1)
 	go func() {
@@ -228,6 +255,7 @@ func (s *Store) startProbe(b *breaker, probe func(*breaker)) {
 		defer b.probing.Store(false)
 		probe(b)
 	}()
+	return true
 }
 
 // trip counts a failed call and opens b for ProbeEvery; why is what

@@ -684,7 +684,7 @@ var errLate = errors.New("redis: the call reached Redis after its timeout and di
 func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
 	b := s.breakerFor(keys[0])
 	cn := s.conn.Load()
-	if cn == nil || b.open.Load() {
+	if cn == nil || b.held() {
 		s.maybeProbe(b)
 		return out, false, b.unavailable()
 	}
@@ -738,9 +738,9 @@ func (s *Store) failed(ctx context.Context, b *breaker, err error) {
 		// command), as a node gone: a sparse gate would spend a probe
 		// interval on its failure policy with Redis up. The check's PING
 		// dials a new connection; if the node is gone, it fails at once
-		// (refused) and b opens.
+		// (refused) and b opens; meanwhile the node's calls are held.
 		s.failures.Add(1)
-		s.suspect(b)
+		s.suspectBroken(b, err)
 	default:
 		s.trip(b, err)
 	}
