@@ -40,12 +40,12 @@ type breaker struct {
 	// checking: a call failed on a broken connection and a check of the
 	// node is under way; calls fail fast until it ends (held).
 	checking atomic.Bool
-	watching  atomic.Bool  // a watch runs (see Store.watch)
-	offset    atomic.Int64 // µs
-	epoch     atomic.Int64 // local µs when the current offset estimate began
-	known     atomic.Bool  // offset holds an estimate
-	readMu    sync.Mutex
-	reading   chan struct{} // closed when the clock read under way ends (nil: none)
+	watching atomic.Bool  // a watch runs (see Store.watch)
+	offset   atomic.Int64 // µs
+	epoch    atomic.Int64 // local µs when the current offset estimate began
+	known    atomic.Bool  // offset holds an estimate
+	readMu   sync.Mutex
+	reading  chan struct{} // closed when the clock read under way ends (nil: none)
 	// cause is the error the calls it fails fast get: ErrUnavailable with
 	// what opened it last (built once per opening, not per call), so that
 	// a gate's log says why (a refused password, a connection refused),
