@@ -30,8 +30,10 @@ package adaptive
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/param"
 )
 
@@ -53,6 +55,43 @@ type Window struct {
 	// QueueDelay is the longest time a request of the window waited before
 	// it started (QueueDelay controller).
 	QueueDelay time.Duration
+	// Late is how many of the samples ran past their deadline (Dropped
+	// tells whether any did).
+	Late int
+	// Start and End are when the window began (the previous window's end)
+	// and ended (its last sample's completion): Samples ÷ (End − Start) is
+	// the rate at which the service completed work. Zero in windows built
+	// by hand without them.
+	Start, End clock.Instant
+	// FreshRTT is the mean RTT of the samples admitted after Start (0 when
+	// none was): unlike RTT, it leaves out requests that were admitted
+	// under the window before, which a controller that has just lowered
+	// its limit to drain the service's queue (BBR's probe) wants to skip.
+	FreshRTT time.Duration
+	// FreshSamples is how many samples FreshRTT is the mean of.
+	FreshSamples int
+	// RTTDev is the standard deviation of the samples' RTTs (0 for one
+	// sample): with Samples it says how far RTT may be from the service's
+	// mean by chance, which for a mix of cheap and costly requests is far.
+	RTTDev time.Duration
+}
+
+// RTTError returns the standard error of the window's RTT as a mean,
+// RTTDev ÷ √Samples.
+func (w Window) RTTError() time.Duration {
+	if w.Samples < 2 {
+		return 0
+	}
+	return time.Duration(float64(w.RTTDev) / math.Sqrt(float64(w.Samples)))
+}
+
+// Rate returns the window's completion rate in requests per second (0
+// when its span is unknown).
+func (w Window) Rate() float64 {
+	if w.End <= w.Start {
+		return 0
+	}
+	return float64(w.Samples) / w.End.Sub(w.Start).Seconds()
 }
 
 // Controller sets a concurrency limit from windows of samples. A

@@ -60,29 +60,47 @@ func TestInvalidConfigs(t *testing.T) {
 	}
 }
 
-// The Windower closes a window at the first sample after its end, counts
-// it only with enough samples, drops samples faster than MinRTT, and
-// takes the next window's length from twice the shortest RTT.
+// The Windower closes a window at the first sample after its end once it
+// has enough samples (running on past its end until it has), drops samples
+// faster than MinRTT, takes the next window's length from twice the
+// shortest RTT, and tells apart the samples admitted within the window.
 func TestWindower(t *testing.T) {
 	w, err := adaptive.NewWindower(adaptive.WindowConfig{MinTime: 100 * time.Millisecond, MaxTime: time.Second, MinSamples: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ms := func(n int) clock.Instant { return clock.Instant(time.Duration(n) * time.Millisecond) }
-	// The very first sample closes a one-sample window, which does not count.
+	// The first window begins at its first sample's admission (-59 ms)
+	// and ends MinTime after its completion (101 ms).
 	if _, ok := w.Add(ms(1), adaptive.Sample{RTT: 60 * time.Millisecond, InFlight: 3}); ok {
-		t.Fatal("a one-sample window counted")
+		t.Fatal("a one-sample window closed")
 	}
-	// The next window ends 120 ms later (twice the 60 ms minimum).
 	w.Add(ms(10), adaptive.Sample{RTT: 10 * time.Microsecond}) // too fast: ignored
 	w.Add(ms(20), adaptive.Sample{RTT: 20 * time.Millisecond, InFlight: 5})
 	w.Add(ms(60), adaptive.Sample{RTT: 40 * time.Millisecond, InFlight: 7, QueueDelay: 3 * time.Millisecond})
-	if _, ok := w.Add(ms(121), adaptive.Sample{RTT: 30 * time.Millisecond, InFlight: 6, Dropped: true}); ok {
+	if _, ok := w.Add(ms(101), adaptive.Sample{RTT: 30 * time.Millisecond, InFlight: 6, Dropped: true}); ok {
 		t.Fatal("window closed early")
 	}
-	win, ok := w.Add(ms(122), adaptive.Sample{RTT: 50 * time.Millisecond, InFlight: 2})
-	want := adaptive.Window{Samples: 4, RTT: 35 * time.Millisecond, MinRTT: 20 * time.Millisecond, InFlight: 7, Dropped: true, QueueDelay: 3 * time.Millisecond}
+	win, ok := w.Add(ms(102), adaptive.Sample{RTT: 50 * time.Millisecond, InFlight: 2})
+	want := adaptive.Window{Samples: 5, RTT: 40 * time.Millisecond, MinRTT: 20 * time.Millisecond, InFlight: 7, Dropped: true,
+		QueueDelay: 3 * time.Millisecond, Late: 1, Start: ms(-59), End: ms(102), FreshRTT: 40 * time.Millisecond, FreshSamples: 5}
 	if !ok || win != want {
 		t.Fatalf("window %+v %v, want %+v", win, ok, want)
+	}
+	// The next window ends 100 ms later (twice its 20 ms minimum is less
+	// than MinTime) but runs on until it has three samples; the one
+	// admitted before it began (at 50 ms) is not fresh.
+	w.Add(ms(250), adaptive.Sample{RTT: 10 * time.Millisecond})
+	if _, ok := w.Add(ms(300), adaptive.Sample{RTT: 250 * time.Millisecond}); ok {
+		t.Fatal("a two-sample window closed")
+	}
+	win, ok = w.Add(ms(310), adaptive.Sample{RTT: 30 * time.Millisecond})
+	want = adaptive.Window{Samples: 3, RTT: 96666666, MinRTT: 10 * time.Millisecond, Start: ms(102), End: ms(310),
+		FreshRTT: 20 * time.Millisecond, FreshSamples: 2}
+	if !ok || win != want {
+		t.Fatalf("window %+v %v, want %+v", win, ok, want)
+	}
+	if r := win.Rate(); r < 14.42 || r > 14.43 { // 3 in 208 ms
+		t.Fatalf("rate %v, want 14.42/s", r)
 	}
 }

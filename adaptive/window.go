@@ -1,6 +1,7 @@
 package adaptive
 
 import (
+	"math"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
@@ -25,8 +26,10 @@ type WindowConfig struct {
 	// MinTime and MaxTime bound a window's length, which is twice the
 	// shortest RTT of the window before. Defaults 1 s and 1 s.
 	MinTime, MaxTime time.Duration
-	// MinSamples is the fewest samples a window needs to count; a window
-	// with fewer is dropped. Default 10.
+	// MinSamples is the fewest samples a window needs: a window that
+	// reaches its end time with fewer goes on until it has them, so that a
+	// slow or small service (one worker of 200 ms gives 5 samples a
+	// second) still closes windows. Default 10.
 	MinSamples int
 	// MinRTT is the shortest RTT that counts as a sample: faster ones
 	// (failed at once, answered from a cache) say nothing about the
@@ -35,14 +38,17 @@ type WindowConfig struct {
 }
 
 // Windower gathers samples into windows for a Controller, as Netflix's
-// WindowedLimit does: a window ends at the first sample after its end
-// time, and counts only with at least MinSamples samples; its RTT is their
-// mean. It is not safe for concurrent use.
+// WindowedLimit does: a window ends at the first sample after its end time
+// once it has at least MinSamples samples (it runs on until then); its RTT
+// is their mean. It is not safe for concurrent use.
 type Windower struct {
-	cfg  WindowConfig
-	next clock.Instant // end of the current window
-	cur  Window
-	sum  time.Duration
+	cfg   WindowConfig
+	next  clock.Instant // end of the current window
+	start clock.Instant // its beginning: the previous window's end (0: at its first sample)
+	cur   Window
+	sum   time.Duration
+	sumSq float64       // of the RTTs in seconds, for RTTDev
+	fresh time.Duration // of the samples admitted since start
 }
 
 // NewWindower returns an empty Windower.
@@ -68,27 +74,50 @@ func NewWindower(cfg WindowConfig) (*Windower, error) {
 	return &Windower{cfg: cfg}, nil
 }
 
-// Add takes a sample completed at now. When it ends a window that has
-// enough samples, it returns that window and true.
+// Add takes a sample completed at now. When it ends a window, it returns
+// that window and true.
 func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
 	if s.RTT < w.cfg.MinRTT {
 		return Window{}, false
 	}
 	c := &w.cur
+	if c.Samples == 0 && w.start == 0 && w.next == 0 {
+		// The first window of all begins with its first sample's
+		// admission.
+		w.start = now.Add(-s.RTT)
+		w.next = now.Add(w.cfg.MinTime)
+	}
 	if c.Samples == 0 || s.RTT < c.MinRTT {
 		c.MinRTT = s.RTT
 	}
 	c.Samples++
 	w.sum += s.RTT
+	w.sumSq += s.RTT.Seconds() * s.RTT.Seconds()
+	if now.Add(-s.RTT) >= w.start {
+		c.FreshSamples++
+		w.fresh += s.RTT
+	}
 	c.InFlight = max(c.InFlight, s.InFlight)
 	c.Dropped = c.Dropped || s.Dropped
+	if s.Dropped {
+		c.Late++
+	}
 	c.QueueDelay = max(c.QueueDelay, s.QueueDelay)
-	if now <= w.next {
+	if now <= w.next || c.Samples < w.cfg.MinSamples {
 		return Window{}, false
 	}
 	win := *c
 	win.RTT = w.sum / time.Duration(c.Samples)
+	if n := float64(c.Samples); n > 1 {
+		mean := w.sum.Seconds() / n
+		win.RTTDev = time.Duration(math.Sqrt(max(w.sumSq/n-mean*mean, 0)*n/(n-1)) * float64(time.Second))
+	}
+	if c.FreshSamples > 0 {
+		win.FreshRTT = w.fresh / time.Duration(c.FreshSamples)
+	}
+	win.Start, win.End = w.start, now
+	w.start = now
 	w.next = now.Add(min(max(2*c.MinRTT, w.cfg.MinTime), w.cfg.MaxTime))
-	*c, w.sum = Window{}, 0
-	return win, win.Samples >= w.cfg.MinSamples
+	*c, w.sum, w.sumSq, w.fresh = Window{}, 0, 0, 0
+	return win, true
 }

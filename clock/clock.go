@@ -49,3 +49,10 @@ func (system) Now() Instant { return Now() }
 // Now reads the real monotonic clock: what System returns, callable without
 // an interface dispatch on hot paths.
 func Now() Instant { return Instant(time.Since(epoch)) }
+
+// SystemEpoch returns the wall-clock time of System's zero Instant: an
+// Instant of System is SystemEpoch plus that many nanoseconds of
+// monotonic time. Processes that must act in the same wall-clock slots
+// (the probes of a fleet's adaptive limits) place System's Instants with
+// it.
+func SystemEpoch() time.Time { return epoch }

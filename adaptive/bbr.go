@@ -1,0 +1,395 @@
+package adaptive
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/clock"
+)
+
+// BBRConfig configures a BBR controller. Zero fields take the defaults.
+type BBRConfig struct {
+	// Initial, Min and Max bound the limit. Defaults 1, 1, 10,000: the
+	// controller finds the service's size itself, from one request in
+	// flight up.
+	Initial, Min, Max int
+	// Headroom is how far above the estimated capacity N̂ the limit sits:
+	// limit = ⌊(1 + Headroom)·N̂⌋. It keeps the service busy across the gap
+	// between a completion and the next admission, and bounds the queue
+	// the service holds to about Headroom of its service time. Default
+	// 0.25.
+	Headroom float64
+	// Tolerance is how much slower than the no-load RTT a window may be
+	// and still show no queue at the service. Default 0.1.
+	Tolerance float64
+	// ProbeInterval is how often, while the service holds a queue, the
+	// limit drops for one window to ProbeShare of N̂ so that the queue
+	// drains and the no-load RTT is measured afresh. Probes fall on
+	// multiples of ProbeInterval since Epoch, so the processes of a fleet
+	// in front of one service drain it together. Default 10 s.
+	ProbeInterval time.Duration
+	// ProbeShare is the share of N̂ the limit drops to while it probes, in
+	// (0, 1). Default 0.75.
+	ProbeShare float64
+	// RateSpan is how long the highest completion rate of a window that
+	// used the whole limit stands as the service's bottleneck rate.
+	// Default 10 s.
+	RateSpan time.Duration
+	// LateShare is the share of a window's completions past their
+	// deadline above which, while the service queues, the controller
+	// takes the window's own rate as the bottleneck rate and drops the
+	// headroom for the next window. Default 0.05.
+	LateShare float64
+	// Epoch is the wall-clock time of the zero Instant of the clock the
+	// windows are read on, which places the probes in wall-clock time.
+	// Default: that of clock.System. A simulation sets its own.
+	Epoch time.Time
+}
+
+// BBR sizes a concurrency limit as BBR sizes a TCP window (Cardwell et
+// al., "BBR: Congestion-Based Congestion Control", ACM Queue 14(5), 2016):
+// from two estimates that a queue cannot absorb, the service's bottleneck
+// rate X (the highest completion rate of recent windows that used the
+// whole limit) and its no-load RTT (the shortest window RTT since the last
+// probe). By Little's law their product N̂ = X·RTT₀ is the concurrency at
+// which the service is busy without a queue: for N workers of service time
+// S, N. The limit is (1 + Headroom)·N̂, so the service holds a queue of
+// about Headroom·S and its rate and latency stay where they are however
+// long the overload lasts; Gradient2's long-term average, by contrast,
+// takes in a standing queue as the new normal and lets the limit climb
+// until every response is late.
+//
+// It starts at Initial and doubles the limit each window that used it
+// whole without a queue showing (BBR's startup), until the RTT rises by
+// more than a quarter or the rate stops growing. After that a window that
+// used the whole limit with no queue at the service (the limit, not the
+// service, was the bottleneck) grows it by Headroom; a limit that then
+// showed a queue with no gain in rate is not tried again for a while that
+// doubles each time it fails (10 s up to 5 min), so that a service of one
+// or two workers runs at its size rather than at one more. Every
+// ProbeInterval in which the service held a queue throughout, the limit
+// drops for one window to ProbeShare·N̂ and that window's RTT (of the
+// requests admitted within it) becomes RTT₀: a service that got slower is
+// measured again, and a queue cannot pass for its no-load latency. A window
+// with more than LateShare of late completions while the service queues
+// takes its own rate as X and drops the headroom. A window that did not
+// use the limit and showed no queue changes nothing.
+//
+// Guarantee (TestBBRHoldsAnHour): in front of a FIFO service of N workers
+// offered 3× its capacity for an hour, the limit stays within
+// [⌊0.75·N⌋, ⌊1.5·N⌋ + 1] in every window after the first minute, except
+// one-window probes, so the service never queues more than about half a
+// service time.
+type BBR struct {
+	cfg    BBRConfig
+	offset int64 // Epoch in Unix ns
+	est    float64
+	limit  int // what Limit returns: est, or the probe's limit
+
+	startup   bool
+	fullRate  float64 // startup: the rate the last growth step reached
+	fullCount int     // startup: limited windows since the rate last grew by a quarter
+
+	rtt0   time.Duration // no-load RTT; 0: unknown
+	rates  [rateRing]rateSample
+	nrates int
+	ri     int
+
+	probing      bool          // the window in progress runs at the probe limit
+	afterProbe   bool          // the window in progress is the one after a probe
+	stale        bool          // the rates predate a change: reset them after the probe
+	lateAfter    clock.Instant // late windows ask for no probe before this
+	probeNow     bool          // probe in the next window, whatever the slot
+	queuedInSlot bool          // a window of the current slot showed a queue
+	slot         int64         // the probe slot of the last window
+	slotSeen     bool
+
+	grewFrom int           // the limit before the last growth step (0: the last step was not one)
+	ceiling  int           // a limit that showed a queue without a gain in rate (0: none)
+	backoff  time.Duration // how long ceiling stands after it last failed
+	upAfter  clock.Instant // until when growth stays below ceiling
+}
+
+const rateRing = 32
+
+type rateSample struct {
+	at   clock.Instant
+	rate float64 // requests/s
+}
+
+const (
+	bbrBackoffMin = 10 * time.Second
+	bbrBackoffMax = 5 * time.Minute
+)
+
+var _ Controller = (*BBR)(nil)
+
+// NewBBR returns a BBR controller at cfg.Initial.
+func NewBBR(cfg BBRConfig) (*BBR, error) {
+	if err := bounds(&cfg.Initial, &cfg.Min, &cfg.Max, 1, 1, 10000); err != nil {
+		return nil, err
+	}
+	if cfg.Headroom == 0 {
+		cfg.Headroom = 0.1
+	}
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = 0.1
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = 10 * time.Second
+	}
+	if cfg.ProbeShare == 0 {
+		cfg.ProbeShare = 0.75
+	}
+	if cfg.RateSpan == 0 {
+		cfg.RateSpan = 10 * time.Second
+	}
+	if cfg.LateShare == 0 {
+		cfg.LateShare = 0.05
+	}
+	if cfg.Epoch.IsZero() {
+		cfg.Epoch = clock.SystemEpoch()
+	}
+	switch {
+	case !(cfg.Headroom > 0 && cfg.Headroom <= 1):
+		return nil, paramErr("headroom", "bbr: headroom %v, want (0, 1]", cfg.Headroom)
+	case !(cfg.Tolerance > 0 && cfg.Tolerance < 1):
+		return nil, paramErr("tolerance", "bbr: tolerance %v, want (0, 1)", cfg.Tolerance)
+	case cfg.ProbeInterval < time.Second:
+		return nil, paramErr("probe_interval", "bbr: probe interval %v, want ≥ 1s", cfg.ProbeInterval)
+	case !(cfg.ProbeShare > 0 && cfg.ProbeShare < 1):
+		return nil, paramErr("probe_share", "bbr: probe share %v, want (0, 1)", cfg.ProbeShare)
+	case cfg.RateSpan < 0:
+		return nil, paramErr("rate_span", "bbr: negative rate span")
+	case !(cfg.LateShare > 0 && cfg.LateShare < 1):
+		return nil, paramErr("late_share", "bbr: late share %v, want (0, 1)", cfg.LateShare)
+	}
+	b := &BBR{cfg: cfg, offset: cfg.Epoch.UnixNano(), est: float64(cfg.Initial), limit: cfg.Initial, startup: true, backoff: bbrBackoffMin}
+	return b, nil
+}
+
+// Update applies one window.
+func (b *BBR) Update(w Window) int {
+	if w.Samples == 0 || w.RTT <= 0 {
+		return b.limit
+	}
+	applied := b.limit
+	limited := w.InFlight >= applied
+	rate := w.Rate()
+	probe := b.probing
+	drained := b.afterProbe
+	b.afterProbe = probe
+	if probe {
+		// The probe's RTT, of the requests admitted at its lower limit,
+		// is the no-load RTT now, higher or lower than before.
+		b.probing = false
+		r := w.RTT
+		if w.FreshSamples >= 3 {
+			r = w.FreshRTT
+		}
+		r += w.RTTError() // as below: a noisy low reading must not pass for the service's
+		if float64(r) > (1+b.cfg.Tolerance)*float64(b.rtt0) {
+			b.stale = true // the service got slower: its rate of before is gone too
+		}
+		b.rtt0 = r
+		if b.stale {
+			// The rates of before the change that asked for this probe
+			// no longer hold: the next window that uses the limit
+			// measures the rate afresh.
+			b.stale = false
+			b.resetRates(w.End, 0)
+		}
+	} else {
+		// The window's mean plus its standard error: the least of noisy
+		// means would sit below the service's mean.
+		if r := w.RTT + w.RTTError(); b.rtt0 == 0 || r < b.rtt0 {
+			b.rtt0 = r
+		}
+		if rate > 0 && (limited || rate > b.maxRate(w.End)) {
+			b.addRate(w.End, rate)
+		}
+	}
+	// A queue shows when the RTT is above the no-load RTT by more than the
+	// tolerance and than chance (twice the standard error).
+	sig := 2 * float64(w.RTTError())
+	queued := float64(w.RTT) > (1+b.cfg.Tolerance)*float64(b.rtt0)+sig
+	late := float64(w.Late) > b.cfg.LateShare*float64(w.Samples)
+	if queued {
+		b.queuedInSlot = true
+	}
+	grew := b.grewFrom
+	b.grewFrom = 0
+	if queued && grew > 0 && applied > grew && rate <= b.maxRate(w.End)*(1+b.cfg.Tolerance) {
+		b.failed(w.End, applied) // the step up met a queue and no more rate
+	}
+	nhat := b.maxRate(w.End) * b.rtt0.Seconds()
+	switch {
+	case nhat <= 0:
+		// No rate yet (a window without its span): nothing to size from.
+	case late && queued && !probe && w.End >= b.lateAfter:
+		// Requests miss their deadlines behind a queue: the service may
+		// have got slower or smaller, which the rate and the no-load RTT
+		// of before would hide for their spans. The next window measures
+		// the no-load RTT, and the rate starts again after it.
+		b.startup = false
+		b.stale, b.probeNow = true, true
+		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
+	case b.startup:
+		b.startupStep(w, limited, nhat, sig)
+	case queued && limited:
+		// At most a fifth down a window: a no-load RTT read low by chance
+		// makes every window look queued, and the limit would follow the
+		// rate its own cut lowered (late windows act at once, above).
+		b.est = max((1+b.cfg.Headroom)*nhat, 0.8*b.est)
+	case queued:
+		// A queue the limit did not fill: the service's own slowness, or
+		// other callers'. Not this limit's to shrink.
+	case limited && !drained:
+		// Every slot was in use and the service did not queue: the
+		// limit, not the service, may be the bottleneck. (Not so in the
+		// window after a probe, whose no queue is the one the probe
+		// drained.)
+		if grew > 0 && applied > grew {
+			b.backoff = bbrBackoffMin // the last step up found room
+			if applied >= b.ceiling {
+				b.ceiling = 0
+			}
+		}
+		up := b.est + max(1, b.cfg.Headroom*b.est)
+		if b.ceiling > 0 && w.End < b.upAfter {
+			up = min(up, float64(b.ceiling)-0.5)
+		}
+		b.est = max(b.est, (1+b.cfg.Headroom)*nhat, up)
+		if int(b.est) > applied {
+			b.grewFrom = applied
+		}
+	case probe:
+		b.est = (1 + b.cfg.Headroom) * nhat
+	}
+	b.est = clamp(b.est, b.cfg.Min, b.cfg.Max)
+	b.limit = int(b.est)
+	b.scheduleProbe(w, nhat)
+	return b.limit
+}
+
+// startupStep doubles the limit while windows use it whole without a
+// queue, and ends the startup once a queue shows or the rate stops
+// growing.
+func (b *BBR) startupStep(w Window, limited bool, nhat, sig float64) {
+	if !limited {
+		return
+	}
+	x := b.maxRate(w.End)
+	if x >= 1.25*b.fullRate {
+		b.fullRate, b.fullCount = x, 0
+	} else {
+		b.fullCount++
+	}
+	if float64(w.RTT) > 1.25*float64(b.rtt0)+sig || b.fullCount >= 3 {
+		// The last doubling met a queue, or no more rate: the limit of
+		// before it was below the service's size. (N̂ alone would size it
+		// from a rate the demand, not the service, set.)
+		b.startup = false
+		b.est = max(b.est/2, (1+b.cfg.Headroom)*nhat)
+		return
+	}
+	b.est = max(2*b.est, (1+b.cfg.Headroom)*nhat)
+}
+
+// failed records that limit showed a queue without a gain in rate right
+// after a step up: it is not tried again for the backoff, which doubles
+// each time the same limit fails.
+func (b *BBR) failed(now clock.Instant, limit int) {
+	if b.ceiling == limit {
+		b.backoff = min(2*b.backoff, bbrBackoffMax)
+	} else {
+		b.backoff = bbrBackoffMin
+	}
+	b.ceiling = limit
+	b.upAfter = now.Add(b.backoff)
+}
+
+// scheduleProbe makes the next window a probe when asked to (probeNow),
+// or when a new probe slot begins and the service queued in the slot
+// before: a standing queue would otherwise pass for the no-load RTT, and a
+// no-load RTT that noise pulled low would stay.
+func (b *BBR) scheduleProbe(w Window, nhat float64) {
+	slot := floorDiv(int64(w.End)+b.offset, int64(b.cfg.ProbeInterval))
+	newSlot := b.slotSeen && slot != b.slot
+	b.slot, b.slotSeen = slot, true
+	now := b.probeNow
+	b.probeNow = false
+	if !now && !newSlot {
+		return
+	}
+	queued := b.queuedInSlot
+	if newSlot {
+		b.queuedInSlot = false
+	}
+	if b.startup || nhat <= 0 || !(now || queued) {
+		return
+	}
+	b.probing = true
+	b.grewFrom = 0
+	b.limit = min(b.limit, max(b.cfg.Min, int(b.cfg.ProbeShare*b.est/(1+b.cfg.Headroom))))
+}
+
+// maxRate returns the highest rate recorded within RateSpan before now,
+// or the latest one when none is that recent.
+func (b *BBR) maxRate(now clock.Instant) float64 {
+	if b.nrates == 0 {
+		return 0
+	}
+	var best float64
+	found := false
+	for i := range b.nrates {
+		s := b.rates[i]
+		if now.Sub(s.at) <= b.cfg.RateSpan {
+			best, found = max(best, s.rate), true
+		}
+	}
+	if !found {
+		return b.rates[(b.ri+rateRing-1)%rateRing].rate
+	}
+	return best
+}
+
+func (b *BBR) addRate(at clock.Instant, rate float64) {
+	b.rates[b.ri] = rateSample{at, rate}
+	b.ri = (b.ri + 1) % rateRing
+	b.nrates = min(b.nrates+1, rateRing)
+}
+
+func (b *BBR) resetRates(at clock.Instant, rate float64) {
+	b.nrates, b.ri = 0, 0
+	if rate > 0 {
+		b.addRate(at, rate)
+	}
+}
+
+// Limit returns the current limit.
+func (b *BBR) Limit() int { return b.limit }
+
+// Estimate returns the limit before truncation (outside a probe).
+func (b *BBR) Estimate() float64 { return b.est }
+
+// NoLoadRTT returns the no-load RTT estimate RTT₀ (0 before the first
+// window).
+func (b *BBR) NoLoadRTT() time.Duration { return b.rtt0 }
+
+// Capacity returns N̂, the estimated concurrency at which the service is
+// busy without a queue (0 before the first window with a rate).
+func (b *BBR) Capacity(now clock.Instant) float64 {
+	return b.maxRate(now) * b.rtt0.Seconds()
+}
+
+// Probing reports whether the window in progress is a probe.
+func (b *BBR) Probing() bool { return b.probing }
+
+// floorDiv is ⌊a/n⌋ for n > 0.
+func floorDiv(a, n int64) int64 {
+	q := a / n
+	if a%n != 0 && (a < 0) != (n < 0) {
+		q--
+	}
+	return q
+}

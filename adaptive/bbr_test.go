@@ -1,0 +1,69 @@
+package adaptive_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/adaptive"
+)
+
+// BBR's guarantee, over an hour of a saturated service: in front of a FIFO
+// service of N workers and service time S (any N, any S) offered three
+// times its capacity, after the first minute, every minute keeps goodput
+// at 90% of capacity or more, the limit's median stays within [N, 1.25·N
+// + 1] (capacity × no-load latency is N, plus the transit's share), it
+// never goes above 2·N + 1 (a step up that noise let through) nor, but
+// for a probe, below 0.75·N − 1, and the service never queues more than
+// N + 1 requests. (The callers'
+// deadlines are far, 100·S: what meets a tight one is the wait queue's and
+// the deadline gate's business, tested with them. Under the race
+// detector the run is 10 minutes.) Gradient2 under
+// the same hour lets its limit climb until every answer is late (the
+// known flaw its long-term average has).
+func TestBBRHoldsAnHour(t *testing.T) {
+	cases := []struct {
+		n   int
+		s   time.Duration
+		svc string
+	}{
+		{1, 50 * time.Millisecond, "constant"},
+		{2, 200 * time.Millisecond, "constant"},
+		{4, 50 * time.Millisecond, "exponential"},
+		{8, 40 * time.Millisecond, "constant"},
+		{32, 200 * time.Millisecond, "constant"},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%dx%v-%s", c.n, c.s, c.svc), func(t *testing.T) {
+			ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+			svc := constant(c.s)
+			if c.svc == "exponential" {
+				svc = exponential(c.s)
+			}
+			u := &upstream{Workers: c.n, Service: svc, Deadline: 100 * c.s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
+			capacity := float64(c.n) / c.s.Seconds()
+			rows := u.run(g, time.Minute, phase{For: longRun, Load: 3 * capacity})
+			n := float64(c.n)
+			for i, r := range rows[1:] {
+				slices.Sort(r.limits)
+				med := r.limits[len(r.limits)/2]
+				good := float64(r.Useful) / (capacity * 60)
+				switch {
+				case good < 0.9:
+					t.Errorf("minute %d: goodput %.1f%% of capacity", i+2, 100*good)
+				case float64(med) < n || float64(med) > 1.25*n+1:
+					t.Errorf("minute %d: median limit %d for %d workers", i+2, med, c.n)
+				case float64(r.MaxLimit) > 2*n+1 || float64(r.MinLimit) < 0.75*n-1:
+					t.Errorf("minute %d: limit %d..%d for %d workers", i+2, r.MinLimit, r.MaxLimit, c.n)
+				case float64(r.QueueMax) > n+1:
+					t.Errorf("minute %d: %d requests queued at the service of %d workers", i+2, r.QueueMax, c.n)
+				}
+			}
+		})
+	}
+}

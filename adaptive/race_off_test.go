@@ -1,0 +1,8 @@
+//go:build !race
+
+package adaptive_test
+
+import "time"
+
+// longRun is the length of the long controller runs.
+const longRun = time.Hour
