@@ -82,6 +82,11 @@ func TestWindower(t *testing.T) {
 		t.Fatal("window closed early")
 	}
 	win, ok := w.Add(ms(102), adaptive.Sample{RTT: 50 * time.Millisecond, InFlight: 2})
+	// The RTTs 60, 20, 40, 30 and 50 ms deviate by √(1000/4) ≈ 15.81 ms.
+	if d := win.RTTDev - 15811388; d < -1000 || d > 1000 {
+		t.Fatalf("RTT deviation %v, want 15.81ms", win.RTTDev)
+	}
+	win.RTTDev = 0
 	want := adaptive.Window{Samples: 5, RTT: 40 * time.Millisecond, MinRTT: 20 * time.Millisecond, InFlight: 7, Dropped: true,
 		QueueDelay: 3 * time.Millisecond, Late: 1, Start: ms(-59), End: ms(102), FreshRTT: 40 * time.Millisecond, FreshSamples: 5}
 	if !ok || win != want {
@@ -95,6 +100,7 @@ func TestWindower(t *testing.T) {
 		t.Fatal("a two-sample window closed")
 	}
 	win, ok = w.Add(ms(310), adaptive.Sample{RTT: 30 * time.Millisecond})
+	win.RTTDev = 0
 	want = adaptive.Window{Samples: 3, RTT: 96666666, MinRTT: 10 * time.Millisecond, Start: ms(102), End: ms(310),
 		FreshRTT: 20 * time.Millisecond, FreshSamples: 2}
 	if !ok || win != want {
