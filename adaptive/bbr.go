@@ -104,6 +104,7 @@ type BBR struct {
 	slotSeen     bool
 
 	grewFrom int           // the limit before the last growth step (0: the last step was not one)
+	grewRate float64       // the rate at grewFrom
 	ceiling  int           // a limit that showed a queue without a gain in rate (0: none)
 	backoff  time.Duration // how long ceiling stands after it last failed
 	upAfter  clock.Instant // until when growth stays below ceiling
@@ -186,11 +187,16 @@ func (b *BBR) Update(w Window) int {
 		if w.FreshSamples >= 3 {
 			r = w.FreshRTT
 		}
-		r += w.RTTError() // as below: a noisy low reading must not pass for the service's
-		if float64(r) > (1+b.cfg.Tolerance)*float64(b.rtt0) {
-			b.stale = true // the service got slower: its rate of before is gone too
+		switch old := b.rtt0; {
+		case float64(r) > 1.5*float64(old):
+			b.rtt0, b.stale = r, true // the service got slower: its rate of before is gone too
+		case 3*r < 2*old:
+			b.rtt0 = r // faster
+		default:
+			// The same service, measured again: half of each probe, so
+			// that one probe's noise moves the estimate half as far.
+			b.rtt0 = (r + old) / 2
 		}
-		b.rtt0 = r
 		if b.stale {
 			// The rates of before the change that asked for this probe
 			// no longer hold: the next window that uses the limit
@@ -218,7 +224,7 @@ func (b *BBR) Update(w Window) int {
 	}
 	grew := b.grewFrom
 	b.grewFrom = 0
-	if queued && grew > 0 && applied > grew && rate <= b.maxRate(w.End)*(1+b.cfg.Tolerance) {
+	if queued && grew > 0 && applied > grew && rate <= b.grewRate*(1+b.cfg.Tolerance) {
 		b.failed(w.End, applied) // the step up met a queue and no more rate
 	}
 	nhat := b.maxRate(w.End) * b.rtt0.Seconds()
@@ -243,6 +249,8 @@ func (b *BBR) Update(w Window) int {
 	case queued:
 		// A queue the limit did not fill: the service's own slowness, or
 		// other callers'. Not this limit's to shrink.
+	case probe:
+		b.est = (1 + b.cfg.Headroom) * nhat
 	case limited && !drained:
 		// Every slot was in use and the service did not queue: the
 		// limit, not the service, may be the bottleneck. (Not so in the
@@ -260,10 +268,8 @@ func (b *BBR) Update(w Window) int {
 		}
 		b.est = max(b.est, (1+b.cfg.Headroom)*nhat, up)
 		if int(b.est) > applied {
-			b.grewFrom = applied
+			b.grewFrom, b.grewRate = applied, rate
 		}
-	case probe:
-		b.est = (1 + b.cfg.Headroom) * nhat
 	}
 	b.est = clamp(b.est, b.cfg.Min, b.cfg.Max)
 	b.limit = int(b.est)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/adaptive"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/tracefile"
 )
 
@@ -55,6 +56,18 @@ func newTraced(t *testing.T, cmd *tracefile.Cmd) (traced, error) {
 			return traced{}, err
 		}
 		return traced{q, func() string { return fmt.Sprintf("estimate=%.4f", q.Estimate()) }}, nil
+	case "bbr":
+		b, err := adaptive.NewBBR(adaptive.BBRConfig{Initial: initial, Min: lo, Max: hi, Epoch: time.Unix(0, 0)})
+		if err != nil {
+			return traced{}, err
+		}
+		return traced{b, func() string {
+			probe := ""
+			if b.Probing() {
+				probe = " probing"
+			}
+			return fmt.Sprintf("estimate=%.4f noload=%v%s", b.Estimate(), b.NoLoadRTT(), probe)
+		}}, nil
 	default:
 		return traced{}, fmt.Errorf("unknown controller %q", kind)
 	}
@@ -64,9 +77,10 @@ func newTraced(t *testing.T, cmd *tracefile.Cmd) (traced, error) {
 // (testdata/*.trace; go test -run TestControllerTraces -rewrite to accept
 // new output after reading it).
 func TestControllerTraces(t *testing.T) {
-	for _, name := range []string{"gradient2", "vegas", "aimd", "queuedelay"} {
+	for _, name := range []string{"gradient2", "vegas", "aimd", "queuedelay", "bbr"} {
 		t.Run(name, func(t *testing.T) {
 			var c traced
+			var now clock.Instant
 			tracefile.Run(t, "testdata/"+name+".trace", func(t *testing.T, cmd *tracefile.Cmd) string {
 				switch cmd.Name {
 				case "controller":
@@ -79,8 +93,19 @@ func TestControllerTraces(t *testing.T) {
 					w := adaptive.Window{Samples: 10, RTT: cmd.Duration(t, "rtt", 0), InFlight: int(cmd.Int(t, "inflight", 0)),
 						Dropped: slices.Contains(cmd.Words, "drop"), QueueDelay: cmd.Duration(t, "delay", 0)}
 					w.MinRTT = w.RTT
+					// rate=R: a window of a second (each one after the
+					// last) with R samples, late=L of them late, and those
+					// admitted within it taking fresh= (default rtt).
+					rate := cmd.Int(t, "rate", 0)
 					var limit int
 					for range cmd.Int(t, "n", 1) {
+						if rate > 0 {
+							w.Samples, w.Late = int(rate), int(cmd.Int(t, "late", 0))
+							w.Dropped = w.Late > 0
+							w.Start, w.End = now, now.Add(time.Second)
+							w.FreshRTT, w.FreshSamples = cmd.Duration(t, "fresh", w.RTT), w.Samples
+							now = w.End
+						}
 						limit = c.c.Update(w)
 					}
 					if s := c.state(); s != "" {
