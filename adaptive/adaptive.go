@@ -74,6 +74,9 @@ type Window struct {
 	// sample): with Samples it says how far RTT may be from the service's
 	// mean by chance, which for a mix of cheap and costly requests is far.
 	RTTDev time.Duration
+	// Keys are the samples by kind of work (Sample.Key), in the order the
+	// kinds first completed; nil in windows built by hand.
+	Keys []KeyStats
 }
 
 // RTTError returns the standard error of the window's RTT as a mean,

@@ -2,6 +2,7 @@ package adaptive_test
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -87,9 +88,13 @@ func TestWindower(t *testing.T) {
 		t.Fatalf("RTT deviation %v, want 15.81ms", win.RTTDev)
 	}
 	win.RTTDev = 0
+	if len(win.Keys) != 1 || win.Keys[0].Samples != 5 || win.Keys[0].Sum != 200*time.Millisecond {
+		t.Fatalf("keys %+v, want the 5 samples under one key", win.Keys)
+	}
+	win.Keys = nil
 	want := adaptive.Window{Samples: 5, RTT: 40 * time.Millisecond, MinRTT: 20 * time.Millisecond, InFlight: 7, Dropped: true,
 		QueueDelay: 3 * time.Millisecond, Late: 1, Start: ms(-59), End: ms(102), FreshRTT: 40 * time.Millisecond, FreshSamples: 5}
-	if !ok || win != want {
+	if !ok || !reflect.DeepEqual(win, want) {
 		t.Fatalf("window %+v %v, want %+v", win, ok, want)
 	}
 	// The next window ends 100 ms later (twice its 20 ms minimum is less
@@ -100,10 +105,10 @@ func TestWindower(t *testing.T) {
 		t.Fatal("a two-sample window closed")
 	}
 	win, ok = w.Add(ms(310), adaptive.Sample{RTT: 30 * time.Millisecond})
-	win.RTTDev = 0
+	win.RTTDev, win.Keys = 0, nil
 	want = adaptive.Window{Samples: 3, RTT: 96666666, MinRTT: 10 * time.Millisecond, Start: ms(102), End: ms(310),
 		FreshRTT: 20 * time.Millisecond, FreshSamples: 2}
-	if !ok || win != want {
+	if !ok || !reflect.DeepEqual(win, want) {
 		t.Fatalf("window %+v %v, want %+v", win, ok, want)
 	}
 	if r := win.Rate(); r < 14.42 || r > 14.43 { // 3 in 208 ms

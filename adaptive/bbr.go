@@ -1,6 +1,7 @@
 package adaptive
 
 import (
+	"math"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
@@ -89,7 +90,8 @@ type BBR struct {
 	fullRate  float64 // startup: the rate the last growth step reached
 	fullCount int     // startup: limited windows since the rate last grew by a quarter
 
-	rtt0   time.Duration // no-load RTT; 0: unknown
+	base   map[string]time.Duration // no-load RTT by kind of work (Sample.Key)
+	rtt0   time.Duration            // the last window's no-load RTT, for its mix
 	rates  [rateRing]rateSample
 	nrates int
 	ri     int
@@ -114,7 +116,7 @@ const rateRing = 32
 
 type rateSample struct {
 	at   clock.Instant
-	rate float64 // requests/s
+	rate float64 // no-load work done per second, in slots (N̂ of one window)
 }
 
 const (
@@ -175,49 +177,27 @@ func (b *BBR) Update(w Window) int {
 	}
 	applied := b.limit
 	limited := w.InFlight >= applied
-	rate := w.Rate()
 	probe := b.probing
 	drained := b.afterProbe
 	b.afterProbe = probe
-	if probe {
-		// The probe's RTT, of the requests admitted at its lower limit,
-		// is the no-load RTT now, higher or lower than before.
-		b.probing = false
-		r := w.RTT
-		if w.FreshSamples >= 3 {
-			r = w.FreshRTT
-		}
-		switch old := b.rtt0; {
-		case float64(r) > 1.5*float64(old):
-			b.rtt0, b.stale = r, true // the service got slower: its rate of before is gone too
-		case 3*r < 2*old:
-			b.rtt0 = r // faster
-		default:
-			// The same service, measured again: half of each probe, so
-			// that one probe's noise moves the estimate half as far.
-			b.rtt0 = (r + old) / 2
-		}
-		if b.stale {
-			// The rates of before the change that asked for this probe
-			// no longer hold: the next window that uses the limit
-			// measures the rate afresh.
-			b.stale = false
-			b.resetRates(w.End, 0)
-		}
-	} else {
-		// The window's mean plus its standard error: the least of noisy
-		// means would sit below the service's mean.
-		if r := w.RTT + w.RTTError(); b.rtt0 == 0 || r < b.rtt0 {
-			b.rtt0 = r
-		}
-		if rate > 0 && (limited || rate > b.maxRate(w.End)) {
-			b.addRate(w.End, rate)
-		}
+	b.probing = false
+	m := b.measure(w, probe)
+	rate := m.work
+	if !probe && rate > 0 && (limited || rate > b.maxRate(w.End)) {
+		b.addRate(w.End, rate)
 	}
-	// A queue shows when the RTT is above the no-load RTT by more than the
-	// tolerance and than chance (twice the standard error).
-	sig := 2 * float64(w.RTTError())
-	queued := float64(w.RTT) > (1+b.cfg.Tolerance)*float64(b.rtt0)+sig
+	if m.slower {
+		// The service got slower: the work it did of before, measured
+		// against the no-load RTTs of before, no longer holds; the next
+		// window that uses the limit measures it afresh.
+		b.stale = true
+	}
+	if probe && b.stale {
+		b.stale = false
+		b.resetRates(w.End, 0)
+	}
+	queued := m.queued
+	sig := m.sig
 	late := float64(w.Late) > b.cfg.LateShare*float64(w.Samples)
 	if queued {
 		b.queuedInSlot = true
@@ -225,9 +205,9 @@ func (b *BBR) Update(w Window) int {
 	grew := b.grewFrom
 	b.grewFrom = 0
 	if queued && grew > 0 && applied > grew && rate <= b.grewRate*(1+b.cfg.Tolerance) {
-		b.failed(w.End, applied) // the step up met a queue and no more rate
+		b.failed(w.End, applied) // the step up met a queue and no more work done
 	}
-	nhat := b.maxRate(w.End) * b.rtt0.Seconds()
+	nhat := b.maxRate(w.End)
 	switch {
 	case nhat <= 0:
 		// No rate yet (a window without its span): nothing to size from.
@@ -240,7 +220,7 @@ func (b *BBR) Update(w Window) int {
 		b.stale, b.probeNow = true, true
 		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
 	case b.startup:
-		b.startupStep(w, limited, nhat, sig)
+		b.startupStep(m, limited, nhat, sig)
 	case queued && limited:
 		// At most a fifth down a window: a no-load RTT read low by chance
 		// makes every window look queued, and the limit would follow the
@@ -280,17 +260,17 @@ func (b *BBR) Update(w Window) int {
 // startupStep doubles the limit while windows use it whole without a
 // queue, and ends the startup once a queue shows or the rate stops
 // growing.
-func (b *BBR) startupStep(w Window, limited bool, nhat, sig float64) {
+func (b *BBR) startupStep(m measured, limited bool, nhat, sig float64) {
 	if !limited {
 		return
 	}
-	x := b.maxRate(w.End)
+	x := nhat
 	if x >= 1.25*b.fullRate {
 		b.fullRate, b.fullCount = x, 0
 	} else {
 		b.fullCount++
 	}
-	if float64(w.RTT) > 1.25*float64(b.rtt0)+sig || b.fullCount >= 3 {
+	if m.ratio > 1.25+sig || b.fullCount >= 3 {
 		// The last doubling met a queue, or no more rate: the limit of
 		// before it was below the service's size. (N̂ alone would size it
 		// from a rate the demand, not the service, set.)
@@ -378,14 +358,14 @@ func (b *BBR) Limit() int { return b.limit }
 // Estimate returns the limit before truncation (outside a probe).
 func (b *BBR) Estimate() float64 { return b.est }
 
-// NoLoadRTT returns the no-load RTT estimate RTT₀ (0 before the first
-// window).
+// NoLoadRTT returns the no-load RTT of the last window's mix of work (0
+// before the first window).
 func (b *BBR) NoLoadRTT() time.Duration { return b.rtt0 }
 
 // Capacity returns N̂, the estimated concurrency at which the service is
 // busy without a queue (0 before the first window with a rate).
 func (b *BBR) Capacity(now clock.Instant) float64 {
-	return b.maxRate(now) * b.rtt0.Seconds()
+	return b.maxRate(now)
 }
 
 // Probing reports whether the window in progress is a probe.
@@ -398,4 +378,99 @@ func floorDiv(a, n int64) int64 {
 		q--
 	}
 	return q
+}
+
+// measured is what one window says of the service.
+type measured struct {
+	work   float64 // no-load work done per second, in slots: Σ RTT₀ of its samples ÷ its span
+	ratio  float64 // Σ RTT ÷ Σ RTT₀ of its samples: 1 without a queue
+	sig    float64 // twice the standard error of ratio
+	queued bool    // ratio above 1 + Tolerance + sig
+	slower bool    // a probe found the service slower than its no-load RTTs
+}
+
+// maxBaselines bounds the kinds of work whose no-load RTT is kept.
+const maxBaselines = 4 * MaxKeys
+
+// measure updates the no-load RTT of each kind of work the window holds
+// and returns what the window says against them. A probe's RTTs (of the
+// requests admitted at its limit) are each kind's no-load RTT now: halfway
+// from the last estimate when close to it (so that one probe's noise moves
+// it half as far), the probe's own when it differs by half or more. Any
+// other window may only lower an estimate, with its mean plus its standard
+// error (the least of noisy means would sit below the service's).
+func (b *BBR) measure(w Window, probe bool) measured {
+	keys := w.Keys
+	if keys == nil { // built by hand: one kind of work
+		n := float64(w.Samples)
+		mean := w.RTT.Seconds()
+		dev := w.RTTDev.Seconds()
+		keys = []KeyStats{{Samples: w.Samples, Sum: w.RTT * time.Duration(w.Samples),
+			SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples, FreshSum: w.FreshRTT * time.Duration(w.FreshSamples)}}
+	}
+	if b.base == nil {
+		b.base = map[string]time.Duration{}
+	}
+	if len(b.base)+len(keys) > maxBaselines {
+		b.forget(keys)
+	}
+	var m measured
+	var was, now float64 // a probe's old and new no-load RTTs, weighed by samples
+	for _, k := range keys {
+		old := b.base[k.Key]
+		switch {
+		case probe && (k.FreshSamples >= 3 || k.Samples >= 3):
+			r := k.Mean()
+			if k.FreshSamples >= 3 {
+				r = k.FreshSum / time.Duration(k.FreshSamples)
+			}
+			switch {
+			case old == 0 || float64(r) > 1.5*float64(old) || 3*r < 2*old:
+				b.base[k.Key] = r
+			default:
+				b.base[k.Key] = (r + old) / 2
+			}
+			if old > 0 {
+				was += float64(k.Samples) * float64(old)
+				now += float64(k.Samples) * float64(r)
+			}
+		default:
+			r := k.Mean() + time.Duration(math.Sqrt(k.Var()/float64(k.Samples))*float64(time.Second))
+			if old == 0 || r < old {
+				b.base[k.Key] = r
+			}
+		}
+	}
+	m.slower = was > 0 && now > 1.5*was
+	var base, sum, variance float64
+	for _, k := range keys {
+		base += float64(k.Samples) * b.base[k.Key].Seconds()
+		sum += k.Sum.Seconds()
+		variance += float64(k.Samples) * k.Var()
+	}
+	if base <= 0 {
+		return m
+	}
+	b.rtt0 = time.Duration(base / float64(w.Samples) * float64(time.Second))
+	if w.End > w.Start {
+		m.work = base / w.End.Sub(w.Start).Seconds()
+	}
+	m.ratio = sum / base
+	m.sig = 2 * math.Sqrt(variance) / base
+	m.queued = m.ratio > 1+b.cfg.Tolerance+m.sig
+	return m
+}
+
+// forget drops the no-load RTTs of kinds of work the window does not hold,
+// to make room: kinds come and go, and their number is not bounded.
+func (b *BBR) forget(keep []KeyStats) {
+	in := make(map[string]bool, len(keep))
+	for _, k := range keep {
+		in[k.Key] = true
+	}
+	for k := range b.base {
+		if !in[k] {
+			delete(b.base, k)
+		}
+	}
 }

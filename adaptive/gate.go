@@ -97,7 +97,11 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 	if c.Outcome != sluice.OutcomeUseful && c.Outcome != sluice.OutcomeLate {
 		return // censored: failed, cancelled or rejected work says nothing of the service's latency
 	}
-	s := Sample{RTT: c.Latency, InFlight: int(p), Dropped: c.Outcome == sluice.OutcomeLate}
+	key := r.Operation
+	if key == "" {
+		key = r.Class
+	}
+	s := Sample{RTT: c.Latency, InFlight: int(p), Dropped: c.Outcome == sluice.OutcomeLate, Key: key}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	w, ok := g.win.Add(c.Now, s)

@@ -18,6 +18,46 @@ type Sample struct {
 	Dropped bool
 	// QueueDelay is how long it waited before it started.
 	QueueDelay time.Duration
+	// Key names the kind of work (the request's operation, or its class):
+	// the window keeps each kind's RTTs apart (Window.Keys), so that a
+	// controller can tell a queue from a mix that moved to costlier work.
+	Key string
+}
+
+// MaxKeys is how many kinds of work a window keeps apart; samples of
+// further keys share the key "".
+const MaxKeys = 32
+
+// KeyStats is what a window saw of one kind of work.
+type KeyStats struct {
+	Key string
+	// Samples and Sum are its samples and the sum of their RTTs; SumSq is
+	// the sum of their squares, in s².
+	Samples int
+	Sum     time.Duration
+	SumSq   float64
+	// FreshSamples and FreshSum are those of the samples admitted within
+	// the window.
+	FreshSamples int
+	FreshSum     time.Duration
+}
+
+// Mean returns the mean RTT of the key's samples.
+func (k KeyStats) Mean() time.Duration {
+	if k.Samples == 0 {
+		return 0
+	}
+	return k.Sum / time.Duration(k.Samples)
+}
+
+// Var returns the variance of the key's RTTs, in s² (0 below 2 samples).
+func (k KeyStats) Var() float64 {
+	if k.Samples < 2 {
+		return 0
+	}
+	n := float64(k.Samples)
+	mean := k.Sum.Seconds() / n
+	return max(k.SumSq/n-mean*mean, 0) * n / (n - 1)
 }
 
 // WindowConfig configures a Windower. Zero fields take the defaults of
@@ -49,6 +89,8 @@ type Windower struct {
 	sum   time.Duration
 	sumSq float64       // of the RTTs in seconds, for RTTDev
 	fresh time.Duration // of the samples admitted since start
+	keys  []KeyStats
+	index map[string]int // into keys
 }
 
 // NewWindower returns an empty Windower.
@@ -93,10 +135,12 @@ func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
 	c.Samples++
 	w.sum += s.RTT
 	w.sumSq += s.RTT.Seconds() * s.RTT.Seconds()
-	if now.Add(-s.RTT) >= w.start {
+	fresh := now.Add(-s.RTT) >= w.start
+	if fresh {
 		c.FreshSamples++
 		w.fresh += s.RTT
 	}
+	w.addKey(s, fresh)
 	c.InFlight = max(c.InFlight, s.InFlight)
 	c.Dropped = c.Dropped || s.Dropped
 	if s.Dropped {
@@ -116,8 +160,38 @@ func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
 		win.FreshRTT = w.fresh / time.Duration(c.FreshSamples)
 	}
 	win.Start, win.End = w.start, now
+	win.Keys = w.keys
 	w.start = now
 	w.next = now.Add(min(max(2*c.MinRTT, w.cfg.MinTime), w.cfg.MaxTime))
 	*c, w.sum, w.sumSq, w.fresh = Window{}, 0, 0, 0
+	w.keys = make([]KeyStats, 0, len(win.Keys))
+	clear(w.index)
 	return win, true
+}
+
+// addKey adds s to its key's stats.
+func (w *Windower) addKey(s Sample, fresh bool) {
+	if w.index == nil {
+		w.index = map[string]int{}
+	}
+	i, ok := w.index[s.Key]
+	if !ok {
+		key := s.Key
+		if len(w.keys) >= MaxKeys-1 && key != "" {
+			key = ""
+		}
+		if i, ok = w.index[key]; !ok {
+			i = len(w.keys)
+			w.keys = append(w.keys, KeyStats{Key: key})
+			w.index[key] = i
+		}
+	}
+	k := &w.keys[i]
+	k.Samples++
+	k.Sum += s.RTT
+	k.SumSq += s.RTT.Seconds() * s.RTT.Seconds()
+	if fresh {
+		k.FreshSamples++
+		k.FreshSum += s.RTT
+	}
 }
