@@ -281,10 +281,11 @@ func (c *Chain) release(hs []held, r *Request, comp Completion) {
 }
 
 // Do decides r and, when admitted, runs fn and releases the Ticket on every
-// path: OutcomeUseful when fn returns nil (OutcomeLate past the deadline),
-// OutcomeCancelled when fn fails after ctx is done, OutcomeErrored when fn
-// returns another error, panics or calls runtime.Goexit; a panic goes on
-// after the release.
+// path: OutcomeUseful when fn returns nil, OutcomeCancelled when fn fails
+// after ctx was cancelled (the caller went away), OutcomeErrored when fn
+// returns another error, panics or calls runtime.Goexit; past the
+// request's deadline (ctx's deadline among them) useful and errored work
+// count as OutcomeLate (Ticket.Done). A panic goes on after the release.
 // When rejected, fn is not called and the returned error is nil: check
 // Decision.Admitted.
 func (c *Chain) Do(ctx context.Context, r *Request, fn func(context.Context) error) (d Decision, err error) {
@@ -303,8 +304,11 @@ func (c *Chain) Do(ctx context.Context, r *Request, fn func(context.Context) err
 	switch {
 	case err == nil:
 		t.Done(OutcomeUseful)
-	case ctx.Err() != nil:
+	case errors.Is(ctx.Err(), context.Canceled):
 		t.Done(OutcomeCancelled)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		t.Done(OutcomeLate) // ctx's deadline, which r may not carry
+
 	default:
 		t.Done(OutcomeErrored)
 	}

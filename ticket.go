@@ -32,9 +32,13 @@ type ticket struct {
 // Valid reports whether t belongs to an admitted request that is not done yet.
 func (t Ticket) Valid() bool { return t.t != nil && t.t.gen.Load() == t.gen }
 
-// Done releases the ticket with outcome o. OutcomeUseful is turned into
-// OutcomeLate when the request's deadline has passed. It returns true for
-// the call that released, false for every other call.
+// Done releases the ticket with outcome o. OutcomeUseful and
+// OutcomeErrored are turned into OutcomeLate when the request's deadline
+// has passed: work that ends past its deadline, whatever its answer (a
+// 504 at the deadline included), is a late completion with its whole
+// latency, the strongest overload signal there is, and never an error the
+// gates would learn nothing from. It returns true for the call that
+// released, false for every other call.
 func (t Ticket) Done(o Outcome) bool {
 	tk := t.t
 	if tk == nil || !tk.gen.CompareAndSwap(t.gen, t.gen+1) {
@@ -42,7 +46,7 @@ func (t Ticket) Done(o Outcome) bool {
 	}
 	c := tk.chain
 	now := c.clock.Now()
-	if o == OutcomeUseful && tk.req.Deadline != 0 && now > tk.req.Deadline {
+	if (o == OutcomeUseful || o == OutcomeErrored) && tk.req.Deadline != 0 && now > tk.req.Deadline {
 		o = OutcomeLate
 	}
 	comp := Completion{Outcome: o, Now: now, Latency: max(now.Sub(tk.start), 0)}

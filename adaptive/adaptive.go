@@ -106,6 +106,13 @@ type Controller interface {
 	Limit() int
 }
 
+// ShortWindows is a Controller that may want the window after an Update
+// shorter than the Windower's: NextWindow returns its length (0: the
+// Windower's own). BBR's probes last a few round trips.
+type ShortWindows interface {
+	NextWindow() time.Duration
+}
+
 // ErrInvalidConfig wraps every configuration error of a controller.
 var ErrInvalidConfig = errors.New("adaptive: invalid configuration")
 

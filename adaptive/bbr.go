@@ -101,6 +101,10 @@ type BBR struct {
 	stale        bool          // the rates predate a change: reset them after the probe
 	lateAfter    clock.Instant // late windows ask for no probe before this
 	probeNow     bool          // probe in the next window, whatever the slot
+	verify       bool          // probe again at half the limit in the next window
+	verifying    bool          // the probe in progress is such a second one
+	probeLimit   int           // the limit of the last probe
+	lastRTT      time.Duration // the last window's mean RTT
 	queuedInSlot bool          // a window of the current slot showed a queue
 	slot         int64         // the probe slot of the last window
 	slotSeen     bool
@@ -124,7 +128,10 @@ const (
 	bbrBackoffMax = 5 * time.Minute
 )
 
-var _ Controller = (*BBR)(nil)
+var (
+	_ Controller   = (*BBR)(nil)
+	_ ShortWindows = (*BBR)(nil)
+)
 
 // NewBBR returns a BBR controller at cfg.Initial.
 func NewBBR(cfg BBRConfig) (*BBR, error) {
@@ -181,18 +188,27 @@ func (b *BBR) Update(w Window) int {
 	drained := b.afterProbe
 	b.afterProbe = probe
 	b.probing = false
-	m := b.measure(w, probe)
+	verify := probe && b.verifying
+	b.verifying = false
+	m := b.measure(w, probe, verify)
+	b.lastRTT = w.RTT
 	rate := m.work
 	if !probe && rate > 0 && (limited || rate > b.maxRate(w.End)) {
 		b.addRate(w.End, rate)
 	}
 	if m.slower {
-		// The service got slower: the work it did of before, measured
-		// against the no-load RTTs of before, no longer holds; the next
-		// window that uses the limit measures it afresh.
+		// The service got slower, or the probe did not drain its queue
+		// (it got smaller): a second probe at half the limit tells
+		// which. The work it did of before, measured against the no-load
+		// RTTs of before, no longer holds either; the next window that
+		// uses the limit measures it afresh.
 		b.stale = true
+		if !verify {
+			b.verify = true
+		}
 	}
 	if probe && b.stale {
+		// The rates start again.
 		b.stale = false
 		b.resetRates(w.End, 0)
 	}
@@ -206,6 +222,13 @@ func (b *BBR) Update(w Window) int {
 	b.grewFrom = 0
 	if queued && grew > 0 && applied > grew && rate <= b.grewRate*(1+b.cfg.Tolerance) {
 		b.failed(w.End, applied) // the step up met a queue and no more work done
+	}
+	if queued && limited && !probe && m.ratio > 2+m.sig && w.End >= b.lateAfter {
+		// The RTT more than doubled against the no-load RTTs: the service
+		// got slower (its no-load RTTs are stale, and the work it does
+		// would read as a fraction of its size) or smaller. Measure.
+		b.probeNow = true
+		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
 	}
 	nhat := b.maxRate(w.End)
 	switch {
@@ -302,6 +325,13 @@ func (b *BBR) scheduleProbe(w Window, nhat float64) {
 	slot := floorDiv(int64(w.End)+b.offset, int64(b.cfg.ProbeInterval))
 	newSlot := b.slotSeen && slot != b.slot
 	b.slot, b.slotSeen = slot, true
+	if b.verify {
+		// The second probe, right after the first, at half its limit.
+		b.verify, b.verifying, b.probing = false, true, true
+		b.limit = max(b.cfg.Min, b.probeLimit/2)
+		b.probeLimit = b.limit
+		return
+	}
 	now := b.probeNow
 	b.probeNow = false
 	if !now && !newSlot {
@@ -317,6 +347,19 @@ func (b *BBR) scheduleProbe(w Window, nhat float64) {
 	b.probing = true
 	b.grewFrom = 0
 	b.limit = min(b.limit, max(b.cfg.Min, int(b.cfg.ProbeShare*b.est/(1+b.cfg.Headroom))))
+	b.probeLimit = b.limit
+}
+
+// NextWindow returns the length of a probe window, which needs only to
+// drain the service's queue and see enough requests through at the
+// probe's limit for a mean: four of the last window's RTTs, or as many as
+// 50 requests take at the probe's limit (0 outside a probe: a window of
+// the Windower's length, which also bounds this).
+func (b *BBR) NextWindow() time.Duration {
+	if !b.probing {
+		return 0
+	}
+	return time.Duration(max(4, 50/float64(max(b.probeLimit, 1))) * float64(b.lastRTT))
 }
 
 // maxRate returns the highest rate recorded within RateSpan before now,
@@ -399,7 +442,7 @@ const maxBaselines = 4 * MaxKeys
 // it half as far), the probe's own when it differs by half or more. Any
 // other window may only lower an estimate, with its mean plus its standard
 // error (the least of noisy means would sit below the service's).
-func (b *BBR) measure(w Window, probe bool) measured {
+func (b *BBR) measure(w Window, probe, verify bool) measured {
 	keys := w.Keys
 	if keys == nil { // built by hand: one kind of work
 		n := float64(w.Samples)
@@ -425,6 +468,8 @@ func (b *BBR) measure(w Window, probe bool) measured {
 				r = k.FreshSum / time.Duration(k.FreshSamples)
 			}
 			switch {
+			case verify && old > 0:
+				b.base[k.Key] = min(old, r) // the lower load's reading
 			case old == 0 || float64(r) > 1.5*float64(old) || 3*r < 2*old:
 				b.base[k.Key] = r
 			default:
@@ -441,7 +486,18 @@ func (b *BBR) measure(w Window, probe bool) measured {
 			}
 		}
 	}
-	m.slower = was > 0 && now > 1.5*was
+	// Slower by half, beyond chance: a probe of a few dozen requests of a
+	// noisy service reads high now and then.
+	var probeVar, probeSum float64
+	for _, k := range keys {
+		probeVar += float64(k.Samples) * k.Var()
+		probeSum += k.Sum.Seconds()
+	}
+	noise := 0.0
+	if probeSum > 0 {
+		noise = 2 * math.Sqrt(probeVar) / probeSum
+	}
+	m.slower = probe && !verify && was > 0 && now > (1.5+noise)*was
 	var base, sum, variance float64
 	for _, k := range keys {
 		base += float64(k.Samples) * b.base[k.Key].Seconds()

@@ -14,9 +14,9 @@ import (
 // times its capacity, after the first minute, every minute keeps goodput
 // at 90% of capacity or more, the limit's median stays within [N, 1.25·N
 // + 1] (capacity × no-load latency is N, plus the transit's share), it
-// never goes above 2·N + 1 (a step up that noise let through) nor, but
-// for a probe, below 0.75·N − 1, and the service never queues more than
-// N + 1 requests. (The callers'
+// never goes above 2·N + 1 (a step up that noise let through) and is below
+// 0.75·N − 1 for at most 5% of the arrivals (probes), and the service
+// never queues more than N + 1 requests. (The callers'
 // deadlines are far, 100·S: what meets a tight one is the wait queue's and
 // the deadline gate's business, tested with them. Under the race
 // detector the run is 10 minutes.) Gradient2 under
@@ -58,12 +58,25 @@ func TestBBRHoldsAnHour(t *testing.T) {
 					t.Errorf("minute %d: goodput %.1f%% of capacity", i+2, 100*good)
 				case float64(med) < n || float64(med) > 1.25*n+1:
 					t.Errorf("minute %d: median limit %d for %d workers", i+2, med, c.n)
-				case float64(r.MaxLimit) > 2*n+1 || float64(r.MinLimit) < 0.75*n-1:
-					t.Errorf("minute %d: limit %d..%d for %d workers", i+2, r.MinLimit, r.MaxLimit, c.n)
+				case float64(r.MaxLimit) > 2*n+1:
+					t.Errorf("minute %d: limit up to %d for %d workers", i+2, r.MaxLimit, c.n)
+				case low(r.limits, 0.75*n-1) > 0.05:
+					t.Errorf("minute %d: limit below 0.75·N − 1 for %.0f%% of the arrivals", i+2, 100*low(r.limits, 0.75*n-1))
 				case float64(r.QueueMax) > n+1:
 					t.Errorf("minute %d: %d requests queued at the service of %d workers", i+2, r.QueueMax, c.n)
 				}
 			}
 		})
 	}
+}
+
+// low returns the share of limits below x.
+func low(limits []int, x float64) float64 {
+	n := 0
+	for _, l := range limits {
+		if float64(l) < x {
+			n++
+		}
+	}
+	return float64(n) / float64(max(len(limits), 1))
 }

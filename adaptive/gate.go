@@ -112,6 +112,11 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 		w.QueueDelay = max(w.QueueDelay, g.opts.QueueDelay())
 	}
 	limit := g.ctrl.Update(w)
+	if sw, ok := g.ctrl.(ShortWindows); ok {
+		if d := sw.NextWindow(); d > 0 {
+			g.win.EndAt(c.Now.Add(min(d, g.win.cfg.MaxTime)))
+		}
+	}
 	if !g.pinned.Load() {
 		g.limit.Store(int64(limit))
 	}

@@ -169,6 +169,16 @@ func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
 	return win, true
 }
 
+// EndAt moves the end of the window in progress to at (the window still
+// runs on until it has MinSamples samples): a controller that has just
+// lowered its limit to measure the service (BBR's probe) needs a few
+// round trips, not a whole window of lost work.
+func (w *Windower) EndAt(at clock.Instant) {
+	if w.next != 0 {
+		w.next = at
+	}
+}
+
 // addKey adds s to its key's stats.
 func (w *Windower) addKey(s Sample, fresh bool) {
 	if w.index == nil {

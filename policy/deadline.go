@@ -14,8 +14,9 @@ var deadlineKind = &kind{
 	doc: "Deadline test (shed.Deadline): admit only when the predicted wait in the policy's wait queue (Q: the first " +
 		"gate with queue:, 0 without one), plus a percentile of the class's recent service times (S), plus reserve and " +
 		"margin, is less than the time the request has left (Q + S + R + U < D). Place it before the gates it protects. " +
-		"Rejects with reason deadline (503), not retryable as sent; requests without a deadline, and classes with too " +
-		"few completions yet, pass.",
+		"Rejects with reason deadline (503), not retryable as sent; requests without a deadline, classes with too " +
+		"few completions yet, and one request a retest of a class that fails the test, pass. Late completions teach it " +
+		"as useful ones do.",
 	scope:   sluice.ScopeService,
 	service: true,
 	reason:  always(sluice.ReasonDeadline),
@@ -27,6 +28,7 @@ type deadlineParams struct {
 	reserve    time.Duration
 	margin     time.Duration
 	minSamples int64
+	retest     time.Duration
 }
 
 func (p *deadlineParams) fields() []field {
@@ -35,11 +37,12 @@ func (p *deadlineParams) fields() []field {
 		durationField("reserve", "time a response still needs after the work (R)", &p.reserve, 0).dflt("0s"),
 		durationField("margin", "safety margin (U)", &p.margin, 0).dflt("0s"),
 		intField("min_samples", "completions of a class before its estimate is trusted", &p.minSamples, 1, 1<<20).dflt("20").feeds("MinSamples"),
+		durationField("retest", "how often a class that fails the test still lets one request through, so that its estimate follows a service that got faster", &p.retest, time.Millisecond).dflt("1s"),
 	}
 }
 
 func (p *deadlineParams) options() shed.DeadlineOptions {
-	return shed.DeadlineOptions{Percentile: p.percentile, Reserve: p.reserve, Margin: p.margin, MinSamples: int(p.minSamples)}
+	return shed.DeadlineOptions{Percentile: p.percentile, Reserve: p.reserve, Margin: p.margin, MinSamples: int(p.minSamples), Retest: p.retest}
 }
 
 func (p *deadlineParams) check(c *checker) {

@@ -26,7 +26,7 @@ func TestDeadlineReadsTheQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, err := policy.Parse("p.yaml", []byte(`version: 1
 gates:
-  - {name: in-time, kind: deadline, min_samples: 1}
+  - {name: in-time, kind: deadline, min_samples: 1, retest: 1h}
   - {name: pool, kind: concurrency, limit: 1, queue: {max_wait: 1s}}
 `))
 		if err != nil {

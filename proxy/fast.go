@@ -551,7 +551,18 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	if deadline.IsZero() {
 		err = f.up.Do(&ctx.Request, resp)
 	} else {
-		err = f.up.DoDeadline(&ctx.Request, resp, deadline)
+		// The upstream gets UpstreamGrace past the deadline, holding the
+		// slot: it is most likely still at work on the request.
+		upDeadline := deadline
+		if g := s.opts.UpstreamGrace; g > 0 {
+			upDeadline = deadline.Add(g)
+		}
+		err = f.up.DoDeadline(&ctx.Request, resp, upDeadline)
+		if err == nil && time.Now().After(deadline) {
+			resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			err = errLate
+		}
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)

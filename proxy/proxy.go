@@ -102,6 +102,18 @@ type Options struct {
 	// Grace is how long past its deadline a request whose response
 	// streams may hold its slot while the client reads. Default 1 s.
 	Grace time.Duration
+	// UpstreamGrace is how long past a request's deadline the proxy still
+	// waits for the upstream's answer, holding the request's slot: the
+	// upstream is most likely still working on it, and a slot freed at the
+	// deadline would let the gates admit work the upstream cannot start
+	// (a naive upstream keeps every abandoned request, and they pile up
+	// inside it). An answer that comes past the deadline is not forwarded:
+	// the client gets 504 (reason deadline) when it comes, or when the
+	// grace runs out and the upstream connection is closed, and the
+	// request counts as late with its whole time, which the adaptive limit
+	// and the deadline test learn from. Default 5 s; negative: none (the
+	// call is cut at the deadline, as before).
+	UpstreamGrace time.Duration
 	// MaxBodyBytes is the largest request body the proxy takes; a larger
 	// one is answered 400. Default 16 MiB.
 	MaxBodyBytes int64
@@ -207,10 +219,11 @@ func New(opts Options) (*Server, error) {
 			pr.SetURL(up)
 			pr.SetXForwarded()
 		},
-		Transport:    tr,
-		BufferPool:   &s.copyBufs,
-		ErrorHandler: s.upstreamError,
-		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		Transport:      tr,
+		ModifyResponse: lateResponse,
+		BufferPool:     &s.copyBufs,
+		ErrorHandler:   s.upstreamError,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	// Only admitted requests are tracked for the drain: a rejection costs
 	// nothing more, and is answered long before any grace runs out.
@@ -268,12 +281,33 @@ func (s *Server) detach(ctx context.Context) (context.Context, context.CancelFun
 	var c context.Context
 	var cancel context.CancelFunc
 	if dl, ok := ctx.Deadline(); ok {
+		if g := s.opts.UpstreamGrace; g > 0 {
+			d = context.WithValue(d, lateKey{}, dl)
+			dl = dl.Add(g)
+		}
 		c, cancel = context.WithDeadline(d, dl)
 	} else {
 		c, cancel = context.WithCancel(d)
 	}
 	stop := context.AfterFunc(s.cut, cancel)
 	return c, func() { stop(); cancel() }
+}
+
+// lateKey is the context key of a request's own deadline when its
+// upstream call may run past it (Options.UpstreamGrace).
+type lateKey struct{}
+
+// errLate is a response that came past its request's deadline, within the
+// upstream grace: answered 504, as for a call cut at the deadline.
+var errLate = fmt.Errorf("upstream answered past the request's deadline: %w", context.DeadlineExceeded)
+
+// lateResponse refuses a response that came past its request's deadline
+// (ReverseProxy.ModifyResponse): the caller has given up on it.
+func lateResponse(resp *http.Response) error {
+	if dl, ok := resp.Request.Context().Value(lateKey{}).(time.Time); ok && time.Now().After(dl) {
+		return errLate
+	}
+	return nil
 }
 
 // cutting is net/http's server for the drain, whose Close also ends the
@@ -305,6 +339,7 @@ func (o *Options) withDefaults() {
 	set(&o.ReadTimeout, 30*time.Second)
 	set(&o.WriteTimeout, time.Minute)
 	set(&o.Grace, time.Second)
+	set(&o.UpstreamGrace, 5*time.Second)
 	set(&o.UpstreamTimeout, time.Minute)
 	set(&o.MaxBodyBytes, 16<<20)
 	set(&o.MaxResponseBuffer, 256<<20)

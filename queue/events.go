@@ -74,6 +74,10 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 	q.mu.Lock()
 	c := q.classOf(r.Class)
 	if q.ahead(c) == 0 {
+		if q.tooLate(r, now) {
+			q.mu.Unlock()
+			return q.reject(sluice.ReasonDeadline), 0
+		}
 		d, p := q.inner.Decide(ctx, r, now)
 		if !noSlot(&d) {
 			id := sluice.Permit(0)

@@ -63,8 +63,8 @@ type Options struct {
 	Target, Interval time.Duration
 	// ServiceTime predicts how long a request of class holds its slot
 	// (0: unknown), for the start-in-time test. Default: the median of the
-	// class's recent useful completions through this queue, once there are
-	// 20 of them.
+	// class's recent useful and late completions through this queue, once
+	// there are 20 of them.
 	ServiceTime func(class string) time.Duration
 	// Clock times waits and CoDel. Default clock.System. It must be the
 	// chain's clock.
@@ -242,6 +242,10 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 	q.mu.Lock()
 	c := q.classOf(r.Class)
 	if q.ahead(c) == 0 { // nobody to wait behind: try at once
+		if q.tooLate(r, now) {
+			q.mu.Unlock()
+			return q.reject(sluice.ReasonDeadline), 0
+		}
 		d, p := q.inner.Decide(ctx, r, now)
 		if !noSlot(&d) {
 			notes := q.grown(now)
@@ -389,6 +393,17 @@ func (q *Queue) budget(r *sluice.Request, ahead int, room bool, now clock.Instan
 	return min(wait, left), sluice.ReasonNone
 }
 
+// tooLate is the start-in-time test of a request that would start now:
+// its predicted service time must end before its deadline, with no queue
+// ahead of it as with one. REQUIRES: q.mu held.
+func (q *Queue) tooLate(r *sluice.Request, now clock.Instant) bool {
+	if r.Deadline == 0 || q.opts.ServiceTime == nil {
+		return false
+	}
+	s := q.opts.ServiceTime(r.Class)
+	return s > 0 && now.Add(s) >= r.Deadline
+}
+
 // await waits until w is decided, its wait runs out, or ctx ends.
 func (q *Queue) await(ctx context.Context, w *waiter, wait time.Duration) (sluice.Decision, sluice.Permit) {
 	timer := time.NewTimer(wait)
@@ -471,11 +486,14 @@ func (q *Queue) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion)
 
 // released learns from a completion and hands the freed slots on.
 func (q *Queue) released(r *sluice.Request, c sluice.Completion) {
-	if q.times != nil && c.Outcome == sluice.OutcomeUseful {
+	// Late work took as long as it did: leaving it out would teach the
+	// queue that work is quick exactly when every answer is late.
+	learn := c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate
+	if q.times != nil && learn {
 		q.times.Observe(r.Class, c.Latency)
 	}
 	q.mu.Lock()
-	if c.Outcome == sluice.OutcomeUseful {
+	if learn {
 		q.mix.add(c.Latency)
 	}
 	notes := q.grant(q.opts.Clock.Now())
@@ -603,7 +621,7 @@ func (q *Queue) predict(n int, own time.Duration) time.Duration {
 	return time.Duration(n) * s / time.Duration(slots)
 }
 
-// serviceMean is the mean service time of useful completions: a plain
+// serviceMean is the mean service time of useful and late completions: a plain
 // mean of the first 20, then an exponential average weighing each new one
 // 1/50.
 type serviceMean struct {

@@ -36,6 +36,12 @@ type DeadlineOptions struct {
 	// Queue predicts the queueing delay a request of class would meet
 	// before it starts (Q), from the live state of a wait queue. Nil: 0.
 	Queue func(class string) time.Duration
+	// Retest is how often a class that fails the test still lets one
+	// request through, whose latency keeps its estimate current: an
+	// estimate learned while the service was slow would otherwise turn the
+	// class away for good once it is fast again, since nothing it rejects
+	// can teach it otherwise. Default 1 s; negative: never.
+	Retest time.Duration
 }
 
 // Deadline rejects, before any scarce work, a request that cannot finish
@@ -44,7 +50,9 @@ type DeadlineOptions struct {
 // than the budget it has left (Fits). Service times are learned from the
 // latencies of the class's useful and late completions (failed and
 // cancelled ones say nothing about how long the work takes). Requests
-// without a deadline, and classes not yet known well enough, pass.
+// without a deadline, and classes not yet known well enough, pass, and so
+// does one request of a failing class per Retest, so that its estimate
+// follows a service that got faster.
 // Rejections have reason deadline (503) and are not retryable as they are:
 // the same budget would fail again. It is safe for concurrent use.
 type Deadline struct {
@@ -52,6 +60,9 @@ type Deadline struct {
 	opts  DeadlineOptions
 	times *ServiceTimes
 	queue atomic.Pointer[func(class string) time.Duration] // Q, if set
+
+	mu     sync.Mutex
+	retest map[string]clock.Instant // by class: when one failing the test was last let through
 }
 
 var _ sluice.Gate = (*Deadline)(nil)
@@ -67,6 +78,9 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 	if opts.MinSamples == 0 {
 		opts.MinSamples = 20
 	}
+	if opts.Retest == 0 {
+		opts.Retest = time.Second
+	}
 	switch {
 	case !(opts.Percentile > 0 && opts.Percentile < 1):
 		return nil, param.Errorf("percentile", "deadline: percentile %v, want (0, 1)", opts.Percentile)
@@ -75,7 +89,7 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 	case opts.MinSamples < 1:
 		return nil, param.Errorf("min_samples", "deadline: min samples %d, want ≥ 1", opts.MinSamples)
 	}
-	g := &Deadline{name: name, opts: opts, times: NewServiceTimes()}
+	g := &Deadline{name: name, opts: opts, times: NewServiceTimes(), retest: map[string]clock.Instant{}}
 	g.UseQueue(opts.Queue)
 	return g, nil
 }
@@ -110,10 +124,32 @@ func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instan
 	if fn := g.queue.Load(); fn != nil {
 		q = (*fn)(r.Class)
 	}
-	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) {
+	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) || g.retesting(r.Class, now) {
 		return sluice.Decision{Admitted: true}, 0
 	}
 	return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: sluice.ScopeService, Gate: g.name}, 0
+}
+
+// retesting reports whether a request of class that fails the test goes
+// through to measure the class again (one per Retest).
+func (g *Deadline) retesting(class string, now clock.Instant) bool {
+	if g.opts.Retest < 0 {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	last, ok := g.retest[class]
+	switch {
+	case !ok: // the class's first refusal: its retest clock starts
+		if len(g.retest) < maxServiceClasses {
+			g.retest[class] = now
+		}
+		return false
+	case now.Sub(last) < g.opts.Retest:
+		return false
+	}
+	g.retest[class] = now
+	return true
 }
 
 // Release learns the service time of useful and late completions.

@@ -35,7 +35,7 @@ func TestDeadlineFixture(t *testing.T) {
 func TestDeadlineGate(t *testing.T) {
 	queue := 45 * ms
 	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{Reserve: 10 * ms, Margin: 15 * ms, MinSamples: 5,
-		Queue: func(string) time.Duration { return queue }})
+		Queue: func(string) time.Duration { return queue }, Retest: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +68,41 @@ func TestDeadlineGate(t *testing.T) {
 	}
 	if d, _ := g.Decide(ctx, &sluice.Request{Class: "default"}, now); !d.Admitted {
 		t.Fatalf("no deadline: %+v", d)
+	}
+}
+
+// A class the test turns away still lets one request through a second, so
+// that an estimate learned while the service was slow (analytics at 600
+// ms against a 500 ms budget) gives way once the service is fast again;
+// late completions teach the gate as useful ones do.
+func TestDeadlineRetest(t *testing.T) {
+	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{MinSamples: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := clock.Instant(time.Hour)
+	req := func() *sluice.Request { return &sluice.Request{Class: "analytics", Deadline: now.Add(500 * ms)} }
+	for range 20 {
+		g.Release(req(), 0, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 600 * ms})
+	}
+	admitted := 0
+	for i := range 100 { // 100 requests over 2 s: one a second after the first refusal goes through
+		now = clock.Instant(time.Hour + time.Duration(i)*20*ms)
+		if d, _ := g.Decide(ctx, req(), now); d.Admitted {
+			admitted++
+		} else if d.Reason != sluice.ReasonDeadline {
+			t.Fatalf("rejected for %v", d.Reason)
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("%d of 100 through in 2 s of a failing class, want 1 (at 1 s)", admitted)
+	}
+	for range 300 { // the retests find the service fast again
+		g.Release(req(), 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 150 * ms})
+	}
+	if d, _ := g.Decide(ctx, req(), now); !d.Admitted {
+		t.Fatalf("after 300 completions of 150 ms: %+v", d)
 	}
 }
 

@@ -192,6 +192,7 @@ func proxyCmd() *cobra.Command {
 	cmd.Flags().StringVar(&opts.Admin, "admin", "127.0.0.1:9901", "admin listen address (/metrics, /healthz, /readyz, /v1/gates, the live page at /live/)")
 	cmd.Flags().StringVar(&opts.AdminToken, "admin-token", "", "bearer token for /v1/gates (default $SLUICE_ADMIN_TOKEN; else, on a loopback --admin only, generated into a file whose path is logged)")
 	cmd.Flags().BoolVar(&opts.NetHTTP, "net-http", false, "serve with Go's net/http server and httputil.ReverseProxy instead of the proxy's own HTTP/1.1 server: about half the throughput")
+	cmd.Flags().DurationVar(&opts.UpstreamGrace, "upstream-grace", 5*time.Second, "how long past a request's deadline the proxy still waits for the upstream's answer, holding the request's slot (the upstream is most likely still working on it); the client gets 504 and the request counts as late; 0: the default; negative: cut the call at the deadline")
 	cmd.Flags().DurationVar(&opts.UpstreamTimeout, "upstream-timeout", time.Minute, "the longest the upstream may stay silent on a request's connection (between two reads or writes, as nginx's proxy_read_timeout, not the whole exchange); past it the request answers 504 and frees its slot; 0: the default; negative: no bound; at least 1ms")
 	cmd.MarkFlagRequired("config")
 	cmd.MarkFlagRequired("upstream")
