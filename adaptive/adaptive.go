@@ -106,11 +106,12 @@ type Controller interface {
 	Limit() int
 }
 
-// ShortWindows is a Controller that may want the window after an Update
-// shorter than the Windower's: NextWindow returns its length (0: the
-// Windower's own). BBR's probes last a few round trips.
+// ShortWindows is a Controller that may want a window shorter than the
+// Windower's: NextWindow returns the length of the window after an Update,
+// or of the first window when asked with the first sample's RTT (0: the
+// Windower's own). BBR's startup and probes last a few round trips.
 type ShortWindows interface {
-	NextWindow() time.Duration
+	NextWindow(rtt time.Duration) time.Duration
 }
 
 // ErrInvalidConfig wraps every configuration error of a controller.

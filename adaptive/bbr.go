@@ -215,8 +215,8 @@ func (b *BBR) Update(w Window) int {
 	queued := m.queued
 	sig := m.sig
 	late := float64(w.Late) > b.cfg.LateShare*float64(w.Samples)
-	if queued {
-		b.queuedInSlot = true
+	if queued && limited {
+		b.queuedInSlot = true // a queue this limit filled: its no-load RTT wants measuring
 	}
 	grew := b.grewFrom
 	b.grewFrom = 0
@@ -253,7 +253,7 @@ func (b *BBR) Update(w Window) int {
 		// A queue the limit did not fill: the service's own slowness, or
 		// other callers'. Not this limit's to shrink.
 	case probe:
-		b.est = (1 + b.cfg.Headroom) * nhat
+		// A probe measures; the windows after it size the limit.
 	case limited && !drained:
 		// Every slot was in use and the service did not queue: the
 		// limit, not the service, may be the bottleneck. (Not so in the
@@ -350,12 +350,23 @@ func (b *BBR) scheduleProbe(w Window, nhat float64) {
 	b.probeLimit = b.limit
 }
 
-// NextWindow returns the length of a probe window, which needs only to
-// drain the service's queue and see enough requests through at the
-// probe's limit for a mean: four of the last window's RTTs, or as many as
-// 50 requests take at the probe's limit (0 outside a probe: a window of
-// the Windower's length, which also bounds this).
-func (b *BBR) NextWindow() time.Duration {
+// NextWindow returns the length of the next window when it is short: in
+// the startup, four RTTs; in a probe, which needs only to drain the
+// service's queue and see enough requests through at the probe's limit
+// for a mean, four RTTs or as long as 50 requests take at the probe's
+// limit. Otherwise 0: a window of the Windower's length, which also
+// bounds these; either way a window has at least the Windower's
+// MinSamples.
+func (b *BBR) NextWindow(rtt time.Duration) time.Duration {
+	if b.lastRTT == 0 {
+		b.lastRTT = rtt // the first window's
+	}
+	if b.startup && b.lastRTT > 0 {
+		// The startup doubles the limit a few round trips apart, as
+		// BBR's doubles its window each round trip: a service found
+		// from one request in flight within a second, not in seconds.
+		return 4 * b.lastRTT
+	}
 	if !b.probing {
 		return 0
 	}

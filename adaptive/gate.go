@@ -40,9 +40,10 @@ type Gate struct {
 	limit    atomic.Int64
 	pinned   atomic.Bool
 
-	mu   sync.Mutex // serializes the controller and the windower
-	ctrl Controller
-	win  *Windower
+	mu      sync.Mutex // serializes the controller and the windower
+	ctrl    Controller
+	win     *Windower
+	started bool // a sample came
 }
 
 var (
@@ -104,7 +105,12 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 	s := Sample{RTT: c.Latency, InFlight: int(p), Dropped: c.Outcome == sluice.OutcomeLate, Key: key}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	first := !g.started
+	g.started = true
 	w, ok := g.win.Add(c.Now, s)
+	if first {
+		g.shorten(c.Now, s.RTT)
+	}
 	if !ok {
 		return
 	}
@@ -112,13 +118,19 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 		w.QueueDelay = max(w.QueueDelay, g.opts.QueueDelay())
 	}
 	limit := g.ctrl.Update(w)
-	if sw, ok := g.ctrl.(ShortWindows); ok {
-		if d := sw.NextWindow(); d > 0 {
-			g.win.EndAt(c.Now.Add(min(d, g.win.cfg.MaxTime)))
-		}
-	}
+	g.shorten(c.Now, s.RTT)
 	if !g.pinned.Load() {
 		g.limit.Store(int64(limit))
+	}
+}
+
+// shorten ends the window that began at now sooner when the controller
+// asks for it (ShortWindows). REQUIRES: g.mu held.
+func (g *Gate) shorten(now clock.Instant, rtt time.Duration) {
+	if sw, ok := g.ctrl.(ShortWindows); ok {
+		if d := sw.NextWindow(rtt); d > 0 {
+			g.win.EndAt(now.Add(min(d, g.win.cfg.MaxTime)))
+		}
 	}
 }
 
