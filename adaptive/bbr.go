@@ -91,6 +91,8 @@ type BBR struct {
 	fullCount int     // startup: limited windows since the rate last grew by a quarter
 
 	base   map[string]time.Duration // no-load RTT by kind of work (Sample.Key)
+	seen   map[string]int           // samples of each kind, up to firmBaseline
+	first  map[string]KeyStats      // the samples of each kind not yet firm
 	rtt0   time.Duration            // the last window's no-load RTT, for its mix
 	rates  [rateRing]rateSample
 	nrates int
@@ -446,6 +448,10 @@ type measured struct {
 // maxBaselines bounds the kinds of work whose no-load RTT is kept.
 const maxBaselines = 4 * MaxKeys
 
+// firmBaseline is how many samples of a kind of work its no-load RTT is
+// the mean of before windows may only lower it.
+const firmBaseline = 30
+
 // measure updates the no-load RTT of each kind of work the window holds
 // and returns what the window says against them. A probe's RTTs (of the
 // requests admitted at its limit) are each kind's no-load RTT now: halfway
@@ -463,12 +469,24 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 			SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples, FreshSum: w.FreshRTT * time.Duration(w.FreshSamples)}}
 	}
 	if b.base == nil {
-		b.base = map[string]time.Duration{}
+		b.base, b.seen, b.first = map[string]time.Duration{}, map[string]int{}, map[string]KeyStats{}
 	}
 	if len(b.base)+len(keys) > maxBaselines {
 		b.forget(keys)
 	}
 	var m measured
+	// Whether the window's kinds of work already known show a queue: the
+	// samples of a window that does must not go into a no-load RTT still
+	// being learned.
+	var known, knownSum, knownVar float64
+	for _, k := range keys {
+		if old := b.base[k.Key]; old > 0 {
+			known += float64(k.Samples) * old.Seconds()
+			knownSum += k.Sum.Seconds()
+			knownVar += float64(k.Samples) * k.Var()
+		}
+	}
+	crowded := known > 0 && knownSum > (1.25+2*math.Sqrt(knownVar)/known)*known
 	var was, now float64 // a probe's old and new no-load RTTs, weighed by samples
 	for _, k := range keys {
 		old := b.base[k.Key]
@@ -490,11 +508,25 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 				was += float64(k.Samples) * float64(old)
 				now += float64(k.Samples) * float64(r)
 			}
-		default:
+		case b.seen[k.Key] < firmBaseline && (old == 0 || !crowded):
+			// A kind of work seen fewer than firmBaseline times: the mean
+			// of all its samples so far stands for it (the least of a few
+			// small windows would sit far below it).
+			a := b.first[k.Key]
+			a.Samples += k.Samples
+			a.Sum += k.Sum
+			a.SumSq += k.SumSq
+			b.first[k.Key] = a
+			b.seen[k.Key] += k.Samples
+			b.base[k.Key] = a.Mean() + time.Duration(math.Sqrt(a.Var()/float64(a.Samples))*float64(time.Second))
+		case k.Samples >= 10:
 			r := k.Mean() + time.Duration(math.Sqrt(k.Var()/float64(k.Samples))*float64(time.Second))
-			if old == 0 || r < old {
+			if r < old {
 				b.base[k.Key] = r
 			}
+		}
+		if b.seen[k.Key] >= firmBaseline {
+			delete(b.first, k.Key)
 		}
 	}
 	// Slower by half, beyond chance: a probe of a few dozen requests of a
@@ -538,6 +570,8 @@ func (b *BBR) forget(keep []KeyStats) {
 	for k := range b.base {
 		if !in[k] {
 			delete(b.base, k)
+			delete(b.seen, k)
+			delete(b.first, k)
 		}
 	}
 }
