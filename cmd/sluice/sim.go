@@ -1,11 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +24,8 @@ type simFlags struct {
 	retry                                string
 	seed                                 uint64
 	noPolicy                             bool
+	incidents, quick                     bool
+	only                                 []string
 }
 
 func simCmd() *cobra.Command {
@@ -41,10 +47,19 @@ func simCmd() *cobra.Command {
 	cmd.Flags().StringVar(&fl.retry, "retry", "", "the callers' retry policy, naive or sluice (package client), instead of the scenario's client.retry")
 	cmd.Flags().StringVar(&fl.jsonPath, "json", "", "also write the rows as JSON to this file (-: stdout, instead of the table)")
 	cmd.Flags().StringVar(&fl.plotBase, "plot", "sluice-sim", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
+	cmd.Flags().BoolVar(&fl.incidents, "incidents", false, "run the incident library (hour-long overloads, capacity steps, a slow dependency, a retry storm, a diurnal ramp, a flash crowd, a partial fleet) through the policy and print a pass/fail table; exit status 1 if one fails")
+	cmd.Flags().BoolVar(&fl.quick, "quick", false, "with --incidents: each long phase 4 minutes instead of up to an hour (what CI runs)")
+	cmd.Flags().StringSliceVar(&fl.only, "only", nil, "with --incidents: only these incidents (by name)")
 	return cmd
 }
 
 func (fl *simFlags) run(cmd *cobra.Command) error {
+	if fl.incidents {
+		return fl.runIncidents(cmd)
+	}
+	if fl.quick || len(fl.only) > 0 {
+		return errors.New("--quick and --only go with --incidents")
+	}
 	s, err := fl.loadScenario(cmd)
 	if err != nil {
 		return err
@@ -171,4 +186,78 @@ func simPolicy(config, scenarioPolicy string) (*sim.Policy, error) {
 		return nil, err
 	}
 	return &sim.Policy{Name: config, Data: data}, nil
+}
+
+// runIncidents runs the incident library through --config (default: the
+// routes-api example, the demo's policy), each incident on its own core,
+// and prints the table.
+func (fl *simFlags) runIncidents(cmd *cobra.Command) error {
+	if cmd.Flags().Changed("scenario") || fl.noPolicy || fl.retry != "" {
+		return errors.New("--incidents runs its own scenarios through a policy: no --scenario, --no-policy or --retry")
+	}
+	pol, err := simPolicy(fl.config, "routes-api")
+	if err != nil {
+		return err
+	}
+	var list []sim.Incident
+	for _, in := range sim.Incidents() {
+		if len(fl.only) == 0 || slices.Contains(fl.only, in.Name) {
+			list = append(list, in)
+		}
+	}
+	for _, name := range fl.only {
+		if !slices.ContainsFunc(list, func(in sim.Incident) bool { return in.Name == name }) {
+			return fmt.Errorf("--only %q: no such incident", name)
+		}
+	}
+	var jsonFile *os.File
+	if fl.jsonPath != "" && fl.jsonPath != "-" {
+		if jsonFile, err = os.Create(fl.jsonPath); err != nil {
+			return err
+		}
+		defer jsonFile.Close()
+	}
+	results := make([]sim.IncidentResult, len(list))
+	errs := make([]error, len(list))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, in := range list {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			results[i], errs[i] = sim.RunIncident(in, pol, fl.quick, fl.seed)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		if n := printPolicyErrors(cmd, err); n > 0 {
+			return fmt.Errorf("%d error(s)", n)
+		}
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if fl.jsonPath == "-" {
+		return json.NewEncoder(out).Encode(results)
+	}
+	sim.WriteIncidents(out, pol.Name, fl.quick, results)
+	if jsonFile != nil {
+		if err := json.NewEncoder(jsonFile).Encode(results); err != nil {
+			return err
+		}
+		if err := jsonFile.Close(); err != nil {
+			return err
+		}
+	}
+	failed := 0
+	for _, r := range results {
+		if !r.Pass {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d incidents failed", failed, len(results))
+	}
+	return nil
 }

@@ -165,7 +165,9 @@ type engine struct {
 	slab      []attempt
 	free      []int32
 	queue     ring
-	idle      int   // free workers
+	idle      int   // free workers (below 0 while a shrunk pool's busy workers finish)
+	workers   int   // the pool's size now
+	down      []bool // by process: cannot reach the service in this phase
 	busy      int64 // worker-ns spent in the measured window
 	last      int64 // time up to which busy is integrated
 	load      float64
@@ -241,7 +243,7 @@ func newEngine(s *Scenario, clk *vclock, chains []*sluice.Chain, rules identify.
 		// another kind would make them all one tenant without a word.
 		return nil, ferr("policy", "the simulator identifies tenants by one header (identity.tenant: {header: ...}); this policy keys them by %s", tenantSources(rules.Tenant.Parts))
 	}
-	e := &engine{s: s, clk: clk, chain: chains[0], rules: id.Rules(), idle: s.Workers}
+	e := &engine{s: s, clk: clk, chain: chains[0], rules: id.Rules(), idle: s.Workers, workers: s.Workers}
 	e.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &e.wait), &e.park)
 	e.park.Ready = e.ready
 	e.processes(chains, seed)
@@ -530,6 +532,7 @@ func (e *engine) run(end int64) {
 				e.setBalance(e.s.Balance)
 			}
 			e.setLoad(p.Load)
+			e.setPool(p)
 		case evReady:
 			e.unpark(ev.ref, sluice.Reason(ev.aux))
 		case evExpire:
@@ -541,11 +544,35 @@ func (e *engine) run(end int64) {
 	e.timers.advance(end)
 }
 
+// setPool applies phase p's worker count and unreachable processes.
+func (e *engine) setPool(p *Phase) {
+	n := p.Workers
+	if n == 0 {
+		n = e.s.Workers
+	}
+	e.idle += n - e.workers
+	e.workers = n
+	e.down = e.down[:0]
+	for _, d := range p.Down {
+		for len(e.down) < d {
+			e.down = append(e.down, false)
+		}
+		e.down[d-1] = true
+	}
+	e.dispatch()
+}
+
+// unreachable reports whether attempt a's process cannot reach the
+// service now.
+func (e *engine) unreachable(a *attempt) bool {
+	return int(a.proc) < len(e.down) && e.down[a.proc]
+}
+
 // advance integrates the busy workers up to t over the measured window.
 func (e *engine) advance(t int64) {
 	lo, hi := max(e.last, e.from), min(t, e.to)
 	if hi > lo {
-		e.busy += int64(e.s.Workers-e.idle) * (hi - lo)
+		e.busy += int64(e.workers-e.idle) * (hi - lo)
 	}
 	e.last = t
 }
@@ -866,8 +893,28 @@ func (e *engine) retries(reason sluice.Reason) bool {
 }
 
 func (e *engine) enqueue(i int32) {
+	if a := &e.slab[i]; e.unreachable(a) {
+		e.fail(i)
+		return
+	}
 	e.queue.push(i)
 	e.dispatch()
+}
+
+// fail ends admitted attempt i at once, as a proxy that cannot reach the
+// service answers 502: its caller retries it as an overload refusal, and
+// the gates see errored work.
+func (e *engine) fail(i int32) {
+	a := &e.slab[i]
+	if a.measured {
+		e.m.Failed += float64(a.units)
+	}
+	if !a.answered {
+		e.answer(a, false)
+		e.retry(i, sluice.ReasonOverload, true, 0)
+		a = &e.slab[i]
+	}
+	e.drop(i, sluice.OutcomeErrored)
 }
 
 // dispatch gives queued work to idle workers.

@@ -79,7 +79,7 @@ var (
 	serverFields = []string{"check_queue", "scan_cost", "cancel_point", "service", "service_cv"}
 	clientFields = []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients", "deadline"}
 	classFields  = []string{"name", "method", "path", "headers", "units", "share", "tenants", "service", "timeout"}
-	phaseFields  = []string{"at", "load", "slowdown", "classes", "shares", "balance"}
+	phaseFields  = []string{"at", "load", "slowdown", "classes", "shares", "balance", "workers", "down"}
 	distFields   = []string{"dist", "mean", "cv", "min", "max"}
 )
 
@@ -336,6 +336,12 @@ func (p *sparser) phases(n *yaml.Node) []Phase {
 				}
 			case "balance":
 				ph.Balance = p.weights(v, f)
+			case "workers":
+				ph.Workers = int(p.Integer(v, f, 1, maxWorkers))
+			case "down":
+				p.list(v, f, func(j int, e *yaml.Node) {
+					ph.Down = append(ph.Down, int(p.Integer(e, fmt.Sprintf("%s[%d]", f, j), 1, 64)))
+				})
 			}
 		})
 		out = append(out, ph)

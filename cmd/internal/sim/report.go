@@ -48,6 +48,9 @@ type Row struct {
 	// Throttled counts operations the callers' adaptive throttle refused
 	// locally, never sent (client retry "sluice").
 	Throttled float64 `json:"throttled,omitempty"`
+	// Failed counts admitted attempts that failed at once because their
+	// process could not reach the service (Phase.Down).
+	Failed float64 `json:"failed,omitempty"`
 	// P50Ms and P99Ms are percentiles of the latency of useful attempts.
 	P50Ms float64 `json:"p50_ms"`
 	P99Ms float64 `json:"p99_ms"`
@@ -109,7 +112,7 @@ type ProcessRow struct {
 
 // finish turns counts over secs seconds into rates.
 func (r *Row) finish(secs float64, h *hist, busy float64, workers int) {
-	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut, &r.Throttled} {
+	for _, p := range []*float64{&r.Offered, &r.Attempts, &r.Retried, &r.Admitted, &r.Started, &r.Goodput, &r.Late, &r.Abandoned, &r.TimedOut, &r.Throttled, &r.Failed} {
 		*p /= secs
 	}
 	for i := range r.Classes {

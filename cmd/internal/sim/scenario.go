@@ -193,6 +193,15 @@ type Phase struct {
 	// stays the whole fleet's load, so lower Load with it to stop one
 	// process's traffic without moving it to the others.
 	Balance []float64
+	// Workers changes the size of the worker pool from the phase on (a
+	// service that lost or gained instances); 0: the scenario's Workers.
+	// A pool that shrinks lets its busy workers finish first.
+	Workers int
+	// Down lists the processes (1 for the first) that cannot reach the
+	// service in the phase: what they admit fails at once (a 502 to the
+	// caller, which retries it as an overload refusal), and their gates
+	// see errored work. The balancer still sends them their share.
+	Down []int
 }
 
 // Dist is a distribution of durations. Kinds: "constant" (Mean),
@@ -635,6 +644,14 @@ func (s *Scenario) phase(i int, last *time.Duration) error {
 	}
 	if len(p.Shares) > 0 && total == 0 {
 		return ferr(f+".shares", "all shares are 0")
+	}
+	if p.Workers < 0 || p.Workers > maxWorkers {
+		return ferr(f+".workers", "%d, want 1 to %d (0: the scenario's)", p.Workers, maxWorkers)
+	}
+	for j, d := range p.Down {
+		if d < 1 || d > s.Processes {
+			return ferr(fmt.Sprintf("%s.down[%d]", f, j), "process %d, want 1 to %d", d, s.Processes)
+		}
 	}
 	return s.balance(f+".balance", p.Balance)
 }

@@ -30,6 +30,8 @@ type Options struct {
 	Seed uint64
 	// Progress receives one line per finished run (nil: none).
 	Progress io.Writer
+	// PolicyOnly skips the run without admission (with a Policy).
+	PolicyOnly bool
 }
 
 // NoAdmission names the run without any admission control.
@@ -79,6 +81,9 @@ func Simulate(s Scenario, opts Options) (*Report, error) {
 	runs := []*policy.File{nil}
 	if pol != nil {
 		runs = append(runs, pol)
+		if opts.PolicyOnly {
+			runs = runs[1:]
+		}
 	}
 	for _, f := range runs {
 		run := Run{Name: NoAdmission}
@@ -171,6 +176,7 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		e.setBalance(s.Phases[0].Balance)
 	}
 	e.setLoad(s.Phases[0].Load)
+	e.setPool(&s.Phases[0])
 	for i := 1; i < len(s.Phases); i++ {
 		e.at(int64(s.Phases[i].At), evPhase, 0, int32(i))
 	}
@@ -198,7 +204,7 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 			row.Waited = float64(waited-waited0) / time.Duration(end-t).Seconds()
 		}
 		e.leases(end)
-		row.finish(time.Duration(end-t).Seconds(), &e.hist, float64(e.busy), s.Workers)
+		row.finish(time.Duration(end-t).Seconds(), &e.hist, float64(e.busy), e.workers)
 		rows = append(rows, row)
 	}
 	return rows, nil
