@@ -165,11 +165,11 @@ type engine struct {
 	slab      []attempt
 	free      []int32
 	queue     ring
-	idle      int   // free workers (below 0 while a shrunk pool's busy workers finish)
-	workers   int   // the pool's size now
+	idle      int    // free workers (below 0 while a shrunk pool's busy workers finish)
+	workers   int    // the pool's size now
 	down      []bool // by process: cannot reach the service in this phase
-	busy      int64 // worker-ns spent in the measured window
-	last      int64 // time up to which busy is integrated
+	busy      int64  // worker-ns spent in the measured window
+	last      int64  // time up to which busy is integrated
 	load      float64
 	budget    float64
 
