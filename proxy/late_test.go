@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/poll"
+)
+
+// A request whose upstream answers past its deadline holds its slot until
+// the answer comes (the upstream was still working on it), is answered 504
+// with reason deadline then, not forwarded, and counts as late, on both
+// fronts: the slot used to be freed at the deadline, the request booked as
+// errored, and the adaptive limit and the deadline test learned nothing.
+func TestLateAnswerHoldsItsSlotAndCountsLate(t *testing.T) {
+	release := make(chan struct{})
+	s, base := serve(t, `version: 1
+identity:
+  deadline: {header: X-Request-Timeout, default: 5s}
+gates:
+  - {name: pool, kind: concurrency, scope: service, limit: 1}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, "too late")
+	}), func(o *Options) { o.UpstreamGrace = time.Minute })
+	held := func() bool {
+		d, tk := s.Chain().Decide(t.Context(), &sluice.Request{})
+		if d.Admitted {
+			tk.Done(sluice.OutcomeUseful)
+		}
+		return !d.Admitted
+	}
+	c := dial(t, base)
+	fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: x\r\nX-Request-Timeout: 100ms\r\n\r\n")
+	answered := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Error(err)
+			close(answered)
+			return
+		}
+		io.ReadAll(resp.Body)
+		answered <- resp
+	}()
+	// Well past the 100 ms deadline the upstream still works: the slot
+	// stays held and nothing is answered yet.
+	poll.Until(t, 10*time.Second, held)
+	time.Sleep(400 * time.Millisecond)
+	if !held() {
+		t.Fatal("the slot was freed at the deadline while the upstream still worked")
+	}
+	select {
+	case resp := <-answered:
+		t.Fatalf("answered %v before the upstream did", resp.Status)
+	default:
+	}
+	close(release)
+	resp := <-answered
+	if resp == nil {
+		return
+	}
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("late answer: %s, want 504", resp.Status)
+	}
+	poll.Until(t, 10*time.Second, func() bool { return !held() })
+	rec := httptest.NewRecorder()
+	s.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `sluice_requests_completed_total{class="default",outcome="late"`) {
+		t.Errorf("no late completion in /metrics:\n%s", grepLines(rec.Body.String(), "sluice_requests_completed_total"))
+	}
+}
+
+// With the grace run out the upstream's connection is cut: the request
+// answers 504 and counts as late, and its slot is free again.
+func TestUpstreamGraceBoundsTheHold(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	s, base := serve(t, `version: 1
+identity:
+  deadline: {header: X-Request-Timeout, default: 5s}
+gates:
+  - {name: pool, kind: concurrency, scope: service, limit: 1}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}), func(o *Options) { o.UpstreamGrace = 200 * time.Millisecond })
+	start := time.Now()
+	req, _ := http.NewRequest("GET", base+"/x", nil)
+	req.Header.Set("X-Request-Timeout", "100ms")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("%s after %v, want 504 after the deadline and the grace (300 ms)", resp.Status, time.Since(start))
+	}
+	poll.Until(t, 10*time.Second, func() bool {
+		d, tk := s.Chain().Decide(t.Context(), &sluice.Request{})
+		tk.Done(sluice.OutcomeUseful)
+		return d.Admitted
+	})
+	rec := httptest.NewRecorder()
+	s.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `outcome="late"`) {
+		t.Errorf("no late completion in /metrics:\n%s", grepLines(rec.Body.String(), "sluice_requests_completed_total"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
