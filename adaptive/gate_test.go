@@ -126,3 +126,19 @@ func TestSchedulingDelay(t *testing.T) {
 		t.Fatalf("scheduling delay %v with 64 spinning goroutines", d)
 	}
 }
+
+// Late completions reach the controller as drops with their latency: AIMD
+// backs off on them (in front of an upstream whose answers all came past
+// their deadline, booked as errors, it never did).
+func TestLateCompletionsTeachTheController(t *testing.T) {
+	ctrl, _ := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: 20, Min: 1, Max: 100})
+	g, _ := adaptive.NewGate("adaptive", ctrl, adaptive.GateOptions{Window: adaptive.WindowConfig{MinTime: 100 * time.Millisecond}})
+	now := clock.Instant(time.Second)
+	for range 10 {
+		now = now.Add(200 * time.Millisecond)
+		drive(g, now, 20, 600*time.Millisecond, sluice.OutcomeLate)
+	}
+	if l, _ := g.ConcurrencyLimit(); l >= 20 {
+		t.Fatalf("limit %d after ten windows of late work", l)
+	}
+}

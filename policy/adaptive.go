@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/adaptive"
+	"github.com/sluice-go/sluice/internal/param"
 )
 
 var adaptiveKind = &kind{
@@ -108,7 +109,10 @@ func (p *adaptiveParams) check(c *checker) {
 
 func (p *adaptiveParams) build(b *builder) (sluice.Gate, error) {
 	if b.opts.Virtual && p.controller == "queue_delay" {
-		return nil, fmt.Errorf("controller queue_delay reads this process's scheduler, which a simulated clock does not drive")
+		return nil, param.Errorf("controller", "controller queue_delay reads this process's scheduler, which a simulated clock does not drive")
+	}
+	if b.opts.Upstream && p.controller == "queue_delay" {
+		return nil, param.Errorf("controller", "controller queue_delay reads this process's goroutine scheduling delay, which in front of an upstream says nothing of the upstream's queue: use bbr (the default), whose RTTs against the upstream's no-load RTTs are that queue")
 	}
 	g, err := p.gate(b.g.Name, b.g.RetryHint, b.opts.Virtual)
 	if err != nil {

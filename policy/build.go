@@ -27,6 +27,11 @@ type Options struct {
 	// that measure real resources of this process (source: cpu) are
 	// refused, since their readings would not follow the clock.
 	Virtual bool
+	// Upstream says that the chain admits requests for a separate process
+	// (sluice proxy): a controller that reads this process's own
+	// scheduling delay as the protected service's queue (queue_delay) is
+	// refused, since the upstream's queue is elsewhere.
+	Upstream bool
 	// Observer for the chain (metrics).
 	Observer sluice.Observer
 	// Rand is the uniform [0, 1) source of the probabilistic gates (the

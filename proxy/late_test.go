@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -125,4 +127,16 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// In front of an upstream, a queue_delay controller would read the proxy's
+// own goroutine scheduling, not the upstream's queue: refused at start,
+// on the field, with what to use instead.
+func TestQueueDelayRefusedInFrontOfAnUpstream(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1")
+	_, err := New(Options{Config: "p.yaml", Upstream: u, AdminToken: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ConfigData: []byte("version: 1\ngates:\n  - {name: a, kind: adaptive_concurrency, controller: queue_delay, target: 5ms}\n")})
+	if err == nil || !strings.Contains(err.Error(), "p.yaml:3") || !strings.Contains(err.Error(), "controller") || !strings.Contains(err.Error(), "use bbr") {
+		t.Fatalf("err = %v", err)
+	}
 }

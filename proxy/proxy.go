@@ -195,7 +195,7 @@ func New(opts Options) (*Server, error) {
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
 	s.cut, s.cutNow = context.WithCancel(context.Background())
 	s.host, err = host.New(host.Options{Config: opts.Config, TokenFile: tokenFile, ConfigData: opts.ConfigData, Logger: opts.Logger,
-		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter})
+		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Upstream: true})
 	if err != nil {
 		if tokenFile != "" {
 			os.Remove(tokenFile)

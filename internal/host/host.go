@@ -61,6 +61,9 @@ type Options struct {
 	// ProblemDetails answers rejections with RFC 9457 problem details
 	// (httpgate.Config.ProblemDetails).
 	ProblemDetails bool
+	// Upstream: the policy admits requests for a separate upstream
+	// (policy.Options.Upstream).
+	Upstream bool
 	// OnBuild, if set, is given every runtime before it serves (the first
 	// and every reload; on a reload before the gates it replaces stop and
 	// its own background loops start), for a caller that decides with the
@@ -115,7 +118,7 @@ func New(opts Options) (*Host, error) {
 			return nil, err
 		}
 	}
-	rt, err := policy.Build(f, nil, policy.Options{Clock: opts.Clock, Observer: h.metrics})
+	rt, err := policy.Build(f, nil, policy.Options{Clock: opts.Clock, Observer: h.metrics, Upstream: opts.Upstream})
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +223,7 @@ func (h *Host) reload(explicit bool) (bool, error) {
 		// Everything that may refuse the new policy runs before the old
 		// one is touched: only then do the gates it replaces stop.
 		var rt *policy.Runtime
-		if rt, err = policy.Prepare(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics}); err == nil {
+		if rt, err = policy.Prepare(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics, Upstream: h.opts.Upstream}); err == nil {
 			h.keepModeOverrides(rt)
 			err = h.gateConfig(rt).Check()
 			if err == nil && h.opts.OnBuild != nil {
