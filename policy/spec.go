@@ -290,7 +290,7 @@ func (w *specWriter) evidence() {
 	w.b.WriteString("\nEVIDENCE\n")
 	w.line("Offered, admitted, completed, late, rejected, and retried demand", "/metrics: sluice_requests_offered_total, _admitted_total, _rejected_total{reason,gate,mode}, _completed_total{outcome}; demand units per class and tenant by stage: sluice_demand_units_total{stage=offered|admitted|rejected|consumed}")
 	w.line("Goodput and fairness by class/tenant", "sluice_goodput_units_total{class,tenant} and completions by outcome, per class and tenant (tenant label capped)")
-	w.line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice sim --config` runs this file's gates on a virtual clock against modeled overload (load sweeps, load and service-time steps, retry storms); `sluice demo` sweeps real open-loop load from 0.5x to 10x capacity with and without admission")
+	w.line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice sim --config` runs this file's gates on a virtual clock against modeled overload (load sweeps, load and service-time steps, retry storms), and `sluice sim --incidents --config` through whole incidents (hour-long overloads, capacity steps, a slow dependency, a retry storm, a diurnal ramp, a flash crowd, a partial fleet) with a pass/fail bar; `sluice demo` sweeps real open-loop load from 0.5x to 10x capacity with and without admission")
 	w.line("Abort, rollback, and policy review owner", "%s", prose(w.f.Spec.Owner, "owner"))
 }
 

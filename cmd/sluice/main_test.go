@@ -147,7 +147,7 @@ func TestServeRefusesInflightGates(t *testing.T) {
 		t.Fatalf("%v\n%s", err, errOut)
 	}
 	_, errOut, err = run("check", "--serve", "--config", "../../examples/routes-api.yaml")
-	if err == nil || !strings.Contains(errOut, "worker-pool (adaptive_concurrency)") || !strings.Contains(errOut, "2 gate(s) sluice serve cannot enforce") {
+	if err == nil || !strings.Contains(errOut, "worker-pool (adaptive_concurrency)") || !strings.Contains(errOut, "3 gate(s) sluice serve cannot enforce") {
 		t.Fatalf("%v\n%s", err, errOut)
 	}
 	out, errOut, err := run("check", "--serve", "--config", "../../examples/nginx/policy.yaml")
