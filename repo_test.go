@@ -1,0 +1,40 @@
+package sluice_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// No build output is tracked: every tracked file is at most 1 MiB (the
+// largest, the docs' plots and the README, are under 200 KiB), and none is
+// an executable binary. A 57 MB build of the CLI was committed once and
+// went unnoticed for two sessions.
+func TestNoBuildOutputsTracked(t *testing.T) {
+	out, err := exec.Command("git", "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		st, err := os.Stat(name)
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		if st.Size() > 1<<20 {
+			t.Errorf("%s: %d bytes tracked (at most 1 MiB; build outputs belong in .gitignore)", name, st.Size())
+			continue
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			continue
+		}
+		head := make([]byte, 4)
+		n, _ := f.Read(head)
+		f.Close()
+		if bytes.Equal(head[:n], []byte("\x7fELF")) || st.Mode()&0o111 != 0 && !strings.HasSuffix(name, ".sh") && !strings.HasPrefix(name, ".ci/") && n == 4 && head[0] != '#' {
+			t.Errorf("%s: an executable binary is tracked", name)
+		}
+	}
+}
