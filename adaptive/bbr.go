@@ -37,8 +37,8 @@ type BBRConfig struct {
 	RateSpan time.Duration
 	// LateShare is the share of a window's completions past their
 	// deadline above which, while the service queues, the controller
-	// takes the window's own rate as the bottleneck rate and drops the
-	// headroom for the next window. Default 0.05.
+	// drops the headroom (the limit goes to N̂) and measures the service
+	// afresh. Default 0.02.
 	LateShare float64
 	// Epoch is the wall-clock time of the zero Instant of the clock the
 	// windows are read on, which places the probes in wall-clock time.
@@ -48,38 +48,53 @@ type BBRConfig struct {
 
 // BBR sizes a concurrency limit as BBR sizes a TCP window (Cardwell et
 // al., "BBR: Congestion-Based Congestion Control", ACM Queue 14(5), 2016):
-// from two estimates that a queue cannot absorb, the service's bottleneck
-// rate X (the highest completion rate of recent windows that used the
-// whole limit) and its no-load RTT (the shortest window RTT since the last
-// probe). By Little's law their product N̂ = X·RTT₀ is the concurrency at
-// which the service is busy without a queue: for N workers of service time
-// S, N. The limit is (1 + Headroom)·N̂, so the service holds a queue of
-// about Headroom·S and its rate and latency stay where they are however
-// long the overload lasts; Gradient2's long-term average, by contrast,
-// takes in a standing queue as the new normal and lets the limit climb
-// until every response is late.
+// from two estimates that a standing queue cannot absorb, the work the
+// service gets done and its no-load RTT. By Little's law their product is
+// N̂, the concurrency at which the service is busy without a queue: for N
+// workers, N. The limit is (1 + Headroom)·N̂, so the service holds a queue
+// of about Headroom of its service time, and its rate and latency stay
+// where they are however long the overload lasts. (Gradient2's long-term
+// average, by contrast, takes a standing queue in as the new normal and
+// lets the limit climb until every answer is late.)
 //
-// It starts at Initial and doubles the limit each window that used it
-// whole without a queue showing (BBR's startup), until the RTT rises by
-// more than a quarter or the rate stops growing. After that a window that
-// used the whole limit with no queue at the service (the limit, not the
-// service, was the bottleneck) grows it by Headroom; a limit that then
-// showed a queue with no gain in rate is not tried again for a while that
-// doubles each time it fails (10 s up to 5 min), so that a service of one
-// or two workers runs at its size rather than at one more. Every
-// ProbeInterval in which the service held a queue throughout, the limit
-// drops for one window to ProbeShare·N̂ and that window's RTT (of the
-// requests admitted within it) becomes RTT₀: a service that got slower is
-// measured again, and a queue cannot pass for its no-load latency. A window
-// with more than LateShare of late completions while the service queues
-// takes its own rate as X and drops the headroom. A window that did not
-// use the limit and showed no queue changes nothing.
+// Both estimates are kept per kind of work (Sample.Key: the request's
+// operation or class), since a mix that moves toward cheap requests would
+// otherwise read as a faster service: each kind has its own no-load RTT, a
+// window's N̂ is the sum of its samples' no-load RTTs over its length (the
+// slots of no-load work it got done per second), and its queue is the
+// ratio of its RTTs to their no-load RTTs. N̂ is the highest of the windows
+// of the last RateSpan that used the whole limit. A kind's no-load RTT is
+// the mean of its first 30 samples, then the lowest window mean (plus its
+// standard error) since the last probe, and a probe's own reading.
+//
+// It starts at Initial and doubles the limit every few round trips while
+// windows use it whole without a queue showing (BBR's startup), until the
+// RTT rises by a quarter or the work done stops growing. After that a
+// window that used the whole limit with no queue at the service (the
+// limit, not the service, was the bottleneck) grows it by Headroom; a limit
+// that then showed a queue with no gain in work is not tried again for a
+// while that doubles each time it fails (10 s up to 5 min), so that a
+// service of one or two workers runs at its size rather than at one more.
+// Every ProbeInterval in which the limit filled a queue at the service, on
+// wall-clock slots (a fleet's proxies drain one service together), the
+// limit drops for a few round trips to ProbeShare·N̂ and the RTTs of the
+// requests admitted then are the no-load RTTs again. A probe that reads
+// half again as slow is verified at half the limit (slower, or a queue the
+// probe did not drain: the service got smaller), and the work done is
+// measured afresh after it; a window whose RTT more than doubled probes at
+// once. A window with more than LateShare of late completions while the
+// service queues drops the headroom (the callers' deadlines leave no room
+// for the queue) and probes. A queue the limit did not fill, or a window
+// that did not use the limit, changes nothing.
 //
 // Guarantee (TestBBRHoldsAnHour): in front of a FIFO service of N workers
-// offered 3× its capacity for an hour, the limit stays within
-// [⌊0.75·N⌋, ⌊1.5·N⌋ + 1] in every window after the first minute, except
-// one-window probes, so the service never queues more than about half a
-// service time.
+// (1 to 32) and service time S (5 to 200 ms, constant or exponential)
+// offered 3× its capacity for an hour, every minute after the first keeps
+// goodput at 90% of capacity or more, the limit's median within [N, 1.25·N
+// + 1], its maximum within 2·N + 1, and the service's queue within N + 1.
+// Over whole incidents of a mixed service (capacity halved and back, a
+// slower dependency, a retry storm, a ramp, a flash crowd, a partial
+// fleet) see sluice sim --incidents.
 type BBR struct {
 	cfg    BBRConfig
 	offset int64 // Epoch in Unix ns
@@ -156,7 +171,7 @@ func NewBBR(cfg BBRConfig) (*BBR, error) {
 		cfg.RateSpan = 10 * time.Second
 	}
 	if cfg.LateShare == 0 {
-		cfg.LateShare = 0.05
+		cfg.LateShare = 0.02
 	}
 	if cfg.Epoch.IsZero() {
 		cfg.Epoch = clock.SystemEpoch()
@@ -236,14 +251,24 @@ func (b *BBR) Update(w Window) int {
 	switch {
 	case nhat <= 0:
 		// No rate yet (a window without its span): nothing to size from.
-	case late && queued && !probe && w.End >= b.lateAfter:
-		// Requests miss their deadlines behind a queue: the service may
-		// have got slower or smaller, which the rate and the no-load RTT
-		// of before would hide for their spans. The next window measures
-		// the no-load RTT, and the rate starts again after it.
+	case late && queued && !probe:
+		// Requests miss their deadlines behind a queue at the service:
+		// the headroom is more than the callers' deadlines leave room
+		// for, and the limit drops to N̂, where the service holds no
+		// queue; a step back up waits, as after a failed one. The service
+		// may also have got slower or smaller, which the rate and the
+		// no-load RTT of before would hide for their spans: the next
+		// window measures the no-load RTT, and the rate starts again after
+		// it (at most once a ProbeInterval).
 		b.startup = false
-		b.stale, b.probeNow = true, true
-		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
+		if w.End >= b.lateAfter {
+			b.stale, b.probeNow = true, true
+			b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
+		}
+		if float64(applied) > nhat {
+			b.failed(w.End, applied)
+		}
+		b.est = min(b.est, nhat)
 	case b.startup:
 		b.startupStep(m, limited, nhat, sig)
 	case queued && limited:

@@ -26,10 +26,10 @@ func TestCheckDecisionOnly(t *testing.T) {
 	}
 	err = CheckDecisionOnly(f)
 	var es Errors
-	if !errors.As(err, &es) || len(es) != 2 {
+	if !errors.As(err, &es) || len(es) != 3 {
 		t.Fatalf("%v", err)
 	}
-	for i, want := range []string{"gates[1].kind: concurrent-requests (concurrency) holds a slot", "gates[2].kind: worker-pool (adaptive_concurrency)"} {
+	for i, want := range []string{"gates[1].kind: concurrent-requests (concurrency) holds a slot", "gates[2].kind: in-time (deadline)", "gates[3].kind: worker-pool (adaptive_concurrency)"} {
 		if !strings.Contains(es[i].Error(), want) || !strings.HasPrefix(es[i].Error(), "../examples/routes-api.yaml:") {
 			t.Errorf("%s", es[i])
 		}

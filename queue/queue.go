@@ -63,8 +63,9 @@ type Options struct {
 	Target, Interval time.Duration
 	// ServiceTime predicts how long a request of class holds its slot
 	// (0: unknown), for the start-in-time test. Default: the median of the
-	// class's recent useful and late completions through this queue, once
-	// there are 20 of them.
+	// class's recent useful and late completions through this queue (the
+	// last few hundred, or the last few seconds where they are fewer),
+	// once there are 20 of them.
 	ServiceTime func(class string) time.Duration
 	// Clock times waits and CoDel. Default clock.System. It must be the
 	// chain's clock.
@@ -173,9 +174,9 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		}
 	}
 	if q.opts.ServiceTime == nil {
-		q.times = shed.NewServiceTimes()
+		q.times = shed.NewDecayingServiceTimes(time.Second)
 		q.opts.ServiceTime = func(class string) time.Duration {
-			if s, n := q.times.Percentile(class, 0.5); n >= 20 {
+			if s, n := q.times.PercentileAt(class, 0.5, q.opts.Clock.Now()); n >= 20 {
 				return s
 			}
 			return 0
@@ -490,7 +491,7 @@ func (q *Queue) released(r *sluice.Request, c sluice.Completion) {
 	// queue that work is quick exactly when every answer is late.
 	learn := c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate
 	if q.times != nil && learn {
-		q.times.Observe(r.Class, c.Latency)
+		q.times.ObserveAt(r.Class, c.Latency, c.Now)
 	}
 	q.mu.Lock()
 	if learn {

@@ -40,8 +40,11 @@ type DeadlineOptions struct {
 	// request through, whose latency keeps its estimate current: an
 	// estimate learned while the service was slow would otherwise turn the
 	// class away for good once it is fast again, since nothing it rejects
-	// can teach it otherwise. Default 1 s; negative: never.
+	// can teach it otherwise. Default 200 ms; negative: never.
 	Retest time.Duration
+	// HalfLife is how fast the estimates forget by time: their counts halve
+	// with every HalfLife, and with every 256 completions. Default 1 s.
+	HalfLife time.Duration
 }
 
 // Deadline rejects, before any scarce work, a request that cannot finish
@@ -79,7 +82,10 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 		opts.MinSamples = 20
 	}
 	if opts.Retest == 0 {
-		opts.Retest = time.Second
+		opts.Retest = 200 * time.Millisecond
+	}
+	if opts.HalfLife == 0 {
+		opts.HalfLife = time.Second
 	}
 	switch {
 	case !(opts.Percentile > 0 && opts.Percentile < 1):
@@ -88,8 +94,10 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 		return nil, param.Errorf("reserve", "deadline: negative reserve or margin")
 	case opts.MinSamples < 1:
 		return nil, param.Errorf("min_samples", "deadline: min samples %d, want ≥ 1", opts.MinSamples)
+	case opts.HalfLife < 0:
+		return nil, param.Errorf("half_life", "deadline: negative half-life")
 	}
-	g := &Deadline{name: name, opts: opts, times: NewServiceTimes(), retest: map[string]clock.Instant{}}
+	g := &Deadline{name: name, opts: opts, times: NewDecayingServiceTimes(opts.HalfLife), retest: map[string]clock.Instant{}}
 	g.UseQueue(opts.Queue)
 	return g, nil
 }
@@ -116,7 +124,7 @@ func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instan
 	if r.Deadline == 0 {
 		return sluice.Decision{Admitted: true}, 0
 	}
-	s, n := g.times.Percentile(r.Class, g.opts.Percentile)
+	s, n := g.times.PercentileAt(r.Class, g.opts.Percentile, now)
 	if n < g.opts.MinSamples {
 		return sluice.Decision{Admitted: true}, 0
 	}
@@ -124,8 +132,11 @@ func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instan
 	if fn := g.queue.Load(); fn != nil {
 		q = (*fn)(r.Class)
 	}
-	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) || g.retesting(r.Class, now) {
+	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) {
 		return sluice.Decision{Admitted: true}, 0
+	}
+	if g.retesting(r.Class, now) {
+		return sluice.Decision{Admitted: true}, retestPermit
 	}
 	return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: sluice.ScopeService, Gate: g.name}, 0
 }
@@ -152,27 +163,55 @@ func (g *Deadline) retesting(class string, now clock.Instant) bool {
 	return true
 }
 
-// Release learns the service time of useful and late completions.
-func (g *Deadline) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+// retestPermit marks a request let through against the test.
+const retestPermit sluice.Permit = 1
+
+// Release learns the service time of useful and late completions. A
+// retest that came back in time proves the estimate that refused it
+// stale: the class's counts halve, so that a few such retests outweigh
+// what a passing overload taught.
+func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	if c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate {
-		g.times.Observe(r.Class, c.Latency)
+		if p == retestPermit && c.Outcome == sluice.OutcomeUseful {
+			g.times.Halve(r.Class)
+		}
+		g.times.ObserveAt(r.Class, c.Latency, c.Now)
 	}
 }
 
 // ServiceTimes keeps, per class, a histogram of recent service times on
 // logarithmic buckets (8 per doubling, 9% wide, from 10 µs to about 3
 // hours) whose counts halve whenever they pass 256, so estimates follow the
-// last few hundred completions. It is safe for concurrent use.
+// last few hundred completions. With a half-life (NewDecayingServiceTimes)
+// and the At methods, counts also halve with every half-life of time, so
+// that estimates follow the last few seconds where completions are few: a
+// class turned away on the strength of latencies from a passing overload
+// (a limit's overshoot, which a deadline of twice the service time calls
+// late) is estimated again from the few requests still let through within
+// seconds, not after hundreds of them (and Halve weighs the past down at
+// once). It is safe for concurrent use.
 type ServiceTimes struct {
-	mu      sync.Mutex
-	classes map[string]*histogram
+	mu       sync.Mutex
+	classes  map[string]*histogram
+	halfLife time.Duration // 0: counts halve by number alone
 }
 
-// NewServiceTimes returns empty estimates.
+// NewServiceTimes returns empty estimates whose counts halve by number
+// alone.
 func NewServiceTimes() *ServiceTimes { return &ServiceTimes{classes: map[string]*histogram{}} }
 
+// NewDecayingServiceTimes returns empty estimates whose counts also halve
+// with every halfLife of time (ObserveAt, PercentileAt).
+func NewDecayingServiceTimes(halfLife time.Duration) *ServiceTimes {
+	return &ServiceTimes{classes: map[string]*histogram{}, halfLife: halfLife}
+}
+
 // Observe records one service time of class.
-func (s *ServiceTimes) Observe(class string, d time.Duration) {
+func (s *ServiceTimes) Observe(class string, d time.Duration) { s.ObserveAt(class, d, 0) }
+
+// ObserveAt records one service time of class completed at now (0: no
+// decay by time).
+func (s *ServiceTimes) ObserveAt(class string, d time.Duration, now clock.Instant) {
 	s.mu.Lock()
 	h := s.classes[class]
 	if h == nil {
@@ -183,8 +222,22 @@ func (s *ServiceTimes) Observe(class string, d time.Duration) {
 		h = &histogram{}
 		s.classes[class] = h
 	}
+	h.decay(now, s.halfLife)
 	h.add(d)
 	s.mu.Unlock()
+}
+
+// Halve halves class's counts: what it learned weighs half as much
+// against what comes next.
+func (s *ServiceTimes) Halve(class string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.classes[class]; h != nil {
+		for i := range h.counts {
+			h.counts[i] /= 2
+		}
+		h.total /= 2
+	}
 }
 
 // maxServiceClasses bounds the classes kept: classes are few and server-defined.
@@ -194,10 +247,21 @@ const maxServiceClasses = 256
 // (the upper edge of its bucket, so it errs long) and how many samples
 // stand behind it.
 func (s *ServiceTimes) Percentile(class string, p float64) (time.Duration, int) {
+	return s.PercentileAt(class, p, 0)
+}
+
+// PercentileAt is Percentile at now (0: no decay by time). When the counts
+// left after decay weigh less than 3 samples, it reports no samples: the
+// class is not known now, whatever it once was.
+func (s *ServiceTimes) PercentileAt(class string, p float64, now clock.Instant) (time.Duration, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.classes[class]
 	if h == nil {
+		return 0, 0
+	}
+	h.decay(now, s.halfLife)
+	if s.halfLife > 0 && h.total < 3 {
 		return 0, 0
 	}
 	return h.percentile(p), h.samples
@@ -214,7 +278,30 @@ const (
 type histogram struct {
 	counts  [histBuckets]float64
 	total   float64
-	samples int // every sample ever, for MinSamples
+	samples int           // every sample ever, for MinSamples
+	at      clock.Instant // when the counts were last decayed by time
+}
+
+// decay scales the counts down by 2^(−elapsed/halfLife) since the last
+// decay (in steps of at least an eighth of halfLife).
+func (h *histogram) decay(now clock.Instant, halfLife time.Duration) {
+	if halfLife <= 0 || now == 0 {
+		return
+	}
+	if h.at == 0 || now < h.at {
+		h.at = now
+		return
+	}
+	dt := now.Sub(h.at)
+	if dt < halfLife/8 {
+		return
+	}
+	f := math.Exp2(-float64(dt) / float64(halfLife))
+	for i := range h.counts {
+		h.counts[i] *= f
+	}
+	h.total *= f
+	h.at = now
 }
 
 func bucketOf(d time.Duration) int {

@@ -76,7 +76,7 @@ func TestDeadlineGate(t *testing.T) {
 // ms against a 500 ms budget) gives way once the service is fast again;
 // late completions teach the gate as useful ones do.
 func TestDeadlineRetest(t *testing.T) {
-	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{MinSamples: 5})
+	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{MinSamples: 5, Retest: time.Second, HalfLife: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +104,42 @@ func TestDeadlineRetest(t *testing.T) {
 	if d, _ := g.Decide(ctx, req(), now); !d.Admitted {
 		t.Fatalf("after 300 completions of 150 ms: %+v", d)
 	}
+}
+
+// Estimates forget by time too: a class turned away for the latencies of a
+// passing overload (256 completions at 120 ms against a 100 ms budget) is
+// admitted again within a second or two: every retest (one per 200 ms)
+// that comes back in time halves what the class learned before, and the
+// counts halve with every second besides; the count-only halving took
+// hundreds of retests (minutes).
+func TestDeadlineForgetsByTime(t *testing.T) {
+	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	start := clock.Instant(time.Hour)
+	now := start
+	req := func() *sluice.Request { return &sluice.Request{Class: "default", Deadline: now.Add(100 * ms)} }
+	for range 256 {
+		g.Release(req(), 0, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 120 * ms, Now: now})
+	}
+	var rejected int
+	var lastRejected time.Duration
+	for i := range 1000 { // 100 requests a second for 10 s; the admitted take 50 ms
+		now = start.Add(time.Duration(i) * 10 * ms)
+		if d, p := g.Decide(ctx, req(), now); d.Admitted {
+			g.Release(req(), p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * ms, Now: now.Add(50 * ms)})
+		} else {
+			rejected++
+			lastRejected = now.Sub(start)
+		}
+	}
+	back := lastRejected + 10*ms
+	if rejected < 50 || back > 2*time.Second {
+		t.Fatalf("%d rejected, admitted again for good after %v; want the class turned away first, then admitted within 2 s", rejected, back)
+	}
+	t.Logf("%d rejected; admitted for good from %v", rejected, back)
 }
 
 // Estimates follow a change of service time within a few hundred

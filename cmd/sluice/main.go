@@ -305,6 +305,7 @@ func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error
 
 func demoCmd() *cobra.Command {
 	var opts demo.Options
+	var matrix demo.MatrixOptions
 	var config, jsonPath, plotBase, scenario string
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -331,8 +332,8 @@ func demoCmd() *cobra.Command {
 			if scenario == "retry-storm" {
 				return demoRetryStorm(cmd, config, jsonPath, plotBase)
 			}
-			if scenario != "" && scenario != "sweep" && scenario != "service-step" {
-				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation or retry-storm", scenario)
+			if scenario != "" && scenario != "sweep" && scenario != "service-step" && scenario != "capacity-matrix" {
+				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation, retry-storm or capacity-matrix", scenario)
 			}
 			opts.Policy, _, _ = examples.ByName("routes-api")
 			opts.PolicyName = "examples/routes-api.yaml (embedded)"
@@ -341,6 +342,9 @@ func demoCmd() *cobra.Command {
 			}
 			if _, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
 				return err
+			}
+			if scenario == "capacity-matrix" {
+				return demoMatrix(cmd, &matrix, opts, jsonPath)
 			}
 			if scenario == "service-step" {
 				ctx, stop := stopContext(context.Background())
@@ -376,7 +380,11 @@ func demoCmd() *cobra.Command {
 			return savePlot(cmd, rep, plotBase)
 		},
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim) or retry-storm (a naive retry loop against package client's retries, through the proxy in overload)")
+	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim), retry-storm (a naive retry loop against package client's retries, through the proxy in overload) or capacity-matrix (upstreams of every size and speed behind the policy unchanged, at 0.5x to 10x, upstream and proxy in processes of their own; long: see --workers)")
+	cmd.Flags().IntSliceVar(&matrix.Workers, "workers", nil, "capacity-matrix: the upstreams' worker counts (default 1,2,4,8,32)")
+	cmd.Flags().DurationSliceVar(&matrix.Services, "services", nil, "capacity-matrix: the upstreams' service times (default 5ms,50ms,200ms)")
+	cmd.Flags().Float64SliceVar(&matrix.Deadlines, "deadlines", nil, "capacity-matrix: the callers' deadlines as multiples of the service time (default 2,10,100)")
+	cmd.AddCommand(demoUpstreamCmd())
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
 	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
@@ -397,4 +405,55 @@ func savePlot(cmd *cobra.Command, p interface{ WritePlot(...string) error }, bas
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "plot written to %s.png and %s.svg\n", base, base)
 	return nil
+}
+
+// demoMatrix runs the capacity matrix through the policy in opts.
+func demoMatrix(cmd *cobra.Command, m *demo.MatrixOptions, opts demo.Options, jsonPath string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	m.Exe, m.Policy, m.PolicyName, m.Progress = exe, opts.Policy, opts.PolicyName, cmd.ErrOrStderr()
+	if cmd.Flags().Changed("loads") {
+		m.Loads = opts.Multipliers
+	}
+	ctx, stop := stopContext(context.Background())
+	defer stop()
+	rep, err := demo.RunMatrix(ctx, *m)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	if jsonPath != "" {
+		if err := rep.WriteJSON(jsonPath); err != nil {
+			return err
+		}
+	}
+	if f := rep.Failed(); len(f) > 0 {
+		return fmt.Errorf("%d cell(s) of the capacity matrix failed", len(f))
+	}
+	return nil
+}
+
+// demoUpstreamCmd is the hidden upstream role of the multi-process demos:
+// the demo's modeled upstream on an address, until SIGTERM.
+func demoUpstreamCmd() *cobra.Command {
+	var listen string
+	var workers int
+	var service time.Duration
+	cmd := &cobra.Command{
+		Use:    "upstream",
+		Short:  "Serve the demo's modeled upstream (the multi-process demos start it)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := stopContext(context.Background())
+			defer stop()
+			return demo.ServeUpstream(ctx, listen, workers, service)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:9000", "address to serve on")
+	cmd.Flags().IntVar(&workers, "workers", 8, "workers, each serving one request at a time")
+	cmd.Flags().DurationVar(&service, "service", 0, "every request's service time (0: the routes-api model)")
+	return cmd
 }

@@ -22,6 +22,7 @@ import (
 // anything else 10 ms.
 type Upstream struct {
 	fixed   atomic.Int64 // if > 0: every request's mean service time, ns (SetServiceTime)
+	exact   atomic.Bool  // fixed is every request's service time, not a mean
 	mu      sync.Mutex
 	cond    *sync.Cond
 	queue   []*job
@@ -95,7 +96,17 @@ func (u *Upstream) Queued() int {
 // mean (lognormal, coefficient of variation 0.5, as the simulator's
 // service-step scenario), whatever its route; 0 returns to the modeled
 // routes. It applies to requests that arrive after it.
-func (u *Upstream) SetServiceTime(mean time.Duration) { u.fixed.Store(int64(mean)) }
+func (u *Upstream) SetServiceTime(mean time.Duration) {
+	u.exact.Store(false)
+	u.fixed.Store(int64(mean))
+}
+
+// SetConstantServiceTime makes every request take exactly d of a worker
+// (0 returns to the modeled routes), for requests that arrive after it.
+func (u *Upstream) SetConstantServiceTime(d time.Duration) {
+	u.exact.Store(true)
+	u.fixed.Store(int64(d))
+}
 
 // lognormal draws a duration of the given mean and a coefficient of
 // variation of 0.5.
@@ -123,7 +134,10 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stops, _ := strconv.Atoi(r.Header.Get("X-Stops"))
 	svc := ServiceTime(r.Method, r.URL.Path, stops)
 	if m := u.fixed.Load(); m > 0 {
-		svc = lognormal(time.Duration(m))
+		svc = time.Duration(m)
+		if !u.exact.Load() {
+			svc = lognormal(svc)
+		}
 	}
 	j := &job{service: svc, done: make(chan struct{})}
 	u.mu.Lock()

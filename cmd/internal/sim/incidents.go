@@ -247,23 +247,20 @@ func judge(res *IncidentResult, s *Scenario) {
 }
 
 // recovery returns the seconds from row from until admission is full
-// again (no more than 2% of the attempts refused, bar one request, for 10
-// rows in a row), or -1.
+// again: the first row from which 10 s of rows refuse no more than 2% of
+// their attempts (bar one request); -1 if none does before row to.
 func recovery(rows []Row, from, to int, sec float64) float64 {
-	run := 0
-	for i := from; i < min(to, len(rows)); i++ {
-		r := rows[i]
-		refused := 0.0
-		for _, v := range r.Rejected {
-			refused += v
-		}
-		if refused*sec <= 0.02*r.Attempts*sec+1 {
-			run++
-			if run == 10 {
-				return float64(i-9-from) * sec
+	span := max(int(10/sec), 1)
+	for i := from; i+span <= min(to, len(rows)); i++ {
+		var refused, attempts float64
+		for _, r := range rows[i : i+span] {
+			for _, v := range r.Rejected {
+				refused += v * sec
 			}
-		} else {
-			run = 0
+			attempts += r.Attempts * sec
+		}
+		if refused <= 0.02*attempts+1 {
+			return float64(i-from) * sec
 		}
 	}
 	return -1
