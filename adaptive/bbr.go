@@ -231,7 +231,7 @@ func (b *BBR) Update(w Window) int {
 	}
 	queued := m.queued
 	sig := m.sig
-	late := float64(w.Late) > b.cfg.LateShare*float64(w.Samples)
+	late := float64(m.queuedLate) > b.cfg.LateShare*float64(w.Samples)
 	if queued && limited {
 		b.queuedInSlot = true // a queue this limit filled: its no-load RTT wants measuring
 	}
@@ -468,6 +468,10 @@ type measured struct {
 	sig    float64 // twice the standard error of ratio
 	queued bool    // ratio above 1 + Tolerance + sig
 	slower bool    // a probe found the service slower than its no-load RTTs
+	// queuedLate counts the late samples of kinds of work that queued:
+	// work late at its no-load RTT (slower than its callers' deadlines
+	// whatever the limit) says nothing of the limit.
+	queuedLate int
 }
 
 // maxBaselines bounds the kinds of work whose no-load RTT is kept.
@@ -491,7 +495,7 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 		mean := w.RTT.Seconds()
 		dev := w.RTTDev.Seconds()
 		keys = []KeyStats{{Samples: w.Samples, Sum: w.RTT * time.Duration(w.Samples),
-			SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples, FreshSum: w.FreshRTT * time.Duration(w.FreshSamples)}}
+			SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples, FreshSum: w.FreshRTT * time.Duration(w.FreshSamples), Late: w.Late}}
 	}
 	if b.base == nil {
 		b.base, b.seen, b.first = map[string]time.Duration{}, map[string]int{}, map[string]KeyStats{}
@@ -554,6 +558,30 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 			delete(b.first, k.Key)
 		}
 	}
+	// The kinds a probe saw too few of move with those it measured, when
+	// those moved by half or more: a service four times slower is four
+	// times slower at its rare work too, which a few dozen requests of a
+	// probe seldom show (a stale no-load RTT makes every window of that
+	// kind look queued).
+	if probe && was > 0 && (now > 1.5*was || 3*now < 2*was) {
+		f := now / was
+		for _, k := range keys {
+			if k.FreshSamples < 3 && k.Samples < 3 {
+				if old := b.base[k.Key]; old > 0 {
+					b.base[k.Key] = time.Duration(float64(old) * f)
+				}
+			}
+		}
+		measured := make(map[string]bool, len(keys))
+		for _, k := range keys {
+			measured[k.Key] = true
+		}
+		for key, old := range b.base {
+			if !measured[key] {
+				b.base[key] = time.Duration(float64(old) * f)
+			}
+		}
+	}
 	// Slower by half, beyond chance: a probe of a few dozen requests of a
 	// noisy service reads high now and then.
 	var probeVar, probeSum float64
@@ -582,6 +610,12 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 	m.ratio = sum / base
 	m.sig = 2 * math.Sqrt(variance) / base
 	m.queued = m.ratio > 1+b.cfg.Tolerance+m.sig
+	for _, k := range keys {
+		kb := float64(k.Samples) * b.base[k.Key].Seconds()
+		if k.Late > 0 && kb > 0 && k.Sum.Seconds() > (1+b.cfg.Tolerance)*kb+2*math.Sqrt(float64(k.Samples)*k.Var()) {
+			m.queuedLate += k.Late
+		}
+	}
 	return m
 }
 

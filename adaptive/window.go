@@ -40,6 +40,8 @@ type KeyStats struct {
 	// the window.
 	FreshSamples int
 	FreshSum     time.Duration
+	// Late is how many of its samples ran past their deadline.
+	Late int
 }
 
 // Mean returns the mean RTT of the key's samples.
@@ -203,5 +205,8 @@ func (w *Windower) addKey(s Sample, fresh bool) {
 	if fresh {
 		k.FreshSamples++
 		k.FreshSum += s.RTT
+	}
+	if s.Dropped {
+		k.Late++
 	}
 }

@@ -40,7 +40,8 @@ type DeadlineOptions struct {
 	// request through, whose latency keeps its estimate current: an
 	// estimate learned while the service was slow would otherwise turn the
 	// class away for good once it is fast again, since nothing it rejects
-	// can teach it otherwise. Default 200 ms; negative: never.
+	// can teach it otherwise. Each retest costs the service a request the
+	// test expected to come late. Default 1 s; negative: never.
 	Retest time.Duration
 	// HalfLife is how fast the estimates forget by time: their counts halve
 	// with every HalfLife, and with every 256 completions. Default 1 s.
@@ -82,7 +83,7 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 		opts.MinSamples = 20
 	}
 	if opts.Retest == 0 {
-		opts.Retest = 200 * time.Millisecond
+		opts.Retest = time.Second
 	}
 	if opts.HalfLife == 0 {
 		opts.HalfLife = time.Second
@@ -168,12 +169,12 @@ const retestPermit sluice.Permit = 1
 
 // Release learns the service time of useful and late completions. A
 // retest that came back in time proves the estimate that refused it
-// stale: the class's counts halve, so that a few such retests outweigh
-// what a passing overload taught.
+// stale: the class's counts are cut to a quarter, so that a few such
+// retests outweigh what a passing overload taught.
 func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	if c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate {
 		if p == retestPermit && c.Outcome == sluice.OutcomeUseful {
-			g.times.Halve(r.Class)
+			g.times.Scale(r.Class, 0.25)
 		}
 		g.times.ObserveAt(r.Class, c.Latency, c.Now)
 	}
@@ -188,7 +189,7 @@ func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completi
 // class turned away on the strength of latencies from a passing overload
 // (a limit's overshoot, which a deadline of twice the service time calls
 // late) is estimated again from the few requests still let through within
-// seconds, not after hundreds of them (and Halve weighs the past down at
+// seconds, not after hundreds of them (and Scale weighs the past down at
 // once). It is safe for concurrent use.
 type ServiceTimes struct {
 	mu       sync.Mutex
@@ -227,16 +228,19 @@ func (s *ServiceTimes) ObserveAt(class string, d time.Duration, now clock.Instan
 	s.mu.Unlock()
 }
 
-// Halve halves class's counts: what it learned weighs half as much
-// against what comes next.
-func (s *ServiceTimes) Halve(class string) {
+// Scale multiplies class's counts by f in (0, 1]: what it learned weighs
+// that much against what comes next.
+func (s *ServiceTimes) Scale(class string, f float64) {
+	if !(f > 0 && f <= 1) {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h := s.classes[class]; h != nil {
 		for i := range h.counts {
-			h.counts[i] /= 2
+			h.counts[i] *= f
 		}
-		h.total /= 2
+		h.total *= f
 	}
 }
 

@@ -108,9 +108,9 @@ func TestDeadlineRetest(t *testing.T) {
 
 // Estimates forget by time too: a class turned away for the latencies of a
 // passing overload (256 completions at 120 ms against a 100 ms budget) is
-// admitted again within a second or two: every retest (one per 200 ms)
-// that comes back in time halves what the class learned before, and the
-// counts halve with every second besides; the count-only halving took
+// admitted again within a few seconds: every retest (one a second) that
+// comes back in time cuts what the class learned before to a quarter, and
+// the counts halve with every second besides; the count-only halving took
 // hundreds of retests (minutes).
 func TestDeadlineForgetsByTime(t *testing.T) {
 	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{})
@@ -136,8 +136,8 @@ func TestDeadlineForgetsByTime(t *testing.T) {
 		}
 	}
 	back := lastRejected + 10*ms
-	if rejected < 50 || back > 2*time.Second {
-		t.Fatalf("%d rejected, admitted again for good after %v; want the class turned away first, then admitted within 2 s", rejected, back)
+	if rejected < 50 || back > 4*time.Second {
+		t.Fatalf("%d rejected, admitted again for good after %v; want the class turned away first, then admitted within 4 s", rejected, back)
 	}
 	t.Logf("%d rejected; admitted for good from %v", rejected, back)
 }

@@ -306,6 +306,7 @@ func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error
 func demoCmd() *cobra.Command {
 	var opts demo.Options
 	var matrix demo.MatrixOptions
+	var incident demo.IncidentOptions
 	var config, jsonPath, plotBase, scenario string
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -332,8 +333,8 @@ func demoCmd() *cobra.Command {
 			if scenario == "retry-storm" {
 				return demoRetryStorm(cmd, config, jsonPath, plotBase)
 			}
-			if scenario != "" && scenario != "sweep" && scenario != "service-step" && scenario != "capacity-matrix" {
-				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation, retry-storm or capacity-matrix", scenario)
+			if scenario != "" && scenario != "sweep" && scenario != "service-step" && scenario != "capacity-matrix" && scenario != "incident" {
+				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation, retry-storm, capacity-matrix or incident", scenario)
 			}
 			opts.Policy, _, _ = examples.ByName("routes-api")
 			opts.PolicyName = "examples/routes-api.yaml (embedded)"
@@ -345,6 +346,9 @@ func demoCmd() *cobra.Command {
 			}
 			if scenario == "capacity-matrix" {
 				return demoMatrix(cmd, &matrix, opts, jsonPath)
+			}
+			if scenario == "incident" {
+				return demoIncident(cmd, &incident, opts, jsonPath, plotBase)
 			}
 			if scenario == "service-step" {
 				ctx, stop := stopContext(context.Background())
@@ -380,10 +384,15 @@ func demoCmd() *cobra.Command {
 			return savePlot(cmd, rep, plotBase)
 		},
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim), retry-storm (a naive retry loop against package client's retries, through the proxy in overload) or capacity-matrix (upstreams of every size and speed behind the policy unchanged, at 0.5x to 10x, upstream and proxy in processes of their own; long: see --workers)")
+	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim), retry-storm (a naive retry loop against package client's retries, through the proxy in overload) capacity-matrix (upstreams of every size and speed behind the policy unchanged, at 0.5x to 10x, upstream and proxy in processes of their own; long: see --workers) or incident (the routes-api model at --load times its capacity for --duration, optionally --slowdown for a stretch; goodput per 10 s slice and the adaptive limit's trace)")
 	cmd.Flags().IntSliceVar(&matrix.Workers, "workers", nil, "capacity-matrix: the upstreams' worker counts (default 1,2,4,8,32)")
 	cmd.Flags().DurationSliceVar(&matrix.Services, "services", nil, "capacity-matrix: the upstreams' service times (default 5ms,50ms,200ms)")
 	cmd.Flags().Float64SliceVar(&matrix.Deadlines, "deadlines", nil, "capacity-matrix: the callers' deadlines as multiples of the service time (default 2,10,100)")
+	cmd.Flags().DurationVar(&incident.Duration, "duration", 30*time.Minute, "incident: how long the load holds")
+	cmd.Flags().Float64Var(&incident.Load, "load", 3, "incident: the offered load, a multiple of the upstream's capacity")
+	cmd.Flags().Float64Var(&incident.Slowdown, "slowdown", 0, "incident: multiply the upstream's service times by this factor for a stretch (its capacity drops by it)")
+	cmd.Flags().DurationVar(&incident.SlowFrom, "slow-from", 30*time.Second, "incident: when the slowdown begins")
+	cmd.Flags().DurationVar(&incident.SlowFor, "slow-for", 30*time.Second, "incident: how long the slowdown lasts")
 	cmd.AddCommand(demoUpstreamCmd())
 	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
@@ -456,4 +465,33 @@ func demoUpstreamCmd() *cobra.Command {
 	cmd.Flags().IntVar(&workers, "workers", 8, "workers, each serving one request at a time")
 	cmd.Flags().DurationVar(&service, "service", 0, "every request's service time (0: the routes-api model)")
 	return cmd
+}
+
+// demoIncident runs a long incident through the policy in opts.
+func demoIncident(cmd *cobra.Command, in *demo.IncidentOptions, opts demo.Options, jsonPath, plotBase string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	in.Exe, in.Policy, in.PolicyName, in.Deadline = exe, opts.Policy, opts.PolicyName, opts.Deadline
+	ctx, stop := stopContext(context.Background())
+	defer stop()
+	fmt.Fprintf(cmd.ErrOrStderr(), "sluice demo --scenario incident: %gx capacity for %v...\n", in.Load, in.Duration)
+	rep, err := demo.RunIncident(ctx, *in)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	if jsonPath != "" {
+		if err := rep.WriteJSON(jsonPath); err != nil {
+			return err
+		}
+	}
+	if err := savePlot(cmd, rep, plotBase); err != nil {
+		return err
+	}
+	if !rep.Pass {
+		return errors.New("a judged slice fell under the bar")
+	}
+	return nil
 }

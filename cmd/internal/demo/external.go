@@ -142,6 +142,23 @@ func startStack(ctx context.Context, o stackOptions) (*stack, error) {
 
 const adminToken = "demo"
 
+// slowdownPath is the upstream role's control of its service times.
+const slowdownPath = "/_demo/slowdown"
+
+// slowdown sets the upstream's service-time multiplier.
+func (s *stack) slowdown(f float64) error {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Post("http://"+s.up.addr+slowdownPath+"?factor="+strconv.FormatFloat(f, 'g', -1, 64), "", nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("upstream slowdown: %s", resp.Status)
+	}
+	return nil
+}
+
 // stop stops the proxy, then the upstream.
 func (s *stack) stop() {
 	s.proxy.stop()
@@ -196,7 +213,19 @@ func ServeUpstream(ctx context.Context, listen string, workers int, service time
 		up.Close()
 		return err
 	}
-	srv := &http.Server{Handler: up, ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", up)
+	// The run's control: POST /_demo/slowdown?factor=4 multiplies the
+	// service times from now on (a capacity step).
+	mux.HandleFunc("POST "+slowdownPath, func(w http.ResponseWriter, r *http.Request) {
+		f, err := strconv.ParseFloat(r.URL.Query().Get("factor"), 64)
+		if err != nil || !(f > 0) || f > 1000 {
+			http.Error(w, "factor: want a number in (0, 1000]", http.StatusBadRequest)
+			return
+		}
+		up.SetSlowdown(f)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		up.Close()

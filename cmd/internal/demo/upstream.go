@@ -21,7 +21,8 @@ import (
 // 0.2 ms per stop (X-Stops); GET /v1/analytics/* 150 ms; /premium/* 30 ms;
 // anything else 10 ms.
 type Upstream struct {
-	fixed   atomic.Int64 // if > 0: every request's mean service time, ns (SetServiceTime)
+	slow    atomic.Uint64 // math.Float64bits of the service times' multiplier; 0: 1 (SetSlowdown)
+	fixed   atomic.Int64  // if > 0: every request's mean service time, ns (SetServiceTime)
 	exact   atomic.Bool  // fixed is every request's service time, not a mean
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -101,6 +102,10 @@ func (u *Upstream) SetServiceTime(mean time.Duration) {
 	u.fixed.Store(int64(mean))
 }
 
+// SetSlowdown multiplies the service times of requests that arrive after
+// it by f (1: as modeled), as a slow dependency or a slower machine would.
+func (u *Upstream) SetSlowdown(f float64) { u.slow.Store(math.Float64bits(f)) }
+
 // SetConstantServiceTime makes every request take exactly d of a worker
 // (0 returns to the modeled routes), for requests that arrive after it.
 func (u *Upstream) SetConstantServiceTime(d time.Duration) {
@@ -138,6 +143,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !u.exact.Load() {
 			svc = lognormal(svc)
 		}
+	}
+	if f := math.Float64frombits(u.slow.Load()); f > 0 {
+		svc = time.Duration(float64(svc) * f)
 	}
 	j := &job{service: svc, done: make(chan struct{})}
 	u.mu.Lock()
