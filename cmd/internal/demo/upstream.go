@@ -23,7 +23,7 @@ import (
 type Upstream struct {
 	slow    atomic.Uint64 // math.Float64bits of the service times' multiplier; 0: 1 (SetSlowdown)
 	fixed   atomic.Int64  // if > 0: every request's mean service time, ns (SetServiceTime)
-	exact   atomic.Bool  // fixed is every request's service time, not a mean
+	exact   atomic.Bool   // fixed is every request's service time, not a mean
 	mu      sync.Mutex
 	cond    *sync.Cond
 	queue   []*job
