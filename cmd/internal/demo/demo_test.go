@@ -14,7 +14,14 @@ import (
 	"github.com/sluice-go/sluice/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakcheck.Ignore()...) }
+func TestMain(m *testing.M) {
+	// The multi-process demos start the sluice binary for their upstream
+	// and proxy; under test this binary plays both (actAsSluice).
+	if len(os.Args) > 1 && (os.Args[1] == "proxy" || os.Args[1] == "demo") {
+		os.Exit(actAsSluice(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m, leakcheck.Ignore()...)
+}
 
 // A small sweep: at 4x capacity admission must beat no admission on
 // goodput and keep admitted work within the deadline.
