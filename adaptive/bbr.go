@@ -199,21 +199,59 @@ func (b *BBR) Update(w Window) int {
 	if w.Samples == 0 || w.RTT <= 0 {
 		return b.limit
 	}
-	applied := b.limit
-	limited := w.InFlight >= applied
-	probe := b.probing
-	drained := b.afterProbe
-	b.afterProbe = probe
+	st := b.observe(w)
+	nhat := b.maxRate(w.End)
+	switch {
+	case nhat <= 0:
+		// No rate yet (a window without its span): nothing to size from.
+	case st.late && st.m.queued && !st.probe:
+		b.onLate(w, st, nhat)
+	case b.startup:
+		b.startupStep(st.m, st.limited, nhat, st.m.sig)
+	case st.m.queued && st.limited:
+		// At most a fifth down a window: a no-load RTT read low by chance
+		// makes every window look queued, and the limit would follow the
+		// rate its own cut lowered (late windows act at once, above).
+		b.est = max((1+b.cfg.Headroom)*nhat, 0.8*b.est)
+	case st.m.queued:
+		// A queue the limit did not fill: the service's own slowness, or
+		// other callers'. Not this limit's to shrink.
+	case st.probe:
+		// A probe measures; the windows after it size the limit.
+	case st.limited && !st.drained:
+		b.stepUp(w, st, nhat)
+	}
+	b.est = clamp(b.est, b.cfg.Min, b.cfg.Max)
+	b.limit = int(b.est)
+	b.scheduleProbe(w, nhat)
+	return b.limit
+}
+
+// windowState is what Update knows of a window once it is measured.
+type windowState struct {
+	m              measured
+	applied        int  // the limit the window ran at
+	limited        bool // it used the whole limit
+	probe, drained bool // it was a probe; the one after a probe
+	late           bool // more than LateShare of it was late behind a queue
+	grew           int  // the limit before the step up that led to it (0: none)
+}
+
+// observe measures w, records its work done, and settles what the probes
+// and the last step up asked to learn from it.
+func (b *BBR) observe(w Window) windowState {
+	st := windowState{applied: b.limit, probe: b.probing, drained: b.afterProbe}
+	st.limited = w.InFlight >= st.applied
+	b.afterProbe = st.probe
 	b.probing = false
-	verify := probe && b.verifying
+	verify := st.probe && b.verifying
 	b.verifying = false
-	m := b.measure(w, probe, verify)
+	st.m = b.measure(w, st.probe, verify)
 	b.lastRTT = w.RTT
-	rate := m.work
-	if !probe && rate > 0 && (limited || rate > b.maxRate(w.End)) {
+	if rate := st.m.work; !st.probe && rate > 0 && (st.limited || rate > b.maxRate(w.End)) {
 		b.addRate(w.End, rate)
 	}
-	if m.slower {
+	if st.m.slower {
 		// The service got slower, or the probe did not drain its queue
 		// (it got smaller): a second probe at half the limit tells
 		// which. The work it did of before, measured against the no-load
@@ -224,87 +262,66 @@ func (b *BBR) Update(w Window) int {
 			b.verify = true
 		}
 	}
-	if probe && b.stale {
-		// The rates start again.
+	if st.probe && b.stale {
 		b.stale = false
-		b.resetRates(w.End, 0)
+		b.resetRates(w.End, 0) // the rates start again
 	}
-	queued := m.queued
-	sig := m.sig
-	late := float64(m.queuedLate) > b.cfg.LateShare*float64(w.Samples)
-	if queued && limited {
+	st.late = float64(st.m.queuedLate) > b.cfg.LateShare*float64(w.Samples)
+	if st.m.queued && st.limited {
 		b.queuedInSlot = true // a queue this limit filled: its no-load RTT wants measuring
 	}
-	grew := b.grewFrom
-	b.grewFrom = 0
-	if queued && grew > 0 && applied > grew && rate <= b.grewRate*(1+b.cfg.Tolerance) {
-		b.failed(w.End, applied) // the step up met a queue and no more work done
+	st.grew, b.grewFrom = b.grewFrom, 0
+	if st.m.queued && st.grew > 0 && st.applied > st.grew && st.m.work <= b.grewRate*(1+b.cfg.Tolerance) {
+		b.failed(w.End, st.applied) // the step up met a queue and no more work done
 	}
-	if queued && limited && !probe && m.ratio > 2+m.sig && w.End >= b.lateAfter {
+	if st.m.queued && st.limited && !st.probe && st.m.ratio > 2+st.m.sig && w.End >= b.lateAfter {
 		// The RTT more than doubled against the no-load RTTs: the service
 		// got slower (its no-load RTTs are stale, and the work it does
 		// would read as a fraction of its size) or smaller. Measure.
 		b.probeNow = true
 		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
 	}
-	nhat := b.maxRate(w.End)
-	switch {
-	case nhat <= 0:
-		// No rate yet (a window without its span): nothing to size from.
-	case late && queued && !probe:
-		// Requests miss their deadlines behind a queue at the service:
-		// the headroom is more than the callers' deadlines leave room
-		// for, and the limit drops to N̂, where the service holds no
-		// queue; a step back up waits, as after a failed one. The service
-		// may also have got slower or smaller, which the rate and the
-		// no-load RTT of before would hide for their spans: the next
-		// window measures the no-load RTT, and the rate starts again after
-		// it (at most once a ProbeInterval).
-		b.startup = false
-		if w.End >= b.lateAfter {
-			b.stale, b.probeNow = true, true
-			b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
-		}
-		if float64(applied) > nhat {
-			b.failed(w.End, applied)
-		}
-		b.est = min(b.est, nhat)
-	case b.startup:
-		b.startupStep(m, limited, nhat, sig)
-	case queued && limited:
-		// At most a fifth down a window: a no-load RTT read low by chance
-		// makes every window look queued, and the limit would follow the
-		// rate its own cut lowered (late windows act at once, above).
-		b.est = max((1+b.cfg.Headroom)*nhat, 0.8*b.est)
-	case queued:
-		// A queue the limit did not fill: the service's own slowness, or
-		// other callers'. Not this limit's to shrink.
-	case probe:
-		// A probe measures; the windows after it size the limit.
-	case limited && !drained:
-		// Every slot was in use and the service did not queue: the
-		// limit, not the service, may be the bottleneck. (Not so in the
-		// window after a probe, whose no queue is the one the probe
-		// drained.)
-		if grew > 0 && applied > grew {
-			b.backoff = bbrBackoffMin // the last step up found room
-			if applied >= b.ceiling {
-				b.ceiling = 0
-			}
-		}
-		up := b.est + max(1, b.cfg.Headroom*b.est)
-		if b.ceiling > 0 && w.End < b.upAfter {
-			up = min(up, float64(b.ceiling)-0.5)
-		}
-		b.est = max(b.est, (1+b.cfg.Headroom)*nhat, up)
-		if int(b.est) > applied {
-			b.grewFrom, b.grewRate = applied, rate
+	return st
+}
+
+// onLate answers a window whose requests miss their deadlines behind a
+// queue at the service: the headroom is more than the callers' deadlines
+// leave room for, and the limit drops to N̂, where the service holds no
+// queue; a step back up waits, as after a failed one. The service may also
+// have got slower or smaller, which the rate and the no-load RTT of before
+// would hide for their spans: the next window measures the no-load RTT,
+// and the rate starts again after it (at most once a ProbeInterval).
+func (b *BBR) onLate(w Window, st windowState, nhat float64) {
+	b.startup = false
+	if w.End >= b.lateAfter {
+		b.stale, b.probeNow = true, true
+		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
+	}
+	if float64(st.applied) > nhat {
+		b.failed(w.End, st.applied)
+	}
+	b.est = min(b.est, nhat)
+}
+
+// stepUp answers a window that used every slot with no queue at the
+// service: the limit, not the service, may be the bottleneck. (Not so in
+// the window after a probe, whose no queue is the one the probe drained.)
+// It grows by Headroom, up to below a limit that failed lately.
+func (b *BBR) stepUp(w Window, st windowState, nhat float64) {
+	if st.grew > 0 && st.applied > st.grew {
+		b.backoff = bbrBackoffMin // the last step up found room
+		if st.applied >= b.ceiling {
+			b.ceiling = 0
 		}
 	}
-	b.est = clamp(b.est, b.cfg.Min, b.cfg.Max)
-	b.limit = int(b.est)
-	b.scheduleProbe(w, nhat)
-	return b.limit
+	up := b.est + max(1, b.cfg.Headroom*b.est)
+	if b.ceiling > 0 && w.End < b.upAfter {
+		up = min(up, float64(b.ceiling)-0.5)
+	}
+	b.est = max(b.est, (1+b.cfg.Headroom)*nhat, up)
+	if int(b.est) > st.applied {
+		b.grewFrom, b.grewRate = st.applied, st.m.work
+	}
 }
 
 // startupStep doubles the limit while windows use it whole without a
@@ -489,14 +506,7 @@ const firmBaseline = 30
 // other window may only lower an estimate, with its mean plus its standard
 // error (the least of noisy means would sit below the service's).
 func (b *BBR) measure(w Window, probe, verify bool) measured {
-	keys := w.Keys
-	if keys == nil { // built by hand: one kind of work
-		n := float64(w.Samples)
-		mean := w.RTT.Seconds()
-		dev := w.RTTDev.Seconds()
-		keys = []KeyStats{{Samples: w.Samples, Sum: w.RTT * time.Duration(w.Samples),
-			SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples, FreshSum: w.FreshRTT * time.Duration(w.FreshSamples), Late: w.Late}}
-	}
+	keys := keysOf(w)
 	if b.base == nil {
 		b.base, b.seen, b.first = map[string]time.Duration{}, map[string]int{}, map[string]KeyStats{}
 	}
@@ -504,95 +514,9 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 		b.forget(keys)
 	}
 	var m measured
-	// Whether the window's kinds of work already known show a queue: the
-	// samples of a window that does must not go into a no-load RTT still
-	// being learned.
-	var known, knownSum, knownVar float64
-	for _, k := range keys {
-		if old := b.base[k.Key]; old > 0 {
-			known += float64(k.Samples) * old.Seconds()
-			knownSum += k.Sum.Seconds()
-			knownVar += float64(k.Samples) * k.Var()
-		}
-	}
-	crowded := known > 0 && knownSum > (1.25+2*math.Sqrt(knownVar)/known)*known
-	var was, now float64 // a probe's old and new no-load RTTs, weighed by samples
-	for _, k := range keys {
-		old := b.base[k.Key]
-		switch {
-		case probe && (k.FreshSamples >= 3 || k.Samples >= 3):
-			r := k.Mean()
-			if k.FreshSamples >= 3 {
-				r = k.FreshSum / time.Duration(k.FreshSamples)
-			}
-			switch {
-			case verify && old > 0:
-				b.base[k.Key] = min(old, r) // the lower load's reading
-			case old == 0 || float64(r) > 1.5*float64(old) || 3*r < 2*old:
-				b.base[k.Key] = r
-			default:
-				b.base[k.Key] = (r + old) / 2
-			}
-			if old > 0 {
-				was += float64(k.Samples) * float64(old)
-				now += float64(k.Samples) * float64(r)
-			}
-		case b.seen[k.Key] < firmBaseline && (old == 0 || !crowded):
-			// A kind of work seen fewer than firmBaseline times: the mean
-			// of all its samples so far stands for it (the least of a few
-			// small windows would sit far below it).
-			a := b.first[k.Key]
-			a.Samples += k.Samples
-			a.Sum += k.Sum
-			a.SumSq += k.SumSq
-			b.first[k.Key] = a
-			b.seen[k.Key] += k.Samples
-			b.base[k.Key] = a.Mean() + time.Duration(math.Sqrt(a.Var()/float64(a.Samples))*float64(time.Second))
-		case k.Samples >= 10:
-			r := k.Mean() + time.Duration(math.Sqrt(k.Var()/float64(k.Samples))*float64(time.Second))
-			if r < old {
-				b.base[k.Key] = r
-			}
-		}
-		if b.seen[k.Key] >= firmBaseline {
-			delete(b.first, k.Key)
-		}
-	}
-	// The kinds a probe saw too few of move with those it measured, when
-	// those moved by half or more: a service four times slower is four
-	// times slower at its rare work too, which a few dozen requests of a
-	// probe seldom show (a stale no-load RTT makes every window of that
-	// kind look queued).
-	if probe && was > 0 && (now > 1.5*was || 3*now < 2*was) {
-		f := now / was
-		for _, k := range keys {
-			if k.FreshSamples < 3 && k.Samples < 3 {
-				if old := b.base[k.Key]; old > 0 {
-					b.base[k.Key] = time.Duration(float64(old) * f)
-				}
-			}
-		}
-		measured := make(map[string]bool, len(keys))
-		for _, k := range keys {
-			measured[k.Key] = true
-		}
-		for key, old := range b.base {
-			if !measured[key] {
-				b.base[key] = time.Duration(float64(old) * f)
-			}
-		}
-	}
+	was, now, noise := b.learn(keys, probe, verify)
 	// Slower by half, beyond chance: a probe of a few dozen requests of a
 	// noisy service reads high now and then.
-	var probeVar, probeSum float64
-	for _, k := range keys {
-		probeVar += float64(k.Samples) * k.Var()
-		probeSum += k.Sum.Seconds()
-	}
-	noise := 0.0
-	if probeSum > 0 {
-		noise = 2 * math.Sqrt(probeVar) / probeSum
-	}
 	m.slower = probe && !verify && was > 0 && now > (1.5+noise)*was
 	var base, sum, variance float64
 	for _, k := range keys {
@@ -617,6 +541,112 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 		}
 	}
 	return m
+}
+
+// keysOf returns w's samples by kind of work; a window built by hand
+// without them is one kind.
+func keysOf(w Window) []KeyStats {
+	if w.Keys != nil {
+		return w.Keys
+	}
+	n := float64(w.Samples)
+	mean := w.RTT.Seconds()
+	dev := w.RTTDev.Seconds()
+	return []KeyStats{{Samples: w.Samples, Sum: w.RTT * time.Duration(w.Samples),
+		SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples,
+		FreshSum: w.FreshRTT * time.Duration(w.FreshSamples), Late: w.Late}}
+}
+
+// learn updates the no-load RTTs of keys and returns, for a probe, the
+// old and new no-load RTTs of the kinds it measured, weighed by samples,
+// and twice the relative standard error of its RTTs.
+func (b *BBR) learn(keys []KeyStats, probe, verify bool) (was, now, noise float64) {
+	crowded := b.crowded(keys)
+	var sum, variance float64
+	measured := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		sum += k.Sum.Seconds()
+		variance += float64(k.Samples) * k.Var()
+		old := b.base[k.Key]
+		switch {
+		case probe && (k.FreshSamples >= 3 || k.Samples >= 3):
+			r := k.Mean()
+			if k.FreshSamples >= 3 {
+				r = k.FreshSum / time.Duration(k.FreshSamples)
+			}
+			switch {
+			case verify && old > 0:
+				b.base[k.Key] = min(old, r) // the lower load's reading
+			case old == 0 || float64(r) > 1.5*float64(old) || 3*r < 2*old:
+				b.base[k.Key] = r
+			default:
+				b.base[k.Key] = (r + old) / 2 // one probe's noise moves it half as far
+			}
+			measured[k.Key] = true
+			if old > 0 {
+				was += float64(k.Samples) * float64(old)
+				now += float64(k.Samples) * float64(r)
+			}
+		case b.seen[k.Key] < firmBaseline && (old == 0 || !crowded):
+			// A kind of work seen fewer than firmBaseline times: the mean
+			// of all its samples so far stands for it (the least of a few
+			// small windows would sit far below it).
+			a := b.first[k.Key]
+			a.Samples += k.Samples
+			a.Sum += k.Sum
+			a.SumSq += k.SumSq
+			b.first[k.Key] = a
+			b.seen[k.Key] += k.Samples
+			b.base[k.Key] = a.Mean() + stdErr(a)
+		case k.Samples >= 10:
+			if r := k.Mean() + stdErr(k); r < old {
+				b.base[k.Key] = r
+			}
+		}
+		if b.seen[k.Key] >= firmBaseline {
+			delete(b.first, k.Key)
+		}
+	}
+	// The kinds a probe saw too few of move with those it measured, when
+	// those moved by half or more: a service four times slower is four
+	// times slower at its rare work too, which a few dozen requests of a
+	// probe seldom show (a stale no-load RTT makes every window of that
+	// kind look queued).
+	if probe && was > 0 && (now > 1.5*was || 3*now < 2*was) {
+		f := now / was
+		for key, old := range b.base {
+			if !measured[key] {
+				b.base[key] = time.Duration(float64(old) * f)
+			}
+		}
+	}
+	if sum > 0 {
+		noise = 2 * math.Sqrt(variance) / sum
+	}
+	return was, now, noise
+}
+
+// crowded reports whether the window's kinds of work already known show a
+// queue: the samples of a window that does must not go into a no-load RTT
+// still being learned.
+func (b *BBR) crowded(keys []KeyStats) bool {
+	var known, sum, variance float64
+	for _, k := range keys {
+		if old := b.base[k.Key]; old > 0 {
+			known += float64(k.Samples) * old.Seconds()
+			sum += k.Sum.Seconds()
+			variance += float64(k.Samples) * k.Var()
+		}
+	}
+	return known > 0 && sum > (1.25+2*math.Sqrt(variance)/known)*known
+}
+
+// stdErr is the standard error of k's mean RTT.
+func stdErr(k KeyStats) time.Duration {
+	if k.Samples == 0 {
+		return 0
+	}
+	return time.Duration(math.Sqrt(k.Var()/float64(k.Samples)) * float64(time.Second))
 }
 
 // forget drops the no-load RTTs of kinds of work the window does not hold,
