@@ -1032,6 +1032,9 @@ func (e *engine) timeout(i int32) {
 	}
 	if a = &e.slab[i]; !a.answered {
 		e.answer(a, false)
+		if e.s.Server.ReleaseAtDeadline {
+			e.done(a, sluice.OutcomeErrored) // the slot goes; the work goes on
+		}
 		if e.inWindow() {
 			e.m.TimedOut += float64(a.units)
 		}

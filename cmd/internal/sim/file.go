@@ -76,7 +76,7 @@ func (p *sparser) at(field string, n *yaml.Node) {
 var (
 	scenarioFields = []string{"base", "name", "description", "unit", "capacity", "workers", "server", "client", "classes",
 		"processes", "balance", "loads", "step", "warmup", "phases", "length", "interval", "seed", "policy"}
-	serverFields = []string{"check_queue", "scan_cost", "cancel_point", "service", "service_cv"}
+	serverFields = []string{"check_queue", "scan_cost", "cancel_point", "service", "service_cv", "release_at_deadline"}
 	clientFields = []string{"timeout", "attempts", "backoff", "backoff_max", "budget", "retry_on", "ignore_retry_after", "arrivals", "retry", "clients", "deadline"}
 	classFields  = []string{"name", "method", "path", "headers", "units", "share", "tenants", "service", "timeout"}
 	phaseFields  = []string{"at", "load", "slowdown", "classes", "shares", "balance", "workers", "down"}
@@ -227,6 +227,8 @@ func (p *sparser) server(n *yaml.Node, s *Server) {
 			s.Service = p.OneOf(v, f, "exponential", "constant", "lognormal")
 		case "service_cv":
 			s.ServiceCV = p.Float(v, f, 0, 10)
+		case "release_at_deadline":
+			s.ReleaseAtDeadline = p.Boolean(v, f)
 		}
 	})
 }

@@ -92,6 +92,12 @@ type Server struct {
 	// with ServiceCV.
 	Service   string
 	ServiceCV float64
+	// ReleaseAtDeadline models a gateway that frees an admitted request's
+	// slot when its caller's deadline passes, answering 504 and counting
+	// it errored, while the service works on (sluice proxy until it held
+	// the slot to the upstream's answer): the gates never learn that the
+	// work came late, and admit work the service cannot start.
+	ReleaseAtDeadline bool
 }
 
 // Client is the callers' policy. The zero value waits 1 s per attempt and
