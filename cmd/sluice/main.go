@@ -367,6 +367,9 @@ func demoCmd() *cobra.Command {
 				return savePlot(cmd, rep, plotBase)
 			}
 			opts.Progress = cmd.ErrOrStderr()
+			if exe, err := os.Executable(); err == nil {
+				opts.Exe = exe // the upstream and the proxy in processes of their own
+			}
 			ctx, stop := stopContext(context.Background())
 			defer stop()
 			fmt.Fprintf(cmd.OutOrStdout(), "sluice demo: routes-api model behind %s\n", opts.PolicyName)
