@@ -466,6 +466,23 @@ func (b *BBR) Capacity(now clock.Instant) float64 {
 	return b.maxRate(now)
 }
 
+// BBRState is what BBR reports of itself (the admin API's /v1/gates).
+type BBRState struct {
+	// Capacity is N̂, the concurrency at which the service is busy without
+	// a queue; NoLoadMs the no-load RTT of the last window's mix of work.
+	Capacity float64 `json:"capacity"`
+	NoLoadMs float64 `json:"no_load_ms"`
+	Startup  bool    `json:"startup,omitempty"`
+	Probing  bool    `json:"probing,omitempty"`
+}
+
+// State returns the controller's estimates at now. Not safe for concurrent
+// use with Update (the gate serializes them).
+func (b *BBR) State(now clock.Instant) any {
+	return BBRState{Capacity: math.Round(100*b.maxRate(now)) / 100, NoLoadMs: float64(b.rtt0.Microseconds()) / 1000,
+		Startup: b.startup, Probing: b.probing}
+}
+
 // Probing reports whether the window in progress is a probe.
 func (b *BBR) Probing() bool { return b.probing }
 

@@ -45,3 +45,24 @@ func BenchmarkAdaptiveConcurrency(b *testing.B) {
 	g, _ := adaptive.NewGate("pool", ctrl, adaptive.GateOptions{})
 	admitRelease(b, g)
 }
+
+// BenchmarkAdaptiveConcurrencyBBR: the adaptive gate with BBR (the
+// default), requests of three operations, whose samples the window keeps
+// apart.
+func BenchmarkAdaptiveConcurrencyBBR(b *testing.B) {
+	ctrl, _ := adaptive.NewBBR(adaptive.BBRConfig{Initial: 1000, Max: 2000})
+	g, _ := adaptive.NewGate("pool", ctrl, adaptive.GateOptions{})
+	ops := []*sluice.Request{{Operation: "GET /v1/routes/*"}, {Operation: "POST /v1/routes"}, {Operation: "GET /v1/analytics/*"}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r := ops[i%len(ops)]
+		now := clock.Now()
+		d, p := g.Decide(ctx, r, now)
+		if !d.Admitted {
+			b.Fatal(d)
+		}
+		g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now, Latency: time.Millisecond})
+	}
+}

@@ -163,10 +163,20 @@ type GateState struct {
 	Limit    int  `json:"limit"`
 	InFlight int  `json:"in_flight"`
 	Pinned   bool `json:"pinned,omitempty"`
+	// Controller is what the controller reports of itself, when it does
+	// (BBR: its estimates).
+	Controller any `json:"controller,omitempty"`
 }
 
-// ReportState returns the gate's limit and load.
-func (g *Gate) ReportState(clock.Instant) any {
+// ReportState returns the gate's limit and load, and the controller's
+// estimates when it reports them.
+func (g *Gate) ReportState(now clock.Instant) any {
 	l, n := g.ConcurrencyLimit()
-	return GateState{Limit: l, InFlight: n, Pinned: g.pinned.Load()}
+	st := GateState{Limit: l, InFlight: n, Pinned: g.pinned.Load()}
+	if r, ok := g.ctrl.(interface{ State(clock.Instant) any }); ok {
+		g.mu.Lock()
+		st.Controller = r.State(now)
+		g.mu.Unlock()
+	}
+	return st
 }

@@ -142,3 +142,20 @@ func TestLateCompletionsTeachTheController(t *testing.T) {
 		t.Fatalf("limit %d after ten windows of late work", l)
 	}
 }
+
+// The gate's state shows the controller's estimates when it reports them
+// (BBR's capacity and no-load RTT, for the admin API).
+func TestGateStateShowsTheController(t *testing.T) {
+	ctrl, _ := adaptive.NewBBR(adaptive.BBRConfig{})
+	g, _ := adaptive.NewGate("adaptive", ctrl, adaptive.GateOptions{Window: adaptive.WindowConfig{MinTime: 100 * time.Millisecond}})
+	now := clock.Instant(time.Second)
+	for range 100 {
+		now = now.Add(20 * time.Millisecond)
+		drive(g, now, 20, 10*time.Millisecond, sluice.OutcomeUseful)
+	}
+	st := g.ReportState(now).(adaptive.GateState)
+	bs, ok := st.Controller.(adaptive.BBRState)
+	if !ok || bs.NoLoadMs < 9 || bs.NoLoadMs > 11 || bs.Capacity <= 0 {
+		t.Fatalf("state %+v", st)
+	}
+}
