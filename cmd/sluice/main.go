@@ -432,10 +432,12 @@ func demoMatrix(cmd *cobra.Command, m *demo.MatrixOptions, opts demo.Options, js
 	ctx, stop := stopContext(context.Background())
 	defer stop()
 	rep, err := demo.RunMatrix(ctx, *m)
+	if rep != nil && len(rep.Cells) > 0 {
+		rep.WriteTable(cmd.OutOrStdout()) // what was measured, also when a step failed
+	}
 	if err != nil {
 		return err
 	}
-	rep.WriteTable(cmd.OutOrStdout())
 	if jsonPath != "" {
 		if err := rep.WriteJSON(jsonPath); err != nil {
 			return err

@@ -141,11 +141,20 @@ func RunMatrix(ctx context.Context, opts MatrixOptions) (*MatrixReport, error) {
 						CapacityRPS: float64(w) / svc.Seconds()}
 					c.TargetRPS = m * c.CapacityRPS
 					fmt.Fprintf(opts.Progress, "[%d/%d] %d workers x %v, deadline %.0fx, %.1fx: %.0f req/s\n", n, total, w, svc, dm, m, c.TargetRPS)
-					if err := matrixStep(ctx, &opts, file, svc, &c); err != nil {
-						return nil, err
+					// A step whose processes would not start (a port taken
+					// meanwhile, a machine out of something) runs again once.
+					err := matrixStep(ctx, &opts, file, svc, &c)
+					if err != nil && ctx.Err() == nil {
+						fmt.Fprintf(opts.Progress, "  again: %v\n", err)
+						err = matrixStep(ctx, &opts, file, svc, &c)
+					}
+					if err != nil {
+						return rep, err
 					}
 					judgeCell(&c)
 					rep.Cells = append(rep.Cells, c)
+					fmt.Fprintf(opts.Progress, "  offered %.0f, goodput %.0f (%.0f%% of capacity), p99 %.0f ms, baseline %.0f, limit %d: %s\n",
+						c.OfferedRPS, c.GoodputRPS, 100*c.GoodputRPS/c.CapacityRPS, c.P99Ms, c.BaselineRPS, c.Limit, verdictOf(c))
 				}
 			}
 		}
@@ -268,6 +277,17 @@ func (r *MatrixReport) Failed() []MatrixCell {
 	return out
 }
 
+// verdictOf is a cell's result in words.
+func verdictOf(c MatrixCell) string {
+	switch {
+	case c.Behind:
+		return "behind (not judged)"
+	case !c.Pass:
+		return "FAIL: " + c.Why
+	}
+	return "PASS"
+}
+
 // WriteTable prints the matrix: a line per cell.
 func (r *MatrixReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "capacity matrix through sluice proxy (%s), upstream and proxy in processes of their own\n", r.Policy)
@@ -275,13 +295,7 @@ func (r *MatrixReport) WriteTable(w io.Writer) {
 		100*MatrixBar.Overload, 100*MatrixBar.Underload)
 	fmt.Fprintf(w, "%7s %8s %9s %5s %9s %9s %9s %8s %8s %9s %6s  %s\n", "workers", "service", "deadline", "load", "capacity", "offered", "goodput", "good%", "p99 ms", "baseline", "limit", "result")
 	for _, c := range r.Cells {
-		verdict := "PASS"
-		switch {
-		case c.Behind:
-			verdict = "behind (not judged)"
-		case !c.Pass:
-			verdict = "FAIL: " + c.Why
-		}
+		verdict := verdictOf(c)
 		base := "-"
 		if c.BaselineRPS > 0 {
 			base = strconv.FormatFloat(c.BaselineRPS, 'f', 0, 64)

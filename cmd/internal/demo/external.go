@@ -31,15 +31,26 @@ type child struct {
 	done chan struct{}
 }
 
-// freePort returns a loopback address nothing listens on now.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// freePorts returns n different loopback addresses nothing listens on
+// now (all held open until all are chosen: one closed before the next is
+// asked for may come back twice).
+func freePorts(n int) ([]string, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		addrs[i] = l.Addr().String()
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr, nil
+	return addrs, nil
 }
 
 // spawn starts exe with args, its output to log, and waits until addr
@@ -108,10 +119,11 @@ type stackOptions struct {
 
 // startStack starts the upstream and, with a policy, the proxy.
 func startStack(ctx context.Context, o stackOptions) (*stack, error) {
-	upAddr, err := freePort()
+	addrs, err := freePorts(3)
 	if err != nil {
 		return nil, err
 	}
+	upAddr, pAddr, aAddr := addrs[0], addrs[1], addrs[2]
 	args := []string{"demo", "upstream", "--listen", upAddr, "--workers", strconv.Itoa(o.Workers)}
 	if o.Service > 0 {
 		args = append(args, "--service", o.Service.String())
@@ -123,12 +135,6 @@ func startStack(ctx context.Context, o stackOptions) (*stack, error) {
 	s := &stack{up: up, target: "http://" + upAddr}
 	if o.PolicyFile == "" {
 		return s, nil
-	}
-	pAddr, err1 := freePort()
-	aAddr, err2 := freePort()
-	if err := errors.Join(err1, err2); err != nil {
-		up.stop()
-		return nil, err
 	}
 	s.proxy, err = spawn(ctx, o.Exe, pAddr, o.Log, "proxy", "--config", o.PolicyFile, "--upstream", "http://"+upAddr,
 		"--listen", pAddr, "--admin", aAddr, "--admin-token", adminToken, "--log-level", "error")
