@@ -127,6 +127,7 @@ type BBR struct {
 	slotSeen     bool
 
 	grewFrom int           // the limit before the last growth step (0: the last step was not one)
+	keep     int           // a limit a step up reached and paid off at (0: none): the limit stays at it
 	grewRate float64       // the rate at grewFrom
 	ceiling  int           // a limit that showed a queue without a gain in rate (0: none)
 	backoff  time.Duration // how long ceiling stands after it last failed
@@ -211,8 +212,9 @@ func (b *BBR) Update(w Window) int {
 	case st.m.queued && st.limited:
 		// At most a fifth down a window: a no-load RTT read low by chance
 		// makes every window look queued, and the limit would follow the
-		// rate its own cut lowered (late windows act at once, above).
-		b.est = max((1+b.cfg.Headroom)*nhat, 0.8*b.est)
+		// rate its own cut lowered (late windows act at once, above). Not
+		// below a step up that paid off.
+		b.est = max((1+b.cfg.Headroom)*nhat, 0.8*b.est, float64(b.keep))
 	case st.m.queued:
 		// A queue the limit did not fill: the service's own slowness, or
 		// other callers'. Not this limit's to shrink.
@@ -263,7 +265,7 @@ func (b *BBR) observe(w Window) windowState {
 		}
 	}
 	if st.probe && b.stale {
-		b.stale = false
+		b.stale, b.keep = false, 0
 		b.resetRates(w.End, 0) // the rates start again
 	}
 	st.late = float64(st.m.queuedLate) > b.cfg.LateShare*float64(w.Samples)
@@ -271,8 +273,17 @@ func (b *BBR) observe(w Window) windowState {
 		b.queuedInSlot = true // a queue this limit filled: its no-load RTT wants measuring
 	}
 	st.grew, b.grewFrom = b.grewFrom, 0
-	if st.m.queued && st.grew > 0 && st.applied > st.grew && st.m.work <= b.grewRate*(1+b.cfg.Tolerance) {
-		b.failed(w.End, st.applied) // the step up met a queue and no more work done
+	if st.m.queued && st.grew > 0 && st.applied > st.grew {
+		if st.m.work <= b.grewRate*(1+b.cfg.Tolerance) {
+			b.failed(w.End, st.applied) // the step up met a queue and no more work done
+		} else {
+			// The step up met a queue but got more work done: the extra
+			// requests keep the service busy across the gap between a
+			// completion and the next admission (which N̂, counting that
+			// gap as no-load time, sizes at less than one request for a
+			// service of one or two workers). The limit keeps it.
+			b.keep = st.applied
+		}
 	}
 	if st.m.queued && st.limited && !st.probe && st.m.ratio > 2+st.m.sig && w.End >= b.lateAfter {
 		// The RTT more than doubled against the no-load RTTs: the service
@@ -300,7 +311,7 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 	if float64(st.applied) > nhat {
 		b.failed(w.End, st.applied)
 	}
-	b.est = min(b.est, nhat)
+	b.est, b.keep = min(b.est, nhat), 0
 }
 
 // stepUp answers a window that used every slot with no queue at the
