@@ -559,8 +559,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 		}
 		err = f.up.DoDeadline(&ctx.Request, resp, upDeadline)
 		if err == nil && time.Now().After(deadline) {
-			resp.CloseBodyStream()
-			fasthttp.ReleaseResponse(resp)
+			resp.CloseBodyStream() // released below, once
 			err = errLate
 		}
 	}

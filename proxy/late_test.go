@@ -140,3 +140,55 @@ func TestQueueDelayRefusedInFrontOfAnUpstream(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// A late answer's response buffer goes back to the pool once: released
+// twice, two later requests would share it and one client would read the
+// other's answer (found by the race detector in a full test run).
+func TestLateAnswersLeaveNoSharedBuffers(t *testing.T) {
+	_, base := serve(t, `version: 1
+identity:
+  deadline: {header: X-Request-Timeout, default: 5s}
+gates:
+  - {name: pool, kind: concurrency, scope: service, limit: 100}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			time.Sleep(60 * time.Millisecond)
+		}
+		io.WriteString(w, r.URL.Path)
+	}), func(o *Options) { o.UpstreamGrace = time.Second })
+	get := func(path, timeout string) (int, string) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if timeout != "" {
+			req.Header.Set("X-Request-Timeout", timeout)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	done := make(chan struct{})
+	for i := 0; i < 8; i++ {
+		go func(i int) {
+			defer func() { done <- struct{}{} }()
+			for j := 0; j < 10; j++ {
+				if j%2 == 0 {
+					if code, _ := get("/slow", "10ms"); code != http.StatusGatewayTimeout && code != 0 {
+						t.Errorf("late: %d, want 504", code)
+					}
+					continue
+				}
+				path := fmt.Sprintf("/p%d-%d", i, j)
+				if code, body := get(path, ""); code != 200 || body != path {
+					t.Errorf("%s: %d %q", path, code, body)
+				}
+			}
+		}(i)
+	}
+	for i := 0; i < 8; i++ {
+		<-done
+	}
+}

@@ -489,7 +489,7 @@ gates:
 	h.do("GET", h.base+"/x", "", "", nil)
 	_, body := h.do("GET", h.admin+"/v1/gates", "secret", "", nil)
 	for _, want := range []string{`"name":"ladder"`, `"level":"normal"`, `"seconds_in"`, `"shed_fraction":0`, `"name":"fleet"`, `"limit":9`,
-		`"name":"adaptive"`, `"state":{"limit":30,"in_flight":0}`, `"name":"deadline"`, `"waiting":0`} {
+		`"name":"adaptive"`, `"state":{"limit":30,"in_flight":0,"controller":{`, `"name":"deadline"`, `"waiting":0`} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("/v1/gates lacks %s:\n%s", want, body)
 		}

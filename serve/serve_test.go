@@ -103,7 +103,7 @@ func TestServeDecides(t *testing.T) {
 func TestServeRefusesInflightGates(t *testing.T) {
 	_, err := New(Options{Config: "../examples/routes-api.yaml", AdminToken: "x", Logger: quiet()})
 	var es policy.Errors
-	if !errors.As(err, &es) || len(es) != 2 || !strings.Contains(err.Error(), "concurrent-requests (concurrency) holds a slot") {
+	if !errors.As(err, &es) || len(es) != 3 || !strings.Contains(err.Error(), "concurrent-requests (concurrency) holds a slot") || !strings.Contains(err.Error(), "in-time (deadline) predicts") {
 		t.Fatalf("%v", err)
 	}
 	if _, err := New(Options{ConfigData: []byte(ratePolicy), Admin: "0.0.0.0:0", Logger: quiet()}); err == nil || !strings.Contains(err.Error(), "no admin token") {
