@@ -3,7 +3,8 @@
 // http.RoundTripper; grpcgate has the gRPC interceptors over the same
 // Retrier) retries only what may be retried, waits full-jitter exponential
 // backoff or the server's Retry-After jittered upward, stops at the
-// request's deadline, its attempt limit and a per-client retry budget,
+// request's deadline, its attempt limit, a per-client retry budget and a
+// cap on any one wait (20 s: a longer Retry-After returns the refusal),
 // sheds locally with Google SRE's adaptive throttle when the server refuses
 // most requests, and paces to the quota a server advertises in its
 // RateLimit fields before the quota runs out.

@@ -21,8 +21,8 @@ var (
 	// has been refusing most requests lately).
 	ErrThrottled = fmt.Errorf("%w: adaptive throttle (the server refuses most requests)", ErrLocal)
 	// ErrPaced: keeping the server's advertised quota would delay the
-	// request past its deadline.
-	ErrPaced = fmt.Errorf("%w: quota pacing would pass the deadline", ErrLocal)
+	// request past its deadline or past Options.WaitCap.
+	ErrPaced = fmt.Errorf("%w: quota pacing would pass the deadline or the wait cap", ErrLocal)
 )
 
 // Options configures a Retrier. The zero value is valid: the defaults below.
@@ -59,6 +59,14 @@ type Options struct {
 	// (a RateLimit field with r=0 is still a floor for a refused request's
 	// retry, through its Retry-After).
 	PaceBelow float64
+	// WaitCap is the longest the client sleeps inside one call, before a
+	// retry or to keep a quota, whatever the server asks (a Retry-After of
+	// an hour, a quota that resets tomorrow). A retry that would wait
+	// longer is not made (the refusal is returned, Next stops with
+	// StopWaitCap) and pacing that would wait longer refuses the request
+	// (ErrPaced). Default 20 s; negative: no cap (the request's context
+	// alone bounds the wait). The backoff's own Cap is below it.
+	WaitCap time.Duration
 	// Clock tells the time (default clock.System).
 	Clock clock.Clock
 	// Sleep waits d or until ctx is done, returning ctx's error then
@@ -87,6 +95,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("client: throttle K %v, window %v, buckets %d: want K ≤ 1000, window ≥ 0, 0 to 10000 buckets", o.ThrottleK, o.ThrottleWindow, o.ThrottleBuckets)
 	case math.IsNaN(o.PaceBelow) || o.PaceBelow > 1:
 		return fmt.Errorf("client: PaceBelow %v, want ≤ 1", o.PaceBelow)
+	case o.WaitCap > 0 && max(o.Backoff.Cap, o.Backoff.Base) > o.WaitCap:
+		return fmt.Errorf("client: Backoff base %v, cap %v above WaitCap %v: every long backoff would end the call", o.Backoff.Base, o.Backoff.Cap, o.WaitCap)
 	}
 	return nil
 }
@@ -99,7 +109,11 @@ func (o *Options) defaults() {
 		o.Backoff.Base = 100 * time.Millisecond
 	}
 	if o.Backoff.Cap == 0 {
-		o.Backoff.Cap = max(10*time.Second, o.Backoff.Base)
+		o.Backoff.Cap = 10 * time.Second
+		if o.WaitCap > 0 {
+			o.Backoff.Cap = min(o.Backoff.Cap, o.WaitCap)
+		}
+		o.Backoff.Cap = max(o.Backoff.Cap, o.Backoff.Base)
 	}
 	if o.FloorSpread == 0 {
 		o.FloorSpread = 1
@@ -125,6 +139,9 @@ func (o *Options) defaults() {
 	o.ThrottleMin = max(o.ThrottleMin, 0)
 	if o.PaceBelow == 0 {
 		o.PaceBelow = 0.1
+	}
+	if o.WaitCap == 0 {
+		o.WaitCap = max(20*time.Second, o.Backoff.Cap)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.System
@@ -308,7 +325,7 @@ func (c *Call) Admit() error {
 	if r.pacer != nil {
 		wait = r.pacer.Reserve(now)
 	}
-	if wait > 0 && !c.fits(now, wait) {
+	if wait > 0 && !c.paceFits(now, wait) {
 		r.pacer.Cancel()
 		r.mu.Unlock()
 		r.o.Observer.LocalReject("pace")
@@ -355,6 +372,12 @@ func (c *Call) fits(now clock.Instant, d time.Duration) bool {
 	return c.deadline == 0 || d < c.deadline.Sub(now)
 }
 
+// paceFits reports whether a pacing wait of d is within the deadline and
+// the wait cap.
+func (c *Call) paceFits(now clock.Instant, d time.Duration) bool {
+	return c.fits(now, d) && (c.r.o.WaitCap <= 0 || d <= c.r.o.WaitCap)
+}
+
 // Observe reads the quota a response advertised (RateLimit and
 // RateLimit-Policy members) for the pacer.
 func (r *Retrier) Observe(limits []Limit, quotas []Quota) {
@@ -374,6 +397,7 @@ const (
 	StopAttempts  = "attempts"
 	StopBudget    = "budget"
 	StopDeadline  = "deadline"
+	StopWaitCap   = "wait_cap" // the server asked for a wait above Options.WaitCap
 	StopCancelled = "cancelled"
 )
 
@@ -409,6 +433,9 @@ func (c *Call) Next(res Result) (time.Duration, string) {
 	}
 	if !c.fits(now, wait) {
 		return 0, StopDeadline
+	}
+	if r.o.WaitCap > 0 && wait > r.o.WaitCap {
+		return 0, StopWaitCap
 	}
 	if r.budget != nil && !r.budget.Withdraw() {
 		r.o.Observer.BudgetExhausted()

@@ -457,3 +457,49 @@ func TestLastAttemptLeavesTheBodyUnread(t *testing.T) {
 		t.Fatalf("body %q", b)
 	}
 }
+
+// A server's wait above WaitCap (default 20 s) is not slept inside the
+// call: a Retry-After of an hour, with no deadline on the request, returns
+// the refusal at once (it held the call for the whole hour); a wait within
+// the cap is slept as before.
+func TestWaitCapReturnsTheRefusal(t *testing.T) {
+	for _, c := range []struct {
+		retryAfter string
+		cap        time.Duration
+		attempts   int
+	}{{"3600", 0, 1}, {"21", 0, 1}, {"3600", -1, 2}, {"5", 0, 2}, {"5", 4 * time.Second, 1}} {
+		f := newFake()
+		base := newScripted(f, func(n int, _ *http.Request) (*http.Response, error) {
+			if n >= 1 {
+				return reply(200, nil, "ok"), nil
+			}
+			return reply(503, map[string]string{"Content-Type": "application/json", "Retry-After": c.retryAfter}, retryableEnvelope), nil
+		})
+		r := f.retrier(t, 1, client.Options{MaxAttempts: 3, BudgetRatio: -1, ThrottleK: -1, FloorSpread: -1, WaitCap: c.cap, Backoff: client.Backoff{Base: time.Second}})
+		hc := &http.Client{Transport: &client.Transport{Retrier: r, Base: base}}
+		req, _ := http.NewRequest("GET", "http://svc/x", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := 503
+		if c.attempts == 2 {
+			want = 200
+		}
+		if len(base.at) != c.attempts || resp.StatusCode != want {
+			t.Errorf("Retry-After %s, cap %v: %d attempts, %d; want %d, %d (waits %v)", c.retryAfter, c.cap, len(base.at), resp.StatusCode, c.attempts, want, f.waits)
+		}
+	}
+}
+
+// A backoff longer than the wait cap is a configuration error, named.
+func TestWaitCapBelowBackoffRefused(t *testing.T) {
+	_, err := client.New(client.Options{WaitCap: time.Second, Backoff: client.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second}})
+	if err == nil || !strings.Contains(err.Error(), "WaitCap") {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := client.New(client.Options{WaitCap: time.Second}); err != nil {
+		t.Fatalf("a cap under the default backoff cap: %v", err)
+	}
+}
