@@ -66,6 +66,11 @@
 //     While learning, the first process to ask is told all of C until the
 //     others have asked (every R/4 while learning): at most C − its demand
 //     unused for R/4.
+//   - Whole units: a budget of C units over n > C processes that all want
+//     more cannot be split; the units a max-min round leaves over rotate
+//     once per lease time (FairShares), so each process is granted a unit
+//     within ⌈n/k⌉ lease times of k units left over, plus a refresh for the
+//     previous holder to give it back.
 //   - Convergence: a new process has its fair share once the others have
 //     refreshed and confirmed their smaller grants (within R of its first
 //     request, and one round trip); a new budget is shared
@@ -123,6 +128,13 @@ func (a Allocator) refresh() time.Duration {
 		return a.Refresh
 	}
 	return a.Lease / 4
+}
+
+// turn is the number of whole lease times since the clock's zero, in
+// microseconds as the Redis twin counts them: the rotation of the units a
+// max-min round cannot split (FairShares).
+func (a Allocator) turn(now clock.Instant) int64 {
+	return (int64(now) / int64(time.Microsecond)) / max(a.Lease.Microseconds(), 1)
 }
 
 // Holding is one client's lease in the allocator's state.
@@ -249,11 +261,12 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	h.Wants = min(max(r.Wants, 0), a.Capacity)
 	h.InUse = min(max(r.InUse, 0), a.Capacity)
 	learning := now < st.LearnUntil
+	turn := a.turn(now)
 	g := Grant{Refresh: a.refresh(), Learning: learning, Clients: len(st.Holdings)}
 	h.Has, h.Spare = 0, 0
 	switch {
 	case !learning:
-		h.Has = min(FairShares(a.Capacity, st.Holdings)[r.Client], max(a.Capacity-held-spared, 0))
+		h.Has = min(FairShares(a.Capacity, st.Holdings, turn)[r.Client], max(a.Capacity-held-spared, 0))
 		g.Safe = a.Capacity / int64(len(st.Holdings))
 	case r.Has > 0: // a holder from before the loss: confirmed, never cut for a safe share
 		h.Has = min(r.Has, max(a.Capacity-held, 0))
@@ -265,7 +278,7 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 				empty = append(empty, o)
 			}
 		}
-		h.Spare = min(FairShares(max(a.Capacity-kept, 0), empty)[r.Client], max(a.Capacity-held-spared, 0))
+		h.Spare = min(FairShares(max(a.Capacity-kept, 0), empty, turn)[r.Client], max(a.Capacity-held-spared, 0))
 		g.Safe = h.Spare
 	}
 	h.Expiry = now.Add(a.Lease)
@@ -279,10 +292,15 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 // FairShares is the max-min fair allocation of capacity whole units
 // between the holdings' wants (Doorman's FAIR_SHARE on integers): rounds
 // of equal shares, each holding taking at most what it still wants, until
-// the capacity or the wants run out; the units an equal share leaves over
-// go one each to the holdings in client order. No holding gets more than
-// it wants, and when the wants exceed the capacity the shares sum to it.
-func FairShares(capacity int64, hs []Holding) map[string]int64 {
+// the capacity or the wants run out. The k units an equal share leaves
+// over (fewer than the n holdings still wanting) go one each to k of them
+// in client order, starting at the (turn·k mod n)-th: as turn advances
+// (Step passes one per lease time) the units rotate, so every holding gets
+// whole units in its turn, within ⌈n/k⌉ turns, where a fixed order left the
+// last holders of a budget smaller than its holders nothing for good. No
+// holding gets more than it wants, and when the wants exceed the capacity
+// the shares sum to it.
+func FairShares(capacity int64, hs []Holding, turn int64) map[string]int64 {
 	order := make([]int, len(hs))
 	for i := range order {
 		order[i] = i
@@ -293,9 +311,11 @@ func FairShares(capacity int64, hs []Holding) map[string]int64 {
 	left := capacity
 	for len(active) > 0 && left > 0 {
 		per := left / int64(len(active))
-		if per == 0 { // fewer units than claimants: one each, in client order
-			for _, i := range active[:left] {
-				got[hs[i].Client]++
+		if per == 0 { // fewer units than claimants: one each, in rotation
+			n := int64(len(active))
+			off := ((turn%n)*(left%n)%n + n) % n
+			for k := int64(0); k < left; k++ {
+				got[hs[active[(off+k)%n]].Client]++
 			}
 			break
 		}

@@ -198,7 +198,7 @@ func TestFairShares(t *testing.T) {
 		for i, w := range tc.wants {
 			hs = append(hs, lease.Holding{Client: fmt.Sprint("c", i), Wants: w})
 		}
-		got := lease.FairShares(tc.capacity, hs)
+		got := lease.FairShares(tc.capacity, hs, 0)
 		for i, w := range tc.want {
 			if got[fmt.Sprint("c", i)] != w {
 				t.Errorf("FairShares(%d, %v) = %v, want %v", tc.capacity, tc.wants, got, tc.want)
@@ -233,4 +233,71 @@ func TestAllocatorLearnsAfterItsClockStepsForward(t *testing.T) {
 	if g := a.Step(&st, lease.Request{Client: "c", Wants: 100}, stepped); g.Has != 0 {
 		t.Fatalf("a new client after the clock step: %+v, want nothing granted", g)
 	}
+}
+
+// The units a max-min round cannot split rotate with the turn: 2 units
+// over 5 equal claimants go to c0, c1 at turn 0, c2, c3 at turn 1, c4, c0
+// at turn 2 (start = turn·2 mod 5).
+func TestFairSharesRotate(t *testing.T) {
+	var hs []lease.Holding
+	for i := 0; i < 5; i++ {
+		hs = append(hs, lease.Holding{Client: fmt.Sprint("c", i), Wants: 9})
+	}
+	for turn, want := range [][]int64{{1, 1, 0, 0, 0}, {0, 0, 1, 1, 0}, {1, 0, 0, 0, 1}, {0, 1, 1, 0, 0}} {
+		got := lease.FairShares(2, hs, int64(turn))
+		for i, w := range want {
+			if got[fmt.Sprint("c", i)] != w {
+				t.Fatalf("turn %d: %v, want %v", turn, got, want)
+			}
+		}
+	}
+	// 7 units over 3 claimants: 2 each, the seventh rotating.
+	for turn, first := range []string{"c0", "c1", "c2", "c0"} {
+		got := lease.FairShares(7, hs[:3], int64(turn))
+		if got[first] != 3 {
+			t.Fatalf("turn %d: %v, want the extra unit at %s", turn, got, first)
+		}
+	}
+}
+
+// A budget smaller than its holders: every holder refreshing every
+// Refresh is granted a whole unit within ⌈n/C⌉ + 2 lease times (a fixed
+// order left the last ones nothing for good: one lease holder admitted
+// nothing for 100 s), and the grants never sum above the capacity.
+func TestEveryHolderGetsATurn(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		c := rapid.Int64Range(1, 5).Draw(t, "capacity")
+		n := rapid.IntRange(int(c)+1, 3*int(c)+6).Draw(t, "holders")
+		inUse := rapid.Bool().Draw(t, "inUse") // a concurrency budget: what a holder has, it has in flight
+		a := lease.Allocator{Capacity: c, Lease: 8 * time.Second}
+		var st lease.State
+		now := clock.Instant(time.Hour)
+		st.Started, st.LearnUntil = true, now
+		has := make([]int64, n)
+		got := make([]bool, n)
+		rounds := (n/int(c) + 3) * 4 // refreshes of Lease/4
+		for r := 0; r < rounds; r++ {
+			for i := 0; i < n; i++ {
+				req := lease.Request{Client: fmt.Sprint("h", i), Wants: 3, Has: has[i]}
+				if inUse {
+					req.InUse = has[i]
+				}
+				has[i] = a.Step(&st, req, now).Has
+				got[i] = got[i] || has[i] > 0
+				sum := int64(0)
+				for _, h := range st.Holdings {
+					sum += h.Has
+				}
+				if sum > c {
+					t.Fatalf("round %d: grants sum to %d > %d", r, sum, c)
+				}
+				now = now.Add(2 * time.Second / time.Duration(n))
+			}
+		}
+		for i, ok := range got {
+			if !ok {
+				t.Fatalf("holder h%d of %d never granted a unit of %d in %d refreshes", i, n, c, rounds)
+			}
+		}
+	})
 }

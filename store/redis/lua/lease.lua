@@ -92,7 +92,9 @@ for _, h in ipairs(holdings) do
 end
 
 -- max-min on whole units between hs' wants: equal rounds, then one unit
--- each in client order; returns mine's share.
+-- each in client order from a rotating start (lease.FairShares); returns
+-- mine's share.
+local turn = math.floor(now / math.max(lease, 1))
 local function fair_share(cap, hs)
   local got, active, left = {}, {}, cap
   for i, h in ipairs(hs) do
@@ -102,7 +104,12 @@ local function fair_share(cap, hs)
   while #active > 0 and left > 0 do
     local per = math.floor(left / #active)
     if per == 0 then
-      for k = 1, left do got[active[k]] = got[active[k]] + 1 end
+      local n = #active
+      local off = ((turn % n) * (left % n)) % n
+      for k = 0, left - 1 do
+        local i = active[(off + k) % n + 1]
+        got[i] = got[i] + 1
+      end
       break
     end
     local nxt = {}
