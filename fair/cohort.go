@@ -17,8 +17,10 @@ const MaxCohortTime = 24 * time.Hour
 
 // CohortOptions configures a Cohort cut.
 type CohortOptions struct {
-	// Tiers lists the classes from the first shed to the last; classes not
-	// listed are the lowest tier.
+	// Tiers lists the classes from the first shed to the last; a class not
+	// listed is shed with ClassDefault's tier when that is listed, else in
+	// a tier above every listed one (shed last): a class left out of the
+	// list is never shed first (shed.Utilization places it the same way).
 	Tiers []string
 	// Cohorts is how many groups tenants are hashed into. Default 128 (as
 	// DAGOR's user priorities).
@@ -138,8 +140,16 @@ func (g *Cohort) CohortOf(tenant string) int {
 	return int(h % uint64(g.opts.Cohorts))
 }
 
+// tier returns class's tier, 0 shed first: its place in Tiers, else
+// ClassDefault's, else len(Tiers), above every listed tier.
 func (g *Cohort) tier(class string) int {
-	return slices.Index(g.opts.Tiers, class) + 1 // -1 (unlisted) → 0
+	if i := slices.Index(g.opts.Tiers, class); i >= 0 {
+		return i
+	}
+	if i := slices.Index(g.opts.Tiers, sluice.ClassDefault); i >= 0 {
+		return i
+	}
+	return len(g.opts.Tiers)
 }
 
 // order ranks the cohorts for period p: fewest periods shed first, then a

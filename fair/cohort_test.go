@@ -87,6 +87,27 @@ func TestCohortShedsTheLowestTierFirst(t *testing.T) {
 	}
 }
 
+// A class the tiers leave out is shed last, as in shed.Utilization's coin
+// mode: tiers [sheddable] with critical unlisted (the footgun that once
+// refused 92% of critical traffic: an unlisted class was the lowest tier).
+func TestCohortShedsAnUnlistedClassLast(t *testing.T) {
+	g, _ := fair.NewCohort("cut", fair.CohortOptions{Tiers: []string{"sheddable"}})
+	shed := map[string]int{}
+	for i := 0; i < 100000; i++ {
+		class := "critical"
+		if i%2 == 0 {
+			class = "sheddable"
+		}
+		now := clock.Instant(int64(i) * int64(time.Second) / 10000)
+		if g.Shed(&sluice.Request{Tenant: fmt.Sprint("t", i%997), Class: class}, 0.4, now) {
+			shed[class]++
+		}
+	}
+	if shed["critical"] != 0 || shed["sheddable"] < 35000 {
+		t.Errorf("shed %v at a fraction of 0.4: want sheddable's 40%% of arrivals and no critical", shed)
+	}
+}
+
 func TestCohortDecideUsesItsFraction(t *testing.T) {
 	g, _ := fair.NewCohort("cut", fair.CohortOptions{Fraction: func(clock.Instant) float64 { return 1 }})
 	d, _ := g.Decide(t.Context(), &sluice.Request{Tenant: "a"}, 1)

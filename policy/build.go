@@ -140,6 +140,7 @@ type builder struct {
 	prevGate sluice.Gate
 	handover func()
 	local    *lease.Local // the runtime's in-process allocator (memory backend)
+	order    []string     // the policy's class order, most protected first (a copy)
 }
 
 // gateOptions returns the options of the gate package's gates. The memory
@@ -356,7 +357,7 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	if old != nil && old.fp == fp && !(old.looped && old.stop == nil) {
 		return *old, nil // (a retired gate whose loop ended is built anew)
 	}
-	b := &builder{g: g, store: rt.File.Store, opts: opts, local: rt.local}
+	b := &builder{g: g, store: rt.File.Store, opts: opts, local: rt.local, order: rt.File.OrderOfClasses()}
 	if rt.redis != nil {
 		b.redis = rt.redis.st
 	}

@@ -41,6 +41,11 @@ type File struct {
 	Identity Identity
 	// Routes assign server-side class and cost.
 	Routes []Route
+	// ClassOrder is the order of classes as written (classes:), most
+	// protected first; nil: the standard order (OrderOfClasses).
+	ClassOrder []string
+	// ClassOrderLine is the line of classes:.
+	ClassOrderLine int
 	// Gates is the chain, in evaluation order.
 	Gates []Gate
 }

@@ -50,6 +50,7 @@ func (p *ladderParams) check(c *checker) {
 		c.fail(err)
 	}
 	c.known("protected", p.cfg.Protected, "unknown tier or class %q (classes the routes assign: %s)")
+	c.protectedUpward("protected", p.cfg.Protected)
 	checkCut(c, p.cohorts)
 }
 

@@ -85,6 +85,8 @@ func (p *parser) file(n *yaml.Node) *File {
 			f.Identity = p.identity(v)
 		case "routes":
 			f.Routes = p.routes(v)
+		case "classes":
+			f.ClassOrder, f.ClassOrderLine = p.classList(v, key), v.Line
 		case "gates":
 			gates = v // after the store, wherever it is written: gates inherit its failure policy
 		}

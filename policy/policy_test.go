@@ -367,7 +367,7 @@ gates:
   - name: shed
     kind: utilization
     workers: 8
-    tiers: [sheddable, critical]
+    tiers: [sheddable, default, critical]
     cohorts: {count: 64, period: 30s}
   - name: units
     kind: reservation
@@ -379,12 +379,12 @@ gates:
   - name: pool
     kind: concurrency
     limit: 4
-    queue: {max_wait: 50ms, classes: [critical, sheddable], fair: {weights: {acme: 2}, burst: 3}}
+    queue: {max_wait: 50ms, classes: [critical, default, sheddable], fair: {weights: {acme: 2}, burst: 3}}
   - name: slots
     kind: reservation
     inflight: 8
     shares: {critical: {reserve: 5}, sheddable: {reserve: 3}}
-    queue: {max_wait: 50ms, classes: [critical, sheddable]}
+    queue: {max_wait: 50ms, classes: [critical, default, sheddable]}
 `))
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,7 @@ func (q *queueSettings) check(c *checker, leased bool) {
 			c.failf("queue", "classes[%d]: unknown class %q (classes the routes assign: %s)", j, class, strings.Join(c.classes, ", "))
 		}
 	}
+	c.servedFirst("queue.classes", q.classes)
 }
 
 func validClass(c *checker, class string) bool {

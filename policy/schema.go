@@ -97,6 +97,7 @@ var schema = []key{
 			{key: "max", typ: "integer", def: "2^40", doc: "the most cost", example: "50"},
 		}},
 	}},
+	{key: "classes", typ: "list of class names", def: "critical, default, sheddable, sandbox (other routed classes just below default)", doc: "the order of classes, most protected first, that every shedder, cohort cut and wait queue follows: a utilization gate's tiers and a queue's classes must agree with it, tiers left out follow it, and a ladder that protects a class protects every class above it. It must place every class the routes assign", example: "[critical, default, sheddable]"},
 	{key: "gates", typ: "list of gates", def: "required, at least one", doc: "the chain, evaluated in order, cheapest first: every gate has the fields below, and its kind's own (see Gate kinds)"},
 }
 

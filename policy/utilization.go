@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 
 var utilizationKind = &kind{
 	name:    "utilization",
-	example: `{name: util, kind: utilization, workers: 8, tiers: [sheddable, default]}`,
+	example: `{name: util, kind: utilization, workers: 8, tiers: [sheddable, default, critical]}`,
 	doc: "Worker utilization shedder (shed.Utilization, after Stripe's \"Scaling your API with rate limiters\"): a slow " +
 		"controller turns utilization into a shed fraction that grows above bad, decays below good and holds between, " +
 		"and the fraction sheds the tiers in order, lowest first. Rejects with reason overload (503).",
@@ -49,7 +50,7 @@ func (p *utilizationParams) fields() []field {
 		durationField("delay", "how long utilization stays above bad before the first shed", &p.ctrl.Delay, 0).dflt("%v", c.Delay).nonZero().feeds("Delay"),
 		durationField("shed_all_after", "time from the first shed to shedding everything at full pressure", &p.ctrl.ShedAllAfter, time.Second).
 			dflt("%v", c.ShedAllAfter).feeds("ShedAllAfter"),
-		classesField("tiers", "classes in shed order, first shed first", &p.tiers).must(),
+		classesField("tiers", "classes in shed order, first shed first; every class the routes assign, in the class order (see classes)", &p.tiers).dflt("the class order, least protected first"),
 		intField("workers", "workers of the own accounting: utilization is requests in flight through the gate ÷ workers", &p.workers, 1, 1<<30),
 		durationField("sample_every", "sample interval", &p.sampleEvery, time.Millisecond).dflt("%v", o.SampleEvery),
 		boolField("cost_aware", "shed the costliest requests of a partly shed tier first", &p.costAware).dflt("false"),
@@ -67,6 +68,7 @@ func (p *utilizationParams) check(c *checker) {
 		c.failf("workers", "missing: the own accounting needs workers (or set source: cpu)")
 	}
 	c.known("tiers", p.tiers, "unknown tier or class %q (classes the routes assign: %s)")
+	c.shedTiers("tiers", p.tiers)
 	checkCut(c, p.cohorts)
 }
 
@@ -75,7 +77,12 @@ func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := shed.UtilizationOptions{Tiers: p.tiers, Workers: p.workers, SampleEvery: p.sampleEvery,
+	tiers := p.tiers
+	if len(tiers) == 0 {
+		tiers = b.order
+		slices.Reverse(tiers)
+	}
+	opts := shed.UtilizationOptions{Tiers: tiers, Workers: p.workers, SampleEvery: p.sampleEvery,
 		CostAware: p.costAware, RetryHint: b.g.RetryHint, Rand: b.opts.Rand}
 	if p.source == sourceCPU {
 		if b.opts.Virtual {
@@ -83,7 +90,7 @@ func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {
 		}
 		opts.Source = shed.NewCPUSource()
 	}
-	c, err := cut(b.g.Name, p.cohorts, p.tiers, b)
+	c, err := cut(b.g.Name, p.cohorts, tiers, b)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +108,11 @@ func (p *utilizationParams) describe(g *Gate) string {
 	if p.source == sourceCPU {
 		src = "process CPU"
 	}
-	cut := "tiers shed in order " + strings.Join(p.tiers, " -> ")
+	tiers := strings.Join(p.tiers, " -> ")
+	if len(p.tiers) == 0 {
+		tiers = "in the class order, least protected first"
+	}
+	cut := "tiers shed in order " + tiers
 	if p.cohorts != nil {
 		co := p.cohorts
 		n, period := co.Cohorts, co.Period
@@ -111,7 +122,7 @@ func (p *utilizationParams) describe(g *Gate) string {
 		if period == 0 {
 			period = time.Minute
 		}
-		cut = fmt.Sprintf("an exact cut over (tier %s, tenant cohort of %d), the cohorts' order rotating every %v", strings.Join(p.tiers, " -> "), n, period)
+		cut = fmt.Sprintf("an exact cut over (tier %s, tenant cohort of %d), the cohorts' order rotating every %v", tiers, n, period)
 	}
 	return fmt.Sprintf("utilization shedder on %s: good %v, bad %v, delay %v, everything shed %v after the first shed at full pressure; %s; 503 overload%s",
 		src, c.Good, c.Bad, c.Delay, c.ShedAllAfter, cut, classesOnly(g))

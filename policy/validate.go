@@ -19,7 +19,7 @@ import (
 // code. The error is Errors, each naming the file, line and field, and
 // wrapping the cause when another package found it.
 func Validate(f *File) error {
-	var errs Errors
+	errs := checkClassOrder(f)
 	classes := f.Classes()
 	for i := range f.Gates {
 		g := &f.Gates[i]

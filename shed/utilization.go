@@ -21,8 +21,9 @@ type Source interface {
 // UtilizationOptions configures a Utilization gate.
 type UtilizationOptions struct {
 	// Tiers lists the classes from the first shed to the last, e.g.
-	// sandbox, sheddable, default, critical. Classes not listed are
-	// treated as the lowest tier. Required.
+	// sandbox, sheddable, default, critical. A class not listed is shed
+	// with ClassDefault's tier when that is listed, else only when every
+	// listed tier is (at a shed fraction of 1): never first. Required.
 	Tiers []string
 	// Workers is the worker count of the gate's own accounting: utilization
 	// is the mean of (requests in flight through this gate ÷ Workers) over
@@ -102,19 +103,25 @@ func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Ut
 	if opts.Workers < 1 {
 		opts.Workers = 1 // only the own accounting reads it
 	}
-	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers)),
+	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers)+1),
 		meter: newMeter(opts.Workers, opts.SampleEvery, false)}, nil
 }
 
 // Name returns the gate's name.
 func (u *Utilization) Name() string { return u.name }
 
-// tier returns the shed order of class (unknown classes shed first).
+// tier returns the shed order of class: a class not listed is shed with
+// ClassDefault's tier when that is listed, else in a tier above every
+// listed one (len(Tiers): shed only when everything is), as fair.Cohort
+// places it.
 func (u *Utilization) tier(class string) int {
 	if i := slices.Index(u.opts.Tiers, class); i >= 0 {
 		return i
 	}
-	return 0
+	if i := slices.Index(u.opts.Tiers, sluice.ClassDefault); i >= 0 {
+		return i
+	}
+	return len(u.opts.Tiers)
 }
 
 // accountLocked brings the accounting up to now and feeds the controller a
@@ -154,7 +161,11 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 		u.mu.Unlock()
 		return sluice.Decision{Admitted: true}, 1
 	}
-	p := TierShed(u.ctrl.Fraction(now), t, len(u.opts.Tiers))
+	f := u.ctrl.Fraction(now)
+	p := TierShed(f, t, len(u.opts.Tiers))
+	if t == len(u.opts.Tiers) && f >= 1 { // above every listed tier: shed with everything
+		p = 1
+	}
 	if u.opts.CostAware {
 		m := &u.meanCost[t]
 		if *m == 0 {

@@ -72,3 +72,32 @@ func TestUtilizationCostAware(t *testing.T) {
 		t.Fatalf("cost-aware: cheap %v, costly %v", cheap.Admitted, costly.Admitted)
 	}
 }
+
+// A class the tiers leave out is never shed first: tiers [sheddable] at a
+// shed fraction of 0.99 shed sheddable and never critical (before, an
+// unlisted class was the lowest tier: critical was shed with sheddable);
+// with default listed, an unlisted class is shed as default is.
+func TestUnlistedClassIsNotShedFirst(t *testing.T) {
+	for _, c := range []struct {
+		tiers     []string
+		shed, not []string
+	}{
+		{[]string{"sheddable"}, []string{"sheddable"}, []string{"critical", "gold"}},
+		{[]string{"sheddable", "default"}, []string{"sheddable", "default", "gold"}, nil},
+	} {
+		ctrl, _ := NewController(ControllerConfig{Delay: -0, ShedAllAfter: time.Second})
+		u, _ := NewUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: c.tiers, SampleEvery: time.Second, Rand: func() float64 { return 0.5 }})
+		ctrl.Sample(0, 1)
+		ctrl.slope, ctrl.level = 0, 0.99*float64(time.Second) // pin the fraction at 0.99
+		for _, class := range c.shed {
+			if d, _ := u.Decide(context.Background(), &sluice.Request{Class: class}, 1); d.Admitted {
+				t.Errorf("tiers %v: %s admitted at a shed fraction of 0.99", c.tiers, class)
+			}
+		}
+		for _, class := range c.not {
+			if d, _ := u.Decide(context.Background(), &sluice.Request{Class: class}, 1); !d.Admitted {
+				t.Errorf("tiers %v: %s shed at 0.99, before every listed tier is", c.tiers, class)
+			}
+		}
+	}
+}
