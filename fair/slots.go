@@ -17,7 +17,10 @@ type SlotOptions struct {
 	// InFlight is the work the protected resource runs at once, in units.
 	// Required.
 	InFlight int64
-	// Recovery is kept out of every class's reach, in units.
+	// Recovery is kept out of every class's reach, in units, but one: an
+	// owner whose reserve is lent takes it back at once from here. So it
+	// also bounds the reserved units lent to other classes (none without
+	// it), and the units held never pass InFlight.
 	Recovery int64
 	// Classes are the reservations (ClassShare's Reserve and Max in
 	// concurrent units; Tenant does not apply). Reserves sum to at most
@@ -36,17 +39,20 @@ type SlotOptions struct {
 // other classes' reserves leave idle, never beyond InFlight − Recovery in
 // all nor past its Max.
 //
-// Reclaim: admitted work is never cancelled, so an owner that comes back
-// to find its reserve lent waits for the borrowed work to finish. Only a
-// request whose deadline is within Revocation borrows a reserved unit
-// (unreserved units need no reclaim and go to any deadline), so that wait is at
-// most Revocation (plus the grace its server gives a request past its
-// deadline), and an owner turned away for want of room stops all lending
-// of its reserve for Revocation. A request that finds no room is rejected
-// with reason concurrency, retryable: a wait queue in front (package
-// queue) holds it until units free, the owner first when its class ranks
-// first. Every release gives the units back. It is safe for concurrent
-// use.
+// Reclaim: admitted work is never cancelled, so reserved units are lent
+// only out of the recovery headroom's size (at most Recovery units lent
+// at once): an owner that comes back to find its reserve lent is admitted
+// at once into the headroom, never refused below its reserve, with or
+// without a queue in front. Only a request whose deadline is within
+// Revocation borrows a reserved unit (unreserved units need no reclaim and
+// go to any deadline), so the headroom is back within Revocation (plus
+// the grace its server gives a request past its deadline), and an owner
+// that reclaims into the headroom stops all lending for Revocation: the
+// units held pass InFlight − Recovery only while an owner reclaims, and
+// never pass InFlight. A request that finds no room is rejected with
+// reason concurrency, retryable: a wait queue in front (package queue)
+// holds it until units free. Every release gives the units back. It is
+// safe for concurrent use.
 type Slots struct {
 	name   string
 	opts   SlotOptions
@@ -111,19 +117,20 @@ func (g *Slots) class(name string) *slotClass {
 }
 
 // lendableLocked is how many reserved units a borrower may take now: the
-// idle part of the reserves of classes not wanting theirs back, less what
-// is lent already. REQUIRES: g.mu held.
+// idle part of the reserves of classes not wanting theirs back, within
+// the recovery headroom, less what is lent already; nothing while an owner
+// reclaims. REQUIRES: g.mu held.
 func (g *Slots) lendableLocked(now clock.Instant) int64 {
 	idle := int64(0)
 	for i := range g.classes {
 		c := &g.classes[i]
 		if c.wanting && now.Sub(c.wanted) < g.opts.Revocation {
-			continue
+			return 0
 		}
 		c.wanting = false
 		idle += c.share.Reserve - c.own
 	}
-	return idle - g.lent
+	return min(idle, g.opts.Recovery) - g.lent
 }
 
 // Decide admits r within its class's reserve; past it, on the units no
@@ -137,12 +144,19 @@ func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) 
 	c := g.class(r.Class)
 	mayBorrow := !c.share.NoBorrow && r.Deadline != 0 && r.Deadline.Sub(now) <= g.opts.Revocation
 	capOK := c.share.Max == 0 || c.own+c.borrowed+k <= c.share.Max
+	if capOK && c.own+k <= c.share.Reserve && g.held+k <= g.usable+g.lent {
+		// Within its reserve, always: what is lent of it, at most
+		// Recovery, the owner takes back from the headroom (held ≤
+		// Σown + spare + lent, and Σown + k ≤ Σreserve ≤ usable − spare).
+		if g.held+k > g.usable {
+			c.wanted, c.wanting = now, true // reclaiming: lend nothing more for Revocation
+		}
+		c.own += k
+		g.held += k
+		return g.admit(), 1
+	}
 	if capOK && g.held+k <= g.usable {
 		switch {
-		case c.own+k <= c.share.Reserve:
-			c.own += k
-			g.held += k
-			return g.admit(), 1
 		case !c.share.NoBorrow && g.spareUsed+k <= g.spare:
 			c.borrowed += k
 			g.spareUsed += k
@@ -154,9 +168,6 @@ func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) 
 			g.held += k
 			return g.admit(), 2
 		}
-	}
-	if c.own+k <= c.share.Reserve {
-		c.wanted, c.wanting = now, true // its reserve is lent: stop lending it
 	}
 	d := sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
 		Unit: sluice.UnitConcurrentRequests, Limit: g.usable}

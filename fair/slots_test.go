@@ -32,13 +32,14 @@ func take(t *testing.T, g *fair.Slots, class string, deadline time.Duration, now
 	return held{r, p}, d.Admitted
 }
 
-// Premium reserves 6 of 10 units in flight, free 4. With premium idle,
-// free borrows all 10 (its requests' deadlines are within the revocation
-// time); premium then finds no room, which stops the lending: free
-// releases give premium its units back, none goes to free again, and
-// premium holds its 6 once the borrowed work is done.
+// Premium reserves 6 units in flight, free 4, of 10 usable, with a
+// recovery headroom of 3 (13 in all). With premium idle, free borrows its
+// 4 and 3 of premium's (the headroom's size; its requests' deadlines are
+// within the revocation time), never more; premium, back, is admitted at
+// once to its whole reserve, into the headroom, and nothing is lent
+// again until the revocation time has passed.
 func TestSlotsLendAndReclaim(t *testing.T) {
-	g, err := fair.NewSlots("slots", fair.SlotOptions{InFlight: 10, Revocation: time.Second,
+	g, err := fair.NewSlots("slots", fair.SlotOptions{InFlight: 13, Recovery: 3, Revocation: time.Second,
 		Classes: []fair.ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 4}}})
 	if err != nil {
 		t.Fatal(err)
@@ -50,44 +51,60 @@ func TestSlotsLendAndReclaim(t *testing.T) {
 			free = append(free, h)
 		}
 	}
-	if len(free) != 10 {
-		t.Fatalf("free holds %d units with premium idle, want all 10", len(free))
+	if len(free) != 7 {
+		t.Fatalf("free holds %d units with premium idle, want its 4 and 3 lent", len(free))
 	}
 	if _, ok := take(t, g, "free", 0, now); ok {
 		t.Fatal("a request without a deadline borrowed")
 	}
-	if _, ok := take(t, g, "premium", 500*time.Millisecond, now); ok {
-		t.Fatal("premium admitted beyond the usable units")
-	}
-	// Premium wants its reserve: each borrowed unit that comes back is not
-	// lent again.
 	var premium []held
-	for len(free) > 4 {
-		h := free[len(free)-1]
-		free = free[:len(free)-1]
-		g.Release(h.r, h.p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now})
-		if _, ok := take(t, g, "free", 100*time.Millisecond, now); ok {
-			t.Fatal("free borrowed again while premium wanted its reserve")
-		}
+	for i := 0; i < 6; i++ {
 		p, ok := take(t, g, "premium", 0, now)
 		if !ok {
-			t.Fatal("premium did not get a unit that came back")
+			t.Fatalf("premium refused at %d units of its reserve of 6, its units lent", i)
 		}
 		premium = append(premium, p)
 	}
-	if len(premium) != 6 {
-		t.Fatalf("premium holds %d, want its reserve 6", len(premium))
+	if _, ok := take(t, g, "premium", 500*time.Millisecond, now); ok {
+		t.Fatal("premium admitted past its reserve with every unit held")
 	}
-	// After the revocation time with premium at its reserve, nothing is
-	// idle to lend; releases of premium's units may be lent again.
+	// The loans end: nothing is lent again while premium reclaims.
+	for _, h := range free[4:] {
+		g.Release(h.r, h.p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now})
+	}
+	g.Release(premium[0].r, premium[0].p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now})
+	if _, ok := take(t, g, "free", 100*time.Millisecond, now.Add(500*time.Millisecond)); ok {
+		t.Fatal("free borrowed again within the revocation time of premium's reclaim")
+	}
+	// After the revocation time premium's idle unit is lent again.
 	later := now.Add(2 * time.Second)
-	h := premium[0]
-	g.Release(h.r, h.p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: later})
 	if _, ok := take(t, g, "free", 100*time.Millisecond, later); !ok {
 		t.Fatal("premium's idle unit was not lent after the revocation time")
 	}
 	if _, ok := take(t, g, "free", 2*time.Second, later); ok {
 		t.Fatal("a request whose deadline is past the revocation time borrowed")
+	}
+}
+
+// Without recovery headroom no reserved unit is lent: the owner's reserve
+// is always free for it.
+func TestSlotsLendNothingWithoutRecovery(t *testing.T) {
+	g, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 10,
+		Classes: []fair.ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 4}}})
+	now := clock.Instant(time.Second)
+	n := 0
+	for i := 0; i < 12; i++ {
+		if _, ok := take(t, g, "free", 100*time.Millisecond, now); ok {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Fatalf("free holds %d units, want its reserve of 4", n)
+	}
+	for i := 0; i < 6; i++ {
+		if _, ok := take(t, g, "premium", 0, now); !ok {
+			t.Fatalf("premium refused at %d units of its reserve", i)
+		}
 	}
 }
 
@@ -106,9 +123,10 @@ func TestSlotsRejectBadOptions(t *testing.T) {
 	}
 }
 
-// Whatever arrives and leaves, the units held never pass inflight −
-// recovery, a class never holds more than its max, and a class within its
-// reserve is admitted whenever the units are free.
+// Whatever arrives and leaves, a class within its reserve is admitted,
+// the units held never pass inflight, and pass inflight − recovery only
+// by the units lent while an owner reclaims; a class never holds more
+// than its max.
 func TestSlotsNeverAboveUsable(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		inflight := rapid.Int64Range(1, 40).Draw(t, "inflight")
@@ -146,14 +164,18 @@ func TestSlotsNeverAboveUsable(t *testing.T) {
 				r.Deadline = now.Add(time.Duration(rapid.Int64Range(1, int64(200*time.Millisecond)).Draw(t, "left")))
 			}
 			d, p := g.Decide(context.Background(), r, now)
+			own := map[string]int64{"a": ra, "b": rb}[r.Class]
 			if !d.Admitted {
+				if inReserve(live, r.Class)+r.Cost <= own && (maxA == 0 || r.Class != "a" || units["a"]+r.Cost <= maxA) {
+					t.Fatalf("class %s refused %d units within its reserve of %d", r.Class, r.Cost, own)
+				}
 				continue
 			}
 			live = append(live, held{r, p})
 			units[r.Class] += r.Cost
 			total += r.Cost
-			if total > usable {
-				t.Fatalf("%d units held, usable %d", total, usable)
+			if total > inflight || (total > usable && p != 1) {
+				t.Fatalf("%d units held (permit %d), usable %d, inflight %d", total, p, usable, inflight)
 			}
 			if maxA > 0 && units["a"] > maxA {
 				t.Fatalf("class a holds %d, max %d", units["a"], maxA)
@@ -162,43 +184,31 @@ func TestSlotsNeverAboveUsable(t *testing.T) {
 	})
 }
 
-// Behind a wait queue that ranks premium first, a premium request that
-// finds its reserve lent waits, and gets the first unit that comes back.
+// Behind a wait queue, a premium request whose reserve is lent is
+// admitted at once (into the recovery headroom), not parked.
 func TestSlotsBehindAQueue(t *testing.T) {
 	clk := fakeclock.New(int64(time.Second))
-	s, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 4,
+	s, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 6, Recovery: 2,
 		Classes: []fair.ClassShare{{Class: "premium", Reserve: 3}, {Class: "free", Reserve: 1}}})
 	q, err := queue.New("slots", s, queue.Options{MaxWait: time.Second, Classes: []string{"premium", "free"}, Clock: clk, Events: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ready []uint64
-	park := &queue.Park{Ready: func(tag uint64, d sluice.Decision) {
-		if d.Admitted {
-			ready = append(ready, tag)
-		}
-	}}
+	park := &queue.Park{Ready: func(uint64, sluice.Decision) {}}
 	ctx := queue.ContextWithPark(context.Background(), park)
-	var free []held
-	for i := 0; i < 4; i++ {
-		r := &sluice.Request{Class: "free", Deadline: clk.Now().Add(500 * time.Millisecond)}
+	for i := 0; i < 3; i++ { // free's 1 and 2 of premium's 3 lent
 		park.Queue = nil
-		d, p := q.Decide(ctx, r, clk.Now())
+		d, _ := q.Decide(ctx, &sluice.Request{Class: "free", Deadline: clk.Now().Add(500 * time.Millisecond)}, clk.Now())
 		if !d.Admitted || park.Queue != nil {
 			t.Fatalf("free %d: %+v parked %v", i, d, park.Queue != nil)
 		}
-		free = append(free, held{r, p})
 	}
-	park.Queue, park.Tag = nil, 7
-	d, _ := q.Decide(ctx, &sluice.Request{Class: "premium"}, clk.Now())
-	if !d.Admitted || park.Queue == nil {
-		t.Fatalf("premium: %+v, want to wait", d)
-	}
-	park.Queue, park.Tag = nil, 8
-	q.Decide(ctx, &sluice.Request{Class: "free", Deadline: clk.Now().Add(100 * time.Millisecond)}, clk.Now())
-	q.Release(free[0].r, free[0].p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: clk.Now()})
-	if len(ready) != 1 || ready[0] != 7 {
-		t.Fatalf("granted %v after a free unit came back, want the premium waiter (7)", ready)
+	for i := 0; i < 3; i++ {
+		park.Queue = nil
+		d, _ := q.Decide(ctx, &sluice.Request{Class: "premium"}, clk.Now())
+		if !d.Admitted || park.Queue != nil {
+			t.Fatalf("premium %d: %+v parked %v, want admitted at once", i, d, park.Queue != nil)
+		}
 	}
 }
 
@@ -225,4 +235,15 @@ func TestSlotsUnreservedUnits(t *testing.T) {
 	if d.Admitted || d.Retryable {
 		t.Fatalf("a cost above every unit: %+v, want a final rejection", d)
 	}
+}
+
+// inReserve is what class holds within its reserve among live.
+func inReserve(live []held, class string) int64 {
+	n := int64(0)
+	for _, h := range live {
+		if h.r.Class == class && h.p == 1 {
+			n += h.r.Cost
+		}
+	}
+	return n
 }

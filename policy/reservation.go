@@ -21,10 +21,11 @@ var reservationKind = &kind{
 		"a class leaves idle, and what no class reserves, goes to a pool that classes allowed to borrow spend, holding at " +
 		"most the revocation time's worth of capacity, so an owner that comes back has its reserve at once and the " +
 		"borrowed work drains within that time; rejects with reason overload (503), a tenant over its class's tenant cap " +
-		"with policy_rate (429). In flight: a class always holds up to its reserve; only requests whose deadline is within " +
-		"the revocation time borrow idle units, so an owner waits at most that long for them; rejects with reason " +
+		"with policy_rate (429). In flight: a class is always admitted up to its reserve, with or without a queue; idle " +
+		"reserved units are lent, at most the recovery's worth at once, to requests whose deadline is within the revocation " +
+		"time, and an owner that comes back takes them back at once from the recovery; rejects with reason " +
 		"concurrency (503), and queue: lets requests wait for units. Admitted work is never cancelled; the recovery " +
-		"reserve is never handed out. In-process state (per replica).",
+		"is handed out to no class but an owner reclaiming its reserve. In-process state (per replica).",
 	scope:   sluice.ScopeService,
 	service: true,
 	reason:  always(sluice.ReasonOverload),
@@ -45,7 +46,7 @@ func (p *reservationParams) fields() []field {
 	return []field{
 		intField("capacity", "work units/s the protected resource serves (a request's cost is its units); or inflight", &p.opts.Capacity, 1, fair.MaxRate).feeds("Capacity"),
 		intField("inflight", "work units the protected resource runs at once (a request holds its cost until done); or capacity", &p.inflight, 1, sluice.MaxCost).feeds("InFlight"),
-		intField("recovery", "work units/s (or units in flight) kept out of every class's reach (headroom to recover)", &p.opts.Recovery, 0, sluice.MaxCost).dflt("0").feeds("Recovery"),
+		intField("recovery", "work units/s (or units in flight) kept out of every class's reach (headroom to recover); in flight, also the most reserved units lent at once, which an owner takes back from it at once (none lent without it)", &p.opts.Recovery, 0, sluice.MaxCost).dflt("0").feeds("Recovery"),
 		durationField("burst", "depth of each class's (and tenant's) bucket, as time at its rate (capacity only)", &p.opts.Burst, time.Millisecond).dflt("100ms").feeds("Burst"),
 		durationField("revocation", "how long borrowed work may still run once an owner wants its reserve back: the pool holds "+
 			"(capacity − recovery) × revocation units; in flight, only requests with at most this left before their deadline borrow",
@@ -285,7 +286,7 @@ func (p *reservationParams) stateKey() string { return "" }
 
 func (p *reservationParams) describe(g *Gate) string {
 	if p.inflight > 0 {
-		return fmt.Sprintf("reservation of %d work units in flight (recovery %d kept back): %s; only requests due within %v borrow; 503 concurrency%s%s",
+		return fmt.Sprintf("reservation of %d work units in flight (recovery %d kept back, the most reserved units lent): %s; only requests due within %v borrow reserved units; 503 concurrency%s%s",
 			p.inflight, p.opts.Recovery, p.sharesText(), p.revocation(), p.queue.describe(), classesOnly(g))
 	}
 	return fmt.Sprintf("reservation of %d work units/s (recovery %d kept back): %s; borrowed work drains within %v; 503 overload%s",
@@ -368,8 +369,9 @@ func (p *reservationParams) checkInflightCosts(c *checker) {
 // reservation is the gate's line in the spec's reservations.
 func (p *reservationParams) reservation(g *Gate) string {
 	if p.inflight > 0 {
-		return fmt.Sprintf("%s reserves %s of %d work units in flight, recovery %d; idle reserves are lent to requests due within %v, "+
-			"so an owner waits at most that long for them", g.Name, p.sharesText(), p.inflight, p.opts.Recovery, p.revocation())
+		return fmt.Sprintf("%s reserves %s of %d work units in flight, recovery %d; idle reserves are lent, at most %d units at once (the recovery), "+
+			"to requests due within %v; an owner takes its reserve back at once, into the recovery, so no class is refused below its reserve",
+			g.Name, p.sharesText(), p.inflight, p.opts.Recovery, p.opts.Recovery, p.revocation())
 	}
 	burst := p.opts.Burst
 	if burst == 0 {
