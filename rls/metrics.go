@@ -50,7 +50,7 @@ func newStats(reg prometheus.Registerer, maxKeys int) (*stats, error) {
 		shadow:     vec("sluice_rls_shadow_mode_total", "Over-limit hits a shadow_mode rule let through (the peer's shadow_mode).", dk...),
 		failOpen:   vec("sluice_rls_fail_open_total", "Hits answered OK because the store failed (failure policy open).", dk...),
 		failClosed: vec("sluice_rls_fail_closed_total", "Hits answered OVER_LIMIT because the store failed (failure policy closed).", dk...),
-		refunded:   vec("sluice_rls_refunded_total", "Hits given back by is_negative_hits (refunds, concurrency releases).", dk...),
+		refunded:   vec("sluice_rls_refunded_total", "Hits given back: by is_negative_hits (refunds, concurrency releases), and an extension rule's hits of a call another descriptor refused.", dk...),
 		notFound:   vec("sluice_rls_domain_not_found_total", "Calls for a domain no configuration names (the peer's domain_not_found).", "domain"),
 		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_rls_global_shadow_mode_total",
 			Help: "Calls whose OVER_LIMIT the global shadow mode turned into OK (the peer's global_shadow_mode)."}),

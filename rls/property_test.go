@@ -87,3 +87,71 @@ func TestWindowMatchesPeerModel(t *testing.T) {
 		}
 	})
 }
+
+// A refused call leaves the quotas as they were: a server that answers
+// every call and a twin that is sent only the calls the first one let
+// through, at the same instants, give those calls the same answers, for
+// token buckets, GCRA, sliding windows and concurrency slots beside a
+// descriptor that refuses often (before, a refused call's hits counted
+// against the descriptors that allowed it, and its concurrency slots
+// stayed held until their TTL).
+func TestRefusedCallsLeaveQuotasUnchanged(t *testing.T) {
+	cfg := mustParse(t, extConfig+"  - key: deny\n    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 1, burst: 1}\n")
+	for _, b := range backends(t, false) {
+		t.Run(b.name, func(t *testing.T) {
+			rapid.Check(t, func(rt *rapid.T) {
+				all, clkA := b.server(t, cfg, Options{})
+				let, clkB := b.server(t, cfg, Options{})
+				keys := []string{"api_key", "tenant", "path", "upload", "deny"}
+				for i := range rapid.IntRange(1, 60).Draw(rt, "calls") {
+					adv := time.Duration(rapid.Int64Range(0, int64(700*time.Millisecond)).Draw(rt, "advance"))
+					clkA.Advance(adv)
+					clkB.Advance(adv)
+					if rapid.IntRange(0, 4).Draw(rt, "release") == 0 {
+						// the end of an earlier request, sent to both
+						v := rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "released")
+						req := &Request{Domain: "ext", Descriptors: []Descriptor{dneg(1, "upload", v)}}
+						for _, s := range []*Server{all, let} {
+							if _, err := s.ShouldRateLimit(context.Background(), req); err != nil {
+								rt.Fatal(err)
+							}
+						}
+						continue
+					}
+					// one descriptor per counter in a call: on Redis a call's
+					// descriptors run side by side, in no set order
+					var descs []Descriptor
+					seen := map[string]bool{}
+					for j := range rapid.IntRange(1, 3).Draw(rt, "descriptors") {
+						k := rapid.SampledFrom(keys).Draw(rt, fmt.Sprint("key", j))
+						v := rapid.SampledFrom([]string{"a", "b"}).Draw(rt, fmt.Sprint("value", j))
+						hits := uint64(rapid.IntRange(1, 3).Draw(rt, fmt.Sprint("hits", j)))
+						if !seen[k+v] {
+							seen[k+v] = true
+							descs = append(descs, dh(hits, k, v))
+						}
+					}
+					req := &Request{Domain: "ext", Descriptors: descs}
+					ra, err := all.ShouldRateLimit(context.Background(), req)
+					if err != nil {
+						rt.Fatal(err)
+					}
+					if ra.Overall == CodeOverLimit {
+						continue
+					}
+					rb, err := let.ShouldRateLimit(context.Background(), req)
+					if err != nil {
+						rt.Fatal(err)
+					}
+					for j := range ra.Statuses {
+						a, b := ra.Statuses[j], rb.Statuses[j]
+						if a.Code != b.Code || a.Remaining != b.Remaining {
+							rt.Fatalf("call %d, descriptor %d (%v): %s remaining %d after the refused calls, %s remaining %d without them",
+								i, j, descs[j].Entries, codeName(a.Code), a.Remaining, codeName(b.Code), b.Remaining)
+						}
+					}
+				}
+			})
+		})
+	}
+}

@@ -409,6 +409,7 @@ type plan struct {
 
 	// the store's answer
 	res    limit.Result
+	h      store.Handle // what the take holds (an extension rule's)
 	err    error
 	before int64 // the window's count before and after this call (kindWindow)
 	after  int64
@@ -485,6 +486,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, r *Request) (*Response, er
 		return nil, err
 	}
 	s.respond(r.Domain, plans, now, resp)
+	if resp.Overall == CodeOverLimit {
+		s.refundRefused(ctx, r.Domain, plans, resp, now)
+	}
 	if resp.Overall == CodeOverLimit {
 		s.m.calls.WithLabelValues("over_limit").Inc()
 	} else {
@@ -749,7 +753,7 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 		p.err = err
 		return
 	}
-	p.res = res
+	p.res, p.h = res, h
 	if p.kind == kindWindow {
 		count := counterCap - res.Remaining
 		if res.Status == limit.Allowed {
@@ -764,6 +768,40 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 			// No room to remember the permit: it could never be released.
 			_ = p.lim.Refund(ctx, p.key, h, now, cost)
 			p.res.Status = limit.Denied
+		}
+	}
+}
+
+// refundRefused gives back what a refused call took from the descriptors
+// that allowed it: the request does not run, so its hits should not count
+// against the other quotas (sluice's own chain refunds the gates before
+// the one that refuses, likewise), and a concurrency slot it took would
+// otherwise stay held until its TTL, since a refused request never sends
+// its release. Only extension rules are refunded: the peer's fixed
+// window counts every hit, refused or not (src/limiter/base_limiter.go
+// increments before it compares), and a client written for it expects
+// that count, so there compatibility wins. A refund that fails leaves the
+// hits counted (the limit errs towards refusing).
+func (s *Server) refundRefused(ctx context.Context, domain string, plans []plan, resp *Response, now clock.Instant) {
+	if s.opts.Redis != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
+		defer cancel()
+	}
+	for i := range plans {
+		p := &plans[i]
+		if p.kind != kindRule || p.negative || p.err != nil || p.hits <= 0 || p.res.Status != limit.Allowed {
+			continue
+		}
+		if p.rule.Algorithm == Concurrency && !s.held.remove(p.rl.id+"\x00"+p.key, p.h) {
+			continue // already released (or never recorded): nothing of ours to give back
+		}
+		if err := p.lim.Refund(ctx, p.key, p.h, now, p.hits); err != nil {
+			continue
+		}
+		s.m.of(domain, p.stats).refunded.Add(float64(p.hits))
+		if st := &resp.Statuses[i]; st.Code == CodeOK && p.rule.Algorithm != Concurrency {
+			st.Remaining = uint32(min(int64(st.Remaining)+p.hits, int64(math.MaxUint32)))
 		}
 	}
 }
@@ -1017,6 +1055,26 @@ func (l *ledger) add(k string, p permit) bool {
 	l.held[k] = append(l.held[k], p)
 	l.n++
 	return true
+}
+
+// remove forgets the permit of handle h under k; false when it is not
+// there.
+func (l *ledger) remove(k string, h store.Handle) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	list := l.held[k]
+	for i := range list {
+		if list[i].h == h {
+			if len(list) == 1 {
+				delete(l.held, k)
+			} else {
+				l.held[k] = append(list[:i:i], list[i+1:]...)
+			}
+			l.n--
+			return true
+		}
+	}
+	return false
 }
 
 // take removes k's oldest permits, whole, while their slots fit in cost.
