@@ -55,7 +55,7 @@ func newStats(reg prometheus.Registerer, maxKeys int) (*stats, error) {
 		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_rls_global_shadow_mode_total",
 			Help: "Calls whose OVER_LIMIT the global shadow mode turned into OK (the peer's global_shadow_mode)."}),
 		releaseUnmatched: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_rls_release_unmatched_total",
-			Help: "Concurrency releases for which this process held no permit (freed by the permit TTL instead)."}),
+			Help: "Concurrency releases that found no permit to free (in memory: none this process holds; on Redis: none the fleet holds)."}),
 		calls:   vec("sluice_rls_calls_total", "ShouldRateLimit calls by result: ok, over_limit, invalid, unavailable.", "result"),
 		max:     maxKeys,
 		series:  map[[2]string]*series{},

@@ -763,6 +763,9 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 		}
 		return
 	}
+	if _, shared := p.lim.(store.OldestReleaser); shared {
+		return // the permit lives on the shared store, where any replica's release finds it
+	}
 	if p.rule.Algorithm == Concurrency && res.Status == limit.Allowed && cost > 0 {
 		if !s.held.add(p.rl.id+"\x00"+p.key, permit{h: h, cost: cost, at: now, lim: p.lim, key: p.key}) {
 			// No room to remember the permit: it could never be released.
@@ -793,7 +796,7 @@ func (s *Server) refundRefused(ctx context.Context, domain string, plans []plan,
 		if p.kind != kindRule || p.negative || p.err != nil || p.hits <= 0 || p.res.Status != limit.Allowed {
 			continue
 		}
-		if p.rule.Algorithm == Concurrency && !s.held.remove(p.rl.id+"\x00"+p.key, p.h) {
+		if _, shared := p.lim.(store.OldestReleaser); !shared && p.rule.Algorithm == Concurrency && !s.held.remove(p.rl.id+"\x00"+p.key, p.h) {
 			continue // already released (or never recorded): nothing of ours to give back
 		}
 		if err := p.lim.Refund(ctx, p.key, p.h, now, p.hits); err != nil {
@@ -806,9 +809,20 @@ func (s *Server) refundRefused(ctx context.Context, domain string, plans []plan,
 	}
 }
 
-// release frees the oldest permits this process holds for p's key, whole,
-// up to p.hits slots.
+// release frees the oldest permits of p's key, whole, up to p.hits slots:
+// on a shared store (Redis) the oldest any replica took, since a release
+// may reach another replica than its take; in memory, the oldest this
+// process holds.
 func (s *Server) release(ctx context.Context, p *plan, now clock.Instant) {
+	if r, ok := p.lim.(store.OldestReleaser); ok {
+		freed, err := r.ReleaseOldest(ctx, p.key, p.hits)
+		if err != nil {
+			p.err = err
+		} else if freed == 0 {
+			s.m.releaseUnmatched.Inc()
+		}
+		return
+	}
 	ps := s.held.take(p.rl.id+"\x00"+p.key, p.hits)
 	if len(ps) == 0 {
 		s.m.releaseUnmatched.Inc()

@@ -47,6 +47,16 @@ type Limiter interface {
 	Window() time.Duration
 }
 
+// OldestReleaser is a concurrency Limiter whose permits live in a store
+// shared by processes (package store/redis): it frees the oldest permits
+// of key, whole, whose slots fit in slots, whichever process took them,
+// and returns the slots freed. A protocol whose releases come without
+// their permit and may reach any process (the Envoy rate limit service's
+// is_negative_hits) releases through it.
+type OldestReleaser interface {
+	ReleaseOldest(ctx context.Context, key string, slots int64) (int64, error)
+}
+
 // ErrUnavailable wraps every backend failure (timeout, connection refused,
 // script error): the limiter could not decide.
 var ErrUnavailable = errors.New("store: backend unavailable")

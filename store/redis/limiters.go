@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -158,6 +159,28 @@ func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now cl
 	}
 	_, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra), false)
 	return err
+}
+
+// ReleaseOldest frees the oldest live permits of a concurrency limit's
+// key, whole, whose slots fit in slots, whichever process took them, and
+// returns the slots freed (at most 64 permits a call). It is for a
+// protocol whose release comes without its permit and may reach any
+// process of a fleet (the Envoy rate limit service's is_negative_hits):
+// the release frees a slot held on the shared store, not only one this
+// process remembers. It is not retried: a release lost to a failure is
+// freed by the permit's TTL.
+func (l *limiter) ReleaseOldest(ctx context.Context, key string, slots int64) (int64, error) {
+	if !l.permits {
+		return 0, errors.New("redis: ReleaseOldest applies to a concurrency limit")
+	}
+	if slots <= 0 {
+		return 0, nil
+	}
+	v, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("oldest", slots, "0"), false)
+	if err != nil {
+		return 0, err
+	}
+	return v[1], nil
 }
 
 // release frees permit h (cost slots) once. It is idempotent, so it never

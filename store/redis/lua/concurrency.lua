@@ -4,9 +4,12 @@
 -- belong to holders that died: each call sweeps at most 64 of them, so no
 -- call's work grows with a cost, a limit or a crowd of dead permits (the
 -- rest are swept by the next calls, and count as held until then).
--- ARGV: 1 now override (us), 2 op ("take" | "refund"), 3 slots,
+-- ARGV: 1 now override (us), 2 op ("take" | "refund" | "oldest"), 3 slots,
 --       4 permit id, 5 packed doubles: limit, ttl (us).
--- Reply: {status, remaining, 0, 0, 0, Redis TIME (us)}.
+-- Reply: {status, remaining, 0, 0, 0, Redis TIME (us)}; for "oldest",
+-- {0, slots freed, ...}: it releases the oldest live permits, whole, whose
+-- slots fit in slots, whichever process took them (a release the protocol
+-- sends without its permit, to any replica).
 local now = now_us()
 local op, slots, id = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local limit, ttl = struct.unpack('<dd', ARGV[5])
@@ -40,6 +43,21 @@ if #gone > 0 then
   end
   redis.call('ZREM', KEYS[1], unpack(gone))
   redis.call('DECRBY', KEYS[2], str(freed))
+end
+if op == 'oldest' then
+  local freed, out = 0, {}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, 63)) do
+    local k = tonumber(string.sub(m, string.find(m, ':', 1, true) + 1)) or 0
+    if freed + k > slots then break end
+    freed = freed + k
+    table.insert(out, m)
+    if freed == slots then break end
+  end
+  if #out > 0 then
+    redis.call('ZREM', KEYS[1], unpack(out))
+    if redis.call('DECRBY', KEYS[2], str(freed)) <= 0 then redis.call('DEL', KEYS[2]) end
+  end
+  return {0, freed, 0, 0, 0, TIME_US}
 end
 local n = held()
 if slots <= 0 then return {3, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
