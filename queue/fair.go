@@ -18,8 +18,10 @@ import (
 // to the earliest head; serving its request of cost c sets
 // F_t = S_t + c/w_t (w_t is the tenant's weight, F_t its finish tag) and
 // moves the class's virtual time V to max(min(V + c/W, F_min), S_t), W
-// being the weight of the tenants waiting and F_min the smallest finish tag
-// above V among them. V so advances with the work served whoever is served
+// being the weight of the tenants active in the fluid system (waiting, or
+// with a finish tag still above V: a closed-loop tenant between two
+// requests keeps its place; W drops as V passes their tags) and F_min the
+// smallest finish tag above V among the tenants waiting. V so advances with the work served whoever is served
 // (as the virtual time of weighted fair queueing does), a stream of new
 // tenants cannot hold it still, and it never passes a waiting tenant's
 // tag (which would take that tenant's credit). A tenant is charged
@@ -32,8 +34,10 @@ import (
 // its cost, w its weight) above the virtual time, and every slot handed to
 // another tenant advances V by that work ÷ W, so at most
 // W·(C/w + Burst) work units of other tenants are served before it (W the
-// most weight ever waiting), plus the higher classes' work and the
-// requests in their slots.
+// most weight ever active), plus the higher classes' work and the
+// requests in their slots. A closed-loop tenant (one request at a time)
+// beside a backlog is served its whole demand, the release after each of
+// its requests (TestFairQueueClosedLoopTenant).
 //
 // A full queue (MaxLen) makes room by turning away the newest waiter of
 // the tenant with the most work waiting, in the lowest class at or below
@@ -92,9 +96,14 @@ func (f *Fairness) weight(tenant string) float64 {
 type fairClass struct {
 	v       float64
 	last    map[string]float64
+	lastW   map[string]float64 // the weight each tag in last was set with
 	tenants map[string]*tenantFIFO
 	n       int
+	gone    []finish // scratch: finish tags above V of tenants not waiting
 }
+
+// finish is a tenant's finish tag and weight.
+type finish struct{ f, w float64 }
 
 type tenantFIFO struct {
 	name  string
@@ -104,7 +113,7 @@ type tenantFIFO struct {
 }
 
 func newFairClass() fairClass {
-	return fairClass{last: map[string]float64{}, tenants: map[string]*tenantFIFO{}}
+	return fairClass{last: map[string]float64{}, lastW: map[string]float64{}, tenants: map[string]*tenantFIFO{}}
 }
 
 // key is t's start tag now.
@@ -181,25 +190,53 @@ func (f *fairClass) heaviest() *tenantFIFO {
 }
 
 // served charges w's tenant for the work it was served at start tag
-// w.start and advances V by that work over the weight waiting (w's tenant
-// included). Tags are rebased to keep V small, where a float64 still
-// resolves a cost of 1 at a weight of 1e6; finish tags at or below
-// V − burst carry nothing and are pruned.
+// w.start and advances V by that work as the fluid (GPS) system would:
+// over the weight of the tenants active in it, those waiting and those
+// whose finish tag is still above V (a tenant between two requests, its
+// last one just ended, is active there until V reaches its tag), the
+// weight dropping as V passes each such tag (Demers, Keshav and Shenker,
+// "Analysis and Simulation of a Fair Queueing Algorithm", SIGCOMM 1989).
+// Counting only the tenants waiting at the instant of a dispatch made V
+// jump a whole cost whenever a closed-loop tenant (one request at a time)
+// was between its requests, and it came back behind a backlogged tenant
+// it should have alternated with. Tags are rebased to keep V small, where
+// a float64 still resolves a cost of 1 at a weight of 1e6; finish tags at
+// or below V − burst carry nothing and are pruned.
 func (f *fairClass) served(w *waiter, weight, burst float64) {
 	cost := float64(max(w.req.Cost, 1))
 	f.last[w.req.Tenant] = w.start + cost/weight
-	// V moves on by the work over the weight waiting, but not past the tag
-	// of a waiting tenant still ahead of it (that would take its credit).
-	waiting, ahead := weight, math.Inf(1)
+	f.lastW[w.req.Tenant] = weight
+	active, ahead := 0.0, math.Inf(1)
 	for _, t := range f.tenants {
-		if t.name != w.req.Tenant {
-			waiting += t.w
-		}
+		active += t.w
 		if last, ok := f.last[t.name]; ok && last > f.v {
-			ahead = min(ahead, last)
+			ahead = min(ahead, last) // V stops there: passing it would take the tenant's credit
 		}
 	}
-	f.v = max(min(f.v+cost/waiting, ahead), w.start)
+	gone := f.gone[:0]
+	for name, last := range f.last {
+		if _, waiting := f.tenants[name]; !waiting && last > f.v {
+			gone = append(gone, finish{last, f.lastW[name]})
+			active += f.lastW[name]
+		}
+	}
+	slices.SortFunc(gone, func(a, b finish) int { return cmpFloat(a.f, b.f) })
+	v, work := f.v, cost
+	for _, g := range gone {
+		need := (g.f - v) * active
+		if work < need {
+			break
+		}
+		work -= need
+		v, active = g.f, active-g.w
+	}
+	if active > 0 {
+		v += work / active
+	} else {
+		v += work / weight
+	}
+	f.gone = gone[:0]
+	f.v = max(min(v, ahead), w.start)
 	if f.v > rebaseAt {
 		for t := range f.last {
 			f.last[t] -= f.v
@@ -210,9 +247,20 @@ func (f *fairClass) served(w *waiter, weight, burst float64) {
 		for t, last := range f.last {
 			if last <= f.v-burst {
 				delete(f.last, t)
+				delete(f.lastW, t)
 			}
 		}
 	}
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // rebaseAt is the virtual time past which tags are moved back to 0.
