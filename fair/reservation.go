@@ -90,9 +90,11 @@ type ReservationOptions struct {
 // retryable). The pool starts empty. Balances are integers in
 // nano-units, exact for every rate up to MaxRate and depth up to MaxDepth. A request of the class rejected here has
 // reason overload (503) and is retryable after its own bucket refills its
-// cost. Below the class, a tenant over the class's tenant cap is rejected
-// with reason policy_rate (429) at scope tenant: the levels service →
-// class → tenant are each enforced. A request a later gate rejects gets
+// cost. A class refused for its own Max (while the capacity had room) has
+// spent its entitlement: reason policy_rate (429) at scope class. Below
+// the class, a tenant over the class's tenant cap is rejected with reason
+// policy_rate (429) at scope tenant: the levels service → class → tenant
+// are each enforced. A request a later gate rejects gets
 // its units back. It is safe for
 // concurrent use.
 type Reservation struct {
@@ -340,7 +342,11 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	fromPool := max(cost-c.own.n, 0)
 	ok := fromPool == 0 || (!c.share.NoBorrow && g.pool.n >= fromPool)
 	if ok && c.share.Max > 0 && c.cap.n < cost {
-		ok = false
+		// The class has spent what its maximum allows while the capacity
+		// had room for it: its own entitlement, 429 at scope class.
+		c.rejected += units
+		return sluice.Decision{Reason: sluice.ReasonPolicyRate, Scope: sluice.ScopeClass, Gate: g.name, Retryable: true,
+			RetryAfter: time.Duration((cost - c.cap.n + c.share.Max - 1) / c.share.Max)}, 0
 	}
 	if !ok {
 		c.rejected += units

@@ -135,6 +135,31 @@ func TestReservationLimits(t *testing.T) {
 	within(t, "an unlisted class, borrowing only", got["other"], 300*10, 0.02)
 }
 
+// A class refused for its own maximum while the capacity has room has
+// spent its entitlement: 429 (policy_rate at scope class), retryable when
+// the maximum's bucket holds the cost again; refused for the capacity, 503.
+func TestReservationMaxIsAnEntitlement(t *testing.T) {
+	g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1000, Burst: time.Second,
+		Classes: []fair.ClassShare{{Class: "org", Reserve: 100, Max: 150}, {Class: "b", Reserve: 800, NoBorrow: true}}})
+	g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, clock.Instant(time.Second)) // starts the clock; the pool fills from here
+	now := clock.Instant(3 * time.Second)
+	for i := 0; i < 150; i++ {
+		if d, _ := g.Decide(context.Background(), &sluice.Request{Class: "org", Cost: 1}, now); !d.Admitted {
+			t.Fatalf("org refused at %d units of its max 150's bucket: %+v", i, d)
+		}
+	}
+	d, _ := g.Decide(context.Background(), &sluice.Request{Class: "org", Cost: 1}, now)
+	if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.Scope != sluice.ScopeClass || !d.Entitlement() || !d.Retryable || d.RetryAfter <= 0 {
+		t.Fatalf("org past its max: %+v, want a retryable 429 at scope class", d)
+	}
+	for i := 0; i < 801; i++ {
+		g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, now)
+	}
+	if d, _ := g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, now); d.Admitted || d.Reason != sluice.ReasonOverload || d.Entitlement() {
+		t.Fatalf("b past its reserve (no borrowing): %+v, want 503 overload", d)
+	}
+}
+
 func TestReservationRefundsLaterRejections(t *testing.T) {
 	g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 10, Burst: time.Second,
 		Classes: []fair.ClassShare{{Class: "a", Reserve: 10}}})

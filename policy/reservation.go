@@ -20,8 +20,8 @@ var reservationKind = &kind{
 		"(inflight: fair.Slots), a budget nested service → class → tenant. Rates: each class always finds its reserve; what " +
 		"a class leaves idle, and what no class reserves, goes to a pool that classes allowed to borrow spend, holding at " +
 		"most the revocation time's worth of capacity, so an owner that comes back has its reserve at once and the " +
-		"borrowed work drains within that time; rejects with reason overload (503), a tenant over its class's tenant cap " +
-		"with policy_rate (429). In flight: a class is always admitted up to its reserve, with or without a queue; idle " +
+		"borrowed work drains within that time; rejects with reason overload (503), a class past its max and a tenant over " +
+		"its class's tenant cap with policy_rate (429, at scope class and tenant). In flight: a class is always admitted up to its reserve, with or without a queue; idle " +
 		"reserved units are lent, at most the recovery's worth at once, to requests whose deadline is within the revocation " +
 		"time, and an owner that comes back takes them back at once from the recovery; rejects with reason " +
 		"concurrency (503), and queue: lets requests wait for units. Admitted work is never cancelled; the recovery " +
