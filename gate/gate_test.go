@@ -80,12 +80,47 @@ func TestFailurePolicies(t *testing.T) {
 		t.Fatal("refund did not reach the fallback")
 	}
 
+	// Fail open with a fallback: until the store has answered once (a
+	// start-up under load), the fallback's limit holds; after, open.
+	flaky := &toggled{Limiter: keyedTB(t, "1/s", 5), down: true}
+	guarded, _ := gate.NewRateLimit("guarded", flaky, gate.Options{Scope: sluice.ScopeTenant, Fallback: keyedTB(t, "1/s", 2)})
+	admitted := 0
+	for i := 0; i < 10; i++ {
+		if d, _ := guarded.Decide(ctx, req, 0); d.Admitted {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("fail_open before the store answered once: %d of 10 admitted, want the fallback's 2", admitted)
+	}
+	flaky.down = false
+	guarded.Decide(ctx, &sluice.Request{Tenant: "b", Cost: 1}, 0) // the store answers
+	flaky.down = true
+	for i := 0; i < 10; i++ {
+		if d, _ := guarded.Decide(ctx, req, 0); !d.Admitted {
+			t.Fatalf("fail_open after the store answered: refused %+v", d)
+		}
+	}
+
 	if _, err := gate.NewRateLimit("x", down, gate.Options{OnFailure: gate.LocalFallback}); err == nil {
 		t.Fatal("local_fallback without a fallback accepted")
 	}
 	if _, err := gate.ParseFailurePolicy("fail_sometimes"); err == nil {
 		t.Fatal("unknown failure policy accepted")
 	}
+}
+
+// toggled is a store that is down while down is set.
+type toggled struct {
+	store.Limiter
+	down bool
+}
+
+func (s *toggled) Take(ctx context.Context, key string, now clock.Instant, cost int64, dl clock.Instant) (limit.Result, store.Handle, error) {
+	if s.down {
+		return limit.Result{}, 0, fmt.Errorf("%w: loading the scripts", store.ErrUnavailable)
+	}
+	return s.Limiter.Take(ctx, key, now, cost, dl)
 }
 
 func TestRateGateDecisionFields(t *testing.T) {

@@ -69,7 +69,12 @@ type Options struct {
 	NoRefund bool
 	// OnFailure is what to do when the store fails. Default FailOpen.
 	OnFailure FailurePolicy
-	// Fallback is the in-process limiter LocalFallback decides on.
+	// Fallback is the in-process limiter LocalFallback decides on. Under
+	// FailOpen, when set, it decides until the store has answered once:
+	// a process that starts under load while its store is unreachable or
+	// still loading its scripts admits at most the fallback's limit (the
+	// fleet limit ÷ its replicas), not everything, and fails open only
+	// once the store has shown it works (a later outage).
 	Fallback store.Limiter
 	// RetryHint is the retry-after a rejection without an exact wait
 	// reports (concurrency limits, store failures). Default
@@ -113,6 +118,7 @@ type base struct {
 	failures  atomic.Int64
 	fallbacks atomic.Int64
 	lastLog   atomic.Int64
+	answered  atomic.Bool // the store has decided once
 }
 
 // Name returns the gate's name.
@@ -135,11 +141,18 @@ func (b *base) FailurePolicy() string { return b.opts.OnFailure.String() }
 func (b *base) take(ctx context.Context, key string, r *sluice.Request, now clock.Instant, cost int64) (limit.Result, sluice.Permit, bool) {
 	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline)
 	if err == nil {
+		if !b.answered.Load() {
+			b.answered.Store(true)
+		}
 		return res, sluice.Permit(h), true
 	}
 	b.failures.Add(1)
 	b.logFailure(err)
-	switch b.opts.OnFailure {
+	policy := b.opts.OnFailure
+	if policy == FailOpen && b.opts.Fallback != nil && !b.answered.Load() {
+		policy = LocalFallback // start-up: open only once the store has answered
+	}
+	switch policy {
 	case LocalFallback:
 		res, h, err = b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
 		if err == nil {

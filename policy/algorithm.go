@@ -66,12 +66,20 @@ func (a algorithm[S, A]) build(b *builder) (sluice.Gate, error) {
 			return nil, err
 		}
 		lim = b.redis.Limiter(sp)
-		if opts.OnFailure == gate.LocalFallback {
+		switch opts.OnFailure {
+		case gate.LocalFallback:
 			fb, err := a.share(alg, max(b.store.Replicas, 1))
 			if err != nil {
 				return nil, err
 			}
 			opts.Fallback = memory.NewKeyed(fb, mopts)
+		case gate.FailOpen:
+			// Until Redis has answered once, the replica's share decides
+			// (gate.Options.Fallback): a start-up under load does not
+			// admit everything. A limit too small to divide has no guard.
+			if fb, err := a.share(alg, max(b.store.Replicas, 1)); err == nil {
+				opts.Fallback = memory.NewKeyed(fb, mopts)
+			}
 		}
 	case ok:
 		k := prev.WithAlgorithm(alg)
