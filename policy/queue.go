@@ -21,18 +21,19 @@ type queueSettings struct {
 	maxLen  int64
 	classes []string
 	fair    *queue.Fairness
+	pct     float64 // the start-in-time test's percentile of service times (0: the queue's default)
 }
 
 // queueField reads the queue mapping of a concurrency kind.
 func queueField(q *queueSettings) field {
-	return field{key: "queue", typ: "mapping {max_wait, max_len, classes, fair}", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
-		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}}; a request waits for a " +
-		"slot only while it can still start in time; with fair, each class's waiters are served between tenants in weighted " +
+	return field{key: "queue", typ: "mapping {max_wait, max_len, classes, fair, percentile}", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
+		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}, percentile: 99%}; a request waits for a " +
+		"slot only while it can still start in time: while its deadline leaves it the percentile (default 99%) of its class's recent service times; with fair, each class's waiters are served between tenants in weighted " +
 		"fair shares of work units (start-time fair queueing)",
 		def: "none (reject at once)",
 		parse: func(p *parser, v *yaml.Node, path string) {
 			q.set = true
-			p.Fields(v, path, []string{"max_wait", "max_len", "classes", "fair"}, func(k string, vv *yaml.Node) {
+			p.Fields(v, path, []string{"max_wait", "max_len", "classes", "fair", "percentile"}, func(k string, vv *yaml.Node) {
 				at := yamlfile.Join(path, k)
 				switch k {
 				case "max_wait":
@@ -43,6 +44,10 @@ func queueField(q *queueSettings) field {
 					q.classes = p.classList(vv, at)
 				case "fair":
 					q.fair = p.fairness(vv, at)
+				case "percentile":
+					if q.pct = p.share(vv, at); q.pct != 0 && (q.pct < 0.5 || q.pct > 1) {
+						p.Errf(vv, at, "%v: want a percentile from 50%% to 100%%", vv.Value)
+					}
 				}
 			})
 		}}
@@ -119,7 +124,7 @@ func (q *queueSettings) wrap(b *builder, g sluice.Gate) (sluice.Gate, error) {
 		return g, nil
 	}
 	return queue.New(b.g.Name, g, queue.Options{MaxWait: q.maxWait, MaxLen: int(q.maxLen), Classes: q.classes,
-		Clock: b.opts.Clock, Events: b.opts.Virtual, Fair: q.fair})
+		Clock: b.opts.Clock, Events: b.opts.Virtual, Fair: q.fair, Percentile: q.pct})
 }
 
 // describe is the queue's part of the spec line.

@@ -62,11 +62,18 @@ type Options struct {
 	// 100 ms.
 	Target, Interval time.Duration
 	// ServiceTime predicts how long a request of class holds its slot
-	// (0: unknown), for the start-in-time test. Default: the median of the
-	// class's recent useful and late completions through this queue (the
-	// last few hundred, or the last few seconds where they are fewer),
-	// once there are 20 of them.
+	// (0: unknown), for the start-in-time test: a request starts only
+	// while its deadline leaves it that long. Default: the 99th percentile
+	// of the class's recent useful and late completions through this
+	// queue (the last few hundred, or the last few seconds where they are
+	// fewer), once there are 20 of them, so that a request that starts
+	// finishes in time 99 times in 100. (The median let half of the
+	// requests that started at the last moment answer late: with a
+	// deadline of twice the service time, a tenth of the answers.)
 	ServiceTime func(class string) time.Duration
+	// Percentile is the default ServiceTime's percentile, in [0.5, 1].
+	// Default 0.99.
+	Percentile float64
 	// Clock times waits and CoDel. Default clock.System. It must be the
 	// chain's clock.
 	Clock clock.Clock
@@ -161,6 +168,9 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 	if opts.MaxWait < 0 || opts.MaxLen < 0 || opts.Target < 0 || opts.Interval <= 0 {
 		return nil, errors.New("queue: negative wait, length or CoDel times")
 	}
+	if opts.Percentile != 0 && !(opts.Percentile >= 0.5 && opts.Percentile <= 1) {
+		return nil, errors.New("queue: percentile outside [0.5, 1]")
+	}
 	q := &Queue{name: name, inner: inner, opts: opts, queues: make([][]*waiter, len(opts.Classes)+1)}
 	if opts.Fair != nil {
 		f := *opts.Fair
@@ -174,9 +184,13 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		}
 	}
 	if q.opts.ServiceTime == nil {
+		pct := q.opts.Percentile
+		if pct == 0 {
+			pct = 0.99
+		}
 		q.times = shed.NewDecayingServiceTimes(time.Second)
 		q.opts.ServiceTime = func(class string) time.Duration {
-			if s, n := q.times.PercentileAt(class, 0.5, q.opts.Clock.Now()); n >= 20 {
+			if s, n := q.times.PercentileAt(class, pct, q.opts.Clock.Now()); n >= 20 {
 				return s
 			}
 			return 0
