@@ -249,15 +249,3 @@ func exponential(mean time.Duration) func(*rand.Rand) time.Duration {
 	return func(r *rand.Rand) time.Duration { return time.Duration(r.ExpFloat64() * float64(mean)) }
 }
 
-// routesMix is the demo's mix: reads of 10 ms (50%), route solves of 22–78
-// ms (40%), analytics of 150 ms (10%): a mean of 40 ms.
-func routesMix(r *rand.Rand) time.Duration {
-	switch x := r.Float64(); {
-	case x < 0.5:
-		return 10 * time.Millisecond
-	case x < 0.9:
-		return 22*time.Millisecond + time.Duration(r.Float64()*float64(56*time.Millisecond))
-	default:
-		return 150 * time.Millisecond
-	}
-}

@@ -27,9 +27,6 @@ type Quota struct {
 	Window time.Duration
 }
 
-// maxSFInt is the largest Structured Field Integer (RFC 9651).
-const maxSFInt = 999_999_999_999_999
-
 // MaxWait bounds any wait a server asks for (a day), in a field or in a
 // gRPC status: a larger one is read as a day, so that no arithmetic on it
 // overflows.

@@ -1028,7 +1028,8 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 		up.SetDeadline(deadline)
 	}
 	bw := bufio.NewWriter(up)
-	if err := req.Write(bw); err == nil {
+	err = req.Write(bw) // a failed write is the upstream's failure, not a read's
+	if err == nil {
 		err = bw.Flush()
 	}
 	br := bufio.NewReader(up)

@@ -497,7 +497,6 @@ func waitUp(addr string) error {
 type target struct {
 	name           string
 	admit, reject  string // addresses ("" reject: no limiter)
-	procs          []*proc
 	admitP, rejecP *proc
 }
 

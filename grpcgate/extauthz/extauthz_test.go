@@ -182,6 +182,7 @@ func denied(t *testing.T, resp *authv3.CheckResponse, code codes.Code, httpStatu
 		t.Fatalf("denied response %v, want %d", d, httpStatus)
 	}
 	for _, h := range d.GetHeaders() {
+		//lint:ignore SA1019 the deprecated append field must stay unset beside append_action
 		if h.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || h.GetAppend() != nil {
 			t.Errorf("header %v not set to overwrite", h)
 		}

@@ -185,7 +185,7 @@ func (s *Store) learnClock(ctx context.Context, dl time.Time, cn *connection, b 
 		if err == nil {
 			b.observe(v, clock.Now())
 			if !b.known.Load() {
-				err = fmt.Errorf("Redis TIME read as %d", v)
+				err = fmt.Errorf("redis: TIME read as %d", v)
 			}
 		}
 		b.readMu.Lock()

@@ -71,16 +71,15 @@ func (l *logBuffer) String() string {
 // addresses of its HTTP and admin listeners.
 type running struct {
 	*Server
-	client    rlspb.RateLimitServiceClient
-	conn      *grpc.ClientConn
-	httpURL   string
-	adminURL  string
-	log       *logBuffer
-	ticks     chan time.Time
-	stop      context.CancelFunc
-	done      chan error
-	stopped   bool
-	stopAfter time.Duration
+	client   rlspb.RateLimitServiceClient
+	conn     *grpc.ClientConn
+	httpURL  string
+	adminURL string
+	log      *logBuffer
+	ticks    chan time.Time
+	stop     context.CancelFunc
+	done     chan error
+	stopped  bool
 }
 
 // start runs a Server with opts on loopback ports chosen by the kernel,

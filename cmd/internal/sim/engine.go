@@ -912,7 +912,6 @@ func (e *engine) fail(i int32) {
 	if !a.answered {
 		e.answer(a, false)
 		e.retry(i, sluice.ReasonOverload, true, 0)
-		a = &e.slab[i]
 	}
 	e.drop(i, sluice.OutcomeErrored)
 }
