@@ -17,7 +17,7 @@ type BBRConfig struct {
 	// limit = ⌊(1 + Headroom)·N̂⌋. It keeps the service busy across the gap
 	// between a completion and the next admission, and bounds the queue
 	// the service holds to about Headroom of its service time. Default
-	// 0.25.
+	// 0.1.
 	Headroom float64
 	// Tolerance is how much slower than the no-load RTT a window may be
 	// and still show no queue at the service. Default 0.1.

@@ -20,10 +20,11 @@
 //     back the borrowed work still to be served is bounded by that time.
 //     Admitted work is never cancelled. Admitted work in any window of T is
 //     at most (Capacity − Recovery)·T plus the buckets' depth.
-//   - Slots: the same division of concurrent work units; an idle reserve
-//     is lent only to requests due within the revocation time, so an
-//     owner that comes back waits at most that long (behind a wait queue
-//     that ranks it first, it gets the first units back).
+//   - Slots: the same division of concurrent work units; a class is always
+//     admitted up to its reserve: idle reserved units are lent only up to
+//     the recovery headroom and only to requests due within the revocation
+//     time, and an owner that comes back takes them back at once from the
+//     headroom, which is free again within that time.
 //   - Cohort: a shed fraction f from any controller turns into a cut of the
 //     lowest f of recent arrivals ranked by (class tier, tenant cohort),
 //     with a rotation that spreads the cut over the tenants.
