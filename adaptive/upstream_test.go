@@ -248,4 +248,3 @@ func constant(d time.Duration) func(*rand.Rand) time.Duration {
 func exponential(mean time.Duration) func(*rand.Rand) time.Duration {
 	return func(r *rand.Rand) time.Duration { return time.Duration(r.ExpFloat64() * float64(mean)) }
 }
-
