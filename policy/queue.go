@@ -27,8 +27,8 @@ type queueSettings struct {
 // queueField reads the queue mapping of a concurrency kind.
 func queueField(q *queueSettings) field {
 	return field{key: "queue", typ: "mapping {max_wait, max_len, classes, fair, percentile}", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
-		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}, percentile: 99%}; a request waits for a " +
-		"slot only while it can still start in time: while its deadline leaves it the percentile (default 99%) of its class's recent service times; with fair, each class's waiters are served between tenants in weighted " +
+		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}, percentile: 50%}; a request waits for a " +
+		"slot only while it can still start in time: while its deadline leaves it the percentile (default 50%, the median) of its class's recent service times; with fair, each class's waiters are served between tenants in weighted " +
 		"fair shares of work units (start-time fair queueing)",
 		def: "none (reject at once)",
 		parse: func(p *parser, v *yaml.Node, path string) {

@@ -104,8 +104,9 @@ func TestPriorityBetweenClasses(t *testing.T) {
 }
 
 // A request predicted to start too late for its deadline does not wait:
-// with one slot, a service time of 50 ms and two ahead, a 120 ms budget
-// cannot be met (3 × 50 ms ahead of the work, then 50 ms of work).
+// with one slot, a service time of 50 ms and two waiting ahead, a 120 ms
+// budget cannot be met (the slot frees after 50/2 ms on average, the two
+// ahead take 2 × 50 ms, then 50 ms of work: 175 ms).
 func TestPredictedLateIsRejectedAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second,
@@ -118,8 +119,8 @@ func TestPredictedLateIsRejectedAtOnce(t *testing.T) {
 			go decide(q, ctx, &sluice.Request{}, out)
 		}
 		synctest.Wait()
-		if got := q.QueueDelay("default"); got != 100*time.Millisecond {
-			t.Fatalf("predicted queue delay %v, want 2 × 50 ms", got)
+		if got := q.QueueDelay("default"); got != 125*time.Millisecond {
+			t.Fatalf("predicted queue delay %v, want 50/2 + 2 × 50 ms", got)
 		}
 		now := clock.Now()
 		d, _ := q.Decide(ctx, &sluice.Request{Deadline: now.Add(120 * time.Millisecond)}, now)
@@ -220,10 +221,10 @@ func TestPredictionUsesTheMixAhead(t *testing.T) {
 			go decide(q, ctx, &sluice.Request{Class: "solve"}, out)
 		}
 		synctest.Wait()
-		if r, s := q.QueueDelay("read"), q.QueueDelay("solve"); r != 90*time.Millisecond || s != r {
-			t.Fatalf("predicted waits: read %v, solve %v; want 90ms both", r, s)
+		if r, s := q.QueueDelay("read"), q.QueueDelay("solve"); r != 105*time.Millisecond || s != r {
+			t.Fatalf("predicted waits: read %v, solve %v; want 30/2 + 3 × 30 = 105ms both", r, s)
 		}
-		// Starting after 4 × 30 ms: a read fits 135 ms (120 + 10), a solve does not (120 + 50).
+		// Starting after 105 ms: a read fits 135 ms (105 + 10), a solve does not (105 + 50).
 		now := clock.Now()
 		if d, _ := q.Decide(ctx, &sluice.Request{Class: "solve", Deadline: now.Add(135 * time.Millisecond)}, now); d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("solve: %+v, want reason deadline", d)
@@ -247,14 +248,14 @@ func TestPredictionUsesTheMixAhead(t *testing.T) {
 	})
 }
 
-// The learned start-in-time test keeps the 99th percentile of a class's
-// service times free before the deadline: of 100 completions of 50 ms
-// and 5 of 60 ms, a request 55 ms from its deadline may not start (the
-// median, as before, let it, and a 60 ms answer would come late), one
-// 80 ms from it may.
+// The learned start-in-time test at Percentile 0.99 keeps the 99th
+// percentile of a class's service times free before the deadline: of 100
+// completions of 50 ms and 5 of 60 ms, a request 55 ms from its deadline
+// may not start (the median lets it, and a 60 ms answer would come late),
+// one 80 ms from it may.
 func TestStartInTimeKeepsTheHighPercentile(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second})
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second, Percentile: 0.99})
 		ctx := context.Background()
 		for i := range 105 {
 			lat := 50 * time.Millisecond
