@@ -27,9 +27,10 @@ type queueSettings struct {
 // queueField reads the queue mapping of a concurrency kind.
 func queueField(q *queueSettings) field {
 	return field{key: "queue", typ: "mapping {max_wait, max_len, classes, fair, percentile}", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
-		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0}, percentile: 50%}; a request waits for a " +
+		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0, standing: 1m}, percentile: 50%}; a request waits for a " +
 		"slot only while it can still start in time: while its deadline leaves it the percentile (default 50%, the median) of its class's recent service times; with fair, each class's waiters are served between tenants in weighted " +
-		"fair shares of work units (start-time fair queueing)",
+		"fair shares of work units (start-time fair queueing); with fair.standing, a tenant first seen less than that ago waits in one flow shared by all such " +
+		"tenants, so a thousand fresh keys take one tenant's share",
 		def: "none (reject at once)",
 		parse: func(p *parser, v *yaml.Node, path string) {
 			q.set = true
@@ -53,10 +54,10 @@ func queueField(q *queueSettings) field {
 		}}
 }
 
-// fairness reads {weights: {tenant: weight}, default: 1, burst: 0}.
+// fairness reads {weights: {tenant: weight}, default: 1, burst: 0, standing: 0}.
 func (p *parser) fairness(v *yaml.Node, path string) *queue.Fairness {
 	f := &queue.Fairness{}
-	p.Fields(v, path, []string{"weights", "default", "burst"}, func(k string, vv *yaml.Node) {
+	p.Fields(v, path, []string{"weights", "default", "burst", "standing"}, func(k string, vv *yaml.Node) {
 		at := yamlfile.Join(path, k)
 		switch k {
 		case "weights":
@@ -82,6 +83,10 @@ func (p *parser) fairness(v *yaml.Node, path string) *queue.Fairness {
 			f.Default = p.Float(vv, at, queue.MinWeight, queue.MaxWeight)
 		case "burst":
 			f.Burst = p.Float(vv, at, 0, queue.MaxBurst)
+		case "standing":
+			if f.Standing = p.Duration(vv, at, time.Second); f.Standing > queue.MaxStanding {
+				p.Errf(vv, at, "%v: at most %v", f.Standing, queue.MaxStanding)
+			}
 		}
 	})
 	return f
@@ -144,6 +149,9 @@ func (q *queueSettings) describe() string {
 	if q.fair != nil {
 		fair = fmt.Sprintf(", each class's tenants served in weighted fair shares of work units (weights set for %d tenants, others 1; burst %v)",
 			len(q.fair.Weights), q.fair.Burst)
+		if q.fair.Standing > 0 {
+			fair += fmt.Sprintf(", tenants first seen less than %v ago sharing one flow", q.fair.Standing)
+		}
 	}
 	return fmt.Sprintf(", waiting up to %v for a slot%s%s", wait, order, fair)
 }

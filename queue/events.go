@@ -73,6 +73,7 @@ func (q *Queue) hold(w *waiter) sluice.Permit {
 func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	q.mu.Lock()
 	c := q.classOf(r.Class)
+	flow := q.flowOf(r, now)
 	if q.ahead(c) == 0 {
 		if q.tooLate(r, now) {
 			q.mu.Unlock()
@@ -95,7 +96,7 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 		q.mu.Unlock()
 		return q.reject(sluice.ReasonQueue), 0 // nowhere to wait
 	}
-	w := &waiter{own: *r, since: now, class: c, tag: park.Tag, notify: park.Ready}
+	w := &waiter{own: *r, since: now, class: c, tag: park.Tag, notify: park.Ready, flow: flow}
 	w.req = &w.own
 	wait, why, notes := q.admit(w, now)
 	if why != sluice.ReasonNone {

@@ -56,6 +56,69 @@ type Fairness struct {
 	// tenant coming back from idle starts with: it may be served up to
 	// Burst·w units ahead of its share. Default 0; at most MaxBurst.
 	Burst float64
+	// Standing, when set, is how long a tenant must have been coming (its
+	// first request through the queue at least Standing ago, and one at
+	// least every StandingIdle since) before it is a flow of its own;
+	// until then it waits in one flow shared by every tenant without
+	// standing, of weight Default, served first come, first served within.
+	// A thousand new keys so take one tenant's share, not a thousand: an
+	// attacker who mints keys gains a share only by using each of them for
+	// Standing first. 0: off, every tenant is a flow from its first
+	// request. At most MaxStanding.
+	Standing time.Duration
+	// StandingIdle is how long a tenant with standing may stay away and
+	// keep it. Default 10·Standing.
+	StandingIdle time.Duration
+	// StandingTenants bounds the tenants the queue remembers for standing
+	// (default 65,536): past it, new tenants stay without standing until
+	// idle ones are forgotten, so a flood of keys cannot push established
+	// tenants out.
+	StandingTenants int
+}
+
+// MaxStanding is the longest Standing.
+const MaxStanding = 24 * time.Hour
+
+// Newcomers names the flow of the tenants without standing.
+const Newcomers = "\x00newcomers"
+
+// standing remembers when tenants first came and last came.
+type standing struct {
+	seen  map[string]seenAt
+	swept clock.Instant
+}
+
+type seenAt struct{ first, last clock.Instant }
+
+// flowOf records tenant's request at now and returns the flow it waits
+// in: itself once it has standing, else Newcomers. REQUIRES: q.mu held.
+func (f *Fairness) flowOf(st *standing, tenant string, now clock.Instant) string {
+	if f.Standing <= 0 {
+		return tenant
+	}
+	if now.Sub(st.swept) >= f.Standing {
+		st.swept = now
+		for t, s := range st.seen {
+			if now.Sub(s.last) > f.StandingIdle {
+				delete(st.seen, t)
+			}
+		}
+	}
+	s, ok := st.seen[tenant]
+	switch {
+	case ok && now.Sub(s.last) > f.StandingIdle:
+		s = seenAt{first: now} // away too long: it starts over
+	case !ok && len(st.seen) >= f.StandingTenants:
+		return Newcomers // the table is full of tenants seen lately
+	case !ok:
+		s.first = now
+	}
+	s.last = now
+	st.seen[tenant] = s
+	if now.Sub(s.first) >= f.Standing {
+		return tenant
+	}
+	return Newcomers
 }
 
 // MinWeight and MaxWeight bound a tenant's weight: within them a cost of
@@ -75,6 +138,15 @@ func (f *Fairness) validate() error {
 	if !(f.Default >= MinWeight && f.Default <= MaxWeight) || !(f.Burst >= 0 && f.Burst <= MaxBurst) {
 		return fmt.Errorf("queue: fairness default weight %v outside [%v, %v] or burst %v outside [0, %d]", f.Default, MinWeight, MaxWeight, f.Burst, MaxBurst)
 	}
+	if f.Standing < 0 || f.Standing > MaxStanding || f.StandingIdle < 0 || f.StandingTenants < 0 {
+		return fmt.Errorf("queue: fairness standing %v outside [0, %v], or a negative idle time or tenant bound", f.Standing, MaxStanding)
+	}
+	if f.StandingIdle == 0 {
+		f.StandingIdle = 10 * f.Standing
+	}
+	if f.StandingTenants == 0 {
+		f.StandingTenants = 1 << 16
+	}
 	for t, w := range f.Weights {
 		if !(w >= MinWeight && w <= MaxWeight) {
 			return fmt.Errorf("queue: fairness weight %v of tenant %q outside [%v, %v]", w, t, MinWeight, MaxWeight)
@@ -84,6 +156,9 @@ func (f *Fairness) validate() error {
 }
 
 func (f *Fairness) weight(tenant string) float64 {
+	if tenant == Newcomers {
+		return f.Default
+	}
 	if w, ok := f.Weights[tenant]; ok {
 		return w
 	}
@@ -141,9 +216,9 @@ func (f *fairClass) pick(burst float64) (*tenantFIFO, float64) {
 }
 
 func (f *fairClass) push(w *waiter, weight float64) {
-	t := f.tenants[w.req.Tenant]
+	t := f.tenants[w.flow]
 	if t == nil {
-		t = &tenantFIFO{name: w.req.Tenant, w: weight}
+		t = &tenantFIFO{name: w.flow, w: weight}
 		f.tenants[t.name] = t
 	}
 	t.ws = append(t.ws, w)
@@ -154,14 +229,14 @@ func (f *fairClass) push(w *waiter, weight float64) {
 // pushFront puts back a waiter taken from the head of its tenant.
 func (f *fairClass) pushFront(w *waiter, weight float64) {
 	f.push(w, weight)
-	t := f.tenants[w.req.Tenant]
+	t := f.tenants[w.flow]
 	copy(t.ws[1:], t.ws[:len(t.ws)-1])
 	t.ws[0] = w
 }
 
 // take removes w from its tenant's FIFO, reporting whether it was there.
 func (f *fairClass) take(w *waiter) bool {
-	t := f.tenants[w.req.Tenant]
+	t := f.tenants[w.flow]
 	if t == nil {
 		return false
 	}
@@ -204,8 +279,8 @@ func (f *fairClass) heaviest() *tenantFIFO {
 // or below V − burst carry nothing and are pruned.
 func (f *fairClass) served(w *waiter, weight, burst float64) {
 	cost := float64(max(w.req.Cost, 1))
-	f.last[w.req.Tenant] = w.start + cost/weight
-	f.lastW[w.req.Tenant] = weight
+	f.last[w.flow] = w.start + cost/weight
+	f.lastW[w.flow] = weight
 	active, ahead := 0.0, math.Inf(1)
 	for _, t := range f.tenants {
 		active += t.w

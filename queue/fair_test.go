@@ -22,6 +22,8 @@ type tenantLoad struct {
 	rate   float64 // requests/s (open loop)
 	cost   int64   // work units per request
 	closed bool
+	keys   int           // the tenant spreads its requests over this many keys (name-0, name-1, ...)
+	from   time.Duration // it starts then
 }
 
 type fairEvent struct {
@@ -74,7 +76,7 @@ func runFair(t *testing.T, fq *queue.Fairness, slots int, unit time.Duration, ma
 		rq.id = permit
 		if now >= int64(warmup) {
 			w := time.Duration(now - rq.since)
-			res.maxWait[rq.r.Tenant] = max(res.maxWait[rq.r.Tenant], w)
+			res.maxWait[loads[rq.tenantIx].name] = max(res.maxWait[loads[rq.tenantIx].name], w)
 		}
 		heap.Push(&h, fairEvent{now + int64(rq.r.Cost)*int64(unit), 1, i})
 	}
@@ -90,8 +92,9 @@ func runFair(t *testing.T, fq *queue.Fairness, slots int, unit time.Duration, ma
 			heap.Push(&h, fairEvent{int64(i), 0, i})
 			continue
 		}
-		heap.Push(&h, fairEvent{int64(float64(i) * 1e9 / l.rate / float64(len(loads))), 0, i})
+		heap.Push(&h, fairEvent{int64(l.from) + int64(float64(i)*1e9/l.rate/float64(len(loads))), 0, i})
 	}
+	sent := make([]int, len(loads))
 	again := func(i int, at int64) { // a closed-loop tenant's next request
 		if loads[i].closed {
 			heap.Push(&h, fairEvent{at, 0, i})
@@ -110,7 +113,12 @@ func runFair(t *testing.T, fq *queue.Fairness, slots int, unit time.Duration, ma
 			if !l.closed {
 				heap.Push(&h, fairEvent{e.at + int64(1e9/l.rate), 0, e.ref})
 			}
-			rq := &req{r: sluice.Request{Tenant: l.name, Cost: l.cost}, since: e.at, tenantIx: e.ref}
+			tenant := l.name
+			if l.keys > 0 {
+				tenant = fmt.Sprintf("%s-%d", l.name, sent[e.ref]%l.keys)
+			}
+			sent[e.ref]++
+			rq := &req{r: sluice.Request{Tenant: tenant, Cost: l.cost}, since: e.at, tenantIx: e.ref}
 			reqs = append(reqs, rq)
 			i := len(reqs) - 1
 			park.Tag, park.Queue = uint64(i), nil
@@ -127,7 +135,7 @@ func runFair(t *testing.T, fq *queue.Fairness, slots int, unit time.Duration, ma
 		case 1:
 			rq := reqs[e.ref]
 			if e.at >= int64(warmup) {
-				res.served[rq.r.Tenant] += rq.r.Cost
+				res.served[loads[rq.tenantIx].name] += rq.r.Cost
 			}
 			q.Release(&rq.r, sluice.Permit(rq.id), sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now,
 				Latency: time.Duration(rq.r.Cost) * unit})
@@ -250,5 +258,37 @@ func TestFairQueueClosedLoopTenant(t *testing.T) {
 		if math.Abs(got-c.want) > 0.05*c.want {
 			t.Errorf("%d slots: closed-loop share %.3f, want %.2f ± 5%%", c.slots, got, c.want)
 		}
+	}
+}
+
+// Sybil keys: one tenant spreads 2,000 units/s over 1,000 fresh keys
+// beside nine established light tenants of 80 units/s on a capacity of
+// 1,000. With Standing, the 1,000 keys share one newcomers' flow and the
+// light tenants keep their whole demand; without it, every fresh key is a
+// flow of its own and the light tenants are crowded out. The attacker
+// gains a share per key only by using each key for Standing first.
+func TestFairQueueSybilKeysShareOneFlow(t *testing.T) {
+	loads := []tenantLoad{{name: "sybil", rate: 2000, cost: 1, keys: 1000, from: 31 * time.Second}}
+	for i := 0; i < 9; i++ {
+		loads = append(loads, tenantLoad{name: fmt.Sprintf("light-%d", i), rate: 80, cost: 1})
+	}
+	for _, c := range []struct {
+		standing time.Duration
+		min, max float64 // a light tenant's share of its demand
+	}{{30 * time.Second, 0.95, 1.01}, {0, 0, 0.5}} {
+		res := runFair(t, &queue.Fairness{Standing: c.standing}, 1, time.Millisecond, time.Second, 33*time.Second, 45*time.Second, loads)
+		var sum, sq float64
+		for _, l := range loads[1:] {
+			got := float64(res.served[l.name]) / 12 / l.rate
+			sum, sq = sum+got, sq+got*got
+			if got < c.min || got > c.max {
+				t.Errorf("standing %v: %s got %.0f%% of its demand, want %.0f%% to %.0f%%", c.standing, l.name, 100*got, 100*c.min, 100*c.max)
+			}
+		}
+		// Jain's index over the light tenants' shares of their demand.
+		if jain := sum * sum / (9 * sq); c.standing > 0 && jain < 0.95 {
+			t.Errorf("standing %v: Jain's index %.3f over the light tenants, want ≥ 0.95", c.standing, jain)
+		}
+		t.Logf("standing %v: light-0 %.0f%% of its demand, the sybil %.0f units/s", c.standing, 100*float64(res.served["light-0"])/12/80, float64(res.served["sybil"])/12)
 	}
 }

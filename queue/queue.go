@@ -107,6 +107,7 @@ type Queue struct {
 	lastWait time.Duration // the last wait that ended in a slot
 	mix      serviceMean   // of every class's useful completions
 	fair     []fairClass   // per class queue, with Options.Fair
+	standing standing      // tenants' first and last requests (Fairness.Standing)
 
 	// event mode (Options.Events): every permit is an id of held
 	held   map[uint64]*waiter
@@ -139,6 +140,7 @@ type waiter struct {
 	d       sluice.Decision
 	waited  time.Duration
 	start   float64 // its start tag once picked (Options.Fair)
+	flow    string  // the fair queue's flow: its tenant, or Newcomers (Options.Fair)
 
 	// event mode
 	own    sluice.Request // the request, copied: the caller's is gone after Decide
@@ -181,6 +183,7 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		}
 		q.opts.Fair = &f
 		q.fair = make([]fairClass, len(q.queues))
+		q.standing.seen = map[string]seenAt{}
 		for i := range q.fair {
 			q.fair[i] = newFairClass()
 		}
@@ -258,6 +261,7 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 	}
 	q.mu.Lock()
 	c := q.classOf(r.Class)
+	flow := q.flowOf(r, now)
 	if q.ahead(c) == 0 { // nobody to wait behind: try at once
 		if q.tooLate(r, now) {
 			q.mu.Unlock()
@@ -271,7 +275,7 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 			return d, p
 		}
 	}
-	w := &waiter{req: r, ctx: ctx, since: now, ready: make(chan struct{}), class: c}
+	w := &waiter{req: r, ctx: ctx, since: now, ready: make(chan struct{}), class: c, flow: flow}
 	wait, why, notes := q.admit(w, now)
 	if why != sluice.ReasonNone {
 		q.mu.Unlock()
@@ -284,6 +288,16 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 	q.mu.Unlock()
 	deliver(notes)
 	return q.await(ctx, w, wait)
+}
+
+// flowOf is r's flow in a fair queue (its tenant, or Newcomers while it
+// has no standing), recording its request; "" without fairness.
+// REQUIRES: q.mu held.
+func (q *Queue) flowOf(r *sluice.Request, now clock.Instant) string {
+	if q.fair == nil {
+		return ""
+	}
+	return q.opts.Fair.flowOf(&q.standing, r.Tenant, now)
 }
 
 // noSlot reports whether d is the inner gate's "no slot free now": a
@@ -299,9 +313,9 @@ func noSlot(d *sluice.Decision) bool {
 func (q *Queue) admit(w *waiter, now clock.Instant) (time.Duration, sluice.Reason, []note) {
 	ahead, room := q.ahead(w.class), -1
 	if q.fair != nil {
-		ahead += q.aheadFair(w.class, w.req.Tenant) - q.fair[w.class].n
+		ahead += q.aheadFair(w.class, w.flow) - q.fair[w.class].n
 		if q.n >= q.opts.MaxLen {
-			room = q.evictable(w.class, w.req.Tenant, w.req.Cost)
+			room = q.evictable(w.class, w.flow, w.req.Cost)
 		}
 	}
 	wait, why := q.budget(w.req, ahead, room >= 0, now)
@@ -318,7 +332,7 @@ func (q *Queue) admit(w *waiter, now clock.Instant) (time.Duration, sluice.Reaso
 // queue. REQUIRES: q.mu held.
 func (q *Queue) push(w *waiter) {
 	if q.fair != nil {
-		q.fair[w.class].push(w, q.opts.Fair.weight(w.req.Tenant))
+		q.fair[w.class].push(w, q.opts.Fair.weight(w.flow))
 	} else {
 		q.queues[w.class] = append(q.queues[w.class], w)
 	}
@@ -373,7 +387,7 @@ func (q *Queue) grant(now clock.Instant) []note {
 			w.granted, w.permit, w.waited = true, p, now.Sub(w.since)
 			q.lastWait = w.waited
 			if q.fair != nil {
-				q.fair[w.class].served(w, q.opts.Fair.weight(w.req.Tenant), q.opts.Fair.Burst)
+				q.fair[w.class].served(w, q.opts.Fair.weight(w.flow), q.opts.Fair.Burst)
 			}
 		}
 		notes = append(notes, note{w, d})
@@ -586,7 +600,7 @@ func (q *Queue) popFair(now clock.Instant, drops *[]*waiter) (*waiter, bool, boo
 func (q *Queue) unpop(w *waiter, lifo bool) {
 	switch {
 	case q.fair != nil:
-		q.fair[w.class].pushFront(w, q.opts.Fair.weight(w.req.Tenant))
+		q.fair[w.class].pushFront(w, q.opts.Fair.weight(w.flow))
 	case lifo:
 		q.queues[w.class] = append(q.queues[w.class], w)
 	default:
