@@ -143,6 +143,10 @@ gates:
 	codes := map[int]int{}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	defer func() { // however the test ends: no caller left running
+		stop.Store(true)
+		wg.Wait()
+	}()
 	for range 12 {
 		wg.Add(1)
 		go func() {

@@ -143,6 +143,13 @@ func TestStallUnderConcurrentAcquires(t *testing.T) {
 	var stop atomic.Bool
 	var ok, failed atomic.Int64
 	var wg sync.WaitGroup
+	// The callers stop however the test ends: a poll below that fails ends
+	// it at once, and 64 callers left spinning ran on through the rest of
+	// the package until its 10-minute timeout.
+	defer func() {
+		stop.Store(true)
+		wg.Wait()
+	}()
 	for range 64 {
 		wg.Add(1)
 		go func() {
