@@ -1,6 +1,7 @@
 package gate_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -119,6 +120,7 @@ func TestFleetUsageMemory(t *testing.T) {
 func TestFleetUsageRedisThreeProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	var outs [3][]byte
+	var stderrs [3]bytes.Buffer
 	var errs [3]error
 	var wg sync.WaitGroup
 	for i := range 3 {
@@ -127,18 +129,24 @@ func TestFleetUsageRedisThreeProcesses(t *testing.T) {
 			defer wg.Done()
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), "SLUICE_FLEET_USAGE="+srv.Addr)
-			outs[i], errs[i] = cmd.CombinedOutput()
+			cmd.Stderr = &stderrs[i] // a log line there must not break the result on stdout
+			outs[i], errs[i] = cmd.Output()
 		}()
 	}
 	wg.Wait()
 	var admitted int64
 	for i := range 3 {
 		if errs[i] != nil {
-			t.Fatalf("process %d: %v\n%s", i, errs[i], outs[i])
+			t.Fatalf("process %d: %v\n%s\n%s", i, errs[i], outs[i], stderrs[i].String())
 		}
-		f := strings.Fields(strings.TrimSpace(string(outs[i])))
-		if len(f) != 4 || f[0] != "RESULT" {
-			t.Fatalf("process %d: %q", i, outs[i])
+		var f []string
+		for _, line := range strings.Split(string(outs[i]), "\n") {
+			if strings.HasPrefix(line, "RESULT ") {
+				f = strings.Fields(line)
+			}
+		}
+		if len(f) != 4 {
+			t.Fatalf("process %d: no RESULT line in %q", i, outs[i])
 		}
 		peak, _ := strconv.ParseInt(f[1], 10, 64)
 		crit, _ := strconv.ParseInt(f[2], 10, 64)
