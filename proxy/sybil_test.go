@@ -13,14 +13,30 @@ import (
 // Sybil keys over real HTTP: nine light tenants (20 req/s each) that have
 // been coming for the fair queue's standing time, then one attacker
 // spreading 800 req/s over 1,000 fresh API keys, twice what the upstream
-// serves (4 slots of 10 ms). The attacker's keys share one newcomers'
-// flow, so the light tenants keep at least 90% of their demand while the
-// attack lasts (each attack key comes back only after 1.25 s, before the
-// 2 s of standing it would need).
+// serves (4 slots of 10 ms), from one client address, and again from 100
+// (behind a trusted proxy, the tenant keyed by key and address). The
+// attacker's keys share one newcomers' flow, so the light tenants keep at
+// least 90% of their demand while the attack lasts (each attack key comes
+// back only after 1.25 s, before the 2 s of standing it would need).
+// Without standing they kept 4%.
 func TestSybilKeysDoNotCrowdOutEstablishedTenants(t *testing.T) {
+	for _, c := range []struct {
+		name, identity string
+		addrs          int // the attacker's client addresses (0: the test's own)
+	}{
+		{"one address", "tenant: {header: X-Api-Key}", 0},
+		// keyed by key and address, the attack from 100 addresses behind a
+		// trusted proxy (X-Forwarded-For from loopback)
+		{"100 addresses", "tenant: {header: X-Api-Key, ip: true}\n  client_ip: {trusted_proxies: [127.0.0.1/32]}", 100},
+	} {
+		t.Run(c.name, func(t *testing.T) { sybil(t, c.identity, c.addrs) })
+	}
+}
+
+func sybil(t *testing.T, identity string, addrs int) {
 	_, base := serve(t, `version: 1
 identity:
-  tenant: {header: X-Api-Key}
+  `+identity+`
   deadline: {header: X-Request-Timeout, default: 2s}
 gates:
   - {name: pool, kind: concurrency, scope: service, limit: 4, queue: {max_wait: 300ms, fair: {standing: 2s}}}
@@ -31,10 +47,13 @@ gates:
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}, Timeout: 5 * time.Second}
 	defer hc.CloseIdleConnections()
 	var wg sync.WaitGroup
-	send := func(key string, ok, sent *atomic.Int64) {
+	send := func(key, from string, ok, sent *atomic.Int64) {
 		defer wg.Done()
 		req, _ := http.NewRequest("GET", base+"/x", nil)
 		req.Header.Set("X-Api-Key", key)
+		if from != "" {
+			req.Header.Set("X-Forwarded-For", from)
+		}
 		resp, err := hc.Do(req)
 		if sent != nil {
 			sent.Add(1)
@@ -54,7 +73,7 @@ gates:
 	var loops sync.WaitGroup
 	for i := 0; i < 9; i++ {
 		loops.Add(1)
-		go func(key string) {
+		go func(key, from string) {
 			defer loops.Done()
 			tick := time.NewTicker(50 * time.Millisecond)
 			defer tick.Stop()
@@ -65,13 +84,13 @@ gates:
 				case <-tick.C:
 					wg.Add(1)
 					if measuring.Load() {
-						go send(key, &lightOK, &lightSent)
+						go send(key, from, &lightOK, &lightSent)
 					} else {
-						go send(key, nil, nil)
+						go send(key, from, nil, nil)
 					}
 				}
 			}
-		}(fmt.Sprintf("light-%d", i))
+		}(fmt.Sprintf("light-%d", i), fmt.Sprintf("192.0.2.%d", i+1))
 	}
 	time.Sleep(2500 * time.Millisecond) // the light tenants earn their standing
 	loops.Add(1)
@@ -85,7 +104,11 @@ gates:
 				return
 			case <-tick.C:
 				wg.Add(1)
-				go send(fmt.Sprintf("sybil-%d", n%1000), nil, nil)
+				from := ""
+				if addrs > 0 {
+					from = fmt.Sprintf("198.51.100.%d", n%addrs)
+				}
+				go send(fmt.Sprintf("sybil-%d", n%1000), from, nil, nil)
 			}
 		}
 	}()
