@@ -71,9 +71,13 @@ const (
 	ScopeTenantOperation
 	// ScopeClass: one count per class.
 	ScopeClass
+	// ScopeClient: one count per client address (Request.Client), beside
+	// whatever key the tenant is: per-IP limits and per-key quotas in one
+	// chain.
+	ScopeClient
 )
 
-var scopeNames = [...]string{"service", "tenant", "operation", "tenant_operation", "class"}
+var scopeNames = [...]string{"service", "tenant", "operation", "tenant_operation", "class", "client"}
 
 // String returns the wire name, e.g. "tenant".
 func (s Scope) String() string {
@@ -86,7 +90,9 @@ func (s Scope) String() string {
 // PerCaller reports whether a limit counted over s belongs to each caller
 // (tenant, tenant_operation) rather than being shared by all callers: a
 // per-caller limit is an entitlement, a shared one protects capacity.
-func (s Scope) PerCaller() bool { return s == ScopeTenant || s == ScopeTenantOperation }
+func (s Scope) PerCaller() bool {
+	return s == ScopeTenant || s == ScopeTenantOperation || s == ScopeClient
+}
 
 // ParseScope returns the Scope named s: "service", "tenant", "operation",
 // "tenant_operation" or "class". The error lists the names.
@@ -111,6 +117,8 @@ func (s Scope) Key(r *Request) string {
 		return r.Tenant + "\x00" + r.Operation
 	case ScopeClass:
 		return r.Class
+	case ScopeClient:
+		return r.Client
 	}
 	return ""
 }

@@ -45,6 +45,10 @@ type Request struct {
 	// Deadline is the instant, on the Chain's clock, by which a response
 	// is still useful; 0 means no deadline.
 	Deadline clock.Instant
+	// Client is the caller's network address, grouped by prefix, as the
+	// identity rules found it, for gates counted per client (ScopeClient);
+	// empty when no gate counts by it. A state key: never logged.
+	Client string
 }
 
 // ErrInvalidRequest wraps every reason a Request is refused as malformed.
@@ -59,8 +63,8 @@ func (r *Request) Validate() error {
 	if r.Cost < 0 || r.Cost > MaxCost {
 		return fmt.Errorf("%w: cost %d outside [1, %d]", ErrInvalidRequest, r.Cost, int64(MaxCost))
 	}
-	if len(r.Tenant) > MaxKeyLen || len(r.Class) > MaxKeyLen || len(r.Operation) > MaxKeyLen {
-		return fmt.Errorf("%w: tenant, class or operation longer than %d bytes", ErrInvalidRequest, MaxKeyLen)
+	if len(r.Tenant) > MaxKeyLen || len(r.Class) > MaxKeyLen || len(r.Operation) > MaxKeyLen || len(r.Client) > MaxKeyLen {
+		return fmt.Errorf("%w: tenant, class, operation or client longer than %d bytes", ErrInvalidRequest, MaxKeyLen)
 	}
 	if r.Deadline < 0 {
 		return fmt.Errorf("%w: negative deadline", ErrInvalidRequest)

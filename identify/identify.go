@@ -98,6 +98,13 @@ type Rules struct {
 	// PathMatch is how request paths are compared with route paths.
 	// Default PathLenient.
 	PathMatch PathMatch
+	// ClientKey fills Request.Client with the client's address, found by
+	// Client and grouped by its prefixes, for gates counted per client
+	// (sluice.ScopeClient). A request whose address cannot be read gets
+	// the empty client.
+	ClientKey bool
+	// Client finds the client's address for ClientKey.
+	Client ClientIP
 }
 
 // PathMatch is a rule for comparing a request path with a route's path.
@@ -241,6 +248,11 @@ func New(r Rules) (*Identifier, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.ClientKey {
+		if err := r.Client.normalize(); err != nil {
+			return nil, fmt.Errorf("identify: client: %w", err)
+		}
+	}
 	id := &Identifier{
 		tenant:          tenant,
 		deadlineHeader:  http.CanonicalHeaderKey(r.DeadlineHeader),
@@ -330,6 +342,13 @@ func (id *Identifier) Headers() []string {
 	for _, h := range id.TenantHeaders() {
 		add(h)
 	}
+	if c := &id.rules.Client; id.rules.ClientKey && len(c.TrustedProxies) > 0 {
+		if c.Header == Forwarded {
+			add("Forwarded")
+		} else {
+			add("X-Forwarded-For")
+		}
+	}
 	add(id.deadlineHeader)
 	for i := range id.routes {
 		add(id.routes[i].cost.Header)
@@ -338,9 +357,13 @@ func (id *Identifier) Headers() []string {
 	return hs
 }
 
-// ReadsClientIP reports whether the tenant key reads the client's
-// address (Input.RemoteAddr): a server may leave it empty otherwise.
+// ReadsClientIP reports whether the tenant key or the client key reads the
+// client's address (Input.RemoteAddr): a server may leave it empty
+// otherwise.
 func (id *Identifier) ReadsClientIP() bool {
+	if id.rules.ClientKey {
+		return true
+	}
 	if id.tenant == nil {
 		return false
 	}
@@ -455,6 +478,12 @@ func (id *Identifier) IdentifyInput(in *Input, req *sluice.Request) (budget time
 	if id.tenant != nil {
 		if req.Tenant, detail = id.tenant.key(in, rt.op); detail != "" {
 			return 0, detail
+		}
+	}
+	if id.rules.ClientKey {
+		req.Client = ""
+		if a, err := id.rules.Client.client(in.RemoteAddr, in.Header); err == nil {
+			req.Client = id.rules.Client.key(a)
 		}
 	}
 	req.Class = rt.class

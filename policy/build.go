@@ -429,6 +429,9 @@ func (f *File) rules() identify.Rules {
 		RequestIDHeader: f.Identity.RequestIDHeader,
 		PathMatch:       f.Identity.PathMatch,
 	}
+	if f.countsPerClient() {
+		r.ClientKey, r.Client = true, f.Identity.ClientIP
+	}
 	// One header is the TenantHeader shorthand, which the gRPC
 	// interceptors and the simulator read.
 	if parts := f.Identity.TenantParts(); len(parts) == 1 && parts[0].Source == identify.SourceHeader {

@@ -140,8 +140,11 @@ type Identity struct {
 	TenantIP       bool
 	TenantRoute    bool
 	TenantRequired bool
-	// ClientIP says how the ip part finds the client's address.
+	// ClientIP says how the ip part, and gates of scope client, find the
+	// client's address.
 	ClientIP identify.ClientIP
+	// ClientIPLine is the line of client_ip (0: not written).
+	ClientIPLine int
 	// TokenHeader holds the bearer token of the claim part ("":
 	// identify.DefaultTokenHeader).
 	TokenHeader     string

@@ -311,9 +311,7 @@ func (p *parser) identity(n *yaml.Node) Identity {
 
 // identityUnused refuses the sections that no tenant part reads.
 func (p *parser) identityUnused(id *Identity, lines map[string]int) {
-	if l, ok := lines["client_ip"]; ok && !id.TenantIP {
-		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "identity.client_ip", Msg: "applies only to a tenant keyed by ip (identity.tenant.ip: true)"})
-	}
+	id.ClientIPLine = lines["client_ip"] // checked with the gates: scope client reads it too
 	if l, ok := lines["token"]; ok && id.TenantClaim == "" {
 		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "identity.token", Msg: "applies only to a tenant keyed by a claim (identity.tenant.claim)"})
 	}

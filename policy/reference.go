@@ -12,7 +12,7 @@ import (
 var commonDocs = []struct{ key, typ, def, doc string }{
 	{"name", "string", "required", "the gate's name in metrics, headers and the admin API: a-z, 0-9, '_', '.' and '-', at most 64"},
 	{"kind", "string", "required", "one of the kinds below"},
-	{"scope", spellings[sluice.Scope](), "the kind's", "what the limit is counted over; kinds that protect the whole service take none; tenant and tenant_operation need identity.tenant"},
+	{"scope", spellings[sluice.Scope](), "the kind's", "what the limit is counted over; kinds that protect the whole service take none; tenant and tenant_operation need identity.tenant; client counts per client address (identity.client_ip finds it), beside the tenant's own limits"},
 	{"mode", spellings[sluice.Mode](), sluice.ModeEnforce.String(), "shadow decides and records but never rejects; switchable at run time"},
 	{"on_failure", spellings[gate.FailurePolicy](), "the store's", "what a gate with state in the store decides while the store fails"},
 	{"retry_hint", "duration ≥ 1ms", gate.DefaultRetryHint.String(), "Retry-After of rejections without an exact wait (concurrency, shedding)"},

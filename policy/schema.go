@@ -65,7 +65,7 @@ var schema = []key{
 			{key: "route", typ: "boolean", def: "false", doc: "the matched route's operation (\"POST /v1/routes\", or \"other\"), e.g. with ip: a limit per client and route", example: "true"},
 			{key: "required", typ: "boolean", def: "false", doc: "a request lacking a part (no header, parameter, token, claim or IP address) is a 400; otherwise a missing part is the empty value", example: "true"},
 		}},
-		{key: "client_ip", typ: "mapping", def: "the peer's address", doc: "how the ip part finds the client: only with tenant.ip", sub: []key{
+		{key: "client_ip", typ: "mapping", def: "the peer's address", doc: "how the ip part, and gates of scope client, find the client: only with tenant.ip or a gate of scope client", sub: []key{
 			{key: "trusted_proxies", typ: "list of CIDRs or addresses", def: "none: forwarding headers are never read", doc: "peers whose forwarding header is believed. From one, the client is the right-most address of the header that is not itself trusted; from any other peer, the peer itself, whatever it sends. A CIDR with host bits set is refused; IPv4-mapped IPv6 counts as IPv4", example: `[10.0.0.0/8, "2001:db8::/32"]`},
 			{key: "header", typ: "x-forwarded-for or forwarded", def: identify.XForwardedFor.String(), doc: "the header the trusted proxies append to: X-Forwarded-For, or RFC 7239 Forwarded (for= nodes). Only this one is read", example: "x-forwarded-for"},
 			{key: "ipv4_prefix", typ: "integer in [1, 32]", def: "32", doc: "IPv4 clients in one /prefix share a key", example: "32"},

@@ -20,6 +20,10 @@ import (
 // wrapping the cause when another package found it.
 func Validate(f *File) error {
 	errs := checkClassOrder(f)
+	if f.Identity.ClientIPLine > 0 && !f.Identity.TenantIP && !f.countsPerClient() {
+		errs = append(errs, &Error{File: f.Path, Line: f.Identity.ClientIPLine, Field: "identity.client_ip",
+			Msg: "applies only to a tenant keyed by ip (identity.tenant.ip: true) or to gates of scope client"})
+	}
 	classes := f.Classes()
 	for i := range f.Gates {
 		g := &f.Gates[i]
@@ -39,6 +43,16 @@ func Validate(f *File) error {
 	}
 	slices.SortStableFunc(errs, func(a, b *Error) int { return a.Line - b.Line })
 	return errs
+}
+
+// countsPerClient reports whether a gate counts per client address.
+func (f *File) countsPerClient() bool {
+	for i := range f.Gates {
+		if f.Gates[i].Scope == sluice.ScopeClient {
+			return true
+		}
+	}
+	return false
 }
 
 // checker collects the errors of one gate's settings.

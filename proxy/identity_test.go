@@ -6,7 +6,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+
+	"github.com/sluice-go/sluice/policy"
 )
 
 // perIP is a policy whose one gate admits 2 requests per tenant (1/h
@@ -132,4 +135,35 @@ func TestPerClaimLimit(t *testing.T) {
 	_, base = serve(t, perTenant("  tenant: {claim: org, ip: true, required: true}"), nil)
 	wantCodes(t, "org + ip", codes(t, base, bearer(a), bearer(b), bearer(a), bearer(a)), 200, 200, 200, 429)
 	wantCodes(t, "required", codes(t, base, nil, bearer(jwt(map[string]any{"sub": "x"}))), 400, 400)
+}
+
+// Per-key quotas and a per-address limit in one chain: the tenant is the
+// API key, and a gate of scope client counts per client address (behind
+// the trusted loopback proxy). Key a's quota is its own whatever the
+// address; the address 198.51.100.1 is limited whatever the key, so
+// minting keys from one address gains nothing; another address is not.
+func TestPerKeyAndPerAddressLimitsInOneChain(t *testing.T) {
+	_, base := serve(t, `version: 1
+identity:
+  tenant: {header: X-Api-Key}
+  client_ip: {trusted_proxies: [127.0.0.0/8, "::1"]}
+gates:
+  - {name: per-address, kind: token_bucket, scope: client, rate: 1/h, burst: 3}
+  - {name: per-key, kind: token_bucket, scope: tenant, rate: 1/h, burst: 2}
+`, nil)
+	from := func(key, addr string) map[string]string {
+		return map[string]string{"X-Api-Key": key, "X-Forwarded-For": addr}
+	}
+	wantCodes(t, "key a from one address", codes(t, base, from("a", "198.51.100.1"), from("a", "198.51.100.1"), from("a", "198.51.100.2")), 200, 200, 429)
+	wantCodes(t, "new keys from that address", codes(t, base, from("b", "198.51.100.1"), from("c", "198.51.100.1")), 200, 429)
+	wantCodes(t, "a new key elsewhere", codes(t, base, from("d", "198.51.100.9")), 200)
+}
+
+// A per-address gate needs no ip part in the tenant key, and the client
+// address settings are refused where nothing reads them.
+func TestClientScopeChecks(t *testing.T) {
+	_, err := policy.Parse("p.yaml", []byte("version: 1\nidentity:\n  tenant: {header: X-Api-Key}\n  client_ip: {trusted_proxies: [10.0.0.0/8]}\ngates:\n  - {name: r, kind: token_bucket, scope: tenant, rate: 1/s, burst: 1}\n"))
+	if err == nil || !strings.Contains(err.Error(), "p.yaml:4: identity.client_ip: applies only to a tenant keyed by ip (identity.tenant.ip: true) or to gates of scope client") {
+		t.Fatalf("client_ip that nothing reads: %v", err)
+	}
 }
