@@ -2,6 +2,7 @@ package fair
 
 import (
 	"context"
+	"math"
 	"errors"
 	"fmt"
 	"sync"
@@ -69,7 +70,8 @@ type ReservationOptions struct {
 // classes (the class reservations of a hierarchical budget). Each class
 // with a reserve has a token bucket filled at its reserve; a full bucket's
 // overflow, and the rate no class reserves, fill a shared pool that any
-// class that may borrow spends once its own bucket is short. An idle
+// class that may borrow spends once its own bucket is short, in max-min
+// fair shares between the classes borrowing (poolTurnLocked). An idle
 // reservation is so lent at once, and reclaimed at once: the owner's
 // bucket is full when it comes back, new borrowing stops as its overflow
 // stops, and the pool drains; admitted work is never cancelled. A class
@@ -129,6 +131,11 @@ type classState struct {
 	// and what overflows its bucket is not lent.
 	wanted  clock.Instant
 	wanting bool
+	// The class's turn at the pool: the units it drew from it (its tag),
+	// when it last asked the pool, and when the pool last refused it.
+	poolTag            float64
+	poolAsked, refused clock.Instant
+	poolNeed           int64 // nano-units its last ask needed from the pool
 	// counters, in units
 	admitted, borrowed, rejected int64
 }
@@ -340,7 +347,7 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	}
 	cost := units * nano
 	fromPool := max(cost-c.own.n, 0)
-	ok := fromPool == 0 || (!c.share.NoBorrow && g.pool.n >= fromPool)
+	ok := fromPool == 0 || (!c.share.NoBorrow && g.poolTurnLocked(c, fromPool, now))
 	if ok && c.share.Max > 0 && c.cap.n < cost {
 		// The class has spent what its maximum allows while the capacity
 		// had room for it: its own entitlement, 429 at scope class.
@@ -369,6 +376,60 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 	c.admitted += units
 	c.borrowed += fromPool / nano
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name}, sluice.Permit(fromPool / nano)
+}
+
+// poolTurnLocked reports whether class c may draw x nano-units from the
+// pool now: the pool holds them, and c has drawn no more than a class the
+// pool refused within max(Burst, Revocation). Each class's tag counts the units it drew (a class coming back
+// starts at the least tag of the classes then asking, banking nothing), so
+// two classes that want more than half of what the pool gets split it
+// evenly, and one that wants less gets what it wants, the other the rest
+// (max-min; start-time fair queueing on the pool's draws, Goyal, Vin and
+// Cheng, SIGCOMM 1996). First come, first served gave the class asking
+// more often nearly all of it. REQUIRES: g.mu held.
+func (g *Reservation) poolTurnLocked(c *classState, x int64, now clock.Instant) bool {
+	window := max(g.opts.Burst, g.opts.Revocation) // how long a class counts as asking, or refused
+	asking := func(d *classState) bool { return d.poolAsked != 0 && now.Sub(d.poolAsked) < window }
+	least, leastRefused := math.Inf(1), math.Inf(1)
+	for _, d := range g.allClasses() {
+		if d != c && asking(d) {
+			least = min(least, d.poolTag)
+		}
+	}
+	if !asking(c) && !math.IsInf(least, 1) {
+		c.poolTag = max(c.poolTag, least) // back from idle: no credit banked
+	}
+	// What the classes behind c that asked lately need for their next
+	// request stays in the pool for them, and a class behind c that the
+	// pool refused stops c altogether until it has caught up.
+	keep := int64(0)
+	for _, d := range g.allClasses() {
+		if d == c || !asking(d) || d.poolTag >= c.poolTag {
+			continue
+		}
+		keep += d.poolNeed
+		if d.refused != 0 && now.Sub(d.refused) < window {
+			leastRefused = min(leastRefused, d.poolTag)
+		}
+	}
+	c.poolAsked, c.poolNeed = max(now, 1), x
+	units := float64(x) / float64(nano)
+	if g.pool.n < x+keep || c.poolTag > leastRefused {
+		c.refused = max(now, 1)
+		return false
+	}
+	c.poolTag += units
+	return true
+}
+
+// allClasses returns the listed classes and the unlisted ones' state.
+// REQUIRES: g.mu held.
+func (g *Reservation) allClasses() []*classState {
+	out := make([]*classState, 0, len(g.classes)+1)
+	for i := range g.classes {
+		out = append(out, &g.classes[i])
+	}
+	return append(out, g.other)
 }
 
 // mostLocked is the largest cost class c can ever be admitted with, in

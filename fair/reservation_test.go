@@ -228,3 +228,26 @@ func TestReservationTenantLevel(t *testing.T) {
 		t.Errorf("a cost above the tenant bucket: %+v, want a final rejection", d)
 	}
 }
+
+// The units no class reserves are shared fairly between the classes that
+// borrow them: two classes that each want more than half of the 50 units/s
+// left unreserved get 25 each (first come, first served gave one 41 and
+// the other 9); a class that wants only 9 gets its 9 and the other the
+// rest (max-min).
+func TestReservationPoolSharedFairly(t *testing.T) {
+	for _, c := range []struct {
+		rateB      float64
+		wantA, wnB int64 // units/s
+	}{{300, 25, 25}, {9, 41, 9}} {
+		g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1050,
+			Classes: []fair.ClassShare{{Class: "reserved", Reserve: 1000, NoBorrow: true}, {Class: "a"}, {Class: "b"}}})
+		a := &stream{class: "a", cost: 1, rate: 900}
+		b := &stream{class: "b", cost: 1, rate: c.rateB}
+		busy := &stream{class: "reserved", cost: 1, rate: 2000} // its reserve all used: nothing of it lent
+		start := clock.Instant(time.Second)
+		run(t, g, start, 2*time.Second, a, b, busy)
+		got := run(t, g, start.Add(2*time.Second), 20*time.Second, a, b, busy)
+		within(t, fmt.Sprintf("a beside b at %v/s", c.rateB), got["a"], c.wantA*20, 0.05)
+		within(t, fmt.Sprintf("b at %v/s", c.rateB), got["b"], c.wnB*20, 0.05)
+	}
+}
