@@ -2,9 +2,9 @@ package fair
 
 import (
 	"context"
-	"math"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
