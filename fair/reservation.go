@@ -391,8 +391,8 @@ func (g *Reservation) poolTurnLocked(c *classState, x int64, now clock.Instant) 
 	window := max(g.opts.Burst, g.opts.Revocation) // how long a class counts as asking, or refused
 	asking := func(d *classState) bool { return d.poolAsked != 0 && now.Sub(d.poolAsked) < window }
 	least, leastRefused := math.Inf(1), math.Inf(1)
-	for _, d := range g.allClasses() {
-		if d != c && asking(d) {
+	for i := -1; i < len(g.classes); i++ {
+		if d := g.classAt(i); d != c && asking(d) {
 			least = min(least, d.poolTag)
 		}
 	}
@@ -403,7 +403,8 @@ func (g *Reservation) poolTurnLocked(c *classState, x int64, now clock.Instant) 
 	// request stays in the pool for them, and a class behind c that the
 	// pool refused stops c altogether until it has caught up.
 	keep := int64(0)
-	for _, d := range g.allClasses() {
+	for i := -1; i < len(g.classes); i++ {
+		d := g.classAt(i)
 		if d == c || !asking(d) || d.poolTag >= c.poolTag {
 			continue
 		}
@@ -422,14 +423,12 @@ func (g *Reservation) poolTurnLocked(c *classState, x int64, now clock.Instant) 
 	return true
 }
 
-// allClasses returns the listed classes and the unlisted ones' state.
-// REQUIRES: g.mu held.
-func (g *Reservation) allClasses() []*classState {
-	out := make([]*classState, 0, len(g.classes)+1)
-	for i := range g.classes {
-		out = append(out, &g.classes[i])
+// classAt is listed class i, or for -1 the unlisted classes' state.
+func (g *Reservation) classAt(i int) *classState {
+	if i < 0 {
+		return g.other
 	}
-	return append(out, g.other)
+	return &g.classes[i]
 }
 
 // mostLocked is the largest cost class c can ever be admitted with, in

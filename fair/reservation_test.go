@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"pgregory.net/rapid"
+
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/fair"
@@ -250,4 +252,29 @@ func TestReservationPoolSharedFairly(t *testing.T) {
 		within(t, fmt.Sprintf("a beside b at %v/s", c.rateB), got["a"], c.wantA*20, 0.05)
 		within(t, fmt.Sprintf("b at %v/s", c.rateB), got["b"], c.wnB*20, 0.05)
 	}
+}
+
+// However the classes come and go, what the pool hands out never passes
+// what fills it: the work admitted in any run of T is at most
+// (Capacity − Recovery)·T plus the buckets' depth, with the fair turn at
+// the pool among three borrowing classes of random rates.
+func TestReservationFairPoolKeepsTheBound(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1000, Recovery: 50,
+			Classes: []fair.ClassShare{{Class: "r", Reserve: 500}, {Class: "a"}, {Class: "b"}}})
+		var streams []*stream
+		for _, class := range []string{"r", "a", "b", "c"} {
+			streams = append(streams, &stream{class: class, cost: rapid.Int64Range(1, 5).Draw(rt, "cost"+class),
+				rate: float64(rapid.IntRange(0, 2000).Draw(rt, "rate"+class))})
+		}
+		d := time.Duration(rapid.Int64Range(1, 5).Draw(rt, "seconds")) * time.Second
+		got := run(t, g, clock.Instant(time.Second), d, streams...)
+		total := int64(0)
+		for _, c := range []string{"r", "a", "b", "c"} {
+			total += got[c]
+		}
+		if bound := 950*int64(d/time.Second) + g.Depth(); total > bound {
+			rt.Fatalf("%d units admitted in %v, above the bound %d", total, d, bound)
+		}
+	})
 }
