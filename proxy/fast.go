@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"net/netip"
 	"net/url"
 	"runtime"
@@ -417,6 +418,17 @@ func answer(ctx *fasthttp.RequestCtx, rj httpgate.Rejection) {
 // ErrorHandler) in the envelope, as the Handler answers them: 400, 413 for
 // a body beyond MaxBodyBytes, 431 for a head beyond the read buffer.
 func (f *fastServer) malformed(ctx *fasthttp.RequestCtx, err error) {
+	var ne net.Error
+	if (errors.As(err, &ne) && ne.Timeout()) || errors.Is(err, os.ErrDeadlineExceeded) {
+		// The connection sent no whole request head within ReadTimeout
+		// (an idle keep-alive or a slow client): 408 and close, as
+		// net/http and fasthttp's own handler do; the client did nothing
+		// malformed, so it is not counted as an invalid request.
+		ctx.Response.Reset()
+		ctx.SetStatusCode(http.StatusRequestTimeout)
+		ctx.SetConnectionClose()
+		return
+	}
 	detail, status := "malformed request: "+err.Error(), http.StatusBadRequest
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):

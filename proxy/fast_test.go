@@ -745,3 +745,29 @@ func TestHTTP10UpstreamAnsweredAsHTTP11(t *testing.T) {
 		}
 	}
 }
+
+// A connection that sends no whole request head within ReadTimeout (idle,
+// or a head that stalls) is answered 408 and closed, as net/http answers
+// it, and is not counted as an invalid request: it used to get an
+// unsolicited 400 "malformed request" in the envelope.
+func TestIdleConnectionGets408(t *testing.T) {
+	if netHTTPFront() {
+		t.Skip("the fast front's")
+	}
+	s, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 4}\n", nil,
+		func(o *Options) { o.ReadTimeout = 300 * time.Millisecond })
+	for _, sent := range []string{"", "GET /x HT"} {
+		c := dial(t, base)
+		io.WriteString(c, sent)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, _ := io.ReadAll(c)
+		if !strings.HasPrefix(string(b), "HTTP/1.1 408") {
+			t.Errorf("after %q: %q, want a 408", sent, b)
+		}
+	}
+	rec := httptest.NewRecorder()
+	s.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if strings.Contains(rec.Body.String(), `reason="invalid"`) {
+		t.Errorf("an idle connection counted as invalid:\n%s", grepLines(rec.Body.String(), "invalid"))
+	}
+}
