@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -173,5 +175,53 @@ func TestHangupDuringStartIsIgnored(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatalf("did not stop:\n%s", c.logText())
+	}
+}
+
+// A log pipe whose reader goes away (the log shipper restarted, `| head`
+// done) does not kill the process: sluice ignores SIGPIPE, so its log
+// writes fail and it serves on (it died of SIGPIPE at its next log line,
+// and left its admin token file behind).
+func TestClosedLogPipeDoesNotKill(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer up.Close()
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "p.yaml")
+	os.WriteFile(pol, []byte("version: 1\ngates:\n  - {name: r, kind: token_bucket, scope: service, rate: 100/s, burst: 100}\n"), 0o644)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "proxy", "--config", pol, "--upstream", up.URL, "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "SLUICE_TEST_RUN_MAIN=1")
+	cmd.Stderr = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() && !strings.Contains(sc.Text(), "sluice proxy serving") {
+	}
+	r.Close() // the reader goes away
+	for range 3 {
+		cmd.Process.Signal(syscall.SIGHUP) // each reload logs a line
+		time.Sleep(200 * time.Millisecond)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("sluice proxy exited (%v) after its log pipe closed", err)
+	default:
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("did not stop")
 	}
 }

@@ -32,6 +32,10 @@ import (
 )
 
 func main() {
+	// A write to a closed pipe fails with EPIPE instead of ending the
+	// process: a log shipper that restarts, or `| head`, must not take the
+	// proxy down (nor leave its admin token file behind).
+	signal.Ignore(syscall.SIGPIPE)
 	if err := root().Execute(); err != nil {
 		os.Exit(1)
 	}
