@@ -442,6 +442,62 @@ func (f *fastServer) malformed(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetConnectionClose()
 }
 
+// wellFormed answers, and closes the connection of, a request net/http's
+// server would refuse before its handler and fasthttp's takes: a version
+// other than HTTP/1.x (505), a field name that is not a token (400, RFC
+// 9110 section 5.1). Neither is forwarded: an upstream reading the request
+// another way than the proxy did is how requests are smuggled.
+func (f *fastServer) wellFormed(ctx *fasthttp.RequestCtx) bool {
+	h := &ctx.Request.Header
+	if p := b2s(h.Protocol()); p != "HTTP/1.1" && p != "HTTP/1.0" {
+		ctx.Response.Reset()
+		ctx.SetStatusCode(http.StatusHTTPVersionNotSupported)
+		ctx.SetBodyString("sluice proxy: HTTP/1.0 and HTTP/1.1 only\n")
+		ctx.SetConnectionClose()
+		return false
+	}
+	bad := ""
+	for k := range h.All() {
+		if bad == "" && !validFieldName(k) {
+			bad = string(k)
+		}
+	}
+	if bad != "" {
+		in := identify.Input{Method: b2s(ctx.Method()), Path: b2s(ctx.Path()), Header: http.Header{}}
+		answer(ctx, f.s.mw.RenderInvalid(context.Background(), (*respFields)(&ctx.Response.Header), &in, "malformed header field name "+strconv.Quote(bad)))
+		ctx.SetConnectionClose()
+		return false
+	}
+	return true
+}
+
+// validFieldName reports whether b is a token (RFC 9110 section 5.6.2).
+func validFieldName(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c >= 0x80 || !tokenChar[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenChar marks the bytes of a token: tchar (RFC 9110 section 5.6.2).
+var tokenChar = func() (t [128]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
 // hop-by-hop fields (RFC 9110 section 7.6.1), which a proxy must not
 // forward in either direction.
 var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
@@ -456,6 +512,9 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		// not a resource: answered here, as net/http's server answers it,
 		// and never forwarded (it would be a request for "/*").
 		ctx.Response.Header.SetContentLength(0)
+		return
+	}
+	if !f.wellFormed(ctx) {
 		return
 	}
 	mw := s.mw

@@ -771,3 +771,39 @@ func TestIdleConnectionGets408(t *testing.T) {
 		t.Errorf("an idle connection counted as invalid:\n%s", grepLines(rec.Body.String(), "invalid"))
 	}
 }
+
+// The fast front is as strict about the request line and header names as
+// net/http's server: a version other than HTTP/1.x is answered 505, a
+// header name with a space or another byte outside a token 400, and
+// neither is forwarded.
+func TestStrictRequestLineAndHeaderNames(t *testing.T) {
+	forwarded := make(chan string, 10)
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 4}\n",
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { forwarded <- r.URL.Path }))
+	for _, c := range []struct{ req, want string }{
+		{"GET /a HTTP/2.0\r\nHost: x\r\n\r\n", "HTTP/1.1 505"},
+		{"GET /b HTTP/3.1\r\nHost: x\r\n\r\n", "HTTP/1.1 505"},
+		{"GET /c HTTP/1.1\r\nHost: x\r\nFoo Bar: 1\r\n\r\n", "HTTP/1.1 400"},
+		{"GET /d HTTP/1.1\r\nHost: x\r\nFoo\x01: 1\r\n\r\n", "HTTP/1.1 400"},
+		{"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "HTTP/1.1 200"},
+	} {
+		conn := dial(t, base)
+		io.WriteString(conn, c.req)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, _ := io.ReadAll(conn)
+		if !strings.HasPrefix(string(b), c.want) {
+			t.Errorf("%q: %q, want %s", c.req, b, c.want)
+		}
+		if c.want != "HTTP/1.1 200" && (!strings.Contains(string(b), "Connection: close") || !(strings.Contains(string(b), `"reason":"invalid"`) || strings.Contains(string(b), "sluice proxy:"))) {
+			t.Errorf("%q: %q, want the proxy's own answer, the connection closed (the upstream's answer: forwarded)", c.req, b)
+		}
+	}
+	close(forwarded)
+	var got []string
+	for p := range forwarded {
+		got = append(got, p)
+	}
+	if len(got) != 1 || got[0] != "/ok" {
+		t.Errorf("forwarded %v, want only /ok", got)
+	}
+}
