@@ -121,7 +121,9 @@ const (
 	// segments ignoring ASCII case (not Unicode case: "K", the Kelvin
 	// sign, is not "k"). Percent-encoding is decoded once, as
 	// net/http does for URL.Path (so "/v1/%61nalytics" is
-	// "/v1/analytics").
+	// "/v1/analytics"). A segment's ;parameters (RFC 3986 section 3.3,
+	// which Tomcat, Jetty and Spring drop before routing) are ignored:
+	// "/v1/analytics;jsessionid=1/daily" is "/v1/analytics/daily".
 	PathLenient PathMatch = iota
 	// PathExact compares the decoded path segment by segment as written.
 	PathExact
@@ -430,13 +432,17 @@ func equalFold(a, b string) bool {
 
 // matchPath matches path against pattern segment by segment: "*" matches
 // one non-empty segment, and a final "*" matches one or more; with fold,
-// segments compare ignoring ASCII case. It does not allocate.
+// segments compare ignoring ASCII case and their ;parameters. It does not
+// allocate.
 func matchPath(pattern, path string, fold bool) bool {
 	pattern = strings.TrimPrefix(pattern, "/")
 	path = strings.TrimPrefix(path, "/")
 	for {
 		pseg, prest, pmore := strings.Cut(pattern, "/")
 		seg, rest, more := strings.Cut(path, "/")
+		if fold {
+			seg, _, _ = strings.Cut(seg, ";") // a segment's ;parameters
+		}
 		switch {
 		case pseg == "*" && !pmore:
 			return seg != ""

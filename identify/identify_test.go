@@ -30,6 +30,11 @@ func TestLenientPathsMatchTheirRoute(t *testing.T) {
 		{"POST", "/v1/routes/..", sluice.ClassDefault}, // that is /v1
 		{"GET", "/v1/analytics", sluice.ClassDefault},  // the route needs a segment after it
 		{"GET", "/", sluice.ClassDefault},
+		// ;parameters, which servlet containers drop before routing
+		{"GET", "/v1/analytics;jsessionid=1/x", sluice.ClassSheddable},
+		{"GET", "/v1;a=b/analytics/x;y", sluice.ClassSheddable},
+		{"POST", "/v1/routes;v=2", sluice.ClassCritical},
+		{"GET", "/v1/analytics/;x", sluice.ClassDefault}, // an empty segment is no segment
 	} {
 		var req sluice.Request
 		if _, detail := id.Identify(c.method, c.path, nil, &req); detail != "" || req.Class != c.class {
