@@ -11,6 +11,7 @@
 package stall
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,23 @@ func (m *Meter) MaxIn(w time.Duration) time.Duration {
 		best = max(best, sum)
 	}
 	return max(best, m.Max())
+}
+
+// Quantile returns the q-quantile (in [0, 1]) of the delays recorded
+// since the last Reset (the last few seconds of them): how late this
+// process usually got to run, where Max is its worst moment.
+func (m *Meter) Quantile(q float64) time.Duration {
+	m.mu.Lock()
+	ds := make([]time.Duration, len(m.recent))
+	for i, s := range m.recent {
+		ds[i] = s.late
+	}
+	m.mu.Unlock()
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(int(q*float64(len(ds))), len(ds)-1)]
 }
 
 // Reset starts a new measurement.
