@@ -250,7 +250,7 @@ func TestFairQueueClosedLoopTenant(t *testing.T) {
 		slots int
 		want  float64 // the closed-loop tenant's share of the work
 	}{{1, 1.0 / 2}, {2, 1.0 / 3}, {4, 1.0 / 5}, {8, 1.0 / 9}} {
-		res := runFair(t, &queue.Fairness{}, c.slots, time.Millisecond, time.Second, 2*time.Second, 12*time.Second,
+		res := runFair(t, &queue.Fairness{}, c.slots, time.Millisecond, time.Second, time.Second, 5*time.Second,
 			[]tenantLoad{{name: "bulk", rate: 3000 * float64(c.slots), cost: 1}, {name: "loop", cost: 1, closed: true}})
 		total := float64(res.served["bulk"] + res.served["loop"])
 		got := float64(res.served["loop"]) / total
@@ -263,23 +263,24 @@ func TestFairQueueClosedLoopTenant(t *testing.T) {
 
 // Sybil keys: one tenant spreads 2,000 units/s over 1,000 fresh keys
 // beside nine established light tenants of 80 units/s on a capacity of
-// 1,000. With Standing, the 1,000 keys share one newcomers' flow and the
+// 1,000, measured before any of its keys is Standing (8 s) old. With
+// Standing, the 1,000 keys share one newcomers' flow and the
 // light tenants keep their whole demand; without it, every fresh key is a
 // flow of its own and the light tenants are crowded out. The attacker
 // gains a share per key only by using each key for Standing first.
 func TestFairQueueSybilKeysShareOneFlow(t *testing.T) {
-	loads := []tenantLoad{{name: "sybil", rate: 2000, cost: 1, keys: 1000, from: 31 * time.Second}}
+	loads := []tenantLoad{{name: "sybil", rate: 2000, cost: 1, keys: 1000, from: 8500 * time.Millisecond}}
 	for i := 0; i < 9; i++ {
 		loads = append(loads, tenantLoad{name: fmt.Sprintf("light-%d", i), rate: 80, cost: 1})
 	}
 	for _, c := range []struct {
 		standing time.Duration
 		min, max float64 // a light tenant's share of its demand
-	}{{30 * time.Second, 0.95, 1.01}, {0, 0, 0.5}} {
-		res := runFair(t, &queue.Fairness{Standing: c.standing}, 1, time.Millisecond, time.Second, 33*time.Second, 45*time.Second, loads)
+	}{{8 * time.Second, 0.95, 1.01}, {0, 0, 0.5}} {
+		res := runFair(t, &queue.Fairness{Standing: c.standing}, 1, time.Millisecond, time.Second, 9*time.Second, 16*time.Second, loads)
 		var sum, sq float64
 		for _, l := range loads[1:] {
-			got := float64(res.served[l.name]) / 12 / l.rate
+			got := float64(res.served[l.name]) / 7 / l.rate
 			sum, sq = sum+got, sq+got*got
 			if got < c.min || got > c.max {
 				t.Errorf("standing %v: %s got %.0f%% of its demand, want %.0f%% to %.0f%%", c.standing, l.name, 100*got, 100*c.min, 100*c.max)
@@ -289,6 +290,6 @@ func TestFairQueueSybilKeysShareOneFlow(t *testing.T) {
 		if jain := sum * sum / (9 * sq); c.standing > 0 && jain < 0.95 {
 			t.Errorf("standing %v: Jain's index %.3f over the light tenants, want ≥ 0.95", c.standing, jain)
 		}
-		t.Logf("standing %v: light-0 %.0f%% of its demand, the sybil %.0f units/s", c.standing, 100*float64(res.served["light-0"])/12/80, float64(res.served["sybil"])/12)
+		t.Logf("standing %v: light-0 %.0f%% of its demand, the sybil %.0f units/s", c.standing, 100*float64(res.served["light-0"])/7/80, float64(res.served["sybil"])/7)
 	}
 }
