@@ -39,6 +39,11 @@ type Options struct {
 	Multipliers []float64
 	// Step is the attack duration of each load level. Default 5 s.
 	Step time.Duration
+	// Warmup is the load offered before each step's measured Step, on
+	// the step's fresh processes, so that the adaptive limit (which starts
+	// from one request in flight) has found the upstream. Default 2 s;
+	// negative: none.
+	Warmup time.Duration
 	// Deadline is the client's deadline (sent as X-Request-Timeout, and the
 	// client gives up then). Default 500 ms.
 	Deadline time.Duration
@@ -73,6 +78,7 @@ type Report struct {
 	Workers        int         `json:"workers"`
 	DeadlineMs     float64     `json:"deadline_ms"`
 	StepSeconds    float64     `json:"step_seconds"`
+	WarmupSeconds  float64     `json:"warmup_seconds"` // offered before each step's measured seconds
 	Runs           []RunResult `json:"runs"`
 	ElapsedSeconds float64     `json:"elapsed_seconds"`
 	MeanServiceMs  float64     `json:"mean_service_ms"`
@@ -88,6 +94,10 @@ func (o *Options) defaults() {
 	if len(o.Multipliers) == 0 {
 		o.Multipliers = []float64{0.5, 1, 2, 5, 10}
 	}
+	if o.Warmup == 0 {
+		o.Warmup = 2 * time.Second
+	}
+	o.Warmup = max(o.Warmup, 0)
 	if o.Step == 0 {
 		o.Step = 5 * time.Second
 	}
@@ -130,6 +140,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		Workers:       opts.Workers,
 		DeadlineMs:    float64(opts.Deadline) / 1e6,
 		StepSeconds:   opts.Step.Seconds(),
+		WarmupSeconds: opts.Warmup.Seconds(),
 		MeanServiceMs: float64(MeanServiceTime()) / 1e6,
 		ModeledRPS:    float64(opts.Workers) / MeanServiceTime().Seconds(),
 		OpenLoopNote:  "open-loop load (tsenart/vegeta): arrivals do not slow down when the service does",
@@ -249,7 +260,7 @@ func step(ctx context.Context, opts Options, admission bool, rps float64) (Step,
 		defer p.stop()
 		target = p.url
 	}
-	return attack(ctx, target, rps, opts.Step, opts.Deadline, opts.Tenants), nil
+	return attack(ctx, target, rps, opts.Warmup, opts.Step, opts.Deadline, opts.Tenants), nil
 }
 
 // stepApart is step with the upstream and the proxy in processes of their
@@ -269,7 +280,7 @@ func stepApart(ctx context.Context, opts Options, admission bool, rps float64) (
 		return Step{}, err
 	}
 	defer st.stop()
-	return attack(ctx, st.target, rps, opts.Step, opts.Deadline, opts.Tenants), nil
+	return attack(ctx, st.target, rps, opts.Warmup, opts.Step, opts.Deadline, opts.Tenants), nil
 }
 
 // WriteJSON writes the report as JSON to path.
@@ -287,8 +298,8 @@ func (r *Report) WriteTable(w io.Writer) {
 	if r.Apart {
 		apart = "; upstream and proxy in processes of their own"
 	}
-	fmt.Fprintf(w, "upstream: %d workers, mean service %.1f ms, measured capacity %.0f req/s (modeled %.0f); client deadline %.0f ms; %.0f s per step, open-loop load%s\n",
-		r.Workers, r.MeanServiceMs, r.CapacityRPS, r.ModeledRPS, r.DeadlineMs, r.StepSeconds, apart)
+	fmt.Fprintf(w, "upstream: %d workers, mean service %.1f ms, measured capacity %.0f req/s (modeled %.0f); client deadline %.0f ms; %.0f s per step measured after %.0f s of warm-up, open-loop load%s\n",
+		r.Workers, r.MeanServiceMs, r.CapacityRPS, r.ModeledRPS, r.DeadlineMs, r.StepSeconds, r.WarmupSeconds, apart)
 	behind := 0
 	for _, run := range r.Runs {
 		fmt.Fprintf(w, "\n%s\n", run.Name)

@@ -72,8 +72,8 @@ type Step struct {
 // deadline, and classifies every response: useful (200 within the deadline:
 // goodput), late (no useful answer by the deadline), rejected by reason
 // (429/503/400, read from the envelope), errored (anything else).
-func attack(ctx context.Context, base string, rps float64, d, deadline time.Duration, tenants int) Step {
-	st := attackAt(ctx, base, rps, d, deadline, tenants)
+func attack(ctx context.Context, base string, rps float64, warm, d, deadline time.Duration, tenants int) Step {
+	st := attackAt(ctx, base, rps, warm, d, deadline, tenants)
 	st.TargetRPS = rps
 	return st
 }
@@ -83,7 +83,11 @@ func attack(ctx context.Context, base string, rps float64, d, deadline time.Dura
 // then understate the load.
 func (s *Step) Behind() bool { return s.TargetRPS > 0 && s.OfferedRPS < 0.95*s.TargetRPS }
 
-func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Duration, tenants int) Step {
+// attackAt offers rps for warm + d and measures the requests sent in the
+// last d: the first warm lets a fresh proxy's adaptive limit find the
+// upstream (it starts from one request in flight), as a proxy that has
+// been running would have.
+func attackAt(ctx context.Context, base string, rps float64, warm, d, deadline time.Duration, tenants int) Step {
 	atk := vegeta.NewAttacker(
 		vegeta.Timeout(deadline),
 		vegeta.KeepAlive(true),
@@ -98,11 +102,14 @@ func attackAt(ctx context.Context, base string, rps float64, d, deadline time.Du
 	byClass := map[string]int64{}
 	rejected := map[string]int64{}
 	var lat []time.Duration
-	begin := time.Now()
-	res := atk.Attack(mixTarget(base, tenants, deadline), rate, d, "step")
+	begin := time.Now().Add(warm)
+	res := atk.Attack(mixTarget(base, tenants, deadline), rate, warm+d, "step")
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
 	defer stop()
 	for r := range res {
+		if r.Timestamp.Before(begin) {
+			continue // the warm-up
+		}
 		offered++
 		switch {
 		case r.Code == http.StatusOK && r.Latency <= deadline:
