@@ -794,7 +794,10 @@ func TestStrictRequestLineAndHeaderNames(t *testing.T) {
 		if !strings.HasPrefix(string(b), c.want) {
 			t.Errorf("%q: %q, want %s", c.req, b, c.want)
 		}
-		if c.want != "HTTP/1.1 200" && (!strings.Contains(string(b), "Connection: close") || !(strings.Contains(string(b), `"reason":"invalid"`) || strings.Contains(string(b), "sluice proxy:"))) {
+		// net/http's server answers these itself before the proxy's
+		// handler; the fast front's must be the proxy's own answer.
+		own := netHTTPFront() || strings.Contains(string(b), `"reason":"invalid"`) || strings.Contains(string(b), "sluice proxy:")
+		if c.want != "HTTP/1.1 200" && (!strings.Contains(string(b), "Connection: close") || !own) {
 			t.Errorf("%q: %q, want the proxy's own answer, the connection closed (the upstream's answer: forwarded)", c.req, b)
 		}
 	}
