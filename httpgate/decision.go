@@ -109,7 +109,7 @@ func (m *Middleware) DecisionHandler(cfg DecisionConfig) (http.Handler, error) {
 		if *h == "" {
 			continue
 		}
-		if !validToken(*h) {
+		if !ValidToken(*h) {
 			return nil, fmt.Errorf("httpgate: %q is not a valid header name", *h)
 		}
 	}
@@ -154,7 +154,7 @@ func (d *decider) original(r *http.Request) (in identify.Input, detail string) {
 	switch {
 	case len(ms) == 0:
 		return in, "missing " + d.methodHeader + " header (the original request's method)"
-	case len(ms) > 1 || !validToken(ms[0]):
+	case len(ms) > 1 || !ValidToken(ms[0]):
 		return in, "malformed " + d.methodHeader + " header (want one method, e.g. GET)"
 	}
 	us := r.Header[d.uriHeader]
@@ -233,9 +233,9 @@ const hContentLength = "Content-Length"
 
 var zeroLength = []string{"0"}
 
-// validToken reports whether s is an HTTP token (RFC 9110 tchar), as
+// ValidToken reports whether s is an HTTP token (RFC 9110 tchar), as
 // methods and field names are.
-func validToken(s string) bool {
+func ValidToken(s string) bool {
 	if s == "" {
 		return false
 	}

@@ -458,7 +458,7 @@ func (f *fastServer) wellFormed(ctx *fasthttp.RequestCtx) bool {
 	}
 	bad := ""
 	for k := range h.All() {
-		if bad == "" && !validFieldName(k) {
+		if bad == "" && !httpgate.ValidToken(b2s(k)) {
 			bad = string(k)
 		}
 	}
@@ -470,33 +470,6 @@ func (f *fastServer) wellFormed(ctx *fasthttp.RequestCtx) bool {
 	}
 	return true
 }
-
-// validFieldName reports whether b is a token (RFC 9110 section 5.6.2).
-func validFieldName(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for _, c := range b {
-		if c >= 0x80 || !tokenChar[c] {
-			return false
-		}
-	}
-	return true
-}
-
-// tokenChar marks the bytes of a token: tchar (RFC 9110 section 5.6.2).
-var tokenChar = func() (t [128]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
 
 // hop-by-hop fields (RFC 9110 section 7.6.1), which a proxy must not
 // forward in either direction.
