@@ -182,6 +182,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	if err := r.Validate(); err != nil {
 		return c.finish(r, Decision{Reason: ReasonInvalid}, now), Ticket{}
 	}
+	r.retest = false
 	if r.Deadline != 0 && now >= r.Deadline {
 		return c.finish(r, Decision{Reason: ReasonDeadline}, now), Ticket{}
 	}

@@ -49,7 +49,19 @@ type Request struct {
 	// identity rules found it, for gates counted per client (ScopeClient);
 	// empty when no gate counts by it. A state key: never logged.
 	Client string
+
+	retest bool // MarkRetest
 }
+
+// MarkRetest marks r as let through against a gate's own estimate, to
+// measure the service again (a deadline gate's retest of a class it turns
+// away): the gates after it do not refuse r on their predictions of its
+// service time either, or the estimate could never learn that the service
+// got faster. The Chain clears the mark when it begins deciding r.
+func (r *Request) MarkRetest() { r.retest = true }
+
+// Retest reports whether a gate marked r with MarkRetest.
+func (r *Request) Retest() bool { return r.retest }
 
 // ErrInvalidRequest wraps every reason a Request is refused as malformed.
 var ErrInvalidRequest = errors.New("sluice: invalid request")

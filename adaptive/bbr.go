@@ -73,8 +73,9 @@ type BBRConfig struct {
 // window that used the whole limit with no queue at the service (the
 // limit, not the service, was the bottleneck) grows it by Headroom; a limit
 // that then showed a queue with no gain in work is not tried again for a
-// while that doubles each time it fails (10 s up to 5 min), so that a
-// service of one or two workers runs at its size rather than at one more.
+// while that doubles each time it fails (10 s up to 5 min; from 1 min when
+// its queue made answers late), so that a service of one or two workers
+// runs at its size rather than at one more.
 // Every ProbeInterval in which the limit filled a queue at the service, on
 // wall-clock slots (a fleet's proxies drain one service together), the
 // limit drops for a few round trips to ProbeShare·N̂ and the RTTs of the
@@ -104,6 +105,7 @@ type BBR struct {
 	startup   bool
 	fullRate  float64 // startup: the rate the last growth step reached
 	fullCount int     // startup: limited windows since the rate last grew by a quarter
+	startWork float64 // startup: the work done of the last window that used the limit
 
 	base   map[string]time.Duration // no-load RTT by kind of work (Sample.Key)
 	seen   map[string]int           // samples of each kind, up to firmBaseline
@@ -143,7 +145,11 @@ type rateSample struct {
 
 const (
 	bbrBackoffMin = 10 * time.Second
-	bbrBackoffMax = 5 * time.Minute
+	// bbrBackoffLate is the least a limit whose queue made answers late
+	// stands as the ceiling: a failed step up costs those answers, not
+	// only a short queue.
+	bbrBackoffLate = time.Minute
+	bbrBackoffMax  = 5 * time.Minute
 )
 
 var (
@@ -208,7 +214,7 @@ func (b *BBR) Update(w Window) int {
 	case st.late && st.m.queued && !st.probe:
 		b.onLate(w, st, nhat)
 	case b.startup:
-		b.startupStep(st.m, st.limited, nhat, st.m.sig)
+		b.startupStep(w.End, st, nhat)
 	case st.m.queued && st.limited:
 		// At most a fifth down a window: a no-load RTT read low by chance
 		// makes every window look queued, and the limit would follow the
@@ -303,13 +309,20 @@ func (b *BBR) observe(w Window) windowState {
 // would hide for their spans: the next window measures the no-load RTT,
 // and the rate starts again after it (at most once a ProbeInterval).
 func (b *BBR) onLate(w Window, st windowState, nhat float64) {
+	startup := b.startup
 	b.startup = false
 	if w.End >= b.lateAfter {
 		b.stale, b.probeNow = true, true
 		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
 	}
 	if float64(st.applied) > nhat {
-		b.failed(w.End, st.applied)
+		ceiling := st.applied
+		if c := b.startupCeiling(st); startup && c > 0 {
+			ceiling = c
+		}
+		b.failed(w.End, ceiling)
+		b.backoff = max(b.backoff, bbrBackoffLate)
+		b.upAfter = w.End.Add(b.backoff)
 	}
 	b.est, b.keep = min(b.est, nhat), 0
 }
@@ -338,8 +351,9 @@ func (b *BBR) stepUp(w Window, st windowState, nhat float64) {
 // startupStep doubles the limit while windows use it whole without a
 // queue, and ends the startup once a queue shows or the rate stops
 // growing.
-func (b *BBR) startupStep(m measured, limited bool, nhat, sig float64) {
-	if !limited {
+func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
+	m := st.m
+	if !st.limited {
 		return
 	}
 	x := nhat
@@ -348,15 +362,33 @@ func (b *BBR) startupStep(m measured, limited bool, nhat, sig float64) {
 	} else {
 		b.fullCount++
 	}
-	if m.ratio > 1.25+sig || b.fullCount >= 3 {
+	if m.ratio > 1.25+m.sig || b.fullCount >= 3 {
 		// The last doubling met a queue, or no more rate: the limit of
 		// before it was below the service's size. (N̂ alone would size it
 		// from a rate the demand, not the service, set.)
 		b.startup = false
 		b.est = max(b.est/2, (1+b.cfg.Headroom)*nhat)
+		if c := b.startupCeiling(st); c > 0 {
+			b.failed(now, c)
+		}
 		return
 	}
+	b.startWork = m.work
 	b.est = max(2*b.est, (1+b.cfg.Headroom)*nhat)
+}
+
+// startupCeiling is the limit the startup's last doubling showed to gain
+// nothing: if the window at twice L got no more work done than the one at
+// L (within Tolerance), the service has L workers or fewer, and L + 1
+// would fail as a step up; 0 if it did gain. (A service of two workers
+// was tried at three right after its startup had tried four, and a
+// deadline of twice its service time made that trial's answers late.)
+func (b *BBR) startupCeiling(st windowState) int {
+	half := st.applied / 2
+	if half < 1 || b.startWork <= 0 || st.m.work > (1+b.cfg.Tolerance)*b.startWork {
+		return 0
+	}
+	return half + 1
 }
 
 // failed records that limit showed a queue without a gain in rate right

@@ -252,18 +252,26 @@ func (rt *Runtime) Discard(prev *Runtime) {
 }
 
 // bindQueue gives every deadline gate its Q: the predicted wait of the
-// policy's wait queue (the first gate with a queue), none without one.
+// policy's wait queue (the first gate with a queue), none without one; and
+// that queue the first deadline gate's service-time estimates, which the
+// deadline gate's retests keep current.
 func bindQueue(gates []sluice.Gate) {
 	var delay func(class string) time.Duration
+	var wq *queue.Queue
 	for _, g := range gates {
 		if q, ok := sluice.As[*queue.Queue](g); ok {
-			delay = q.QueueDelay
+			delay, wq = q.QueueDelay, q
 			break
 		}
 	}
+	shared := false
 	for _, g := range gates {
 		if d, ok := sluice.As[*shed.Deadline](g); ok {
 			d.UseQueue(delay)
+			if wq != nil && !shared {
+				wq.ShareServiceTimes(d.ServiceTimes())
+				shared = true
+			}
 		}
 	}
 }

@@ -51,6 +51,12 @@ gates:
 			}()
 		}
 		synctest.Wait()
+		// The class's first refusal goes through as a retest: one with 1 ms
+		// left, which the queue refuses (it cannot start in time).
+		first := &sluice.Request{Deadline: rt.Chain.Clock().Now().Add(time.Millisecond)}
+		if d, _ := rt.Chain.Decide(ctx, first); d.Admitted || d.Gate != "pool" || !first.Retest() {
+			t.Fatalf("the first refusal: %+v (a retest: %v); want the retest, refused by the queue", d, first.Retest())
+		}
 		r := &sluice.Request{Deadline: rt.Chain.Clock().Now().Add(110 * time.Millisecond)}
 		if d, _ := rt.Chain.Decide(ctx, r); d.Admitted || d.Reason != sluice.ReasonDeadline || d.Gate != "in-time" {
 			t.Errorf("with 90 ms queued ahead: %+v; want the deadline gate's refusal", d)

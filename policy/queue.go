@@ -27,8 +27,8 @@ type queueSettings struct {
 // queueField reads the queue mapping of a concurrency kind.
 func queueField(q *queueSettings) field {
 	return field{key: "queue", typ: "mapping {max_wait, max_len, classes, fair, percentile}", doc: "a bounded wait queue in front of the limit (in-process, service scope): {max_wait: 100ms, " +
-		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0, standing: 1m}, percentile: 50%}; a request waits for a " +
-		"slot only while it can still start in time: while its deadline leaves it the percentile (default 50%, the median) of its class's recent service times; with fair, each class's waiters are served between tenants in weighted " +
+		"max_len: 1000, classes: [highest first], fair: {weights: {tenant: weight}, default: 1, burst: 0, standing: 1m}, percentile: 90%}; a request waits for a " +
+		"slot only while it can still start in time: while its deadline leaves it the percentile (default 90%) of its class's recent service times (a deadline gate's estimates when the policy has one); with fair, each class's waiters are served between tenants in weighted " +
 		"fair shares of work units (start-time fair queueing); with fair.standing, a tenant first seen less than that ago waits in one flow shared by all such " +
 		"tenants, so a thousand fresh keys take one tenant's share",
 		def: "none (reject at once)",

@@ -41,7 +41,10 @@ type DeadlineOptions struct {
 	// estimate learned while the service was slow would otherwise turn the
 	// class away for good once it is fast again, since nothing it rejects
 	// can teach it otherwise. Each retest costs the service a request the
-	// test expected to come late. Default 1 s; negative: never.
+	// test expected to come late. A retest that comes back in time lets
+	// the next one through at once (one at a time), so a stale estimate
+	// gives way within a few service times rather than seconds. Default
+	// 1 s; negative: never.
 	Retest time.Duration
 	// HalfLife is how fast the estimates forget by time: their counts halve
 	// with every HalfLife, and with every 256 completions. Default 1 s.
@@ -55,8 +58,9 @@ type DeadlineOptions struct {
 // latencies of the class's useful and late completions (failed and
 // cancelled ones say nothing about how long the work takes). Requests
 // without a deadline, and classes not yet known well enough, pass, and so
-// does one request of a failing class per Retest, so that its estimate
-// follows a service that got faster.
+// does one request of a failing class per Retest (back to back while they
+// come back in time) when its service time alone does not fit, so that
+// its estimate follows a service that got faster.
 // Rejections have reason deadline (503) and are not retryable as they are:
 // the same budget would fail again. It is safe for concurrent use.
 type Deadline struct {
@@ -66,7 +70,15 @@ type Deadline struct {
 	queue atomic.Pointer[func(class string) time.Duration] // Q, if set
 
 	mu     sync.Mutex
-	retest map[string]clock.Instant // by class: when one failing the test was last let through
+	retest map[string]retest // by class
+}
+
+// retest is a class's retest state: when one failing the test was last
+// let through, whether it is still out, and whether the last one came
+// back in time (the next goes at once).
+type retest struct {
+	last, before clock.Instant // before: last's value before the one out
+	out, again   bool
 }
 
 var _ sluice.Gate = (*Deadline)(nil)
@@ -98,7 +110,7 @@ func NewDeadline(name string, opts DeadlineOptions) (*Deadline, error) {
 	case opts.HalfLife < 0:
 		return nil, param.Errorf("half_life", "deadline: negative half-life")
 	}
-	g := &Deadline{name: name, opts: opts, times: NewDecayingServiceTimes(opts.HalfLife), retest: map[string]clock.Instant{}}
+	g := &Deadline{name: name, opts: opts, times: NewDecayingServiceTimes(opts.HalfLife), retest: map[string]retest{}}
 	g.UseQueue(opts.Queue)
 	return g, nil
 }
@@ -136,31 +148,37 @@ func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instan
 	if Fits(q, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) {
 		return sluice.Decision{Admitted: true}, 0
 	}
-	if g.retesting(r.Class, now) {
+	// A retest only where the service time alone does not fit: the queue's
+	// part is read live, never stale.
+	if !Fits(0, s, g.opts.Reserve, g.opts.Margin, r.Deadline.Sub(now)) && g.retesting(r.Class, now) {
+		r.MarkRetest()
 		return sluice.Decision{Admitted: true}, retestPermit
 	}
 	return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: sluice.ScopeService, Gate: g.name}, 0
 }
 
 // retesting reports whether a request of class that fails the test goes
-// through to measure the class again (one per Retest).
+// through to measure the class again: one per Retest, or at once after a
+// retest that came back in time, one at a time. A retest a later gate
+// turned away does not count.
 func (g *Deadline) retesting(class string, now clock.Instant) bool {
 	if g.opts.Retest < 0 {
 		return false
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	last, ok := g.retest[class]
+	st, ok := g.retest[class]
 	switch {
-	case !ok: // the class's first refusal: its retest clock starts
-		if len(g.retest) < maxServiceClasses {
-			g.retest[class] = now
+	case !ok: // the class's first refusal
+		if len(g.retest) >= maxServiceClasses {
+			return false
 		}
-		return false
-	case now.Sub(last) < g.opts.Retest:
+	case now.Sub(st.last) >= g.opts.Retest: // also a retest whose answer never came
+	case st.again && !st.out:
+	default:
 		return false
 	}
-	g.retest[class] = now
+	g.retest[class] = retest{last: now, before: st.last, out: true, again: st.again}
 	return true
 }
 
@@ -170,8 +188,24 @@ const retestPermit sluice.Permit = 1
 // Release learns the service time of useful and late completions. A
 // retest that came back in time proves the estimate that refused it
 // stale: the class's counts are cut to a quarter, so that a few such
-// retests outweigh what a passing overload taught.
+// retests outweigh what a passing overload taught, and the next retest
+// may go at once.
 func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+	if p == retestPermit {
+		g.mu.Lock()
+		if st, ok := g.retest[r.Class]; ok && st.out {
+			st.out = false
+			if c.Outcome == sluice.OutcomeRejected {
+				// A later gate turned it away: it measured nothing and
+				// cost the service nothing, so it does not count.
+				st.last = st.before
+			} else {
+				st.again = c.Outcome == sluice.OutcomeUseful
+			}
+			g.retest[r.Class] = st
+		}
+		g.mu.Unlock()
+	}
 	if c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate {
 		if p == retestPermit && c.Outcome == sluice.OutcomeUseful {
 			g.times.Scale(r.Class, 0.25)
