@@ -69,7 +69,9 @@ type BBRConfig struct {
 //
 // It starts at Initial and doubles the limit every few round trips while
 // windows use it whole without a queue showing (BBR's startup), until the
-// RTT rises by a quarter or the work done stops growing. After that a
+// RTT rises by a quarter or the work done stops growing (if the last
+// doubling, from L, got no more work done, L + 1 counts as a failed step
+// up). After that a
 // window that used the whole limit with no queue at the service (the
 // limit, not the service, was the bottleneck) grows it by Headroom; a limit
 // that then showed a queue with no gain in work is not tried again for a
