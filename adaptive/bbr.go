@@ -326,7 +326,11 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 		b.backoff = max(b.backoff, bbrBackoffLate)
 		b.upAfter = w.End.Add(b.backoff)
 	}
-	b.est, b.keep = min(b.est, nhat), 0
+	// N̂ reads a little below the service's workers (the gap between a
+	// completion and the next admission counts as idle): rounded, 3.9
+	// holds 4 workers busy, where ⌊3.9⌋ left one idle for as long as the
+	// step back up waits.
+	b.est, b.keep = min(b.est, max(1, math.Round(nhat))), 0
 }
 
 // stepUp answers a window that used every slot with no queue at the
