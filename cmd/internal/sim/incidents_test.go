@@ -99,7 +99,7 @@ func TestModelReproducesTheProxyCollapse(t *testing.T) {
 	old.Server.ReleaseAtDeadline = true
 	data, _, _ := examples.ByName("routes-api")
 	gradient2 := strings.Replace(string(data), "kind: adaptive_concurrency,", "kind: adaptive_concurrency, controller: gradient2, smoothing: 0.5,", 1)
-	gradient2 = strings.Replace(gradient2, "  - {name: in-time, kind: deadline, percentile: 90%}\n", "", 1) // as it shipped
+	gradient2 = strings.Replace(gradient2, "  - {name: in-time, kind: deadline, percentile: 90%}\n", "", 1)            // as it shipped
 	gradient2 = strings.Replace(gradient2, "queue: {max_wait: 200ms}", "queue: {max_wait: 200ms, percentile: 50%}", 1) // the queue's default then
 	rep, err := Simulate(old, Options{Policy: &Policy{Name: "routes-api-gradient2.yaml", Data: []byte(gradient2)}, PolicyOnly: true})
 	if err != nil {
