@@ -41,7 +41,7 @@ func TestDemoSmallScale(t *testing.T) {
 		t.Fatalf("at 4x: goodput %.0f through sluice, %.0f without", admitted.GoodputRPS, direct.GoodputRPS)
 	}
 	// Absolute figures depend on what else the machine runs (go test runs
-	// packages in parallel); the README's run records them. Here: admission
+	// packages in parallel); docs/demo.md's run records them. Here: admission
 	// must still be the better policy, and most admitted work useful.
 	if admitted.GoodputRPS < 0.8*admitted.AdmittedRPS {
 		t.Fatalf("sluice at 4x: goodput %.0f of %.0f admitted", admitted.GoodputRPS, admitted.AdmittedRPS)
@@ -75,7 +75,7 @@ func routesAPI(t *testing.T) []byte {
 
 // The service-time step at small scale runs end to end: a row a second
 // with the adaptive limit, its settling measured after both changes, the
-// table, JSON and plot written. (Its figures are the README's, from the
+// table, JSON and plot written. (Its figures are docs/demo.md's, from the
 // full run: a loaded machine moves them.)
 func TestServiceStepRuns(t *testing.T) {
 	if testing.Short() {
@@ -154,7 +154,7 @@ func TestReservationRuns(t *testing.T) {
 // machine and the load generator falls behind): the sluice client sends at most 1.1 attempts per logical
 // request while the naive loop multiplies them, for as much goodput.
 // Directions and ratios with margin, not absolute rates: a busy
-// machine moves those (the README has the full run).
+// machine moves those (docs/demo.md has the full run).
 func TestRetryStormDirections(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real load for several seconds")
