@@ -38,3 +38,34 @@ func TestNoBuildOutputsTracked(t *testing.T) {
 		}
 	}
 }
+
+// The README's library snippet is ExampleChain_Do's body, which go test
+// compiles and runs: the front page cannot drift from code that works.
+func TestReadmeSnippetIsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, ok := strings.Cut(string(ex), "func ExampleChain_Do() {\n")
+	body, _, ok2 := strings.Cut(body, "\t// Output:")
+	if !ok || !ok2 {
+		t.Fatal("example_test.go: ExampleChain_Do and its Output comment not found")
+	}
+	var want []string
+	for _, l := range strings.Split(strings.TrimRight(body, "\n"), "\n") {
+		want = append(want, strings.TrimPrefix(l, "\t"))
+	}
+	_, block, ok := strings.Cut(string(readme), "## The library in a few lines")
+	_, block, ok2 = strings.Cut(block, "```go\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("README.md: the library section's go block not found")
+	}
+	if got := strings.TrimRight(block, "\n"); got != strings.Join(want, "\n") {
+		t.Errorf("README.md's library snippet differs from ExampleChain_Do's body:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}
