@@ -93,13 +93,13 @@ type Options struct {
 // Queue is a sluice.Gate that waits for a slot of the concurrency gate it
 // wraps. It is safe for concurrent use.
 type Queue struct {
-	name  string
-	inner sluice.Gate
-	opts  Options
-	slots func() int         // the inner gate's slots now, for predictions (0: unknown)
-	sizer sluice.Sizer       // the inner gate's moving limit, if it has one
-	times *shed.ServiceTimes // learned service times, unless Options.ServiceTime
-	learn bool               // times is the queue's own: it records completions
+	name   string
+	inner  sluice.Gate
+	opts   Options
+	slots  func() int         // the inner gate's slots now, for predictions (0: unknown)
+	sizer  sluice.Sizer       // the inner gate's moving limit, if it has one
+	times  *shed.ServiceTimes // learned service times, unless Options.ServiceTime
+	shared *shed.ServiceTimes // a deadline gate's, read first (ShareServiceTimes)
 
 	mu       sync.Mutex
 	queues   [][]*waiter // by class priority; the last is for other classes
@@ -196,9 +196,15 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		if pct == 0 {
 			pct = 0.9
 		}
-		q.times, q.learn = shed.NewDecayingServiceTimes(time.Second), true
+		q.times = shed.NewDecayingServiceTimes(time.Second)
 		q.opts.ServiceTime = func(class string) time.Duration {
-			if s, n := q.times.PercentileAt(class, pct, q.opts.Clock.Now()); n >= 20 {
+			now := q.opts.Clock.Now()
+			if q.shared != nil {
+				if s, n := q.shared.PercentileAt(class, pct, now); n >= 20 {
+					return s
+				}
+			}
+			if s, n := q.times.PercentileAt(class, pct, now); n >= 20 {
 				return s
 			}
 			return 0
@@ -227,14 +233,15 @@ func (q *Queue) Name() string { return q.name }
 // place of the queue's own. Two estimates of one service part after a
 // limit's overshoot: the deadline gate's retests bring its own back within
 // a few service times, and the queue's, which nothing retests, then turned
-// away for seconds every request the deadline gate admitted. Call it
-// before the queue is used; it does nothing when Options.ServiceTime was
-// set.
+// away for seconds every request the deadline gate admitted. The queue
+// keeps learning its own and reads them whenever t knows too little of a
+// class (a deadline gate switched off learns nothing). Call it before the
+// queue is used; it does nothing when Options.ServiceTime was set.
 func (q *Queue) ShareServiceTimes(t *shed.ServiceTimes) {
-	if q.times == nil || t == nil {
+	if q.times == nil {
 		return
 	}
-	q.times, q.learn = t, false
+	q.shared = t
 }
 
 // Unwrap returns the gate the queue waits on.
@@ -538,7 +545,7 @@ func (q *Queue) released(r *sluice.Request, c sluice.Completion) {
 	// Late work took as long as it did: leaving it out would teach the
 	// queue that work is quick exactly when every answer is late.
 	learn := c.Outcome == sluice.OutcomeUseful || c.Outcome == sluice.OutcomeLate
-	if q.learn && learn {
+	if q.times != nil && learn {
 		q.times.ObserveAt(r.Class, c.Latency, c.Now)
 	}
 	q.mu.Lock()

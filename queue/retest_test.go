@@ -79,3 +79,23 @@ func TestQueueSharesServiceTimes(t *testing.T) {
 		}
 	})
 }
+
+// A queue sharing a deadline gate's estimates that learn nothing (the
+// gate switched off: the chain skips it) still tests deadlines on its own.
+func TestQueueSharingFallsBackToItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := bubbleClock{time.Now()}
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: 200 * time.Millisecond, Clock: clk})
+		q.ShareServiceTimes(shed.NewDecayingServiceTimes(time.Second))
+		ctx := context.Background()
+		for range 20 {
+			r := &sluice.Request{Class: "default"}
+			_, p := q.Decide(ctx, r, clk.Now())
+			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 30 * time.Millisecond, Now: clk.Now()})
+		}
+		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(20 * time.Millisecond)}
+		if d, _ := q.Decide(ctx, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
+			t.Fatalf("own estimates of 30 ms, shared ones empty: %+v; want refused for its deadline", d)
+		}
+	})
+}
