@@ -23,12 +23,14 @@ import (
 // errored, and the adaptive limit and the deadline test learned nothing.
 func TestLateAnswerHoldsItsSlotAndCountsLate(t *testing.T) {
 	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
 	s, base := serve(t, `version: 1
 identity:
   deadline: {header: X-Request-Timeout, default: 5s}
 gates:
   - {name: pool, kind: concurrency, scope: service, limit: 1}
 `, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
 		<-release
 		io.WriteString(w, "too late")
 	}), func(o *Options) { o.UpstreamGrace = time.Minute })
@@ -55,9 +57,24 @@ gates:
 		io.ReadAll(resp.Body)
 		answered <- resp
 	}()
+	// Wait for the upstream to have the request before probing the gate:
+	// a probe taking the one slot while the request is admitted would
+	// refuse the request (seen on a busy machine).
+	select {
+	case <-arrived:
+	case resp := <-answered:
+		if resp != nil {
+			t.Fatalf("answered %s before the upstream got the request", resp.Status)
+		}
+		return
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request did not reach the upstream in 20 s")
+	}
 	// Well past the 1 s deadline the upstream still works: the slot stays
 	// held and nothing is answered yet.
-	poll.Until(t, 10*time.Second, held)
+	if !held() {
+		t.Fatal("the slot is free while the upstream works")
+	}
 	time.Sleep(time.Until(sent.Add(1300 * time.Millisecond)))
 	if !held() {
 		t.Fatal("the slot was freed at the deadline while the upstream still worked")
