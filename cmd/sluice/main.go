@@ -310,6 +310,7 @@ func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error
 func demoCmd() *cobra.Command {
 	var opts demo.Options
 	var matrix demo.MatrixOptions
+	var matrixTrace string
 	var incident demo.IncidentOptions
 	var config, jsonPath, plotBase, scenario string
 	cmd := &cobra.Command{
@@ -349,7 +350,7 @@ func demoCmd() *cobra.Command {
 				return err
 			}
 			if scenario == "capacity-matrix" {
-				return demoMatrix(cmd, &matrix, opts, jsonPath)
+				return demoMatrix(cmd, &matrix, matrixTrace, opts, jsonPath)
 			}
 			if scenario == "incident" {
 				return demoIncident(cmd, &incident, opts, jsonPath, plotBase)
@@ -395,6 +396,7 @@ func demoCmd() *cobra.Command {
 	cmd.Flags().IntSliceVar(&matrix.Workers, "workers", nil, "capacity-matrix: the upstreams' worker counts (default 1,2,4,8,32)")
 	cmd.Flags().DurationSliceVar(&matrix.Services, "services", nil, "capacity-matrix: the upstreams' service times (default 5ms,50ms,200ms)")
 	cmd.Flags().Float64SliceVar(&matrix.Deadlines, "deadlines", nil, "capacity-matrix: the callers' deadlines as multiples of the service time (default 2,10,100)")
+	cmd.Flags().StringVar(&matrixTrace, "trace", "", "capacity-matrix: write a JSON line per second of every step to this file (good, late and refused answers beside the proxy's /v1/gates)")
 	cmd.Flags().DurationVar(&incident.Duration, "duration", 30*time.Minute, "incident: how long the load holds")
 	cmd.Flags().Float64Var(&incident.Load, "load", 3, "incident: the offered load, a multiple of the upstream's capacity")
 	cmd.Flags().Float64Var(&incident.Slowdown, "slowdown", 0, "incident: multiply the upstream's service times by this factor for a stretch (its capacity drops by it)")
@@ -424,12 +426,20 @@ func savePlot(cmd *cobra.Command, p interface{ WritePlot(...string) error }, bas
 }
 
 // demoMatrix runs the capacity matrix through the policy in opts.
-func demoMatrix(cmd *cobra.Command, m *demo.MatrixOptions, opts demo.Options, jsonPath string) error {
+func demoMatrix(cmd *cobra.Command, m *demo.MatrixOptions, matrixTrace string, opts demo.Options, jsonPath string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	m.Exe, m.Policy, m.PolicyName, m.Progress = exe, opts.Policy, opts.PolicyName, cmd.ErrOrStderr()
+	if matrixTrace != "" {
+		f, err := os.Create(matrixTrace)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		m.Trace = f
+	}
 	if cmd.Flags().Changed("loads") {
 		m.Loads = opts.Multipliers
 	}

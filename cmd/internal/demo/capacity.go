@@ -48,6 +48,11 @@ type MatrixOptions struct {
 	Tenants int
 	// Progress, if set, receives a line per step.
 	Progress io.Writer
+	// Trace, if set, receives a JSON line per second of every step
+	// through the proxy: what the callers got that second (good, late,
+	// refused by gate and reason) beside the proxy's /v1/gates read at
+	// that second's end. It is how a failing cell is diagnosed.
+	Trace io.Writer
 }
 
 func (o *MatrixOptions) defaults() {
@@ -197,8 +202,15 @@ func matrixStep(ctx context.Context, o *MatrixOptions, policyFile string, svc ti
 		if err != nil {
 			return err
 		}
-		r := openLoop(ctx, st.target, c.TargetRPS, warm, measure, deadline, o.Tenants)
+		var tr *stepTrace
+		if o.Trace != nil && pf != "" {
+			tr = traceStep(st)
+		}
+		r := openLoop(ctx, st.target, c.TargetRPS, warm, measure, deadline, o.Tenants, tr)
 		limit := st.limit()
+		if tr != nil {
+			tr.write(o.Trace, c)
+		}
 		st.stop()
 		if err := ctx.Err(); err != nil {
 			return err
@@ -258,7 +270,7 @@ type loopResult struct {
 // openLoop sends GET /v1/routes/{id} at rate (requests/s) to base for
 // warm+measure, each with a deadline header and a client timeout of
 // deadline, and measures the requests sent after warm.
-func openLoop(ctx context.Context, base string, rate float64, warm, measure, deadline time.Duration, tenants int) loopResult {
+func openLoop(ctx context.Context, base string, rate float64, warm, measure, deadline time.Duration, tenants int, tr *stepTrace) loopResult {
 	atk := vegeta.NewAttacker(vegeta.Timeout(deadline), vegeta.KeepAlive(true), vegeta.Workers(64),
 		vegeta.MaxWorkers(20000), vegeta.Connections(20000), vegeta.Redirects(vegeta.NoFollow))
 	timeout := deadline.String()
@@ -282,6 +294,7 @@ func openLoop(ctx context.Context, base string, rate float64, warm, measure, dea
 	var sent, good, late, refused int
 	var admitted []time.Duration
 	for r := range atk.Attack(tgt, pacer, warm+measure, "matrix") {
+		tr.count(r, begin, deadline)
 		if r.Timestamp.Before(from) {
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,14 +83,23 @@ func TestMultiProcessStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := openLoop(ctx, st.target, 200, time.Second, 2*time.Second, 500*time.Millisecond, 10)
+	tr := traceStep(st)
+	r := openLoop(ctx, st.target, 200, time.Second, 2*time.Second, 500*time.Millisecond, 10, tr)
 	limit := st.limit()
+	var trace strings.Builder
+	tr.write(&trace, &MatrixCell{Workers: 2, ServiceMs: 20, DeadlineMs: 500, Load: 2})
 	if err := st.slowdown(2); err != nil {
 		t.Error(err)
 	}
 	st.stop()
 	if r.goodput <= 0 || r.offered <= 0 || limit < 1 {
 		t.Fatalf("goodput %.0f of %.0f req/s offered, limit %d", r.goodput, r.offered, limit)
+	}
+	// The trace: a line per second of the 3 s step, what the callers got
+	// beside the proxy's gates.
+	lines := strings.Split(strings.TrimSpace(trace.String()), "\n")
+	if len(lines) < 3 || !strings.Contains(trace.String(), `"gates":[`) || !strings.Contains(lines[0], `"cell":"2w x 20ms, deadline 500ms"`) {
+		t.Errorf("trace of %d lines:\n%s", len(lines), trace.String())
 	}
 	t.Logf("2 workers x 20 ms (100 req/s) at 200 req/s: goodput %.0f req/s, limit %d", r.goodput, limit)
 	for _, c := range []*child{st.up, st.proxy} {
