@@ -8,8 +8,8 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"syscall"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
