@@ -317,20 +317,27 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 		b.stale, b.probeNow = true, true
 		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
 	}
+	// N̂ reads a little below the service's workers (the gap between a
+	// completion and the next admission counts as idle): rounded, 3.9
+	// holds 4 workers busy, where ⌊3.9⌋ left one idle for as long as the
+	// step back up waits.
+	held := max(1, math.Round(nhat))
 	if float64(st.applied) > nhat {
-		ceiling := st.applied
+		// Every limit above the one held queued at the service, and the
+		// callers' deadlines leave no room for a queue: the ceiling is the
+		// next one up, not only the limit that showed it. (From a startup
+		// that ended at 8 in front of 4 workers, the step up to 5 came
+		// seconds later and made 14 answers late; the startup's own
+		// ceiling, where its last doubling gained nothing, can be lower.)
+		ceiling := min(st.applied, int(held)+1)
 		if c := b.startupCeiling(st); startup && c > 0 {
-			ceiling = c
+			ceiling = min(ceiling, c)
 		}
 		b.failed(w.End, ceiling)
 		b.backoff = max(b.backoff, bbrBackoffLate)
 		b.upAfter = w.End.Add(b.backoff)
 	}
-	// N̂ reads a little below the service's workers (the gap between a
-	// completion and the next admission counts as idle): rounded, 3.9
-	// holds 4 workers busy, where ⌊3.9⌋ left one idle for as long as the
-	// step back up waits.
-	b.est, b.keep = min(b.est, max(1, math.Round(nhat))), 0
+	b.est, b.keep = min(b.est, held), 0
 }
 
 // stepUp answers a window that used every slot with no queue at the
@@ -523,13 +530,24 @@ type BBRState struct {
 	NoLoadMs float64 `json:"no_load_ms"`
 	Startup  bool    `json:"startup,omitempty"`
 	Probing  bool    `json:"probing,omitempty"`
+	// Ceiling is a limit a step up failed at lately, which the limit
+	// stays below for CeilingForS more seconds (absent: none).
+	Ceiling     int     `json:"ceiling,omitempty"`
+	CeilingForS float64 `json:"ceiling_for_s,omitempty"`
+	// Keep is a limit a step up reached and paid off at: the limit stays
+	// at it or above (absent: none).
+	Keep int `json:"keep,omitempty"`
 }
 
 // State returns the controller's estimates at now. Not safe for concurrent
 // use with Update (the gate serializes them).
 func (b *BBR) State(now clock.Instant) any {
-	return BBRState{Capacity: math.Round(100*b.maxRate(now)) / 100, NoLoadMs: float64(b.rtt0.Microseconds()) / 1000,
-		Startup: b.startup, Probing: b.probing}
+	st := BBRState{Capacity: math.Round(100*b.maxRate(now)) / 100, NoLoadMs: float64(b.rtt0.Microseconds()) / 1000,
+		Startup: b.startup, Probing: b.probing, Keep: b.keep}
+	if b.ceiling > 0 && now < b.upAfter {
+		st.Ceiling, st.CeilingForS = b.ceiling, math.Round(b.upAfter.Sub(now).Seconds()*10)/10
+	}
+	return st
 }
 
 // Probing reports whether the window in progress is a probe.

@@ -200,7 +200,14 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		q.opts.ServiceTime = func(class string) time.Duration {
 			now := q.opts.Clock.Now()
 			if q.shared != nil {
-				if s, n := q.shared.PercentileAt(class, pct, now); n >= 20 {
+				// Once the shared estimates have known the class, they
+				// alone decide, also when they know too little now: a
+				// retest that came back in time cuts them to let the class
+				// be measured afresh, and the queue's own, which no retest
+				// cuts, held the overshoot's 106 ms against a 100 ms
+				// deadline and refused every request for 3 s (4 workers ×
+				// 50 ms at 2×, the capacity matrix).
+				if s, _, n := q.shared.EstimateAt(class, pct, now); n >= 20 {
 					return s
 				}
 			}
@@ -234,8 +241,10 @@ func (q *Queue) Name() string { return q.name }
 // limit's overshoot: the deadline gate's retests bring its own back within
 // a few service times, and the queue's, which nothing retests, then turned
 // away for seconds every request the deadline gate admitted. The queue
-// keeps learning its own and reads them whenever t knows too little of a
-// class (a deadline gate switched off learns nothing). Call it before the
+// keeps learning its own and reads them for a class t has not yet seen 20
+// samples of (a deadline gate switched off learns nothing); once t has,
+// t alone decides, also while it knows too little now (a retest cut it,
+// or the class went quiet) and the test is off. Call it before the
 // queue is used; it does nothing when Options.ServiceTime was set.
 func (q *Queue) ShareServiceTimes(t *shed.ServiceTimes) {
 	if q.times == nil {
@@ -726,6 +735,10 @@ type State struct {
 	Standing bool    `json:"standing"`
 	// Classes are the class queues, in serving order.
 	Classes []sluice.ClassQueue `json:"classes,omitempty"`
+	// ServiceMs is, by class, the service time the queue's start test
+	// reads now, ms (its default estimate: the shared one, or its own where
+	// the shared one knows too little; 0: none, the test is off).
+	ServiceMs map[string]float64 `json:"service_ms,omitempty"`
 	// Inner is the state of the gate the queue waits on, if it reports one.
 	Inner any `json:"inner,omitempty"`
 }
@@ -740,6 +753,19 @@ func (q *Queue) ReportState(now clock.Instant) any {
 	q.mu.Unlock()
 	if len(q.opts.Classes) > 0 {
 		st.Classes = q.ClassQueues(now)
+	}
+	if q.times != nil {
+		st.ServiceMs = map[string]float64{}
+		for _, t := range []*shed.ServiceTimes{q.shared, q.times} {
+			if t == nil {
+				continue
+			}
+			for _, e := range t.Estimates(0.5, now) {
+				if _, ok := st.ServiceMs[e.Class]; !ok && len(st.ServiceMs) < 64 {
+					st.ServiceMs[e.Class] = ms(q.opts.ServiceTime(e.Class))
+				}
+			}
+		}
 	}
 	if r, ok := sluice.As[sluice.StateReporter](q.inner); ok {
 		st.Inner = r.ReportState(now)

@@ -3,6 +3,8 @@ package shed
 import (
 	"context"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,15 +38,19 @@ type DeadlineOptions struct {
 	// Queue predicts the queueing delay a request of class would meet
 	// before it starts (Q), from the live state of a wait queue. Nil: 0.
 	Queue func(class string) time.Duration
-	// Retest is how often a class that fails the test still lets one
-	// request through, whose latency keeps its estimate current: an
-	// estimate learned while the service was slow would otherwise turn the
-	// class away for good once it is fast again, since nothing it rejects
-	// can teach it otherwise. Each retest costs the service a request the
-	// test expected to come late. A retest that comes back in time lets
-	// the next one through at once (one at a time), so a stale estimate
-	// gives way within a few service times rather than seconds. Default
-	// 1 s; negative: never.
+	// Retest is how often, at least, a class that fails the test still
+	// lets one request through, whose latency keeps its estimate current:
+	// an estimate learned while the service was slow would otherwise turn
+	// the class away for good once it is fast again, since nothing it
+	// rejects can teach it otherwise. Each retest costs the service a
+	// request the test expected to come late. A retest that comes back in
+	// time lets the next one through at once (one at a time), so a stale
+	// estimate gives way within a few service times rather than seconds; a
+	// retest that comes back late is followed by the next after twice its
+	// latency, twice as long after each late one, up to Retest (a queue a
+	// limit's overshoot left at the service drains within a few service
+	// times, and the first retest after it met that queue). Default 1 s;
+	// negative: never.
 	Retest time.Duration
 	// HalfLife is how fast the estimates forget by time: their counts halve
 	// with every HalfLife, and with every 256 completions. Default 1 s.
@@ -74,11 +80,13 @@ type Deadline struct {
 }
 
 // retest is a class's retest state: when one failing the test was last
-// let through, whether it is still out, and whether the last one came
-// back in time (the next goes at once).
+// let through, whether it is still out, whether the last one came back in
+// time (the next goes at once), and how long after a late one the next
+// waits.
 type retest struct {
 	last, before clock.Instant // before: last's value before the one out
 	out, again   bool
+	gap          time.Duration // 0: Retest
 }
 
 var _ sluice.Gate = (*Deadline)(nil)
@@ -175,11 +183,48 @@ func (g *Deadline) retesting(class string, now clock.Instant) bool {
 		}
 	case now.Sub(st.last) >= g.opts.Retest: // also a retest whose answer never came
 	case st.again && !st.out:
+	case st.gap > 0 && !st.out && now.Sub(st.last) >= st.gap:
 	default:
 		return false
 	}
-	g.retest[class] = retest{last: now, before: st.last, out: true, again: st.again}
+	g.retest[class] = retest{last: now, before: st.last, out: true, again: st.again, gap: st.gap}
 	return true
+}
+
+// DeadlineState is what a deadline gate reports (GET /v1/gates): each
+// class's estimate at the gate's percentile, and its retest.
+type DeadlineState struct {
+	Percentile float64         `json:"percentile"`
+	MinSamples int             `json:"min_samples"`
+	Classes    []DeadlineClass `json:"classes,omitempty"`
+}
+
+// DeadlineClass is one class in DeadlineState.
+type DeadlineClass struct {
+	ClassEstimate
+	// RetestOut: a retest of the class is in flight; RetestAgain: the last
+	// one came back in time (the next may go at once).
+	RetestOut   bool `json:"retest_out,omitempty"`
+	RetestAgain bool `json:"retest_again,omitempty"`
+	// LastRetestAgoMs is how long ago the last retest went, ms (absent:
+	// never).
+	LastRetestAgoMs float64 `json:"last_retest_ago_ms,omitempty"`
+}
+
+// ReportState returns every class's estimate and retest state.
+func (g *Deadline) ReportState(now clock.Instant) any {
+	st := DeadlineState{Percentile: g.opts.Percentile, MinSamples: g.opts.MinSamples}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, e := range g.times.Estimates(g.opts.Percentile, now) {
+		c := DeadlineClass{ClassEstimate: e}
+		if r, ok := g.retest[e.Class]; ok {
+			c.RetestOut, c.RetestAgain = r.out, r.again
+			c.LastRetestAgoMs = float64(now.Sub(r.last)) / 1e6
+		}
+		st.Classes = append(st.Classes, c)
+	}
+	return st
 }
 
 // retestPermit marks a request let through against the test.
@@ -201,6 +246,14 @@ func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completi
 				st.last = st.before
 			} else {
 				st.again = c.Outcome == sluice.OutcomeUseful
+				switch {
+				case st.again:
+					st.gap = 0
+				case st.gap == 0:
+					st.gap = min(2*c.Latency, g.opts.Retest)
+				default:
+					st.gap = min(2*st.gap, g.opts.Retest)
+				}
 			}
 			g.retest[r.Class] = st
 		}
@@ -292,17 +345,62 @@ func (s *ServiceTimes) Percentile(class string, p float64) (time.Duration, int) 
 // left after decay weigh less than 3 samples, it reports no samples: the
 // class is not known now, whatever it once was.
 func (s *ServiceTimes) PercentileAt(class string, p float64, now clock.Instant) (time.Duration, int) {
+	d, known, samples := s.EstimateAt(class, p, now)
+	if !known {
+		return 0, 0
+	}
+	return d, samples
+}
+
+// EstimateAt is PercentileAt that tells a class not known now (known
+// false, d 0: its decayed counts weigh less than 3 samples) from one never
+// seen: samples counts every sample the class ever had either way. A
+// reader sharing these estimates can tell "forgotten on purpose" (a
+// retest proved them stale) from "never learned".
+func (s *ServiceTimes) EstimateAt(class string, p float64, now clock.Instant) (d time.Duration, known bool, samples int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.classes[class]
 	if h == nil {
-		return 0, 0
+		return 0, false, 0
 	}
 	h.decay(now, s.halfLife)
 	if s.halfLife > 0 && h.total < 3 {
-		return 0, 0
+		return 0, false, h.samples
 	}
-	return h.percentile(p), h.samples
+	return h.percentile(p), true, h.samples
+}
+
+// ClassEstimate is one class's service-time estimate as a gate reads it
+// (the state a gate reports, GET /v1/gates).
+type ClassEstimate struct {
+	Class string `json:"class"`
+	// Ms is the estimate, ms: the gate's percentile of the recent service
+	// times; 0 when the class is not known now.
+	Ms float64 `json:"ms"`
+	// Weight is how many samples the estimate stands on after decay (it
+	// halves with every half-life and every 256 completions).
+	Weight float64 `json:"weight"`
+	// Samples is every sample the class ever had.
+	Samples int `json:"samples"`
+}
+
+// Estimates returns every class's p-th percentile at now (0: no decay by
+// time), sorted by class.
+func (s *ServiceTimes) Estimates(p float64, now clock.Instant) []ClassEstimate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]ClassEstimate, 0, len(s.classes))
+	for class, h := range s.classes {
+		h.decay(now, s.halfLife)
+		e := ClassEstimate{Class: class, Weight: math.Round(h.total*10) / 10, Samples: h.samples}
+		if s.halfLife == 0 || h.total >= 3 {
+			e.Ms = float64(h.percentile(p)) / 1e6
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b ClassEstimate) int { return strings.Compare(a.Class, b.Class) })
+	return out
 }
 
 const (

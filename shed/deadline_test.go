@@ -2,6 +2,7 @@ package shed_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -203,25 +204,29 @@ func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
 		t.Fatalf("admitted for good from %v (%d retests); want within 300 ms", back, retests)
 	}
 
-	// Retests that come back late: one a second, not one at a time.
+	// Retests that come back late: not one at a time, but after twice the
+	// late one's latency, twice as long after each late one, up to one a
+	// second: at 0, 0.3, 0.9 and 1.9 s, then a second apart.
 	g2, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
 	for range 40 {
 		g2.Release(req(), 0, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 150 * ms, Now: now})
 	}
-	start, admitted := now, 0
-	for i := range 120 { // 3 s at 40 a second; every answer 150 ms, late
+	start = now
+	var at []time.Duration
+	for i := range 160 { // 4 s at 40 a second; every answer 150 ms, late
 		now = start.Add(time.Duration(i) * 25 * ms)
 		for len(pending) > 0 && pending[0].at <= now {
 			g2.Release(req(), pending[0].p, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 150 * ms, Now: pending[0].at})
 			pending = pending[1:]
 		}
 		if d, p := g2.Decide(ctx, req(), now); d.Admitted {
-			admitted++
+			at = append(at, now.Sub(start))
 			pending = append(pending, out{now.Add(150 * ms), p})
 		}
 	}
-	if admitted < 2 || admitted > 3 {
-		t.Fatalf("%d retests in 3 s of late answers, want one a second", admitted)
+	want := []time.Duration{0, 300 * ms, 900 * ms, 1900 * ms, 2900 * ms, 3900 * ms}
+	if !slices.Equal(at, want) {
+		t.Fatalf("retests of late answers at %v, want %v", at, want)
 	}
 
 	// A retest a later gate turned away measured nothing: the next request
