@@ -99,3 +99,31 @@ func TestQueueSharingFallsBackToItsOwn(t *testing.T) {
 		}
 	})
 }
+
+// Once the shared estimates have known a class, they alone decide, also
+// when a retest cut them below what they trust: the queue's own, which no
+// retest cuts, held a limit overshoot's 106 ms against a 100 ms deadline
+// and turned away every request for 3 s (4 workers × 50 ms, the capacity
+// matrix).
+func TestQueueSharingOutweighsItsOwnOnceKnown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := bubbleClock{time.Now()}
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: 200 * time.Millisecond, Clock: clk})
+		shared := shed.NewDecayingServiceTimes(time.Second)
+		q.ShareServiceTimes(shared)
+		ctx := context.Background()
+		for range 40 { // both learn the overshoot
+			shared.ObserveAt("default", 110*time.Millisecond, clk.Now())
+			r := &sluice.Request{Class: "default"}
+			_, p := q.Decide(ctx, r, clk.Now())
+			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 110 * time.Millisecond, Now: clk.Now()})
+		}
+		shared.Scale("default", 0.05) // retests came back in time: cut to 2 samples' weight
+		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(100 * time.Millisecond)}
+		d, p := q.Decide(ctx, r, clk.Now())
+		if !d.Admitted {
+			t.Fatalf("shared estimates cut, own ones at 110 ms: %+v; want admitted (the shared ones decide)", d)
+		}
+		q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * time.Millisecond, Now: clk.Now()})
+	})
+}

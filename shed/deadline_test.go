@@ -275,3 +275,25 @@ func TestDeadlineNoRetestForTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// The gate reports each class's estimate at its percentile and its
+// retest, for GET /v1/gates.
+func TestDeadlineReportsItsEstimates(t *testing.T) {
+	g, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	now := clock.Instant(time.Hour)
+	for range 30 {
+		g.Release(&sluice.Request{Class: "default"}, 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * ms, Now: now})
+	}
+	r := &sluice.Request{Class: "default", Deadline: now.Add(40 * ms)}
+	if d, _ := g.Decide(context.Background(), r, now); !d.Admitted || !r.Retest() {
+		t.Fatalf("the class's first refusal: %+v, retest %v; want a retest", d, r.Retest())
+	}
+	st := g.ReportState(now.Add(10 * ms)).(shed.DeadlineState)
+	if len(st.Classes) != 1 {
+		t.Fatalf("state %+v", st)
+	}
+	c := st.Classes[0]
+	if c.Class != "default" || c.Ms < 50 || c.Ms > 55 || c.Samples != 30 || !c.RetestOut || c.LastRetestAgoMs != 10 {
+		t.Fatalf("class state %+v; want default at 50-55 ms, 30 samples, a retest out 10 ms ago", c)
+	}
+}
