@@ -126,3 +126,8 @@ func (p *adaptiveParams) stateKey() string { return "" }
 func (p *adaptiveParams) describe(g *Gate) string {
 	return fmt.Sprintf("adaptive concurrency limit (%s)%s%s", p.controller, p.queue.describe(), classesOnly(g))
 }
+
+// afterWork: see workBound.
+func (p *adaptiveParams) afterWork() string {
+	return "sizes its limit from the latencies of completed work and holds a slot until the work ends"
+}

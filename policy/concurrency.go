@@ -107,3 +107,9 @@ func (p *concurrencyParams) describe(g *Gate) string {
 	}
 	return fmt.Sprintf("at most %d in flight%s%s%s%s", p.limit, w, p.queue.describe(), scoped(g), p.lease.describeSlots(p.limit))
 }
+
+// afterWork: see workBound.
+func (p *concurrencyParams) afterWork() string { return "holds a slot until the work ends" }
+
+// leased: see leaser.
+func (p *concurrencyParams) leased() bool { return p.lease.set }

@@ -38,7 +38,7 @@ func (p *deadlineParams) fields() []field {
 		durationField("reserve", "time a response still needs after the work (R)", &p.reserve, 0).dflt("0s"),
 		durationField("margin", "safety margin (U)", &p.margin, 0).dflt("0s"),
 		intField("min_samples", "completions of a class before its estimate is trusted", &p.minSamples, 1, 1<<20).dflt("20").feeds("MinSamples"),
-		durationField("retest", "how often a class that fails the test on its service time alone still lets one request through, so that its estimate follows a service that got faster (one that comes back in time cuts what the class learned before to a quarter and lets the next through at once)", &p.retest, time.Millisecond).dflt("1s"),
+		durationField("retest", "how often a class that fails the test on its service time alone still lets one request through, so that its estimate follows a service that got faster (one that comes back in time cuts what the class learned before to a quarter and lets the next through at once; one that comes back late is followed by the next after twice its latency, doubling up to this)", &p.retest, time.Millisecond).dflt("1s"),
 		durationField("half_life", "how fast the service-time estimates forget by time (they also forget by number: the last few hundred completions)", &p.halfLife, time.Millisecond).dflt("1s"),
 	}
 }
@@ -66,3 +66,6 @@ func (p *deadlineParams) describe(g *Gate) string {
 	}
 	return fmt.Sprintf("deadline test: p%.0f of recent service times + reserve %v + margin %v < the time left%s", 100*pct, p.reserve, p.margin, classesOnly(g))
 }
+
+// afterWork: see workBound.
+func (p *deadlineParams) afterWork() string { return "predicts from the service times of completed work" }

@@ -37,32 +37,18 @@ func CheckDecisionOnly(f *File) error {
 	return es
 }
 
+// workBound is a kind whose gates' decisions may depend on when admitted
+// work ends or on this process: afterWork says why, or "" when these
+// settings do not. A kind says so in its own file.
+type workBound interface {
+	afterWork() string
+}
+
 // afterWork says why g's decisions depend on when admitted work ends or on
 // this process, or "" when they do not.
 func afterWork(g *Gate) string {
-	switch p := g.params.(type) {
-	case *concurrencyParams:
-		return "holds a slot until the work ends"
-	case *adaptiveParams:
-		return "sizes its limit from the latencies of completed work and holds a slot until the work ends"
-	case *fleetUsageParams:
-		return "counts the fleet's requests until they end"
-	case *deadlineParams:
-		return "predicts from the service times of completed work"
-	case *ladderParams:
-		return "measures demand from its count of requests in flight"
-	case *utilizationParams:
-		if p.source == sourceCPU {
-			return "measures this process's CPU, the decision service's and not the upstream's"
-		}
-		return "measures utilization from its count of requests in flight"
-	case *reservationParams:
-		if p.inflight > 0 {
-			return "holds its work units until the work ends"
-		}
-		if p.queue.set {
-			return "queues requests for units that completions free"
-		}
+	if w, ok := g.params.(workBound); ok {
+		return w.afterWork()
 	}
 	return ""
 }

@@ -85,3 +85,6 @@ func (p *fleetUsageParams) reserveText() string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// afterWork: see workBound.
+func (p *fleetUsageParams) afterWork() string { return "counts the fleet's requests until they end" }

@@ -92,3 +92,6 @@ func percents(shares []float64) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// afterWork: see workBound.
+func (p *ladderParams) afterWork() string { return "measures demand from its count of requests in flight" }

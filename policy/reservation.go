@@ -382,3 +382,14 @@ func (p *reservationParams) reservation(g *Gate) string {
 		"bucket holds %v of its reserve", g.Name, p.sharesText(), p.opts.Capacity, p.opts.Recovery,
 		float64(p.opts.Capacity-p.opts.Recovery)*p.revocation().Seconds(), p.revocation(), burst)
 }
+
+// afterWork: see workBound.
+func (p *reservationParams) afterWork() string {
+	if p.inflight > 0 {
+		return "holds its work units until the work ends"
+	}
+	if p.queue.set {
+		return "queues requests for units that completions free"
+	}
+	return ""
+}

@@ -226,23 +226,18 @@ func (w *specWriter) hierarchy() {
 	w.line("Maximum distributed overshoot or unused lease", "%s", bound)
 }
 
+// leaser is a kind whose gates may spend a lease of a fleet budget
+// (lease:): leased reports whether these settings do.
+type leaser interface {
+	leased() bool
+}
+
 // leasedGates names the gates that spend a lease.
 func leasedGates(f *File) []string {
 	var out []string
 	for i := range f.Gates {
-		switch p := f.Gates[i].params.(type) {
-		case *bucketParams:
-			if p.lease.set {
-				out = append(out, f.Gates[i].Name)
-			}
-		case *gcraParams:
-			if p.lease.set {
-				out = append(out, f.Gates[i].Name)
-			}
-		case *concurrencyParams:
-			if p.lease.set {
-				out = append(out, f.Gates[i].Name)
-			}
+		if l, ok := f.Gates[i].params.(leaser); ok && l.leased() {
+			out = append(out, f.Gates[i].Name)
 		}
 	}
 	return out

@@ -70,3 +70,6 @@ func (p *bucketParams) bursts() int64    { return p.burst }
 func (p *bucketParams) describe(g *Gate) string {
 	return fmt.Sprintf("token bucket %s, burst %d%s%s", p.rateText, p.burst, scoped(g), p.lease.describe(p.rate))
 }
+
+// leased: see leaser. (gcra's settings embed these.)
+func (p *bucketParams) leased() bool { return p.lease.set }

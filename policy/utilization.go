@@ -127,3 +127,11 @@ func (p *utilizationParams) describe(g *Gate) string {
 	return fmt.Sprintf("utilization shedder on %s: good %v, bad %v, delay %v, everything shed %v after the first shed at full pressure; %s; 503 overload%s",
 		src, c.Good, c.Bad, c.Delay, c.ShedAllAfter, cut, classesOnly(g))
 }
+
+// afterWork: see workBound.
+func (p *utilizationParams) afterWork() string {
+	if p.source == sourceCPU {
+		return "measures this process's CPU, the decision service's and not the upstream's"
+	}
+	return "measures utilization from its count of requests in flight"
+}
