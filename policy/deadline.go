@@ -68,4 +68,6 @@ func (p *deadlineParams) describe(g *Gate) string {
 }
 
 // afterWork: see workBound.
-func (p *deadlineParams) afterWork() string { return "predicts from the service times of completed work" }
+func (p *deadlineParams) afterWork() string {
+	return "predicts from the service times of completed work"
+}

@@ -94,4 +94,6 @@ func percents(shares []float64) string {
 }
 
 // afterWork: see workBound.
-func (p *ladderParams) afterWork() string { return "measures demand from its count of requests in flight" }
+func (p *ladderParams) afterWork() string {
+	return "measures demand from its count of requests in flight"
+}
