@@ -23,4 +23,25 @@
 //
 // Gates switch between enforce, shadow (decide and record, never block) and
 // off at run time with Chain.SetMode, without locks on the decision path.
+//
+// # Internal organization
+//
+// The packages form layers, and a package imports only from the layers
+// below its own (TestLayers enforces it, and fails on a package placed in
+// none):
+//
+//  0. Vocabulary: this package (Request, Decision, Gate, Chain, Ticket),
+//     clock, and internal utilities with no sluice imports.
+//  1. Algorithms and wire formats: limit (token bucket, GCRA, windows,
+//     concurrency counts as pure functions of a state), the lease
+//     allocator's step and service-time estimates (internal/leasealloc,
+//     internal/servicetime), wire (headers, problem bodies), identify.
+//  2. Stores that run the algorithms: store (the interface), store/memory,
+//     store/redis (the Lua twins).
+//  3. Gates: gate (rate and in-flight gates over a store), adaptive, shed,
+//     fair, queue, lease. A gate package imports no other gate package;
+//     what two gates share lives a layer down.
+//  4. Assembly: policy (a policy file into a Chain), metrics, rls.
+//  5. Surfaces: httpgate, client, proxy, serve and their lifecycle
+//     (internal/host).
 package sluice

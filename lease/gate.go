@@ -131,7 +131,7 @@ func (g *Gate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant)
 	if size := max(rate*int64(g.opts.Burst), nano); units > size/nano {
 		// never in this bucket; a larger grant may hold it
 		return sluice.Decision{Reason: sluice.ReasonPolicyRate, Scope: sluice.ScopeService, Gate: g.name, Retryable: true,
-			RetryAfter: g.opts.Allocator.refresh()}, 0
+			RetryAfter: g.opts.Allocator.RefreshEvery()}, 0
 	}
 	if units*nano > g.tokens {
 		g.shortLocked()
@@ -139,7 +139,7 @@ func (g *Gate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant)
 		if rate > 0 {
 			d.RetryAfter = time.Duration((units*nano - g.tokens + rate - 1) / rate)
 		} else {
-			d.RetryAfter = g.opts.Allocator.refresh()
+			d.RetryAfter = g.opts.Allocator.RefreshEvery()
 		}
 		return d, 0
 	}
@@ -165,7 +165,7 @@ func (g *Gate) Lease(now clock.Instant) sluice.LeaseStatus {
 	defer g.mu.Unlock()
 	st := g.statusLocked(now)
 	c := float64(g.opts.Allocator.Capacity)
-	st.Overshoot, st.Unused = c*g.opts.Burst.Seconds(), c*g.opts.Allocator.refresh().Seconds()
+	st.Overshoot, st.Unused = c*g.opts.Burst.Seconds(), c*g.opts.Allocator.RefreshEvery().Seconds()
 	return st
 }
 

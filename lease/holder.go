@@ -228,7 +228,7 @@ func (h *holder) inline(ctx context.Context, now clock.Instant) {
 	if due { // one at a time: concurrent steps' answers could apply out of order
 		wait, _ := h.Refresh(ctx)
 		h.mu.Lock()
-		h.next, h.early, h.wanting, h.inlining = now.Add(wait), now.Add(h.opts.Allocator.refresh()/8), false, false
+		h.next, h.early, h.wanting, h.inlining = now.Add(wait), now.Add(h.opts.Allocator.RefreshEvery()/8), false, false
 		h.mu.Unlock()
 	}
 }
@@ -240,7 +240,7 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	r := Request{Client: h.opts.Client, Wants: h.wants(now, !h.asked), InUse: h.inUse()}
-	if h.confirmAt != 0 && now.Sub(h.confirmAt) < h.opts.Allocator.refresh()/8 {
+	if h.confirmAt != 0 && now.Sub(h.confirmAt) < h.opts.Allocator.RefreshEvery()/8 {
 		r.Wants = h.confirmWants
 	}
 	h.confirmAt = 0
@@ -259,7 +259,7 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	h.mu.Unlock()
 	grant, err := h.opts.Leaser.Lease(ctx, h.opts.Budget, h.opts.Allocator, r)
 	if err != nil {
-		return h.opts.Allocator.refresh() / 4, err
+		return h.opts.Allocator.RefreshEvery() / 4, err
 	}
 	h.mu.Lock()
 	h.change(now)
@@ -308,7 +308,7 @@ func (h *holder) stopLocked(now clock.Instant) (grant int64, expiry clock.Instan
 // allocator names, and early (but not within an eighth of the interval of
 // the last refresh) when requests are turned away for want of lease.
 func (h *holder) Run(ctx context.Context) {
-	early := h.opts.Allocator.refresh() / 8
+	early := h.opts.Allocator.RefreshEvery() / 8
 	for {
 		wait, _ := h.Refresh(ctx)
 		timer := time.NewTimer(wait)

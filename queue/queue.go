@@ -46,7 +46,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/shed"
+	"github.com/sluice-go/sluice/internal/servicetime"
 )
 
 // Options configures a Queue. The zero value is valid.
@@ -98,8 +98,8 @@ type Queue struct {
 	opts   Options
 	slots  func() int         // the inner gate's slots now, for predictions (0: unknown)
 	sizer  sluice.Sizer       // the inner gate's moving limit, if it has one
-	times  *shed.ServiceTimes // learned service times, unless Options.ServiceTime
-	shared *shed.ServiceTimes // a deadline gate's, read first (ShareServiceTimes)
+	times  *servicetime.Times // learned service times, unless Options.ServiceTime
+	shared ServiceEstimates   // a deadline gate's, read first (ShareServiceTimes)
 
 	mu       sync.Mutex
 	queues   [][]*waiter // by class priority; the last is for other classes
@@ -196,7 +196,7 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		if pct == 0 {
 			pct = 0.9
 		}
-		q.times = shed.NewDecayingServiceTimes(time.Second)
+		q.times = servicetime.NewDecaying(time.Second)
 		q.opts.ServiceTime = func(class string) time.Duration {
 			now := q.opts.Clock.Now()
 			if q.shared != nil {
@@ -235,6 +235,17 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 // Name returns the queue's name.
 func (q *Queue) Name() string { return q.name }
 
+// ServiceEstimates are service-time estimates per class that another gate
+// keeps and the queue may read (ShareServiceTimes): a deadline gate's
+// (shed.Deadline.ServiceTimes) are. EstimateAt returns the p-th percentile
+// of class's recent service times at now, whether the class is known now,
+// and how many samples it ever had; Estimates every class's, for the
+// queue's state. They must be safe for concurrent use.
+type ServiceEstimates interface {
+	EstimateAt(class string, p float64, now clock.Instant) (d time.Duration, known bool, samples int)
+	Estimates(p float64, now clock.Instant) []servicetime.ClassEstimate
+}
+
 // ShareServiceTimes makes the default ServiceTime read t, estimates
 // another gate keeps (a deadline gate's: shed.Deadline.ServiceTimes), in
 // place of the queue's own. Two estimates of one service part after a
@@ -246,7 +257,7 @@ func (q *Queue) Name() string { return q.name }
 // t alone decides, also while it knows too little now (a retest cut it,
 // or the class went quiet) and the test is off. Call it before the
 // queue is used; it does nothing when Options.ServiceTime was set.
-func (q *Queue) ShareServiceTimes(t *shed.ServiceTimes) {
+func (q *Queue) ShareServiceTimes(t ServiceEstimates) {
 	if q.times == nil {
 		return
 	}
@@ -756,7 +767,7 @@ func (q *Queue) ReportState(now clock.Instant) any {
 	}
 	if q.times != nil {
 		st.ServiceMs = map[string]float64{}
-		for _, t := range []*shed.ServiceTimes{q.shared, q.times} {
+		for _, t := range []ServiceEstimates{q.shared, q.times} {
 			if t == nil {
 				continue
 			}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/lease"
+	"github.com/sluice-go/sluice/internal/leasealloc"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -20,7 +20,7 @@ var leaseLua string
 var leaseScript = newScript(preludeLua + commonLua + leaseLua)
 
 // Lease runs one step of a's allocator for budget on Redis (the twin of
-// lease.Allocator.Step, on Redis' clock): the budget's holdings live in
+// leasealloc.Allocator.Step, on Redis' clock): the budget's holdings live in
 // one hash, so the step is one atomic script on standalone Redis and on a
 // Cluster. The hash expires after two lease times or 10 minutes of Redis'
 // time without a call, whichever is longer: then the next call learns, as
@@ -33,16 +33,16 @@ var leaseScript = newScript(preludeLua + commonLua + leaseLua)
 // of the budget is not sent before (it answers ErrUnavailable): an old
 // step never lands after a newer one. The error wraps
 // store.ErrUnavailable when Redis cannot be reached.
-func (s *Store) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+func (s *Store) Lease(ctx context.Context, budget string, a leasealloc.Allocator, r leasealloc.Request) (leasealloc.Grant, error) {
 	g, _, err := s.leaseAt(ctx, budget, a, r, 0)
 	return g, err
 }
 
 // leaseAt is Lease with Redis' now overridden (µs; 0: Redis TIME), for
 // tests; it also returns the expiry on Redis' clock (µs).
-func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r lease.Request, nowUS int64) (lease.Grant, int64, error) {
+func (s *Store) leaseAt(ctx context.Context, budget string, a leasealloc.Allocator, r leasealloc.Request, nowUS int64) (leasealloc.Grant, int64, error) {
 	if err := a.Validate(); err != nil {
-		return lease.Grant{}, 0, err
+		return leasealloc.Grant{}, 0, err
 	}
 	op := "take"
 	if r.Release {
@@ -54,7 +54,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	id := budget + "\x00" + r.Client
 	sent := clock.Now() // Redis runs the step after this: the grant lapses no later on the caller's clock
 	if !r.Release && s.stepMayRun(id, sent) {
-		return lease.Grant{}, 0, fmt.Errorf("%w: the previous lease step of %q may still run", store.ErrUnavailable, r.Client)
+		return leasealloc.Grant{}, 0, fmt.Errorf("%w: the previous lease step of %q may still run", store.ErrUnavailable, r.Client)
 	}
 	v, tried, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
 	s.leaseMu.Lock()
@@ -71,13 +71,13 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a lease.Allocator, r
 	}
 	s.leaseMu.Unlock()
 	if err != nil {
-		return lease.Grant{}, 0, err
+		return leasealloc.Grant{}, 0, err
 	}
 	refresh := a.Refresh
 	if refresh == 0 {
 		refresh = a.Lease / 4
 	}
-	g := lease.Grant{Has: v[1], Refresh: refresh, Learning: v[2] > 0, Clients: int(v[0]), Safe: v[3]}
+	g := leasealloc.Grant{Has: v[1], Refresh: refresh, Learning: v[2] > 0, Clients: int(v[0]), Safe: v[3]}
 	if g.Learning { // ask again soon, and as the learning period ends
 		g.Refresh = min(refresh/4, max(time.Duration(v[2])*time.Microsecond, time.Millisecond))
 	}
