@@ -281,18 +281,7 @@ func (b *BBR) observe(w Window) windowState {
 		b.queuedInSlot = true // a queue this limit filled: its no-load RTT wants measuring
 	}
 	st.grew, b.grewFrom = b.grewFrom, 0
-	if st.m.queued && st.grew > 0 && st.applied > st.grew {
-		if st.m.work <= b.grewRate*(1+b.cfg.Tolerance) {
-			b.failed(w.End, st.applied) // the step up met a queue and no more work done
-		} else {
-			// The step up met a queue but got more work done: the extra
-			// requests keep the service busy across the gap between a
-			// completion and the next admission (which N̂, counting that
-			// gap as no-load time, sizes at less than one request for a
-			// service of one or two workers). The limit keeps it.
-			b.keep = st.applied
-		}
-	}
+	b.settleStepUp(w, st)
 	if st.m.queued && st.limited && !st.probe && st.m.ratio > 2+st.m.sig && w.End >= b.lateAfter {
 		// The RTT more than doubled against the no-load RTTs: the service
 		// got slower (its no-load RTTs are stale, and the work it does
@@ -301,6 +290,25 @@ func (b *BBR) observe(w Window) windowState {
 		b.lateAfter = w.End.Add(b.cfg.ProbeInterval)
 	}
 	return st
+}
+
+// settleStepUp judges the step up that led to window w, if one did and
+// it met a queue: a failure when it got no more work done, kept when it
+// did.
+func (b *BBR) settleStepUp(w Window, st windowState) {
+	if !st.m.queued || st.grew == 0 || st.applied <= st.grew {
+		return
+	}
+	if st.m.work <= b.grewRate*(1+b.cfg.Tolerance) {
+		b.failed(w.End, st.applied) // the step up met a queue and no more work done
+		return
+	}
+	// The step up met a queue but got more work done: the extra requests
+	// keep the service busy across the gap between a completion and the
+	// next admission (which N̂, counting that gap as no-load time, sizes at
+	// less than one request for a service of one or two workers). The
+	// limit keeps it.
+	b.keep = st.applied
 }
 
 // onLate answers a window whose requests miss their deadlines behind a
@@ -654,34 +662,14 @@ func (b *BBR) learn(keys []KeyStats, probe, verify bool) (was, now, noise float6
 		old := b.base[k.Key]
 		switch {
 		case probe && (k.FreshSamples >= 3 || k.Samples >= 3):
-			r := k.Mean()
-			if k.FreshSamples >= 3 {
-				r = k.FreshSum / time.Duration(k.FreshSamples)
-			}
-			switch {
-			case verify && old > 0:
-				b.base[k.Key] = min(old, r) // the lower load's reading
-			case old == 0 || float64(r) > 1.5*float64(old) || 3*r < 2*old:
-				b.base[k.Key] = r
-			default:
-				b.base[k.Key] = (r + old) / 2 // one probe's noise moves it half as far
-			}
+			r := b.learnProbe(k, old, verify)
 			measured[k.Key] = true
 			if old > 0 {
 				was += float64(k.Samples) * float64(old)
 				now += float64(k.Samples) * float64(r)
 			}
 		case b.seen[k.Key] < firmBaseline && (old == 0 || !crowded):
-			// A kind of work seen fewer than firmBaseline times: the mean
-			// of all its samples so far stands for it (the least of a few
-			// small windows would sit far below it).
-			a := b.first[k.Key]
-			a.Samples += k.Samples
-			a.Sum += k.Sum
-			a.SumSq += k.SumSq
-			b.first[k.Key] = a
-			b.seen[k.Key] += k.Samples
-			b.base[k.Key] = a.Mean() + stdErr(a)
+			b.learnFirst(k)
 		case k.Samples >= 10:
 			if r := k.Mean() + stdErr(k); r < old {
 				b.base[k.Key] = r
@@ -708,6 +696,38 @@ func (b *BBR) learn(keys []KeyStats, probe, verify bool) (was, now, noise float6
 		noise = 2 * math.Sqrt(variance) / sum
 	}
 	return was, now, noise
+}
+
+// learnProbe sets the no-load RTT of k's kind of work from a probe's
+// reading (of the requests admitted during it, when there are 3) and
+// returns the reading; old is the no-load RTT before.
+func (b *BBR) learnProbe(k KeyStats, old time.Duration, verify bool) time.Duration {
+	r := k.Mean()
+	if k.FreshSamples >= 3 {
+		r = k.FreshSum / time.Duration(k.FreshSamples)
+	}
+	switch {
+	case verify && old > 0:
+		b.base[k.Key] = min(old, r) // the lower load's reading
+	case old == 0 || float64(r) > 1.5*float64(old) || 3*r < 2*old:
+		b.base[k.Key] = r
+	default:
+		b.base[k.Key] = (r + old) / 2 // one probe's noise moves it half as far
+	}
+	return r
+}
+
+// learnFirst folds k into a kind of work seen fewer than firmBaseline
+// times: the mean of all its samples so far stands for it (the least of a
+// few small windows would sit far below it).
+func (b *BBR) learnFirst(k KeyStats) {
+	a := b.first[k.Key]
+	a.Samples += k.Samples
+	a.Sum += k.Sum
+	a.SumSq += k.SumSq
+	b.first[k.Key] = a
+	b.seen[k.Key] += k.Samples
+	b.base[k.Key] = a.Mean() + stdErr(a)
 }
 
 // crowded reports whether the window's kinds of work already known show a

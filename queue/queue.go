@@ -157,26 +157,8 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 	if name == "" || inner == nil {
 		return nil, errors.New("queue: a name and a gate to wrap are required")
 	}
-	if opts.MaxWait == 0 {
-		opts.MaxWait = 100 * time.Millisecond
-	}
-	if opts.MaxLen == 0 {
-		opts.MaxLen = 1000
-	}
-	if opts.Target == 0 {
-		opts.Target = 5 * time.Millisecond
-	}
-	if opts.Interval == 0 {
-		opts.Interval = 100 * time.Millisecond
-	}
-	if opts.Clock == nil {
-		opts.Clock = clock.System
-	}
-	if opts.MaxWait < 0 || opts.MaxLen < 0 || opts.Target < 0 || opts.Interval <= 0 {
-		return nil, errors.New("queue: negative wait, length or CoDel times")
-	}
-	if opts.Percentile != 0 && !(opts.Percentile >= 0.5 && opts.Percentile <= 1) {
-		return nil, errors.New("queue: percentile outside [0.5, 1]")
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
 	q := &Queue{name: name, inner: inner, opts: opts, queues: make([][]*waiter, len(opts.Classes)+1)}
 	if opts.Fair != nil {
@@ -192,30 +174,8 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		}
 	}
 	if q.opts.ServiceTime == nil {
-		pct := q.opts.Percentile
-		if pct == 0 {
-			pct = 0.9
-		}
 		q.times = servicetime.NewDecaying(time.Second)
-		q.opts.ServiceTime = func(class string) time.Duration {
-			now := q.opts.Clock.Now()
-			if q.shared != nil {
-				// Once the shared estimates have known the class, they
-				// alone decide, also when they know too little now: a
-				// retest that came back in time cuts them to let the class
-				// be measured afresh, and the queue's own, which no retest
-				// cuts, held the overshoot's 106 ms against a 100 ms
-				// deadline and refused every request for 3 s (4 workers ×
-				// 50 ms at 2×, the capacity matrix).
-				if s, _, n := q.shared.EstimateAt(class, pct, now); n >= 20 {
-					return s
-				}
-			}
-			if s, n := q.times.PercentileAt(class, pct, now); n >= 20 {
-				return s
-			}
-			return 0
-		}
+		q.opts.ServiceTime = q.learnedServiceTime
 	}
 	q.codel = codel{target: opts.Target, interval: opts.Interval}
 	if sz, ok := sluice.As[sluice.Sizer](inner); ok {
@@ -230,6 +190,57 @@ func New(name string, inner sluice.Gate, opts Options) (*Queue, error) {
 		q.held = make(map[uint64]*waiter)
 	}
 	return q, nil
+}
+
+// defaults fills the zero fields and checks the others.
+func (o *Options) defaults() error {
+	if o.MaxWait == 0 {
+		o.MaxWait = 100 * time.Millisecond
+	}
+	if o.MaxLen == 0 {
+		o.MaxLen = 1000
+	}
+	if o.Target == 0 {
+		o.Target = 5 * time.Millisecond
+	}
+	if o.Interval == 0 {
+		o.Interval = 100 * time.Millisecond
+	}
+	if o.Clock == nil {
+		o.Clock = clock.System
+	}
+	if o.Percentile == 0 {
+		o.Percentile = 0.9
+	}
+	if o.MaxWait < 0 || o.MaxLen < 0 || o.Target < 0 || o.Interval <= 0 {
+		return errors.New("queue: negative wait, length or CoDel times")
+	}
+	if !(o.Percentile >= 0.5 && o.Percentile <= 1) {
+		return errors.New("queue: percentile outside [0.5, 1]")
+	}
+	return nil
+}
+
+// learnedServiceTime is the default ServiceTime: the Percentile of class's
+// recent service times, from the shared estimates (ShareServiceTimes) or
+// the queue's own; 0 (no test) while neither knows the class.
+func (q *Queue) learnedServiceTime(class string) time.Duration {
+	now := q.opts.Clock.Now()
+	if q.shared != nil {
+		// Once the shared estimates have known the class, they alone
+		// decide, also when they know too little now: a retest that came
+		// back in time cuts them to let the class be measured afresh, and
+		// the queue's own, which no retest cuts, held the overshoot's 106
+		// ms against a 100 ms deadline and refused every request for 3 s
+		// (4 workers × 50 ms at 2×, the capacity matrix).
+		if s, _, n := q.shared.EstimateAt(class, q.opts.Percentile, now); n >= 20 {
+			return s
+		}
+	}
+	if s, n := q.times.PercentileAt(class, q.opts.Percentile, now); n >= 20 {
+		return s
+	}
+	return 0
 }
 
 // Name returns the queue's name.
