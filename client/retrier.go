@@ -89,14 +89,22 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("client: Backoff base %v, cap %v: want 0 < base ≤ cap", o.Backoff.Base, o.Backoff.Cap)
 	case math.IsNaN(o.FloorSpread) || o.FloorSpread > 100:
 		return fmt.Errorf("client: FloorSpread %v, want ≤ 100", o.FloorSpread)
+	case o.WaitCap > 0 && max(o.Backoff.Cap, o.Backoff.Base) > o.WaitCap:
+		return fmt.Errorf("client: Backoff base %v, cap %v above WaitCap %v: every long backoff would end the call", o.Backoff.Base, o.Backoff.Cap, o.WaitCap)
+	}
+	return o.validateBudgets()
+}
+
+// validateBudgets checks the retry budget, the adaptive throttle and the
+// pacing.
+func (o *Options) validateBudgets() error {
+	switch {
 	case math.IsNaN(o.BudgetRatio) || o.BudgetRatio > 100 || math.IsNaN(o.BudgetBurst) || o.BudgetBurst < 0 || o.BudgetBurst > 1e9:
 		return fmt.Errorf("client: budget ratio %v, burst %v: want ratio ≤ 100 and burst in [0, 1e9]", o.BudgetRatio, o.BudgetBurst)
 	case math.IsNaN(o.ThrottleK) || o.ThrottleK > 1000 || o.ThrottleWindow < 0 || o.ThrottleBuckets < 0 || o.ThrottleBuckets > 10000:
 		return fmt.Errorf("client: throttle K %v, window %v, buckets %d: want K ≤ 1000, window ≥ 0, 0 to 10000 buckets", o.ThrottleK, o.ThrottleWindow, o.ThrottleBuckets)
 	case math.IsNaN(o.PaceBelow) || o.PaceBelow > 1:
 		return fmt.Errorf("client: PaceBelow %v, want ≤ 1", o.PaceBelow)
-	case o.WaitCap > 0 && max(o.Backoff.Cap, o.Backoff.Base) > o.WaitCap:
-		return fmt.Errorf("client: Backoff base %v, cap %v above WaitCap %v: every long backoff would end the call", o.Backoff.Base, o.Backoff.Cap, o.WaitCap)
 	}
 	return nil
 }

@@ -169,13 +169,19 @@ func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) 
 			return g.admit(), 2
 		}
 	}
+	return g.refuse(c, k, mayBorrow), 0
+}
+
+// refuse is the rejection of k units for class c: retryable unless k is
+// above every part c may use. REQUIRES: g.mu held.
+func (g *Slots) refuse(c *slotClass, k int64, mayBorrow bool) sluice.Decision {
 	d := sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
 		Unit: sluice.UnitConcurrentRequests, Limit: g.usable}
 	possible := k <= c.share.Reserve || (!c.share.NoBorrow && (k <= g.spare || (mayBorrow && k <= g.usable)))
 	if possible && (c.share.Max == 0 || k <= c.share.Max) {
 		d.Retryable, d.RetryAfter = true, time.Second
 	}
-	return d, 0
+	return d
 }
 
 func (g *Slots) admit() sluice.Decision {
