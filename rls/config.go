@@ -614,38 +614,7 @@ func (p *parser) descriptor(d *domain, lv *level, n *yaml.Node, field, parentPat
 		p.Errf(n, field, "want a descriptor (a mapping with key, value, rate_limit, descriptors), got %s", yamlfile.KindName(n))
 		return
 	}
-	nd := &node{}
-	var rl, children, shadow, quota, detailed *yaml.Node
-	keyLine := n.Line
-	p.fields(n, field, descriptorFields, func(k string, v *yaml.Node) {
-		f := yamlfile.Join(field, k)
-		switch k {
-		case "key":
-			nd.key, keyLine = p.str(v, f), v.Line
-		case "value":
-			nd.value = p.str(v, f)
-		case "rate_limit":
-			rl = v
-		case "descriptors":
-			children = v
-		case "shadow_mode":
-			shadow = v
-		case "quota_mode":
-			quota = v
-		case "detailed_metric":
-			detailed = v
-		case "value_to_metric":
-			nd.valueToMetric = p.boolean(v, f)
-		case "share_threshold":
-			nd.share = p.boolean(v, f)
-		case "metadata":
-			// Returned by the peer as dynamic metadata, which sluice does not
-			// emit: accepted (a mapping, as the peer requires) and ignored.
-			if !isNull(v) && v.Kind != yaml.MappingNode {
-				p.Errf(v, f, "want a mapping, got %s", yamlfile.KindName(v))
-			}
-		}
-	})
+	nd, raw := p.descriptorFields(n, field)
 	if nd.key == "" {
 		p.Errf(n, yamlfile.Join(field, "key"), "missing or empty: every descriptor has a key")
 		return
@@ -664,52 +633,106 @@ func (p *parser) descriptor(d *domain, lv *level, n *yaml.Node, field, parentPat
 	if nd.share && nd.parts == nil {
 		p.Errf(n, yamlfile.Join(field, "share_threshold"), "applies only to a wildcard value (one with '*'); %q has none", nd.value)
 	}
-	// Duplicates: the same key and value twice in one list.
-	switch {
-	case nd.value == "":
-		if lv.byKey[nd.key] != nil {
-			p.Errf(n, yamlfile.Join(field, "key"), "duplicate descriptor %q at this level (line %d)", d.name+"."+statsPath, lv.byKey[nd.key].line)
-			return
+	if prev := lv.find(nd); prev != nil { // the same key and value twice in one list
+		at := "key"
+		if nd.value != "" {
+			at = "value"
 		}
-	default:
-		if prev := lv.valued[Entry{nd.key, nd.value}]; prev != nil {
-			p.Errf(n, yamlfile.Join(field, "value"), "duplicate descriptor %q at this level (line %d)", d.name+"."+statsPath, prev.line)
-			return
-		}
+		p.Errf(n, yamlfile.Join(field, at), "duplicate descriptor %q at this level (line %d)", d.name+"."+statsPath, prev.line)
+		return
 	}
-	nd.line = keyLine
-	if rl != nil && !isNull(rl) {
-		nd.rule = p.rule(d, rl, yamlfile.Join(field, "rate_limit"), statsPath)
-		if nd.rule != nil {
-			nd.rule.ShadowMode = shadow != nil && p.boolean(shadow, yamlfile.Join(field, "shadow_mode"))
-			nd.rule.QuotaMode = quota != nil && p.boolean(quota, yamlfile.Join(field, "quota_mode"))
-			nd.rule.DetailedMetric = detailed != nil && p.boolean(detailed, yamlfile.Join(field, "detailed_metric"))
-		}
-	} else {
-		// Without a rule these flags mean nothing; check their syntax all the same.
-		for f, v := range map[string]*yaml.Node{"shadow_mode": shadow, "quota_mode": quota, "detailed_metric": detailed} {
-			if v != nil {
-				p.boolean(v, yamlfile.Join(field, f))
+	p.descriptorRule(d, nd, raw, field, statsPath)
+	if raw.children != nil {
+		p.level(d, &nd.children, raw.children, yamlfile.Join(field, "descriptors"), statsPath, depth+1)
+	}
+	lv.add(nd)
+}
+
+// descriptorNodes are the fields of a descriptor read after its key and
+// value are known.
+type descriptorNodes struct {
+	rule, children, shadow, quota, detailed *yaml.Node
+}
+
+// descriptorFields reads a descriptor's own fields into a node, and keeps
+// the others' nodes.
+func (p *parser) descriptorFields(n *yaml.Node, field string) (*node, descriptorNodes) {
+	nd := &node{line: n.Line}
+	var raw descriptorNodes
+	p.fields(n, field, descriptorFields, func(k string, v *yaml.Node) {
+		f := yamlfile.Join(field, k)
+		switch k {
+		case "key":
+			nd.key, nd.line = p.str(v, f), v.Line
+		case "value":
+			nd.value = p.str(v, f)
+		case "rate_limit":
+			raw.rule = v
+		case "descriptors":
+			raw.children = v
+		case "shadow_mode":
+			raw.shadow = v
+		case "quota_mode":
+			raw.quota = v
+		case "detailed_metric":
+			raw.detailed = v
+		case "value_to_metric":
+			nd.valueToMetric = p.boolean(v, f)
+		case "share_threshold":
+			nd.share = p.boolean(v, f)
+		case "metadata":
+			// Returned by the peer as dynamic metadata, which sluice does not
+			// emit: accepted (a mapping, as the peer requires) and ignored.
+			if !isNull(v) && v.Kind != yaml.MappingNode {
+				p.Errf(v, f, "want a mapping, got %s", yamlfile.KindName(v))
 			}
 		}
+	})
+	return nd, raw
+}
+
+// descriptorRule parses a descriptor's rate_limit and the flags that go
+// with it; without a rule the flags mean nothing, and only their syntax is
+// checked.
+func (p *parser) descriptorRule(d *domain, nd *node, raw descriptorNodes, field, statsPath string) {
+	flag := func(v *yaml.Node, k string) bool { return v != nil && p.boolean(v, yamlfile.Join(field, k)) }
+	if raw.rule == nil || isNull(raw.rule) {
+		flag(raw.shadow, "shadow_mode")
+		flag(raw.quota, "quota_mode")
+		flag(raw.detailed, "detailed_metric")
+		return
 	}
-	if children != nil {
-		p.level(d, &nd.children, children, yamlfile.Join(field, "descriptors"), statsPath, depth+1)
+	nd.rule = p.rule(d, raw.rule, yamlfile.Join(field, "rate_limit"), statsPath)
+	if nd.rule != nil {
+		nd.rule.ShadowMode = flag(raw.shadow, "shadow_mode")
+		nd.rule.QuotaMode = flag(raw.quota, "quota_mode")
+		nd.rule.DetailedMetric = flag(raw.detailed, "detailed_metric")
 	}
-	switch {
-	case nd.value == "":
+}
+
+// find returns the node of lv with nd's key and value, or nil.
+func (lv *level) find(nd *node) *node {
+	if nd.value == "" {
+		return lv.byKey[nd.key]
+	}
+	return lv.valued[Entry{nd.key, nd.value}]
+}
+
+// add puts nd in lv.
+func (lv *level) add(nd *node) {
+	if nd.value == "" {
 		if lv.byKey == nil {
 			lv.byKey = map[string]*node{}
 		}
 		lv.byKey[nd.key] = nd
-	default:
-		if lv.valued == nil {
-			lv.valued = map[Entry]*node{}
-		}
-		lv.valued[Entry{nd.key, nd.value}] = nd
-		if nd.parts != nil {
-			lv.wild = append(lv.wild, nd)
-		}
+		return
+	}
+	if lv.valued == nil {
+		lv.valued = map[Entry]*node{}
+	}
+	lv.valued[Entry{nd.key, nd.value}] = nd
+	if nd.parts != nil {
+		lv.wild = append(lv.wild, nd)
 	}
 }
 
@@ -734,114 +757,126 @@ func (p *parser) rule(d *domain, n *yaml.Node, field, statsPath string) *Rule {
 	before := len(p.Errs)
 	p.fields(n, field, rateLimitFields, func(k string, v *yaml.Node) {
 		seen[k] = v
-		f := yamlfile.Join(field, k)
-		switch k {
-		case "unit":
-			s := p.str(v, f)
-			if r.Unit = unitByName(s); r.Unit == UnitUnknown {
-				p.Errf(v, f, "invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
-			}
-		case "requests_per_unit":
-			r.RequestsPerUnit = uint32(p.integer(v, f, 0, math.MaxUint32))
-		case "unlimited":
-			r.Unlimited = p.boolean(v, f)
-		case "name":
-			r.Name = p.str(v, f)
-		case "replaces":
-			for i, item := range p.list(v, f) {
-				rf := fmt.Sprintf("%s[%d]", f, i)
-				var name string
-				if item.Kind == yaml.MappingNode {
-					p.fields(item, rf, []string{"name"}, func(_ string, nv *yaml.Node) { name = p.str(nv, rf+".name") })
-				} else {
-					p.Errf(item, rf, "want a mapping with a name, got %s", yamlfile.KindName(item))
-					continue
-				}
-				if name == "" {
-					p.Errf(item, rf+".name", "should not have an empty replaces entry")
-					continue
-				}
-				r.Replaces = append(r.Replaces, name)
-				p.replaces = append(p.replaces, replaceRef{rule: r, name: name, node: item, field: rf + ".name"})
-			}
-		case "algorithm":
-			s := p.str(v, f)
-			i := slices.Index(algorithmNames[:], s)
-			if i < 0 {
-				p.Errf(v, f, "%q is not an algorithm (want %s)", s, strings.Join(algorithmNames[:], ", "))
-			} else {
-				r.Algorithm = Algorithm(i)
-			}
-		case "burst":
-			r.Burst = p.integer(v, f, 1, math.MaxUint32)
-		case "limit":
-			r.Limit = p.integer(v, f, 1, math.MaxUint32)
-		}
+		p.ruleField(r, k, v, yamlfile.Join(field, k))
 	})
 	if len(p.Errs) > before {
 		return nil
 	}
-	_, hasUnit := seen["unit"]
-	_, hasRPU := seen["requests_per_unit"]
+	p.checkRule(r, n, seen, field)
+	if len(p.Errs) > before {
+		return nil
+	}
+	d.rules = append(d.rules, r)
+	return r
+}
+
+// ruleField reads one field k of a rate_limit into r.
+func (p *parser) ruleField(r *Rule, k string, v *yaml.Node, f string) {
+	switch k {
+	case "unit":
+		s := p.str(v, f)
+		if r.Unit = unitByName(s); r.Unit == UnitUnknown {
+			p.Errf(v, f, "invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
+		}
+	case "requests_per_unit":
+		r.RequestsPerUnit = uint32(p.integer(v, f, 0, math.MaxUint32))
+	case "unlimited":
+		r.Unlimited = p.boolean(v, f)
+	case "name":
+		r.Name = p.str(v, f)
+	case "replaces":
+		p.replacesOf(r, v, f)
+	case "algorithm":
+		s := p.str(v, f)
+		i := slices.Index(algorithmNames[:], s)
+		if i < 0 {
+			p.Errf(v, f, "%q is not an algorithm (want %s)", s, strings.Join(algorithmNames[:], ", "))
+		} else {
+			r.Algorithm = Algorithm(i)
+		}
+	case "burst":
+		r.Burst = p.integer(v, f, 1, math.MaxUint32)
+	case "limit":
+		r.Limit = p.integer(v, f, 1, math.MaxUint32)
+	}
+}
+
+// replacesOf reads a rule's replaces list (mappings with a name), to be
+// checked against the file's names once they are all known.
+func (p *parser) replacesOf(r *Rule, v *yaml.Node, f string) {
+	for i, item := range p.list(v, f) {
+		rf := fmt.Sprintf("%s[%d]", f, i)
+		if item.Kind != yaml.MappingNode {
+			p.Errf(item, rf, "want a mapping with a name, got %s", yamlfile.KindName(item))
+			continue
+		}
+		var name string
+		p.fields(item, rf, []string{"name"}, func(_ string, nv *yaml.Node) { name = p.str(nv, rf+".name") })
+		if name == "" {
+			p.Errf(item, rf+".name", "should not have an empty replaces entry")
+			continue
+		}
+		r.Replaces = append(r.Replaces, name)
+		p.replaces = append(p.replaces, replaceRef{rule: r, name: name, node: item, field: rf + ".name"})
+	}
+}
+
+// checkRule checks the fields of a parsed rule (n, at field) against each
+// other and its algorithm, and fills the defaults they imply.
+func (p *parser) checkRule(r *Rule, n *yaml.Node, seen map[string]*yaml.Node, field string) {
+	refuse := func(k, format string, args ...any) {
+		if v := seen[k]; v != nil {
+			p.Errf(v, yamlfile.Join(field, k), format, args...)
+		}
+	}
 	only := func(k string, algs ...Algorithm) {
-		if v := seen[k]; v != nil && !slices.Contains(algs, r.Algorithm) {
-			p.Errf(v, yamlfile.Join(field, k), "applies only to algorithm %s, not %s", joinAlgs(algs), r.Algorithm)
+		if !slices.Contains(algs, r.Algorithm) {
+			refuse(k, "applies only to algorithm %s, not %s", joinAlgs(algs), r.Algorithm)
 		}
 	}
 	switch {
 	case r.Unlimited:
-		if hasUnit {
-			p.Errf(seen["unit"], yamlfile.Join(field, "unit"), "should not specify rate limit unit when unlimited")
-		}
-		if v := seen["algorithm"]; v != nil {
-			p.Errf(v, yamlfile.Join(field, "algorithm"), "an unlimited rule has no algorithm")
-		}
-		for _, k := range []string{"burst", "limit"} {
-			if v := seen[k]; v != nil {
-				p.Errf(v, yamlfile.Join(field, k), "an unlimited rule has no %s", k)
-			}
-		}
+		refuse("unit", "should not specify rate limit unit when unlimited")
+		refuse("algorithm", "an unlimited rule has no algorithm")
+		refuse("burst", "an unlimited rule has no burst")
+		refuse("limit", "an unlimited rule has no limit")
 		// requests_per_unit is ignored with unlimited, as the peer ignores it.
 		r.RequestsPerUnit = 0
 	case r.Algorithm == Concurrency:
-		for _, k := range []string{"unit", "requests_per_unit"} {
-			if v := seen[k]; v != nil {
-				p.Errf(v, yamlfile.Join(field, k), "a concurrency rule holds limit slots and has no %s", k)
-			}
-		}
+		refuse("unit", "a concurrency rule holds limit slots and has no unit")
+		refuse("requests_per_unit", "a concurrency rule holds limit slots and has no requests_per_unit")
 		if seen["limit"] == nil {
 			p.Errf(n, yamlfile.Join(field, "limit"), "missing: a concurrency rule needs limit (the slots held at once)")
 		}
 		only("burst", TokenBucket, GCRA)
 		r.RequestsPerUnit = uint32(min(r.Limit, math.MaxUint32))
 	default:
-		if !hasUnit {
-			p.Errf(n, yamlfile.Join(field, "unit"), "missing: want second, minute, hour, day, week, month or year (or unlimited: true)")
-		}
-		if !hasRPU {
-			p.Errf(n, yamlfile.Join(field, "requests_per_unit"), "missing (write 0 to refuse every request)")
-		}
-		if r.Algorithm != FixedWindow && hasRPU && r.RequestsPerUnit == 0 {
-			p.Errf(seen["requests_per_unit"], yamlfile.Join(field, "requests_per_unit"), "must be ≥ 1 for %s (only the fixed window refuses everything with 0)", r.Algorithm)
-		}
+		p.checkRateRule(r, n, seen, field)
 		only("burst", TokenBucket, GCRA)
 		only("limit", Concurrency)
-		if r.Algorithm == TokenBucket || r.Algorithm == GCRA {
-			if r.Burst == 0 {
-				r.Burst = int64(r.RequestsPerUnit)
-			}
-		}
 	}
 	for _, name := range r.Replaces {
 		if name == r.Name {
-			p.Errf(seen["replaces"], yamlfile.Join(field, "replaces"), "replaces should not contain name of same descriptor (%q)", name)
+			refuse("replaces", "replaces should not contain name of same descriptor (%q)", name)
 		}
 	}
-	if len(p.Errs) > before {
-		return nil
+}
+
+// checkRateRule checks a rule that counts requests per unit of time.
+func (p *parser) checkRateRule(r *Rule, n *yaml.Node, seen map[string]*yaml.Node, field string) {
+	if seen["unit"] == nil {
+		p.Errf(n, yamlfile.Join(field, "unit"), "missing: want second, minute, hour, day, week, month or year (or unlimited: true)")
 	}
-	d.rules = append(d.rules, r)
-	return r
+	rpu := seen["requests_per_unit"]
+	if rpu == nil {
+		p.Errf(n, yamlfile.Join(field, "requests_per_unit"), "missing (write 0 to refuse every request)")
+	}
+	if r.Algorithm != FixedWindow && rpu != nil && r.RequestsPerUnit == 0 {
+		p.Errf(rpu, yamlfile.Join(field, "requests_per_unit"), "must be ≥ 1 for %s (only the fixed window refuses everything with 0)", r.Algorithm)
+	}
+	if (r.Algorithm == TokenBucket || r.Algorithm == GCRA) && r.Burst == 0 {
+		r.Burst = int64(r.RequestsPerUnit)
+	}
 }
 
 func joinAlgs(algs []Algorithm) string {
@@ -954,18 +989,7 @@ func (d *domain) lookup(entries []Entry) (match, bool) {
 	var stats strings.Builder
 	var shared []string
 	for i, e := range entries {
-		n, how := lv.valued[e], matchExact
-		if n == nil {
-			for _, w := range lv.wild {
-				if w.key == e.Key && wildMatch(w.parts, e.Value) {
-					n, how = w, matchWild
-					break
-				}
-			}
-		}
-		if n == nil {
-			n, how = lv.byKey[e.Key], matchKey
-		}
+		n, how := lv.match(e)
 		if n == nil {
 			return match{}, false
 		}
@@ -979,21 +1003,7 @@ func (d *domain) lookup(entries []Entry) (match, bool) {
 			stats.WriteByte('.')
 		}
 		stats.WriteString(e.Key)
-		var shown string
-		switch how {
-		case matchExact:
-			shown = e.Value
-		case matchWild:
-			shown = n.value
-			if !n.share && n.valueToMetric {
-				shown = e.Value
-			}
-		case matchKey:
-			if n.valueToMetric {
-				shown = e.Value
-			}
-		}
-		if shown != "" {
+		if shown := n.shown(e, how); shown != "" {
 			stats.WriteByte('_')
 			stats.WriteString(shown)
 		}
@@ -1020,6 +1030,39 @@ const (
 	matchWild
 	matchKey
 )
+
+// match finds the node of lv for entry e, as the peer does: its exact key
+// and value, then a wildcard value, then the key alone; nil if none.
+func (lv *level) match(e Entry) (*node, int) {
+	if n := lv.valued[e]; n != nil {
+		return n, matchExact
+	}
+	for _, w := range lv.wild {
+		if w.key == e.Key && wildMatch(w.parts, e.Value) {
+			return w, matchWild
+		}
+	}
+	return lv.byKey[e.Key], matchKey
+}
+
+// shown is the value the statistics key shows for entry e matched by n
+// (how): the request's own where value_to_metric asks for it.
+func (n *node) shown(e Entry, how int) string {
+	switch how {
+	case matchExact:
+		return e.Value
+	case matchWild:
+		if !n.share && n.valueToMetric {
+			return e.Value
+		}
+		return n.value
+	case matchKey:
+		if n.valueToMetric {
+			return e.Value
+		}
+	}
+	return ""
+}
 
 // detailedKey is the peer's statistics key of a detailed_metric rule:
 // every entry as key_value (with the underscore even for an empty value),
