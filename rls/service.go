@@ -903,20 +903,7 @@ func (s *Server) decide(domain string, p *plan, st *Status, nowSec int64) {
 		st.ResetIn = time.Duration(u-mod(nowSec, u)) * time.Second
 	}
 	if p.err != nil {
-		if p.negative {
-			return // a refund that failed refuses nothing: OK
-		}
-		switch s.opts.OnFailure {
-		case FailClosed:
-			st.Code = CodeOverLimit
-			sr.failClosed.Add(float64(p.hits))
-			if p.shadow {
-				st.Code = CodeOK
-			}
-		default: // FailOpen (FailError never gets here)
-			st.Remaining = p.limit.RequestsPerUnit
-			sr.failOpen.Add(float64(p.hits))
-		}
+		s.failed(p, st, sr)
 		return
 	}
 	if p.negative {
@@ -929,75 +916,102 @@ func (s *Server) decide(domain string, p *plan, st *Status, nowSec int64) {
 		}
 		return
 	}
-	hits := float64(p.hits)
-	sr.hits.Add(hits)
+	sr.hits.Add(float64(p.hits))
 	var over bool
 	if p.kind == kindWindow {
-		// src/limiter/base_limiter.go: over when the count after the call
-		// exceeds the limit; near_limit counts the hits between
-		// ⌊limit·ratio⌋ and the limit; over_limit and shadow_mode the hits
-		// beyond the limit.
-		l := int64(p.limit.RequestsPerUnit)
-		near := int64(math.Floor(float64(float32(l) * float32(s.opts.NearLimitRatio))))
-		over = p.after > l
-		if over {
-			if p.before >= l {
-				sr.over.Add(hits)
-			} else {
-				sr.over.Add(float64(p.after - l))
-				sr.near.Add(float64(l - max(near, p.before)))
-			}
-			if p.shadow {
-				if p.before >= l {
-					sr.shadow.Add(hits)
-				} else {
-					sr.shadow.Add(float64(p.after - l))
-				}
-			}
-		} else {
-			st.Remaining = uint32(l - p.after)
-			if p.after > near {
-				if p.before >= near {
-					sr.near.Add(hits)
-				} else {
-					sr.near.Add(float64(p.after - near))
-				}
-			}
-			sr.within.Add(hits)
-		}
+		over = s.decideWindow(p, st, sr)
 	} else {
-		res := p.res
-		switch res.Status {
-		case limit.Allowed:
-		case limit.Invalid: // a check without hits: over when nothing is left
-			over = res.Remaining == 0
-		default:
-			over = true
-		}
-		if over {
-			sr.over.Add(hits)
-			if p.shadow {
-				sr.shadow.Add(hits)
-			}
-		} else {
-			st.Remaining = uint32(min(res.Remaining, math.MaxUint32))
-			if used := res.Limit - res.Remaining; float64(used) > math.Floor(float64(res.Limit)*s.opts.NearLimitRatio) && p.hits > 0 {
-				sr.near.Add(hits)
-			}
-			sr.within.Add(hits)
-		}
-		if p.rule.Algorithm == Concurrency || p.hits == 0 {
-			st.ResetIn = 0 // no window; or a check, whose reset the stores do not all tell
-		} else {
-			st.ResetIn = res.ResetAfter
-			if over && res.RetryAfter > 0 {
-				st.ResetIn = max(res.RetryAfter, st.ResetIn)
-			}
-		}
+		over = s.decideLimiter(p, st, sr)
 	}
 	if over && !p.shadow {
 		st.Code = CodeOverLimit
 	}
+}
+
+// failed sets the status of a plan whose store call failed, by the
+// failure policy. A refund that failed refuses nothing.
+func (s *Server) failed(p *plan, st *Status, sr *series) {
+	if p.negative {
+		return
+	}
+	switch s.opts.OnFailure {
+	case FailClosed:
+		st.Code = CodeOverLimit
+		sr.failClosed.Add(float64(p.hits))
+		if p.shadow {
+			st.Code = CodeOK
+		}
+	default: // FailOpen (FailError never gets here)
+		st.Remaining = p.limit.RequestsPerUnit
+		sr.failOpen.Add(float64(p.hits))
+	}
+}
+
+// decideWindow judges a fixed window's count and counts it as
+// src/limiter/base_limiter.go does: over when the count after the call
+// exceeds the limit; near_limit counts the hits between ⌊limit·ratio⌋
+// and the limit; over_limit and shadow_mode the hits beyond the limit.
+func (s *Server) decideWindow(p *plan, st *Status, sr *series) (over bool) {
+	hits := float64(p.hits)
+	l := int64(p.limit.RequestsPerUnit)
+	near := int64(math.Floor(float64(float32(l) * float32(s.opts.NearLimitRatio))))
+	if p.after > l {
+		beyond := hits
+		if p.before < l {
+			beyond = float64(p.after - l)
+			sr.near.Add(float64(l - max(near, p.before)))
+		}
+		sr.over.Add(beyond)
+		if p.shadow {
+			sr.shadow.Add(beyond)
+		}
+		return true
+	}
+	st.Remaining = uint32(l - p.after)
+	if p.after > near {
+		if p.before >= near {
+			sr.near.Add(hits)
+		} else {
+			sr.near.Add(float64(p.after - near))
+		}
+	}
+	sr.within.Add(hits)
+	return false
+}
+
+// decideLimiter judges a limiter's result (token bucket, GCRA, sliding
+// windows, leaky bucket, concurrency) and counts it.
+func (s *Server) decideLimiter(p *plan, st *Status, sr *series) (over bool) {
+	hits := float64(p.hits)
+	res := p.res
+	switch res.Status {
+	case limit.Allowed:
+	case limit.Invalid: // a check without hits: over when nothing is left
+		over = res.Remaining == 0
+	default:
+		over = true
+	}
+	if over {
+		sr.over.Add(hits)
+		if p.shadow {
+			sr.shadow.Add(hits)
+		}
+	} else {
+		st.Remaining = uint32(min(res.Remaining, math.MaxUint32))
+		if used := res.Limit - res.Remaining; float64(used) > math.Floor(float64(res.Limit)*s.opts.NearLimitRatio) && p.hits > 0 {
+			sr.near.Add(hits)
+		}
+		sr.within.Add(hits)
+	}
+	if p.rule.Algorithm == Concurrency || p.hits == 0 {
+		st.ResetIn = 0 // no window; or a check, whose reset the stores do not all tell
+	} else {
+		st.ResetIn = res.ResetAfter
+		if over && res.RetryAfter > 0 {
+			st.ResetIn = max(res.RetryAfter, st.ResetIn)
+		}
+	}
+	return over
 }
 
 func mod(a, b int64) int64 {
