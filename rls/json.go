@@ -287,51 +287,58 @@ func DecodeRequest(data []byte) (*Request, error) {
 		r.Descriptors = make([]Descriptor, len(jr.Descriptors))
 	}
 	for i := range jr.Descriptors {
-		jd := &jr.Descriptors[i]
-		d := &r.Descriptors[i]
-		if len(jd.Entries) > 0 {
-			d.Entries = make([]Entry, len(jd.Entries))
-		}
-		for j, e := range jd.Entries {
-			if e.Key != nil {
-				d.Entries[j].Key = *e.Key
-			}
-			if e.Value != nil {
-				d.Entries[j].Value = *e.Value
-			}
-		}
-		h, err := either(jd.HitsAddend, jd.HitsAddendP, fmt.Sprintf("descriptors[%d].hitsAddend", i))
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-		if h != nil {
-			v := h.v
-			d.Hits = &v
-		}
-		neg, err := either(jd.IsNegativeHits, jd.IsNegativeHitsP, fmt.Sprintf("descriptors[%d].isNegativeHits", i))
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-		d.Negative = neg != nil && *neg
-		if jd.Limit != nil {
-			rpu, err := either(jd.Limit.RequestsPerUnit, jd.Limit.RequestsPerUnitP, fmt.Sprintf("descriptors[%d].limit.requestsPerUnit", i))
-			if err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-			}
-			o := &Override{}
-			if rpu != nil {
-				if rpu.v > math.MaxUint32 {
-					return nil, fmt.Errorf("%w: descriptors[%d].limit.requestsPerUnit %d is out of range for a uint32", ErrInvalid, i, rpu.v)
-				}
-				o.RequestsPerUnit = uint32(rpu.v)
-			}
-			if jd.Limit.Unit != nil {
-				o.Unit = jd.Limit.Unit.u
-			}
-			d.Limit = o
+		if err := jr.Descriptors[i].decode(&r.Descriptors[i], i); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// decode fills d, the request's i-th descriptor, from jd.
+func (jd *jsonDescriptor) decode(d *Descriptor, i int) error {
+	if len(jd.Entries) > 0 {
+		d.Entries = make([]Entry, len(jd.Entries))
+	}
+	for j, e := range jd.Entries {
+		if e.Key != nil {
+			d.Entries[j].Key = *e.Key
+		}
+		if e.Value != nil {
+			d.Entries[j].Value = *e.Value
+		}
+	}
+	h, err := either(jd.HitsAddend, jd.HitsAddendP, fmt.Sprintf("descriptors[%d].hitsAddend", i))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if h != nil {
+		v := h.v
+		d.Hits = &v
+	}
+	neg, err := either(jd.IsNegativeHits, jd.IsNegativeHitsP, fmt.Sprintf("descriptors[%d].isNegativeHits", i))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	d.Negative = neg != nil && *neg
+	if jd.Limit == nil {
+		return nil
+	}
+	rpu, err := either(jd.Limit.RequestsPerUnit, jd.Limit.RequestsPerUnitP, fmt.Sprintf("descriptors[%d].limit.requestsPerUnit", i))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	o := &Override{}
+	if rpu != nil {
+		if rpu.v > math.MaxUint32 {
+			return fmt.Errorf("%w: descriptors[%d].limit.requestsPerUnit %d is out of range for a uint32", ErrInvalid, i, rpu.v)
+		}
+		o.RequestsPerUnit = uint32(rpu.v)
+	}
+	if jd.Limit.Unit != nil {
+		o.Unit = jd.Limit.Unit.u
+	}
+	d.Limit = o
+	return nil
 }
 
 // The response in proto3 JSON, fields in the proto's order, defaults left

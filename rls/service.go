@@ -174,41 +174,8 @@ func New(cfg *Config, opts Options) (*Server, error) {
 	if cfg == nil {
 		return nil, errors.New("rls: no configuration")
 	}
-	if opts.Clock == nil {
-		opts.Clock = wallClock{}
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.NearLimitRatio == 0 {
-		opts.NearLimitRatio = DefaultNearLimitRatio
-	}
-	if !(opts.NearLimitRatio > 0 && opts.NearLimitRatio <= 1) {
-		return nil, fmt.Errorf("rls: near-limit ratio %v: want (0, 1]", opts.NearLimitRatio)
-	}
-	if opts.MaxDescriptors <= 0 {
-		opts.MaxDescriptors = DefaultMaxDescriptors
-	}
-	if opts.MaxEntries <= 0 {
-		opts.MaxEntries = DefaultMaxEntries
-	}
-	if opts.ConcurrencyTTL <= 0 {
-		opts.ConcurrencyTTL = DefaultConcurrencyTTL
-	}
-	if opts.MaxMetricKeys <= 0 {
-		opts.MaxMetricKeys = DefaultMaxMetricKeys
-	}
-	if opts.LimitHeader == "" {
-		opts.LimitHeader = "RateLimit-Limit"
-	}
-	if opts.RemainingHeader == "" {
-		opts.RemainingHeader = "RateLimit-Remaining"
-	}
-	if opts.ResetHeader == "" {
-		opts.ResetHeader = "RateLimit-Reset"
-	}
-	if opts.OnFailure > FailClosed || opts.Headers > HeadersPeer {
-		return nil, errors.New("rls: unknown failure policy or header style")
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
 	s := &Server{opts: opts, clock: opts.Clock, reg: opts.Registry}
 	if s.reg == nil {
@@ -240,6 +207,47 @@ func New(cfg *Config, opts Options) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// defaults fills the zero fields of o and checks the others.
+func (o *Options) defaults() error {
+	if o.Clock == nil {
+		o.Clock = wallClock{}
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.NearLimitRatio == 0 {
+		o.NearLimitRatio = DefaultNearLimitRatio
+	}
+	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
+		return fmt.Errorf("rls: near-limit ratio %v: want (0, 1]", o.NearLimitRatio)
+	}
+	if o.MaxDescriptors <= 0 {
+		o.MaxDescriptors = DefaultMaxDescriptors
+	}
+	if o.MaxEntries <= 0 {
+		o.MaxEntries = DefaultMaxEntries
+	}
+	if o.ConcurrencyTTL <= 0 {
+		o.ConcurrencyTTL = DefaultConcurrencyTTL
+	}
+	if o.MaxMetricKeys <= 0 {
+		o.MaxMetricKeys = DefaultMaxMetricKeys
+	}
+	if o.LimitHeader == "" {
+		o.LimitHeader = "RateLimit-Limit"
+	}
+	if o.RemainingHeader == "" {
+		o.RemainingHeader = "RateLimit-Remaining"
+	}
+	if o.ResetHeader == "" {
+		o.ResetHeader = "RateLimit-Reset"
+	}
+	if o.OnFailure > FailClosed || o.Headers > HeadersPeer {
+		return errors.New("rls: unknown failure policy or header style")
+	}
+	return nil
 }
 
 // Registry returns the registerer the metrics are on (Options.Registry or
@@ -515,30 +523,37 @@ func (s *Server) validate(r *Request) error {
 		return fmt.Errorf("%w: %d descriptors, more than the %d a call may carry", ErrInvalid, len(r.Descriptors), s.opts.MaxDescriptors)
 	}
 	for i := range r.Descriptors {
-		d := &r.Descriptors[i]
-		switch {
-		case len(d.Entries) == 0:
-			return fmt.Errorf("%w: descriptors[%d] has no entries", ErrInvalid, i)
-		case len(d.Entries) > s.opts.MaxEntries:
-			return fmt.Errorf("%w: descriptors[%d] has %d entries, more than %d", ErrInvalid, i, len(d.Entries), s.opts.MaxEntries)
-		case d.Hits != nil && *d.Hits > MaxHits:
-			return fmt.Errorf("%w: descriptors[%d].hits_addend %d is more than %d", ErrInvalid, i, *d.Hits, uint64(MaxHits))
-		case d.Limit != nil && (d.Limit.Unit == UnitUnknown || d.Limit.Unit > Year):
-			// envoy.type.v3.RateLimitUnit ends at YEAR; WEEK is the
-			// response's unit only.
-			return fmt.Errorf("%w: descriptors[%d].limit.unit %d is not a unit of requests (SECOND 1 … YEAR 6; WEEK 7 is a response's only)", ErrInvalid, i, d.Limit.Unit)
+		if err := s.validateDescriptor(&r.Descriptors[i], i); err != nil {
+			return err
 		}
-		for j, e := range d.Entries {
-			switch {
-			case e.Key == "":
-				return fmt.Errorf("%w: descriptors[%d].entries[%d].key is empty", ErrInvalid, i, j)
-			case len(e.Key) > MaxNameBytes || len(e.Value) > MaxNameBytes:
-				return fmt.Errorf("%w: descriptors[%d].entries[%d] is longer than %d bytes", ErrInvalid, i, j, MaxNameBytes)
-			case !utf8.ValidString(e.Key) || !utf8.ValidString(e.Value):
-				// proto3 strings are UTF-8 (gRPC refuses others), and the
-				// metrics' labels are built from them.
-				return fmt.Errorf("%w: descriptors[%d].entries[%d] is not UTF-8", ErrInvalid, i, j)
-			}
+	}
+	return nil
+}
+
+// validateDescriptor is validate's check of descriptor d, the i-th.
+func (s *Server) validateDescriptor(d *Descriptor, i int) error {
+	switch {
+	case len(d.Entries) == 0:
+		return fmt.Errorf("%w: descriptors[%d] has no entries", ErrInvalid, i)
+	case len(d.Entries) > s.opts.MaxEntries:
+		return fmt.Errorf("%w: descriptors[%d] has %d entries, more than %d", ErrInvalid, i, len(d.Entries), s.opts.MaxEntries)
+	case d.Hits != nil && *d.Hits > MaxHits:
+		return fmt.Errorf("%w: descriptors[%d].hits_addend %d is more than %d", ErrInvalid, i, *d.Hits, uint64(MaxHits))
+	case d.Limit != nil && (d.Limit.Unit == UnitUnknown || d.Limit.Unit > Year):
+		// envoy.type.v3.RateLimitUnit ends at YEAR; WEEK is the
+		// response's unit only.
+		return fmt.Errorf("%w: descriptors[%d].limit.unit %d is not a unit of requests (SECOND 1 … YEAR 6; WEEK 7 is a response's only)", ErrInvalid, i, d.Limit.Unit)
+	}
+	for j, e := range d.Entries {
+		switch {
+		case e.Key == "":
+			return fmt.Errorf("%w: descriptors[%d].entries[%d].key is empty", ErrInvalid, i, j)
+		case len(e.Key) > MaxNameBytes || len(e.Value) > MaxNameBytes:
+			return fmt.Errorf("%w: descriptors[%d].entries[%d] is longer than %d bytes", ErrInvalid, i, j, MaxNameBytes)
+		case !utf8.ValidString(e.Key) || !utf8.ValidString(e.Value):
+			// proto3 strings are UTF-8 (gRPC refuses others), and the
+			// metrics' labels are built from them.
+			return fmt.Errorf("%w: descriptors[%d].entries[%d] is not UTF-8", ErrInvalid, i, j)
 		}
 	}
 	return nil
