@@ -330,12 +330,7 @@ func (b *batcher) exec(batch []*call) {
 		fail(br.unavailable())
 		return
 	}
-	oldest := batch[0].arrived
-	for _, c := range batch[1:] {
-		if c.arrived < oldest {
-			oldest = c.arrived
-		}
-	}
+	oldest := oldestArrival(batch)
 	deadline := oldest.Add(s.opts.Timeout)
 	left := deadline.Sub(clock.Now())
 	if left <= 0 {
@@ -358,23 +353,7 @@ func (b *batcher) exec(batch []*call) {
 			return
 		}
 	}
-	expiry := br.expiry(oldest, s.opts.Timeout)
-	script, width := b.script, b.l.width()
-	var keys, args []string
-	if len(batch) == 1 {
-		// One step, as a caller alone sends: the algorithm's own script,
-		// which costs Redis less than the batch's loop and per-step
-		// wrapper around it (a step answers the same either way: the
-		// batch runs the same body).
-		c := batch[0]
-		keys, args = []string{c.key}, b.l.args(c.op, c.cost, stepExtra(c))
-		if !s.noExpiry {
-			args[len(args)-1] = expiry
-		}
-		script, width = b.l.script, 5
-	} else {
-		keys, args = b.args(batch, expiry)
-	}
+	script, width, keys, args := b.call(batch, br.expiry(oldest, s.opts.Timeout))
 	vals, err := s.exec(context.Background(), dl, cn, script, keys, args).AsIntSlice()
 	switch {
 	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):
@@ -393,6 +372,33 @@ func (b *batcher) exec(batch []*call) {
 	for i, c := range batch {
 		copy(c.res[:], vals[width*i:width*i+width])
 	}
+}
+
+// oldestArrival is when the batch's oldest call arrived.
+func oldestArrival(batch []*call) clock.Instant {
+	oldest := batch[0].arrived
+	for _, c := range batch[1:] {
+		oldest = min(oldest, c.arrived)
+	}
+	return oldest
+}
+
+// call is the script the batch runs, the width of each step's answer, and
+// its keys and arguments. One step alone, as a caller alone sends, runs
+// the algorithm's own script, which costs Redis less than the batch's loop
+// and per-step wrapper around it (a step answers the same either way: the
+// batch runs the same body).
+func (b *batcher) call(batch []*call, expiry string) (script *rueidis.Lua, width int, keys, args []string) {
+	if len(batch) > 1 {
+		keys, args = b.args(batch, expiry)
+		return b.script, b.l.width(), keys, args
+	}
+	c := batch[0]
+	keys, args = []string{c.key}, b.l.args(c.op, c.cost, stepExtra(c))
+	if !b.l.s.noExpiry {
+		args[len(args)-1] = expiry
+	}
+	return b.l.script, 5, keys, args
 }
 
 // stepExtra is a step's extra argument; for a paced step that waited for
