@@ -310,33 +310,39 @@ func (rt *Runtime) openStore(prev *Runtime) error {
 		st, err = sredis.New(o)
 	}
 	if err != nil {
-		// The field Redis refused: the TLS settings, the user's rights, or
-		// the password (with a hint when the file gives none).
-		field, line, msg := "store", s.Line, err.Error()
-		switch sredis.RefusalOf(err) {
-		case sredis.TLS:
-			if s.TLS != nil {
-				field, line = "store.tls", s.TLS.Line
-			}
-			if strings.Contains(msg, "certificate required") && (s.TLS == nil || s.TLS.CertFile == "") {
-				msg += " (give the store a client certificate: tls.cert_file and tls.key_file)"
-			}
-		case sredis.Permissions:
-			if s.usernameLine != 0 {
-				field, line = "store.username", s.usernameLine
-			}
-			msg += " (the ACL of the store's user must allow its scripts on the keys under sluice:" + rt.File.Service + ")"
-		case sredis.Credentials:
-			if s.passwordField != "" {
-				field, line = s.passwordField, s.passwordLine
-			} else if strings.Contains(msg, "NOAUTH") {
-				msg += " (the server wants a password: set store.password_env or store.password_file)"
-			}
-		}
-		return &Error{File: rt.File.Path, Line: line, Field: field, Msg: msg, Err: err}
+		return rt.storeRefused(err)
 	}
 	rt.redis = &redisConn{st: st, cfg: cfg, conn: conn, tls: tlsConfig}
 	return nil
+}
+
+// storeRefused is the policy error for a store Redis refused, at the
+// field it refused: the TLS settings, the user's rights, or the password
+// (with a hint when the file gives none).
+func (rt *Runtime) storeRefused(err error) error {
+	s := rt.File.Store
+	field, line, msg := "store", s.Line, err.Error()
+	switch sredis.RefusalOf(err) {
+	case sredis.TLS:
+		if s.TLS != nil {
+			field, line = "store.tls", s.TLS.Line
+		}
+		if strings.Contains(msg, "certificate required") && (s.TLS == nil || s.TLS.CertFile == "") {
+			msg += " (give the store a client certificate: tls.cert_file and tls.key_file)"
+		}
+	case sredis.Permissions:
+		if s.usernameLine != 0 {
+			field, line = "store.username", s.usernameLine
+		}
+		msg += " (the ACL of the store's user must allow its scripts on the keys under sluice:" + rt.File.Service + ")"
+	case sredis.Credentials:
+		if s.passwordField != "" {
+			field, line = s.passwordField, s.passwordLine
+		} else if strings.Contains(msg, "NOAUTH") {
+			msg += " (the server wants a password: set store.password_env or store.password_file)"
+		}
+	}
+	return &Error{File: rt.File.Path, Line: line, Field: field, Msg: msg, Err: err}
 }
 
 // retireStoreAfter is how long a replaced runtime's Redis store stays open

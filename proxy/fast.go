@@ -1028,6 +1028,35 @@ func streamedFast(h *fasthttp.ResponseHeader) bool {
 	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
+// dialUpgrade opens an upgrade's own connection to the upstream, tracked
+// (the idle bound, and the drain's cut), within the request's deadline
+// and the upstream client's dial timeout, with its TLS handshake.
+func (f *fastServer) dialUpgrade(deadline time.Time) (net.Conn, error) {
+	d := net.Dialer{Timeout: fasthttp.DefaultDialTimeout} // as the upstream client's dial
+	dctx := context.Background()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithDeadline(dctx, deadline)
+		defer cancel()
+	}
+	up, err := d.DialContext(dctx, "tcp", f.up.Addr)
+	if err != nil {
+		return nil, err
+	}
+	u := f.track(up) // a *upConn: compared before it becomes a net.Conn
+	if u == nil {
+		return nil, net.ErrClosed
+	}
+	if !f.up.IsTLS {
+		return u, nil
+	}
+	// within the dial's bound too: a request without a deadline must not
+	// wait on a stalled handshake for as long as the idle bound
+	hctx, cancel := context.WithTimeout(dctx, fasthttp.DefaultDialTimeout)
+	defer cancel()
+	return f.handshake(hctx, u)
+}
+
 // upgrade forwards a request that asks for a protocol upgrade (a
 // WebSocket): it sends the request on a connection of its own, and on a
 // 101 answer joins the client's connection to it, both ways, until either
@@ -1041,29 +1070,8 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 	f.outbound(ctx)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", proto)
-	d := net.Dialer{Timeout: fasthttp.DefaultDialTimeout} // as the upstream client's dial
-	dctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		dctx, cancel = context.WithDeadline(dctx, deadline)
-		defer cancel()
-	}
 	in := identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}
-	up, err := d.DialContext(dctx, "tcp", f.up.Addr)
-	if err == nil {
-		if u := f.track(up); u != nil { // the idle bound, and the drain's cut
-			up = u
-		} else {
-			err = net.ErrClosed
-		}
-	}
-	if err == nil && f.up.IsTLS {
-		// within the dial's bound too: a request without a deadline must
-		// not wait on a stalled handshake for as long as the idle bound
-		hctx, cancel := context.WithTimeout(dctx, fasthttp.DefaultDialTimeout)
-		up, err = f.handshake(hctx, up)
-		cancel()
-	}
+	up, err := f.dialUpgrade(deadline)
 	if err != nil {
 		f.upstreamError(ctx, adm, &in, err)
 		return false
