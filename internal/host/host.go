@@ -207,43 +207,53 @@ func (h *Host) reload(explicit bool) (bool, error) {
 		return false, h.why // refused and logged before: stay quiet
 	}
 	f, err := policy.Parse(h.opts.Config, data)
-	v := fileV
 	if err == nil {
-		if v = versionOf(data, f); v == h.version {
+		v := versionOf(data, f)
+		if v == h.version {
 			return false, nil // the file and what it reads are as serving
 		}
-	}
-	if err == nil && len(f.Gates) == 0 && len(h.rt.File.Gates) > 0 {
-		err = errors.New("the new policy has no gates: every limit would be off at once (to pass all traffic, set the gates' mode to off)")
-	}
-	if err == nil && h.opts.Check != nil {
-		err = h.opts.Check(f)
-	}
-	if err == nil {
-		// Everything that may refuse the new policy runs before the old
-		// one is touched: only then do the gates it replaces stop.
-		var rt *policy.Runtime
-		if rt, err = policy.Prepare(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics, Upstream: h.opts.Upstream}); err == nil {
-			h.keepModeOverrides(rt)
-			err = h.gateConfig(rt).Check()
-			if err == nil && h.opts.OnBuild != nil {
-				err = h.opts.OnBuild(rt)
-			}
-			if err == nil {
-				rt.Start(h.rt)
-				if err := h.mw.Update(rt.Chain, h.gateConfig(rt)); err != nil { // checked above: cannot happen
-					h.log.Error("policy reload: the checked configuration refused; the old chain serves on", "file", h.opts.Config, "err", err)
-				}
-				h.rt, h.version, h.file, h.refused = rt, v, fileV, ""
-				h.log.Info("policy reloaded", "file", h.opts.Config, "version", fileV, "gates", len(f.Gates))
-				return true, nil
-			}
-			rt.Discard(h.rt)
+		if err = h.apply(f, v, fileV); err == nil {
+			return true, nil
 		}
 	}
 	h.refused, h.why = fileV, err
 	h.log.Error("policy reload refused; the old policy keeps serving", "file", h.opts.Config, "err", err)
 	return false, err
+}
+
+// apply checks f and, if nothing refuses it, starts it in place of the
+// policy serving (v: its version with what it reads; fileV: the file's).
+// Everything that may refuse the new policy runs before the old one is
+// touched: only then do the gates it replaces stop. REQUIRES: h.mu held.
+func (h *Host) apply(f *policy.File, v, fileV string) error {
+	if len(f.Gates) == 0 && len(h.rt.File.Gates) > 0 {
+		return errors.New("the new policy has no gates: every limit would be off at once (to pass all traffic, set the gates' mode to off)")
+	}
+	if h.opts.Check != nil {
+		if err := h.opts.Check(f); err != nil {
+			return err
+		}
+	}
+	rt, err := policy.Prepare(f, h.rt, policy.Options{Clock: h.opts.Clock, Observer: h.metrics, Upstream: h.opts.Upstream})
+	if err != nil {
+		return err
+	}
+	h.keepModeOverrides(rt)
+	err = h.gateConfig(rt).Check()
+	if err == nil && h.opts.OnBuild != nil {
+		err = h.opts.OnBuild(rt)
+	}
+	if err != nil {
+		rt.Discard(h.rt)
+		return err
+	}
+	rt.Start(h.rt)
+	if err := h.mw.Update(rt.Chain, h.gateConfig(rt)); err != nil { // checked above: cannot happen
+		h.log.Error("policy reload: the checked configuration refused; the old chain serves on", "file", h.opts.Config, "err", err)
+	}
+	h.rt, h.version, h.file, h.refused = rt, v, fileV, ""
+	h.log.Info("policy reloaded", "file", h.opts.Config, "version", fileV, "gates", len(f.Gates))
+	return nil
 }
 
 // keepModeOverrides carries a gate's run-time mode (set on the admin API)
@@ -278,66 +288,83 @@ func (h *Host) Watch(ctx context.Context, ticks <-chan time.Time) {
 	// the policy refused. An in-place write to either is not loaded: a file
 	// refused once and then edited in place may be read half-written as
 	// well (it loaded a truncated but valid policy, one gate of two).
-	loaded, _ := os.Stat(h.opts.Config)
-	var tried os.FileInfo
-	pending, told := "", ""
-	same := func(fi, of os.FileInfo) bool { return of != nil && os.SameFile(fi, of) }
-	unchanged := func(fi, of os.FileInfo) bool {
-		return same(fi, of) && fi.ModTime().Equal(of.ModTime()) && fi.Size() == of.Size()
-	}
+	w := watcher{h: h}
+	w.loaded, _ = os.Stat(h.opts.Config)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticks:
-			fi, err := os.Stat(h.opts.Config)
-			if err != nil {
-				continue
-			}
-			// A file no longer at the path is forgotten: its inode number
-			// may be reused by the next file renamed there, which would
-			// then look like it, written in place.
-			if !same(fi, loaded) {
-				loaded = nil
-			}
-			if !same(fi, tried) {
-				tried = nil
-			}
-			if unchanged(fi, loaded) || unchanged(fi, tried) {
-				continue
-			}
-			data, err := yamlfile.ReadFile(h.opts.Config)
-			if err != nil {
-				continue
-			}
-			v := digest(data)
-			if v == h.fileVersion() {
-				loaded = fi // what serves (reloaded on SIGHUP, say)
-				continue
-			}
-			if same(fi, loaded) || same(fi, tried) {
-				if v == h.refusedVersion() {
-					told = v // a reload (SIGHUP) refused this content and said why
-				}
-				if v != told {
-					told = v
-					h.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", h.opts.Config)
-				}
-				if same(fi, tried) {
-					tried = fi // told once for this content
-				}
-				continue
-			}
-			if v != pending {
-				pending = v
-				continue
-			}
-			if _, err := h.reload(false); err == nil {
-				loaded, tried = fi, nil
-			} else {
-				tried = fi
-			}
+			w.tick()
 		}
+	}
+}
+
+// watcher is Watch's state between ticks.
+type watcher struct {
+	h             *Host
+	loaded, tried os.FileInfo
+	pending, told string
+}
+
+func same(fi, of os.FileInfo) bool { return of != nil && os.SameFile(fi, of) }
+
+func unchanged(fi, of os.FileInfo) bool {
+	return same(fi, of) && fi.ModTime().Equal(of.ModTime()) && fi.Size() == of.Size()
+}
+
+// tick checks the file once.
+func (w *watcher) tick() {
+	h := w.h
+	fi, err := os.Stat(h.opts.Config)
+	if err != nil {
+		return
+	}
+	// A file no longer at the path is forgotten: its inode number may be
+	// reused by the next file renamed there, which would then look like
+	// it, written in place.
+	if !same(fi, w.loaded) {
+		w.loaded = nil
+	}
+	if !same(fi, w.tried) {
+		w.tried = nil
+	}
+	if unchanged(fi, w.loaded) || unchanged(fi, w.tried) {
+		return
+	}
+	data, err := yamlfile.ReadFile(h.opts.Config)
+	if err != nil {
+		return
+	}
+	v := digest(data)
+	switch {
+	case v == h.fileVersion():
+		w.loaded = fi // what serves (reloaded on SIGHUP, say)
+	case same(fi, w.loaded) || same(fi, w.tried):
+		w.inPlace(fi, v)
+	case v != w.pending:
+		w.pending = v // loaded once two checks read the same content
+	default:
+		if _, err := h.reload(false); err == nil {
+			w.loaded, w.tried = fi, nil
+		} else {
+			w.tried = fi
+		}
+	}
+}
+
+// inPlace answers a file written in place (content v): not loaded, and
+// said so once per content.
+func (w *watcher) inPlace(fi os.FileInfo, v string) {
+	if v == w.h.refusedVersion() {
+		w.told = v // a reload (SIGHUP) refused this content and said why
+	}
+	if v != w.told {
+		w.told = v
+		w.h.log.Warn("policy file changed in place: not reloaded, since a file written in place may be read half-written; replace it atomically (write a new file, rename it over) or send SIGHUP", "file", w.h.opts.Config)
+	}
+	if same(fi, w.tried) {
+		w.tried = fi // told once for this content
 	}
 }
 
