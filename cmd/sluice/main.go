@@ -308,108 +308,130 @@ func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error
 }
 
 func demoCmd() *cobra.Command {
-	var opts demo.Options
-	var matrix demo.MatrixOptions
-	var matrixTrace string
-	var incident demo.IncidentOptions
-	var config, jsonPath, plotBase, scenario string
+	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Show goodput under overload with and without sluice, on a modeled upstream, with real open-loop load",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if scenario == "ladder" {
-				ctx, stop := stopContext(context.Background())
-				defer stop()
-				fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario ladder: critical route solves at 25% of capacity, analytics stepping 20% → 65% → 300% → 20%")
-				rep, err := demo.RunLadderStep(ctx, []demo.LadderPhase{
-					{For: 2 * time.Second, Share: 0.2}, {For: 3 * time.Second, Share: 0.65},
-					{For: 5 * time.Second, Share: 3}, {For: 8 * time.Second, Share: 0.2},
-				})
-				if err != nil {
-					return err
-				}
-				rep.WriteTable(cmd.OutOrStdout())
-				return nil
-			}
-			if scenario == "reservation" {
-				return demoReservation(cmd, config, jsonPath)
-			}
-			if scenario == "retry-storm" {
-				return demoRetryStorm(cmd, config, jsonPath, plotBase)
-			}
-			if scenario != "" && scenario != "sweep" && scenario != "service-step" && scenario != "capacity-matrix" && scenario != "incident" {
-				return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation, retry-storm, capacity-matrix or incident", scenario)
-			}
-			opts.Policy, _, _ = examples.ByName("routes-api")
-			opts.PolicyName = "examples/routes-api.yaml (embedded)"
-			if err := readPolicy(config, &opts.Policy, &opts.PolicyName); err != nil {
-				return err
-			}
-			if _, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
-				return err
-			}
-			if scenario == "capacity-matrix" {
-				return demoMatrix(cmd, &matrix, matrixTrace, opts, jsonPath)
-			}
-			if scenario == "incident" {
-				return demoIncident(cmd, &incident, opts, jsonPath, plotBase)
-			}
-			if scenario == "service-step" {
-				ctx, stop := stopContext(context.Background())
-				defer stop()
-				fmt.Fprintf(cmd.OutOrStdout(), "sluice demo --scenario service-step: 8 workers behind %s; reads 5 ms → 25 ms for 30 s → 5 ms, 960 req/s open-loop (3x the 25 ms capacity)\n", opts.PolicyName)
-				rep, err := demo.RunServiceStep(ctx, demo.StepOptions{Policy: opts.Policy, PolicyName: opts.PolicyName, Deadline: opts.Deadline})
-				if err != nil {
-					return err
-				}
-				rep.WriteTable(cmd.OutOrStdout())
-				if jsonPath != "" {
-					if err := rep.WriteJSON(jsonPath); err != nil {
-						return err
-					}
-				}
-				return savePlot(cmd, rep, plotBase)
-			}
-			opts.Progress = cmd.ErrOrStderr()
-			if exe, err := os.Executable(); err == nil {
-				opts.Exe = exe // the upstream and the proxy in processes of their own
-			}
-			ctx, stop := stopContext(context.Background())
-			defer stop()
-			fmt.Fprintf(cmd.OutOrStdout(), "sluice demo: routes-api model behind %s\n", opts.PolicyName)
-			rep, err := demo.Run(ctx, opts)
-			if err != nil {
-				return err
-			}
-			rep.WriteTable(cmd.OutOrStdout())
-			if jsonPath != "" {
-				if err := rep.WriteJSON(jsonPath); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
-			}
-			return savePlot(cmd, rep, plotBase)
-		},
+		RunE:  func(cmd *cobra.Command, _ []string) error { return f.run(cmd) },
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim), retry-storm (a naive retry loop against package client's retries, through the proxy in overload) capacity-matrix (upstreams of every size and speed behind the policy unchanged, at 0.5x to 10x, upstream and proxy in processes of their own; long: see --workers) or incident (the routes-api model at --load times its capacity for --duration, optionally --slowdown for a stretch; goodput per 10 s slice and the adaptive limit's trace)")
-	cmd.Flags().IntSliceVar(&matrix.Workers, "workers", nil, "capacity-matrix: the upstreams' worker counts (default 1,2,4,8,32)")
-	cmd.Flags().DurationSliceVar(&matrix.Services, "services", nil, "capacity-matrix: the upstreams' service times (default 5ms,50ms,200ms)")
-	cmd.Flags().Float64SliceVar(&matrix.Deadlines, "deadlines", nil, "capacity-matrix: the callers' deadlines as multiples of the service time (default 2,10,100)")
-	cmd.Flags().StringVar(&matrixTrace, "trace", "", "capacity-matrix: write a JSON line per second of every step to this file (good, late and refused answers beside the proxy's /v1/gates)")
-	cmd.Flags().DurationVar(&incident.Duration, "duration", 30*time.Minute, "incident: how long the load holds")
-	cmd.Flags().Float64Var(&incident.Load, "load", 3, "incident: the offered load, a multiple of the upstream's capacity")
-	cmd.Flags().Float64Var(&incident.Slowdown, "slowdown", 0, "incident: multiply the upstream's service times by this factor for a stretch (its capacity drops by it)")
-	cmd.Flags().DurationVar(&incident.SlowFrom, "slow-from", 30*time.Second, "incident: when the slowdown begins")
-	cmd.Flags().DurationVar(&incident.SlowFor, "slow-for", 30*time.Second, "incident: how long the slowdown lasts")
+	cmd.Flags().StringVar(&f.scenario, "scenario", "sweep", "sweep (goodput against offered load), ladder (a load step through the degradation ladder), service-step (the upstream's service time steps 5x; the adaptive limit's trace), reservation (premium and free class reservations: the split, borrowing and reclaim), retry-storm (a naive retry loop against package client's retries, through the proxy in overload) capacity-matrix (upstreams of every size and speed behind the policy unchanged, at 0.5x to 10x, upstream and proxy in processes of their own; long: see --workers) or incident (the routes-api model at --load times its capacity for --duration, optionally --slowdown for a stretch; goodput per 10 s slice and the adaptive limit's trace)")
+	cmd.Flags().IntSliceVar(&f.matrix.Workers, "workers", nil, "capacity-matrix: the upstreams' worker counts (default 1,2,4,8,32)")
+	cmd.Flags().DurationSliceVar(&f.matrix.Services, "services", nil, "capacity-matrix: the upstreams' service times (default 5ms,50ms,200ms)")
+	cmd.Flags().Float64SliceVar(&f.matrix.Deadlines, "deadlines", nil, "capacity-matrix: the callers' deadlines as multiples of the service time (default 2,10,100)")
+	cmd.Flags().StringVar(&f.matrixTrace, "trace", "", "capacity-matrix: write a JSON line per second of every step to this file (good, late and refused answers beside the proxy's /v1/gates)")
+	cmd.Flags().DurationVar(&f.incident.Duration, "duration", 30*time.Minute, "incident: how long the load holds")
+	cmd.Flags().Float64Var(&f.incident.Load, "load", 3, "incident: the offered load, a multiple of the upstream's capacity")
+	cmd.Flags().Float64Var(&f.incident.Slowdown, "slowdown", 0, "incident: multiply the upstream's service times by this factor for a stretch (its capacity drops by it)")
+	cmd.Flags().DurationVar(&f.incident.SlowFrom, "slow-from", 30*time.Second, "incident: when the slowdown begins")
+	cmd.Flags().DurationVar(&f.incident.SlowFor, "slow-for", 30*time.Second, "incident: how long the slowdown lasts")
 	cmd.AddCommand(demoUpstreamCmd())
-	cmd.Flags().StringVar(&config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
-	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the table rows as JSON to this file")
-	cmd.Flags().StringVar(&plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
-	cmd.Flags().DurationVar(&opts.Step, "step", 5*time.Second, "load duration of each step")
-	cmd.Flags().DurationVar(&opts.Deadline, "deadline", 500*time.Millisecond, "client deadline")
-	cmd.Flags().Float64SliceVar(&opts.Multipliers, "loads", []float64{0.5, 1, 2, 5, 10}, "offered loads as multiples of the measured capacity")
+	cmd.Flags().StringVar(&f.config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
+	cmd.Flags().StringVar(&f.jsonPath, "json", "", "also write the table rows as JSON to this file")
+	cmd.Flags().StringVar(&f.plotBase, "plot", "sluice-demo", "write the goodput plot to this path plus .png and .svg (empty: no plot)")
+	cmd.Flags().DurationVar(&f.opts.Step, "step", 5*time.Second, "load duration of each step")
+	cmd.Flags().DurationVar(&f.opts.Deadline, "deadline", 500*time.Millisecond, "client deadline")
+	cmd.Flags().Float64SliceVar(&f.opts.Multipliers, "loads", []float64{0.5, 1, 2, 5, 10}, "offered loads as multiples of the measured capacity")
 	return cmd
+}
+
+// demoFlags are sluice demo's flags.
+type demoFlags struct {
+	opts                                              demo.Options
+	matrix                                            demo.MatrixOptions
+	incident                                          demo.IncidentOptions
+	config, jsonPath, plotBase, scenario, matrixTrace string
+}
+
+// run runs the scenario the flags name.
+func (f *demoFlags) run(cmd *cobra.Command) error {
+	switch f.scenario {
+	case "ladder":
+		return demoLadder(cmd)
+	case "reservation":
+		return demoReservation(cmd, f.config, f.jsonPath)
+	case "retry-storm":
+		return demoRetryStorm(cmd, f.config, f.jsonPath, f.plotBase)
+	case "", "sweep", "service-step", "capacity-matrix", "incident":
+	default:
+		return fmt.Errorf("--scenario %q: want sweep, ladder, service-step, reservation, retry-storm, capacity-matrix or incident", f.scenario)
+	}
+	opts := f.opts
+	opts.Policy, _, _ = examples.ByName("routes-api")
+	opts.PolicyName = "examples/routes-api.yaml (embedded)"
+	if err := readPolicy(f.config, &opts.Policy, &opts.PolicyName); err != nil {
+		return err
+	}
+	if _, err := policy.Parse(opts.PolicyName, opts.Policy); err != nil {
+		return err
+	}
+	switch f.scenario {
+	case "capacity-matrix":
+		return demoMatrix(cmd, &f.matrix, f.matrixTrace, opts, f.jsonPath)
+	case "incident":
+		return demoIncident(cmd, &f.incident, opts, f.jsonPath, f.plotBase)
+	case "service-step":
+		return demoServiceStep(cmd, opts, f.jsonPath, f.plotBase)
+	}
+	return demoSweep(cmd, opts, f.jsonPath, f.plotBase)
+}
+
+// demoLadder is sluice demo --scenario ladder.
+func demoLadder(cmd *cobra.Command) error {
+	ctx, stop := stopContext(context.Background())
+	defer stop()
+	fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario ladder: critical route solves at 25% of capacity, analytics stepping 20% → 65% → 300% → 20%")
+	rep, err := demo.RunLadderStep(ctx, []demo.LadderPhase{
+		{For: 2 * time.Second, Share: 0.2}, {For: 3 * time.Second, Share: 0.65},
+		{For: 5 * time.Second, Share: 3}, {For: 8 * time.Second, Share: 0.2},
+	})
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	return nil
+}
+
+// demoServiceStep is sluice demo --scenario service-step.
+func demoServiceStep(cmd *cobra.Command, opts demo.Options, jsonPath, plotBase string) error {
+	ctx, stop := stopContext(context.Background())
+	defer stop()
+	fmt.Fprintf(cmd.OutOrStdout(), "sluice demo --scenario service-step: 8 workers behind %s; reads 5 ms → 25 ms for 30 s → 5 ms, 960 req/s open-loop (3x the 25 ms capacity)\n", opts.PolicyName)
+	rep, err := demo.RunServiceStep(ctx, demo.StepOptions{Policy: opts.Policy, PolicyName: opts.PolicyName, Deadline: opts.Deadline})
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	if jsonPath != "" {
+		if err := rep.WriteJSON(jsonPath); err != nil {
+			return err
+		}
+	}
+	return savePlot(cmd, rep, plotBase)
+}
+
+// demoSweep is sluice demo's default scenario: goodput against offered
+// load, the upstream and the proxy in processes of their own.
+func demoSweep(cmd *cobra.Command, opts demo.Options, jsonPath, plotBase string) error {
+	opts.Progress = cmd.ErrOrStderr()
+	if exe, err := os.Executable(); err == nil {
+		opts.Exe = exe // the upstream and the proxy in processes of their own
+	}
+	ctx, stop := stopContext(context.Background())
+	defer stop()
+	fmt.Fprintf(cmd.OutOrStdout(), "sluice demo: routes-api model behind %s\n", opts.PolicyName)
+	rep, err := demo.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	if jsonPath != "" {
+		if err := rep.WriteJSON(jsonPath); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
+	}
+	return savePlot(cmd, rep, plotBase)
 }
 
 // savePlot writes base.png and base.svg with p, unless base is empty, and

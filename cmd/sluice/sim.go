@@ -188,17 +188,8 @@ func simPolicy(config, scenarioPolicy string) (*sim.Policy, error) {
 	return &sim.Policy{Name: config, Data: data}, nil
 }
 
-// runIncidents runs the incident library through --config (default: the
-// routes-api example, the demo's policy), each incident on its own core,
-// and prints the table.
-func (fl *simFlags) runIncidents(cmd *cobra.Command) error {
-	if cmd.Flags().Changed("scenario") || fl.noPolicy || fl.retry != "" {
-		return errors.New("--incidents runs its own scenarios through a policy: no --scenario, --no-policy or --retry")
-	}
-	pol, err := simPolicy(fl.config, "routes-api")
-	if err != nil {
-		return err
-	}
+// chosenIncidents are the incidents --only names, or all of them.
+func (fl *simFlags) chosenIncidents() ([]sim.Incident, error) {
 	var list []sim.Incident
 	for _, in := range sim.Incidents() {
 		if len(fl.only) == 0 || slices.Contains(fl.only, in.Name) {
@@ -207,16 +198,14 @@ func (fl *simFlags) runIncidents(cmd *cobra.Command) error {
 	}
 	for _, name := range fl.only {
 		if !slices.ContainsFunc(list, func(in sim.Incident) bool { return in.Name == name }) {
-			return fmt.Errorf("--only %q: no such incident", name)
+			return nil, fmt.Errorf("--only %q: no such incident", name)
 		}
 	}
-	var jsonFile *os.File
-	if fl.jsonPath != "" && fl.jsonPath != "-" {
-		if jsonFile, err = os.Create(fl.jsonPath); err != nil {
-			return err
-		}
-		defer jsonFile.Close()
-	}
+	return list, nil
+}
+
+// runEach runs the incidents through pol, each on a core of its own.
+func (fl *simFlags) runEach(list []sim.Incident, pol *sim.Policy) ([]sim.IncidentResult, error) {
 	results := make([]sim.IncidentResult, len(list))
 	errs := make([]error, len(list))
 	var wg sync.WaitGroup
@@ -231,7 +220,33 @@ func (fl *simFlags) runIncidents(cmd *cobra.Command) error {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	return results, errors.Join(errs...)
+}
+
+// runIncidents runs the incident library through --config (default: the
+// routes-api example, the demo's policy), each incident on its own core,
+// and prints the table.
+func (fl *simFlags) runIncidents(cmd *cobra.Command) error {
+	if cmd.Flags().Changed("scenario") || fl.noPolicy || fl.retry != "" {
+		return errors.New("--incidents runs its own scenarios through a policy: no --scenario, --no-policy or --retry")
+	}
+	pol, err := simPolicy(fl.config, "routes-api")
+	if err != nil {
+		return err
+	}
+	list, err := fl.chosenIncidents()
+	if err != nil {
+		return err
+	}
+	var jsonFile *os.File
+	if fl.jsonPath != "" && fl.jsonPath != "-" {
+		if jsonFile, err = os.Create(fl.jsonPath); err != nil {
+			return err
+		}
+		defer jsonFile.Close()
+	}
+	results, err := fl.runEach(list, pol)
+	if err != nil {
 		if n := printPolicyErrors(cmd, err); n > 0 {
 			return fmt.Errorf("%d error(s)", n)
 		}
