@@ -134,13 +134,7 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 	capacity := float64(opts.Workers) / MeanServiceTime().Seconds()
 	rate := opts.Load * capacity
 	n := int(opts.Duration / time.Second)
-	rows := make([]IncidentRow, n)
-	for i := range rows {
-		rows[i] = IncidentRow{T: float64(i), CapacityRPS: capacity, TargetRPS: rate}
-		if opts.Slowdown > 1 && i >= int(opts.SlowFrom/time.Second) && i < int((opts.SlowFrom+opts.SlowFor)/time.Second) {
-			rows[i].CapacityRPS = capacity / opts.Slowdown
-		}
-	}
+	rows := opts.rows(capacity, rate, n)
 	var mu sync.Mutex // rows' counters: the load's goroutine and this one
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -178,14 +172,8 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 		mu.Lock()
 		rows[i-1].Limit = l
 		mu.Unlock()
-		if opts.Slowdown > 1 {
-			switch i {
-			case int(opts.SlowFrom / time.Second):
-				err = st.slowdown(opts.Slowdown)
-			case int((opts.SlowFrom + opts.SlowFor) / time.Second):
-				err = st.slowdown(1)
-			}
-			if err != nil {
+		if f, ok := opts.slowdownAt(i); ok {
+			if err := st.slowdown(f); err != nil {
 				wg.Wait()
 				return nil, err
 			}
@@ -198,6 +186,35 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 	}
 	rep.judge(&opts)
 	return rep, nil
+}
+
+// rows are the run's n one-second rows, each with the capacity of its
+// second (capacity req/s, divided by the slowdown while it lasts) and the
+// target rate.
+func (o *IncidentOptions) rows(capacity, rate float64, n int) []IncidentRow {
+	rows := make([]IncidentRow, n)
+	for i := range rows {
+		rows[i] = IncidentRow{T: float64(i), CapacityRPS: capacity, TargetRPS: rate}
+		if o.Slowdown > 1 && i >= int(o.SlowFrom/time.Second) && i < int((o.SlowFrom+o.SlowFor)/time.Second) {
+			rows[i].CapacityRPS = capacity / o.Slowdown
+		}
+	}
+	return rows
+}
+
+// slowdownAt is the service-time factor the upstream takes at second i,
+// if it changes then.
+func (o *IncidentOptions) slowdownAt(i int) (float64, bool) {
+	if o.Slowdown <= 1 {
+		return 0, false
+	}
+	switch i {
+	case int(o.SlowFrom / time.Second):
+		return o.Slowdown, true
+	case int((o.SlowFrom + o.SlowFor) / time.Second):
+		return 1, true
+	}
+	return 0, false
 }
 
 // judge cuts the rows into slices and judges those past the settling
