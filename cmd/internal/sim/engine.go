@@ -628,6 +628,46 @@ func (e *engine) arrive() {
 	e.send(i)
 }
 
+// giveUp sets when attempt a's caller gives up (its timeout, or the
+// operation's deadline) and returns the budget the request carries: the
+// time left, or a naive client's first attempt's budget, resent.
+func (e *engine) giveUp(a *attempt, c *class, now int64) int64 {
+	a.giveUp = now + sample(e.rCli, c.timeout)
+	told := a.giveUp - now
+	if d := int64(e.s.Client.Deadline); d > 0 {
+		if a.deadline == 0 {
+			a.deadline = now + d
+		}
+		a.giveUp = min(a.giveUp, a.deadline)
+		told = a.giveUp - now
+		if e.sluiceClient(a) == nil { // naive: the first attempt's budget, resent
+			if a.header == 0 {
+				a.header = told
+			}
+			told = a.header
+		}
+	}
+	return told
+}
+
+// countAttempt books attempt a, if measured, as sent (by process, too).
+func (e *engine) countAttempt(a *attempt) {
+	if !a.measured {
+		return
+	}
+	if len(e.procs) > 1 {
+		pr := e.byProc(a)
+		pr.Attempts += float64(a.units)
+		if a.n == 1 {
+			pr.Offered += float64(a.units)
+		}
+	}
+	e.m.Attempts += float64(a.units)
+	if a.n > 1 {
+		e.m.Retried += float64(a.units)
+	}
+}
+
 // send issues attempt i: the caller starts its timer and the request meets
 // the admission chain, if any, then the queue.
 func (e *engine) send(i int32) {
@@ -643,40 +683,14 @@ func (e *engine) send(i int32) {
 		return
 	}
 	a.issued = now
-	a.giveUp = now + sample(e.rCli, c.timeout)
-	told := a.giveUp - now // the budget the request carries
-	if d := int64(e.s.Client.Deadline); d > 0 {
-		if a.deadline == 0 {
-			a.deadline = now + d
-		}
-		a.giveUp = min(a.giveUp, a.deadline)
-		told = a.giveUp - now
-		if e.sluiceClient(a) == nil { // naive: the first attempt's budget, resent
-			if a.header == 0 {
-				a.header = told
-			}
-			told = a.header
-		}
-	}
+	told := e.giveUp(a, c, now)
 	a.measured = e.inWindow()
 	chain := e.chain
 	if len(e.procs) > 1 {
 		a.proc = e.pick()
 		chain = e.procs[a.proc].chain
-		if a.measured {
-			pr := e.byProc(a)
-			pr.Attempts += float64(a.units)
-			if a.n == 1 {
-				pr.Offered += float64(a.units)
-			}
-		}
 	}
-	if a.measured {
-		e.m.Attempts += float64(a.units)
-		if a.n > 1 {
-			e.m.Retried += float64(a.units)
-		}
-	}
+	e.countAttempt(a)
 	a.refs = 1 // the caller, until its timeout event
 	wait := int64(0)
 	if chain != nil {

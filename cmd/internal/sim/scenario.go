@@ -633,23 +633,8 @@ func (s *Scenario) phase(i int, last *time.Duration) error {
 	if !(p.Slowdown > 0) || p.Slowdown > 1000 {
 		return ferr(f+".slowdown", "%v, want a factor in (0, 1000]", p.Slowdown)
 	}
-	for j, name := range p.Classes {
-		if !slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) {
-			return ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
-		}
-	}
-	total := 0.0
-	for name, v := range p.Shares {
-		if !slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) {
-			return ferr(f+".shares."+name, "%q is not a class of the scenario", name)
-		}
-		if !(v >= 0) || v > 1e6 {
-			return ferr(f+".shares."+name, "%v, want a share in [0, 1e6]", v)
-		}
-		total += v
-	}
-	if len(p.Shares) > 0 && total == 0 {
-		return ferr(f+".shares", "all shares are 0")
+	if err := s.phaseClasses(p, f); err != nil {
+		return err
 	}
 	if p.Workers < 0 || p.Workers > maxWorkers {
 		return ferr(f+".workers", "%d, want 1 to %d (0: the scenario's)", p.Workers, maxWorkers)
@@ -660,6 +645,31 @@ func (s *Scenario) phase(i int, last *time.Duration) error {
 		}
 	}
 	return s.balance(f+".balance", p.Balance)
+}
+
+// phaseClasses checks the classes phase p (at field f) names and their
+// shares.
+func (s *Scenario) phaseClasses(p *Phase, f string) error {
+	known := func(name string) bool { return slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) }
+	for j, name := range p.Classes {
+		if !known(name) {
+			return ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
+		}
+	}
+	total := 0.0
+	for name, v := range p.Shares {
+		if !known(name) {
+			return ferr(f+".shares."+name, "%q is not a class of the scenario", name)
+		}
+		if !(v >= 0) || v > 1e6 {
+			return ferr(f+".shares."+name, "%v, want a share in [0, 1e6]", v)
+		}
+		total += v
+	}
+	if len(p.Shares) > 0 && total == 0 {
+		return ferr(f+".shares", "all shares are 0")
+	}
+	return nil
 }
 
 // ModeledCapacity returns the capacity the mix gives the worker pool, in
