@@ -650,7 +650,9 @@ func (s *Scenario) phase(i int, last *time.Duration) error {
 // phaseClasses checks the classes phase p (at field f) names and their
 // shares.
 func (s *Scenario) phaseClasses(p *Phase, f string) error {
-	known := func(name string) bool { return slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name }) }
+	known := func(name string) bool {
+		return slices.ContainsFunc(s.Classes, func(c Class) bool { return c.Name == name })
+	}
 	for j, name := range p.Classes {
 		if !known(name) {
 			return ferr(fmt.Sprintf("%s.classes[%d]", f, j), "%q is not a class of the scenario", name)
