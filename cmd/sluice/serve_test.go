@@ -1,9 +1,12 @@
 package main
 
 import (
+	"go.uber.org/goleak"
+
 	"bufio"
 	"context"
 	"errors"
+	"github.com/sluice-go/sluice/internal/leakcheck"
 	"io"
 	"net/http"
 	"os"
@@ -35,7 +38,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m, leakcheck.Ignore()...)
 }
 
 // child is `sluice serve` running in a process of its own.
