@@ -245,10 +245,13 @@ func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completi
 			} else {
 				st.again = c.Outcome == sluice.OutcomeUseful
 				switch {
-				case st.again:
+				case c.Outcome != sluice.OutcomeLate:
+					// In time (the next goes at once), or errored or
+					// cancelled, which says nothing of how long the work
+					// takes: the next waits the whole Retest.
 					st.gap = 0
 				case st.gap == 0:
-					st.gap = min(2*c.Latency, g.opts.Retest)
+					st.gap = min(max(2*c.Latency, time.Millisecond), g.opts.Retest)
 				default:
 					st.gap = min(2*st.gap, g.opts.Retest)
 				}

@@ -297,3 +297,30 @@ func TestDeadlineReportsItsEstimates(t *testing.T) {
 		t.Fatalf("class state %+v; want default at 50-55 ms, 30 samples, a retest out 10 ms ago", c)
 	}
 }
+
+// A retest the caller cancelled (or that errored) says nothing of how long
+// the work takes: the next waits the whole retest interval, not twice its
+// latency.
+func TestDeadlineCancelledRetestWaitsTheInterval(t *testing.T) {
+	g, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	now := clock.Instant(time.Hour)
+	for range 30 {
+		g.Release(&sluice.Request{Class: "default"}, 0, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 150 * ms, Now: now})
+	}
+	req := func() *sluice.Request { return &sluice.Request{Class: "default", Deadline: now.Add(100 * ms)} }
+	ctx := context.Background()
+	r := req()
+	d, p := g.Decide(ctx, r, now)
+	if !d.Admitted || p == 0 {
+		t.Fatalf("the first refusal: %+v; want a retest", d)
+	}
+	g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeCancelled, Latency: time.Millisecond, Now: now.Add(ms)})
+	now = now.Add(500 * ms)
+	if d, _ := g.Decide(ctx, req(), now); d.Admitted {
+		t.Fatal("a retest 500 ms after a cancelled one; want the next after 1 s")
+	}
+	now = now.Add(500 * ms)
+	if d, _ := g.Decide(ctx, req(), now); !d.Admitted {
+		t.Fatal("no retest 1 s after a cancelled one")
+	}
+}
