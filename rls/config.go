@@ -585,7 +585,7 @@ func (p *parser) fields(n *yaml.Node, path string, known []string, visit func(k 
 			p.Errf(k, field, "duplicate field")
 		case !slices.Contains(known, k.Value):
 			msg := "unknown field"
-			if best := closest(k.Value, known); best != "" {
+			if best := yamlfile.Closest(k.Value, known); best != "" {
 				msg += fmt.Sprintf("; did you mean %q?", best)
 			}
 			p.Errf(k, field, "%s (known: %s)", msg, strings.Join(known, ", "))
@@ -909,45 +909,11 @@ func (p *parser) checkReplaces(d *domain) {
 			continue
 		}
 		msg := fmt.Sprintf("%q names no rate_limit of domain %q", ref.name, d.name)
-		if best := closest(ref.name, names); best != "" {
+		if best := yamlfile.Closest(ref.name, names); best != "" {
 			msg += fmt.Sprintf("; did you mean %q?", best)
 		}
 		p.Errf(ref.node, ref.field, "%s", msg)
 	}
-}
-
-// closest returns the name within an edit distance of 2 of s, if any.
-func closest(s string, names []string) string {
-	best, dist := "", 3
-	for _, n := range names {
-		if d := editDistance(s, n); d < dist {
-			best, dist = n, d
-		}
-	}
-	return best
-}
-
-func editDistance(a, b string) int {
-	if len(a) > 256 || len(b) > 256 {
-		return 3
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			sub := prev[j-1]
-			if a[i-1] != b[j-1] {
-				sub++
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, sub)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // wildMatch reports whether value matches a wildcard value split on '*':

@@ -321,8 +321,13 @@ func unknownField(key string, known []string) string {
 	return msg
 }
 
-// editDistance is the Levenshtein distance between a and b, in bytes.
+// editDistance is the Levenshtein distance between a and b, in bytes; 3
+// (too far for a typo) when either is longer than 256 bytes, so that a
+// huge key costs nothing.
 func editDistance(a, b string) int {
+	if len(a) > 256 || len(b) > 256 {
+		return 3
+	}
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
