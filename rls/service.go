@@ -332,65 +332,46 @@ func (s *Server) buildRule(r *Rule, id string, kept store.Limiter) (store.Limite
 			return nil, err
 		}
 		a, err := limit.NewTokenBucket(rt, r.Burst)
-		if err != nil {
-			return nil, err
-		}
-		if st == nil {
-			return memory.NewKeyed(a, mo), nil
-		}
-		sp, err := sredis.TokenBucket(id, a)
-		if err != nil {
-			return nil, err
-		}
-		return st.Limiter(sp), nil
+		return limiterOn(st, id, a, err, mo, sredis.TokenBucket)
 	case GCRA:
 		rt, err := rate()
 		if err != nil {
 			return nil, err
 		}
 		a, err := limit.NewGCRA(rt, r.Burst)
-		if err != nil {
-			return nil, err
-		}
-		if st == nil {
-			return memory.NewKeyed(a, mo), nil
-		}
-		sp, err := sredis.GCRA(id, a)
-		if err != nil {
-			return nil, err
-		}
-		return st.Limiter(sp), nil
+		return limiterOn(st, id, a, err, mo, sredis.GCRA)
 	case SlidingWindow:
 		a, err := limit.NewSlidingWindow(int64(r.RequestsPerUnit), r.Unit.Duration())
-		if err != nil {
-			return nil, err
-		}
-		if st == nil {
-			return memory.NewKeyed(a, mo), nil
-		}
-		sp, err := sredis.SlidingWindow(id, a)
-		if err != nil {
-			return nil, err
-		}
-		return st.Limiter(sp), nil
+		return limiterOn(st, id, a, err, mo, sredis.SlidingWindow)
 	case Concurrency:
 		a, err := limit.NewConcurrency(r.Limit)
-		if err != nil {
-			return nil, err
-		}
-		if st == nil {
+		if err == nil && st == nil {
 			if k, ok := kept.(*memory.Keyed[limit.ConcurrencyState, *limit.Concurrency]); ok {
-				return k.WithAlgorithm(a), nil
+				return k.WithAlgorithm(a), nil // the permits in flight carry over
 			}
-			return memory.NewKeyed(a, mo), nil
 		}
-		sp, err := sredis.Concurrency(id, a, s.opts.ConcurrencyTTL)
-		if err != nil {
-			return nil, err
-		}
-		return st.Limiter(sp), nil
+		return limiterOn(st, id, a, err, mo, func(name string, a *limit.Concurrency) (*sredis.Spec, error) {
+			return sredis.Concurrency(name, a, s.opts.ConcurrencyTTL)
+		})
 	}
 	return nil, fmt.Errorf("unknown algorithm %d", r.Algorithm)
+}
+
+// limiterOn returns algorithm a (or err, from building it) as a limiter:
+// in memory, or on Redis as its twin spec makes it under name.
+func limiterOn[S any, A limit.Algorithm[S]](st *sredis.Store, name string, a A, err error, mo memory.Options,
+	spec func(string, A) (*sredis.Spec, error)) (store.Limiter, error) {
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return memory.NewKeyed(a, mo), nil
+	}
+	sp, err := spec(name, a)
+	if err != nil {
+		return nil, err
+	}
+	return st.Limiter(sp), nil
 }
 
 // Plan kinds: what a descriptor resolved to.
