@@ -23,11 +23,13 @@ type shellBlock struct {
 
 var fence = regexp.MustCompile("^```(sh|bash|shell|console)\\s*$")
 
-// shellBlocks returns the shell blocks of README.md and docs/*.md.
+// shellBlocks returns the shell blocks of README.md, BENCHMARKS.md and the
+// Markdown files under docs/.
 func shellBlocks(t *testing.T) []shellBlock {
 	t.Helper()
 	files, _ := filepath.Glob("../../docs/*.md")
-	files = append([]string{"../../README.md"}, files...)
+	more, _ := filepath.Glob("../../docs/*/*.md")
+	files = append(append([]string{"../../README.md", "../../BENCHMARKS.md"}, files...), more...)
 	var out []shellBlock
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -57,7 +59,7 @@ var (
 	illustrative = regexp.MustCompile(`^<!-- illustrative: .{10,} -->$`)
 )
 
-// Every shell block in the README and docs/ is either run by a test the
+// Every shell block in the README, BENCHMARKS and docs/ is either run by a test the
 // comment above it names, or marked illustrative with a reason; and every
 // sluice command line in any of them names a subcommand and flags the CLI
 // has, so a renamed flag cannot rot in a guide.
