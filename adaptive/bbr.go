@@ -459,7 +459,7 @@ func (b *BBR) scheduleProbe(w Window, nhat float64) {
 }
 
 // NextWindow returns the length of the next window when it is short: in
-// the startup, four RTTs (two from a limit of 16); in a probe, which needs only to drain the
+// the startup, four RTTs; in a probe, which needs only to drain the
 // service's queue and see enough requests through at the probe's limit
 // for a mean, four RTTs or as long as 50 requests take at the probe's
 // limit. Otherwise 0: a window of the Windower's length, which also
@@ -473,13 +473,6 @@ func (b *BBR) NextWindow(rtt time.Duration) time.Duration {
 		// The startup doubles the limit a few round trips apart, as
 		// BBR's doubles its window each round trip: a service found
 		// from one request in flight within a second, not in seconds.
-		// Four round trips while the limit is small, for the samples;
-		// two from 16 on, where two hold 32 (32 workers of 200 ms took
-		// 5 s to find at four; from 8 on, the noise of 16 exponential
-		// service times held 4 workers at 7).
-		if b.limit >= 16 {
-			return 2 * b.lastRTT
-		}
 		return 4 * b.lastRTT
 	}
 	if !b.probing {
