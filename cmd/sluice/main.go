@@ -298,13 +298,7 @@ func demoRetryStorm(cmd *cobra.Command, config, jsonPath, plotBase string) error
 	if err != nil {
 		return err
 	}
-	rep.WriteTable(cmd.OutOrStdout())
-	if jsonPath != "" {
-		if err := rep.WriteJSON(jsonPath); err != nil {
-			return err
-		}
-	}
-	return savePlot(cmd, rep, plotBase)
+	return writeReport(cmd, rep, jsonPath, plotBase)
 }
 
 func demoCmd() *cobra.Command {
@@ -401,13 +395,7 @@ func demoServiceStep(cmd *cobra.Command, opts demo.Options, jsonPath, plotBase s
 	if err != nil {
 		return err
 	}
-	rep.WriteTable(cmd.OutOrStdout())
-	if jsonPath != "" {
-		if err := rep.WriteJSON(jsonPath); err != nil {
-			return err
-		}
-	}
-	return savePlot(cmd, rep, plotBase)
+	return writeReport(cmd, rep, jsonPath, plotBase)
 }
 
 // demoSweep is sluice demo's default scenario: goodput against offered
@@ -424,12 +412,31 @@ func demoSweep(cmd *cobra.Command, opts demo.Options, jsonPath, plotBase string)
 	if err != nil {
 		return err
 	}
+	if err := writeReport(cmd, rep, jsonPath, plotBase); err != nil {
+		return err
+	}
+	if jsonPath != "" {
+		fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
+	}
+	return nil
+}
+
+// report is what a demo scenario's run returns: a table, its rows as
+// JSON, and a plot.
+type report interface {
+	WriteTable(io.Writer)
+	WriteJSON(path string) error
+	WritePlot(paths ...string) error
+}
+
+// writeReport prints rep's table, writes its rows to jsonPath (if set)
+// and its plot to plotBase (if set).
+func writeReport(cmd *cobra.Command, rep report, jsonPath, plotBase string) error {
 	rep.WriteTable(cmd.OutOrStdout())
 	if jsonPath != "" {
 		if err := rep.WriteJSON(jsonPath); err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "rows written to %s\n", jsonPath)
 	}
 	return savePlot(cmd, rep, plotBase)
 }
@@ -522,13 +529,7 @@ func demoIncident(cmd *cobra.Command, in *demo.IncidentOptions, opts demo.Option
 	if err != nil {
 		return err
 	}
-	rep.WriteTable(cmd.OutOrStdout())
-	if jsonPath != "" {
-		if err := rep.WriteJSON(jsonPath); err != nil {
-			return err
-		}
-	}
-	if err := savePlot(cmd, rep, plotBase); err != nil {
+	if err := writeReport(cmd, rep, jsonPath, plotBase); err != nil {
 		return err
 	}
 	if !rep.Pass {
