@@ -269,8 +269,8 @@ type ServiceEstimates interface {
 // or the class went quiet) and the test is off. Call it before the
 // queue is used; it does nothing when Options.ServiceTime was set.
 func (q *Queue) ShareServiceTimes(t ServiceEstimates) {
-	if q.times == nil {
-		return
+	if st, ok := t.(*servicetime.Times); q.times == nil || t == nil || ok && st == nil {
+		return // nil shares nothing (a nil *shed.ServiceTimes too)
 	}
 	q.shared = t
 }

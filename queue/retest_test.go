@@ -127,3 +127,26 @@ func TestQueueSharingOutweighsItsOwnOnceKnown(t *testing.T) {
 		q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * time.Millisecond, Now: clk.Now()})
 	})
 }
+
+// Sharing nil estimates shares nothing: the queue keeps its own (a nil
+// *shed.ServiceTimes once made every start test panic).
+func TestQueueSharingNilKeepsItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := bubbleClock{time.Now()}
+		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: 200 * time.Millisecond, Clock: clk})
+		var none *shed.ServiceTimes
+		q.ShareServiceTimes(none)
+		q.ShareServiceTimes(nil)
+		ctx := context.Background()
+		for range 20 {
+			r := &sluice.Request{Class: "default"}
+			_, p := q.Decide(ctx, r, clk.Now())
+			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 30 * time.Millisecond, Now: clk.Now()})
+		}
+		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(20 * time.Millisecond)}
+		if d, _ := q.Decide(ctx, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
+			t.Fatalf("own estimates of 30 ms, nil shared: %+v; want refused for its deadline", d)
+		}
+		q.ReportState(clk.Now())
+	})
+}
