@@ -78,9 +78,11 @@ type BBRConfig struct {
 // while that doubles each time it fails (10 s up to 5 min; from 1 min when
 // its queue made answers late), so that a service of one or two workers
 // runs at its size rather than at one more.
-// Every ProbeInterval in which the limit filled a queue at the service, on
-// wall-clock slots (a fleet's proxies drain one service together), the
-// limit drops for a few round trips to ProbeShare·N̂ and the RTTs of the
+// Every ProbeInterval in which a limit the controller then kept filled a
+// queue at the service (not the startup's last doubling or a step up it
+// took back: those queues drain by themselves), on wall-clock slots (a
+// fleet's proxies drain one service together), the limit drops for a few
+// round trips to ProbeShare·N̂ and the RTTs of the
 // requests admitted then are the no-load RTTs again. A probe that reads
 // half again as slow is verified at half the limit (slower, or a queue the
 // probe did not drain: the service got smaller), and the work done is
@@ -233,6 +235,14 @@ func (b *BBR) Update(w Window) int {
 	}
 	b.est = clamp(b.est, b.cfg.Min, b.cfg.Max)
 	b.limit = int(b.est)
+	if st.m.queued && st.limited && b.limit >= st.applied {
+		// A queue this limit filled and stays at: its no-load RTT wants
+		// measuring. Not one the limit has just left (the startup's last
+		// doubling, a step up that gained nothing, late answers): that
+		// queue drains by itself, and a probe would only cost work (at a
+		// limit of 2, half of it for a window).
+		b.queuedInSlot = true
+	}
 	b.scheduleProbe(w, nhat)
 	return b.limit
 }
@@ -277,9 +287,6 @@ func (b *BBR) observe(w Window) windowState {
 		b.resetRates(w.End, 0) // the rates start again
 	}
 	st.late = float64(st.m.queuedLate) > b.cfg.LateShare*float64(w.Samples)
-	if st.m.queued && st.limited {
-		b.queuedInSlot = true // a queue this limit filled: its no-load RTT wants measuring
-	}
 	st.grew, b.grewFrom = b.grewFrom, 0
 	b.settleStepUp(w, st)
 	if st.m.queued && st.limited && !st.probe && st.m.ratio > 2+st.m.sig && w.End >= b.lateAfter {
