@@ -219,6 +219,20 @@ func LevelFrom(ctx context.Context) Level {
 	return l
 }
 
+type classKey struct{}
+
+// ContextWithClass returns ctx carrying the class its request was admitted
+// as, which calls made on its behalf pass on (ClassHeader).
+func ContextWithClass(ctx context.Context, class string) context.Context {
+	return context.WithValue(ctx, classKey{}, class)
+}
+
+// ClassFrom returns the class ctx's request was admitted as ("" if none).
+func ClassFrom(ctx context.Context) string {
+	c, _ := ctx.Value(classKey{}).(string)
+	return c
+}
+
 type waitKey struct{}
 
 // ContextWithWait returns ctx asking gates that pace admitted requests (a

@@ -19,6 +19,18 @@ const (
 	ClassSandbox   = "sandbox"
 )
 
+// The header fields sluice owns on a request it admitted and passes on
+// (sluice proxy's upstream request, package client's calls downstream):
+// the class it admitted the request as and the degradation level it was
+// admitted at (absent: normal). A sluice never believes them from a
+// client: a proxy strips them from what it forwards, and identification
+// reads the class only from peers it trusts (identify.Peers), where it
+// can lower a request's class, never raise it.
+const (
+	ClassHeader = "Sluice-Class"
+	LevelHeader = "Sluice-Level"
+)
+
 // MaxCost is the largest cost a Request may carry, in demand units. It keeps
 // every product of a cost with a rate's period inside int64.
 const MaxCost = 1 << 40

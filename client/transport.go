@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/sluice-go/sluice"
 )
 
 // Header names the Transport reads and writes.
@@ -40,6 +42,11 @@ type Transport struct {
 	// RequestIDHeader names the request id header (default X-Request-Id);
 	// "-": none is added.
 	RequestIDHeader string
+	// Each attempt also carries the class and degradation level its
+	// context says the caller's request was admitted as (sluice.ClassFrom,
+	// sluice.LevelFrom: set by sluice's middleware, or by Propagated behind
+	// sluice proxy) in sluice.ClassHeader and sluice.LevelHeader.
+	//
 	// DeadlineHeader, when set, carries each attempt's remaining budget
 	// until the request's deadline, in milliseconds ("250ms"), as sluice's
 	// identity rules read it (identity.deadline.header): the server then
@@ -131,6 +138,15 @@ func (t *Transport) attempt(ctx context.Context, base http.RoundTripper, req *ht
 	out := req.Clone(actx)
 	if id != "" {
 		out.Header.Set(t.idHeader(), id)
+	}
+	// What the caller's own request was admitted as goes on with it: a
+	// downstream sluice that trusts this service lowers its call to that
+	// class, and serves it at that level.
+	if c := sluice.ClassFrom(ctx); c != "" {
+		out.Header.Set(sluice.ClassHeader, c)
+	}
+	if l := sluice.LevelFrom(ctx); l != sluice.LevelNormal {
+		out.Header.Set(sluice.LevelHeader, l.String())
 	}
 	if t.DeadlineHeader != "" {
 		if dl, ok := call.Deadline(); ok {

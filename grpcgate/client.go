@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/client"
 )
 
@@ -85,7 +86,7 @@ func UnaryClientInterceptor(r *client.Retrier, opts ClientOptions) grpc.UnaryCli
 	opts.defaults()
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, copts ...grpc.CallOption) error {
 		call := r.Begin(ctx, opts.Idempotent(method))
-		ctx = withRequestID(ctx, r, opts.RequestIDKey)
+		ctx = withAdmitted(withRequestID(ctx, r, opts.RequestIDKey))
 		for {
 			if err := call.Admit(); err != nil {
 				return local(err)
@@ -119,6 +120,33 @@ func withRequestID(ctx context.Context, r *client.Retrier, key string) context.C
 		}
 	}
 	return metadata.AppendToOutgoingContext(ctx, key, hex.EncodeToString(b[:]))
+}
+
+// classKey is the metadata key of the class a call's caller was admitted
+// as (sluice.ClassHeader, lowercase as gRPC keys are).
+const classKey = "sluice-class"
+
+// withAdmitted gives ctx's outgoing metadata the class and level its
+// context says the caller's own request was admitted as
+// (sluice.ClassFrom, sluice.LevelFrom: the server interceptor sets them),
+// replacing any: a downstream sluice that trusts this service lowers the
+// call to that class.
+func withAdmitted(ctx context.Context) context.Context {
+	c, l := sluice.ClassFrom(ctx), sluice.LevelFrom(ctx)
+	if c == "" && l == sluice.LevelNormal {
+		return ctx
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Delete(classKey)
+	md.Delete(LevelKey)
+	if c != "" {
+		md.Set(classKey, c)
+	}
+	if l != sluice.LevelNormal {
+		md.Set(LevelKey, l.String())
+	}
+	return metadata.NewOutgoingContext(ctx, md)
 }
 
 // observe passes a call's ratelimit trailer to the pacer.
@@ -214,7 +242,7 @@ func StreamClientInterceptor(r *client.Retrier, opts ClientOptions) grpc.StreamC
 	opts.defaults()
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, copts ...grpc.CallOption) (grpc.ClientStream, error) {
 		s := &retryStream{call: r.Begin(ctx, opts.Idempotent(method)), r: r, max: opts.MaxReplay}
-		s.ctx = withRequestID(ctx, r, opts.RequestIDKey)
+		s.ctx = withAdmitted(withRequestID(ctx, r, opts.RequestIDKey))
 		s.open = func() (grpc.ClientStream, error) { return streamer(s.ctx, desc, cc, method, copts...) }
 		for {
 			if err := s.call.Admit(); err != nil {

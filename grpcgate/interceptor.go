@@ -175,6 +175,7 @@ func (ic *Interceptor) admit(ctx context.Context, method string, ss grpc.ServerS
 		return call{}, ic.refuse(ctx, ss, st, &d, req, "", rid, ridOK)
 	}
 	cl.tk = tk
+	cl.ctx = sluice.ContextWithClass(cl.ctx, req.Class)
 	if d.Level != sluice.LevelNormal {
 		cl.ctx = sluice.ContextWithLevel(cl.ctx, d.Level)
 	}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -75,6 +76,9 @@ func (o Options) compile() (*compiled, error) {
 	}
 	for _, rt := range o.Routes {
 		add(rt.Cost.Header)
+	}
+	if len(o.Peers.Trusted) > 0 {
+		add(sluice.ClassHeader) // believed from the trusted peers only (identify.Peers)
 	}
 	add(id.RequestIDHeader())
 	c.ridKey = strings.ToLower(id.RequestIDHeader())

@@ -37,6 +37,17 @@ type Config struct {
 	// instead of the JSON envelope. The status, Retry-After and RateLimit
 	// fields are the same either way.
 	ProblemDetails bool
+	// Propagate passes the decision on with an admitted request: its
+	// header gets the class it was admitted as (sluice.ClassHeader), the
+	// degradation level (sluice.LevelHeader, only above normal) and, with
+	// a deadline header in the rules, the time left of its budget (in
+	// whole milliseconds, at least 1ms), and loses the client's own values
+	// of those fields. Wrap rewrites r.Header before its handler runs (a
+	// reverse proxy forwards them); a server of the exchange API calls
+	// Admission.Propagate on the request it sends. Off, the handler still
+	// finds class and level in the request's context (sluice.ClassFrom,
+	// sluice.LevelFrom) and the client's fields pass untouched.
+	Propagate bool
 	// AccessLog, if set, logs admitted requests and a sample of
 	// rejections (see AccessLog). Nil: no access log, and nothing spent
 	// on one.

@@ -69,9 +69,11 @@ type decider struct {
 // and decides exactly as the middleware would (same chain, same rules,
 // same Update), and answers
 //
-//   - 200 with an empty body and the RateLimit-Policy and RateLimit fields
-//     (and Sluice-Level above normal) when admitted: nginx allows on any
-//     2xx, Envoy's ext_authz on 200 only;
+//   - 200 with an empty body and the RateLimit-Policy and RateLimit fields,
+//     Sluice-Class (the class it admitted the request as, for the proxy to
+//     set on the request it forwards: nginx's auth_request_set and
+//     proxy_set_header) and Sluice-Level above normal when admitted: nginx
+//     allows on any 2xx, Envoy's ext_authz on 200 only;
 //   - 429 or 503 with Retry-After, the RateLimit fields and the JSON
 //     envelope, as the middleware answers them (nginx drops the body and
 //     keeps the status and headers for auth_request_set; Envoy passes all
@@ -222,6 +224,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	if dec.Level != sluice.LevelNormal {
 		h[hLevel] = levelValues[dec.Level]
 	}
+	h[sluice.ClassHeader] = []string{req.Class}
 	h[hContentLength] = zeroLength
 	w.WriteHeader(http.StatusOK)
 	if al := st.c.cfg.AccessLog; al != nil {

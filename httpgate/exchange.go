@@ -43,6 +43,11 @@ func (sn Snapshot) ReadsAddr() bool {
 	return c.id.ReadsClientIP() || c.cfg.TenantKey != nil || c.cfg.AccessLog != nil
 }
 
+// TrustedProxy reports whether the peer at remoteAddr is a trusted proxy
+// of the rules (identify.Identifier.TrustedProxy): a proxy appends to its
+// forwarding header rather than replacing it.
+func (sn Snapshot) TrustedProxy(remoteAddr string) bool { return sn.st.c.id.TrustedProxy(remoteAddr) }
+
 // MayWait reports whether Admit may wait (a wait queue in the chain,
 // sluice.Chain.MayWait): only then does a server gain from cancelling
 // Admit's context when the client goes away.

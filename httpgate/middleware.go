@@ -243,8 +243,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ctx = sluice.ContextWithLevel(ctx, d.Level)
 		w.Header()[hLevel] = levelValues[d.Level]
 	}
-	if budget > 0 || d.Level != sluice.LevelNormal {
-		r = r.WithContext(ctx)
+	r = r.WithContext(sluice.ContextWithClass(ctx, req.Class))
+	if st.c.cfg.Propagate {
+		st.propagate(r.Header, req.Class, d.Level, req.Deadline)
 	}
 	var start clock.Instant
 	al := st.c.cfg.AccessLog

@@ -149,6 +149,30 @@ func (c *ClientIP) trusted(a netip.Addr) bool {
 	return false
 }
 
+// TrustedProxy reports whether the peer at remoteAddr ("ip:port") is one
+// of the trusted proxies of the rules' client address (Rules.Client with
+// ClientKey, or the tenant's ip part): the client's address is read from
+// its forwarding header, and a reverse proxy in front of the service
+// appends to that header rather than replacing it (RFC 7239 section 4).
+func (id *Identifier) TrustedProxy(remoteAddr string) bool {
+	var cs []*ClientIP
+	if id.rules.ClientKey {
+		cs = append(cs, &id.rules.Client)
+	}
+	if id.tenant != nil {
+		cs = append(cs, &id.tenant.rules.ClientIP)
+	}
+	for _, c := range cs {
+		if len(c.TrustedProxies) == 0 {
+			continue
+		}
+		if a, ok := parseHostPort(remoteAddr); ok && c.trusted(a) {
+			return true
+		}
+	}
+	return false
+}
+
 // errNoClientIP: the peer's address is not an IP address (a Unix socket).
 var errNoClientIP = errors.New("no client IP address")
 

@@ -105,6 +105,10 @@ type Rules struct {
 	ClientKey bool
 	// Client finds the client's address for ClientKey.
 	Client ClientIP
+	// Peers are the other sluice instances whose class header
+	// (sluice.ClassHeader) lowers a request's class. None: it is never
+	// read.
+	Peers Peers
 }
 
 // PathMatch is a rule for comparing a request path with a route's path.
@@ -255,6 +259,9 @@ func New(r Rules) (*Identifier, error) {
 			return nil, fmt.Errorf("identify: client: %w", err)
 		}
 	}
+	if err := r.Peers.normalize(); err != nil {
+		return nil, fmt.Errorf("identify: peers: %w", err)
+	}
 	id := &Identifier{
 		tenant:          tenant,
 		deadlineHeader:  http.CanonicalHeaderKey(r.DeadlineHeader),
@@ -352,6 +359,9 @@ func (id *Identifier) Headers() []string {
 		}
 	}
 	add(id.deadlineHeader)
+	if len(id.rules.Peers.Trusted) > 0 {
+		add(sluice.ClassHeader)
+	}
 	for i := range id.routes {
 		add(id.routes[i].cost.Header)
 	}
@@ -359,11 +369,11 @@ func (id *Identifier) Headers() []string {
 	return hs
 }
 
-// ReadsClientIP reports whether the tenant key or the client key reads the
-// client's address (Input.RemoteAddr): a server may leave it empty
+// ReadsClientIP reports whether the tenant key, the client key or the
+// trusted peers read the peer's address (Input.RemoteAddr): a server may leave it empty
 // otherwise.
 func (id *Identifier) ReadsClientIP() bool {
-	if id.rules.ClientKey {
+	if id.rules.ClientKey || len(id.rules.Peers.Trusted) > 0 {
 		return true
 	}
 	if id.tenant == nil {
@@ -492,7 +502,7 @@ func (id *Identifier) IdentifyInput(in *Input, req *sluice.Request) (budget time
 			req.Client = id.rules.Client.key(a)
 		}
 	}
-	req.Class = rt.class
+	req.Class = id.rules.Peers.lower(rt.class, in)
 	req.Operation = rt.op
 	req.Cost = rt.cost.Fixed
 	if name := rt.cost.Header; name != "" {

@@ -446,6 +446,9 @@ func (f *File) rules() identify.Rules {
 	if f.countsPerClient() {
 		r.ClientKey, r.Client = true, f.Identity.ClientIP
 	}
+	if len(f.Identity.TrustedPeers) > 0 {
+		r.Peers = identify.Peers{Trusted: f.Identity.TrustedPeers, Order: f.OrderOfClasses()}
+	}
 	// One header is the TenantHeader shorthand, which the gRPC
 	// interceptors and the simulator read.
 	if parts := f.Identity.TenantParts(); len(parts) == 1 && parts[0].Source == identify.SourceHeader {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"net/netip"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -145,6 +146,9 @@ type Identity struct {
 	ClientIP identify.ClientIP
 	// ClientIPLine is the line of client_ip (0: not written).
 	ClientIPLine int
+	// TrustedPeers are the sluice instances whose class header lowers a
+	// request's class (identify.Peers).
+	TrustedPeers []netip.Prefix
 	// TokenHeader holds the bearer token of the claim part ("":
 	// identify.DefaultTokenHeader).
 	TokenHeader     string

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -299,6 +300,9 @@ func (p *parser) identity(n *yaml.Node) Identity {
 		seen := p.Fields(v, path, keysOf("identity", k), func(kk string, vv *yaml.Node) {
 			p.identityField(&id, k, kk, vv, yamlfile.Join(path, kk))
 		})
+		if k == "peers" && v.Kind == yaml.MappingNode && len(seen) == 0 {
+			p.Errf(v, path, "no trusted: write the peers' addresses, e.g. trusted: [10.0.0.0/8]")
+		}
 		if k == "tenant" && v.Kind == yaml.MappingNode && len(id.TenantParts()) == 0 {
 			if _, ok := seen["required"]; ok || len(seen) == 0 {
 				p.Errf(v, path, "no source: write one or more of header, query, claim, ip: true, route: true")
@@ -323,6 +327,8 @@ func (p *parser) identityField(id *Identity, section, k string, v *yaml.Node, pa
 		p.tenantField(id, k, v, path)
 	case "client_ip":
 		p.clientIPField(&id.ClientIP, k, v, path)
+	case "peers":
+		id.TrustedPeers = p.prefixes(v, path)
 	case "token":
 		id.TokenHeader = p.header(v, path)
 	case "deadline":
@@ -371,21 +377,7 @@ func (p *parser) nonEmpty(v *yaml.Node, path, s, want string) string {
 func (p *parser) clientIPField(c *identify.ClientIP, k string, v *yaml.Node, path string) {
 	switch k {
 	case "trusted_proxies":
-		if v.Kind != yaml.SequenceNode {
-			p.Errf(v, path, "want a list of CIDRs or addresses, e.g. [10.0.0.0/8, 2001:db8::/32]")
-			return
-		}
-		for i, e := range v.Content {
-			at := fmt.Sprintf("%s[%d]", path, i)
-			if s := p.Str(e, at); e.Kind == yaml.ScalarNode {
-				pfx, err := identify.ParseTrustedProxy(s)
-				if err != nil {
-					p.fail(e, at, err)
-					continue
-				}
-				c.TrustedProxies = append(c.TrustedProxies, pfx)
-			}
-		}
+		c.TrustedProxies = p.prefixes(v, path)
 	case "header":
 		h, err := identify.ParseForwardedHeader(p.Str(v, path))
 		if err != nil && v.Kind == yaml.ScalarNode {
@@ -397,6 +389,27 @@ func (p *parser) clientIPField(c *identify.ClientIP, k string, v *yaml.Node, pat
 	case "ipv6_prefix":
 		c.IPv6Prefix = int(p.Integer(v, path, 1, 128))
 	}
+}
+
+// prefixes parses a list of CIDRs or addresses.
+func (p *parser) prefixes(v *yaml.Node, path string) []netip.Prefix {
+	if v.Kind != yaml.SequenceNode {
+		p.Errf(v, path, "want a list of CIDRs or addresses, e.g. [10.0.0.0/8, 2001:db8::/32]")
+		return nil
+	}
+	var ps []netip.Prefix
+	for i, e := range v.Content {
+		at := fmt.Sprintf("%s[%d]", path, i)
+		if s := p.Str(e, at); e.Kind == yaml.ScalarNode {
+			pfx, err := identify.ParseTrustedProxy(s)
+			if err != nil {
+				p.fail(e, at, err)
+				continue
+			}
+			ps = append(ps, pfx)
+		}
+	}
+	return ps
 }
 
 var headerName = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_` + "`" + `|~-]+$`)

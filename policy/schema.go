@@ -71,6 +71,9 @@ var schema = []key{
 			{key: "ipv4_prefix", typ: "integer in [1, 32]", def: "32", doc: "IPv4 clients in one /prefix share a key", example: "32"},
 			{key: "ipv6_prefix", typ: "integer in [1, 128]", def: "64", doc: "IPv6 clients in one /prefix share a key (a host usually holds a whole /64)", example: "64"},
 		}},
+		{key: "peers", typ: "mapping", def: "none: a class header is never read", doc: "other sluice instances in front of services that call this one (a fan-out behind its own sluice), which set the class they admitted the caller's request as on the call (Sluice-Class). From a trusted peer that class lowers the route's class, never raises it: a call is worth no more than the request it serves; a class the order lacks counts as its last. From any other peer the header is ignored, and sluice proxy strips it", sub: []key{
+			{key: "trusted", typ: "list of CIDRs or addresses", def: "required", doc: "the peers' addresses (as trusted_proxies reads them); put only sluice instances here: a client listed could lower, never raise, its own class", example: `[10.0.0.0/8]`},
+		}},
 		{key: "token", typ: "mapping", def: "header: Authorization", doc: "where the claim part finds the JWT: only with tenant.claim", sub: []key{
 			{key: "header", typ: "header name", def: identify.DefaultTokenHeader, doc: "the header holding the token: Authorization holds \"Bearer TOKEN\"; another (one an authenticator sets, e.g. X-Jwt-Assertion) the token itself", example: "Authorization"},
 		}},

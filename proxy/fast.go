@@ -582,14 +582,15 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	if b := adm.Budget(); b > 0 {
 		deadline = time.Now().Add(b)
 	}
+	trusted := s.mw.Snapshot().TrustedProxy(in.RemoteAddr)
 	if upgrade {
-		streaming = f.upgrade(ctx, &adm, tr, deadline)
+		streaming = f.upgrade(ctx, &adm, tr, deadline, trusted)
 		if !streaming {
 			adm.Done(ctx, ctx.Response.StatusCode(), false)
 		}
 		return
 	}
-	f.outbound(ctx)
+	f.outbound(ctx, &adm, trusted)
 	resp := fasthttp.AcquireResponse()
 	var err error
 	if deadline.IsZero() {
@@ -667,8 +668,9 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 
 // outbound turns the client's request into the upstream's, in place: the
 // upstream's path prefix, query and Host, no hop-by-hop fields, the
-// X-Forwarded fields.
-func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
+// X-Forwarded fields (grown by one hop from a trusted proxy, set anew from
+// anyone else), and the decision passed on (class, level, deadline).
+func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, trusted bool) {
 	req := &ctx.Request
 	h := &req.Header
 	clientHost := string(h.Host())
@@ -701,11 +703,26 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 		h.Set("Te", "trailers")
 	}
 	h.SetNoDefaultContentType(true)
+	var prior, fw []byte
+	if trusted {
+		prior = joinFields(h.PeekAll("X-Forwarded-For"))
+		if fws := h.PeekAll("Forwarded"); len(fws) > 0 {
+			fw = append(joinFields(fws), ", "...)
+			fw = append(fw, forwardedFor(ctx.RemoteAddr().String())...)
+		}
+	}
 	h.Del("Forwarded")
 	h.Del("X-Forwarded-Host")
 	h.Del("X-Forwarded-Proto")
 	h.Del("Expect") // the body is read: the upstream gets it at once
-	if ip := appendClientIP(make([]byte, 0, 64), ctx.RemoteAddr()); len(ip) > 0 {
+	if len(fw) > 0 {
+		h.SetBytesV("Forwarded", fw)
+	}
+	if len(prior) > 0 {
+		prior = append(prior, ", "...)
+	}
+	if ip := appendClientIP(prior, ctx.RemoteAddr()); len(ip) > 0 {
+		h.Del("X-Forwarded-For")
 		h.SetBytesV("X-Forwarded-For", ip)
 	} else {
 		h.Del("X-Forwarded-For")
@@ -716,6 +733,9 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx) {
 	h.Set("X-Forwarded-Proto", "http")
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
+	if adm != nil {
+		adm.Propagate(h)
+	}
 	if f.up != nil && f.up.IsTLS {
 		// The upstream client parses the URI from these fields, with the
 		// scheme of the connection the request came on (plain HTTP), and
@@ -1064,10 +1084,10 @@ func (f *fastServer) dialUpgrade(deadline time.Time) (net.Conn, error) {
 // plus Grace. It reports whether the
 // connections were joined (the joining goroutine then reports the
 // outcome); otherwise the upstream's answer is the response.
-func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time) bool {
+func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time, trusted bool) bool {
 	req := &ctx.Request
 	proto := string(req.Header.Peek("Upgrade"))
-	f.outbound(ctx)
+	f.outbound(ctx, adm, trusted)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", proto)
 	in := identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}

@@ -36,7 +36,7 @@ func FuzzGatesSeeTheForwardedPath(f *testing.F) {
 			return // refused (400), or not origin form
 		}
 		gate := strings.Clone(in.Path) // in.Path may view the target's buffer, which outbound rewrites
-		fs.outbound(&ctx)
+		fs.outbound(&ctx, nil, false)
 		sent := string(ctx.Request.Header.RequestURI())
 		u, err := url.ParseRequestURI(sent)
 		if err != nil {

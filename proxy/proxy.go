@@ -20,6 +20,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,6 +218,15 @@ func New(opts Options) (*Server, error) {
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
+			if s.mw.Snapshot().TrustedProxy(pr.In.RemoteAddr) {
+				// Behind a proxy of ours the forwarding fields grow by
+				// one hop (RFC 7239 section 4): the client's own address
+				// is the one that proxy appended.
+				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+				if fw := pr.In.Header["Forwarded"]; len(fw) > 0 {
+					pr.Out.Header["Forwarded"] = []string{strings.Join(fw, ", ") + ", " + forwardedFor(pr.In.RemoteAddr)}
+				}
+			}
 			pr.SetXForwarded()
 		},
 		Transport:      tr,

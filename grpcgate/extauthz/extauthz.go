@@ -274,7 +274,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 		return s.refuse(st, d, &r, "", rid, ridOK, grpcReq), nil
 	}
 	tk.Done(sluice.OutcomeCancelled) // the end of the request cannot be seen (package documentation)
-	return st.allow(&d), nil
+	return st.allow(&d, r.Class), nil
 }
 
 // header returns the headers identification reads from the attributes: the
@@ -335,9 +335,10 @@ func header(name, value string) *corev3.HeaderValueOption {
 }
 
 // allow returns the OK answer: the RateLimit fields (and a level that is
-// not normal) on the response, the level on the forwarded request.
-func (st *state) allow(d *sluice.Decision) *authv3.CheckResponse {
-	ok := &authv3.OkHttpResponse{}
+// not normal) on the response; the class the request was admitted as and
+// the level on the forwarded request, replacing the client's own.
+func (st *state) allow(d *sluice.Decision, class string) *authv3.CheckResponse {
+	ok := &authv3.OkHttpResponse{Headers: []*corev3.HeaderValueOption{header(sluice.ClassHeader, class)}}
 	if !st.cfg.NoRateLimitHeaders && !st.cfg.HideCapacity {
 		if st.policy != "" {
 			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, header(hRateLimitPolicy, st.policy))

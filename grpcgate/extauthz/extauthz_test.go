@@ -210,6 +210,9 @@ func TestAllowed(t *testing.T) {
 	if len(ok.GetHeadersToRemove()) != 1 || ok.GetHeadersToRemove()[0] != "sluice-level" {
 		t.Errorf("headers to remove %v", ok.GetHeadersToRemove())
 	}
+	if c := headers(ok.GetHeaders())[sluice.ClassHeader]; c != sluice.ClassSheddable {
+		t.Errorf("class on the forwarded request %q, want the route's", c)
+	}
 	req, n, released := f.probe.seen()
 	if n != 1 || req.Tenant != "acme" || req.Class != sluice.ClassSheddable || req.Operation != "/v1/analytics/*" || req.Cost != 1 {
 		t.Fatalf("probe saw %+v", req)

@@ -136,7 +136,7 @@ func New(opts Options) (*Host, error) {
 }
 
 func (h *Host) gateConfig(rt *policy.Runtime) httpgate.Config {
-	return httpgate.Config{Rules: rt.Rules, Jitter: h.opts.Jitter, AccessLog: h.opts.AccessLog, ProblemDetails: h.opts.ProblemDetails}
+	return httpgate.Config{Rules: rt.Rules, Jitter: h.opts.Jitter, AccessLog: h.opts.AccessLog, ProblemDetails: h.opts.ProblemDetails, Propagate: h.opts.Upstream}
 }
 
 // Reloads reports whether the policy can be reloaded (it came from a

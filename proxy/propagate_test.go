@@ -1,0 +1,213 @@
+package proxy
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/client"
+)
+
+// seen records the sluice fields of the requests an upstream got, by path.
+type seen struct {
+	mu sync.Mutex
+	h  map[string]http.Header
+}
+
+func (s *seen) record(r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == nil {
+		s.h = map[string]http.Header{}
+	}
+	s.h[r.URL.Path] = r.Header.Clone()
+}
+
+func (s *seen) get(t *testing.T, path, field string) string {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.h[path]
+	if !ok {
+		t.Fatalf("the upstream never got %s", path)
+	}
+	return strings.Join(h.Values(field), ",")
+}
+
+// A chain of two proxies over real HTTP: service A (behind proxy A) fans
+// out to service B (behind proxy B), which trusts A's address as a peer.
+// A sheddable request to A reaches B's critical route as sheddable; the
+// class a client writes reaches neither service; the deadline B's service
+// sees is what A's had left; with B's ladder at DEGRADE, B's service gets
+// the level on its request and A's service on B's answer.
+func TestDecisionsTravelDownAChain(t *testing.T) {
+	var atB, atA seen
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	_, baseB := serve(t, `version: 1
+identity:
+  deadline: {header: X-Request-Timeout}
+  peers: {trusted: [127.0.0.0/8, "::1"]}
+routes:
+  - {match: {path: /b/critical}, class: critical}
+  - {match: {path: /b/hold}, class: critical}
+gates:
+  - {name: ladder, kind: ladder, workers: 2, degrade: {enter: 0.5, exit: 0.25}, sample_every: 10ms}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		atB.record(r)
+		if r.URL.Path == "/b/hold" {
+			held <- struct{}{}
+			<-hold
+		}
+	}))
+	retrier, err := client.New(client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toB := &http.Client{Transport: &client.Transport{Retrier: retrier, DeadlineHeader: "X-Request-Timeout"}}
+	_, baseA := serve(t, `version: 1
+identity:
+  deadline: {header: X-Request-Timeout}
+routes:
+  - {match: {path: /a/fanout}, class: sheddable}
+gates:
+  - {name: pool, kind: concurrency, limit: 10}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		atA.record(r)
+		ctx, cancel := client.Propagated(r, "X-Request-Timeout")
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", baseB+"/b/critical", nil)
+		resp, err := toB.Do(req)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		resp.Body.Close()
+		w.Header().Set("B-Status", resp.Status)
+		w.Header().Set("B-Level", resp.Header.Get(sluice.LevelHeader))
+	}))
+	fanout := func() *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", baseA+"/a/fanout", nil)
+		req.Header.Set(sluice.ClassHeader, "critical") // the client's own say
+		req.Header.Set(sluice.LevelHeader, "shed")
+		req.Header.Set("X-Request-Timeout", "20s")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+
+	resp := fanout()
+	if resp.StatusCode != 200 || resp.Header.Get("B-Status") != "200 OK" {
+		t.Fatalf("fan-out: %s, B answered %q", resp.Status, resp.Header.Get("B-Status"))
+	}
+	if c := atA.get(t, "/a/fanout", sluice.ClassHeader); c != "sheddable" {
+		t.Errorf("A's service got class %q, want its route's sheddable (the client wrote critical)", c)
+	}
+	if l := atA.get(t, "/a/fanout", sluice.LevelHeader); l != "" {
+		t.Errorf("A's service got level %q: the client's own reached it", l)
+	}
+	if c := atB.get(t, "/b/critical", sluice.ClassHeader); c != "sheddable" {
+		t.Errorf("B's service got class %q on its critical route, want sheddable: the fan-out raised its class", c)
+	}
+	dA, errA := time.ParseDuration(atA.get(t, "/a/fanout", "X-Request-Timeout"))
+	dB, errB := time.ParseDuration(atB.get(t, "/b/critical", "X-Request-Timeout"))
+	if errA != nil || errB != nil || dA > 20*time.Second || dA < 10*time.Second || dB > dA || dB <= 0 {
+		t.Errorf("deadlines: A's service got %v (%v), B's %v (%v): want B's at most A's, A's at most the 20s sent", dA, errA, dB, errB)
+	}
+
+	// B's ladder to DEGRADE: one request held of its two workers.
+	go http.Get(baseB + "/b/hold")
+	<-held
+	defer close(hold)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(baseB + "/b/critical")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Header.Get(sluice.LevelHeader) == "degrade" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("B's ladder never reached DEGRADE (level %q)", resp.Header.Get(sluice.LevelHeader))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp = fanout()
+	if l := atB.get(t, "/b/critical", sluice.LevelHeader); l != "degrade" {
+		t.Errorf("B's service got level %q at DEGRADE", l)
+	}
+	if l := resp.Header.Get("B-Level"); l != "degrade" {
+		t.Errorf("A's service read level %q on B's answer at DEGRADE", l)
+	}
+}
+
+// From a peer it does not trust, a proxy neither believes nor forwards the
+// class and level fields: its upstream sees the route's class and no level.
+func TestUntrustedPeerClassIsStripped(t *testing.T) {
+	var at seen
+	_, base := serve(t, `version: 1
+identity:
+  peers: {trusted: [10.0.0.0/8]}
+routes:
+  - {match: {path: /critical}, class: critical}
+gates:
+  - {name: pool, kind: concurrency, limit: 10}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { at.record(r) }))
+	for _, class := range []string{"sheddable", "critical", "gold"} {
+		req, _ := http.NewRequest("GET", base+"/critical", nil)
+		req.Header.Add(sluice.ClassHeader, class)
+		req.Header.Add(sluice.ClassHeader, "sandbox")
+		req.Header.Set(sluice.LevelHeader, "shed")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if c := at.get(t, "/critical", sluice.ClassHeader); c != "critical" {
+			t.Errorf("untrusted peer wrote %q: the upstream got class %q, want the route's critical", class, c)
+		}
+		if l := at.get(t, "/critical", sluice.LevelHeader); l != "" {
+			t.Errorf("untrusted peer wrote level shed: the upstream got %q", l)
+		}
+	}
+}
+
+// Behind a trusted proxy the forwarding fields grow by one hop (RFC
+// 7239): X-Forwarded-For keeps what the proxy sent and appends its
+// address, and so does Forwarded; from any other peer they start anew.
+func TestForwardedForAppendsBehindTrustedProxies(t *testing.T) {
+	for _, c := range []struct {
+		trusted       string
+		wantXFF, want string
+	}{
+		{"[127.0.0.0/8, \"::1\"]", "198.51.100.1, 10.0.0.9, 127.0.0.1", "for=198.51.100.1, for=127.0.0.1"},
+		{"[10.0.0.0/8]", "127.0.0.1", ""},
+	} {
+		var at seen
+		_, base := serve(t, perTenant("  tenant: {ip: true}\n  client_ip: {trusted_proxies: "+c.trusted+"}"),
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { at.record(r) }))
+		req, _ := http.NewRequest("GET", base+"/x", nil)
+		req.Header.Add("X-Forwarded-For", "198.51.100.1")
+		req.Header.Add("X-Forwarded-For", "10.0.0.9")
+		req.Header.Set("Forwarded", "for=198.51.100.1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := at.get(t, "/x", "X-Forwarded-For"); got != c.wantXFF {
+			t.Errorf("trusted %s: X-Forwarded-For %q, want %q", c.trusted, got, c.wantXFF)
+		}
+		if got := at.get(t, "/x", "Forwarded"); got != c.want {
+			t.Errorf("trusted %s: Forwarded %q, want %q", c.trusted, got, c.want)
+		}
+	}
+}
