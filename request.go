@@ -132,4 +132,9 @@ type Completion struct {
 	// Latency is the time from admission to release: from the moment the
 	// request held all its permits, after any wait in a gate (Waiter).
 	Latency time.Duration
+	// Cost is the work's actual cost in demand units, when the caller
+	// learned it (Ticket.DoneCost): rate gates charge the difference from
+	// Request.Cost, the estimate taken at admission, or give it back. 0:
+	// the estimate stands.
+	Cost int64
 }

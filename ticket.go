@@ -39,7 +39,16 @@ func (t Ticket) Valid() bool { return t.t != nil && t.t.gen.Load() == t.gen }
 // latency, the strongest overload signal there is, and never an error the
 // gates would learn nothing from. It returns true for the call that
 // released, false for every other call.
-func (t Ticket) Done(o Outcome) bool {
+func (t Ticket) Done(o Outcome) bool { return t.DoneCost(o, 0) }
+
+// DoneCost is Done with the work's actual cost in demand units, learned
+// when it ended (the units an upstream reports it spent, rows read, bytes
+// sent): the rate gates that charged the request's estimated Cost at
+// admission charge the difference to the same keys, or give it back
+// (Completion.Cost), so a caller that under-declares pays in its next
+// requests. cost ≤ 0 keeps the estimate; a cost above MaxCost counts as
+// MaxCost.
+func (t Ticket) DoneCost(o Outcome, cost int64) bool {
 	tk := t.t
 	if tk == nil || !tk.gen.CompareAndSwap(t.gen, t.gen+1) {
 		return false
@@ -49,7 +58,7 @@ func (t Ticket) Done(o Outcome) bool {
 	if (o == OutcomeUseful || o == OutcomeErrored) && tk.req.Deadline != 0 && now > tk.req.Deadline {
 		o = OutcomeLate
 	}
-	comp := Completion{Outcome: o, Now: now, Latency: max(now.Sub(tk.start), 0)}
+	comp := Completion{Outcome: o, Now: now, Latency: max(now.Sub(tk.start), 0), Cost: min(max(cost, 0), MaxCost)}
 	c.release(tk.held[:tk.n], &tk.req, comp)
 	if c.obs != nil {
 		c.obs.Done(&tk.req, comp)

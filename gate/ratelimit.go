@@ -269,9 +269,35 @@ func (g *RateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Ins
 	return g.decide(ctx, r, now, r.Cost)
 }
 
-// Release refunds the tokens when a later gate rejected r (unless NoRefund).
+// Release refunds the tokens when a later gate rejected r (unless
+// NoRefund), and trues the charge up to the work's actual cost when the
+// completion has one (Completion.Cost): the difference is debited from
+// r's scope (store.Debiter; never past an empty state) or refunded to it.
 func (g *RateLimit) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
-	if c.Outcome == sluice.OutcomeRejected && !g.opts.NoRefund {
-		g.refund(g.opts.Scope.Key(r), p, c.Now, r.Cost)
+	switch {
+	case c.Outcome == sluice.OutcomeRejected:
+		if !g.opts.NoRefund {
+			g.refund(g.opts.Scope.Key(r), p, c.Now, r.Cost)
+		}
+	case c.Cost > 0 && c.Cost != r.Cost && p != 0:
+		g.trueUp(g.opts.Scope.Key(r), p, c.Now, c.Cost-r.Cost)
+	}
+}
+
+// trueUp debits diff more units (diff > 0) or refunds −diff to the state
+// that holds permit p.
+func (b *base) trueUp(key string, p sluice.Permit, now clock.Instant, diff int64) {
+	if diff < 0 {
+		b.refund(key, p, now, -diff)
+		return
+	}
+	lim := b.lim
+	if p&fallbackBit != 0 && b.opts.Fallback != nil {
+		lim = b.opts.Fallback
+	}
+	if d, ok := lim.(store.Debiter); ok {
+		if err := d.Debit(context.Background(), key, store.Handle(p&^fallbackBit), now, diff); err != nil {
+			b.failures.Add(1) // best effort, as a refund
+		}
 	}
 }

@@ -63,6 +63,7 @@ type Admission struct {
 	req    sluice.Request
 	budget time.Duration
 	start  clock.Instant
+	actual int64 // the work's actual cost from the answer (ReadCost); 0: the estimate
 	remote string
 	method string
 	path   string
@@ -146,6 +147,13 @@ func (a *Admission) SetHeaders(f Fields) {
 	}
 }
 
+// ReadCost reads the work's actual cost from the answer's header, when the
+// request's route names one (identify.Cost.ResponseHeader), for Done to
+// charge: header returns a field of the answer ("" when absent).
+func (a *Admission) ReadCost(header func(name string) string) {
+	a.actual = a.st.c.id.ActualCost(a.req.Operation, header)
+}
+
 // Done reports how the admitted request ended, once (later calls do
 // nothing): status is the one answered to the client (a 5xx counts as an
 // error), cancelled that the client went away first; a request done past
@@ -162,7 +170,7 @@ func (a *Admission) Done(ctx context.Context, status int, cancelled bool) {
 	case status >= 500:
 		o = sluice.OutcomeErrored
 	}
-	a.tk.Done(o)
+	a.tk.DoneCost(o, a.actual)
 	if al := a.st.c.cfg.AccessLog; al != nil {
 		logAdmittedAt(al, a.st.chain.Clock().Now().Sub(a.start), ctx, a.remote, a.method, a.path, &a.req, status)
 	}

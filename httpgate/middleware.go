@@ -254,7 +254,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	next.ServeHTTP(rw, r)
 	finished = true
-	tk.Done(outcome(rw, r))
+	tk.DoneCost(outcome(rw, r), st.c.id.ActualCost(req.Operation, w.Header().Get))
 	if al != nil {
 		logAdmitted(al, st.chain.Clock().Now().Sub(start), r, r.Method, r.URL.Path, req, rw.status)
 	}

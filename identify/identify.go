@@ -182,6 +182,11 @@ type Cost struct {
 	// Min and Max bound the cost from Header. Defaults 1 and
 	// sluice.MaxCost.
 	Min, Max int64
+	// ResponseHeader, if set, names a header of the answer with the work's
+	// actual cost, the same quantity Header declares (⌈value / Per⌉,
+	// clamped to [Min, Max]): see Identifier.ActualCost. Without Header,
+	// the estimate is Min.
+	ResponseHeader string
 }
 
 func (c *Cost) normalize() error {
@@ -208,6 +213,12 @@ func (c *Cost) normalize() error {
 	if c.Header != "" {
 		c.Header = http.CanonicalHeaderKey(c.Header)
 	}
+	if c.ResponseHeader != "" {
+		c.ResponseHeader = http.CanonicalHeaderKey(c.ResponseHeader)
+		if c.Header == "" {
+			c.Fixed = max(c.Fixed, c.Min)
+		}
+	}
 	return nil
 }
 
@@ -219,7 +230,8 @@ type Identifier struct {
 	requestIDHeader string
 	routes          []route
 	fallback        route
-	tenant          *keyer // nil: every request is the anonymous tenant
+	actual          map[string]*Cost // by operation: the routes whose answer tells the actual cost
+	tenant          *keyer           // nil: every request is the anonymous tenant
 }
 
 type route struct {
@@ -285,8 +297,31 @@ func New(r Rules) (*Identifier, error) {
 		}
 		id.routes = append(id.routes, route{method: strings.ToUpper(rt.Method), pattern: rt.Path, class: rt.Class, op: op, cost: rt.Cost})
 	}
+	id.actual = actualCosts(id.routes)
 	id.rules = r
 	return id, nil
+}
+
+// actualCosts maps each operation whose route reads the actual cost from
+// the answer to that route's cost (nil: none does). The first route of an
+// operation is the one that matches.
+func actualCosts(routes []route) map[string]*Cost {
+	var m map[string]*Cost
+	seen := map[string]bool{}
+	for i := range routes {
+		rt := &routes[i]
+		if seen[rt.op] {
+			continue
+		}
+		seen[rt.op] = true
+		if rt.cost.ResponseHeader != "" {
+			if m == nil {
+				m = map[string]*Cost{}
+			}
+			m[rt.op] = &rt.cost
+		}
+	}
+	return m
 }
 
 // tenantKeyer compiles the tenant rules of r (normalizing r.Tenant), or
@@ -529,6 +564,28 @@ func (id *Identifier) IdentifyInput(in *Input, req *sluice.Request) (budget time
 		}
 	}
 	return budget, ""
+}
+
+// ActualCost returns the actual cost of a request of operation
+// (sluice.Request.Operation) that its answer's header reports (Cost.
+// ResponseHeader, read through header): ⌈value / Per⌉ clamped to [Min,
+// Max], for Ticket.DoneCost. It returns 0 (keep the estimate) when the
+// route reads no such header, or the answer lacks it or holds anything but
+// one non-negative integer.
+func (id *Identifier) ActualCost(operation string, header func(name string) string) int64 {
+	c := id.actual[operation]
+	if c == nil {
+		return 0
+	}
+	v, ok := parseCount(header(c.ResponseHeader))
+	if !ok {
+		return 0
+	}
+	cost := v / c.Per
+	if v%c.Per != 0 {
+		cost++
+	}
+	return min(max(cost, c.Min), c.Max)
 }
 
 // RequestID returns the request id the caller sent in the request id

@@ -147,14 +147,33 @@ func (g *Gate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant)
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name}, 1
 }
 
-// Release gives the units back when a later gate rejected the request.
+// Release gives the units back when a later gate rejected the request,
+// and trues the charge up to the work's actual cost (done.Cost) when it
+// has one: the difference comes out of the local bucket (never below
+// empty) or goes back into it, and counts in the demand the next lease
+// asks for.
 func (g *Gate) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
-	if p != 1 || done.Outcome != sluice.OutcomeRejected {
+	if p != 1 {
+		return
+	}
+	est := max(r.Cost, 1)
+	var diff int64
+	switch {
+	case done.Outcome == sluice.OutcomeRejected:
+		diff = -est
+	case done.Cost > 0:
+		diff = done.Cost - est
+	}
+	if diff == 0 {
 		return
 	}
 	g.mu.Lock()
-	g.tokens += max(r.Cost, 1) * nano
-	g.demand -= max(r.Cost, 1)
+	g.demand += diff
+	if diff > 0 {
+		g.tokens = max(g.tokens-min(diff, g.tokens/nano+1)*nano, 0)
+	} else {
+		g.tokens += -diff * nano // fillLocked caps it at the bucket's size
+	}
 	g.mu.Unlock()
 }
 

@@ -239,3 +239,42 @@ func TestGateInlineRefresh(t *testing.T) {
 		t.Fatalf("after 4 s: %+v, want a live grant of 1000", st)
 	}
 }
+
+// The local bucket trues a charge up to the work's actual cost: a request
+// admitted at 10 units whose work cost 30 takes 20 more, one whose work
+// cost 1 gives 9 back, never below an empty bucket; exact to the unit.
+func TestGateTruesUpTheCost(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &lease.Local{Clock: clk}
+	g := newGate(t, clk, l, lease.FailClosed, 0)
+	g.Refresh(context.Background())
+	offer(g, clk, 2000, time.Second) // demand while the allocator learns
+	g.Refresh(context.Background())
+	clk.Advance(500 * time.Millisecond) // the bucket fills: 100 units
+	now := clk.Now()
+	take := func(cost int64) (sluice.Request, sluice.Permit, bool) {
+		r := sluice.Request{Cost: cost}
+		d, p := g.Decide(context.Background(), &r, now)
+		return r, p, d.Admitted
+	}
+	r, p, ok := take(10) // 90 left
+	if !ok {
+		t.Fatal("a full bucket refused 10 units")
+	}
+	g.Release(&r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now, Cost: 30}) // 70 left
+	r, p, _ = take(10)                                                                     // 60 left
+	g.Release(&r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now, Cost: 1})  // 69 left
+	if _, _, ok := take(69); !ok {
+		t.Fatal("69 units left after the true-ups were refused")
+	}
+	if _, _, ok := take(1); ok {
+		t.Fatal("a unit more than the true-ups left was admitted")
+	}
+	r = sluice.Request{Cost: 1}
+	g.Release(&r, 1, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: now, Cost: 1 << 40}) // past empty: empty
+	clk.Advance(10 * time.Millisecond)                                                          // 1,000/s: 10 units back
+	now = clk.Now()
+	if _, _, ok := take(10); !ok {
+		t.Fatal("a huge debit left the bucket below empty")
+	}
+}

@@ -97,6 +97,16 @@ func (w *FixedWindow) Refund(s *FixedWindowState, at clock.Instant, cost int64) 
 	s.Used = max(s.Used-cost, 0)
 }
 
+// Debit counts cost more units in the window of now, whatever it holds, up
+// to the limit at most (Debiter).
+func (w *FixedWindow) Debit(s *FixedWindowState, at clock.Instant, cost int64) {
+	if cost <= 0 {
+		return
+	}
+	w.roll(s, int64(at))
+	s.Used = max(s.Used, min(s.Used+min(cost, w.limit), w.limit))
+}
+
 // Fresh reports whether the window is empty at now.
 func (w *FixedWindow) Fresh(s *FixedWindowState, at clock.Instant) bool {
 	now := int64(at)

@@ -156,6 +156,31 @@ func (g *GCRA) Fresh(s *GCRAState, at clock.Instant) bool {
 // TakeTAT lets a store update TAT with one compare-and-swap.
 func (g *GCRA) Integral() bool { return g.t.r == 0 }
 
+// Debit moves TAT on by cost·T (Debiter), from TAT itself and not from
+// now, so that a debit after a take leaves the TAT a take of the whole
+// cost would have; never past an empty bucket (now + τ + T).
+func (g *GCRA) Debit(s *GCRAState, at clock.Instant, cost int64) {
+	if cost <= 0 {
+		return
+	}
+	old := vtime{ns: s.TAT, f: s.TATFrac}
+	tat := old.add(g.t.times(min(cost, g.burst)), g.t.n)
+	if full := (vtime{ns: int64(at)}).add(g.dvt, g.t.n); full.less(tat) {
+		tat = full
+	}
+	if old.less(tat) {
+		s.TAT, s.TATFrac = tat.ns, tat.f
+	}
+}
+
+// DebitTAT is Debit for an Integral GCRA on a bare TAT.
+func (g *GCRA) DebitTAT(tat int64, at clock.Instant, cost int64) int64 {
+	if cost <= 0 {
+		return tat
+	}
+	return max(tat, min(tat+min(cost, g.burst)*g.t.q, int64(at)+g.dvt.ns))
+}
+
 // TakeTAT is Take for an Integral GCRA on a bare TAT: it returns the new TAT
 // (unchanged unless Allowed or the clock stepped back) and the result.
 // REQUIRES: g.Integral().

@@ -173,3 +173,21 @@ func (v divider) ceil(x int64) int64 {
 	}
 	return q
 }
+
+// Debiter is an Algorithm that can charge units after the fact: the part of
+// a request's cost that its work turned out to need beyond what was taken
+// when it was admitted (a true-up; the other way, a credit, is Refund). A
+// debit is taken whatever the state holds, but never past an empty state:
+// a tenant that under-declared finds its quota spent, and its next
+// requests wait for it to come back. Costs ≤ 0 are ignored; a cost above
+// the limit counts as the limit.
+//
+// Charging e when admitted and the true-up a−e later leaves the same state
+// as charging a up front (the property tests hold it), except that a debit
+// meets what the state holds when it comes: one that finds a token bucket
+// refilled to full in between is charged whole, where charging up front
+// would have refilled part of it (never less than up front), and a
+// window's debit counts in the window the work ended in.
+type Debiter[S any] interface {
+	Debit(s *S, now clock.Instant, cost int64)
+}

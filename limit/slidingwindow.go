@@ -179,6 +179,16 @@ func (w *SlidingWindow) Refund(s *SlidingWindowState, at clock.Instant, cost int
 	}
 }
 
+// Debit counts cost more units in the current window, whatever it holds,
+// up to the limit at most (Debiter).
+func (w *SlidingWindow) Debit(s *SlidingWindowState, at clock.Instant, cost int64) {
+	if cost <= 0 {
+		return
+	}
+	w.roll(s, int64(at))
+	s.Cur = max(s.Cur, min(s.Cur+min(cost, w.limit), w.limit))
+}
+
 // Fresh reports whether the estimate is zero at now and stays zero.
 func (w *SlidingWindow) Fresh(s *SlidingWindowState, at clock.Instant) bool {
 	now := int64(at)

@@ -146,6 +146,16 @@ func (b *TokenBucket) Refund(s *TokenBucketState, at clock.Instant, cost int64) 
 	}
 }
 
+// Debit takes cost more tokens at now, whatever the bucket holds, down to
+// an empty bucket at most (Debiter).
+func (b *TokenBucket) Debit(s *TokenBucketState, at clock.Instant, cost int64) {
+	if cost <= 0 {
+		return
+	}
+	b.refill(s, int64(at))
+	s.Deficit = min(s.Deficit+min(cost, b.burst)*b.unit, max(s.Deficit, b.capacity))
+}
+
 // Fresh reports whether the bucket is full at now.
 func (b *TokenBucket) Fresh(s *TokenBucketState, at clock.Instant) bool {
 	now := int64(at)

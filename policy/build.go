@@ -459,7 +459,7 @@ func (f *File) rules() identify.Rules {
 	for _, rt := range f.Routes {
 		r.Routes = append(r.Routes, identify.Route{
 			Method: rt.Method, Path: rt.Path, Class: rt.Class,
-			Cost: identify.Cost{Fixed: rt.Cost.Fixed, Header: rt.Cost.Header, Per: rt.Cost.Per, Min: rt.Cost.Min, Max: rt.Cost.Max},
+			Cost: identify.Cost{Fixed: rt.Cost.Fixed, Header: rt.Cost.Header, Per: rt.Cost.Per, Min: rt.Cost.Min, Max: rt.Cost.Max, ResponseHeader: rt.Cost.ResponseHeader},
 		})
 	}
 	return r

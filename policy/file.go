@@ -198,6 +198,9 @@ type Cost struct {
 	Header   string
 	Per      int64
 	Min, Max int64
+	// ResponseHeader names the upstream's answer's header with the
+	// work's actual cost (identify.Cost.ResponseHeader).
+	ResponseHeader string
 }
 
 // Gate is one gate of the chain, as written. The settings common to every

@@ -495,6 +495,8 @@ func (p *parser) cost(n *yaml.Node, path string) Cost {
 		switch k {
 		case "header":
 			c.Header = p.header(v, field)
+		case "response_header":
+			c.ResponseHeader = p.header(v, field)
 		case "per":
 			c.Per = p.Integer(v, field, 1, sluice.MaxCost)
 		case "min":
@@ -503,8 +505,8 @@ func (p *parser) cost(n *yaml.Node, path string) Cost {
 			c.Max = p.Integer(v, field, 1, sluice.MaxCost)
 		}
 	})
-	if c.Header == "" && n.Kind == yaml.MappingNode {
-		p.Errf(n, yamlfile.Join(path, "header"), "missing: a cost mapping reads a header (or write a fixed cost: cost: 5)")
+	if c.Header == "" && c.ResponseHeader == "" && n.Kind == yaml.MappingNode {
+		p.Errf(n, yamlfile.Join(path, "header"), "missing: a cost mapping reads a header, the request's or the answer's (response_header), or write a fixed cost: cost: 5")
 	}
 	if c.Min > 0 && c.Max > 0 && c.Min > c.Max {
 		p.Errf(n, path, "min %d is above max %d", c.Min, c.Max)

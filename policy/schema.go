@@ -94,7 +94,8 @@ var schema = []key{
 		}},
 		{key: "class", typ: "class name", def: "default", doc: "the server-authorized priority of matching requests (a-z, 0-9, '_', '-')", example: "critical"},
 		{key: "cost", typ: "integer, or mapping", def: "1", doc: "demand units of a matching request, in [1, 2^40]: a fixed number, or read from a header", sub: []key{
-			{key: "header", typ: "header name", def: "required in a mapping", doc: "header with a non-negative integer; the cost is ⌈value ÷ per⌉ clamped to [min, max]; a malformed value is a 400", example: "X-Stops"},
+			{key: "header", typ: "header name", def: "required in a mapping without response_header", doc: "header with a non-negative integer; the cost is ⌈value ÷ per⌉ clamped to [min, max]; a malformed value is a 400", example: "X-Stops"},
+			{key: "response_header", typ: "header name", def: "none", doc: "the upstream's answer's header with the work's actual cost, as the same quantity header declares (⌈value ÷ per⌉ clamped to [min, max]; without header the estimate charged at admission is min): the rate gates (token_bucket, gcra, fixed_window, sliding_window) charge the difference from the estimate to the same keys when the work ends, or give it back, never past an empty quota, so a tenant that under-declares pays in its next requests. A missing or malformed value keeps the estimate", example: "X-Work-Units"},
 			{key: "per", typ: "integer", def: "1", doc: "header value per demand unit", example: "100"},
 			{key: "min", typ: "integer", def: "1", doc: "the least cost", example: "1"},
 			{key: "max", typ: "integer", def: "2^40", doc: "the most cost", example: "50"},

@@ -614,6 +614,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 		return
 	}
+	adm.ReadCost(func(name string) string { return b2s(resp.Header.Peek(name)) })
 	streaming = f.respond(ctx, resp, &adm, tr, deadline)
 	if !streaming {
 		adm.SetHeaders((*respFields)(&ctx.Response.Header))

@@ -47,6 +47,16 @@ type Limiter interface {
 	Window() time.Duration
 }
 
+// Debiter is a Limiter that can charge units after the fact (a true-up:
+// the part of a request's cost its work needed beyond what Take took; the
+// other way is Refund). Debit takes cost more units for key whatever the
+// state holds, never past empty (limit.Debiter); h is the handle of the
+// request's Take. Algorithms without a debit (concurrency, a leaky bucket,
+// a sliding log) charge nothing and return nil.
+type Debiter interface {
+	Debit(ctx context.Context, key string, h Handle, now clock.Instant, cost int64) error
+}
+
 // OldestReleaser is a concurrency Limiter whose permits live in a store
 // shared by processes (package store/redis): it frees the oldest permits
 // of key, whole, whose slots fit in slots, whichever process took them,

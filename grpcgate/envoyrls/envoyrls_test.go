@@ -465,3 +465,42 @@ func TestMaxRequestBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Envoy's response-time call (a rate limit action with
+// apply_on_stream_done: the descriptor's hits_addend is what the response
+// said, sent when the stream ends) counts like any other call, over real
+// gRPC: a request-time hit and a response-time 4 leave 5 of the 10, and
+// the next request-time call sees them spent.
+func TestResponseTimeCallCounts(t *testing.T) {
+	cfg, err := rls.Parse("edge.yaml", []byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(cfg, rls.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := envoyrls.New(svc, envoyrls.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, srv, srv.ServerOptions()...)
+	remaining := func(d *descpb.RateLimitDescriptor) uint32 {
+		t.Helper()
+		resp, err := call(t, c, &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*descpb.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0].LimitRemaining
+	}
+	d := desc("tenant", "t7")
+	if r := remaining(d); r != 9 {
+		t.Fatalf("request-time call: %d left of 10", r)
+	}
+	if r := remaining(&descpb.RateLimitDescriptor{Entries: d.Entries, HitsAddend: wrapperspb.UInt64(4)}); r != 5 {
+		t.Fatalf("response-time call of 4: %d left, want 5", r)
+	}
+	if r := remaining(d); r != 4 {
+		t.Fatalf("the next request-time call: %d left, want 4", r)
+	}
+}

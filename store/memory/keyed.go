@@ -40,6 +40,11 @@ type Keyed[S any, A limit.Algorithm[S]] struct {
 	alg   A
 	table *table[S]
 	byDL  func(s *S, now clock.Instant, cost int64, deadline clock.Instant) limit.Result
+	debit func(s *S, now clock.Instant, cost int64) // nil: the algorithm has none
+}
+
+type debiter[S any] interface {
+	Debit(s *S, now clock.Instant, cost int64)
 }
 
 type deadlineTaker[S any] interface {
@@ -54,6 +59,9 @@ func NewKeyed[S any, A limit.Algorithm[S]](alg A, opts Options) *Keyed[S, A] {
 	k := &Keyed[S, A]{alg: alg, table: newTable(opts, alg.Fresh)}
 	if dt, ok := any(alg).(deadlineTaker[S]); ok {
 		k.byDL = dt.TakeBy
+	}
+	if d, ok := any(alg).(debiter[S]); ok {
+		k.debit = d.Debit
 	}
 	if alg.Window() == 0 {
 		// A concurrency count: forgetting a key with requests in flight
@@ -102,6 +110,26 @@ func (k *Keyed[S, A]) Refund(_ context.Context, key string, h store.Handle, now 
 	return nil
 }
 
+// Debit charges cost more units to the state h names (store.Debiter);
+// err is always nil. An algorithm without a debit charges nothing.
+func (k *Keyed[S, A]) Debit(_ context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
+	if k.debit == nil || cost <= 0 {
+		return nil
+	}
+	if h == handleOverflow {
+		s, now, g := k.table.lockOverflow(key, now)
+		k.debit(s, now, cost)
+		g.unlock()
+		return nil
+	}
+	s, now, _, g := k.table.lock(key, now, false)
+	if s != nil {
+		k.debit(s, now, cost)
+	}
+	g.unlock()
+	return nil
+}
+
 // WithAlgorithm returns a limiter running alg on the same table (the same
 // per-key state): for a reload that changes a limit but not the meaning of
 // the state (a new concurrency limit over the same in-flight counts, a new
@@ -111,6 +139,9 @@ func (k *Keyed[S, A]) WithAlgorithm(alg A) *Keyed[S, A] {
 	n := &Keyed[S, A]{alg: alg, table: k.table}
 	if dt, ok := any(alg).(deadlineTaker[S]); ok {
 		n.byDL = dt.TakeBy
+	}
+	if d, ok := any(alg).(debiter[S]); ok {
+		n.debit = d.Debit
 	}
 	return n
 }

@@ -42,7 +42,7 @@ func checkCount(kind, name string, limit int64) error {
 // a Spec to a store. A Spec is immutable.
 //
 // Every script takes ARGV = now override (µs, 0: Redis TIME), op ("take" |
-// "refund"), cost, extra (the permit id for concurrency, the deadline
+// "refund", and "debit" for those that charge after the fact), cost, extra (the permit id for concurrency, the deadline
 // budget in ns for the leaky bucket), then its fixed parameters, and
 // answers {status, remaining, retry_after_ns, reset_after_ns, wait_ns}.
 type Spec struct {
@@ -57,6 +57,7 @@ type Spec struct {
 	paced   bool // leaky bucket: extra is the deadline budget
 	meta    bool // sliding log, concurrency: a second key (same slot) holds the sum
 	counter bool // a count (Counter): its batch answers {status, count} per step
+	debits  bool // its script has the "debit" op (store.Debiter)
 }
 
 // width is how many integers the batch script answers per step.
@@ -158,6 +159,21 @@ func (l *limiter) Refund(ctx context.Context, key string, h store.Handle, now cl
 		return err
 	}
 	_, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("refund", cost, extra), false)
+	return err
+}
+
+// Debit charges cost more units after the fact (store.Debiter): the token
+// bucket, GCRA, fixed and sliding windows' "debit" step, never past an
+// empty state. Other algorithms charge nothing.
+func (l *limiter) Debit(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
+	if !l.debits || cost <= 0 {
+		return nil
+	}
+	if l.batcher != nil {
+		_, err := l.batcher.do(ctx, l.stateKey(key), "debit", cost, "0", 0)
+		return err
+	}
+	_, _, err := l.s.run(ctx, l.script, l.keys(key), l.args("debit", cost, "0"), false)
 	return err
 }
 
@@ -273,7 +289,7 @@ func TokenBucket(name string, tb *limit.TokenBucket) (*Spec, error) {
 		return nil, param.Errorf("burst", "redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
 	}
 	fill := int64(tb.Window())
-	return &Spec{name: name, layout: "tb:" + r.String(), script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(),
+	return &Spec{name: name, layout: "tb:" + r.String(), script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(), debits: true,
 		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
 }
 
@@ -288,7 +304,7 @@ func GCRA(name string, g *limit.GCRA) (*Spec, error) {
 	if burst > maxExact/max(per, 1000*n) {
 		return nil, param.Errorf("burst", "redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
 	}
-	return &Spec{name: name, layout: "gcra:" + r.String(), script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(),
+	return &Spec{name: name, layout: "gcra:" + r.String(), script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(), debits: true,
 		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
 }
 
@@ -304,7 +320,7 @@ func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
 	if err := checkCount("fixed window", name, w.Limit()); err != nil {
 		return nil, err
 	}
-	return &Spec{name: name, layout: "fw:" + w.Window().String(), script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(),
+	return &Spec{name: name, layout: "fw:" + w.Window().String(), script: fixedWindowScript, batch: fixedWindowBatch, limit: w.Limit(), window: w.Window(), debits: true,
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds())}}, nil
 }
 
@@ -324,7 +340,7 @@ func Counter(name string, w *limit.FixedWindow) (*Spec, error) {
 	if w.Limit() != MaxCount {
 		return nil, param.Errorf("limit", "redis: counter %q: limit %d: a counter's is MaxCount (%d)", name, w.Limit(), int64(MaxCount))
 	}
-	sp.batch, sp.counter = counterBatch, true
+	sp.batch, sp.counter, sp.debits = counterBatch, true, false
 	return sp, nil
 }
 
@@ -377,7 +393,7 @@ func SlidingWindow(name string, w *limit.SlidingWindow) (*Spec, error) {
 	if w.Limit() > maxExact/us {
 		return nil, param.Errorf("limit", "redis: sliding window %q: limit %d × window %v exceeds 2^53 µs", name, w.Limit(), w.Window())
 	}
-	return &Spec{name: name, layout: "sw:" + w.Window().String(), script: slidingWindowScript, batch: slidingWindowBatch, limit: w.Limit(), window: w.Window(),
+	return &Spec{name: name, layout: "sw:" + w.Window().String(), script: slidingWindowScript, batch: slidingWindowBatch, limit: w.Limit(), window: w.Window(), debits: true,
 		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}, nil
 }
 

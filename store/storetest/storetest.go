@@ -118,6 +118,7 @@ type step struct {
 	at     int64  // µs
 	cost   int64  // demand units
 	refund bool   // a refund of cost units, with the handle of the key's last admitted take (skipped before one)
+	debit  bool   // a debit of cost units (a true-up), likewise; skipped for algorithms without one
 	budget int64  // ns to the request's deadline (leaky bucket); 0: none
 	key    string // "" is "k"
 }
@@ -192,21 +193,12 @@ func (r *run[S]) steps(alg limit.Algorithm[S], steps []step) {
 		}
 		at := clock.Instant(st.at * 1000)
 		r.now.Store(int64(at))
+		if st.debit {
+			r.debit(alg, s, key, at, st.cost, i)
+			continue
+		}
 		if st.refund {
-			h, ok := r.handles[key]
-			if !ok {
-				continue // a refund gives back what a take took: nothing yet
-			}
-			cost := st.cost
-			if _, permits := any(alg).(*limit.Concurrency); permits {
-				// A permit is released once, with the slots it holds.
-				cost = r.costs[key]
-				delete(r.handles, key)
-			}
-			alg.Refund(s, at, cost)
-			if err := lim.Refund(ctx, key, h, at, cost); err != nil {
-				t.Fatalf("%s step %d: refund: %v", name, i, err)
-			}
+			r.refund(alg, s, key, at, st.cost, i)
 			continue
 		}
 		var deadline clock.Instant
@@ -238,6 +230,39 @@ func (r *run[S]) steps(alg limit.Algorithm[S], steps []step) {
 	}
 	if lim.Limit() != alg.Limit() || lim.Window() != alg.Window() {
 		t.Fatalf("%s: limit %d window %v, algorithm %d %v", name, lim.Limit(), lim.Window(), alg.Limit(), alg.Window())
+	}
+}
+
+// refund gives cost units back on both sides, with the handle of the
+// key's last admitted take (nothing before one).
+func (r *run[S]) refund(alg limit.Algorithm[S], s *S, key string, at clock.Instant, cost int64, i int) {
+	h, ok := r.handles[key]
+	if !ok {
+		return // a refund gives back what a take took: nothing yet
+	}
+	if _, permits := any(alg).(*limit.Concurrency); permits {
+		// A permit is released once, with the slots it holds.
+		cost = r.costs[key]
+		delete(r.handles, key)
+	}
+	alg.Refund(s, at, cost)
+	if err := r.lim.Refund(context.Background(), key, h, at, cost); err != nil {
+		r.t.Fatalf("%s step %d: refund: %v", r.name, i, err)
+	}
+}
+
+// debit charges cost more units on both sides (a true-up), after a take
+// of the key and for algorithms that have a debit.
+func (r *run[S]) debit(alg limit.Algorithm[S], s *S, key string, at clock.Instant, cost int64, i int) {
+	h, ok := r.handles[key]
+	ad, algOK := any(alg).(limit.Debiter[S])
+	ld, limOK := r.lim.(store.Debiter)
+	if !ok || !algOK || !limOK {
+		return
+	}
+	ad.Debit(s, at, cost)
+	if err := ld.Debit(context.Background(), key, h, at, cost); err != nil {
+		r.t.Fatalf("%s step %d: debit: %v", r.name, i, err)
 	}
 }
 
@@ -365,8 +390,13 @@ func randomSteps(rt *rapid.T, maxGap, burst int64) []step {
 			gap = rapid.SampledFrom([]int64{-tol - 1, -tol, -2 * tol, -3600 * sec, tol + 1, 3600 * sec}).Draw(rt, "step")
 		}
 		now = max(now+gap, 1)
-		steps = append(steps, step{at: now, cost: rapid.Int64Range(0, burst+1).Draw(rt, "cost"),
-			refund: rapid.IntRange(0, 8).Draw(rt, "refund") == 0, key: rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "key")})
+		kind := rapid.IntRange(0, 8).Draw(rt, "refund or debit")
+		cost := rapid.Int64Range(0, burst+1).Draw(rt, "cost")
+		if kind == 1 && rapid.IntRange(0, 3).Draw(rt, "a debit past the limit") == 0 {
+			cost = rapid.SampledFrom([]int64{3 * burst, 1 << 40}).Draw(rt, "huge debit")
+		}
+		steps = append(steps, step{at: now, cost: cost,
+			refund: kind == 0, debit: kind == 1, key: rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "key")})
 	}
 	return steps
 }

@@ -1,4 +1,4 @@
--- Fixed window step: the Redis twin of limit.FixedWindow.Take/Refund.
+-- Fixed window step: the Redis twin of limit.FixedWindow.Take/Refund/Debit.
 -- KEYS[1]: hash {s = window start (us), c = used}.
 -- ARGV: 1 now override (us), 2 op, 3 cost, 4 handle (unused), 5 packed
 --       doubles: limit, window (us).
@@ -21,6 +21,17 @@ end
 -- count moves to now's window.
 local s0 = s
 if ws > s then s, c = ws, 0 elseif s - now > TOLERANCE then s = ws end
+if op == 'debit' then
+  -- counted in the window of now, up to the limit (past it, never)
+  if cost > 0 then
+    local n = math.max(c, math.min(c + math.min(cost, limit), limit))
+    if n ~= c or s ~= s0 then
+      redis.call('HSET', KEYS[1], 's', str(s), 'c', str(n))
+      redis.call('PEXPIRE', KEYS[1], str(math.floor((math.max(s - now, 0) + win + TOLERANCE) / 1000) + 1))
+    end
+  end
+  return {0, 0, 0, 0, 0, TIME_US}
+end
 local status, retry = 0, 0
 if cost <= 0 then
   status = 3

@@ -1,4 +1,4 @@
--- GCRA step: the Redis twin of limit.GCRA.Take/Refund.
+-- GCRA step: the Redis twin of limit.GCRA.Take/Refund/Debit.
 -- Spans are kept in ticks of 1/n ns (n = rate tokens), so the emission
 -- interval T = per/n ns is exactly `per` ticks. The absolute TAT is kept as
 -- whole microseconds u plus r ticks (0 <= r < 1000n), below 2^53 each.
@@ -42,6 +42,21 @@ if op == 'refund' then
     end
     if nu < now then nu, nr = now, 0 end
     if nu < ou or (nu == ou and nr < orr) then save(nu, nr) end
+  end
+  return {0, 0, 0, 0, 0, TIME_US}
+end
+
+if op == 'debit' then
+  if cost > 0 then
+    if cost > burst then cost = burst end
+    -- t = TAT + cost*T, from the stored TAT (not from now: a debit after a
+    -- take leaves what a take of the whole cost would), at most now + tau + T
+    local nr = orr + cost * per
+    local nu = ou + idiv(nr, tpu)
+    nr = nr - idiv(nr, tpu) * tpu
+    local fu, fr = plus_ticks(now, dvt, tpu)
+    if nu > fu or (nu == fu and nr > fr) then nu, nr = fu, fr end
+    if nu > ou or (nu == ou and nr > orr) then save(nu, nr) end
   end
   return {0, 0, 0, 0, 0, TIME_US}
 end

@@ -1,4 +1,5 @@
--- Sliding window counter step: the Redis twin of limit.SlidingWindow.
+-- Sliding window counter step: the Redis twin of limit.SlidingWindow
+-- (Take, Refund, Debit).
 -- Times in microseconds; limit x window(us) must stay below 2^53, so every
 -- product below is exact. Retry-afters are computed to the nanosecond by
 -- splitting window(ns) = window(us) x 1000.
@@ -30,6 +31,12 @@ if ws > s then
   cur, s = 0, ws
 end
 local el = math.min(math.max(now - s, 0), win - 1)
+if op == 'debit' then
+  -- counted in the current window, up to the limit (past it, never)
+  if cost > 0 then cur = math.max(cur, math.min(cur + math.min(cost, limit), limit)) end
+  save()
+  return {0, 0, 0, 0, 0, TIME_US}
+end
 
 -- floor(a * win_ns / c) exactly, for a * win(us) < 2^53.
 local function muldiv_ns(a, c)

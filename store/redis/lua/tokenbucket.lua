@@ -1,4 +1,4 @@
--- Token bucket step: the Redis twin of limit.TokenBucket.Take/Refund.
+-- Token bucket step: the Redis twin of limit.TokenBucket.Take/Refund/Debit.
 -- The busiest script, so it stands alone (only prelude.lua is prepended):
 -- every `local function` of a script body is a new closure on every call,
 -- and the hot path here has none. Lua numbers are doubles; every value
@@ -6,7 +6,7 @@
 -- KEYS[1]: the deficit in scaled units and the last refill time (us),
 --          packed as two little-endian doubles, so a step is one GET and
 --          one SET.
--- ARGV: 1 now override (us, 0 = TIME), 2 op ("take" | "refund"), 3 cost,
+-- ARGV: 1 now override (us, 0 = TIME), 2 op ("take" | "refund" | "debit"), 3 cost,
 --       4 handle (unused), 5 the fixed parameters packed as six
 --       little-endian doubles: unit (scaled units per token = rate period in
 --       ns), gain (scaled units per ns = rate tokens), capacity (burst *
@@ -19,6 +19,10 @@ if not own then now = tonumber(ARGV[1]) end
 local op, cost = ARGV[2], tonumber(ARGV[3])
 local unit, gain, cap, burst, fill, ttl = struct.unpack('<dddddd', ARGV[5])
 if op == 'refund' and (cost <= 0 or cost > burst) then return {0, 0, 0, 0, 0, TIME_US} end
+if op == 'debit' then
+  if cost <= 0 then return {0, 0, 0, 0, 0, TIME_US} end
+  if cost > burst then cost = burst end
+end
 
 -- The state; a missing, foreign or corrupted value (wrong length, NaN,
 -- outside its range) reads as a full bucket. A deficit above the capacity
@@ -66,8 +70,12 @@ if own then
   if not keep then px = ttl + half + math.ceil((last - now) / 1000) end
 end
 
-if op == 'refund' then
-  d = math.max(d - cost * unit, 0)
+if op == 'refund' or op == 'debit' then
+  if op == 'refund' then
+    d = math.max(d - cost * unit, 0)
+  else
+    d = math.min(d + cost * unit, cap) -- past an empty bucket, never
+  end
   if keep then
     redis.call('SET', KEYS[1], struct.pack('<dd', d, last), 'KEEPTTL')
   else
