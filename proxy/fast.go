@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -80,6 +81,26 @@ type fastServer struct {
 	// sessions resumes TLS sessions to an https upstream (the pool's new
 	// connections, upgrades), unless its TLS configuration has a cache.
 	sessions tls.ClientSessionCache
+	// clientConns and upstreamConns bound the clients' connections and
+	// the upstream pool's (descriptorBudget).
+	clientConns, upstreamConns int
+}
+
+// descriptorBudget splits the process's file descriptors (limit, when
+// known): at most half for clients' connections (a client past it is
+// answered 503 and closed, by fasthttp's Concurrency), a quarter for the
+// upstream pool (a request past it waits for a connection, within its
+// deadline), and a quarter kept for everything else (the admin listener,
+// Redis, spool files, logs), so that a flood of idle connections never
+// takes the descriptors the proxy needs to serve anyone. At most 262,144
+// clients (fasthttp's default) and 4,096 upstream connections.
+func descriptorBudget(limit uint64, known bool) (clients, upstream int) {
+	clients, upstream = 256*1024, 4096
+	if known {
+		clients = int(min(max(limit/2, 16), uint64(clients)))
+		upstream = int(min(max(limit/4, 8), uint64(upstream)))
+	}
+	return clients, upstream
 }
 
 // newFast builds the proxy's fasthttp server.
@@ -95,9 +116,11 @@ func (s *Server) newFast() *fastServer {
 	}
 	f := &fastServer{s: s, base: strings.TrimSuffix(u.EscapedPath(), "/"), query: u.RawQuery, host: u.Host, closed: make(chan struct{}),
 		sessions: tls.NewLRUClientSessionCache(0)}
+	f.clientConns, f.upstreamConns = descriptorBudget(fileLimit())
 	f.up = &fasthttp.HostClient{
 		Addr: addr, IsTLS: u.Scheme == "https",
-		MaxConns:                  4096,
+		MaxConns:                  f.upstreamConns,
+		MaxConnWaitTimeout:        30 * time.Second, // past MaxConns a request waits for a connection, within its deadline
 		MaxIdleConnDuration:       90 * time.Second,
 		StreamResponseBody:        true,
 		DisablePathNormalizing:    true,
@@ -110,6 +133,7 @@ func (s *Server) newFast() *fastServer {
 	}
 	f.srv = &fasthttp.Server{
 		Handler:                      f.serve,
+		Concurrency:                  f.clientConns,
 		ErrorHandler:                 f.malformed,
 		ReadTimeout:                  s.opts.ReadTimeout,
 		WriteTimeout:                 s.opts.WriteTimeout,
@@ -149,7 +173,9 @@ func (f *fastServer) closeIfDraining(ctx *fasthttp.RequestCtx) {
 func (f *fastServer) SetKeepAlivesEnabled(v bool) { f.draining.Store(!v) }
 
 // serve serves ln with deadlines kept coarse (coarseConn).
-func (f *fastServer) serveOn(ln net.Listener) error { return f.srv.Serve(coarseListener{ln}) }
+func (f *fastServer) serveOn(ln net.Listener) error {
+	return f.srv.Serve(&coarseListener{Listener: ln, log: f.s.log})
+}
 
 // Shutdown stops accepting and waits for the connections in flight (it
 // fits host.Stopper).
@@ -167,15 +193,32 @@ func (f *fastServer) Close() error {
 	return nil
 }
 
-// coarseListener hands out coarseConns.
-type coarseListener struct{ net.Listener }
+// coarseListener hands out coarseConns. An accept that fails for want of
+// descriptors or buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM) waits and tries
+// again, 5 ms doubling to 1 s, as net/http's server does (fasthttp's
+// would stop serving), and says so in the log at most once a second.
+type coarseListener struct {
+	net.Listener
+	log  *slog.Logger
+	last atomic.Int64 // when the log last said so, Unix ns
+}
 
-func (l coarseListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+func (l *coarseListener) Accept() (net.Conn, error) {
+	var delay time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			return &coarseConn{Conn: c}, nil
+		}
+		if !exhausted(err) {
+			return nil, err
+		}
+		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+		if now, last := time.Now().UnixNano(), l.last.Load(); now-last >= int64(time.Second) && l.last.CompareAndSwap(last, now) && l.log != nil {
+			l.log.Warn("proxy: cannot accept a connection; retrying (logged at most once a second)", "err", err, "retry_in", delay)
+		}
+		time.Sleep(delay)
 	}
-	return &coarseConn{Conn: c}, nil
 }
 
 // coarseConn keeps a connection's deadline where it is when a new one is

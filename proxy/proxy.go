@@ -445,6 +445,8 @@ func (s *Server) Run(ctx context.Context) error {
 		fs := s.newFast()
 		defer fs.up.CloseIdleConnections()
 		ps, servePublic = fs, func() error { return fs.serveOn(pl) }
+		limit, _ := fileLimit()
+		s.log.Info("sluice proxy descriptors", "file_limit", limit, "max_client_conns", fs.clientConns, "max_upstream_conns", fs.upstreamConns)
 	} else {
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
 			IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}

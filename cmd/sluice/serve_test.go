@@ -35,6 +35,9 @@ import (
 // start the test binary as `sluice serve` to signal it).
 func TestMain(m *testing.M) {
 	if os.Getenv("SLUICE_TEST_RUN_MAIN") == "1" {
+		if n := os.Getenv("SLUICE_TEST_NOFILE"); n != "" {
+			setNoFile(n)
+		}
 		main()
 		os.Exit(0)
 	}
