@@ -566,8 +566,17 @@ func (s *Server) shutdown(hs []*http.Server) {
 // for Redis need about as many as are in flight (measured with
 // bench/rlsload: one per CPU saves 12-14% of the CPU per call in memory,
 // and 128 a further 10% on Redis).
+//
+// They also bound what callers can hold: MaxStreamsPerConn calls per
+// connection, MaxCalls in all (one more is refused at once with
+// RESOURCE_EXHAUSTED), each at most CallTimeout (a call whose message never
+// comes gives its slot back then).
 func ServerOptions(workers int) []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(envoyrls.DefaultMaxRequestBytes), grpc.NumStreamWorkers(uint32(max(workers, 1)))}
+	return serverOptions(workers, &callGuard{max: MaxCalls, timeout: CallTimeout})
+}
+
+func serverOptions(workers int, g *callGuard) []grpc.ServerOption {
+	return append(guardOptions(g), grpc.MaxRecvMsgSize(envoyrls.DefaultMaxRequestBytes), grpc.NumStreamWorkers(uint32(max(workers, 1))))
 }
 
 // workers is the stream worker pool's size for the store (ServerOptions).

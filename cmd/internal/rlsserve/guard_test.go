@@ -1,0 +1,102 @@
+package rlsserve
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// Calls whose message never comes hold at most the server's bound: past
+// it a call is refused at once with RESOURCE_EXHAUSTED, the stalled ones
+// give their slots back at the call timeout, and then a healthy call is
+// served; finished calls give theirs back at once.
+func TestStalledCallsAreBounded(t *testing.T) {
+	g := &callGuard{max: 100, timeout: 500 * time.Millisecond}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(serverOptions(1, g)...)
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	go gs.Serve(lis)
+	defer gs.Stop()
+	dial := func() *grpc.ClientConn {
+		c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	healthy := dial()
+	check := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(healthy).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	for i := range 200 {
+		if err := check(); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	waitCalls(t, g, 0)
+
+	// 4 connections × 100 calls that never send their message.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	refused := 0
+	var streams []grpc.ClientStream
+	for range 4 {
+		c := dial()
+		for range 100 {
+			s, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.health.v1.Health/Check")
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, s)
+		}
+	}
+	timedOut := 0
+	for _, s := range streams {
+		// Each call's answer: refused at once, or the stall timeout.
+		var m healthpb.HealthCheckResponse
+		switch err := s.RecvMsg(&m); status.Code(err) {
+		case codes.ResourceExhausted:
+			refused++
+		case codes.DeadlineExceeded:
+			timedOut++
+		default:
+			t.Fatalf("a stalled call answered %v", err)
+		}
+	}
+	if timedOut+refused != 400 || timedOut > 100 {
+		t.Errorf("%d stalled calls timed out, %d refused: want at most 100 timed out", timedOut, refused)
+	}
+	if refused < 300 || refused > 300+10 {
+		t.Errorf("%d of 400 stalled calls refused past a bound of 100, want about 300", refused)
+	}
+	waitCalls(t, g, 0)
+	if err := check(); err != nil {
+		t.Fatalf("a healthy call after the stall timeout: %v", err)
+	}
+}
+
+func waitCalls(t *testing.T, g *callGuard, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for g.calls.Load() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls counted in progress, want %d", g.calls.Load(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
