@@ -177,15 +177,7 @@ func proxyCmd() *cobra.Command {
 			onForcedExit(func() { removeTokenFile(s.TokenFile()) })
 			ctx, stop := stopContext(context.Background())
 			defer stop()
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			go func() {
-				for range hup {
-					if changed, err := s.Reload(); err == nil && !changed {
-						opts.Logger.Info("SIGHUP: policy file unchanged", "file", opts.Config)
-					}
-				}
-			}()
+			reloadOnHUP(ctx, s.Reload, opts.Logger, opts.Config)
 			return logStartErrors(cmd, opts.Logger, s.Run(ctx))
 		},
 	}

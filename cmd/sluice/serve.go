@@ -466,7 +466,15 @@ func gracefulStop(gs *grpc.Server, d time.Duration, log *slog.Logger) {
 	}
 }
 
-// reloadOnHUP reloads the configuration on every SIGHUP until ctx is done.
+// reloadGap is the least time between two reloads on SIGHUP: the signals
+// that come meanwhile make one reload after it, so a storm of SIGHUPs (a
+// script in a loop, a config manager that signals on every write) costs a
+// reload a second at most and never multiplies what reloads hand over
+// (leases, permits, buckets).
+const reloadGap = time.Second
+
+// reloadOnHUP reloads the configuration on SIGHUP until ctx is done, at
+// most once per reloadGap.
 func reloadOnHUP(ctx context.Context, reload func() (bool, error), log *slog.Logger, file string) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -482,6 +490,10 @@ func reloadOnHUP(ctx context.Context, reload func() (bool, error), log *slog.Log
 			case <-hup:
 				if changed, err := reload(); err == nil && !changed {
 					log.Info("SIGHUP: configuration unchanged", "config", file)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(reloadGap):
 				}
 			}
 		}
