@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -43,18 +44,47 @@ func (s *Server) buffered(inner http.Handler) http.Handler {
 			s.mw.Invalid(w, r, "method "+r.Method+" is not proxied")
 			return
 		}
-		body, ok := s.readBody(w, r)
-		if !ok {
-			return
-		}
-		if body != nil {
-			defer body.Close()
+		if expectsContinue(r) {
+			// Decided before its body comes: the body is read once the
+			// request is admitted (readExpected), and net/http's server
+			// sends 100 Continue at that first read; a refusal goes out
+			// with no 100 and the body unread.
+			r = r.WithContext(context.WithValue(r.Context(), expectKey{}, true))
+		} else {
+			body, ok := s.readBody(w, r)
+			if !ok {
+				return
+			}
+			if body != nil {
+				defer body.Close()
+			}
 		}
 		bw := &bufferedWriter{client: w, header: w.Header(), body: newSpool(s.bufferLimits(s.opts.MaxResponseBuffer)), grace: s.opts.Grace}
 		defer bw.body.Close()
 		inner.ServeHTTP(bw, r)
 		bw.finish(r, s.opts.WriteTimeout)
 	})
+}
+
+// expectKey marks a request with Expect: 100-continue whose body is read
+// only once it is admitted.
+type expectKey struct{}
+
+// expectsContinue reports a request with a body that waits for 100
+// Continue before sending it.
+func expectsContinue(r *http.Request) bool {
+	return r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && strings.EqualFold(r.Header.Get("Expect"), "100-continue")
+}
+
+// readExpected reads the body of an admitted request that waited for 100
+// Continue (the read sends it), holding its slot: the client was told to
+// send it now. It reports false when it answered the request itself (a
+// body too large or broken).
+func (s *Server) readExpected(w http.ResponseWriter, r *http.Request) (*spool, bool) {
+	if r.Context().Value(expectKey{}) == nil {
+		return nil, true
+	}
+	return s.readBody(w, r)
 }
 
 // readBody reads r's body into a spool and makes it r's body. It answers

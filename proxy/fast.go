@@ -133,6 +133,7 @@ func (s *Server) newFast() *fastServer {
 	}
 	f.srv = &fasthttp.Server{
 		Handler:                      f.serve,
+		ExpectHandler:                f.expect,
 		Concurrency:                  f.clientConns,
 		ErrorHandler:                 f.malformed,
 		ReadTimeout:                  s.opts.ReadTimeout,
@@ -519,10 +520,88 @@ func (f *fastServer) wellFormed(ctx *fasthttp.RequestCtx) bool {
 var hopFields = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// expectedKey is the user value under which expect leaves serve a request
+// it decided before its body came.
+const expectedKey = "sluice.expected"
+
+// expected is a request that asked to hear before sending its body
+// (Expect: 100-continue) and was admitted: serve reads its body and
+// forwards it without deciding again. If the server never calls serve for
+// it (the body could not be read), resetting the request's user values
+// closes it, which ends its admission.
+type expected struct {
+	in    identify.Input
+	names []string
+	adm   httpgate.Admission
+}
+
+func (e *expected) Close() error {
+	e.adm.Done(context.Background(), http.StatusBadRequest, true)
+	putHeader(e.in.Header, e.names)
+	return nil
+}
+
+// expect decides a request that sent Expect: 100-continue before its body
+// comes (fasthttp's ExpectHandler): admitted, the client is told to go on
+// (100 Continue) and serve forwards it; refused, it gets the refusal at
+// once (its status, Retry-After and envelope) and its body is never read
+// (the connection closes). A request the gates would not see (malformed,
+// not proxied) goes on to serve, which answers it.
+func (f *fastServer) expect(ctx *fasthttp.RequestCtx) int {
+	s := f.s
+	if string(ctx.Request.Header.RequestURI()) == "*" || !f.wellFormed(ctx) {
+		return fasthttp.StatusContinue
+	}
+	snap := s.mw.Snapshot()
+	e := &expected{names: snap.Headers()}
+	if !f.input(ctx, &e.in, e.names, snap.ReadsAddr()) || e.in.Method == "PRI" || e.in.Method == http.MethodConnect {
+		if e.in.Header != nil {
+			putHeader(e.in.Header, e.names)
+		}
+		return fasthttp.StatusContinue
+	}
+	e.in.Method, e.in.Path = strings.Clone(e.in.Method), strings.Clone(e.in.Path)
+	fields := (*respFields)(&ctx.Response.Header)
+	var rj httpgate.Rejection
+	var ok bool
+	if snap.MayWait() {
+		e.adm, rj, ok = f.admitWatched(ctx, snap, &e.in, fields)
+	} else {
+		e.adm, rj, ok = snap.Admit(context.Background(), &e.in, fields)
+	}
+	if !ok {
+		putHeader(e.in.Header, e.names)
+		answer(ctx, rj)
+		return rj.Status
+	}
+	ctx.SetUserValue(expectedKey, e)
+	return fasthttp.StatusContinue
+}
+
+// serveExpected reads the body of a request expect admitted (holding its
+// slot: the client was told to send it now) and forwards it.
+func (f *fastServer) serveExpected(ctx *fasthttp.RequestCtx, e *expected) {
+	ctx.RemoveUserValue(expectedKey) // serve ends the admission from here on
+	defer putHeader(e.in.Header, e.names)
+	body, ok := f.readBody(ctx, &e.in)
+	if !ok {
+		e.adm.Done(ctx, ctx.Response.StatusCode(), false)
+		return
+	}
+	if body != nil {
+		defer body.Close()
+	}
+	f.forward(ctx, &e.in, e.adm, ctx.Request.Header.ConnectionUpgrade())
+}
+
 // serve is the proxy's request handler.
 func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	defer f.closeIfDraining(ctx) // read when answering: a request under way when the drain starts closes too
 	s := f.s
+	if e, ok := ctx.UserValue(expectedKey).(*expected); ok {
+		f.serveExpected(ctx, e)
+		return
+	}
 	if string(ctx.Request.Header.RequestURI()) == "*" && ctx.IsOptions() {
 		// Asterisk form (RFC 9112 section 3.2.4) asks about the server,
 		// not a resource: answered here, as net/http's server answers it,

@@ -228,6 +228,7 @@ func New(opts Options) (*Server, error) {
 				}
 			}
 			pr.SetXForwarded()
+			pr.Out.Header.Del("Expect") // the body is read: the upstream gets it at once
 		},
 		Transport:      tr,
 		ModifyResponse: lateResponse,
@@ -240,6 +241,13 @@ func New(opts Options) (*Server, error) {
 	s.handler = s.buffered(s.mw.Wrap(s.inflight.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if bw := bufferedOf(w); bw != nil {
 			bw.setDeadline(r) // admitted: a streamed response holds the slot until the deadline at most
+		}
+		body, ok := s.readExpected(w, r)
+		if !ok {
+			return
+		}
+		if body != nil {
+			defer body.Close()
 		}
 		ctx, cancel := s.detach(r.Context())
 		defer cancel()
