@@ -72,7 +72,10 @@ bench-proxy:
 PROGRESS = awk -v what="$(1)" -v every=$(2) '/^exit [0-9]+$$/ {rc = $$2; next} $(3) {n++; if (n % every == 0) print "  ... " n " " what; next} $(4) {next} {print} END {if (n) print "  " n " " what; exit rc}'
 demo:
 	@echo "make demo: fetching modules (with empty caches 10-20 s)..."
-	@{ $(GO) mod download -x 2>&1; echo "exit $$?"; } | $(call PROGRESS,modules fetched,20,/^# get .*\.zip$$/,/^# get /)
+	@# Only the modules the binary is built from (about 40; go mod download would fetch the whole
+	@# workspace's graph, 146, and add their checksums to go.work.sum, so that a fresh clone's
+	@# binary called itself dirty).
+	@{ $(GO) list -x -deps ./cmd/sluice 2>&1 >/dev/null; echo "exit $$?"; } | $(call PROGRESS,modules fetched,10,/^go: downloading /,/^# get /)
 	@echo "make demo: compiling (with empty caches about 1 minute on 2 cores)..."
 	@{ $(GO) build -buildvcs=auto -v -o bin/sluice ./cmd/sluice 2>&1; echo "exit $$?"; } | $(call PROGRESS,packages compiled,25,/^[A-Za-z0-9._~/-]+$$/,0)
 	./bin/sluice demo --json sluice-demo.json --plot sluice-demo
