@@ -217,7 +217,7 @@ func (l *limiter) keys(key string) []string {
 	k := l.stateKey(key)
 	switch {
 	case l.permits:
-		return []string{k + ":permits", k + ":held"}
+		return []string{k + ":permits", k + ":held", k + ":run"}
 	case l.meta:
 		return []string{k, k + ":meta"}
 	}

@@ -4,6 +4,15 @@
 -- belong to holders that died: each call sweeps at most 64 of them, so no
 -- call's work grows with a cost, a limit or a crowd of dead permits (the
 -- rest are swept by the next calls, and count as held until then).
+-- KEYS[3] (same slot) is a hash: the run id of the Redis process that
+-- last vouched for the permits (run) and when it did (at, us). A Redis
+-- restored from a snapshot (or a replica promoted) holds permits whose
+-- releases it never saw: a take that finds the limit full asks Redis its
+-- run id (INFO, at most once a second a key) and, if another process
+-- vouched for the permits, drops them all and starts counting afresh (the
+-- requests still in flight are not counted until they end: a short
+-- over-admission, bounded by them, rather than a minute of refusals until
+-- the permits' TTL).
 -- ARGV: 1 now override (us), 2 op ("take" | "refund" | "oldest"), 3 slots,
 --       4 permit id, 5 packed doubles: limit, ttl (us).
 -- Reply: {status, remaining, 0, 0, 0, Redis TIME (us)}; for "oldest",
@@ -62,9 +71,29 @@ end
 local n = held()
 if slots <= 0 then return {3, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
 if slots > limit then return {2, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
-if n + slots > limit then return {1, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
+
+-- run_id: this Redis process's run id.
+local function run_id() return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '' end
+if n + slots > limit then
+  local v = redis.call('HMGET', KEYS[3], 'run', 'at')
+  local at = tonumber(v[2]) or 0
+  if v[1] and (TIME_US - at >= 1000000 or TIME_US < at) then
+    local run = run_id()
+    if run ~= v[1] then
+      redis.call('DEL', KEYS[1], KEYS[2])
+      n = 0
+    end
+    redis.call('HSET', KEYS[3], 'run', run, 'at', str(TIME_US))
+    redis.call('PEXPIRE', KEYS[3], keep)
+  end
+  if n + slots > limit then return {1, math.max(limit - n, 0), 0, 0, 0, TIME_US} end
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('HSET', KEYS[3], 'run', run_id(), 'at', str(TIME_US))
+end
 redis.call('ZADD', KEYS[1], str(now), member)
 redis.call('INCRBY', KEYS[2], str(slots))
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
+redis.call('PEXPIRE', KEYS[3], keep)
 return {0, limit - n - slots, 0, 0, 0, TIME_US}
