@@ -246,6 +246,53 @@ func either[T any](a, b *T, name string) (*T, error) {
 	return b, nil
 }
 
+// loneSurrogate returns the offset of the first \u escape in JSON text
+// data that is a UTF-16 surrogate outside a high-low pair, or -1. Escaped
+// backslashes ("\\\\u...") are not escapes of u.
+func loneSurrogate(data []byte) int {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range data[i+2 : i+6] {
+			switch {
+			case c >= '0' && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i++ // another escape: skip its character (a backslash escapes a backslash)
+			continue
+		}
+		switch {
+		case r >= 0xD800 && r <= 0xDBFF:
+			if lo, ok := hex4(i + 6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 11
+				continue
+			}
+			return i
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return i
+		}
+		i += 5
+	}
+	return -1
+}
+
 // DecodeRequest parses a RateLimitRequest in proto3 JSON. Unknown fields
 // (names match exactly, as protojson matches them), a field given twice
 // (under one name or under both), text that is not UTF-8, trailing data and
@@ -259,6 +306,11 @@ func DecodeRequest(data []byte) (*Request, error) {
 	}
 	if err := checkNames(data); err != nil {
 		return nil, fmt.Errorf("%w: body is not a RateLimitRequest in JSON: %v", ErrInvalid, err)
+	}
+	if i := loneSurrogate(data); i >= 0 {
+		// encoding/json would read it as U+FFFD: "\ud800" and "\udfff"
+		// would share one counter.
+		return nil, fmt.Errorf("%w: body has a lone UTF-16 surrogate escape at byte %d (a \\u escape of U+D800 to U+DFFF not in a high-low pair)", ErrInvalid, i)
 	}
 	var jr jsonRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
