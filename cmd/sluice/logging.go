@@ -52,7 +52,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	slog.SetDefault(log)
 	// gRPC reads its logger without a lock: set it once, before any gRPC
 	// work (a process runs one command; tests run many).
-	grpcLogOnce.Do(func() { grpclog.SetLoggerV2(grpcLogger{log}) })
+	grpcLogOnce.Do(func() { grpclog.SetLoggerV2(grpcLogger{log: log, lim: &lineLimiter{}}) })
 	return log, nil
 }
 
@@ -67,25 +67,75 @@ func logger(cmd *cobra.Command) (*slog.Logger, error) {
 }
 
 // grpcLogger is grpclog.LoggerV2 over slog. gRPC's info lines (connection
-// state changes, many) go at debug level.
-type grpcLogger struct{ log *slog.Logger }
+// state changes, many) go at debug level; its warnings and errors, which a
+// client can make it write for every bad call (3.3 MB from 20,000 calls in
+// 0.7 s), at most grpcLinesPerSecond a second, the rest counted on the
+// next line as suppressed=N.
+type grpcLogger struct {
+	log *slog.Logger
+	lim *lineLimiter
+}
 
 var _ grpclog.LoggerV2 = grpcLogger{}
+
+// grpcLinesPerSecond bounds gRPC's warning and error lines.
+const grpcLinesPerSecond = 10
+
+// lineLimiter lets through at most grpcLinesPerSecond lines a second and
+// counts the rest.
+type lineLimiter struct {
+	mu         sync.Mutex
+	second     int64
+	n          int
+	suppressed int
+}
+
+// allow reports whether a line may be written now and how many were
+// suppressed since the last one written.
+func (l *lineLimiter) allow() (bool, int) {
+	now := time.Now().Unix()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now != l.second {
+		l.second, l.n = now, 0
+	}
+	if l.n >= grpcLinesPerSecond {
+		l.suppressed++
+		return false, 0
+	}
+	l.n++
+	s := l.suppressed
+	l.suppressed = 0
+	return true, s
+}
+
+// limited writes msg at level, within the limiter.
+func (g grpcLogger) limited(level slog.Level, msg string) {
+	ok, suppressed := g.lim.allow()
+	if !ok {
+		return
+	}
+	if suppressed > 0 {
+		g.log.Log(context.Background(), level, msg, "from", "grpc", "suppressed", suppressed)
+		return
+	}
+	g.log.Log(context.Background(), level, msg, "from", "grpc")
+}
 
 func (g grpcLogger) Info(args ...any)   { g.log.Debug(fmt.Sprint(args...), "from", "grpc") }
 func (g grpcLogger) Infoln(args ...any) { g.log.Debug(fmt.Sprint(args...), "from", "grpc") }
 func (g grpcLogger) Infof(format string, args ...any) {
 	g.log.Debug(fmt.Sprintf(format, args...), "from", "grpc")
 }
-func (g grpcLogger) Warning(args ...any)   { g.log.Warn(fmt.Sprint(args...), "from", "grpc") }
-func (g grpcLogger) Warningln(args ...any) { g.log.Warn(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Warning(args ...any)   { g.limited(slog.LevelWarn, fmt.Sprint(args...)) }
+func (g grpcLogger) Warningln(args ...any) { g.limited(slog.LevelWarn, fmt.Sprint(args...)) }
 func (g grpcLogger) Warningf(format string, args ...any) {
-	g.log.Warn(fmt.Sprintf(format, args...), "from", "grpc")
+	g.limited(slog.LevelWarn, fmt.Sprintf(format, args...))
 }
-func (g grpcLogger) Error(args ...any)   { g.log.Error(fmt.Sprint(args...), "from", "grpc") }
-func (g grpcLogger) Errorln(args ...any) { g.log.Error(fmt.Sprint(args...), "from", "grpc") }
+func (g grpcLogger) Error(args ...any)   { g.limited(slog.LevelError, fmt.Sprint(args...)) }
+func (g grpcLogger) Errorln(args ...any) { g.limited(slog.LevelError, fmt.Sprint(args...)) }
 func (g grpcLogger) Errorf(format string, args ...any) {
-	g.log.Error(fmt.Sprintf(format, args...), "from", "grpc")
+	g.limited(slog.LevelError, fmt.Sprintf(format, args...))
 }
 
 // Fatal logs at error level; gRPC exits after a fatal line, as its own

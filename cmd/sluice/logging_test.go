@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -223,5 +224,26 @@ func TestClosedLogPipeDoesNotKill(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("did not stop")
+	}
+}
+
+// gRPC's warnings and errors are written at most grpcLinesPerSecond a
+// second: a flood of bad calls cannot flood the log; the next line written
+// counts what was left out.
+func TestGRPCLogLinesAreLimited(t *testing.T) {
+	var buf strings.Builder
+	g := grpcLogger{log: slog.New(slog.NewTextHandler(&buf, nil)), lim: &lineLimiter{}}
+	for i := range 1000 {
+		g.Warningf("bad call %d", i)
+	}
+	if n := strings.Count(buf.String(), "\n"); n > grpcLinesPerSecond {
+		t.Fatalf("%d lines of 1,000 warnings in a second, want at most %d", n, grpcLinesPerSecond)
+	}
+	g.lim.mu.Lock()
+	g.lim.second-- // the next second
+	g.lim.mu.Unlock()
+	g.Errorf("later")
+	if !strings.Contains(buf.String(), "suppressed=") {
+		t.Fatalf("the next line does not count the suppressed ones:\n%s", buf.String())
 	}
 }
