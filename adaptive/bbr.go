@@ -390,13 +390,19 @@ func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
 	} else {
 		b.fullCount++
 	}
-	if m.ratio > 1.25+m.sig || b.fullCount >= 3 {
+	if queued := m.ratio > 1.25+m.sig; queued || b.fullCount >= 3 {
 		// The last doubling met a queue, or no more rate: the limit of
 		// before it was below the service's size. (N̂ alone would size it
 		// from a rate the demand, not the service, set.)
 		b.startup = false
 		b.est = max(b.est/2, (1+b.cfg.Headroom)*nhat)
-		if c := b.startupCeiling(st); c > 0 {
+		// Only a doubling that met a queue at the service and got no more
+		// work done says the service is full below it. One that got no
+		// more work without a queue met another bottleneck (the callers'
+		// pace, the host's CPU): 8 workers of 5 ms behind a proxy that
+		// shares two cores with its load ended their startup at 2 that
+		// way, and a ceiling of 3 kept them there for the step.
+		if c := b.startupCeiling(st); c > 0 && queued {
 			b.failed(now, c)
 		}
 		return
