@@ -250,37 +250,18 @@ func either[T any](a, b *T, name string) (*T, error) {
 // data that is a UTF-16 surrogate outside a high-low pair, or -1. Escaped
 // backslashes ("\\\\u...") are not escapes of u.
 func loneSurrogate(data []byte) int {
-	hex4 := func(i int) (rune, bool) {
-		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
-			return 0, false
-		}
-		var r rune
-		for _, c := range data[i+2 : i+6] {
-			switch {
-			case c >= '0' && c <= '9':
-				r = r<<4 | rune(c-'0')
-			case c >= 'a' && c <= 'f':
-				r = r<<4 | rune(c-'a'+10)
-			case c >= 'A' && c <= 'F':
-				r = r<<4 | rune(c-'A'+10)
-			default:
-				return 0, false
-			}
-		}
-		return r, true
-	}
 	for i := 0; i < len(data); i++ {
 		if data[i] != '\\' {
 			continue
 		}
-		r, ok := hex4(i)
+		r, ok := unicodeEscape(data, i)
 		if !ok {
 			i++ // another escape: skip its character (a backslash escapes a backslash)
 			continue
 		}
 		switch {
 		case r >= 0xD800 && r <= 0xDBFF:
-			if lo, ok := hex4(i + 6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+			if lo, ok := unicodeEscape(data, i+6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
 				i += 11
 				continue
 			}
@@ -291,6 +272,27 @@ func loneSurrogate(data []byte) int {
 		i += 5
 	}
 	return -1
+}
+
+// unicodeEscape reads the \uXXXX escape at data[i:], if there is one.
+func unicodeEscape(data []byte, i int) (rune, bool) {
+	if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+		return 0, false
+	}
+	var r rune
+	for _, c := range data[i+2 : i+6] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // DecodeRequest parses a RateLimitRequest in proto3 JSON. Unknown fields
