@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // sluice proxy with 256 file descriptors, flooded with 600 connections
@@ -88,6 +92,55 @@ func TestProxySurvivesADescriptorFlood(t *testing.T) {
 			t.Fatalf("after the flood, %d of 20 probes served in 20 s:\n%s", served, c.logText())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	c.stop()
+}
+
+// sluice serve with 256 file descriptors, its HTTP decision listener
+// flooded with 600 connections that send nothing: it stays up (net/http's
+// and gRPC's accept loops wait out EMFILE), and once the flood ends both
+// its HTTP and gRPC listeners answer again.
+func TestServeSurvivesADescriptorFlood(t *testing.T) {
+	t.Setenv("SLUICE_TEST_NOFILE", "256")
+	c := startChild(t, "serve", "--config", "../../examples/nginx/policy.yaml", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+		"--admin", "127.0.0.1:0", "--admin-token", "x")
+	g := fields(c.waitLine("ext_authz gRPC"))["grpc"]
+	h := fields(c.waitLine("sluice serve deciding"))["http"]
+	var flood []net.Conn
+	for range 600 {
+		conn, err := net.DialTimeout("tcp", h, 2*time.Second)
+		if err != nil {
+			continue
+		}
+		flood = append(flood, conn)
+	}
+	time.Sleep(time.Second)
+	select {
+	case err := <-c.exited:
+		t.Fatalf("sluice serve exited under the flood (%v):\n%s", err, c.logText())
+	default:
+	}
+	for _, conn := range flood {
+		conn.Close()
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get("http://" + h + "/") // any answer: the listener serves
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the HTTP listener does not answer 30 s after the flood: %v\n%s", err, c.logText())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	hc := healthpb.NewHealthClient(dial(t, g))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("the gRPC listener after the flood: %v", err)
 	}
 	c.stop()
 }
