@@ -96,15 +96,32 @@ func (c *ClientIP) normalize() error {
 	case c.Header.String() == "unknown":
 		return fmt.Errorf("unknown forwarded header %d", c.Header)
 	}
-	ps := make([]netip.Prefix, len(c.TrustedProxies))
-	for i, p := range c.TrustedProxies {
-		if !p.IsValid() {
-			return fmt.Errorf("trusted proxy %d is not a valid prefix", i)
-		}
-		ps[i] = unmapPrefix(p).Masked()
-	}
+	ps, err := normalizePrefixes(c.TrustedProxies, "trusted proxy")
 	c.TrustedProxies = ps
-	return nil
+	return err
+}
+
+// normalizePrefixes returns a copy of ps, IPv4-mapped prefixes as IPv4
+// and host bits cleared; an invalid prefix is an error naming what.
+func normalizePrefixes(ps []netip.Prefix, what string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%s %d is not a valid prefix", what, i)
+		}
+		out[i] = unmapPrefix(p).Masked()
+	}
+	return out, nil
+}
+
+// inPrefixes reports whether a is in one of ps.
+func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // ParseTrustedProxy parses a CIDR ("10.0.0.0/8", "2001:db8::/32") or one
@@ -140,14 +157,7 @@ func unmapPrefix(p netip.Prefix) netip.Prefix {
 }
 
 // trusted reports whether a is one of the trusted proxies.
-func (c *ClientIP) trusted(a netip.Addr) bool {
-	for _, p := range c.TrustedProxies {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
+func (c *ClientIP) trusted(a netip.Addr) bool { return inPrefixes(c.TrustedProxies, a) }
 
 // TrustedProxy reports whether the peer at remoteAddr ("ip:port") is one
 // of the trusted proxies of the rules' client address (Rules.Client with
@@ -155,22 +165,18 @@ func (c *ClientIP) trusted(a netip.Addr) bool {
 // its forwarding header, and a reverse proxy in front of the service
 // appends to that header rather than replacing it (RFC 7239 section 4).
 func (id *Identifier) TrustedProxy(remoteAddr string) bool {
-	var cs []*ClientIP
+	var client, tenant []netip.Prefix
 	if id.rules.ClientKey {
-		cs = append(cs, &id.rules.Client)
+		client = id.rules.Client.TrustedProxies
 	}
 	if id.tenant != nil {
-		cs = append(cs, &id.tenant.rules.ClientIP)
+		tenant = id.tenant.rules.ClientIP.TrustedProxies
 	}
-	for _, c := range cs {
-		if len(c.TrustedProxies) == 0 {
-			continue
-		}
-		if a, ok := parseHostPort(remoteAddr); ok && c.trusted(a) {
-			return true
-		}
+	if len(client) == 0 && len(tenant) == 0 {
+		return false // the common case: no parse of the address
 	}
-	return false
+	a, ok := parseHostPort(remoteAddr)
+	return ok && (inPrefixes(client, a) || inPrefixes(tenant, a))
 }
 
 // errNoClientIP: the peer's address is not an IP address (a Unix socket).

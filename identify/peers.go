@@ -1,7 +1,6 @@
 package identify
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 
@@ -32,16 +31,10 @@ func (p *Peers) normalize() error {
 	if len(p.Order) == 0 {
 		p.Order = []string{sluice.ClassCritical, sluice.ClassDefault, sluice.ClassSheddable, sluice.ClassSandbox}
 	}
-	ps := make([]netip.Prefix, len(p.Trusted))
-	for i, pf := range p.Trusted {
-		if !pf.IsValid() {
-			return fmt.Errorf("trusted peer %d is not a valid prefix", i)
-		}
-		ps[i] = unmapPrefix(pf).Masked()
-	}
+	ps, err := normalizePrefixes(p.Trusted, "trusted peer")
 	p.Trusted = ps
 	p.Order = slices.Clone(p.Order)
-	return nil
+	return err
 }
 
 // rank returns class's place in the order (0: the most protected); a class
@@ -61,7 +54,7 @@ func (p *Peers) lower(class string, in *Input) string {
 		return class
 	}
 	peer, ok := parseHostPort(in.RemoteAddr)
-	if !ok || !p.trusted(peer) {
+	if !ok || !inPrefixes(p.Trusted, peer) {
 		return class
 	}
 	r := p.rank(class)
@@ -72,13 +65,4 @@ func (p *Peers) lower(class string, in *Input) string {
 		}
 	}
 	return class
-}
-
-func (p *Peers) trusted(a netip.Addr) bool {
-	for _, pf := range p.Trusted {
-		if pf.Contains(a) {
-			return true
-		}
-	}
-	return false
 }

@@ -564,11 +564,7 @@ func (f *fastServer) expect(ctx *fasthttp.RequestCtx) int {
 	fields := (*respFields)(&ctx.Response.Header)
 	var rj httpgate.Rejection
 	var ok bool
-	if snap.MayWait() {
-		e.adm, rj, ok = f.admitWatched(ctx, snap, &e.in, fields)
-	} else {
-		e.adm, rj, ok = snap.Admit(context.Background(), &e.in, fields)
-	}
+	e.adm, rj, ok = f.admit(ctx, snap, &e.in, fields)
 	if !ok {
 		putHeader(e.in.Header, e.names)
 		answer(ctx, rj)
@@ -646,16 +642,21 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 
 	var adm httpgate.Admission
 	var rj httpgate.Rejection
-	if snap.MayWait() {
-		adm, rj, ok = f.admitWatched(ctx, snap, &in, fields)
-	} else {
-		adm, rj, ok = snap.Admit(context.Background(), &in, fields)
-	}
+	adm, rj, ok = f.admit(ctx, snap, &in, fields)
 	if !ok {
 		answer(ctx, rj)
 		return
 	}
 	f.forward(ctx, &in, adm, upgrade)
+}
+
+// admit decides a request: watched for its client going away when it may
+// wait in a gate (admitWatched), at once otherwise.
+func (f *fastServer) admit(ctx *fasthttp.RequestCtx, snap httpgate.Snapshot, in *identify.Input, fields httpgate.Fields) (httpgate.Admission, httpgate.Rejection, bool) {
+	if snap.MayWait() {
+		return f.admitWatched(ctx, snap, in, fields)
+	}
+	return snap.Admit(context.Background(), in, fields)
 }
 
 // admitWatched decides a request that may wait in a gate, with a context
