@@ -197,6 +197,18 @@ func (m *Middleware) RenderInvalid(ctx context.Context, f Fields, in *identify.I
 	return m.RenderInvalidStatus(ctx, f, in, http.StatusBadRequest, detail)
 }
 
+// RenderBusy renders and logs the answer Busy writes.
+func (m *Middleware) RenderBusy(ctx context.Context, f Fields, in *identify.Input, detail string) Rejection {
+	st := m.state.Load()
+	var req sluice.Request
+	d := st.chain.Refuse(&req, busyDecision)
+	return m.renderLoggedStatus(ctx, f, in, st, &d, &req, detail, http.StatusServiceUnavailable)
+}
+
+// busyDecision is the refusal of a request the server has no room for
+// (Busy): the service's fault, worth retrying a second later.
+var busyDecision = sluice.Decision{Reason: sluice.ReasonOverload, Retryable: true, RetryAfter: time.Second}
+
 // RenderInvalidStatus renders and logs the answer InvalidStatus writes:
 // RenderInvalid's, with status (413, 431; a status outside 400-499 is
 // 400) in the status line and a problem details body.

@@ -326,6 +326,24 @@ func (m *Middleware) InvalidStatus(w http.ResponseWriter, r *http.Request, statu
 	}
 }
 
+// Busy answers 503 with Retry-After (reason overload, the JSON envelope or
+// problem details, the request id) to a request the server has no room
+// for, whatever the gates would say: a proxy whose shared body buffers
+// are spent (detail says which). It is counted and logged as a
+// rejection, as the gates' are.
+func (m *Middleware) Busy(w http.ResponseWriter, r *http.Request, detail string) {
+	st := m.state.Load()
+	var req sluice.Request
+	d := st.chain.Refuse(&req, busyDecision)
+	rj := m.render(headerFields(w.Header()), r.Header, st, &d, &req, detail, false, http.StatusServiceUnavailable)
+	w.WriteHeader(rj.Status)
+	w.Write(rj.Body)
+	rj.Release()
+	if al := st.c.cfg.AccessLog; al != nil {
+		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, rj.Status, rj.RequestID)
+	}
+}
+
 // clientStatus is status if it is a 4xx (a caller's error), else 400.
 func clientStatus(status int) int {
 	if status < 400 || status > 499 {

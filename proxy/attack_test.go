@@ -306,3 +306,152 @@ func TestWaitQueueServesABurst(t *testing.T) {
 		}
 	}
 }
+
+// noDeadlinePolicy is slowPolicy with no deadline: as in the README's
+// quick start, nothing bounds a request's time but the proxy's own bounds.
+const noDeadlinePolicy = `version: 1
+service: slow
+gates:
+  - {name: worker-pool, kind: concurrency, scope: service, limit: 10}
+`
+
+// Without a deadline in the policy, a stream and an upgraded connection
+// hold their slot for MaxHold at most, however busy they are; before,
+// nothing bounded them but the upstream's silence (a client that reads a
+// server-sent event stream slowly held its slot as long as it liked).
+func TestMaxHoldBoundsStreamsWithoutADeadline(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for {
+				if _, err := io.WriteString(w, "data: tick\n\n"); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw)
+	})
+	s, base := serve(t, noDeadlinePolicy, up, func(o *Options) { o.MaxHold = 300 * time.Millisecond })
+
+	// A stream that keeps coming, read as it comes: cut at MaxHold.
+	c := dial(t, base)
+	c.SetDeadline(time.Now().Add(60 * time.Second)) // a hang fails
+	start := time.Now()
+	fmt.Fprintf(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body) // ends when the proxy cuts it
+	held := time.Since(start)
+	poll.Until(t, 10*time.Second, func() bool { return inUse(s) == 0 })
+	if held < 300*time.Millisecond {
+		t.Errorf("the stream ended after %v, before MaxHold", held)
+	}
+	t.Logf("a busy stream without a deadline: cut after %v (MaxHold 300ms)", held.Round(time.Millisecond))
+
+	// An upgraded connection with traffic both ways: closed at MaxHold.
+	c = dial(t, base)
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	start = time.Now()
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	for {
+		if _, err := io.WriteString(c, "m"); err != nil {
+			break
+		}
+		if _, err := br.ReadByte(); err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	held = time.Since(start)
+	poll.Until(t, 10*time.Second, func() bool { return inUse(s) == 0 })
+	if held < 300*time.Millisecond {
+		t.Errorf("the upgraded connection closed after %v, before MaxHold", held)
+	}
+	t.Logf("a busy upgraded connection without a deadline: closed after %v (MaxHold 300ms)", held.Round(time.Millisecond))
+}
+
+// A fault run's slow-client attack, all at once and scaled down with the
+// budgets (a 64th): 30 slow readers of 8 MiB responses (240 MiB asked for,
+// 17 MiB of budgets), 70 uploads that stall with 200 of their 256 KiB
+// sent, and 12 bodies dripping a byte every half second. Once the budgets
+// were spent, responses and bodies streamed holding their slots: every
+// probe was refused (0 of 295), with a 30 s deadline and without one.
+// Now what the budgets cannot hold is refused before it holds a slot, and
+// well-behaved clients keep their 200s.
+func TestSlowClientsOnceTheBudgetsAreSpent(t *testing.T) {
+	for _, c := range []struct{ name, policy, timeout string }{
+		{"deadline-30s", slowPolicy, "X-Request-Timeout: 30s\r\n"},
+		{"no-deadline", noDeadlinePolicy, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			chunk := make([]byte, 64<<10)
+			_, base := serve(t, c.policy, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				if r.URL.Path == "/big" {
+					w.Header().Set("Content-Length", fmt.Sprint(128*len(chunk))) // 8 MiB
+					for range 128 {
+						if _, err := w.Write(chunk); err != nil {
+							return
+						}
+					}
+					return
+				}
+				io.WriteString(w, "ok")
+			}), func(o *Options) { o.BufferMemory, o.BufferDisk = 1<<20, 16<<20 })
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			defer func() { close(done); wg.Wait() }()
+			for range 30 { // slow readers: 240 MiB of answers, 17 MiB of budgets
+				conn := dial(t, base)
+				conn.(*net.TCPConn).SetReadBuffer(4 << 10) // the kernel takes little for them
+				fmt.Fprintf(conn, "GET /big HTTP/1.1\r\nHost: x\r\n%s\r\n", c.timeout)
+				io.ReadFull(conn, make([]byte, 100))
+			}
+			for range 70 { // stalled uploads: 200 of 256 KiB sent
+				conn := dial(t, base)
+				fmt.Fprintf(conn, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n", 256<<10, c.timeout)
+				conn.Write(make([]byte, 200<<10))
+			}
+			for range 12 { // dripping bodies
+				conn := dial(t, base)
+				fmt.Fprintf(conn, "POST /drip HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n%s\r\n", c.timeout)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tick := time.NewTicker(500 * time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-done:
+							return
+						case <-tick.C:
+							if _, err := conn.Write([]byte("a")); err != nil {
+								return
+							}
+						}
+					}
+				}()
+			}
+			ok, total := legit(t, base, 3*time.Second)
+			t.Logf("legitimate clients: %d of %d answered 200 beside 30 slow readers, 70 stalled uploads, 12 dripping bodies", ok, total)
+			if ok*100 < total*95 {
+				t.Fatalf("legitimate clients got %d of %d 200s", ok, total)
+			}
+		})
+	}
+}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -25,15 +24,25 @@ import (
 //     the proxy then writes the response to the client, however slowly it
 //     reads, within WriteTimeout.
 //
-// What cannot be buffered streams and holds its slot, never past the
-// request's deadline plus Grace: a response that flushes (server-sent
-// events, long polls), an upgrade, and bodies or responses beyond their
-// caps or the shared budgets (BufferMemory, BufferDisk). The budgets bound
-// what slow clients can cost the proxy.
+// What asks not to be buffered streams and holds its slot, never past the
+// request's deadline plus Grace (MaxHold without a deadline): a response
+// that flushes (server-sent events, long polls), an upgrade, and a
+// response past its cap (MaxResponseBuffer). The shared budgets
+// (BufferMemory, BufferDisk) bound what slow clients can cost the proxy;
+// a body or a response they cannot hold right now is refused with 503
+// (busyBody, busyResponse), never streamed holding a slot for as long as
+// its client takes. The first smallBody bytes of each buffer are not
+// charged to them: small requests and answers pass when they are spent.
+
+// The details of the 503 answers to what the budgets cannot hold.
+const (
+	busyBody     = "the proxy's request buffers are full"
+	busyResponse = "the proxy's response buffers are full"
+)
 
 // bufferLimits returns the spool limits of request bodies or responses.
 func (s *Server) bufferLimits(max int64) spoolLimits {
-	return spoolLimits{memory: 64 << 10, max: max, memPool: s.memBudget, disk: s.diskBudget, dir: s.opts.BufferDir}
+	return spoolLimits{memory: 64 << 10, free: smallBody, max: max, memPool: s.memBudget, disk: s.diskBudget, dir: s.opts.BufferDir}
 }
 
 // buffered is the proxy's handler: bodies in, then the middleware and the
@@ -59,8 +68,19 @@ func (s *Server) buffered(inner http.Handler) http.Handler {
 				defer body.Close()
 			}
 		}
-		bw := &bufferedWriter{client: w, header: w.Header(), body: newSpool(s.bufferLimits(s.opts.MaxResponseBuffer)), grace: s.opts.Grace}
+		bw := &bufferedWriter{client: w, header: w.Header(), body: newSpool(s.bufferLimits(s.opts.MaxResponseBuffer)), grace: s.opts.Grace, maxHold: s.opts.MaxHold}
 		defer bw.body.Close()
+		defer func() {
+			if bw.full {
+				// The copy's error aborted ReverseProxy's handler
+				// (http.ErrAbortHandler): the refusal goes out instead.
+				if p := recover(); p != nil && p != http.ErrAbortHandler {
+					panic(p)
+				}
+				clear(bw.header)
+				s.mw.Busy(w, r, busyResponse)
+			}
+		}()
 		inner.ServeHTTP(bw, r)
 		bw.finish(r, s.opts.WriteTimeout)
 	})
@@ -88,9 +108,10 @@ func (s *Server) readExpected(w http.ResponseWriter, r *http.Request) (*spool, b
 }
 
 // readBody reads r's body into a spool and makes it r's body. It answers
-// 400 itself and reports false for a body that is too large or broken
-// (the client's fault: the upstream never sees it). A body the budgets
-// cannot hold right now is left to stream, holding its slot.
+// itself and reports false for a body that is too large or broken (413,
+// 400: the client's fault; the upstream never sees it), and for one the
+// shared budgets cannot hold right now (503, busyBody: a body that
+// streamed would hold an admitted slot for as long as its sender takes).
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return nil, true
@@ -101,8 +122,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 	}
 	sp := newSpool(s.bufferLimits(s.opts.MaxBodyBytes))
 	bp := s.copyBufs.get()
-	held, err := spoolFrom(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1), *bp)
-	held = append([]byte(nil), held...) // a view of bp
+	_, err := spoolFrom(sp, io.LimitReader(r.Body, s.opts.MaxBodyBytes+1), *bp)
 	s.copyBufs.put(bp)
 	n := sp.Len()
 	switch {
@@ -111,12 +131,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*spool, bool)
 		s.mw.InvalidStatus(w, r, http.StatusRequestEntityTooLarge, "request body more than the "+strconv.FormatInt(s.opts.MaxBodyBytes, 10)+" bytes the proxy takes")
 		return nil, false
 	case errors.Is(err, errSpoolFull):
-		// The budgets are spent: what was read goes first, the rest streams.
-		r.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(sp, bytes.NewReader(held), &bodyCap{r: r.Body, left: s.opts.MaxBodyBytes - n - int64(len(held))}), r.Body}
-		return sp, true
+		// The budgets are spent: refused before it holds a slot.
+		sp.Close()
+		w.Header().Set("Connection", "close")
+		s.mw.Busy(w, r, busyBody)
+		return nil, false
 	case err != nil:
 		sp.Close()
 		s.mw.Invalid(w, r, "request body unreadable: "+err.Error())
@@ -138,8 +157,10 @@ type bufferedWriter struct {
 	body     *spool
 	status   int
 	stream   bool // writing through to the client
+	full     bool // refused: the budgets could not hold it
 	deadline time.Time
 	grace    time.Duration
+	maxHold  time.Duration
 	err      error
 }
 
@@ -181,6 +202,15 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 	if err == nil {
 		return n, nil
 	}
+	if errors.Is(err, errSpoolFull) {
+		// The budgets are spent: the response is refused (finish answers
+		// 503), not streamed holding its slot for as long as its client
+		// takes. The error ends the upstream's call (ReverseProxy aborts
+		// the handler; buffered recovers).
+		b.full = true
+		b.body.Close()
+		return n, err
+	}
 	b.startStream()
 	if b.err != nil {
 		return n, b.err
@@ -209,15 +239,29 @@ func (b *bufferedWriter) startStream() {
 	}
 }
 
-// setDeadline records the request's deadline (the slot is held until then
-// at most) and bounds reading a streamed body by it.
+// setDeadline records when an admitted request's slot is given back at
+// the latest, however its response streams: its deadline plus the grace,
+// or MaxHold from now without one (holdEnd). Reading the body it reads
+// after its admission (Expect: 100-continue) is bounded by it too.
 func (b *bufferedWriter) setDeadline(r *http.Request) {
-	dl, ok := r.Context().Deadline()
-	if !ok {
-		return
+	dl, _ := r.Context().Deadline()
+	b.deadline = holdEnd(dl, b.grace, b.maxHold, time.Now())
+	if !b.deadline.IsZero() {
+		http.NewResponseController(b.client).SetReadDeadline(b.deadline)
 	}
-	b.deadline = dl.Add(b.grace)
-	http.NewResponseController(b.client).SetReadDeadline(b.deadline)
+}
+
+// holdEnd is when a request admitted at now with deadline (zero: none)
+// gives back its slot at the latest: the deadline plus grace, or now plus
+// maxHold (zero: no bound, for a negative MaxHold).
+func holdEnd(deadline time.Time, grace, maxHold time.Duration, now time.Time) time.Time {
+	switch {
+	case !deadline.IsZero():
+		return deadline.Add(grace)
+	case maxHold > 0:
+		return now.Add(maxHold)
+	}
+	return time.Time{}
 }
 
 // Flush streams a response that asks to be streamed: server-sent events,
@@ -251,7 +295,7 @@ func (b *bufferedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // slot was already released, so only the proxy's buffer waits on a slow
 // reader.
 func (b *bufferedWriter) finish(r *http.Request, timeout time.Duration) {
-	if b.stream {
+	if b.stream || b.full {
 		return
 	}
 	if b.status == 0 {
@@ -278,30 +322,4 @@ func bufferedOf(w http.ResponseWriter) *bufferedWriter {
 			return nil
 		}
 	}
-}
-
-// bodyCap reads r, and fails once it has given left bytes and more
-// follow: the rest of a body that streams past the spool stays within
-// MaxBodyBytes (a chunked body declares no length to refuse up front).
-// The upstream then sees the body broken off, never a larger one whole.
-type bodyCap struct {
-	r    io.Reader
-	left int64
-}
-
-var errBodyCap = errors.New("proxy: request body more than the proxy takes")
-
-func (b *bodyCap) Read(p []byte) (int, error) {
-	if b.left < 0 {
-		return 0, errBodyCap
-	}
-	if int64(len(p)) > b.left+1 {
-		p = p[:b.left+1] // one byte past the cap tells a larger body
-	}
-	n, err := b.r.Read(p)
-	b.left -= int64(n)
-	if b.left < 0 {
-		return n + int(b.left), errBodyCap // the bytes within the cap, then the error
-	}
-	return n, err
 }

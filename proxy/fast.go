@@ -47,8 +47,10 @@ import (
 //     is released and the client is written to; streams (server-sent
 //     events, "X-Accel-Buffering: no", responses past the caps) and
 //     upgrades hold the slot, never past the request's deadline plus
-//     Grace, nor past an upstream silence of UpstreamTimeout
-//     (upstream.go).
+//     Grace (MaxHold without a deadline), nor past an upstream silence of
+//     UpstreamTimeout (upstream.go). A body or a response the budgets
+//     cannot hold is refused with 503 (busyBody, busyResponse), never
+//     streamed holding a slot for as long as a slow client takes.
 //   - Hop-by-hop fields are dropped both ways; X-Forwarded-For is set to
 //     the client's address, X-Forwarded-Host and -Proto to the request's,
 //     and Host to the upstream's, as ReverseProxy's SetURL and
@@ -705,9 +707,10 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	if b := adm.Budget(); b > 0 {
 		deadline = time.Now().Add(b)
 	}
+	hold := holdEnd(deadline, s.opts.Grace, s.opts.MaxHold, time.Now())
 	trusted := s.mw.Snapshot().TrustedProxy(in.RemoteAddr)
 	if upgrade {
-		streaming = f.upgrade(ctx, &adm, tr, deadline, trusted)
+		streaming = f.upgrade(ctx, &adm, tr, deadline, hold, trusted)
 		if !streaming {
 			adm.Done(ctx, ctx.Response.StatusCode(), false)
 		}
@@ -738,7 +741,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 		return
 	}
 	adm.ReadCost(func(name string) string { return b2s(resp.Header.Peek(name)) })
-	streaming = f.respond(ctx, resp, &adm, tr, deadline)
+	streaming = f.respond(ctx, resp, &adm, tr, hold)
 	if !streaming {
 		adm.SetHeaders((*respFields)(&ctx.Response.Header))
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
@@ -747,8 +750,9 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 
 // readBody reads a request body that the server streams (one past its
 // read buffer) into a spool, within MaxBodyBytes, and makes it the
-// request's body; it answers 400 itself for one too large or unreadable.
-// A body the budgets cannot hold right now streams, holding its slot.
+// request's body; it answers itself (and reports false) for one too large
+// or unreadable (413, 400) and for one the budgets cannot hold right now
+// (503, busyBody).
 func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*spool, bool) {
 	s := f.s
 	max := s.opts.MaxBodyBytes
@@ -763,8 +767,7 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 	sp := newSpool(s.bufferLimits(max))
 	stream := ctx.RequestBodyStream()
 	bp := s.copyBufs.get()
-	held, err := spoolFrom(sp, io.LimitReader(stream, max+1), *bp)
-	held = append([]byte(nil), held...) // a view of bp
+	_, err := spoolFrom(sp, io.LimitReader(stream, max+1), *bp)
 	s.copyBufs.put(bp)
 	n := sp.Len()
 	fields := (*respFields)(&ctx.Response.Header)
@@ -775,11 +778,12 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 		ctx.SetConnectionClose()
 		return nil, false
 	case errors.Is(err, errSpoolFull):
-		// The budgets are spent: what was read goes first, the rest
-		// streams, with the length the client declared (-1: chunked).
-		rest := &bodyCap{r: stream, left: max - n - int64(len(held))}
-		ctx.Request.SetBodyStream(io.MultiReader(sp, bytes.NewReader(held), rest), ctx.Request.Header.ContentLength())
-		return sp, true
+		// The budgets are spent: refused before it holds a slot (a body
+		// that streamed would hold one for as long as its sender takes).
+		sp.Close()
+		answer(ctx, s.mw.RenderBusy(context.Background(), fields, in, busyBody))
+		ctx.SetConnectionClose()
+		return nil, false
 	case err != nil:
 		sp.Close()
 		answer(ctx, s.mw.RenderInvalid(context.Background(), fields, in, "request body unreadable: "+err.Error()))
@@ -1035,7 +1039,7 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admis
 // written to), or streamed when it asks to be or outgrows the buffers. It
 // reports whether it streams: the stream's writer then reports the
 // outcome and untracks the request.
-func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time) bool {
+func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpgate.Admission, tr *host.Tracked, hold time.Time) bool {
 	out := &ctx.Response
 	resp.Header.CopyTo(&out.Header)
 	dropHopResponse(&out.Header)
@@ -1071,7 +1075,20 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 				out.SetBodyStream(sp, int(sp.Len()))
 			}
 			return false
-		case !errors.Is(err, errSpoolFull) && !errors.Is(err, errSpoolCap):
+		case errors.Is(err, errSpoolFull):
+			// The budgets are spent: refused, and the upstream's
+			// connection closed (CloseBodyStream with the body unread),
+			// rather than streamed holding the slot for as long as its
+			// client takes.
+			if sp != nil {
+				sp.Close()
+			}
+			resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			out.Reset()
+			answer(ctx, f.s.mw.RenderBusy(ctx, (*respFields)(&out.Header), &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, busyResponse))
+			return false
+		case !errors.Is(err, errSpoolCap):
 			// The upstream broke off mid-body.
 			if sp != nil {
 				sp.Close()
@@ -1093,7 +1110,7 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 	// Stream: what is buffered first, then the rest as it comes, holding
 	// the slot until the end, the deadline plus Grace at most.
 	adm.SetHeaders((*respFields)(&out.Header))
-	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), deadline: deadline}
+	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), hold: hold}
 	body.r = stream
 	if sp != nil && sp.Len() > 0 {
 		body.r = io.MultiReader(sp, stream)
@@ -1111,30 +1128,25 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 // up) reports the outcome, untracks the request and gives its buffers
 // back, once. It is used by one goroutine at a time.
 type streamBody struct {
-	f        *fastServer
-	ctx      *fasthttp.RequestCtx
-	r        io.Reader
-	resp     *fasthttp.Response
-	sp       *spool
-	adm      *httpgate.Admission
-	tr       *host.Tracked
-	status   int
-	deadline time.Time
-	started  bool
-	closed   bool
+	f       *fastServer
+	ctx     *fasthttp.RequestCtx
+	r       io.Reader
+	resp    *fasthttp.Response
+	sp      *spool
+	adm     *httpgate.Admission
+	tr      *host.Tracked
+	status  int
+	hold    time.Time // the slot's end (holdEnd)
+	started bool
+	closed  bool
 }
 
 func (b *streamBody) Read(p []byte) (int, error) {
 	if !b.started {
 		b.started = true
 		// In place of the server's WriteTimeout, which bounds buffered
-		// responses: the deadline plus Grace, or nothing without a deadline
-		// (as net/http's path streams).
-		end := time.Time{}
-		if !b.deadline.IsZero() {
-			end = b.deadline.Add(b.f.s.opts.Grace)
-		}
-		b.ctx.Conn().SetWriteDeadline(end)
+		// responses: the deadline plus Grace, or MaxHold without one.
+		b.ctx.Conn().SetWriteDeadline(b.hold)
 	}
 	n, err := b.r.Read(p)
 	if err != nil && err != io.EOF {
@@ -1208,7 +1220,7 @@ func (f *fastServer) dialUpgrade(deadline time.Time) (net.Conn, error) {
 // plus Grace. It reports whether the
 // connections were joined (the joining goroutine then reports the
 // outcome); otherwise the upstream's answer is the response.
-func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline time.Time, trusted bool) bool {
+func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline, hold time.Time, trusted bool) bool {
 	req := &ctx.Request
 	proto := string(req.Header.Peek("Upgrade"))
 	f.outbound(ctx, adm, trusted)
@@ -1262,10 +1274,9 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, 
 			f.s.inflight.Untrack(tr)
 		}()
 		defer up.Close()
-		if !deadline.IsZero() {
-			end := deadline.Add(f.s.opts.Grace)
-			c.SetDeadline(end)
-			up.SetDeadline(end)
+		if !hold.IsZero() {
+			c.SetDeadline(hold)
+			up.SetDeadline(hold)
 		}
 		if _, err := c.Write(head); err != nil {
 			return

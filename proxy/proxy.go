@@ -103,6 +103,13 @@ type Options struct {
 	// Grace is how long past its deadline a request whose response
 	// streams may hold its slot while the client reads. Default 1 s.
 	Grace time.Duration
+	// MaxHold is the longest a request admitted without a deadline holds
+	// its slot once its response streams (server-sent events, an
+	// "X-Accel-Buffering: no" answer, one past MaxResponseBuffer) or its
+	// connection is upgraded (a WebSocket): the stream is cut then, as a
+	// request with a deadline is cut at its deadline plus Grace. Default
+	// 60 s, as WriteTimeout and UpstreamTimeout; negative: no bound.
+	MaxHold time.Duration
 	// UpstreamGrace is how long past a request's deadline the proxy still
 	// waits for the upstream's answer, holding the request's slot: the
 	// upstream is most likely still working on it, and a slot freed at the
@@ -271,6 +278,12 @@ func (w upgradeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// net/http's Hijack clears the read deadline setDeadline put on the
+	// connection: the slot's end (the deadline plus Grace, or MaxHold)
+	// goes on again, both ways.
+	if bw := bufferedOf(w.ResponseWriter); bw != nil && !bw.deadline.IsZero() {
+		c.SetDeadline(bw.deadline)
+	}
 	return endingConn{c}, brw, nil
 }
 
@@ -357,6 +370,7 @@ func (o *Options) withDefaults() {
 	set(&o.ReadTimeout, 30*time.Second)
 	set(&o.WriteTimeout, time.Minute)
 	set(&o.Grace, time.Second)
+	set(&o.MaxHold, time.Minute)
 	set(&o.UpstreamGrace, 5*time.Second)
 	set(&o.UpstreamTimeout, time.Minute)
 	set(&o.MaxBodyBytes, 16<<20)

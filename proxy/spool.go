@@ -11,7 +11,9 @@ import (
 // proxy decouples the client's speed from the upstream's: in memory up to
 // a few kilobytes, then in an unlinked temporary file, within budgets the
 // whole proxy shares. A slow client then costs the proxy buffer space, not
-// an admitted slot of the upstream.
+// an admitted slot of the upstream. The first few kilobytes of each spool
+// are not charged to the budgets (as the servers' own read buffers are
+// not): small bodies and answers go through when the budgets are spent.
 
 // errSpoolFull: a shared budget is spent; errSpoolCap: the spool's own
 // cap is reached (a request body too large, a response to stream).
@@ -45,6 +47,7 @@ func (b *budget) give(n int64) { b.left.Add(n) }
 // spoolLimits are what one spool may hold and where.
 type spoolLimits struct {
 	memory  int     // bytes held in memory before the file
+	free    int     // of those, bytes not charged to memPool
 	max     int64   // the most the spool may hold in all
 	memPool *budget // memory shared by every spool
 	disk    *budget // file bytes shared by every spool
@@ -72,10 +75,11 @@ func (s *spool) Write(p []byte) (int, error) {
 		return 0, errSpoolCap
 	}
 	if s.file == nil && len(s.mem)+len(p) <= s.lim.memory {
-		if grow := int64(len(p)); s.lim.memPool.take(grow) {
-			s.memHeld += grow
+		charge := int64(max(0, len(s.mem)+len(p)-s.lim.free) - max(0, len(s.mem)-s.lim.free))
+		if s.lim.memPool.take(charge) {
+			s.memHeld += charge
 			s.mem = append(s.mem, p...)
-			s.size += grow
+			s.size += int64(len(p))
 			return len(p), nil
 		}
 	}

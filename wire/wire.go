@@ -278,7 +278,7 @@ func appendJSONString(b []byte, s string) []byte {
 // AppendMessage appends the envelope's human message for a rejection: which
 // limit, and when to come back or that retrying cannot help. With hide, the
 // quota figures are left out. cost is the request's demand; detail explains
-// an invalid request.
+// an invalid request, or what a server without room ran out of.
 func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bool, detail string) []byte {
 	switch d.Reason {
 	case sluice.ReasonInvalid:
@@ -325,6 +325,11 @@ func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bo
 		}
 	case sluice.ReasonOverload:
 		b = append(b, "service overloaded, shedding load"...)
+		if detail != "" { // the proxy's own resources: which ones
+			b = append(b, " ("...)
+			b = append(b, detail...)
+			b = append(b, ')')
+		}
 	case sluice.ReasonQueue:
 		b = append(b, d.Gate...)
 		b = append(b, ": no slot within the time a request may wait"...)

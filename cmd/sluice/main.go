@@ -190,6 +190,7 @@ func proxyCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&opts.NetHTTP, "net-http", false, "serve with Go's net/http server and httputil.ReverseProxy instead of the proxy's own HTTP/1.1 server: about half the throughput")
 	cmd.Flags().DurationVar(&opts.UpstreamGrace, "upstream-grace", 5*time.Second, "how long past a request's deadline the proxy still waits for the upstream's answer, holding the request's slot (the upstream is most likely still working on it); the client gets 504 and the request counts as late; 0: the default; negative: cut the call at the deadline")
 	cmd.Flags().DurationVar(&opts.UpstreamTimeout, "upstream-timeout", time.Minute, "the longest the upstream may stay silent on a request's connection (between two reads or writes, as nginx's proxy_read_timeout, not the whole exchange); past it the request answers 504 and frees its slot; 0: the default; negative: no bound; at least 1ms")
+	cmd.Flags().DurationVar(&opts.MaxHold, "max-hold", time.Minute, "the longest a request admitted without a deadline holds its slot once its response streams (server-sent events, X-Accel-Buffering: no) or its connection is upgraded (WebSocket): the stream is cut then, as one with a deadline is at its deadline plus 1s; 0: the default; negative: no bound")
 	cmd.MarkFlagRequired("config")
 	cmd.MarkFlagRequired("upstream")
 	return cmd
