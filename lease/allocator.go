@@ -31,7 +31,11 @@
 //     from a budget that is new) it learns for L: it confirms what holders
 //     say they hold and grants nothing new; a process holding nothing is
 //     told a safe share of what neither confirmed holdings nor other safe
-//     shares take, which it spends under FailSafe. So a new budget stays
+//     shares take, which it spends under FailSafe; a refresh interval
+//     into learning, when every holder has reported, a holder that wants
+//     more than its confirmed holding is told such a share too, and
+//     spends the larger (an idle fleet regains its budget within R and a
+//     learning refresh, not after L). So a new budget stays
 //     within C from its first step, and after a loss the fleet can spend
 //     the holdings not yet reported on top of C: at most 2C, and only
 //     until those holders refresh (within R when they reach the

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -276,5 +277,78 @@ func TestGateTruesUpTheCost(t *testing.T) {
 	now = clk.Now()
 	if _, _, ok := take(10); !ok {
 		t.Fatal("a huge debit left the bucket below empty")
+	}
+}
+
+// swapLeaser is an allocator that can lose its state at once (a Redis
+// restarted empty): lose puts a fresh one in its place.
+type swapLeaser struct {
+	mu  sync.Mutex
+	clk *fakeclock.Clock
+	l   *lease.Local
+}
+
+func (s *swapLeaser) Lease(ctx context.Context, budget string, a lease.Allocator, r lease.Request) (lease.Grant, error) {
+	s.mu.Lock()
+	l := s.l
+	s.mu.Unlock()
+	return l.Lease(ctx, budget, a, r)
+}
+
+func (s *swapLeaser) lose() {
+	s.mu.Lock()
+	s.l = &lease.Local{Clock: s.clk}
+	s.mu.Unlock()
+}
+
+// An idle fleet whose allocator loses its state (a Redis restarted empty
+// while the load is low), then gets its load back while the allocator
+// learns: each holder is confirmed its idle grant and, once every holder
+// has reported (one refresh interval into learning), a safe share of what
+// the confirmed holdings leave for what it wants beyond it, so the fleet
+// spends its whole budget again within that interval and a learning
+// refresh, and never more. Holders were confirmed their idle grants only,
+// and the fleet admitted 4 a second of 200 until learning ended, a lease
+// time after it began.
+func TestIdleFleetRegainsItsBudgetAfterALoss(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	sw := &swapLeaser{clk: clk, l: &lease.Local{Clock: clk}}
+	a := lease.Allocator{Capacity: 200, Lease: 10 * time.Second} // refresh 2.5 s; 625 ms while learning
+	var gates []*lease.Gate
+	for _, c := range []string{"a", "b"} {
+		g, err := lease.NewGate("rate", lease.GateOptions{Budget: "api", Client: c, Leaser: sw, Clock: clk, Allocator: a, Inline: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gates = append(gates, g)
+	}
+	// run offers rate a second to each gate for secs seconds and returns
+	// the fleet's admitted per second.
+	run := func(rate, secs int) []int {
+		per := make([]int, secs)
+		step := time.Second / time.Duration(rate)
+		for i := 0; i < secs*rate; i++ {
+			now := clk.Advance(step)
+			for _, g := range gates {
+				if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); d.Admitted {
+					per[i/rate]++
+				}
+			}
+		}
+		return per
+	}
+	busy := run(400, 15)
+	idle := run(1, 20) // the grants shrink to the idle demand
+	sw.lose()
+	idle = append(idle, run(1, 1)...) // an idle refresh finds the state lost: learning for 10 s
+	back := run(400, 8)
+	t.Logf("busy %v; idle %v; load back while learning %v", busy[10:], idle[15:], back)
+	// learning began with the first idle refresh after the loss, within
+	// the second before the load came back: its refresh interval (2.5 s)
+	// and a learning refresh (625 ms) later the budget is spent whole
+	for s, n := range back {
+		if n > 202 || (s >= 3 && n < 190) {
+			t.Errorf("second %d after the load came back: %d admitted of a budget of 200", s+1, n)
+		}
 	}
 }

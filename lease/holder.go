@@ -188,10 +188,16 @@ func (h *holder) liveLocked(now clock.Instant) bool {
 	return h.granted && now < h.expiry && !(h.learning && h.grant == 0)
 }
 
-// limitLocked is what the gate spends at now: the grant while it is live,
+// limitLocked is what the gate spends at now: the grant while it is live
+// (with FailSafe, the safe share when larger while the allocator learns),
 // else the failure mode's (-1: unlimited). REQUIRES: h.mu held.
 func (h *holder) limitLocked(now clock.Instant) int64 {
 	if h.liveLocked(now) {
+		if h.learning && h.opts.OnFailure == FailSafe {
+			// a learning allocator confirms the grant and adds a safe
+			// share of what the confirmed holdings leave (Grant.Safe)
+			return max(h.grant, h.safe)
+		}
 		return h.grant
 	}
 	switch h.opts.OnFailure {

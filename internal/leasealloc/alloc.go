@@ -64,10 +64,12 @@ type Holding struct {
 	Has    int64         // granted, until Expiry
 	Wants  int64         // what it last asked for
 	Expiry clock.Instant // when the grant lapses
-	// Spare is what a client that holds nothing was told it may spend as
-	// its safe share while the allocator learns (Grant.Safe); it counts
-	// against the room until the client's next step (beyond what the
-	// client has in use, which it spends within its safe share).
+	// Spare is what the client was told it may spend as its safe share
+	// while the allocator learns (Grant.Safe): a holder's confirmed grant
+	// and a share of what the confirmed holdings leave, or that share
+	// alone for a client that holds nothing. It counts against the room
+	// until the client's next step (beyond what the client holds or has in
+	// use, which it spends within its safe share).
 	Spare int64
 	// InUse is what the client reported in use at its last step (the
 	// slots of a concurrency budget in flight, the rate a gate spent until
@@ -138,7 +140,11 @@ type Grant struct {
 // are confirmed to hold, and a new client nothing; a client that holds
 // nothing is told a safe share (Grant.Safe) of what neither confirmed
 // holdings nor the other safe shares take, and asks again within a quarter
-// of the refresh interval. Expired holdings are dropped first.
+// of the refresh interval. Once the learning period is a refresh interval
+// old (every holder from before the loss has reported by then), a holder
+// is told its confirmed holding plus such a share for what it wants beyond
+// it, so an idle fleet whose load comes back is not held to its idle
+// grants for the whole lease time. Expired holdings are dropped first.
 func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	if !st.Started {
 		st.Started, st.LearnUntil = true, now.Add(a.Lease)
@@ -164,18 +170,14 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		st.Holdings = append(st.Holdings, Holding{Client: r.Client})
 		i = len(st.Holdings) - 1
 	}
-	// what the others keep (their grants or slots in use), what their
+	// what the others keep (their grants or slots in use), and what their
 	// safe shares add to that (a client spending its safe share has its
-	// slots in flight within it: counted once), and what the confirmed
-	// holders keep
-	held, spared, kept := int64(0), int64(0), int64(0)
+	// slots in flight within it: counted once)
+	held, spared := int64(0), int64(0)
 	for j, h := range st.Holdings {
 		if j != i {
 			held += h.taken()
 			spared += max(h.Spare-h.taken(), 0)
-			if h.Has > 0 {
-				kept += h.taken()
-			}
 		}
 	}
 	h := &st.Holdings[i]
@@ -191,15 +193,19 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		g.Safe = a.Capacity / int64(len(st.Holdings))
 	case r.Has > 0: // a holder from before the loss: confirmed, never cut for a safe share
 		h.Has = min(r.Has, max(a.Capacity-held, 0))
-		g.Safe = a.Capacity / int64(len(st.Holdings))
-	default:
-		var empty []Holding
-		for _, o := range st.Holdings {
-			if o.Has == 0 {
-				empty = append(empty, o)
-			}
+		// and, for what it wants beyond that, a safe share as the
+		// clients holding nothing get, once every holder has reported
+		// (holders refresh every interval): an idle fleet whose load
+		// comes back while the allocator learns is not held to its idle
+		// grants for the whole lease time, and a busy one's holdings are
+		// not handed out twice before their holders report them
+		h.Spare = h.Has
+		if now >= st.LearnUntil.Add(a.RefreshEvery().Truncate(time.Microsecond)-a.Lease) { // in whole µs, as the Redis twin
+			h.Spare += a.spareShare(st, r.Client, held+h.Has+spared, turn)
 		}
-		h.Spare = min(FairShares(max(a.Capacity-kept, 0), empty, turn)[r.Client], max(a.Capacity-held-spared, 0))
+		g.Safe = h.Spare
+	default:
+		h.Spare = a.spareShare(st, r.Client, held+spared, turn)
 		g.Safe = h.Spare
 	}
 	h.Expiry = now.Add(a.Lease)
@@ -208,6 +214,23 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		g.Refresh = min(g.Refresh/4, max(st.LearnUntil.Sub(now), time.Millisecond))
 	}
 	return g
+}
+
+// spareShare is client's safe share while learning, beyond its confirmed
+// holding: its max-min share, by what each client wants beyond its
+// confirmed holding, of what the confirmed holdings leave (the capacity
+// less every confirmed grant), within what neither the holdings nor the
+// other safe shares take (the capacity less taken). A holder spending a
+// safe share reports it in use: that counts in taken, not as confirmed, or
+// the holder that asked first would keep the room from the others.
+func (a Allocator) spareShare(st *State, client string, taken int64, turn int64) int64 {
+	beyond := make([]Holding, len(st.Holdings))
+	confirmed := int64(0)
+	for i, o := range st.Holdings {
+		beyond[i] = Holding{Client: o.Client, Wants: max(o.Wants-o.Has, 0)}
+		confirmed += o.Has
+	}
+	return min(FairShares(max(a.Capacity-confirmed, 0), beyond, turn)[client], max(a.Capacity-taken, 0))
 }
 
 // FairShares is the max-min fair allocation of capacity whole units

@@ -50,7 +50,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a leasealloc.Allocat
 	}
 	args := []string{strconv.FormatInt(nowUS, 10), op, r.Client,
 		strconv.FormatInt(max(r.Wants, 0), 10) + " " + strconv.FormatInt(max(r.Has, 0), 10) + " " + strconv.FormatInt(max(r.InUse, 0), 10),
-		packDoubles(a.Capacity, a.Lease.Microseconds()), "0"}
+		packDoubles(a.Capacity, a.Lease.Microseconds(), a.RefreshEvery().Microseconds()), "0"}
 	id := budget + "\x00" + r.Client
 	sent := clock.Now() // Redis runs the step after this: the grant lapses no later on the caller's clock
 	if !r.Release && s.stepMayRun(id, sent) {

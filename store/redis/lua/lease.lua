@@ -3,7 +3,8 @@
 -- field "c:<client>" per holding, "has wants expiry spare inuse" (whole
 -- units, us; a holding without "inuse", of the previous format, has none).
 -- ARGV: 1 now override (us), 2 op ("take" | "release"), 3 client,
---       4 "wants has inuse", 5 packed doubles: capacity, lease (us).
+--       4 "wants has inuse", 5 packed doubles: capacity, lease (us),
+--       refresh interval (us).
 -- Reply: {live holdings (this one included; 0 for a release), grant,
 -- the rest of the learning period while learning (us, else 0), the safe
 -- share, 0, Redis TIME (us)}; the grant expires one lease time after the
@@ -14,7 +15,7 @@ local now = now_us()
 local op, client = ARGV[2], ARGV[3]
 local wants, has, inuse = string.match(ARGV[4], '^(%d+) (%d+) (%d+)$')
 wants, has, inuse = tonumber(wants) or 0, tonumber(has) or 0, tonumber(inuse) or 0
-local capacity, lease = struct.unpack('<dd', ARGV[5])
+local capacity, lease, refresh = struct.unpack('<ddd', ARGV[5])
 local key = KEYS[1]
 
 local learn = tonumber(redis.call('HGET', key, 'learn') or '')
@@ -80,22 +81,20 @@ local function before(x, y)
 end
 table.sort(holdings, function(a, b) return before(a.client, b.client) end)
 -- what the others keep (their grants, or what they reported in use when
--- more), what their safe shares add to that, and what the confirmed
--- holders keep
-local held, spared, kept = 0, 0, 0
+-- more), and what their safe shares add to that
+local held, spared = 0, 0
 for _, h in ipairs(holdings) do
   if h ~= mine then
     local t = math.max(h.has, h.inuse)
     held, spared = held + t, spared + math.max(h.spare - t, 0)
-    if h.has > 0 then kept = kept + t end
   end
 end
 
 -- max-min on whole units between hs' wants: equal rounds, then one unit
 -- each in client order from a rotating start (lease.FairShares); returns
--- mine's share.
+-- who's share.
 local turn = math.floor(now / math.max(lease, 1))
-local function fair_share(cap, hs)
+local function fair_share(cap, hs, who)
   local got, active, left = {}, {}, cap
   for i, h in ipairs(hs) do
     got[i] = 0
@@ -122,26 +121,41 @@ local function fair_share(cap, hs)
     active = nxt
   end
   for i, h in ipairs(hs) do
-    if h == mine then return got[i] end
+    if h == who then return got[i] end
   end
   return 0
 end
 
+-- mine's safe share while learning, beyond its confirmed holding: its
+-- max-min share, by what each client wants beyond its confirmed holding,
+-- of what the confirmed grants leave, within what neither the holdings nor
+-- the other safe shares take (capacity less taken)
+local function spare_share(taken)
+  local beyond, me, confirmed = {}, nil, 0
+  for _, h in ipairs(holdings) do
+    local b = {client = h.client, wants = math.max(h.wants - h.has, 0)}
+    if h == mine then me = b end
+    table.insert(beyond, b)
+    confirmed = confirmed + h.has
+  end
+  return math.min(fair_share(math.max(capacity - confirmed, 0), beyond, me), math.max(capacity - taken, 0))
+end
+
 local safe, learning = math.floor(capacity / #holdings), 0
 if now >= learn then
-  mine.has = math.min(fair_share(capacity, holdings), math.max(capacity - held - spared, 0))
+  mine.has = math.min(fair_share(capacity, holdings, mine), math.max(capacity - held - spared, 0))
 else
   learning = learn - now
-  if has > 0 then -- a holder from before the loss: confirmed
+  if has > 0 then -- a holder from before the loss: confirmed, and a safe share beyond
     mine.has = math.min(has, math.max(capacity - held, 0))
-  else
-    local empty = {}
-    for _, h in ipairs(holdings) do
-      if h.has == 0 then table.insert(empty, h) end
+    mine.spare = mine.has
+    if now >= learn - lease + refresh then -- every holder has reported
+      mine.spare = mine.has + spare_share(held + mine.has + spared)
     end
-    mine.spare = math.min(fair_share(math.max(capacity - kept, 0), empty), math.max(capacity - held - spared, 0))
-    safe = mine.spare
+  else
+    mine.spare = spare_share(held + spared)
   end
+  safe = mine.spare
 end
 
 local expiry = now + lease
