@@ -41,6 +41,14 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	// `sluice proxy` and `sluice serve` start again in their own process to
+	// keep the runtime's monitor awake (sysmon.Reexec), unless GODEBUG
+	// names schedtrace. A test that runs them in this process (run) would
+	// start the whole test binary again: every test before it ran twice,
+	// and the first run's temporary directories were never removed.
+	if !strings.Contains(os.Getenv("GODEBUG"), "schedtrace") {
+		os.Setenv("GODEBUG", strings.TrimPrefix(os.Getenv("GODEBUG")+",schedtrace=0", ","))
+	}
 	goleak.VerifyTestMain(m, leakcheck.Ignore()...)
 }
 
