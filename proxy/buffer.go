@@ -195,7 +195,10 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 	if b.status == 0 {
 		b.WriteHeader(http.StatusOK)
 	}
-	if b.stream {
+	switch {
+	case b.full:
+		return 0, errSpoolFull // refused already: nothing more is kept
+	case b.stream:
 		return b.client.Write(p)
 	}
 	n, err := b.body.Write(p)
@@ -203,7 +206,7 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 		return n, nil
 	}
 	if errors.Is(err, errSpoolFull) {
-		// The budgets are spent: the response is refused (finish answers
+		// The budgets are spent: the response is refused (buffered answers
 		// 503), not streamed holding its slot for as long as its client
 		// takes. The error ends the upstream's call (ReverseProxy aborts
 		// the handler; buffered recovers).

@@ -1036,8 +1036,9 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admis
 
 // respond copies the upstream's response into the client's: the body read
 // whole into memory or a spool (the slot is released before the client is
-// written to), or streamed when it asks to be or outgrows the buffers. It
-// reports whether it streams: the stream's writer then reports the
+// written to), streamed when it asks to be or outgrows its cap, refused
+// (503) when the shared budgets cannot hold it. It reports whether it
+// streams: the stream's writer then reports the
 // outcome and untracks the request.
 func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpgate.Admission, tr *host.Tracked, hold time.Time) bool {
 	out := &ctx.Response
@@ -1108,7 +1109,8 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		}
 	}
 	// Stream: what is buffered first, then the rest as it comes, holding
-	// the slot until the end, the deadline plus Grace at most.
+	// the slot until the end, the deadline plus Grace (MaxHold without a
+	// deadline) at most.
 	adm.SetHeaders((*respFields)(&out.Header))
 	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), hold: hold}
 	body.r = stream
