@@ -199,10 +199,7 @@ func (m *Middleware) RenderInvalid(ctx context.Context, f Fields, in *identify.I
 
 // RenderBusy renders and logs the answer Busy writes.
 func (m *Middleware) RenderBusy(ctx context.Context, f Fields, in *identify.Input, detail string) Rejection {
-	st := m.state.Load()
-	var req sluice.Request
-	d := st.chain.Refuse(&req, busyDecision)
-	return m.renderLoggedStatus(ctx, f, in, st, &d, &req, detail, http.StatusServiceUnavailable)
+	return m.renderRefusal(ctx, f, in, busyDecision, http.StatusServiceUnavailable, detail)
 }
 
 // busyDecision is the refusal of a request the server has no room for
@@ -213,8 +210,15 @@ var busyDecision = sluice.Decision{Reason: sluice.ReasonOverload, Retryable: tru
 // RenderInvalid's, with status (413, 431; a status outside 400-499 is
 // 400) in the status line and a problem details body.
 func (m *Middleware) RenderInvalidStatus(ctx context.Context, f Fields, in *identify.Input, status int, detail string) Rejection {
+	return m.renderRefusal(ctx, f, in, sluice.Decision{Reason: sluice.ReasonInvalid}, clientStatus(status), detail)
+}
+
+// renderRefusal renders and logs the refusal d (counted as the chain's
+// rejections are) with status and detail: RenderInvalidStatus's and
+// RenderBusy's answer.
+func (m *Middleware) renderRefusal(ctx context.Context, f Fields, in *identify.Input, d sluice.Decision, status int, detail string) Rejection {
 	st := m.state.Load()
 	var req sluice.Request
-	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
-	return m.renderLoggedStatus(ctx, f, in, st, &d, &req, detail, clientStatus(status))
+	d = st.chain.Refuse(&req, d)
+	return m.renderLoggedStatus(ctx, f, in, st, &d, &req, detail, status)
 }

@@ -314,16 +314,7 @@ func (m *Middleware) Invalid(w http.ResponseWriter, r *http.Request, detail stri
 // Request Header Fields Too Large (RFC 6585 section 5). A status outside
 // 400-499 is answered as 400.
 func (m *Middleware) InvalidStatus(w http.ResponseWriter, r *http.Request, status int, detail string) {
-	st := m.state.Load()
-	var req sluice.Request
-	d := st.chain.Refuse(&req, sluice.Decision{Reason: sluice.ReasonInvalid})
-	rj := m.render(headerFields(w.Header()), r.Header, st, &d, &req, detail, false, clientStatus(status))
-	w.WriteHeader(rj.Status)
-	w.Write(rj.Body)
-	rj.Release()
-	if al := st.c.cfg.AccessLog; al != nil {
-		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, rj.Status, rj.RequestID)
-	}
+	m.refuse(w, r, sluice.Decision{Reason: sluice.ReasonInvalid}, clientStatus(status), detail)
 }
 
 // Busy answers 503 with Retry-After (reason overload, the JSON envelope or
@@ -332,10 +323,16 @@ func (m *Middleware) InvalidStatus(w http.ResponseWriter, r *http.Request, statu
 // are spent (detail says which). It is counted and logged as a
 // rejection, as the gates' are.
 func (m *Middleware) Busy(w http.ResponseWriter, r *http.Request, detail string) {
+	m.refuse(w, r, busyDecision, http.StatusServiceUnavailable, detail)
+}
+
+// refuse answers r with the refusal d (counted as the chain's rejections
+// are), status and detail, and logs it: Invalid's and Busy's answer.
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, d sluice.Decision, status int, detail string) {
 	st := m.state.Load()
 	var req sluice.Request
-	d := st.chain.Refuse(&req, busyDecision)
-	rj := m.render(headerFields(w.Header()), r.Header, st, &d, &req, detail, false, http.StatusServiceUnavailable)
+	d = st.chain.Refuse(&req, d)
+	rj := m.render(headerFields(w.Header()), r.Header, st, &d, &req, detail, false, status)
 	w.WriteHeader(rj.Status)
 	w.Write(rj.Body)
 	rj.Release()
