@@ -54,7 +54,8 @@ type Failure uint8
 const (
 	// FailSafe spends a safe share: SafeShare, by default the allocator's
 	// Grant.Safe at the last refresh (the capacity divided by the clients
-	// it saw; while it learns, a share of what no holding takes), and
+	// it saw; while it learns, a share of what no holding takes, with a
+	// holder's confirmed grant in it), and
 	// nothing before the first answer, when the gate knows nothing of the
 	// fleet (Doorman's "safe capacity").
 	FailSafe Failure = iota

@@ -123,7 +123,10 @@ type Grant struct {
 	// spend without a live lease (FailSafe). Outside learning it is the
 	// capacity ÷ Clients; while learning, a client that holds nothing gets
 	// its max-min share of what no confirmed holding or other safe share
-	// takes, so a new budget is spent from its first step.
+	// takes, so a new budget is spent from its first step, and a holder
+	// its confirmed grant plus such a share for what it wants beyond it
+	// once every holder has reported (its grant alone before), which it
+	// spends while learning when larger than the grant.
 	Safe int64
 }
 
