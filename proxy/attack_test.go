@@ -125,22 +125,7 @@ func TestSlowBodiesDoNotHoldSlots(t *testing.T) {
 	for range 10 {
 		c := dial(t, base)
 		fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nX-Request-Timeout: 30s\r\n\r\n")
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(800 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-tick.C:
-					if _, err := c.Write([]byte("a")); err != nil {
-						return
-					}
-				}
-			}
-		}()
+		drip(c, 800*time.Millisecond, done, &wg)
 	}
 	ok, total := legit(t, base, 2*time.Second)
 	t.Logf("legitimate clients: %d of %d answered 200 beside 10 slow senders", ok, total)
@@ -331,14 +316,7 @@ func TestMaxHoldBoundsStreamsWithoutADeadline(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
-		c, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-		brw.Flush()
-		io.Copy(c, brw)
+		echoUpgrade(w)
 	})
 	s, base := serve(t, noDeadlinePolicy, up, func(o *Options) { o.MaxHold = 300 * time.Millisecond })
 
@@ -430,22 +408,7 @@ func TestSlowClientsOnceTheBudgetsAreSpent(t *testing.T) {
 			for range 12 { // dripping bodies
 				conn := dial(t, base)
 				fmt.Fprintf(conn, "POST /drip HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n%s\r\n", c.timeout)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					tick := time.NewTicker(500 * time.Millisecond)
-					defer tick.Stop()
-					for {
-						select {
-						case <-done:
-							return
-						case <-tick.C:
-							if _, err := conn.Write([]byte("a")); err != nil {
-								return
-							}
-						}
-					}
-				}()
+				drip(conn, 500*time.Millisecond, done, &wg)
 			}
 			ok, total := legit(t, base, 3*time.Second)
 			t.Logf("legitimate clients: %d of %d answered 200 beside 30 slow readers, 70 stalled uploads, 12 dripping bodies", ok, total)

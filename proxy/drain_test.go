@@ -42,14 +42,7 @@ func newDrainHarness(t *testing.T, opts ...func(*Options)) *drainHarness {
 		upstreamCut: make(chan struct{}, 10)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "" { // an echo until the client closes
-			c, brw, err := http.NewResponseController(w).Hijack()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-			brw.Flush()
-			io.Copy(c, brw)
+			echoUpgrade(w)
 			return
 		}
 		if strings.HasPrefix(r.URL.Path, "/slow/") {

@@ -312,14 +312,7 @@ func TestUpgradeJoinsConnections(t *testing.T) {
 			http.Error(w, "want Upgrade: echo", 400)
 			return
 		}
-		c, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-		brw.Flush()
-		io.Copy(c, brw) // echo until the client closes
+		echoUpgrade(w) // until the client closes
 	})
 	const policy = "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n"
 	for _, secure := range []bool{false, true} {

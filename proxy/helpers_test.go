@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // frontEnv selects the server the proxy's tests run through: the proxy's
@@ -96,4 +98,39 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// echoUpgrade answers an upgrade with 101 and echoes what comes on the
+// connection until it closes (an upstream's WebSocket, reduced).
+func echoUpgrade(w http.ResponseWriter) {
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	brw.Flush()
+	io.Copy(c, brw)
+}
+
+// drip writes a byte to c every period until done closes or a write
+// fails (a body sent as slowly as a client may), in a goroutine wg waits
+// for.
+func drip(c net.Conn, period time.Duration, done <-chan struct{}, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if _, err := c.Write([]byte("a")); err != nil {
+					return
+				}
+			}
+		}
+	}()
 }
