@@ -9,7 +9,7 @@
 // flight at the upstream, and fails when a second passes C·(1 s + burst
 // time) or the flight passes the slot budget.
 //
-//	go build -o /tmp/sluice ../cmd/sluice && go run ./reloadstorm -sluice /tmp/sluice
+//	make build && cd bench && go run ./reloadstorm -sluice ../bin/sluice
 package main
 
 import (
