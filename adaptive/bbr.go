@@ -89,8 +89,13 @@ type BBRConfig struct {
 // measured afresh after it; a window whose RTT more than doubled probes at
 // once. A window with more than LateShare of late completions while the
 // service queues drops the headroom (the callers' deadlines leave no room
-// for the queue) and probes. A queue the limit did not fill, or a window
-// that did not use the limit, changes nothing.
+// for the queue) and probes; unless the window got less than half the work
+// done of a recent one without a queue, or its RTT rose more than its
+// limit's queue could raise it: that is a stall (of the service, or of the
+// host the proxy shares), which lowers the limit while it lasts but sets
+// no ceiling, and after the probes the startup grows the limit back to
+// where it was. A queue the limit did not fill, or a window that did not
+// use the limit, changes nothing.
 //
 // Guarantee (TestBBRHoldsAnHour): in front of a FIFO service of N workers
 // (1 to 32) and service time S (5 to 200 ms, constant or exponential)
@@ -138,6 +143,11 @@ type BBR struct {
 	ceiling  int           // a limit that showed a queue without a gain in rate (0: none)
 	backoff  time.Duration // how long ceiling stands after it last failed
 	upAfter  clock.Instant // until when growth stays below ceiling
+
+	freeWork float64       // the most work a window without a queue got done lately
+	freeAt   clock.Instant // when
+	regrow   bool          // a stall was seen: start up again once the probes are done
+	regrowTo float64       // the limit that startup grows back to (+Inf: as far as it goes; 0: none)
 }
 
 const rateRing = 32
@@ -244,7 +254,22 @@ func (b *BBR) Update(w Window) int {
 		b.queuedInSlot = true
 	}
 	b.scheduleProbe(w, nhat)
+	b.growBack()
 	return b.limit
+}
+
+// growBack starts the startup again once the probes after a stall are
+// done, when the stall left the limit below where it was.
+func (b *BBR) growBack() {
+	if !b.regrow || b.probing || b.verify || b.probeNow {
+		return
+	}
+	b.regrow = false
+	if b.regrowTo > b.est {
+		b.startup, b.fullRate, b.fullCount, b.startWork = true, 0, 0, 0
+	} else {
+		b.regrowTo = 0
+	}
 }
 
 // windowState is what Update knows of a window once it is measured.
@@ -268,6 +293,9 @@ func (b *BBR) observe(w Window) windowState {
 	b.verifying = false
 	st.m = b.measure(w, st.probe, verify)
 	b.lastRTT = w.RTT
+	if m := st.m; !m.queued && m.work > 0 && (m.work >= b.freeWork || w.End.Sub(b.freeAt) > b.cfg.RateSpan) {
+		b.freeWork, b.freeAt = m.work, w.End
+	}
 	if rate := st.m.work; !st.probe && rate > 0 && (st.limited || rate > b.maxRate(w.End)) {
 		b.addRate(w.End, rate)
 	}
@@ -319,7 +347,7 @@ func (b *BBR) settleStepUp(w Window, st windowState) {
 }
 
 // onLate answers a window whose requests miss their deadlines behind a
-// queue at the service: the headroom is more than the callers' deadlines
+// queue at the service (unless the window shows a stall, see stalled): the headroom is more than the callers' deadlines
 // leave room for, and the limit drops to N̂, where the service holds no
 // queue; a step back up waits, as after a failed one. The service may also
 // have got slower or smaller, which the rate and the no-load RTT of before
@@ -337,6 +365,26 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 	// holds 4 workers busy, where ⌊3.9⌋ left one idle for as long as the
 	// step back up waits.
 	held := max(1, math.Round(nhat))
+	if b.stalled(w, st) {
+		// Not this limit's queue: the service, or the host between the
+		// proxy and it, stalled or got slower. Fewer requests in flight
+		// while it lasts, but no ceiling: once the probe has measured the
+		// service afresh, the limit grows back as the startup grew it, a
+		// few round trips a doubling.
+		// Back to where it was, or, when the stall cut the startup
+		// short, as far as the startup goes.
+		switch {
+		case !startup:
+			b.regrowTo = max(b.regrowTo, b.est)
+		case b.regrowTo == 0:
+			b.regrowTo = math.Inf(1) // the first startup, cut short
+		}
+		b.est, b.keep, b.regrow = min(b.est, held), 0, true
+		return
+	}
+	b.regrow, b.regrowTo = false, 0 // a queue this limit filled, after all
+	if float64(st.applied) > nhat {
+	}
 	if float64(st.applied) > nhat {
 		// Every limit above the one held queued at the service, and the
 		// callers' deadlines leave no room for a queue: the ceiling is the
@@ -353,6 +401,24 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 		b.upAfter = w.End.Add(b.backoff)
 	}
 	b.est, b.keep = min(b.est, held), 0
+}
+
+// stalled reports whether late window w shows a stall rather than a queue
+// this limit filled: a queue raises the RTT while the service keeps its
+// rate, a stall (the service paused, the host that runs the proxy or the
+// service lent its CPUs elsewhere) raises the RTT and drops the rate.
+// Either the RTT rose more than a queue of the window's limit could raise
+// it at a service of even one worker (the service got less done than one
+// worker does: a stall from the first windows, when N̂ was measured during
+// it), or the window got less than half the work done that a window
+// without a queue got done within RateSpan. (On a host whose two cores
+// were taken, one such stall held the limit of 32 workers of 5 ms at 1
+// for the minute a late ceiling stands.)
+func (b *BBR) stalled(w Window, st windowState) bool {
+	if st.m.ratio > float64(st.applied)*(1+b.cfg.Tolerance)+st.m.sig {
+		return true
+	}
+	return b.freeWork > 0 && w.End.Sub(b.freeAt) <= b.cfg.RateSpan && st.m.work < b.freeWork/2
 }
 
 // stepUp answers a window that used every slot with no queue at the
@@ -394,7 +460,7 @@ func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
 		// The last doubling met a queue, or no more rate: the limit of
 		// before it was below the service's size. (N̂ alone would size it
 		// from a rate the demand, not the service, set.)
-		b.startup = false
+		b.startup, b.regrowTo = false, 0
 		b.est = max(b.est/2, (1+b.cfg.Headroom)*nhat)
 		// Only a doubling that met a queue at the service and got no more
 		// work done says the service is full below it. One that got no
@@ -409,6 +475,10 @@ func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
 	}
 	b.startWork = m.work
 	b.est = max(2*b.est, (1+b.cfg.Headroom)*nhat)
+	if b.regrowTo > 0 && b.est >= b.regrowTo {
+		// Back where a stall found it: from here on as before it.
+		b.est, b.startup, b.regrowTo = b.regrowTo, false, 0
+	}
 }
 
 // startupCeiling is the limit the startup's last doubling showed to gain

@@ -80,3 +80,42 @@ func low(limits []int, x float64) float64 {
 	}
 	return float64(n) / float64(max(len(limits), 1))
 }
+
+// A stall of the host (the proxy's own CPU taken, so that every answer
+// comes back late whatever the limit) says nothing of the service's size:
+// once it ends, the limit is back where the service needs it within
+// seconds, not held low for the minute a queue that made answers late
+// would hold it. Modelled on the capacity matrix's 32 workers × 5 ms with a
+// 50 ms deadline on a host whose cores were taken: 3 s in which every
+// answer took 60 ms more, from the load's start and in the middle of a
+// run, at half the service's capacity.
+func TestBBRAfterAHostStall(t *testing.T) {
+	const n, s = 32, 5 * time.Millisecond
+	capacity := float64(n) / s.Seconds()
+	for _, c := range []struct {
+		name   string
+		before time.Duration
+	}{{"at-start", 50 * time.Millisecond}, {"mid-run", 30 * time.Second}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+			u := &upstream{Workers: n, Service: constant(s), Deadline: 10 * s, Transit: 200 * time.Microsecond, Seed: 1}
+			load := capacity / 2
+			var phases []phase
+			if c.before > 0 {
+				phases = append(phases, phase{For: c.before, Load: load})
+			}
+			phases = append(phases, phase{For: 3 * time.Second, Load: load, Transit: 60 * time.Millisecond}, phase{For: time.Minute, Load: load})
+			rows := u.run(g, time.Second, phases...)
+			after := int((c.before + 3*time.Second + time.Second - 1) / time.Second)
+			for i, r := range rows[after+5:] {
+				if good := float64(r.Useful) / load; good < 0.95 {
+					t.Errorf("second %d after the stall: goodput %.0f%% of the offered load (limit %d..%d)", i+6, 100*good, r.MinLimit, r.MaxLimit)
+				}
+			}
+		})
+	}
+}

@@ -96,6 +96,10 @@ type phase struct {
 	Slow float64
 	// Workers, if set, changes the worker count at the phase's start.
 	Workers int
+	// Transit, if set, is the way to the service and back for the phase:
+	// a host that stalls the proxy delays every answer outside the
+	// service, whatever the limit.
+	Transit time.Duration
 }
 
 // run drives the model through the phases, closing a row every interval.
@@ -106,7 +110,12 @@ func (u *upstream) run(g *adaptive.Gate, interval time.Duration, phases ...phase
 	u.now = clock.Instant(time.Hour) // any epoch
 	u.cur = row{MinLimit: 1 << 30}
 	nextRow := u.now.Add(interval)
+	transit := u.Transit
 	for _, p := range phases {
+		u.Transit = transit
+		if p.Transit > 0 {
+			u.Transit = p.Transit
+		}
 		u.slow = p.Slow
 		if u.slow == 0 {
 			u.slow = 1
