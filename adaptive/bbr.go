@@ -71,7 +71,9 @@ type BBRConfig struct {
 // windows use it whole without a queue showing (BBR's startup), until the
 // RTT rises by a quarter or the work done stops growing (if the last
 // doubling, from L, got no more work done, L + 1 counts as a failed step
-// up). After that a
+// up; a doubling whose window got a quarter less done than the one before
+// met a stall, not a queue, and the startup steps back and doubles again
+// once it ends). After that a
 // window that used the whole limit with no queue at the service (the
 // limit, not the service, was the bottleneck) grows it by Headroom; a limit
 // that then showed a queue with no gain in work is not tried again for a
@@ -450,13 +452,24 @@ func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
 	if !st.limited {
 		return
 	}
+	queued := m.ratio > 1.25+m.sig
+	if queued && m.work < 0.75*b.startWork {
+		// The doubling got less work done than the limit before it, which
+		// no queue does: the service, or the host the proxy shares,
+		// stalled. (On a host whose two cores were taken, such a window
+		// ended the startup of 8 workers of 5 ms at 2, and the ceiling it
+		// set kept them there for 10 s.) Back to the limit before it, still
+		// starting up: the doubling is tried again once the stall ends.
+		b.est = max(1, float64(st.applied)/2)
+		return
+	}
 	x := nhat
 	if x >= 1.25*b.fullRate {
 		b.fullRate, b.fullCount = x, 0
 	} else {
 		b.fullCount++
 	}
-	if queued := m.ratio > 1.25+m.sig; queued || b.fullCount >= 3 {
+	if queued || b.fullCount >= 3 {
 		// The last doubling met a queue, or no more rate: the limit of
 		// before it was below the service's size. (N̂ alone would size it
 		// from a rate the demand, not the service, set.)

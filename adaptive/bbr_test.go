@@ -119,3 +119,29 @@ func TestBBRAfterAHostStall(t *testing.T) {
 		})
 	}
 }
+
+// A stall while the startup doubles the limit: the doubling's window got
+// less work done than the one before it, which no queue at the service
+// does. The startup goes back a step and doubles again once the stall
+// ends, instead of ending at the limit the stall met with a ceiling above
+// it. Modelled on the capacity matrix's 8 workers × 5 ms with a 500 ms
+// deadline at 10× on a host whose two cores were taken: 10 ms more on
+// every answer for 2 s, from 80 ms after the load's start.
+func TestBBRStartupThroughAHostStall(t *testing.T) {
+	const n, s = 8, 5 * time.Millisecond
+	capacity := float64(n) / s.Seconds()
+	ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+	u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
+	load := 10 * capacity
+	rows := u.run(g, time.Second, phase{For: 80 * time.Millisecond, Load: load},
+		phase{For: 2 * time.Second, Load: load, Transit: 10 * time.Millisecond}, phase{For: 20 * time.Second, Load: load})
+	for i, r := range rows[4:] {
+		if good := float64(r.Useful) / capacity; good < 0.9 {
+			t.Errorf("second %d: goodput %.0f%% of capacity (limit %d..%d)", i+5, 100*good, r.MinLimit, r.MaxLimit)
+		}
+	}
+}
