@@ -194,7 +194,12 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	case !learning:
 		h.Has = min(FairShares(a.Capacity, st.Holdings, turn)[r.Client], max(a.Capacity-held-spared, 0))
 		g.Safe = a.Capacity / int64(len(st.Holdings))
-	case r.Has > 0: // a holder from before the loss: confirmed, never cut for a safe share
+	case r.Has > 0:
+		// A holder from before the loss: confirmed, never cut for a safe
+		// share while the others may not yet have reported. One that
+		// reports a refresh interval or more into learning (its host
+		// stalled) is confirmed what the others' holdings and safe
+		// shares leave: the fleet stays within C, and only it waits.
 		h.Has = min(r.Has, max(a.Capacity-held, 0))
 		// and, for what it wants beyond that, a safe share as the
 		// clients holding nothing get, once every holder has reported
