@@ -100,7 +100,9 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 		}
 		c.gates = append(c.gates, e)
 		if a, ok := As[Advertiser](g); ok {
-			c.policies = append(c.policies, a.Policy())
+			if p := a.Policy(); p.Scope.PerCaller() {
+				c.policies = append(c.policies, p)
+			}
 		}
 		if w, ok := As[Waiter](g); ok && w.MayWait() {
 			c.waits, e.waits = true, true
@@ -133,8 +135,11 @@ func (c *Chain) Gates() []Gate {
 	return gs
 }
 
-// Policies returns the quotas of the chain's Advertisers (found through
-// wrappers with As), in chain order.
+// Policies returns the quotas a caller may be told of: those of the chain's
+// Advertisers (found through wrappers with As) that are counted per caller
+// (Scope.PerCaller), in chain order. A quota shared by all callers (a
+// service-wide rate) is left out: it protects capacity, its remaining
+// count is everyone's, and a caller can do nothing with it.
 // The slice is shared; do not modify it.
 func (c *Chain) Policies() []Policy { return c.policies }
 
@@ -176,7 +181,9 @@ type held struct {
 // and rejects a malformed request with ReasonInvalid, and a request whose
 // Deadline has already passed with ReasonDeadline, before any gate runs.
 // Among admitting gates, the returned Decision is the one closest to
-// exhaustion (lowest Remaining/Limit), so headers describe the tightest limit.
+// exhaustion (lowest Remaining/Limit) among those counted per caller, or
+// among all when none is, so headers describe the tightest limit the
+// caller can act on.
 func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	now := c.clock.Now()
 	if err := r.Validate(); err != nil {
@@ -264,13 +271,17 @@ func (c *Chain) finish(r *Request, d Decision, start clock.Instant) Decision {
 }
 
 // tighter reports whether admitted decision a is closer to exhaustion than b.
-// Decisions without a quota (Limit 0) never win over one with a quota.
+// Decisions without a quota (Limit 0) never win over one with a quota, nor
+// a quota shared by all callers over one counted per caller.
 func tighter(a, b *Decision) bool {
 	if a.Limit <= 0 {
 		return false
 	}
 	if b.Limit <= 0 {
 		return true
+	}
+	if pa, pb := a.Scope.PerCaller(), b.Scope.PerCaller(); pa != pb {
+		return pa
 	}
 	return float64(a.Remaining)/float64(a.Limit) < float64(b.Remaining)/float64(b.Limit)
 }

@@ -33,13 +33,17 @@ type Gate interface {
 }
 
 // Policy describes a gate's quota for the RateLimit-Policy header field: a
-// name, a quota in Unit, and the window in which a used quota comes back
-// (0 for concurrency limits).
+// name, a quota in Unit, the window in which a used quota comes back (0 for
+// concurrency limits), and what it is counted over.
 type Policy struct {
 	Name   string
 	Quota  int64
 	Window time.Duration
 	Unit   Unit
+	// Scope is what the quota is counted over. Only a quota counted per
+	// caller (Scope.PerCaller) is advertised to callers: one shared by all
+	// of them protects capacity, and its remaining count is everyone's.
+	Scope Scope
 }
 
 // Mode is a gate's run-time switch.

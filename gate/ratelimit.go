@@ -126,7 +126,7 @@ func (b *base) Name() string { return b.name }
 
 // Policy returns the gate's quota for the RateLimit-Policy header field.
 func (b *base) Policy() sluice.Policy {
-	return sluice.Policy{Name: b.name, Quota: b.lim.Limit(), Window: b.lim.Window(), Unit: b.unit}
+	return sluice.Policy{Name: b.name, Quota: b.lim.Limit(), Window: b.lim.Window(), Unit: b.unit, Scope: b.opts.Scope}
 }
 
 // Failures returns how many decisions the store could not make.

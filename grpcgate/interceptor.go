@@ -190,7 +190,7 @@ func (ic *Interceptor) admit(ctx context.Context, method string, ss grpc.ServerS
 func (st *state) admittedTrailer(d *sluice.Decision) metadata.MD {
 	quota := !st.c.opts.NoRateLimitMetadata && !st.c.opts.HideCapacity
 	level := d.Level != sluice.LevelNormal
-	if !level && (!quota || (st.policy == nil && (d.Gate == "" || d.Limit <= 0))) {
+	if !level && (!quota || (st.policy == nil && !wire.HasRateLimit(d))) {
 		return nil
 	}
 	md := make(metadata.MD, 3)
@@ -198,7 +198,7 @@ func (st *state) admittedTrailer(d *sluice.Decision) metadata.MD {
 		if st.policy != nil {
 			md[RateLimitPolicyKey] = st.policy
 		}
-		if d.Gate != "" && d.Limit > 0 {
+		if wire.HasRateLimit(d) {
 			var buf [96]byte
 			md[RateLimitKey] = []string{string(wire.AppendRateLimit(buf[:0], d.Gate, d.Remaining, wire.Seconds(d.ResetAfter)))}
 		}
@@ -217,7 +217,7 @@ func (ic *Interceptor) refuse(ctx context.Context, ss grpc.ServerStream, st *sta
 	if ms != noPushback {
 		md[PushbackKey] = []string{strconv.FormatInt(ms, 10)}
 	}
-	if !cfg.NoRateLimitMetadata && !cfg.HideCapacity && d.Limit > 0 && d.Gate != "" {
+	if !cfg.NoRateLimitMetadata && !cfg.HideCapacity && wire.HasRateLimit(d) {
 		if st.policy != nil {
 			md[RateLimitPolicyKey] = st.policy
 		}

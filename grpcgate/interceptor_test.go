@@ -42,7 +42,8 @@ func details(t *testing.T, err error) (*errdetails.ErrorInfo, *errdetails.RetryI
 	return ei, ri
 }
 
-const wantPolicy = `"request-rate";q=100;w=1;sluice-burst=5, "tenant-inflight";q=2;qu="concurrent-requests", "pool";q=10;qu="concurrent-requests"`
+// The service-wide pool is not advertised: it is shared by every caller.
+const wantPolicy = `"request-rate";q=100;w=1;sluice-burst=5, "tenant-inflight";q=2;qu="concurrent-requests"`
 
 func TestAdmitted(t *testing.T) {
 	f := newFixture(t, 10, grpcgate.Options{Rules: testRules})
@@ -244,8 +245,8 @@ func TestOverloadIsUnavailable(t *testing.T) {
 	if got := one(t, r.trailer, grpcgate.PushbackKey); got != "2000" {
 		t.Errorf("pushback %q", got)
 	}
-	if got := one(t, r.trailer, "ratelimit"); got != `"pool";r=0;t=2` {
-		t.Errorf("ratelimit %q", got)
+	if got := r.trailer.Get("ratelimit"); len(got) != 0 {
+		t.Errorf("ratelimit %q for a quota shared by every caller", got)
 	}
 	ei, ri := details(t, r.err)
 	if ei.Reason != "CONCURRENCY" || ei.Metadata["scope"] != "service" || ei.Metadata["gate"] != "pool" || ri.RetryDelay.AsDuration() != 2*time.Second {
@@ -470,7 +471,8 @@ func TestStreamHoldsPermitForItsLife(t *testing.T) {
 	if err := s3.RecvMsg(new(wrapperspb.StringValue)); !errors.Is(err, io.EOF) {
 		t.Fatal(err)
 	}
-	if trailer := s3.Trailer(); one(t, trailer, "ratelimit") != `"pool";r=0` {
+	// The pool is full, but the trailer tells of the caller's own quota.
+	if trailer := s3.Trailer(); one(t, trailer, "ratelimit") != `"tenant-inflight";r=1` {
 		t.Errorf("stream trailer %v", trailer)
 	}
 }

@@ -369,7 +369,7 @@ func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decisio
 	if st.policy != nil {
 		h[hRateLimitPolicy] = st.policy
 	}
-	if d.Gate == "" || d.Limit <= 0 {
+	if !wire.HasRateLimit(d) {
 		return
 	}
 	var buf [96]byte
@@ -386,7 +386,7 @@ func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision) {
 	if st.policy != nil {
 		h.Set(hRateLimitPolicy, st.policy)
 	}
-	if d.Gate == "" || d.Limit <= 0 {
+	if !wire.HasRateLimit(d) {
 		return
 	}
 	var buf [96]byte
@@ -464,7 +464,7 @@ func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluic
 	if d.Retryable {
 		retry = wire.RetryAfter(d.RetryAfter, st.jitter, rand.Uint64())
 	}
-	quota := !cfg.NoRateLimitHeaders && !cfg.HideCapacity && d.Limit > 0 && d.Gate != ""
+	quota := !cfg.NoRateLimitHeaders && !cfg.HideCapacity && wire.HasRateLimit(d)
 
 	// Dynamic header values share one allocation.
 	var blk *headerBlock

@@ -140,7 +140,7 @@ func TestRetryAfterExactOn501st(t *testing.T) {
 			t.Fatalf("request %d: %d", i+1, resp.StatusCode)
 		}
 		if i == 0 {
-			if got := resp.Header.Get("RateLimit-Policy"); got != `"request-rate";q=500;w=5, "tenant-inflight";q=20;qu="concurrent-requests", "pool";q=1000;qu="concurrent-requests"` {
+			if got := resp.Header.Get("RateLimit-Policy"); got != `"request-rate";q=500;w=5, "tenant-inflight";q=20;qu="concurrent-requests"` {
 				t.Fatalf("RateLimit-Policy %q", got)
 			}
 		}
@@ -225,6 +225,11 @@ func Test429VersusProtection503(t *testing.T) {
 	e := decode(t, body)
 	if resp.StatusCode != 503 || e.Error.Reason != "concurrency" || e.Error.Scope != "service" || resp.Header.Get("Retry-After") != "2" {
 		t.Fatalf("pool full: %d %+v", resp.StatusCode, e.Error)
+	}
+	// The pool is shared by every caller: its quota and everyone's
+	// remaining count are not the caller's to see.
+	if h := resp.Header; h.Get("RateLimit") != "" || h.Get("RateLimit-Policy") != "" {
+		t.Errorf("a refusal by the service-wide pool advertised RateLimit %q, RateLimit-Policy %q", h.Get("RateLimit"), h.Get("RateLimit-Policy"))
 	}
 	close(release)
 	wg.Wait()

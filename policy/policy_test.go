@@ -214,8 +214,11 @@ func TestReloadKeepsStateOfUnchangedGates(t *testing.T) {
 	if d, _ := rt2.Chain.Decide(ctx, req); d.Admitted || d.Gate != "request-rate" {
 		t.Fatalf("the unchanged rate gate lost its state: %+v", d)
 	}
-	if p := rt2.Chain.Policies()[1]; p.Quota != 30 {
-		t.Fatalf("changed gate not rebuilt: %+v", p)
+	if a, ok := sluice.As[sluice.Advertiser](rt2.Chain.Gates()[1]); !ok || a.Policy().Quota != 30 {
+		t.Fatalf("changed gate not rebuilt: %+v", rt2.Chain.Gates()[1])
+	}
+	if p := rt2.Chain.Policies(); len(p) != 1 || p[0].Name != "request-rate" {
+		t.Fatalf("advertised %+v: want the per-tenant request-rate alone (inflight is service-wide)", p)
 	}
 	// A rate change rebuilds the bucket (full again).
 	f3, _ := Parse("p.yaml", []byte(strings.Replace(good, "burst: 500", "burst: 600", 1)))

@@ -204,8 +204,10 @@ func TestHotReloadKeepsInFlightAndState(t *testing.T) {
 	if resp, _ := h.do("GET", h.base+"/v1/x", "", "", key); resp.StatusCode != 429 {
 		t.Fatalf("unchanged gate lost its state on reload: %d", resp.StatusCode)
 	}
-	if p := h.s.Chain().Policies()[1]; p.Quota != 50 {
-		t.Fatalf("new policy not serving: %+v", p)
+	for _, g := range h.s.Chain().Gates() {
+		if a, ok := sluice.As[sluice.Advertiser](g); ok && g.Name() == "pool" && a.Policy().Quota != 50 {
+			t.Fatalf("new policy not serving: %+v", a.Policy())
+		}
 	}
 }
 
@@ -295,11 +297,11 @@ func TestHalfWrittenFileNeverLoads(t *testing.T) {
 	}
 }
 
-// policyOf returns the advertised policy of gate name.
+// policyOf returns the quota of gate name, advertised or not.
 func (h *harness) policyOf(name string) sluice.Policy {
-	for _, p := range h.s.Chain().Policies() {
-		if p.Name == name {
-			return p
+	for _, g := range h.s.Chain().Gates() {
+		if a, ok := sluice.As[sluice.Advertiser](g); ok && g.Name() == name {
+			return a.Policy()
 		}
 	}
 	return sluice.Policy{}
@@ -635,15 +637,20 @@ func TestAdminListenerGuards(t *testing.T) {
 func (h *harness) inFlight() int64 {
 	h.t.Helper()
 	h.probes++
-	d, tk := h.s.Chain().Decide(context.Background(), &sluice.Request{Tenant: "probe-" + strconv.Itoa(h.probes), Class: "default"})
-	if !d.Admitted {
-		return 5
+	c := h.s.Chain()
+	for _, g := range c.Gates() {
+		if g.Name() != "pool" {
+			continue
+		}
+		r := &sluice.Request{Tenant: "probe-" + strconv.Itoa(h.probes), Class: "default", Cost: 1}
+		d, p := g.Decide(context.Background(), r, c.Clock().Now())
+		if !d.Admitted {
+			return 5
+		}
+		g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: c.Clock().Now()})
+		return 5 - 1 - d.Remaining
 	}
-	tk.Done(sluice.OutcomeUseful)
-	if d.Gate != "pool" {
-		return 0
-	}
-	return 5 - 1 - d.Remaining
+	return 0
 }
 
 // A reload that changes only the store's key cap, or drops a gate and adds

@@ -179,6 +179,13 @@ func AppendPolicies(b []byte, ps []sluice.Policy) []byte {
 	return b
 }
 
+// HasRateLimit reports whether d's quota goes in a RateLimit field: a gate
+// with a quota decided it, counted per caller (a quota shared by all
+// callers is not advertised to them: sluice.Policy.Scope).
+func HasRateLimit(d *sluice.Decision) bool {
+	return d.Gate != "" && d.Limit > 0 && d.Scope.PerCaller()
+}
+
 // AppendRateLimit appends a RateLimit field member: "name";r=R;t=T, leaving
 // t out when t is 0 (nothing to wait for).
 func AppendRateLimit(b []byte, name string, remaining, t int64) []byte {

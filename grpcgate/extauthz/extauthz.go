@@ -343,7 +343,7 @@ func (st *state) allow(d *sluice.Decision, class string) *authv3.CheckResponse {
 		if st.policy != "" {
 			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, header(hRateLimitPolicy, st.policy))
 		}
-		if d.Gate != "" && d.Limit > 0 {
+		if wire.HasRateLimit(d) {
 			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd,
 				header(hRateLimit, string(wire.AppendRateLimit(nil, d.Gate, d.Remaining, wire.Seconds(d.ResetAfter)))))
 			if st.cfg.LegacyHeaders {
@@ -378,7 +378,7 @@ func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail,
 	if retry > 0 {
 		hs = append(hs, header(hRetryAfter, strconv.FormatInt(retry, 10)))
 	}
-	if !cfg.NoRateLimitHeaders && !cfg.HideCapacity && d.Limit > 0 && d.Gate != "" {
+	if !cfg.NoRateLimitHeaders && !cfg.HideCapacity && wire.HasRateLimit(&d) {
 		if st.policy != "" {
 			hs = append(hs, header(hRateLimitPolicy, st.policy))
 		}

@@ -124,10 +124,6 @@ func authorized(adminToken string, h http.HandlerFunc) http.HandlerFunc {
 
 func (s *Host) gateStates() []gateState {
 	c := s.Chain()
-	policies := map[string]sluice.Policy{}
-	for _, p := range c.Policies() {
-		policies[p.Name] = p
-	}
 	kinds := map[string]string{}
 	s.mu.Lock()
 	for _, g := range s.rt.File.Gates {
@@ -138,7 +134,8 @@ func (s *Host) gateStates() []gateState {
 	for _, g := range c.Gates() {
 		m, _ := c.Mode(g.Name())
 		st := gateState{Name: g.Name(), Kind: kinds[g.Name()], Mode: m.String()}
-		if p, ok := policies[g.Name()]; ok {
+		if a, ok := sluice.As[sluice.Advertiser](g); ok {
+			p := a.Policy()
 			st.Limit, st.WindowSeconds = p.Quota, p.Window.Seconds()
 			st.Unit = "requests"
 			if p.Unit == sluice.UnitConcurrentRequests {
