@@ -88,8 +88,10 @@ type BBRConfig struct {
 // requests admitted then are the no-load RTTs again. A probe that reads
 // half again as slow is verified at half the limit (slower, or a queue the
 // probe did not drain: the service got smaller), and the work done is
-// measured afresh after it; a window whose RTT more than doubled probes at
-// once. A window with more than LateShare of late completions while the
+// measured afresh after it; so is one that reads a quarter faster (the
+// no-load RTTs were too long, learned during a stall, and the probe's
+// limit, sized from them, may not have drained the queue they let in); a
+// window whose RTT more than doubled probes at once. A window with more than LateShare of late completions while the
 // service queues drops the headroom (the callers' deadlines leave no room
 // for the queue) and probes; unless the window got less than half the work
 // done of a recent one without a queue, or its RTT rose more than its
@@ -301,16 +303,17 @@ func (b *BBR) observe(w Window) windowState {
 	if rate := st.m.work; !st.probe && rate > 0 && (st.limited || rate > b.maxRate(w.End)) {
 		b.addRate(w.End, rate)
 	}
-	if st.m.slower {
-		// The service got slower, or the probe did not drain its queue
-		// (it got smaller): a second probe at half the limit tells
-		// which. The work it did of before, measured against the no-load
-		// RTTs of before, no longer holds either; the next window that
-		// uses the limit measures it afresh.
-		b.stale = true
-		if !verify {
-			b.verify = true
-		}
+	if st.m.slower || st.m.faster {
+		// Slower: the service got slower, or the probe did not drain its
+		// queue (it got smaller). Faster: the no-load RTTs of before were
+		// too long (learned while the service or the host stalled, or the
+		// service got faster), and the probe, whose limit N̂ sized from
+		// them, may not have drained the queue they let in. Either way a
+		// second probe at half the limit tells which, and the work done
+		// measured against the no-load RTTs of before no longer holds:
+		// the next window that uses the limit measures it afresh. (A
+		// second probe is never itself slower or faster.)
+		b.stale, b.verify = true, true
 	}
 	if st.probe && b.stale {
 		b.stale, b.keep = false, 0
@@ -673,6 +676,7 @@ type measured struct {
 	sig    float64 // twice the standard error of ratio
 	queued bool    // ratio above 1 + Tolerance + sig
 	slower bool    // a probe found the service slower than its no-load RTTs
+	faster bool    // a probe found it faster by a quarter
 	// queuedLate counts the late samples of kinds of work that queued:
 	// work late at its no-load RTT (slower than its callers' deadlines
 	// whatever the limit) says nothing of the limit.
@@ -706,6 +710,7 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 	// Slower by half, beyond chance: a probe of a few dozen requests of a
 	// noisy service reads high now and then.
 	m.slower = probe && !verify && was > 0 && now > (1.5+noise)*was
+	m.faster = probe && !verify && now > 0 && was > (1.25+noise)*now
 	var base, sum, variance float64
 	for _, k := range keys {
 		base += float64(k.Samples) * b.base[k.Key].Seconds()

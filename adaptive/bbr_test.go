@@ -145,3 +145,30 @@ func TestBBRStartupThroughAHostStall(t *testing.T) {
 		}
 	}
 }
+
+// A stall in the controller's first milliseconds (40 ms more on every
+// answer for 2 s, 10 ms after the load's start) makes the first no-load
+// RTTs too long, and the queue a limit sized from them lets in reads as no
+// queue at all. A probe that reads a quarter faster than the no-load RTT
+// probes again at half its limit, and the work done is measured afresh:
+// 30 s in, the limit is back near the service's size (before, it stood at
+// 43 to 68 in front of 8 workers after 30 s and took minutes to come
+// down).
+func TestBBRAfterAStallInItsFirstMilliseconds(t *testing.T) {
+	const n, s = 8, 5 * time.Millisecond
+	capacity := float64(n) / s.Seconds()
+	ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+	u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
+	load := 10 * capacity
+	rows := u.run(g, 10*time.Second, phase{For: 10 * time.Millisecond, Load: load},
+		phase{For: 2 * time.Second, Load: load, Transit: 40 * time.Millisecond}, phase{For: 2 * time.Minute, Load: load})
+	for i, r := range rows[3:] {
+		if r.MaxLimit > 2*n+1 || r.QueueMax > n+1 {
+			t.Errorf("%d–%d s: limit up to %d, %d queued at the service of %d workers", 10*(i+3), 10*(i+4), r.MaxLimit, r.QueueMax, n)
+		}
+	}
+}
