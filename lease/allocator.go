@@ -36,8 +36,9 @@
 //     more than its confirmed holding is told such a share too, and
 //     spends the larger (an idle fleet regains its budget within R and a
 //     learning refresh, not after L; a holder that first reports later
-//     than that, its host stalled, is confirmed only what the others'
-//     holdings and safe shares leave). So a new budget stays
+//     than that, its refreshes failing meanwhile, has spent its old lease
+//     on top of those shares, as a holding not yet reported, and is
+//     confirmed only what they leave). So a new budget stays
 //     within C from its first step, and after a loss the fleet can spend
 //     the holdings not yet reported on top of C: at most 2C, and only
 //     until those holders refresh (within R when they reach the

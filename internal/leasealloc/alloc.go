@@ -197,9 +197,10 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	case r.Has > 0:
 		// A holder from before the loss: confirmed, never cut for a safe
 		// share while the others may not yet have reported. One that
-		// reports a refresh interval or more into learning (its host
-		// stalled) is confirmed what the others' holdings and safe
-		// shares leave: the fleet stays within C, and only it waits.
+		// reports a refresh interval or more into learning (its
+		// refreshes failed meanwhile) is confirmed what the others'
+		// holdings and safe shares leave: it spent its old lease until
+		// now, on top of those shares (the 2C after a loss).
 		h.Has = min(r.Has, max(a.Capacity-held, 0))
 		// and, for what it wants beyond that, a safe share as the
 		// clients holding nothing get, once every holder has reported

@@ -382,7 +382,7 @@ func TestLeaseFaultRealTime(t *testing.T) {
 	}
 	learning := spread(first)
 	learning.to = learning.to.Add(a.Refresh / 4)
-	newcomers := 0
+	newcomers, late := 0, 0
 	for i, s := range first {
 		switch {
 		case !s.grant.Learning:
@@ -391,10 +391,14 @@ func TestLeaseFaultRealTime(t *testing.T) {
 			newcomers++
 		case s.grant.Has != s.has && s.sent.Sub(restarted) >= a.Refresh:
 			// Reached the allocator a refresh interval or more into
-			// learning (a stalled host): the others, reported by then,
-			// may spend safe shares of the room a holder not yet heard
-			// from leaves, and it is confirmed what they leave. The fleet
-			// stays within C; only the late holder waits.
+			// learning: its refreshes failed meanwhile (the store's
+			// breaker, open after the restart, fails them until its probe
+			// closes it, up to a probe interval; on a busy host that is
+			// often). It spent its old lease all along, while the others,
+			// reported by then, were told safe shares of the room it
+			// leaves: as with a newcomer, the fleet may spend up to 2C
+			// until it reports, and it is confirmed what they leave.
+			late++
 			t.Logf("process %d held %d units/s at the restart, first reached the allocator %v after it, and was confirmed %d",
 				i, s.has, s.sent.Sub(restarted).Round(time.Millisecond), s.grant.Has)
 		case s.grant.Has != s.has:
@@ -402,10 +406,11 @@ func TestLeaseFaultRealTime(t *testing.T) {
 		}
 	}
 	excess := back // when the bound allows up to 2C
-	if newcomers > 0 {
+	if newcomers+late > 0 {
 		excess = append(excess, learning)
-		t.Logf("after the restart %d process(es) had no live lease left when they first reached the allocator: "+
-			"the bound allows up to 2C from %.2f s to %.2f s", newcomers, learning.from.Sub(f.start).Seconds(), learning.to.Sub(f.start).Seconds())
+		t.Logf("after the restart %d process(es) had no live lease left when they first reached the allocator, and %d reached it "+
+			"a refresh interval or more late: the bound allows up to 2C from %.2f s to %.2f s", newcomers, late,
+			learning.from.Sub(f.start).Seconds(), learning.to.Sub(f.start).Seconds())
 	} else {
 		t.Logf("after the restart every holder's lease was confirmed: nothing is handed out twice")
 	}
