@@ -56,7 +56,7 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a leasealloc.Allocat
 	if !r.Release && s.stepMayRun(id, sent) {
 		return leasealloc.Grant{}, 0, fmt.Errorf("%w: the previous lease step of %q may still run", store.ErrUnavailable, r.Client)
 	}
-	v, tried, err := s.run(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
+	v, tried, err := s.runPast(ctx, leaseScript, []string{s.key("lease", budget)}, args, true)
 	s.leaseMu.Lock()
 	switch {
 	case err == nil:

@@ -31,7 +31,10 @@
 // the store check the node with a probe first, and the breaker opens only
 // if the probe fails too, so a slow moment of this process does not send
 // every gate to its failure policy. Open, the store answers ErrUnavailable
-// at once without calling Redis, and a background probe (loading the
+// at once without calling Redis (but a lease step still goes: one per
+// holder every quarter of a refresh interval, and a learning allocator
+// must hear from every holder before it tells the others shares of the
+// room their old leases hold), and a background probe (loading the
 // scripts) once per Options.ProbeEvery (default 1 s) closes it when Redis
 // answers again: normal decisions resume within one probe interval of
 // Redis returning. (After a restart, each connection the client pooled
@@ -688,6 +691,27 @@ func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []
 		s.maybeProbe(b)
 		return out, false, b.unavailable()
 	}
+	return s.call(ctx, b, cn, sc, keys, args, expires)
+}
+
+// runPast is run for a call that goes to Redis even while b is open: a
+// lease step, one per holder every quarter of a refresh interval while
+// they fail. Each is a probe of its own, and a holder held off by the
+// breaker until its probe (up to ProbeEvery after a restart) spent its old
+// lease meanwhile while the allocator, learning, told the holders that
+// reached it shares of the room it leaves.
+func (s *Store) runPast(ctx context.Context, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
+	b := s.breakerFor(keys[0])
+	cn := s.conn.Load()
+	if cn == nil {
+		s.maybeProbe(b)
+		return out, false, b.unavailable()
+	}
+	return s.call(ctx, b, cn, sc, keys, args, expires)
+}
+
+// call is run past the breaker's check.
+func (s *Store) call(ctx context.Context, b *breaker, cn *connection, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
 	start := clock.Now()
 	dl := time.Now().Add(s.opts.Timeout)
 	if expires && !s.noExpiry {
