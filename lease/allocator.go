@@ -34,8 +34,9 @@
 //     shares take, which it spends under FailSafe; a refresh interval
 //     into learning, when every holder has reported, a holder that wants
 //     more than its confirmed holding is told such a share too, and
-//     spends the larger (an idle fleet regains its budget within R and a
-//     learning refresh, not after L; a holder that first reports later
+//     spends the larger (an idle fleet regains its budget within R of
+//     the learning's start, its learning refreshes timed to meet it, not
+//     after L; a holder that first reports later
 //     than that, its refreshes failing meanwhile, has spent its old lease
 //     on top of those shares, as a holding not yet reported, and is
 //     confirmed only what they leave). So a new budget stays

@@ -301,3 +301,23 @@ func TestEveryHolderGetsATurn(t *testing.T) {
 		}
 	})
 }
+
+// While learning, a client asks again at the latest when holders start to
+// get safe shares beyond their confirmed holdings (a refresh interval into
+// learning), not up to a learning refresh after it: an idle fleet whose
+// load came back spends its budget from then on.
+func TestAllocatorLearningRefreshMeetsTheSpareShares(t *testing.T) {
+	a := lease.Allocator{Capacity: 200, Lease: 10 * time.Second} // refresh 2.5 s; 625 ms while learning
+	var st lease.State
+	start := clock.Instant(time.Hour)
+	if g := a.Step(&st, lease.Request{Client: "a", Wants: 4, Has: 4}, start); !g.Learning || g.Refresh != 625*time.Millisecond {
+		t.Fatalf("first step after a loss: %+v, want learning, back in 625ms", g)
+	}
+	g := a.Step(&st, lease.Request{Client: "a", Wants: 200, Has: 4}, start.Add(2200*time.Millisecond))
+	if g.Refresh != 300*time.Millisecond || g.Safe != 4 {
+		t.Fatalf("2.2 s into learning: %+v, want back in 300ms (when spare shares start), safe share 4 until then", g)
+	}
+	if g := a.Step(&st, lease.Request{Client: "a", Wants: 200, Has: 4}, start.Add(2500*time.Millisecond)); g.Safe != 200 || g.Has != 4 {
+		t.Fatalf("2.5 s into learning: %+v, want 4 confirmed and a safe share of 200", g)
+	}
+}

@@ -219,8 +219,11 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	}
 	h.Expiry = now.Add(a.Lease)
 	g.Has, g.Expiry = h.Has, h.Expiry
-	if learning { // ask again soon, and as the learning period ends
+	if learning { // ask again soon, as holders get safe shares, and as the learning period ends
 		g.Refresh = min(g.Refresh/4, max(st.LearnUntil.Sub(now), time.Millisecond))
+		if spareAt := st.LearnUntil.Add(a.RefreshEvery().Truncate(time.Microsecond) - a.Lease); spareAt > now {
+			g.Refresh = min(g.Refresh, max(spareAt.Sub(now), time.Millisecond))
+		}
 	}
 	return g
 }

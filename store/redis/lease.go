@@ -78,8 +78,11 @@ func (s *Store) leaseAt(ctx context.Context, budget string, a leasealloc.Allocat
 		refresh = a.Lease / 4
 	}
 	g := leasealloc.Grant{Has: v[1], Refresh: refresh, Learning: v[2] > 0, Clients: int(v[0]), Safe: v[3]}
-	if g.Learning { // ask again soon, and as the learning period ends
+	if g.Learning { // ask again soon, as holders get safe shares, and as the learning period ends
 		g.Refresh = min(refresh/4, max(time.Duration(v[2])*time.Microsecond, time.Millisecond))
+		if d := time.Duration(v[2]-a.Lease.Microseconds()+refresh.Microseconds()) * time.Microsecond; d > 0 {
+			g.Refresh = min(g.Refresh, max(d, time.Millisecond))
+		}
 	}
 	var expiry int64 // on Redis' clock, when the test named it
 	if !r.Release {
