@@ -259,6 +259,7 @@ type coarseConn struct {
 	rd, wd atomic.Int64    // the deadlines set, Unix ns; 0: none
 	raw    syscall.RawConn // the connection to peek at, once asked for (goneWatch)
 	wrote  atomic.Bool     // written to since the last read (atomic: a hijacked connection is read and written by two goroutines)
+	linger atomic.Bool     // close gracefully: a request's body may be unread (lingerOnClose)
 	// The yield's backoff, read and written by the reading goroutine only,
 	// and the clock it is timed by (nil: time.Now; a test's own).
 	skip, backoff int
@@ -314,6 +315,49 @@ func (c *coarseConn) yielded(yield, read time.Duration) {
 }
 
 const deadlineSlack = int64(time.Second)
+
+// Lingering close. A connection closed while its client is still sending
+// (a body refused before it was read: past the budgets, too large,
+// unreadable, or a request refused before its body) would be reset by the
+// kernel, as unread data is left, and the reset can reach the client
+// before it has read the answer: it sees "connection reset" instead of the
+// 503 or 413 it was sent. So such a close sends FIN first and reads on,
+// discarding, until the client closes too, at most lingerTime and
+// lingerBytes (net/http's server waits 500 ms the same way; nginx's
+// lingering_close), in a goroutine of its own: the handler goes on at once.
+const (
+	lingerTime  = 2 * time.Second
+	lingerBytes = 64 << 20
+)
+
+// lingerOnClose makes ctx's connection close gracefully.
+func lingerOnClose(ctx *fasthttp.RequestCtx) {
+	if c, ok := ctx.Conn().(*coarseConn); ok {
+		c.linger.Store(true)
+	}
+}
+
+// lingerUnread makes ctx's connection close gracefully when its request's
+// body is streamed and was not read (a request refused before its body).
+func lingerUnread(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.IsBodyStream() {
+		lingerOnClose(ctx)
+	}
+}
+
+// Close closes c, gracefully when lingerOnClose asked for it.
+func (c *coarseConn) Close() error {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !c.linger.Load() || !ok || cw.CloseWrite() != nil {
+		return c.Conn.Close()
+	}
+	go func() {
+		c.Conn.SetReadDeadline(time.Now().Add(lingerTime))
+		io.CopyN(io.Discard, c.Conn, lingerBytes)
+		c.Conn.Close()
+	}()
+	return nil
+}
 
 func (c *coarseConn) SetReadDeadline(t time.Time) error {
 	return coarse(&c.rd, t, c.Conn.SetReadDeadline)
@@ -608,6 +652,7 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if !f.wellFormed(ctx) {
+		lingerUnread(ctx)
 		return
 	}
 	mw := s.mw
@@ -624,10 +669,12 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		in.Path = b2s(ctx.Path())
 		in.Header = http.Header{}
 		answer(ctx, mw.RenderInvalid(context.Background(), fields, &in, "malformed request path"))
+		lingerUnread(ctx)
 		return
 	}
 	if m := in.Method; m == "PRI" || m == http.MethodConnect {
 		answer(ctx, mw.RenderInvalid(context.Background(), fields, &in, "method "+m+" is not proxied"))
+		lingerUnread(ctx)
 		return
 	}
 	body, ok := f.readBody(ctx, &in)
@@ -776,6 +823,7 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 		sp.Close()
 		answer(ctx, s.mw.RenderInvalidStatus(context.Background(), fields, in, http.StatusRequestEntityTooLarge, "request body more than the "+strconv.FormatInt(max, 10)+" bytes the proxy takes"))
 		ctx.SetConnectionClose()
+		lingerOnClose(ctx)
 		return nil, false
 	case errors.Is(err, errSpoolFull):
 		// The budgets are spent: refused before it holds a slot (a body
@@ -783,11 +831,13 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 		sp.Close()
 		answer(ctx, s.mw.RenderBusy(context.Background(), fields, in, busyBody))
 		ctx.SetConnectionClose()
+		lingerOnClose(ctx)
 		return nil, false
 	case err != nil:
 		sp.Close()
 		answer(ctx, s.mw.RenderInvalid(context.Background(), fields, in, "request body unreadable: "+err.Error()))
 		ctx.SetConnectionClose()
+		lingerOnClose(ctx)
 		return nil, false
 	}
 	ctx.Request.SetBodyStream(sp, int(n))

@@ -288,3 +288,26 @@ func TestAsteriskFormIsNotForwarded(t *testing.T) {
 	default:
 	}
 }
+
+// The answer to a body refused part-way (the budgets cannot hold it)
+// reaches a client that is still sending: the proxy half-closes and reads
+// on, discarding, instead of closing with the client's bytes unread, which
+// made the kernel reset the connection and the client see "connection
+// reset by peer" in place of the 503 (seen under a busy make test). A
+// body of 8 MiB is more than the kernel's buffers hold, so the client is
+// still writing when the answer comes.
+func TestRefusedBodyAnswerReachesASendingClient(t *testing.T) {
+	_, base := serve(t, slowPolicy, nil, func(o *Options) { o.BufferMemory, o.BufferDisk = 64<<10, 100<<10 })
+	body := make([]byte, 8<<20)
+	for round := range 30 {
+		resp, err := http.Post(base+"/upload", "application/octet-stream", io.MultiReader(bytes.NewReader(body))) // chunked
+		if err != nil {
+			t.Fatalf("round %d: the answer to a refused body did not arrive: %v", round, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), busyBody) {
+			t.Fatalf("round %d: %d %q %v, want 503 with %q", round, resp.StatusCode, b, err, busyBody)
+		}
+	}
+}
