@@ -91,9 +91,10 @@ type BBRConfig struct {
 // measured afresh after it; so is one that reads a quarter faster (the
 // no-load RTTs were too long, learned during a stall, and the probe's
 // limit, sized from them, may not have drained the queue they let in); a
-// window whose RTT more than doubled probes at once. A window with more than LateShare of late completions while the
-// service queues drops the headroom (the callers' deadlines leave no room
-// for the queue) and probes; unless the window got less than half the work
+// window whose RTT more than doubled probes at once. A window with more
+// than LateShare of late completions while the service queues drops the
+// headroom (the callers' deadlines leave no room for the queue) and
+// probes; unless the window got less than half the work
 // done of a recent one without a queue, or its RTT rose more than its
 // limit's queue could raise it: that is a stall (of the service, or of the
 // host the proxy shares), which lowers the limit while it lasts but sets
@@ -352,12 +353,13 @@ func (b *BBR) settleStepUp(w Window, st windowState) {
 }
 
 // onLate answers a window whose requests miss their deadlines behind a
-// queue at the service (unless the window shows a stall, see stalled): the headroom is more than the callers' deadlines
-// leave room for, and the limit drops to N̂, where the service holds no
-// queue; a step back up waits, as after a failed one. The service may also
-// have got slower or smaller, which the rate and the no-load RTT of before
-// would hide for their spans: the next window measures the no-load RTT,
-// and the rate starts again after it (at most once a ProbeInterval).
+// queue at the service (unless the window shows a stall, see stalled):
+// the headroom is more than the callers' deadlines leave room for, and
+// the limit drops to N̂, where the service holds no queue; a step back up
+// waits, as after a failed one. The service may also have got slower or
+// smaller, which the rate and the no-load RTT of before would hide for
+// their spans: the next window measures the no-load RTT, and the rate
+// starts again after it (at most once a ProbeInterval).
 func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 	startup := b.startup
 	b.startup = false
@@ -375,9 +377,8 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 		// proxy and it, stalled or got slower. Fewer requests in flight
 		// while it lasts, but no ceiling: once the probe has measured the
 		// service afresh, the limit grows back as the startup grew it, a
-		// few round trips a doubling.
-		// Back to where it was, or, when the stall cut the startup
-		// short, as far as the startup goes.
+		// few round trips a doubling, to where it was (or, when the stall
+		// cut the first startup short, as far as the startup goes).
 		switch {
 		case !startup:
 			b.regrowTo = max(b.regrowTo, b.est)
@@ -388,8 +389,6 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 		return
 	}
 	b.regrow, b.regrowTo = false, 0 // a queue this limit filled, after all
-	if float64(st.applied) > nhat {
-	}
 	if float64(st.applied) > nhat {
 		// Every limit above the one held queued at the service, and the
 		// callers' deadlines leave no room for a queue: the ceiling is the
