@@ -81,6 +81,25 @@ func low(limits []int, x float64) float64 {
 	return float64(n) / float64(max(len(limits), 1))
 }
 
+// stalledRun runs a new BBR controller's gate in front of u at load
+// (requests/s) for before, then for stallFor with every answer stall more
+// on its way (a host that stalls the proxy), then for after, and returns
+// the rows of each interval.
+func stalledRun(t *testing.T, u *upstream, load float64, before, stall, stallFor, after, interval time.Duration) []row {
+	t.Helper()
+	ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+	var phases []phase
+	if before > 0 {
+		phases = append(phases, phase{For: before, Load: load})
+	}
+	phases = append(phases, phase{For: stallFor, Load: load, Transit: stall}, phase{For: after, Load: load})
+	return u.run(g, interval, phases...)
+}
+
 // A stall of the host (the proxy's own CPU taken, so that every answer
 // comes back late whatever the limit) says nothing of the service's size:
 // once it ends, the limit is back where the service needs it within
@@ -97,19 +116,9 @@ func TestBBRAfterAHostStall(t *testing.T) {
 		before time.Duration
 	}{{"at-start", 50 * time.Millisecond}, {"mid-run", 30 * time.Second}} {
 		t.Run(c.name, func(t *testing.T) {
-			ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
 			u := &upstream{Workers: n, Service: constant(s), Deadline: 10 * s, Transit: 200 * time.Microsecond, Seed: 1}
 			load := capacity / 2
-			var phases []phase
-			if c.before > 0 {
-				phases = append(phases, phase{For: c.before, Load: load})
-			}
-			phases = append(phases, phase{For: 3 * time.Second, Load: load, Transit: 60 * time.Millisecond}, phase{For: time.Minute, Load: load})
-			rows := u.run(g, time.Second, phases...)
+			rows := stalledRun(t, u, load, c.before, 60*time.Millisecond, 3*time.Second, time.Minute, time.Second)
 			after := int((c.before + 3*time.Second + time.Second - 1) / time.Second)
 			for i, r := range rows[after+5:] {
 				if good := float64(r.Useful) / load; good < 0.95 {
@@ -130,15 +139,8 @@ func TestBBRAfterAHostStall(t *testing.T) {
 func TestBBRStartupThroughAHostStall(t *testing.T) {
 	const n, s = 8, 5 * time.Millisecond
 	capacity := float64(n) / s.Seconds()
-	ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
 	u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
-	load := 10 * capacity
-	rows := u.run(g, time.Second, phase{For: 80 * time.Millisecond, Load: load},
-		phase{For: 2 * time.Second, Load: load, Transit: 10 * time.Millisecond}, phase{For: 20 * time.Second, Load: load})
+	rows := stalledRun(t, u, 10*capacity, 80*time.Millisecond, 10*time.Millisecond, 2*time.Second, 20*time.Second, time.Second)
 	for i, r := range rows[4:] {
 		if good := float64(r.Useful) / capacity; good < 0.9 {
 			t.Errorf("second %d: goodput %.0f%% of capacity (limit %d..%d)", i+5, 100*good, r.MinLimit, r.MaxLimit)
@@ -157,15 +159,8 @@ func TestBBRStartupThroughAHostStall(t *testing.T) {
 func TestBBRAfterAStallInItsFirstMilliseconds(t *testing.T) {
 	const n, s = 8, 5 * time.Millisecond
 	capacity := float64(n) / s.Seconds()
-	ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
 	u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
-	load := 10 * capacity
-	rows := u.run(g, 10*time.Second, phase{For: 10 * time.Millisecond, Load: load},
-		phase{For: 2 * time.Second, Load: load, Transit: 40 * time.Millisecond}, phase{For: 2 * time.Minute, Load: load})
+	rows := stalledRun(t, u, 10*capacity, 10*time.Millisecond, 40*time.Millisecond, 2*time.Second, 2*time.Minute, 10*time.Second)
 	for i, r := range rows[3:] {
 		if r.MaxLimit > 2*n+1 || r.QueueMax > n+1 {
 			t.Errorf("%d–%d s: limit up to %d, %d queued at the service of %d workers", 10*(i+3), 10*(i+4), r.MaxLimit, r.QueueMax, n)
