@@ -209,7 +209,7 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 		// grants for the whole lease time, and a busy one's holdings are
 		// not handed out twice before their holders report them
 		h.Spare = h.Has
-		if now >= st.LearnUntil.Add(a.RefreshEvery().Truncate(time.Microsecond)-a.Lease) { // in whole µs, as the Redis twin
+		if now >= a.sparesFrom(st) {
 			h.Spare += a.spareShare(st, r.Client, held+h.Has+spared, turn)
 		}
 		g.Safe = h.Spare
@@ -221,11 +221,19 @@ func (a Allocator) Step(st *State, r Request, now clock.Instant) Grant {
 	g.Has, g.Expiry = h.Has, h.Expiry
 	if learning { // ask again soon, as holders get safe shares, and as the learning period ends
 		g.Refresh = min(g.Refresh/4, max(st.LearnUntil.Sub(now), time.Millisecond))
-		if spareAt := st.LearnUntil.Add(a.RefreshEvery().Truncate(time.Microsecond) - a.Lease); spareAt > now {
+		if spareAt := a.sparesFrom(st); spareAt > now {
 			g.Refresh = min(g.Refresh, max(spareAt.Sub(now), time.Millisecond))
 		}
 	}
 	return g
+}
+
+// sparesFrom is when holders start to get safe shares beyond their
+// confirmed holdings: a refresh interval into learning (in whole µs, as the
+// Redis twin counts it), when every holder from before the loss has
+// reported.
+func (a Allocator) sparesFrom(st *State) clock.Instant {
+	return st.LearnUntil.Add(a.RefreshEvery().Truncate(time.Microsecond) - a.Lease)
 }
 
 // spareShare is client's safe share while learning, beyond its confirmed
