@@ -685,33 +685,27 @@ var errLate = errors.New("redis: the call reached Redis after its timeout and di
 // reports whether the call may have reached Redis (an error with sent
 // false had no effect there).
 func (s *Store) run(ctx context.Context, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
-	b := s.breakerFor(keys[0])
-	cn := s.conn.Load()
-	if cn == nil || b.held() {
-		s.maybeProbe(b)
-		return out, false, b.unavailable()
-	}
-	return s.call(ctx, b, cn, sc, keys, args, expires)
+	return s.runThrough(ctx, sc, keys, args, expires, false)
 }
 
-// runPast is run for a call that goes to Redis even while b is open: a
-// lease step, one per holder every quarter of a refresh interval while
-// they fail. Each is a probe of its own, and a holder held off by the
+// runPast is run for a call that goes to Redis even while the breaker is
+// open: a lease step, one per holder every quarter of a refresh interval
+// while they fail. Each is a probe of its own, and a holder held off by the
 // breaker until its probe (up to ProbeEvery after a restart) spent its old
 // lease meanwhile while the allocator, learning, told the holders that
 // reached it shares of the room it leaves.
 func (s *Store) runPast(ctx context.Context, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
+	return s.runThrough(ctx, sc, keys, args, expires, true)
+}
+
+// runThrough is run, or runPast when past is set.
+func (s *Store) runThrough(ctx context.Context, sc *rueidis.Lua, keys []string, args []string, expires, past bool) (out [5]int64, sent bool, err error) {
 	b := s.breakerFor(keys[0])
 	cn := s.conn.Load()
-	if cn == nil {
+	if cn == nil || (!past && b.held()) {
 		s.maybeProbe(b)
 		return out, false, b.unavailable()
 	}
-	return s.call(ctx, b, cn, sc, keys, args, expires)
-}
-
-// call is run past the breaker's check.
-func (s *Store) call(ctx context.Context, b *breaker, cn *connection, sc *rueidis.Lua, keys []string, args []string, expires bool) (out [5]int64, sent bool, err error) {
 	start := clock.Now()
 	dl := time.Now().Add(s.opts.Timeout)
 	if expires && !s.noExpiry {
