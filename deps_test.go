@@ -42,7 +42,6 @@ import (
 	_ "github.com/sluice-go/sluice/policy"
 	_ "github.com/sluice-go/sluice/proxy"
 	_ "github.com/sluice-go/sluice/queue"
-	_ "github.com/sluice-go/sluice/rls"
 	_ "github.com/sluice-go/sluice/serve"
 	_ "github.com/sluice-go/sluice/shed"
 	_ "github.com/sluice-go/sluice/store"

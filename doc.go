@@ -41,7 +41,9 @@
 //  3. Gates: gate (rate and in-flight gates over a store), adaptive, shed,
 //     fair, queue, lease. A gate package imports no other gate package;
 //     what two gates share lives a layer down.
-//  4. Assembly: policy (a policy file into a Chain), metrics, rls.
+//  4. Assembly: policy (a policy file into a Chain), metrics. (The
+//     Envoy rate limit service, package rls, sits on this layer too, in
+//     module grpcgate beside its gRPC adapter.)
 //  5. Surfaces: httpgate, client, proxy, serve and their lifecycle
 //     (internal/host).
 package sluice

@@ -20,7 +20,7 @@ var layerOf = []struct {
 	{"algorithms and wire formats", []string{"limit", "internal/leasealloc", "internal/servicetime", "wire", "identify"}},
 	{"stores", []string{"store", "store/memory", "store/redis", "store/storetest"}},
 	{"gates", []string{"gate", "adaptive", "shed", "fair", "queue", "lease"}},
-	{"assembly", []string{"policy", "metrics", "rls"}},
+	{"assembly", []string{"policy", "metrics"}},
 	{"surfaces", []string{"httpgate", "client", "proxy", "serve", "internal/host"}},
 	{"examples", []string{"examples"}},
 }

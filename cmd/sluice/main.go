@@ -23,12 +23,12 @@ import (
 	"github.com/sluice-go/sluice/cmd/internal/demo"
 	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
 	"github.com/sluice-go/sluice/examples"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 	"github.com/sluice-go/sluice/internal/buildinfo"
 	"github.com/sluice-go/sluice/internal/sysmon"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/proxy"
-	"github.com/sluice-go/sluice/rls"
 )
 
 func main() {

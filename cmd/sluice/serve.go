@@ -25,9 +25,9 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/internal/rlsserve"
 	"github.com/sluice-go/sluice/grpcgate/extauthz"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/yamlfile"
-	"github.com/sluice-go/sluice/rls"
 	"github.com/sluice-go/sluice/serve"
 )
 

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-go/sluice/grpcgate/envoyrls"
-	"github.com/sluice-go/sluice/rls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 )
 
 // benchRequest is a typical Envoy call: two descriptors of two and three

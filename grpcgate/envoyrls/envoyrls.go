@@ -2,7 +2,7 @@
 // (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) from an
 // rls.Service: it only translates the protos of
 // github.com/envoyproxy/go-control-plane/envoy to and from the plain types
-// of package github.com/sluice-go/sluice/rls, where the semantics live.
+// of package github.com/sluice-go/sluice/grpcgate/rls, where the semantics live.
 //
 //	srv, _ := envoyrls.New(service, envoyrls.Options{})
 //	gs := grpc.NewServer(srv.ServerOptions()...)
@@ -31,7 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluice-go/sluice/rls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 )
 
 // DefaultMaxRequestBytes is the default bound on an encoded request: 1

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-go/sluice/grpcgate/envoyrls"
-	"github.com/sluice-go/sluice/rls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

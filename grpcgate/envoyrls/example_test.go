@@ -8,7 +8,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluice-go/sluice/grpcgate/envoyrls"
-	"github.com/sluice-go/sluice/rls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 )
 
 // serviceFunc is an rls.Service in a function.

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluice-go/sluice/rls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 )
 
 // TestFailureMatrixOverGRPC points three servers, one per --on-failure

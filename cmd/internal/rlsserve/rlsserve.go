@@ -54,8 +54,8 @@ import (
 
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/grpcgate/envoyrls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 	"github.com/sluice-go/sluice/internal/buildinfo"
-	"github.com/sluice-go/sluice/rls"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
 

@@ -32,7 +32,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/sluice-go/sluice/rls"
+	"github.com/sluice-go/sluice/grpcgate/rls"
 )
 
 // edgeConfig is the acceptance tests' configuration: a top-level key

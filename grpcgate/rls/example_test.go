@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-go/sluice/grpcgate/rls"
 	"github.com/sluice-go/sluice/internal/fakeclock"
-	"github.com/sluice-go/sluice/rls"
 )
 
 // An envoyproxy/ratelimit configuration as it is, with one rule moved to
