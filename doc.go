@@ -37,7 +37,9 @@
 //     allocator's step and service-time estimates (internal/leasealloc,
 //     internal/servicetime), wire (headers, problem bodies), identify.
 //  2. Stores that run the algorithms: store (the interface), store/memory,
-//     store/redis (the Lua twins).
+//     store/redis (the Lua twins), and the one registry of algorithms that
+//     builds each on either store (internal/algorithm), for the policy
+//     file and the Envoy rate limit service.
 //  3. Gates: gate (rate and in-flight gates over a store), adaptive, shed,
 //     fair, queue, lease. A gate package imports no other gate package;
 //     what two gates share lives a layer down.

@@ -18,7 +18,7 @@ var layerOf = []struct {
 		"internal/logbuf", "internal/param", "internal/poll", "internal/redistest", "internal/stall",
 		"internal/sysmon", "internal/topk", "internal/tracefile", "internal/yamlfile"}},
 	{"algorithms and wire formats", []string{"limit", "internal/leasealloc", "internal/servicetime", "wire", "identify"}},
-	{"stores", []string{"store", "store/memory", "store/redis", "store/storetest"}},
+	{"stores", []string{"store", "store/memory", "store/redis", "store/storetest", "internal/algorithm"}},
 	{"gates", []string{"gate", "adaptive", "shed", "fair", "queue", "lease"}},
 	{"assembly", []string{"policy", "metrics"}},
 	{"surfaces", []string{"httpgate", "client", "proxy", "serve", "internal/host"}},
@@ -40,6 +40,10 @@ var sameLayer = map[[2]string]bool{
 	{"serve", "internal/host"}:       true,
 	{"identify", "wire"}:             true,
 	{"internal/leasealloc", "limit"}: true,
+	// the algorithm registry builds each algorithm on either store
+	{"internal/algorithm", "store"}:        true,
+	{"internal/algorithm", "store/memory"}: true,
+	{"internal/algorithm", "store/redis"}:  true,
 }
 
 // The layers of the package doc hold: every package imports only from

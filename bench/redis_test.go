@@ -65,7 +65,7 @@ func sluiceOn(b *testing.B, addr string, opts sredis.Options) (store.Limiter, *s
 		b.Fatal(err)
 	}
 	b.Cleanup(st.Close)
-	sp, err := sredis.TokenBucket("bench", redisBucket(b))
+	sp, err := sredis.SpecOf("bench", redisBucket(b))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -172,11 +172,11 @@ func fleetUsageHelper() {
 	}
 	defer st.Close()
 	c, _ := limit.NewConcurrency(80)
-	sp, _ := sredis.Concurrency("fleet-usage", c, time.Minute)
+	sp, _ := sredis.SpecOf("fleet-usage", c)
 	lim := st.Limiter(sp)
 	g, _ := gate.NewFleetUsage("fleet-usage", lim, []string{"critical"}, gate.Options{OnFailure: gate.FailClosed})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	csp, _ := sredis.Concurrency("holders-counter", mustConc(1_000_000), time.Minute)
+	csp, _ := sredis.SpecOf("holders-counter", mustConc(1_000_000))
 	counter := st.Limiter(csp)
 	var peak, crit, adm atomic.Int64
 	var wg sync.WaitGroup

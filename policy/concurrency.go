@@ -7,9 +7,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/internal/algorithm"
 	"github.com/sluice-go/sluice/store"
-	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
 var concurrencyKind = &kind{
@@ -55,21 +54,13 @@ func permitTTL(ttl time.Duration) time.Duration {
 	return ttl
 }
 
-// concurrency is the algorithm of a fleet concurrency count of n slots.
-func concurrency(n int64, ttl time.Duration, g func(string, store.Limiter, gate.Options) (sluice.Gate, error)) algorithm[limit.ConcurrencyState, *limit.Concurrency] {
-	return algorithm[limit.ConcurrencyState, *limit.Concurrency]{
-		alg: func() (*limit.Concurrency, error) { return limit.NewConcurrency(n) },
-		redis: func(name string, a *limit.Concurrency) (*sredis.Spec, error) {
-			return sredis.Concurrency(name, a, permitTTL(ttl))
-		},
-		share: func(a *limit.Concurrency, k int64) (*limit.Concurrency, error) {
-			return limit.NewConcurrency(shareOf(a.Limit(), k))
-		},
-		gate: g,
-	}
+// concurrency is the algorithm of a fleet concurrency count of n slots,
+// whose permits live ttl on Redis (0: the default), under gate g.
+func concurrency(n int64, ttl time.Duration, g func(string, store.Limiter, gate.Options) (sluice.Gate, error)) algorithmGate {
+	return onAlgorithm("concurrency", algorithm.Settings{Limit: n, PermitTTL: permitTTL(ttl)}, g)
 }
 
-func (p *concurrencyParams) algorithm() algorithm[limit.ConcurrencyState, *limit.Concurrency] {
+func (p *concurrencyParams) algorithm() algorithmGate {
 	return concurrency(p.limit, p.ttl, func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
 		if p.weighted {
 			return gate.NewWeightedInFlight(name, lim, o)

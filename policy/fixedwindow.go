@@ -2,8 +2,7 @@ package policy
 
 import (
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/limit"
-	sredis "github.com/sluice-go/sluice/store/redis"
+	"github.com/sluice-go/sluice/internal/algorithm"
 )
 
 var fixedWindowKind = &kind{
@@ -19,15 +18,8 @@ var fixedWindowKind = &kind{
 
 type fixedWindowParams struct{ windowParams }
 
-func (p *fixedWindowParams) algorithm() algorithm[limit.FixedWindowState, *limit.FixedWindow] {
-	return algorithm[limit.FixedWindowState, *limit.FixedWindow]{
-		alg:   func() (*limit.FixedWindow, error) { return limit.NewFixedWindow(p.limit, p.window) },
-		redis: sredis.FixedWindow,
-		share: func(a *limit.FixedWindow, n int64) (*limit.FixedWindow, error) {
-			return limit.NewFixedWindow(shareOf(a.Limit(), n), a.Window())
-		},
-		gate: rateGate(p.refund),
-	}
+func (p *fixedWindowParams) algorithm() algorithmGate {
+	return onAlgorithm("fixed_window", algorithm.Settings{Limit: p.limit, Window: p.window}, rateGate(p.refund))
 }
 
 func (p *fixedWindowParams) check(c *checker)                      { p.algorithm().check(c) }

@@ -9,7 +9,6 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/yamlfile"
-	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 )
 
@@ -43,7 +42,7 @@ func (p *fleetUsageParams) fields() []field {
 // slots is what the classes without a reserve may hold.
 func (p *fleetUsageParams) slots() (int64, error) { return gate.FleetUsageLimit(p.limit, p.reserve) }
 
-func (p *fleetUsageParams) algorithm() algorithm[limit.ConcurrencyState, *limit.Concurrency] {
+func (p *fleetUsageParams) algorithm() algorithmGate {
 	n, _ := p.slots()
 	return concurrency(n, p.ttl, func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
 		return gate.NewFleetUsage(name, lim, sortedKeys(p.reserve), o)

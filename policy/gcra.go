@@ -4,8 +4,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/limit"
-	sredis "github.com/sluice-go/sluice/store/redis"
+	"github.com/sluice-go/sluice/internal/algorithm"
 )
 
 var gcraKind = &kind{
@@ -22,19 +21,8 @@ var gcraKind = &kind{
 // gcraParams are a bucket's settings run as GCRA.
 type gcraParams struct{ bucketParams }
 
-func (p *gcraParams) gcra() algorithm[limit.GCRAState, *limit.GCRA] {
-	return algorithm[limit.GCRAState, *limit.GCRA]{
-		alg:   func() (*limit.GCRA, error) { return limit.NewGCRA(p.rate, p.burst) },
-		redis: sredis.GCRA,
-		share: func(a *limit.GCRA, n int64) (*limit.GCRA, error) {
-			r, err := slower(a.Rate(), n)
-			if err != nil {
-				return nil, err
-			}
-			return limit.NewGCRA(r, shareOf(a.Limit(), n))
-		},
-		gate: rateGate(p.refund),
-	}
+func (p *gcraParams) gcra() algorithmGate {
+	return onAlgorithm("gcra", algorithm.Settings{Rate: p.rate, Burst: p.burst}, rateGate(p.refund))
 }
 
 func (p *gcraParams) check(c *checker) {

@@ -5,9 +5,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/algorithm"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
-	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
 var leakyBucketKind = &kind{
@@ -35,21 +35,10 @@ func (p *leakyBucketParams) fields() []field {
 	}
 }
 
-func (p *leakyBucketParams) algorithm() algorithm[limit.LeakyBucketState, *limit.LeakyBucket] {
-	return algorithm[limit.LeakyBucketState, *limit.LeakyBucket]{
-		alg:   func() (*limit.LeakyBucket, error) { return limit.NewLeakyBucket(p.rate, p.queue) },
-		redis: sredis.LeakyBucket,
-		share: func(a *limit.LeakyBucket, n int64) (*limit.LeakyBucket, error) {
-			r, err := slower(a.Rate(), n)
-			if err != nil {
-				return nil, err
-			}
-			return limit.NewLeakyBucket(r, a.Queue()/n)
-		},
-		gate: func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
-			return gate.NewPacer(name, lim, o)
-		},
-	}
+func (p *leakyBucketParams) algorithm() algorithmGate {
+	return onAlgorithm("leaky_bucket", algorithm.Settings{Rate: p.rate, Queue: p.queue}, func(name string, lim store.Limiter, o gate.Options) (sluice.Gate, error) {
+		return gate.NewPacer(name, lim, o)
+	})
 }
 
 func (p *leakyBucketParams) check(c *checker)                      { p.algorithm().check(c) }

@@ -2,8 +2,7 @@ package policy
 
 import (
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/limit"
-	sredis "github.com/sluice-go/sluice/store/redis"
+	"github.com/sluice-go/sluice/internal/algorithm"
 )
 
 var slidingLogKind = &kind{
@@ -23,15 +22,8 @@ type slidingLogParams struct{ windowParams }
 // keeps one entry per unit.
 const maxSlidingLog = 1_000_000
 
-func (p *slidingLogParams) algorithm() algorithm[limit.SlidingLogState, *limit.SlidingLog] {
-	return algorithm[limit.SlidingLogState, *limit.SlidingLog]{
-		alg:   func() (*limit.SlidingLog, error) { return limit.NewSlidingLog(p.limit, p.window) },
-		redis: sredis.SlidingLog,
-		share: func(a *limit.SlidingLog, n int64) (*limit.SlidingLog, error) {
-			return limit.NewSlidingLog(shareOf(a.Limit(), n), a.Window())
-		},
-		gate: rateGate(p.refund),
-	}
+func (p *slidingLogParams) algorithm() algorithmGate {
+	return onAlgorithm("sliding_log", algorithm.Settings{Limit: p.limit, Window: p.window}, rateGate(p.refund))
 }
 
 func (p *slidingLogParams) check(c *checker) {

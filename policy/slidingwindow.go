@@ -2,8 +2,7 @@ package policy
 
 import (
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/limit"
-	sredis "github.com/sluice-go/sluice/store/redis"
+	"github.com/sluice-go/sluice/internal/algorithm"
 )
 
 var slidingWindowKind = &kind{
@@ -20,15 +19,8 @@ var slidingWindowKind = &kind{
 
 type slidingWindowParams struct{ windowParams }
 
-func (p *slidingWindowParams) algorithm() algorithm[limit.SlidingWindowState, *limit.SlidingWindow] {
-	return algorithm[limit.SlidingWindowState, *limit.SlidingWindow]{
-		alg:   func() (*limit.SlidingWindow, error) { return limit.NewSlidingWindow(p.limit, p.window) },
-		redis: sredis.SlidingWindow,
-		share: func(a *limit.SlidingWindow, n int64) (*limit.SlidingWindow, error) {
-			return limit.NewSlidingWindow(shareOf(a.Limit(), n), a.Window())
-		},
-		gate: rateGate(p.refund),
-	}
+func (p *slidingWindowParams) algorithm() algorithmGate {
+	return onAlgorithm("sliding_window", algorithm.Settings{Limit: p.limit, Window: p.window}, rateGate(p.refund))
 }
 
 func (p *slidingWindowParams) check(c *checker)                      { p.algorithm().check(c) }

@@ -4,8 +4,8 @@ import (
 	"fmt"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/algorithm"
 	"github.com/sluice-go/sluice/limit"
-	sredis "github.com/sluice-go/sluice/store/redis"
 )
 
 var tokenBucketKind = &kind{
@@ -38,19 +38,8 @@ func (p *bucketParams) fields() []field {
 	}
 }
 
-func (p *bucketParams) tokenBucket() algorithm[limit.TokenBucketState, *limit.TokenBucket] {
-	return algorithm[limit.TokenBucketState, *limit.TokenBucket]{
-		alg:   func() (*limit.TokenBucket, error) { return limit.NewTokenBucket(p.rate, p.burst) },
-		redis: sredis.TokenBucket,
-		share: func(a *limit.TokenBucket, n int64) (*limit.TokenBucket, error) {
-			r, err := slower(a.Rate(), n)
-			if err != nil {
-				return nil, err
-			}
-			return limit.NewTokenBucket(r, shareOf(a.Limit(), n))
-		},
-		gate: rateGate(p.refund),
-	}
+func (p *bucketParams) tokenBucket() algorithmGate {
+	return onAlgorithm("token_bucket", algorithm.Settings{Rate: p.rate, Burst: p.burst}, rateGate(p.refund))
 }
 
 func (p *bucketParams) check(c *checker) {

@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-go/sluice/internal/algorithm"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 )
 
@@ -33,38 +34,39 @@ type ConfigError = yamlfile.Error
 // order; errors.As finds each ConfigError.
 type ConfigErrors = yamlfile.Errors
 
-// Algorithm is the limiter of a rule. The zero value, FixedWindow, is the
-// peer's; the others are sluice extensions.
-type Algorithm uint8
+// peerWindow is the algorithm name of the peer's fixed window, every
+// rule's algorithm unless it names another.
+const peerWindow = "fixed_window"
 
-const (
-	// FixedWindow counts hits per window aligned on the Unix epoch and the
-	// rule's unit, admitting while the count after the call is within
-	// requests_per_unit, and counts every hit, admitted or not, as
-	// envoyproxy/ratelimit does (src/redis/fixed_cache_impl.go: INCRBY then
-	// compare). The default.
-	FixedWindow Algorithm = iota
-	// TokenBucket refills requests_per_unit tokens per unit continuously,
-	// up to burst (default requests_per_unit); limit.TokenBucket.
-	TokenBucket
-	// GCRA is the same contract as TokenBucket, one timestamp per key;
-	// limit.GCRA.
-	GCRA
-	// SlidingWindow weighs the previous window's count; limit.SlidingWindow.
-	SlidingWindow
-	// Concurrency holds limit slots: a call with hits takes them, a call
-	// with is_negative_hits gives them back; limit.Concurrency.
-	Concurrency
-)
-
-var algorithmNames = [...]string{"fixed_window", "token_bucket", "gcra", "sliding_window", "concurrency"}
-
-// String returns the name the configuration uses, e.g. "token_bucket".
-func (a Algorithm) String() string {
-	if int(a) < len(algorithmNames) {
-		return algorithmNames[a]
+// ruleAlgorithm resolves a rule's algorithm name: nil for the peer's fixed
+// window, else one of sluice's registered algorithms (internal/algorithm)
+// that answers at once. A paced queue, which would make a call wait, and
+// the registry's own fixed window, which the peer's replaces, are not
+// offered.
+func ruleAlgorithm(name string) (algorithm.Algorithm, bool) {
+	if name == "" || name == peerWindow {
+		return nil, true
 	}
-	return "unknown"
+	a, ok := algorithm.Lookup(name)
+	if !ok || a.Behavior() == algorithm.Paces {
+		return nil, false
+	}
+	return a, true
+}
+
+// ruleAlgorithms returns the names a rule's algorithm may take, the
+// peer's first; with uses, only those that read all of them.
+func ruleAlgorithms(uses algorithm.Uses, slots bool) []string {
+	var names []string
+	if uses == 0 && !slots {
+		names = append(names, peerWindow)
+	}
+	for _, n := range algorithm.Names() {
+		if a, ok := ruleAlgorithm(n); ok && a != nil && a.Uses()&uses == uses && (!slots || a.Behavior() == algorithm.Slots) {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 var unitNames = [...]string{"UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR", "WEEK"}
@@ -129,13 +131,18 @@ type Rule struct {
 	Unit            Unit
 	RequestsPerUnit uint32
 
-	// Algorithm is the limiter (a sluice extension; default FixedWindow).
-	Algorithm Algorithm
-	// Burst is the bucket size in hits of TokenBucket and GCRA rules
+	// Algorithm is the limiter's name: "fixed_window" (the peer's, and the
+	// default) or, as a sluice extension, an algorithm of sluice's that
+	// answers at once: token_bucket, gcra, sliding_window, sliding_log,
+	// concurrency.
+	Algorithm string
+	// Burst is the bucket size in hits of token_bucket and gcra rules
 	// (default RequestsPerUnit).
 	Burst int64
-	// Limit is the slots of a Concurrency rule.
+	// Limit is the slots of a concurrency rule.
 	Limit int64
+	// alg is the algorithm Algorithm names; nil for the peer's window.
+	alg algorithm.Algorithm
 
 	// ShadowMode: the rule counts and reports, but its verdict is always OK.
 	ShadowMode bool
@@ -153,17 +160,24 @@ func (r *Rule) String() string {
 	switch {
 	case r.Unlimited:
 		what = "unlimited"
-	case r.Algorithm == Concurrency:
-		what = fmt.Sprintf("concurrency %d", r.Limit)
-	case r.Algorithm == TokenBucket || r.Algorithm == GCRA:
+	case r.slots():
+		what = fmt.Sprintf("%s %d", r.Algorithm, r.Limit)
+	case r.uses(algorithm.UsesBurst):
 		what = fmt.Sprintf("%s %d/%s burst %d", r.Algorithm, r.RequestsPerUnit, r.Unit, r.Burst)
-	case r.Algorithm == SlidingWindow:
+	case r.alg != nil:
 		what = fmt.Sprintf("%s %d/%s", r.Algorithm, r.RequestsPerUnit, r.Unit)
 	default:
 		what = fmt.Sprintf("%d/%s", r.RequestsPerUnit, r.Unit)
 	}
 	return r.Domain + "." + r.Path + ": " + what
 }
+
+// slots reports whether the rule holds slots (concurrency): a call with
+// hits takes them, a call with is_negative_hits gives them back.
+func (r *Rule) slots() bool { return r.alg != nil && r.alg.Behavior() == algorithm.Slots }
+
+// uses reports whether the rule's algorithm reads setting u.
+func (r *Rule) uses(u algorithm.Uses) bool { return r.alg != nil && r.alg.Uses()&u != 0 }
 
 // Config is a set of domains, each from one file. It is immutable and
 // safe for concurrent use.
@@ -788,11 +802,10 @@ func (p *parser) ruleField(r *Rule, k string, v *yaml.Node, f string) {
 		p.replacesOf(r, v, f)
 	case "algorithm":
 		s := p.str(v, f)
-		i := slices.Index(algorithmNames[:], s)
-		if i < 0 {
-			p.Errf(v, f, "%q is not an algorithm (want %s)", s, strings.Join(algorithmNames[:], ", "))
+		if a, ok := ruleAlgorithm(s); ok {
+			r.Algorithm, r.alg = s, a
 		} else {
-			r.Algorithm = Algorithm(i)
+			p.Errf(v, f, "%q is not an algorithm (want %s)", s, strings.Join(ruleAlgorithms(0, false), ", "))
 		}
 	case "burst":
 		r.Burst = p.integer(v, f, 1, math.MaxUint32)
@@ -829,9 +842,9 @@ func (p *parser) checkRule(r *Rule, n *yaml.Node, seen map[string]*yaml.Node, fi
 			p.Errf(v, yamlfile.Join(field, k), format, args...)
 		}
 	}
-	only := func(k string, algs ...Algorithm) {
-		if !slices.Contains(algs, r.Algorithm) {
-			refuse(k, "applies only to algorithm %s, not %s", joinAlgs(algs), r.Algorithm)
+	only := func(k string, uses algorithm.Uses, slots bool) {
+		if !r.uses(uses) || (slots && !r.slots()) {
+			refuse(k, "applies only to algorithm %s, not %s", strings.Join(ruleAlgorithms(uses, slots), " or "), r.algorithmName())
 		}
 	}
 	switch {
@@ -842,18 +855,18 @@ func (p *parser) checkRule(r *Rule, n *yaml.Node, seen map[string]*yaml.Node, fi
 		refuse("limit", "an unlimited rule has no limit")
 		// requests_per_unit is ignored with unlimited, as the peer ignores it.
 		r.RequestsPerUnit = 0
-	case r.Algorithm == Concurrency:
-		refuse("unit", "a concurrency rule holds limit slots and has no unit")
-		refuse("requests_per_unit", "a concurrency rule holds limit slots and has no requests_per_unit")
+	case r.slots():
+		refuse("unit", "a %s rule holds limit slots and has no unit", r.Algorithm)
+		refuse("requests_per_unit", "a %s rule holds limit slots and has no requests_per_unit", r.Algorithm)
 		if seen["limit"] == nil {
-			p.Errf(n, yamlfile.Join(field, "limit"), "missing: a concurrency rule needs limit (the slots held at once)")
+			p.Errf(n, yamlfile.Join(field, "limit"), "missing: a %s rule needs limit (the slots held at once)", r.Algorithm)
 		}
-		only("burst", TokenBucket, GCRA)
+		only("burst", algorithm.UsesBurst, false)
 		r.RequestsPerUnit = uint32(min(r.Limit, math.MaxUint32))
 	default:
 		p.checkRateRule(r, n, seen, field)
-		only("burst", TokenBucket, GCRA)
-		only("limit", Concurrency)
+		only("burst", algorithm.UsesBurst, false)
+		only("limit", algorithm.UsesLimit, true)
 	}
 	for _, name := range r.Replaces {
 		if name == r.Name {
@@ -871,20 +884,20 @@ func (p *parser) checkRateRule(r *Rule, n *yaml.Node, seen map[string]*yaml.Node
 	if rpu == nil {
 		p.Errf(n, yamlfile.Join(field, "requests_per_unit"), "missing (write 0 to refuse every request)")
 	}
-	if r.Algorithm != FixedWindow && rpu != nil && r.RequestsPerUnit == 0 {
+	if r.alg != nil && rpu != nil && r.RequestsPerUnit == 0 {
 		p.Errf(rpu, yamlfile.Join(field, "requests_per_unit"), "must be ≥ 1 for %s (only the fixed window refuses everything with 0)", r.Algorithm)
 	}
-	if (r.Algorithm == TokenBucket || r.Algorithm == GCRA) && r.Burst == 0 {
+	if r.uses(algorithm.UsesBurst) && r.Burst == 0 {
 		r.Burst = int64(r.RequestsPerUnit)
 	}
 }
 
-func joinAlgs(algs []Algorithm) string {
-	s := make([]string, len(algs))
-	for i, a := range algs {
-		s[i] = a.String()
+// algorithmName is the rule's algorithm as the file names it.
+func (r *Rule) algorithmName() string {
+	if r.alg == nil {
+		return peerWindow
 	}
-	return strings.Join(s, " or ")
+	return r.Algorithm
 }
 
 // replaceRef is one replaces entry, checked once the file's names are known.

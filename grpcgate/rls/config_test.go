@@ -364,14 +364,15 @@ func TestExtensionRules(t *testing.T) {
 	c := mustLoad(t, "testdata/extensions.yaml")
 	for _, tc := range []struct {
 		key   string
-		alg   Algorithm
+		alg   string
 		burst int64
 		limit int64
 	}{
-		{"api_key", TokenBucket, 20, 0},
-		{"tenant", GCRA, 5, 0},
-		{"path", SlidingWindow, 0, 0},
-		{"upload", Concurrency, 0, 2},
+		{"api_key", "token_bucket", 20, 0},
+		{"tenant", "gcra", 5, 0},
+		{"path", "sliding_window", 0, 0},
+		{"upload", "concurrency", 0, 2},
+		{"login", "sliding_log", 0, 0},
 	} {
 		r := c.Lookup("ext", ents(tc.key, "x"))
 		if r == nil || r.Algorithm != tc.alg || r.Burst != tc.burst || r.Limit != tc.limit {

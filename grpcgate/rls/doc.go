@@ -3,7 +3,8 @@
 // sluice's limiters: a drop-in for envoyproxy/ratelimit that reads its
 // configuration files as they are and decides as it does, call by call, on
 // memory, Redis or Redis Cluster. A rate_limit block may also name one of
-// sluice's algorithms (token_bucket, gcra, sliding_window, concurrency),
+// sluice's algorithms (token_bucket, gcra, sliding_window, sliding_log,
+// concurrency: any of sluice's registry that answers at once),
 // so a configuration can move to better limiters without leaving the
 // format.
 //

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/algorithm"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
@@ -272,7 +273,7 @@ func (s *Server) SetConfig(cfg *Config) error {
 	st := &state{cfg: cfg, lims: map[*Rule]*ruleLimiter{}, byID: map[string]*ruleLimiter{}}
 	for _, d := range cfg.domains {
 		for _, r := range d.rules {
-			if r.Unlimited || r.Algorithm == FixedWindow {
+			if r.Unlimited || r.alg == nil {
 				continue
 			}
 			id := ruleID(r)
@@ -310,68 +311,36 @@ func (s *Server) SetConfig(cfg *Config) error {
 // means the same under any limit, so a new limit keeps it.
 func ruleID(r *Rule) string {
 	rpu, lim := r.RequestsPerUnit, r.Limit
-	if r.Algorithm == Concurrency {
+	if r.slots() {
 		rpu, lim = 0, 0 // (its RequestsPerUnit is its Limit)
 	}
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d\x00%d\x00%d", r.Domain, r.Path, r.Algorithm, rpu, r.Unit, r.Burst, lim)))
-	return "rls." + r.Algorithm.String() + "." + hex.EncodeToString(h[:8])
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d\x00%d\x00%d", r.Domain, r.Path, r.algorithmName(), rpu, r.Unit, r.Burst, lim)))
+	return "rls." + r.algorithmName() + "." + hex.EncodeToString(h[:8])
 }
 
-// buildRule returns the limiter of an extension rule on the store. kept,
-// if set, is the limiter of the same concurrency rule before a reload that
-// changed its slots: the new one shares its state (on Redis the state is
-// the keys id names).
+// buildRule returns the limiter of an extension rule on the store, its
+// algorithm from sluice's registry (internal/algorithm): the rule's
+// requests_per_unit per unit is its rate and its window's count, burst its
+// burst, limit its slots. kept, if set, is the limiter of the same
+// concurrency rule before a reload that changed its slots: the new one
+// shares its state (on Redis the state is the keys id names).
 func (s *Server) buildRule(r *Rule, id string, kept store.Limiter) (store.Limiter, error) {
-	mo := memory.Options{MaxKeys: s.opts.MaxKeys}
-	st := s.opts.Redis
-	rate := func() (limit.Rate, error) { return limit.NewRate(int64(r.RequestsPerUnit), r.Unit.Duration()) }
-	switch r.Algorithm {
-	case TokenBucket:
-		rt, err := rate()
+	set := algorithm.Settings{Burst: r.Burst, Limit: int64(r.RequestsPerUnit), Window: r.Unit.Duration(), PermitTTL: s.opts.ConcurrencyTTL}
+	if r.slots() {
+		set.Limit = r.Limit
+	}
+	if r.uses(algorithm.UsesRate) {
+		rt, err := limit.NewRate(int64(r.RequestsPerUnit), r.Unit.Duration())
 		if err != nil {
 			return nil, err
 		}
-		a, err := limit.NewTokenBucket(rt, r.Burst)
-		return limiterOn(st, id, a, err, mo, sredis.TokenBucket)
-	case GCRA:
-		rt, err := rate()
-		if err != nil {
-			return nil, err
-		}
-		a, err := limit.NewGCRA(rt, r.Burst)
-		return limiterOn(st, id, a, err, mo, sredis.GCRA)
-	case SlidingWindow:
-		a, err := limit.NewSlidingWindow(int64(r.RequestsPerUnit), r.Unit.Duration())
-		return limiterOn(st, id, a, err, mo, sredis.SlidingWindow)
-	case Concurrency:
-		a, err := limit.NewConcurrency(r.Limit)
-		if err == nil && st == nil {
-			if k, ok := kept.(*memory.Keyed[limit.ConcurrencyState, *limit.Concurrency]); ok {
-				return k.WithAlgorithm(a), nil // the permits in flight carry over
-			}
-		}
-		return limiterOn(st, id, a, err, mo, func(name string, a *limit.Concurrency) (*sredis.Spec, error) {
-			return sredis.Concurrency(name, a, s.opts.ConcurrencyTTL)
-		})
+		set.Rate = rt
 	}
-	return nil, fmt.Errorf("unknown algorithm %d", r.Algorithm)
-}
-
-// limiterOn returns algorithm a (or err, from building it) as a limiter:
-// in memory, or on Redis as its twin spec makes it under name.
-func limiterOn[S any, A limit.Algorithm[S]](st *sredis.Store, name string, a A, err error, mo memory.Options,
-	spec func(string, A) (*sredis.Spec, error)) (store.Limiter, error) {
-	if err != nil {
-		return nil, err
+	on := algorithm.Backend{Name: id, Memory: memory.Options{MaxKeys: s.opts.MaxKeys}, Previous: kept}
+	if s.opts.Redis != nil {
+		on.Redis, on.Previous = s.opts.Redis, nil
 	}
-	if st == nil {
-		return memory.NewKeyed(a, mo), nil
-	}
-	sp, err := spec(name, a)
-	if err != nil {
-		return nil, err
-	}
-	return st.Limiter(sp), nil
+	return r.alg.Limiter(set, on)
 }
 
 // Plan kinds: what a descriptor resolved to.
@@ -572,7 +541,7 @@ func (s *Server) resolve(st *state, dom *domain, d *Descriptor, reqHits uint32, 
 	p.limit = Limit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: r.Unit}
 	p.key = counterKey(dom.name, d.Entries, m.shared)
 	p.stats = m.stats
-	if r.Algorithm == FixedWindow {
+	if r.alg == nil {
 		p.kind = kindWindow
 		p.lim = s.counters[r.Unit]
 		return
@@ -718,7 +687,7 @@ func (s *Server) storeBounds(plans []plan) bool {
 		if p.kind < kindWindow {
 			continue
 		}
-		if p.negative || (p.kind == kindRule && p.rule.Algorithm == Concurrency) {
+		if p.negative || (p.kind == kindRule && p.rule.slots()) {
 			return false
 		}
 	}
@@ -727,7 +696,7 @@ func (s *Server) storeBounds(plans []plan) bool {
 
 // step runs one plan's calls to its limiter.
 func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
-	if p.kind == kindRule && p.rule.Algorithm == Concurrency {
+	if p.kind == kindRule && p.rule.slots() {
 		// Before the take: permits whose release never came free their
 		// slots for this very call, even when they hold them all.
 		s.expire(ctx, now)
@@ -735,7 +704,7 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 	cost := p.hits
 	if p.negative {
 		if p.hits > 0 {
-			if p.kind == kindRule && p.rule.Algorithm == Concurrency {
+			if p.kind == kindRule && p.rule.slots() {
 				s.release(ctx, p, now)
 			} else if err := p.lim.Refund(ctx, p.key, ownState, now, p.hits); err != nil {
 				p.err = err
@@ -762,7 +731,7 @@ func (s *Server) step(ctx context.Context, p *plan, now clock.Instant) {
 	if _, shared := p.lim.(store.OldestReleaser); shared {
 		return // the permit lives on the shared store, where any replica's release finds it
 	}
-	if p.rule.Algorithm == Concurrency && res.Status == limit.Allowed && cost > 0 {
+	if p.rule.slots() && res.Status == limit.Allowed && cost > 0 {
 		if !s.held.add(p.rl.id+"\x00"+p.key, permit{h: h, cost: cost, at: now, lim: p.lim, key: p.key}) {
 			// No room to remember the permit: it could never be released.
 			_ = p.lim.Refund(ctx, p.key, h, now, cost)
@@ -792,14 +761,14 @@ func (s *Server) refundRefused(ctx context.Context, domain string, plans []plan,
 		if p.kind != kindRule || p.negative || p.err != nil || p.hits <= 0 || p.res.Status != limit.Allowed {
 			continue
 		}
-		if _, shared := p.lim.(store.OldestReleaser); !shared && p.rule.Algorithm == Concurrency && !s.held.remove(p.rl.id+"\x00"+p.key, p.h) {
+		if _, shared := p.lim.(store.OldestReleaser); !shared && p.rule.slots() && !s.held.remove(p.rl.id+"\x00"+p.key, p.h) {
 			continue // already released (or never recorded): nothing of ours to give back
 		}
 		if err := p.lim.Refund(ctx, p.key, p.h, now, p.hits); err != nil {
 			continue
 		}
 		s.m.of(domain, p.stats).refunded.Add(float64(p.hits))
-		if st := &resp.Statuses[i]; st.Code == CodeOK && p.rule.Algorithm != Concurrency {
+		if st := &resp.Statuses[i]; st.Code == CodeOK && !p.rule.slots() {
 			st.Remaining = uint32(min(int64(st.Remaining)+p.hits, int64(math.MaxUint32)))
 		}
 	}
@@ -999,7 +968,7 @@ func (s *Server) decideLimiter(p *plan, st *Status, sr *series) (over bool) {
 		}
 		sr.within.Add(hits)
 	}
-	if p.rule.Algorithm == Concurrency || p.hits == 0 {
+	if p.rule.slots() || p.hits == 0 {
 		st.ResetIn = 0 // no window; or a check, whose reset the stores do not all tell
 	} else {
 		st.ResetIn = res.ResetAfter
@@ -1033,7 +1002,7 @@ func (s *Server) headers(p *plan, st *Status) []Header {
 		name = p.stats
 	}
 	pol := sluice.Policy{Name: name, Quota: int64(st.Limit.RequestsPerUnit), Window: st.Limit.Unit.Duration()}
-	if p.rule != nil && p.rule.Algorithm == Concurrency {
+	if p.rule != nil && p.rule.slots() {
 		pol.Unit, pol.Window = sluice.UnitConcurrentRequests, 0
 	}
 	return []Header{

@@ -110,11 +110,14 @@ descriptors:
   - key: shadow_bucket
     shadow_mode: true
     rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 1}
+  - key: login
+    rate_limit: {algorithm: sliding_log, unit: minute, requests_per_unit: 2}
 `
 
 // The extension algorithms decide as their sluice limiters, in the same
-// protocol: a token bucket's burst and refill, GCRA, a sliding window,
-// and concurrency slots taken by hits and released by is_negative_hits.
+// protocol: a token bucket's burst and refill, GCRA, a sliding window, a
+// sliding log, and concurrency slots taken by hits and released by
+// is_negative_hits.
 func TestExtensions(t *testing.T) {
 	cfg := mustParse(t, extConfig)
 	for _, b := range backends(t, false) {
@@ -136,6 +139,9 @@ func TestExtensions(t *testing.T) {
 				// sliding window 4/minute
 				{repeat: 3, descs: []Descriptor{d("path", "/p")}, overall: CodeOK},
 				{descs: []Descriptor{d("path", "/p")}, overall: CodeOverLimit},
+				// sliding log 2/minute, exact
+				{repeat: 1, descs: []Descriptor{d("login", "l")}, overall: CodeOK},
+				{descs: []Descriptor{d("login", "l")}, overall: CodeOverLimit},
 				// a shadow-mode bucket never says over, and counts it
 				{repeat: 1, descs: []Descriptor{d("shadow_bucket", "s")}, overall: CodeOK,
 					stats: []stat{st(mShadow, "shadow_bucket", 1), st(mOver, "shadow_bucket", 1)}},

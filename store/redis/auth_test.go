@@ -23,7 +23,7 @@ func decides(t *testing.T, opts Options) bool {
 		t.Fatalf("New: %v", err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("auth", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	lim, _ := bind(st)(tokenBucketSpec("auth", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
 	r, _, err := lim.Take(context.Background(), "k", 0, 1, 0)
 	return err == nil && r.OK()
 }
@@ -166,7 +166,7 @@ func TestRefusalAfterStartIsTheDecisionsError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("auth", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	lim, _ := bind(st)(tokenBucketSpec("auth", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
 	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestUserWithoutPingOrScriptLoadRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("acl", must(limit.NewTokenBucket(limit.PerSecond(1), 100))))
+	lim, _ := bind(st)(tokenBucketSpec("acl", must(limit.NewTokenBucket(limit.PerSecond(1), 100))))
 	take := func() error {
 		_, _, err := lim.Take(context.Background(), "k", 0, 1, 0)
 		return err
@@ -229,7 +229,7 @@ func TestRightsCheckedOnceRedisIsBack(t *testing.T) {
 	defer st.Close()
 	srv.Restart()
 	srv.Do("ACL", "SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time")
-	lim, _ := bind(st)(TokenBucket("acl", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	lim, _ := bind(st)(tokenBucketSpec("acl", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
 	var last error
 	poll.Until(t, 10*time.Second, func() bool {
 		_, _, last = lim.Take(context.Background(), "k", 0, 1, 0)

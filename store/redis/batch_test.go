@@ -45,7 +45,7 @@ func TestBatchedStepsAreSequential(t *testing.T) {
 		t.Run(bname, func(t *testing.T) {
 			const burst, callers = 100, 400
 			tb, _ := limit.NewTokenBucket(limit.PerSecond(10), burst) // 100 ms per token
-			lim, _ := bind(st)(TokenBucket("batch-"+bname, tb))
+			lim, _ := bind(st)(tokenBucketSpec("batch-"+bname, tb))
 			lim.(*limiter).now = func() int64 { return 5_000_000 } // one instant (µs)
 			var srvBefore int64
 			if bname == "standalone" {
@@ -108,7 +108,7 @@ func TestBatchOff(t *testing.T) {
 	}
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 5)
-	lim, _ := bind(st)(TokenBucket("off", tb))
+	lim, _ := bind(st)(tokenBucketSpec("off", tb))
 	if lim.(*limiter).batcher != nil {
 		t.Fatal("Batch: 1 still batches")
 	}
@@ -146,7 +146,7 @@ func TestCloseWhileDeciding(t *testing.T) {
 			t.Fatal(err)
 		}
 		tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
-		lim, _ := bind(st)(TokenBucket("close", tb))
+		lim, _ := bind(st)(tokenBucketSpec("close", tb))
 		var wg sync.WaitGroup
 		var calls atomic.Int64
 		stop := make(chan struct{})
@@ -187,8 +187,8 @@ func TestCancelledCallerDoesNotTrip(t *testing.T) {
 		tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 5)
 		c, _ := limit.NewConcurrency(5)
 		lims := map[string]store.Limiter{}
-		lims["bucket"], _ = bind(st)(TokenBucket("ctx-bucket-"+strconv.Itoa(batch), tb))
-		lims["concurrency"], _ = bind(st)(Concurrency("ctx-conc-"+strconv.Itoa(batch), c, time.Minute))
+		lims["bucket"], _ = bind(st)(tokenBucketSpec("ctx-bucket-"+strconv.Itoa(batch), tb))
+		lims["concurrency"], _ = bind(st)(concurrencySpec("ctx-conc-"+strconv.Itoa(batch), c, time.Minute))
 		for name, l := range lims {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
@@ -218,7 +218,7 @@ func TestForeignValueFailsOneDecision(t *testing.T) {
 	}
 	defer st.Close()
 	fw, _ := limit.NewFixedWindow(1000, time.Hour)
-	lim, _ := bind(st)(FixedWindow("foreign", fw))
+	lim, _ := bind(st)(fixedWindowSpec("foreign", fw))
 	if err := st.rc().Do(context.Background(), st.rc().B().Set().Key(lim.(*limiter).stateKey("poison")).Value("x").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestNamesThatWouldCollide(t *testing.T) {
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 5)
 	for _, name := range []string{"api:login", "a{b", "}", ""} {
-		if _, err := TokenBucket(name, tb); err == nil {
+		if _, err := tokenBucketSpec(name, tb); err == nil {
 			t.Errorf("limiter name %q accepted", name)
 		}
 	}

@@ -36,7 +36,7 @@ func TestClusterMasterDownFailsOnlyItsSlots(t *testing.T) {
 	}
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
-	lim, _ := bind(st)(TokenBucket("slots", tb))
+	lim, _ := bind(st)(tokenBucketSpec("slots", tb))
 	dead, victim := slotZeroMaster(t, st, cl)
 	load := &slotLoad{lim: lim}
 	load.keys(st, dead)
@@ -192,7 +192,7 @@ func TestBreakerProbesOncePerInterval(t *testing.T) {
 	}
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1000), 1000)
-	lim, _ := bind(st)(TokenBucket("probe", tb))
+	lim, _ := bind(st)(tokenBucketSpec("probe", tb))
 	ctx := context.Background()
 	if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil {
 		t.Fatal(err)
@@ -281,7 +281,7 @@ func TestIdleStoreClosesItsBreakerWithoutCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("idle", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	lim, _ := bind(st)(tokenBucketSpec("idle", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
 	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestSparseCallsAfterAnUnseenRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("sparse", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))))
+	lim, _ := bind(st)(tokenBucketSpec("sparse", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))))
 	ctx := context.Background()
 	for range 20 { // lanes and connections in use
 		if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil {

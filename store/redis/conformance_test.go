@@ -3,10 +3,8 @@ package redis
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/storetest"
 )
@@ -20,7 +18,7 @@ func TestConformance(t *testing.T) {
 			n := 0
 			storetest.Run(t, storetest.Backend{New: func(alg any, now func() clock.Instant) (store.Limiter, error) {
 				n++
-				sp, err := spec(fmt.Sprint("conf", n), alg)
+				sp, err := SpecOf(fmt.Sprint("conf", n), alg)
 				if err != nil {
 					return nil, err
 				}
@@ -29,7 +27,7 @@ func TestConformance(t *testing.T) {
 				return l, nil
 			}, Rebind: func(lim store.Limiter, alg any) (store.Limiter, error) {
 				old := lim.(*limiter)
-				sp, err := spec(old.name, alg) // the same name: the same keys
+				sp, err := SpecOf(old.name, alg) // the same name: the same keys
 				if err != nil {
 					return nil, err
 				}
@@ -39,25 +37,4 @@ func TestConformance(t *testing.T) {
 			}})
 		})
 	}
-}
-
-// spec returns the Spec of any algorithm of package limit.
-func spec(name string, alg any) (*Spec, error) {
-	switch a := alg.(type) {
-	case *limit.TokenBucket:
-		return TokenBucket(name, a)
-	case *limit.GCRA:
-		return GCRA(name, a)
-	case *limit.FixedWindow:
-		return FixedWindow(name, a)
-	case *limit.SlidingWindow:
-		return SlidingWindow(name, a)
-	case *limit.SlidingLog:
-		return SlidingLog(name, a)
-	case *limit.LeakyBucket:
-		return LeakyBucket(name, a)
-	case *limit.Concurrency:
-		return Concurrency(name, a, time.Minute)
-	}
-	return nil, fmt.Errorf("no script for %T", alg)
 }

@@ -189,7 +189,7 @@ func TestFixedWindowOverwritesAForeignCount(t *testing.T) {
 	win := time.Hour
 	ws := int64(clk.Now()) / 1000 / win.Microseconds() * win.Microseconds()
 	for _, c := range []string{"abc", "1.5"} {
-		for name, sp := range map[string]*Spec{"fixed window": must(FixedWindow("fw", must(limit.NewFixedWindow(10, win)))),
+		for name, sp := range map[string]*Spec{"fixed window": must(fixedWindowSpec("fw", must(limit.NewFixedWindow(10, win)))),
 			"counter": must(Counter("cnt", must(limit.NewFixedWindow(MaxCount, win))))} {
 			l := st.Limiter(sp).(*limiter)
 			k := st.key(l.name, "k"+c)

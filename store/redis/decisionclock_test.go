@@ -23,7 +23,7 @@ func TestDecisionClock(t *testing.T) {
 	defer st.Close()
 	fw, _ := limit.NewFixedWindow(1, time.Minute)
 	for name, s := range map[string]*Store{"own": st, "shared": mustShare(t, st)} {
-		lim, err := bind(s)(FixedWindow("dc-"+name, fw))
+		lim, err := bind(s)(fixedWindowSpec("dc-"+name, fw))
 		if err != nil {
 			t.Fatal(err)
 		}

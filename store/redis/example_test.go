@@ -18,7 +18,7 @@ import (
 // local fallback decides: New never needs Redis to be up.
 func Example() {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 500)
-	spec, err := redis.TokenBucket("request-rate", tb) // checked without a connection
+	spec, err := redis.SpecOf("request-rate", tb) // checked without a connection
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 	}
 	defer st.Close()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1_000_000), 1_000_000)
-	lim, _ := bind(st)(TokenBucket("faults", tb))
+	lim, _ := bind(st)(tokenBucketSpec("faults", tb))
 	fb, _ := limit.NewTokenBucket(limit.PerSecond(1000), 1000) // the conservative local budget
 	gOpen, _ := gate.NewRateLimit("open", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})
 	gClosed, _ := gate.NewRateLimit("closed", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed})

@@ -37,7 +37,7 @@ func helperStore() (*Store, *limiter) {
 	}
 	n, _ := strconv.ParseInt(os.Getenv("SLUICE_LIMIT"), 10, 64)
 	c, _ := limit.NewConcurrency(n)
-	l, _ := bind(st)(Concurrency("fleet", c, time.Second))
+	l, _ := bind(st)(concurrencySpec("fleet", c, time.Second))
 	return st, l.(*limiter)
 }
 
@@ -159,7 +159,7 @@ func TestFleetPermitsOfKilledHolderExpire(t *testing.T) {
 	}
 	defer st.Close()
 	c, _ := limit.NewConcurrency(5)
-	l, _ := bind(st)(Concurrency("fleet", c, time.Second))
+	l, _ := bind(st)(concurrencySpec("fleet", c, time.Second))
 	if r, _, _ := l.Take(context.Background(), "svc", 0, 1, 0); r.OK() {
 		t.Fatal("permits of the killed holder vanished before their TTL")
 	}

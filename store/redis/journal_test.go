@@ -92,7 +92,7 @@ func topology(t *testing.T, cluster bool, name, key string, timeout time.Duratio
 func timedOutTake(t *testing.T, cluster, noExpiry bool) {
 	st, srv := topology(t, cluster, "fleet", "svc", 30*time.Millisecond)
 	st.noExpiry = noExpiry
-	lim, _ := bind(st)(Concurrency("fleet", must(limit.NewConcurrency(4)), time.Minute))
+	lim, _ := bind(st)(concurrencySpec("fleet", must(limit.NewConcurrency(4)), time.Minute))
 	ctx := context.Background()
 	if _, h, err := lim.Take(ctx, "svc", 0, 1, 0); err != nil { // learn Redis' clock
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func TestStallUnderConcurrentAcquires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(Concurrency("fleet", must(limit.NewConcurrency(16)), time.Minute))
+	lim, _ := bind(st)(concurrencySpec("fleet", must(limit.NewConcurrency(16)), time.Minute))
 	ctx := context.Background()
 	var stop atomic.Bool
 	var ok, failed atomic.Int64
@@ -203,7 +203,7 @@ func TestLateTakeTakesNothing(t *testing.T) {
 func lateTake(t *testing.T, cluster, fresh bool) {
 	st, srv := topology(t, cluster, "late", "k", 20*time.Millisecond)
 	tb := must(limit.NewTokenBucket(must(limit.ParseRate("1/h")), 10))
-	lim, _ := bind(st)(TokenBucket("late", tb))
+	lim, _ := bind(st)(tokenBucketSpec("late", tb))
 	ctx := context.Background()
 	look := func() bool {
 		r, _, err := lim.Take(ctx, "k", 0, 0, 0) // cost 0: a look, takes nothing
@@ -243,7 +243,7 @@ func TestStartWithRedisDown(t *testing.T) {
 		t.Fatalf("New with Redis down: %v", err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("down", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
+	lim, _ := bind(st)(tokenBucketSpec("down", must(limit.NewTokenBucket(limit.PerSecond(10), 10))))
 	ctx := context.Background()
 	if _, _, err := lim.Take(ctx, "k", 0, 1, 0); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Redis down: %v", err)
@@ -267,7 +267,7 @@ func TestTimeoutAloneDoesNotOpenBreaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(TokenBucket("slow", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))))
+	lim, _ := bind(st)(tokenBucketSpec("slow", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))))
 	ctx := context.Background()
 	lim.Take(ctx, "k", 0, 1, 0)
 	// A 20 ms stall: the call times out, the PING (up to 100 ms) answers.

@@ -32,7 +32,7 @@ func TestLanesCarryCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	tb := must(limit.NewTokenBucket(must(limit.NewRate(1, time.Hour)), 1000)) // no refill during the test
-	lim := st.Limiter(must(TokenBucket("lanes", tb)))
+	lim := st.Limiter(must(tokenBucketSpec("lanes", tb)))
 	ctx := context.Background()
 	taken := int64(0)
 	take := func() {
@@ -135,7 +135,7 @@ func TestNoLanes(t *testing.T) {
 	tb := must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))
 	ctx := context.Background()
 	for name, st := range map[string]*Store{"caller's client": callers, "long timeout": long, "cluster": cl} {
-		lim := st.Limiter(must(TokenBucket("nolanes", tb)))
+		lim := st.Limiter(must(tokenBucketSpec("nolanes", tb)))
 		for range 50 {
 			if _, _, err := lim.Take(ctx, "k", 0, 1, 0); err != nil {
 				t.Fatalf("%s: %v", name, err)

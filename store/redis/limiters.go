@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -35,11 +36,10 @@ func checkCount(kind, name string, limit int64) error {
 }
 
 // Spec is one algorithm of package limit in the form Redis runs it: its
-// script, its fixed parameters, its quota and window. The constructors
-// (TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, LeakyBucket,
-// Concurrency) check the name and what Redis' doubles hold exactly, without
-// a connection, so a policy can be validated anywhere; Store.Limiter binds
-// a Spec to a store. A Spec is immutable.
+// script, its fixed parameters, its quota and window. SpecOf (and Counter)
+// check the name and what Redis' doubles hold exactly, without a
+// connection, so a policy can be validated anywhere; Store.Limiter binds a
+// Spec to a store. A Spec is immutable.
 //
 // Every script takes ARGV = now override (µs, 0: Redis TIME), op ("take" |
 // "refund", and "debit" for those that charge after the fact), cost, extra (the permit id for concurrency, the deadline
@@ -276,10 +276,10 @@ func ttlMs(d time.Duration) int64 {
 	return max(2*d, d+limit.ClockTolerance).Milliseconds() + 1
 }
 
-// TokenBucket returns the Spec of a keyed token bucket named name (the name
+// tokenBucketSpec returns the Spec of a keyed token bucket named name (the name
 // scopes the keys). Redis keeps the state exact in doubles, so burst ×
 // period must stay below 2^53 ns (per-second rates: bursts up to 9e6 at 1/s).
-func TokenBucket(name string, tb *limit.TokenBucket) (*Spec, error) {
+func tokenBucketSpec(name string, tb *limit.TokenBucket) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -293,9 +293,9 @@ func TokenBucket(name string, tb *limit.TokenBucket) (*Spec, error) {
 		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
 }
 
-// GCRA returns the Spec of a keyed GCRA named name; burst × period must
+// gcraSpec returns the Spec of a keyed GCRA named name; burst × period must
 // stay below 2^53.
-func GCRA(name string, g *limit.GCRA) (*Spec, error) {
+func gcraSpec(name string, g *limit.GCRA) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -308,9 +308,9 @@ func GCRA(name string, g *limit.GCRA) (*Spec, error) {
 		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
 }
 
-// FixedWindow returns the Spec of a keyed fixed window named name. Windows
+// fixedWindowSpec returns the Spec of a keyed fixed window named name. Windows
 // are aligned on Redis time and must be whole microseconds.
-func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
+func fixedWindowSpec(name string, w *limit.FixedWindow) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -333,7 +333,7 @@ func FixedWindow(name string, w *limit.FixedWindow) (*Spec, error) {
 // batched steps cost Redis half as much (counterBatchSource): a batched
 // answer carries only Status and Remaining.
 func Counter(name string, w *limit.FixedWindow) (*Spec, error) {
-	sp, err := FixedWindow(name, w)
+	sp, err := fixedWindowSpec(name, w)
 	if err != nil {
 		return nil, err
 	}
@@ -344,10 +344,10 @@ func Counter(name string, w *limit.FixedWindow) (*Spec, error) {
 	return sp, nil
 }
 
-// Concurrency returns the Spec of a fleet-wide concurrency limit named
+// concurrencySpec returns the Spec of a fleet-wide concurrency limit named
 // name: permits are members of a sorted set scored by start time, and
 // permits older than ttl (held by a process that died) are swept.
-func Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (*Spec, error) {
+func concurrencySpec(name string, c *limit.Concurrency, ttl time.Duration) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -361,9 +361,9 @@ func Concurrency(name string, c *limit.Concurrency, ttl time.Duration) (*Spec, e
 		fixed: []string{packDoubles(c.Limit(), ttl.Microseconds())}}, nil
 }
 
-// LeakyBucket returns the Spec of a keyed paced queue named name;
+// leakyBucketSpec returns the Spec of a keyed paced queue named name;
 // (queue+1) × period must stay below 2^53.
-func LeakyBucket(name string, lb *limit.LeakyBucket) (*Spec, error) {
+func leakyBucketSpec(name string, lb *limit.LeakyBucket) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -379,10 +379,10 @@ func LeakyBucket(name string, lb *limit.LeakyBucket) (*Spec, error) {
 		fixed: []string{packDoubles(n, per, lb.Queue(), ttlMs(ahead))}}, nil
 }
 
-// SlidingWindow returns the Spec of a keyed sliding window counter named
+// slidingWindowSpec returns the Spec of a keyed sliding window counter named
 // name. The window must be whole microseconds and limit × window (µs) below
 // 2^53.
-func SlidingWindow(name string, w *limit.SlidingWindow) (*Spec, error) {
+func slidingWindowSpec(name string, w *limit.SlidingWindow) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -397,10 +397,10 @@ func SlidingWindow(name string, w *limit.SlidingWindow) (*Spec, error) {
 		fixed: []string{packDoubles(w.Limit(), us, ttlMs(2*w.Window()))}}, nil
 }
 
-// SlidingLog returns the Spec of a keyed exact sliding log named name: a
+// slidingLogSpec returns the Spec of a keyed exact sliding log named name: a
 // sorted set of up to limit entries per key. The window must be whole
 // microseconds.
-func SlidingLog(name string, w *limit.SlidingLog) (*Spec, error) {
+func slidingLogSpec(name string, w *limit.SlidingLog) (*Spec, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -412,6 +412,76 @@ func SlidingLog(name string, w *limit.SlidingLog) (*Spec, error) {
 	}
 	return &Spec{name: name, layout: "slog:" + w.Window().String(), script: slidingLogScript, limit: w.Limit(), window: w.Window(), meta: true,
 		fixed: []string{packDoubles(w.Limit(), w.Window().Microseconds(), ttlMs(w.Window()))}}, nil
+}
+
+// twins are the Redis forms of package limit's algorithms, one line each:
+// an algorithm added to package limit adds its script under lua/, the
+// function that checks its parameters and packs them (above), and its line
+// here. SpecOf finds an algorithm's twin by its Go type.
+var twins = []twin{
+	twinOf(tokenBucketSpec),
+	twinOf(gcraSpec),
+	twinOf(fixedWindowSpec),
+	twinOf(slidingWindowSpec),
+	twinOf(slidingLogSpec),
+	twinOf(leakyBucketSpec),
+	twinOf(func(name string, c *limit.Concurrency) (*Spec, error) {
+		return concurrencySpec(name, c, DefaultPermitTTL)
+	}),
+}
+
+// DefaultPermitTTL is how long a concurrency permit lives on Redis unless
+// Spec.WithPermitTTL says otherwise: the permits of a holder that died
+// free themselves after it.
+const DefaultPermitTTL = time.Minute
+
+// twin is the Redis form of one algorithm type: ok is false when alg is
+// of another type.
+type twin func(name string, alg any) (sp *Spec, ok bool, err error)
+
+func twinOf[A any](spec func(name string, a A) (*Spec, error)) twin {
+	return func(name string, alg any) (*Spec, bool, error) {
+		a, ok := alg.(A)
+		if !ok {
+			return nil, false, nil
+		}
+		sp, err := spec(name, a)
+		return sp, true, err
+	}
+}
+
+// SpecOf returns the Spec of alg, one of package limit's algorithms
+// (*limit.TokenBucket, *limit.GCRA, *limit.FixedWindow,
+// *limit.SlidingWindow, *limit.SlidingLog, *limit.LeakyBucket,
+// *limit.Concurrency), named name: the name scopes its keys on Redis, and
+// two limiters of one name and algorithm share their state. It checks,
+// without a connection, what Redis' doubles hold exactly: a token bucket's
+// or GCRA's burst × period and a leaky bucket's (queue+1) × period below
+// 2^53 ns, a sliding window's limit × window below 2^53 µs, counts below
+// MaxCount, windows in whole microseconds. The error names the setting
+// (param.Name finds it); an algorithm with no Redis form is an error too.
+// A concurrency Spec's permits live DefaultPermitTTL (see WithPermitTTL).
+func SpecOf(name string, alg any) (*Spec, error) {
+	for _, tw := range twins {
+		if sp, ok, err := tw(name, alg); ok {
+			return sp, err
+		}
+	}
+	return nil, fmt.Errorf("redis: %q: no Redis form for algorithm %T", name, alg)
+}
+
+// WithPermitTTL returns a copy of a concurrency Spec whose permits live
+// ttl: a holder that dies without releasing its permits frees them after
+// ttl. It returns an error for a ttl ≤ 0 or a Spec that holds no permits.
+func (sp *Spec) WithPermitTTL(ttl time.Duration) (*Spec, error) {
+	if !sp.permits {
+		return nil, fmt.Errorf("redis: %q: only a concurrency limit holds permits", sp.name)
+	}
+	c, err := limit.NewConcurrency(sp.limit)
+	if err != nil {
+		return nil, err
+	}
+	return concurrencySpec(sp.name, c, ttl)
 }
 
 // ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.

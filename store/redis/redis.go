@@ -4,7 +4,7 @@
 // keys hash-tagged so one limiter key lives in one slot. It needs Redis 6.0
 // or later (the token bucket keeps its key's TTL with SET KEEPTTL).
 //
-//	spec, _ := redis.TokenBucket("request-rate", tb) // checked without a connection
+//	spec, _ := redis.tokenBucketSpec("request-rate", tb) // checked without a connection
 //	st, _ := redis.New(redis.Options{Addrs: []string{"127.0.0.1:6379"}})
 //	lim := st.Limiter(spec)
 //	g, _ := gate.NewRateLimit("request-rate", lim, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailOpen})

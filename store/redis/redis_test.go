@@ -78,9 +78,9 @@ func TestCorruptStateReadsFresh(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 20)
 	g, _ := limit.NewGCRA(limit.PerSecond(10), 20)
 	lb, _ := limit.NewLeakyBucket(limit.PerSecond(10), 5)
-	ltb, _ := bind(st)(TokenBucket("tb", tb))
-	lg, _ := bind(st)(GCRA("gcra", g))
-	llb, _ := bind(st)(LeakyBucket("leaky", lb))
+	ltb, _ := bind(st)(tokenBucketSpec("tb", tb))
+	lg, _ := bind(st)(gcraSpec("gcra", g))
+	llb, _ := bind(st)(leakyBucketSpec("leaky", lb))
 	nan := string(slices.Repeat([]byte{0xff}, 16))
 	huge := packDoubles(0, 0)[:0] + string(slices.Repeat([]byte{0x7f, 0xef, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 2)) // big-endian 1.8e308 bytes, read little-endian
 	for _, raw := range []string{nan, huge, string(make([]byte, 16)) + "x", "not ours", packDoubles(1<<53, 1<<53),
@@ -116,20 +116,20 @@ func TestLimitsBeyondDoublesRefused(t *testing.T) {
 	g := must(limit.NewGCRA(limit.PerSecond(1), huge/1e9*2))
 	lb := must(limit.NewLeakyBucket(limit.PerSecond(1), huge/1e9*2))
 	for name, err := range map[string]error{
-		"fixed window":   second(FixedWindow("a", fw)),
-		"sliding log":    second(SlidingLog("a", sl)),
-		"sliding window": second(SlidingWindow("a", sw)),
-		"concurrency":    second(Concurrency("a", c, time.Minute)),
-		"token bucket":   second(TokenBucket("a", tb)),
-		"gcra":           second(GCRA("a", g)),
-		"leaky bucket":   second(LeakyBucket("a", lb)),
+		"fixed window":   second(fixedWindowSpec("a", fw)),
+		"sliding log":    second(slidingLogSpec("a", sl)),
+		"sliding window": second(slidingWindowSpec("a", sw)),
+		"concurrency":    second(concurrencySpec("a", c, time.Minute)),
+		"token bucket":   second(tokenBucketSpec("a", tb)),
+		"gcra":           second(gcraSpec("a", g)),
+		"leaky bucket":   second(leakyBucketSpec("a", lb)),
 	} {
 		if err == nil {
 			t.Errorf("%s: a limit beyond 2^53 was accepted", name)
 		}
 	}
 	// The largest count is accepted.
-	if _, err := FixedWindow("a", must(limit.NewFixedWindow(MaxCount, time.Second))); err != nil {
+	if _, err := fixedWindowSpec("a", must(limit.NewFixedWindow(MaxCount, time.Second))); err != nil {
 		t.Error(err)
 	}
 }
@@ -146,7 +146,7 @@ func TestConcurrencyWorkIndependentOfCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	lim, _ := bind(st)(Concurrency("weighted", must(limit.NewConcurrency(10_000_000)), time.Minute))
+	lim, _ := bind(st)(concurrencySpec("weighted", must(limit.NewConcurrency(10_000_000)), time.Minute))
 	ctx := context.Background()
 	srv.Do("config", "resetstat")
 	r, h, err := lim.Take(ctx, "k", 0, 3_000_000, 0)
@@ -223,29 +223,29 @@ func TestKindChangeUnderOneName(t *testing.T) {
 	perHour, _ := limit.NewRate(1, time.Hour)
 	perMin, _ := limit.NewRate(1, time.Minute)
 	tb, _ := limit.NewTokenBucket(perHour, 2)
-	bucket, _ := bind(st)(TokenBucket("g", tb))
+	bucket, _ := bind(st)(tokenBucketSpec("g", tb))
 	take(bucket)
 	take(bucket)
 	if r := take(bucket); r.OK() {
 		t.Fatalf("the bucket's third take: %+v", r)
 	}
 	fw, _ := limit.NewFixedWindow(10, time.Hour)
-	window, _ := bind(st)(FixedWindow("g", fw))
+	window, _ := bind(st)(fixedWindowSpec("g", fw))
 	if r := take(window); !r.OK() || r.Remaining != 9 {
 		t.Fatalf("a fixed window of the bucket's name: %+v, want a fresh window", r)
 	}
 	slog, _ := limit.NewSlidingLog(10, time.Hour)
-	log, _ := bind(st)(SlidingLog("g", slog))
+	log, _ := bind(st)(slidingLogSpec("g", slog))
 	if r := take(log); !r.OK() || r.Remaining != 9 {
 		t.Fatalf("a sliding log of the bucket's name: %+v", r)
 	}
 	other, _ := limit.NewTokenBucket(perMin, 2)
-	perMinute, _ := bind(st)(TokenBucket("g", other))
+	perMinute, _ := bind(st)(tokenBucketSpec("g", other))
 	if r := take(perMinute); !r.OK() || r.Remaining != 1 {
 		t.Fatalf("a bucket of another rate: %+v, want a fresh one", r)
 	}
 	deeper, _ := limit.NewTokenBucket(perHour, 5)
-	sameRate, _ := bind(st)(TokenBucket("g", deeper))
+	sameRate, _ := bind(st)(tokenBucketSpec("g", deeper))
 	if r := take(sameRate); !r.OK() || r.Remaining != 2 {
 		t.Fatalf("a deeper bucket of the same rate: %+v, want the old state (3 of 5 spent)", r)
 	}

@@ -23,7 +23,7 @@ func TestRestoredSnapshotRevivesNoPermits(t *testing.T) {
 	}
 	defer st.Close()
 	c, _ := limit.NewConcurrency(5)
-	lim, err := bind(st)(Concurrency("snap", c, time.Minute))
+	lim, err := bind(st)(concurrencySpec("snap", c, time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

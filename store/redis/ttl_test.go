@@ -53,7 +53,7 @@ func TestTTLOutlivesState(t *testing.T) {
 }
 
 func ttlCase[S any](rt *rapid.T, st *Store, name string, alg limit.Algorithm[S]) {
-	sp, err := spec(name, alg)
+	sp, err := SpecOf(name, alg)
 	if err != nil {
 		return // beyond what Redis' doubles hold
 	}
@@ -116,7 +116,7 @@ func TestTokenBucketTTLOnRedisTime(t *testing.T) {
 		}
 		defer st.Close()
 		tb := must(limit.NewTokenBucket(limit.PerSecond(10), 10))
-		sp := must(TokenBucket(fmt.Sprint("ttlrt", batch), tb))
+		sp := must(tokenBucketSpec(fmt.Sprint("ttlrt", batch), tb))
 		lim := st.Limiter(sp).(*limiter)
 		ctx := context.Background()
 		want := ttlMs(tb.Window()) // what every write set before
