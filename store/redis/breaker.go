@@ -475,10 +475,9 @@ func (s *Store) warm(ctx context.Context, node rueidis.Client) {
 
 // loadScripts loads every script on node and returns the first error.
 func loadScripts(ctx context.Context, node rueidis.Client) error {
-	srcs := append(sources[:len(sources):len(sources)], batchSources...)
-	cmds := make(rueidis.Commands, len(srcs))
-	for i, src := range srcs {
-		cmds[i] = node.B().ScriptLoad().Script(src).Build()
+	cmds := make(rueidis.Commands, 0, len(scriptTexts))
+	for _, st := range scriptTexts {
+		cmds = append(cmds, node.B().ScriptLoad().Script(st.src).Build())
 	}
 	var err error
 	for _, r := range node.DoMulti(ctx, cmds...) {

@@ -111,50 +111,6 @@ var preludeLua string
 //go:embed lua/common.lua
 var commonLua string
 
-//go:embed lua/tokenbucket.lua
-var tokenBucketLua string
-
-//go:embed lua/gcra.lua
-var gcraLua string
-
-//go:embed lua/fixedwindow.lua
-var fixedWindowLua string
-
-//go:embed lua/concurrency.lua
-var concurrencyLua string
-
-//go:embed lua/leakybucket.lua
-var leakyBucketLua string
-
-//go:embed lua/slidingwindow.lua
-var slidingWindowLua string
-
-//go:embed lua/slidinglog.lua
-var slidingLogLua string
-
-var (
-	sources = []string{preludeLua + tokenBucketLua, preludeLua + commonLua + gcraLua, preludeLua + commonLua + fixedWindowLua,
-		preludeLua + commonLua + concurrencyLua, preludeLua + commonLua + leakyBucketLua, preludeLua + commonLua + slidingWindowLua,
-		preludeLua + commonLua + slidingLogLua}
-	tokenBucketScript   = newScript(sources[0])
-	gcraScript          = newScript(sources[1])
-	fixedWindowScript   = newScript(sources[2])
-	concurrencyScript   = newScript(sources[3])
-	leakyBucketScript   = newScript(sources[4])
-	slidingWindowScript = newScript(sources[5])
-	slidingLogScript    = newScript(sources[6])
-
-	// The batched forms (batch.go) of the single-key algorithms.
-	batchSources = []string{batchSource("", tokenBucketLua), batchSource(commonLua, gcraLua), batchSource(commonLua, fixedWindowLua),
-		batchSource(commonLua, leakyBucketLua), batchSource(commonLua, slidingWindowLua), counterBatchSource(commonLua)}
-	tokenBucketBatch   = newScript(batchSources[0])
-	gcraBatch          = newScript(batchSources[1])
-	fixedWindowBatch   = newScript(batchSources[2])
-	leakyBucketBatch   = newScript(batchSources[3])
-	slidingWindowBatch = newScript(batchSources[4])
-	counterBatch       = newScript(batchSources[5])
-)
-
 // connWriteTimeout is the client's ConnWriteTimeout: how long a write may
 // take before the connection is given up, and the longest a call on a
 // lane (lanes.go) may wait for its reply.
