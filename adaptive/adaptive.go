@@ -4,12 +4,9 @@
 // into a new concurrency limit, so that protection sizes itself to the
 // service instead of to a number a person guessed.
 //
-//	g, _ := adaptive.NewGradient2(adaptive.Gradient2Config{})
-//	w, _ := adaptive.NewWindower(adaptive.WindowConfig{})
-//	// for each completed request:
-//	if win, ok := w.Add(now, adaptive.Sample{RTT: rtt, InFlight: n}); ok {
-//		limit = g.Update(win)
-//	}
+//	bbr, _ := adaptive.NewBBR(adaptive.BBRConfig{})
+//	g, _ := adaptive.NewGate("worker-pool", bbr, adaptive.GateOptions{})
+//	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g) // the gate gathers windows, runs the controller
 //
 // The controllers are exact step functions of their state and a Window,
 // with no clock, lock or randomness of their own (Vegas' probe draws from
@@ -74,9 +71,9 @@ type Window struct {
 	// sample): with Samples it says how far RTT may be from the service's
 	// mean by chance, which for a mix of cheap and costly requests is far.
 	RTTDev time.Duration
-	// Keys are the samples by kind of work (Sample.Key), in the order the
+	// keys are the samples by kind of work (Sample.Key), in the order the
 	// kinds first completed; nil in windows built by hand.
-	Keys []KeyStats
+	keys []keyStats
 }
 
 // RTTError returns the standard error of the window's RTT as a mean,
@@ -112,6 +109,14 @@ type Controller interface {
 // Windower's own). BBR's startup and probes last a few round trips.
 type ShortWindows interface {
 	NextWindow(rtt time.Duration) time.Duration
+}
+
+// controller returns c as a Controller, or err (never a typed nil).
+func controller[C Controller](c C, err error) (Controller, error) {
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // ErrInvalidConfig wraps every configuration error of a controller.

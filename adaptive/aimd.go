@@ -14,19 +14,25 @@ type AIMDConfig struct {
 	Timeout time.Duration
 }
 
-// AIMD is additive increase, multiplicative decrease (concurrency-limits,
-// limit/AIMDLimit.java): a window with a drop, or slower than Timeout,
-// multiplies the limit by Backoff (truncated); any other window that saw
-// at least half the limit in flight adds one.
-type AIMD struct {
+// aimd is the state of the AIMD controller (NewAIMD).
+type aimd struct {
 	cfg   AIMDConfig
 	limit int
 }
 
-var _ Controller = (*AIMD)(nil)
+var _ Controller = (*aimd)(nil)
 
-// NewAIMD returns an AIMD controller at cfg.Initial.
-func NewAIMD(cfg AIMDConfig) (*AIMD, error) {
+// NewAIMD returns the AIMD controller, at cfg.Initial; an invalid
+// configuration is an error that wraps ErrInvalidConfig.
+//
+// AIMD is additive increase, multiplicative decrease (concurrency-limits,
+// limit/AIMDLimit.java): a window with a drop, or slower than Timeout,
+// multiplies the limit by Backoff (truncated); any other window that saw
+// at least half the limit in flight adds one.
+func NewAIMD(cfg AIMDConfig) (Controller, error) { return controller(newAIMD(cfg)) }
+
+// newAIMD is NewAIMD with the concrete type (for the package's tests).
+func newAIMD(cfg AIMDConfig) (*aimd, error) {
 	if err := bounds(&cfg.Initial, &cfg.Min, &cfg.Max, 20, 20, 200); err != nil {
 		return nil, err
 	}
@@ -42,11 +48,11 @@ func NewAIMD(cfg AIMDConfig) (*AIMD, error) {
 	case cfg.Timeout < 0:
 		return nil, configErr("aimd: negative timeout")
 	}
-	return &AIMD{cfg: cfg, limit: cfg.Initial}, nil
+	return &aimd{cfg: cfg, limit: cfg.Initial}, nil
 }
 
 // Update applies one window.
-func (a *AIMD) Update(w Window) int {
+func (a *aimd) Update(w Window) int {
 	if w.Samples == 0 {
 		return a.limit
 	}
@@ -62,4 +68,4 @@ func (a *AIMD) Update(w Window) int {
 }
 
 // Limit returns the current limit.
-func (a *AIMD) Limit() int { return a.limit }
+func (a *aimd) Limit() int { return a.limit }

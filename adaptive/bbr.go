@@ -46,6 +46,76 @@ type BBRConfig struct {
 	Epoch time.Time
 }
 
+// bbr is the state of the BBR controller (NewBBR).
+type bbr struct {
+	cfg    BBRConfig
+	offset int64 // Epoch in Unix ns
+	est    float64
+	limit  int // what Limit returns: est, or the probe's limit
+
+	startup   bool
+	fullRate  float64 // startup: the rate the last growth step reached
+	fullCount int     // startup: limited windows since the rate last grew by a quarter
+	startWork float64 // startup: the work done of the last window that used the limit
+
+	base   map[string]time.Duration // no-load RTT by kind of work (Sample.Key)
+	seen   map[string]int           // samples of each kind, up to firmBaseline
+	first  map[string]keyStats      // the samples of each kind not yet firm
+	rtt0   time.Duration            // the last window's no-load RTT, for its mix
+	rates  [rateRing]rateSample
+	nrates int
+	ri     int
+
+	probing      bool          // the window in progress runs at the probe limit
+	afterProbe   bool          // the window in progress is the one after a probe
+	stale        bool          // the rates predate a change: reset them after the probe
+	lateAfter    clock.Instant // late windows ask for no probe before this
+	probeNow     bool          // probe in the next window, whatever the slot
+	verify       bool          // probe again at half the limit in the next window
+	verifying    bool          // the probe in progress is such a second one
+	probeLimit   int           // the limit of the last probe
+	lastRTT      time.Duration // the last window's mean RTT
+	queuedInSlot bool          // a window of the current slot showed a queue
+	slot         int64         // the probe slot of the last window
+	slotSeen     bool
+
+	grewFrom int           // the limit before the last growth step (0: the last step was not one)
+	keep     int           // a limit a step up reached and paid off at (0: none): the limit stays at it
+	grewRate float64       // the rate at grewFrom
+	ceiling  int           // a limit that showed a queue without a gain in rate (0: none)
+	backoff  time.Duration // how long ceiling stands after it last failed
+	upAfter  clock.Instant // until when growth stays below ceiling
+
+	freeWork float64       // the most work a window without a queue got done lately
+	freeAt   clock.Instant // when
+	regrow   bool          // a stall was seen: start up again once the probes are done
+	regrowTo float64       // the limit that startup grows back to (+Inf: as far as it goes; 0: none)
+}
+
+const rateRing = 32
+
+type rateSample struct {
+	at   clock.Instant
+	rate float64 // no-load work done per second, in slots (N̂ of one window)
+}
+
+const (
+	bbrBackoffMin = 10 * time.Second
+	// bbrBackoffLate is the least a limit whose queue made answers late
+	// stands as the ceiling: a failed step up costs those answers, not
+	// only a short queue.
+	bbrBackoffLate = time.Minute
+	bbrBackoffMax  = 5 * time.Minute
+)
+
+var (
+	_ Controller   = (*bbr)(nil)
+	_ ShortWindows = (*bbr)(nil)
+)
+
+// NewBBR returns the BBR controller, at cfg.Initial; an invalid
+// configuration is an error that wraps ErrInvalidConfig.
+//
 // BBR sizes a concurrency limit as BBR sizes a TCP window (Cardwell et
 // al., "BBR: Congestion-Based Congestion Control", ACM Queue 14(5), 2016):
 // from two estimates that a standing queue cannot absorb, the work the
@@ -110,74 +180,10 @@ type BBRConfig struct {
 // Over whole incidents of a mixed service (capacity halved and back, a
 // slower dependency, a retry storm, a ramp, a flash crowd, a partial
 // fleet) see sluice sim --incidents.
-type BBR struct {
-	cfg    BBRConfig
-	offset int64 // Epoch in Unix ns
-	est    float64
-	limit  int // what Limit returns: est, or the probe's limit
+func NewBBR(cfg BBRConfig) (Controller, error) { return controller(newBBR(cfg)) }
 
-	startup   bool
-	fullRate  float64 // startup: the rate the last growth step reached
-	fullCount int     // startup: limited windows since the rate last grew by a quarter
-	startWork float64 // startup: the work done of the last window that used the limit
-
-	base   map[string]time.Duration // no-load RTT by kind of work (Sample.Key)
-	seen   map[string]int           // samples of each kind, up to firmBaseline
-	first  map[string]KeyStats      // the samples of each kind not yet firm
-	rtt0   time.Duration            // the last window's no-load RTT, for its mix
-	rates  [rateRing]rateSample
-	nrates int
-	ri     int
-
-	probing      bool          // the window in progress runs at the probe limit
-	afterProbe   bool          // the window in progress is the one after a probe
-	stale        bool          // the rates predate a change: reset them after the probe
-	lateAfter    clock.Instant // late windows ask for no probe before this
-	probeNow     bool          // probe in the next window, whatever the slot
-	verify       bool          // probe again at half the limit in the next window
-	verifying    bool          // the probe in progress is such a second one
-	probeLimit   int           // the limit of the last probe
-	lastRTT      time.Duration // the last window's mean RTT
-	queuedInSlot bool          // a window of the current slot showed a queue
-	slot         int64         // the probe slot of the last window
-	slotSeen     bool
-
-	grewFrom int           // the limit before the last growth step (0: the last step was not one)
-	keep     int           // a limit a step up reached and paid off at (0: none): the limit stays at it
-	grewRate float64       // the rate at grewFrom
-	ceiling  int           // a limit that showed a queue without a gain in rate (0: none)
-	backoff  time.Duration // how long ceiling stands after it last failed
-	upAfter  clock.Instant // until when growth stays below ceiling
-
-	freeWork float64       // the most work a window without a queue got done lately
-	freeAt   clock.Instant // when
-	regrow   bool          // a stall was seen: start up again once the probes are done
-	regrowTo float64       // the limit that startup grows back to (+Inf: as far as it goes; 0: none)
-}
-
-const rateRing = 32
-
-type rateSample struct {
-	at   clock.Instant
-	rate float64 // no-load work done per second, in slots (N̂ of one window)
-}
-
-const (
-	bbrBackoffMin = 10 * time.Second
-	// bbrBackoffLate is the least a limit whose queue made answers late
-	// stands as the ceiling: a failed step up costs those answers, not
-	// only a short queue.
-	bbrBackoffLate = time.Minute
-	bbrBackoffMax  = 5 * time.Minute
-)
-
-var (
-	_ Controller   = (*BBR)(nil)
-	_ ShortWindows = (*BBR)(nil)
-)
-
-// NewBBR returns a BBR controller at cfg.Initial.
-func NewBBR(cfg BBRConfig) (*BBR, error) {
+// newBBR is NewBBR with the concrete type (for the package's tests).
+func newBBR(cfg BBRConfig) (*bbr, error) {
 	if err := bounds(&cfg.Initial, &cfg.Min, &cfg.Max, 1, 1, 10000); err != nil {
 		return nil, err
 	}
@@ -216,12 +222,12 @@ func NewBBR(cfg BBRConfig) (*BBR, error) {
 	case !(cfg.LateShare > 0 && cfg.LateShare < 1):
 		return nil, paramErr("late_share", "bbr: late share %v, want (0, 1)", cfg.LateShare)
 	}
-	b := &BBR{cfg: cfg, offset: cfg.Epoch.UnixNano(), est: float64(cfg.Initial), limit: cfg.Initial, startup: true, backoff: bbrBackoffMin}
+	b := &bbr{cfg: cfg, offset: cfg.Epoch.UnixNano(), est: float64(cfg.Initial), limit: cfg.Initial, startup: true, backoff: bbrBackoffMin}
 	return b, nil
 }
 
 // Update applies one window.
-func (b *BBR) Update(w Window) int {
+func (b *bbr) Update(w Window) int {
 	if w.Samples == 0 || w.RTT <= 0 {
 		return b.limit
 	}
@@ -265,7 +271,7 @@ func (b *BBR) Update(w Window) int {
 
 // growBack starts the startup again once the probes after a stall are
 // done, when the stall left the limit below where it was.
-func (b *BBR) growBack() {
+func (b *bbr) growBack() {
 	if !b.regrow || b.probing || b.verify || b.probeNow {
 		return
 	}
@@ -289,7 +295,7 @@ type windowState struct {
 
 // observe measures w, records its work done, and settles what the probes
 // and the last step up asked to learn from it.
-func (b *BBR) observe(w Window) windowState {
+func (b *bbr) observe(w Window) windowState {
 	st := windowState{applied: b.limit, probe: b.probing, drained: b.afterProbe}
 	st.limited = w.InFlight >= st.applied
 	b.afterProbe = st.probe
@@ -336,7 +342,7 @@ func (b *BBR) observe(w Window) windowState {
 // settleStepUp judges the step up that led to window w, if one did and
 // it met a queue: a failure when it got no more work done, kept when it
 // did.
-func (b *BBR) settleStepUp(w Window, st windowState) {
+func (b *bbr) settleStepUp(w Window, st windowState) {
 	if !st.m.queued || st.grew == 0 || st.applied <= st.grew {
 		return
 	}
@@ -360,7 +366,7 @@ func (b *BBR) settleStepUp(w Window, st windowState) {
 // smaller, which the rate and the no-load RTT of before would hide for
 // their spans: the next window measures the no-load RTT, and the rate
 // starts again after it (at most once a ProbeInterval).
-func (b *BBR) onLate(w Window, st windowState, nhat float64) {
+func (b *bbr) onLate(w Window, st windowState, nhat float64) {
 	startup := b.startup
 	b.startup = false
 	if w.End >= b.lateAfter {
@@ -418,7 +424,7 @@ func (b *BBR) onLate(w Window, st windowState, nhat float64) {
 // without a queue got done within RateSpan. (On a host whose two cores
 // were taken, one such stall held the limit of 32 workers of 5 ms at 1
 // for the minute a late ceiling stands.)
-func (b *BBR) stalled(w Window, st windowState) bool {
+func (b *bbr) stalled(w Window, st windowState) bool {
 	if st.m.ratio > float64(st.applied)*(1+b.cfg.Tolerance)+st.m.sig {
 		return true
 	}
@@ -429,7 +435,7 @@ func (b *BBR) stalled(w Window, st windowState) bool {
 // service: the limit, not the service, may be the bottleneck. (Not so in
 // the window after a probe, whose no queue is the one the probe drained.)
 // It grows by Headroom, up to below a limit that failed lately.
-func (b *BBR) stepUp(w Window, st windowState, nhat float64) {
+func (b *bbr) stepUp(w Window, st windowState, nhat float64) {
 	if st.grew > 0 && st.applied > st.grew {
 		b.backoff = bbrBackoffMin // the last step up found room
 		if st.applied >= b.ceiling {
@@ -449,7 +455,7 @@ func (b *BBR) stepUp(w Window, st windowState, nhat float64) {
 // startupStep doubles the limit while windows use it whole without a
 // queue, and ends the startup once a queue shows or the rate stops
 // growing.
-func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
+func (b *bbr) startupStep(now clock.Instant, st windowState, nhat float64) {
 	m := st.m
 	if !st.limited {
 		return
@@ -502,7 +508,7 @@ func (b *BBR) startupStep(now clock.Instant, st windowState, nhat float64) {
 // would fail as a step up; 0 if it did gain. (A service of two workers
 // was tried at three right after its startup had tried four, and a
 // deadline of twice its service time made that trial's answers late.)
-func (b *BBR) startupCeiling(st windowState) int {
+func (b *bbr) startupCeiling(st windowState) int {
 	half := st.applied / 2
 	if half < 1 || b.startWork <= 0 || st.m.work > (1+b.cfg.Tolerance)*b.startWork {
 		return 0
@@ -513,7 +519,7 @@ func (b *BBR) startupCeiling(st windowState) int {
 // failed records that limit showed a queue without a gain in rate right
 // after a step up: it is not tried again for the backoff, which doubles
 // each time the same limit fails.
-func (b *BBR) failed(now clock.Instant, limit int) {
+func (b *bbr) failed(now clock.Instant, limit int) {
 	if b.ceiling == limit {
 		b.backoff = min(2*b.backoff, bbrBackoffMax)
 	} else {
@@ -527,7 +533,7 @@ func (b *BBR) failed(now clock.Instant, limit int) {
 // or when a new probe slot begins and the service queued in the slot
 // before: a standing queue would otherwise pass for the no-load RTT, and a
 // no-load RTT that noise pulled low would stay.
-func (b *BBR) scheduleProbe(w Window, nhat float64) {
+func (b *bbr) scheduleProbe(w Window, nhat float64) {
 	slot := floorDiv(int64(w.End)+b.offset, int64(b.cfg.ProbeInterval))
 	newSlot := b.slotSeen && slot != b.slot
 	b.slot, b.slotSeen = slot, true
@@ -563,7 +569,7 @@ func (b *BBR) scheduleProbe(w Window, nhat float64) {
 // limit. Otherwise 0: a window of the Windower's length, which also
 // bounds these; either way a window has at least the Windower's
 // MinSamples.
-func (b *BBR) NextWindow(rtt time.Duration) time.Duration {
+func (b *bbr) NextWindow(rtt time.Duration) time.Duration {
 	if b.lastRTT == 0 {
 		b.lastRTT = rtt // the first window's
 	}
@@ -581,7 +587,7 @@ func (b *BBR) NextWindow(rtt time.Duration) time.Duration {
 
 // maxRate returns the highest rate recorded within RateSpan before now,
 // or the latest one when none is that recent.
-func (b *BBR) maxRate(now clock.Instant) float64 {
+func (b *bbr) maxRate(now clock.Instant) float64 {
 	if b.nrates == 0 {
 		return 0
 	}
@@ -599,13 +605,13 @@ func (b *BBR) maxRate(now clock.Instant) float64 {
 	return best
 }
 
-func (b *BBR) addRate(at clock.Instant, rate float64) {
+func (b *bbr) addRate(at clock.Instant, rate float64) {
 	b.rates[b.ri] = rateSample{at, rate}
 	b.ri = (b.ri + 1) % rateRing
 	b.nrates = min(b.nrates+1, rateRing)
 }
 
-func (b *BBR) resetRates(at clock.Instant, rate float64) {
+func (b *bbr) resetRates(at clock.Instant, rate float64) {
 	b.nrates, b.ri = 0, 0
 	if rate > 0 {
 		b.addRate(at, rate)
@@ -613,23 +619,23 @@ func (b *BBR) resetRates(at clock.Instant, rate float64) {
 }
 
 // Limit returns the current limit.
-func (b *BBR) Limit() int { return b.limit }
+func (b *bbr) Limit() int { return b.limit }
 
 // Estimate returns the limit before truncation (outside a probe).
-func (b *BBR) Estimate() float64 { return b.est }
+func (b *bbr) Estimate() float64 { return b.est }
 
 // NoLoadRTT returns the no-load RTT of the last window's mix of work (0
 // before the first window).
-func (b *BBR) NoLoadRTT() time.Duration { return b.rtt0 }
+func (b *bbr) NoLoadRTT() time.Duration { return b.rtt0 }
 
 // Capacity returns N̂, the estimated concurrency at which the service is
 // busy without a queue (0 before the first window with a rate).
-func (b *BBR) Capacity(now clock.Instant) float64 {
+func (b *bbr) Capacity(now clock.Instant) float64 {
 	return b.maxRate(now)
 }
 
 // BBRState is what BBR reports of itself (the admin API's /v1/gates).
-type BBRState struct {
+type bbrState struct {
 	// Capacity is N̂, the concurrency at which the service is busy without
 	// a queue; NoLoadMs the no-load RTT of the last window's mix of work.
 	Capacity float64 `json:"capacity"`
@@ -647,8 +653,8 @@ type BBRState struct {
 
 // State returns the controller's estimates at now. Not safe for concurrent
 // use with Update (the gate serializes them).
-func (b *BBR) State(now clock.Instant) any {
-	st := BBRState{Capacity: math.Round(100*b.maxRate(now)) / 100, NoLoadMs: float64(b.rtt0.Microseconds()) / 1000,
+func (b *bbr) State(now clock.Instant) any {
+	st := bbrState{Capacity: math.Round(100*b.maxRate(now)) / 100, NoLoadMs: float64(b.rtt0.Microseconds()) / 1000,
 		Startup: b.startup, Probing: b.probing, Keep: b.keep}
 	if b.ceiling > 0 && now < b.upAfter {
 		st.Ceiling, st.CeilingForS = b.ceiling, math.Round(b.upAfter.Sub(now).Seconds()*10)/10
@@ -657,7 +663,7 @@ func (b *BBR) State(now clock.Instant) any {
 }
 
 // Probing reports whether the window in progress is a probe.
-func (b *BBR) Probing() bool { return b.probing }
+func (b *bbr) Probing() bool { return b.probing }
 
 // floorDiv is ⌊a/n⌋ for n > 0.
 func floorDiv(a, n int64) int64 {
@@ -683,7 +689,7 @@ type measured struct {
 }
 
 // maxBaselines bounds the kinds of work whose no-load RTT is kept.
-const maxBaselines = 4 * MaxKeys
+const maxBaselines = 4 * maxKeys
 
 // firmBaseline is how many samples of a kind of work its no-load RTT is
 // the mean of before windows may only lower it.
@@ -696,10 +702,10 @@ const firmBaseline = 30
 // it half as far), the probe's own when it differs by half or more. Any
 // other window may only lower an estimate, with its mean plus its standard
 // error (the least of noisy means would sit below the service's).
-func (b *BBR) measure(w Window, probe, verify bool) measured {
+func (b *bbr) measure(w Window, probe, verify bool) measured {
 	keys := keysOf(w)
 	if b.base == nil {
-		b.base, b.seen, b.first = map[string]time.Duration{}, map[string]int{}, map[string]KeyStats{}
+		b.base, b.seen, b.first = map[string]time.Duration{}, map[string]int{}, map[string]keyStats{}
 	}
 	if len(b.base)+len(keys) > maxBaselines {
 		b.forget(keys)
@@ -737,14 +743,14 @@ func (b *BBR) measure(w Window, probe, verify bool) measured {
 
 // keysOf returns w's samples by kind of work; a window built by hand
 // without them is one kind.
-func keysOf(w Window) []KeyStats {
-	if w.Keys != nil {
-		return w.Keys
+func keysOf(w Window) []keyStats {
+	if w.keys != nil {
+		return w.keys
 	}
 	n := float64(w.Samples)
 	mean := w.RTT.Seconds()
 	dev := w.RTTDev.Seconds()
-	return []KeyStats{{Samples: w.Samples, Sum: w.RTT * time.Duration(w.Samples),
+	return []keyStats{{Samples: w.Samples, Sum: w.RTT * time.Duration(w.Samples),
 		SumSq: n * (mean*mean + dev*dev*max(n-1, 0)/n), FreshSamples: w.FreshSamples,
 		FreshSum: w.FreshRTT * time.Duration(w.FreshSamples), Late: w.Late}}
 }
@@ -752,7 +758,7 @@ func keysOf(w Window) []KeyStats {
 // learn updates the no-load RTTs of keys and returns, for a probe, the
 // old and new no-load RTTs of the kinds it measured, weighed by samples,
 // and twice the relative standard error of its RTTs.
-func (b *BBR) learn(keys []KeyStats, probe, verify bool) (was, now, noise float64) {
+func (b *bbr) learn(keys []keyStats, probe, verify bool) (was, now, noise float64) {
 	crowded := b.crowded(keys)
 	var sum, variance float64
 	measured := make(map[string]bool, len(keys))
@@ -801,7 +807,7 @@ func (b *BBR) learn(keys []KeyStats, probe, verify bool) (was, now, noise float6
 // learnProbe sets the no-load RTT of k's kind of work from a probe's
 // reading (of the requests admitted during it, when there are 3) and
 // returns the reading; old is the no-load RTT before.
-func (b *BBR) learnProbe(k KeyStats, old time.Duration, verify bool) time.Duration {
+func (b *bbr) learnProbe(k keyStats, old time.Duration, verify bool) time.Duration {
 	r := k.Mean()
 	if k.FreshSamples >= 3 {
 		r = k.FreshSum / time.Duration(k.FreshSamples)
@@ -820,7 +826,7 @@ func (b *BBR) learnProbe(k KeyStats, old time.Duration, verify bool) time.Durati
 // learnFirst folds k into a kind of work seen fewer than firmBaseline
 // times: the mean of all its samples so far stands for it (the least of a
 // few small windows would sit far below it).
-func (b *BBR) learnFirst(k KeyStats) {
+func (b *bbr) learnFirst(k keyStats) {
 	a := b.first[k.Key]
 	a.Samples += k.Samples
 	a.Sum += k.Sum
@@ -833,7 +839,7 @@ func (b *BBR) learnFirst(k KeyStats) {
 // crowded reports whether the window's kinds of work already known show a
 // queue: the samples of a window that does must not go into a no-load RTT
 // still being learned.
-func (b *BBR) crowded(keys []KeyStats) bool {
+func (b *bbr) crowded(keys []keyStats) bool {
 	var known, sum, variance float64
 	for _, k := range keys {
 		if old := b.base[k.Key]; old > 0 {
@@ -846,7 +852,7 @@ func (b *BBR) crowded(keys []KeyStats) bool {
 }
 
 // stdErr is the standard error of k's mean RTT.
-func stdErr(k KeyStats) time.Duration {
+func stdErr(k keyStats) time.Duration {
 	if k.Samples == 0 {
 		return 0
 	}
@@ -855,7 +861,7 @@ func stdErr(k KeyStats) time.Duration {
 
 // forget drops the no-load RTTs of kinds of work the window does not hold,
 // to make room: kinds come and go, and their number is not bounded.
-func (b *BBR) forget(keep []KeyStats) {
+func (b *bbr) forget(keep []keyStats) {
 	in := make(map[string]bool, len(keep))
 	for _, k := range keep {
 		in[k.Key] = true

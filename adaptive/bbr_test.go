@@ -1,12 +1,10 @@
-package adaptive_test
+package adaptive
 
 import (
 	"fmt"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/sluice-go/sluice/adaptive"
 )
 
 // BBR's guarantee, over an hour of a saturated service: in front of a FIFO
@@ -36,11 +34,11 @@ func TestBBRHoldsAnHour(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%dx%v-%s", c.n, c.s, c.svc), func(t *testing.T) {
-			ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+			ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+			g, _ := NewGate("g", ctrl, GateOptions{})
 			svc := constant(c.s)
 			if c.svc == "exponential" {
 				svc = exponential(c.s)
@@ -87,11 +85,11 @@ func low(limits []int, x float64) float64 {
 // the rows of each interval.
 func stalledRun(t *testing.T, u *upstream, load float64, before, stall, stallFor, after, interval time.Duration) []row {
 	t.Helper()
-	ctrl, err := adaptive.NewBBR(adaptive.BBRConfig{Epoch: time.Unix(0, 0)})
+	ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, _ := adaptive.NewGate("g", ctrl, adaptive.GateOptions{})
+	g, _ := NewGate("g", ctrl, GateOptions{})
 	var phases []phase
 	if before > 0 {
 		phases = append(phases, phase{For: before, Load: load})

@@ -1,4 +1,4 @@
-package adaptive_test
+package adaptive
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/limit"
@@ -41,8 +40,8 @@ func BenchmarkStaticConcurrency(b *testing.B) {
 // BenchmarkAdaptiveConcurrency: the adaptive gate with Gradient2, every
 // completion a sample.
 func BenchmarkAdaptiveConcurrency(b *testing.B) {
-	ctrl, _ := adaptive.NewGradient2(adaptive.Gradient2Config{Initial: 1000, Max: 2000})
-	g, _ := adaptive.NewGate("pool", ctrl, adaptive.GateOptions{})
+	ctrl, _ := newGradient2(Gradient2Config{Initial: 1000, Max: 2000})
+	g, _ := NewGate("pool", ctrl, GateOptions{})
 	admitRelease(b, g)
 }
 
@@ -50,8 +49,8 @@ func BenchmarkAdaptiveConcurrency(b *testing.B) {
 // default), requests of three operations, whose samples the window keeps
 // apart.
 func BenchmarkAdaptiveConcurrencyBBR(b *testing.B) {
-	ctrl, _ := adaptive.NewBBR(adaptive.BBRConfig{Initial: 1000, Max: 2000})
-	g, _ := adaptive.NewGate("pool", ctrl, adaptive.GateOptions{})
+	ctrl, _ := newBBR(BBRConfig{Initial: 1000, Max: 2000})
+	g, _ := NewGate("pool", ctrl, GateOptions{})
 	ops := []*sluice.Request{{Operation: "GET /v1/routes/*"}, {Operation: "POST /v1/routes"}, {Operation: "GET /v1/analytics/*"}}
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -42,7 +42,7 @@ type Gate struct {
 
 	mu      sync.Mutex // serializes the controller and the windower
 	ctrl    Controller
-	win     *Windower
+	win     *windower
 	started bool // a sample came
 }
 
@@ -66,7 +66,7 @@ func NewGate(name string, c Controller, opts GateOptions) (*Gate, error) {
 	if opts.RetryHint < 0 {
 		return nil, configErr("gate %q: negative retry hint", name)
 	}
-	w, err := NewWindower(opts.Window)
+	w, err := newWindower(opts.Window)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +102,7 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 	if key == "" {
 		key = r.Class
 	}
-	s := Sample{RTT: c.Latency, InFlight: int(p), Dropped: c.Outcome == sluice.OutcomeLate, Key: key}
+	s := sample{RTT: c.Latency, InFlight: int(p), Dropped: c.Outcome == sluice.OutcomeLate, Key: key}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	first := !g.started
@@ -158,8 +158,8 @@ func (g *Gate) ConcurrencyLimit() (limit, inFlight int) {
 	return int(g.limit.Load()), int(g.inflight.Load())
 }
 
-// GateState is what the admin API shows of a Gate.
-type GateState struct {
+// gateState is what the admin API shows of a Gate.
+type gateState struct {
 	Limit    int  `json:"limit"`
 	InFlight int  `json:"in_flight"`
 	Pinned   bool `json:"pinned,omitempty"`
@@ -172,7 +172,7 @@ type GateState struct {
 // estimates when it reports them.
 func (g *Gate) ReportState(now clock.Instant) any {
 	l, n := g.ConcurrencyLimit()
-	st := GateState{Limit: l, InFlight: n, Pinned: g.pinned.Load()}
+	st := gateState{Limit: l, InFlight: n, Pinned: g.pinned.Load()}
 	if r, ok := g.ctrl.(interface{ State(clock.Instant) any }); ok {
 		g.mu.Lock()
 		st.Controller = r.State(now)

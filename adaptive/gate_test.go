@@ -1,4 +1,4 @@
-package adaptive_test
+package adaptive
 
 import (
 	"context"
@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 )
 
 // drive admits up to n requests at now and completes every admitted one at
 // now+rtt with outcome o, returning how many were admitted.
-func drive(g *adaptive.Gate, now clock.Instant, n int, rtt time.Duration, o sluice.Outcome) int {
+func drive(g *Gate, now clock.Instant, n int, rtt time.Duration, o sluice.Outcome) int {
 	var permits []sluice.Permit
 	for range n {
 		if d, p := g.Decide(context.Background(), &sluice.Request{}, now); d.Admitted {
@@ -32,8 +31,8 @@ func drive(g *adaptive.Gate, now clock.Instant, n int, rtt time.Duration, o slui
 // a window five times slower shrinks it), failed work teaches it nothing,
 // and Pin overrides it.
 func TestGateFollowsItsController(t *testing.T) {
-	ctrl, _ := adaptive.NewGradient2(adaptive.Gradient2Config{Initial: 20, Min: 5, Max: 100, Tolerance: 1})
-	g, err := adaptive.NewGate("adaptive", ctrl, adaptive.GateOptions{Window: adaptive.WindowConfig{MinTime: 100 * time.Millisecond}})
+	ctrl, _ := newGradient2(Gradient2Config{Initial: 20, Min: 5, Max: 100, Tolerance: 1})
+	g, err := NewGate("adaptive", ctrl, GateOptions{Window: WindowConfig{MinTime: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,8 +75,8 @@ func TestGateFollowsItsController(t *testing.T) {
 
 // Under concurrent callers the in-flight count never passes the limit.
 func TestGateNeverAboveLimit(t *testing.T) {
-	ctrl, _ := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: 8, Min: 1, Max: 8})
-	g, _ := adaptive.NewGate("adaptive", ctrl, adaptive.GateOptions{})
+	ctrl, _ := newAIMD(AIMDConfig{Initial: 8, Min: 1, Max: 8})
+	g, _ := NewGate("adaptive", ctrl, GateOptions{})
 	var inflight, worst atomic.Int64
 	var wg sync.WaitGroup
 	for range 16 {
@@ -109,7 +108,7 @@ func TestGateNeverAboveLimit(t *testing.T) {
 // The runtime's scheduling latency is a queueing-delay source: goroutines
 // outnumbering the processors make it grow.
 func TestSchedulingDelay(t *testing.T) {
-	delay := adaptive.SchedulingDelay()
+	delay := SchedulingDelay()
 	delay() // from now on
 	var wg sync.WaitGroup
 	stop := time.Now().Add(50 * time.Millisecond)
@@ -131,8 +130,8 @@ func TestSchedulingDelay(t *testing.T) {
 // backs off on them (in front of an upstream whose answers all came past
 // their deadline, booked as errors, it never did).
 func TestLateCompletionsTeachTheController(t *testing.T) {
-	ctrl, _ := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: 20, Min: 1, Max: 100})
-	g, _ := adaptive.NewGate("adaptive", ctrl, adaptive.GateOptions{Window: adaptive.WindowConfig{MinTime: 100 * time.Millisecond}})
+	ctrl, _ := newAIMD(AIMDConfig{Initial: 20, Min: 1, Max: 100})
+	g, _ := NewGate("adaptive", ctrl, GateOptions{Window: WindowConfig{MinTime: 100 * time.Millisecond}})
 	now := clock.Instant(time.Second)
 	for range 10 {
 		now = now.Add(200 * time.Millisecond)
@@ -146,15 +145,15 @@ func TestLateCompletionsTeachTheController(t *testing.T) {
 // The gate's state shows the controller's estimates when it reports them
 // (BBR's capacity and no-load RTT, for the admin API).
 func TestGateStateShowsTheController(t *testing.T) {
-	ctrl, _ := adaptive.NewBBR(adaptive.BBRConfig{})
-	g, _ := adaptive.NewGate("adaptive", ctrl, adaptive.GateOptions{Window: adaptive.WindowConfig{MinTime: 100 * time.Millisecond}})
+	ctrl, _ := newBBR(BBRConfig{})
+	g, _ := NewGate("adaptive", ctrl, GateOptions{Window: WindowConfig{MinTime: 100 * time.Millisecond}})
 	now := clock.Instant(time.Second)
 	for range 100 {
 		now = now.Add(20 * time.Millisecond)
 		drive(g, now, 20, 10*time.Millisecond, sluice.OutcomeUseful)
 	}
-	st := g.ReportState(now).(adaptive.GateState)
-	bs, ok := st.Controller.(adaptive.BBRState)
+	st := g.ReportState(now).(gateState)
+	bs, ok := st.Controller.(bbrState)
 	if !ok || bs.NoLoadMs < 9 || bs.NoLoadMs > 11 || bs.Capacity <= 0 {
 		t.Fatalf("state %+v", st)
 	}

@@ -25,6 +25,18 @@ type Gradient2Config struct {
 	Tolerance float64
 }
 
+// gradient2 is the state of the Gradient2 controller (NewGradient2).
+type gradient2 struct {
+	cfg  Gradient2Config
+	est  float64
+	long expAvg
+}
+
+var _ Controller = (*gradient2)(nil)
+
+// NewGradient2 returns the Gradient2 controller, at cfg.Initial; an invalid
+// configuration is an error that wraps ErrInvalidConfig.
+//
 // Gradient2 is Netflix's Gradient2 limit (concurrency-limits,
 // limit/Gradient2Limit.java): it compares each window's RTT with a
 // long-term average and shrinks the limit by their ratio when the window
@@ -40,16 +52,10 @@ type Gradient2Config struct {
 // original. With a long RTT of 20 ms, a window of 50 ms at a limit of 100,
 // Tolerance 1 and a queue of 10, the limit goes to 0.8·100 + 0.2·(0.5·100
 // + 10) = 92.
-type Gradient2 struct {
-	cfg  Gradient2Config
-	est  float64
-	long expAvg
-}
+func NewGradient2(cfg Gradient2Config) (Controller, error) { return controller(newGradient2(cfg)) }
 
-var _ Controller = (*Gradient2)(nil)
-
-// NewGradient2 returns a Gradient2 controller at cfg.Initial.
-func NewGradient2(cfg Gradient2Config) (*Gradient2, error) {
+// newGradient2 is NewGradient2 with the concrete type (for the package's tests).
+func newGradient2(cfg Gradient2Config) (*gradient2, error) {
 	if err := bounds(&cfg.Initial, &cfg.Min, &cfg.Max, 20, 20, 200); err != nil {
 		return nil, err
 	}
@@ -73,11 +79,11 @@ func NewGradient2(cfg Gradient2Config) (*Gradient2, error) {
 	case !(cfg.Tolerance >= 1) || math.IsInf(cfg.Tolerance, 0):
 		return nil, paramErr("tolerance", "gradient2: tolerance %v, want ≥ 1", cfg.Tolerance)
 	}
-	return &Gradient2{cfg: cfg, est: float64(cfg.Initial), long: newExpAvg(cfg.LongWindow, 10)}, nil
+	return &gradient2{cfg: cfg, est: float64(cfg.Initial), long: newExpAvg(cfg.LongWindow, 10)}, nil
 }
 
 // Update applies one window.
-func (g *Gradient2) Update(w Window) int {
+func (g *gradient2) Update(w Window) int {
 	if w.Samples == 0 || w.RTT <= 0 {
 		return g.Limit() // nothing learned
 	}
@@ -98,13 +104,13 @@ func (g *Gradient2) Update(w Window) int {
 }
 
 // Limit returns the current limit (the estimate, truncated).
-func (g *Gradient2) Limit() int { return int(g.est) }
+func (g *gradient2) Limit() int { return int(g.est) }
 
 // Estimate returns the limit before truncation.
-func (g *Gradient2) Estimate() float64 { return g.est }
+func (g *gradient2) Estimate() float64 { return g.est }
 
 // LongRTT returns the long-term RTT average.
-func (g *Gradient2) LongRTT() time.Duration { return time.Duration(g.long.value) }
+func (g *gradient2) LongRTT() time.Duration { return time.Duration(g.long.value) }
 
 // expAvg is Netflix's ExpAvgMeasurement: a plain mean of the first warmup
 // samples, then an exponential average with factor 2/(window+1).

@@ -1,4 +1,4 @@
-package adaptive_test
+package adaptive
 
 import (
 	"testing"

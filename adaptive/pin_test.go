@@ -1,4 +1,4 @@
-package adaptive_test
+package adaptive
 
 import (
 	"sync"
@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 )
 
@@ -16,8 +15,8 @@ import (
 func TestPinHoldsAgainstAClosingWindow(t *testing.T) {
 	lost := 0
 	for round := 0; round < 1000; round++ {
-		a, _ := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: 50, Min: 20, Max: 200})
-		g, _ := adaptive.NewGate("g", a, adaptive.GateOptions{Window: adaptive.WindowConfig{MinTime: time.Nanosecond, MaxTime: time.Nanosecond, MinSamples: 1, MinRTT: time.Nanosecond}})
+		a, _ := newAIMD(AIMDConfig{Initial: 50, Min: 20, Max: 200})
+		g, _ := NewGate("g", a, GateOptions{Window: WindowConfig{MinTime: time.Nanosecond, MaxTime: time.Nanosecond, MinSamples: 1, MinRTT: time.Nanosecond}})
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for w := 0; w < 4; w++ {

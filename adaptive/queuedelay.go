@@ -21,6 +21,17 @@ type QueueDelayConfig struct {
 	Decrease float64
 }
 
+// queueDelay is the state of the QueueDelay controller (NewQueueDelay).
+type queueDelay struct {
+	cfg QueueDelayConfig
+	est float64
+}
+
+var _ Controller = (*queueDelay)(nil)
+
+// NewQueueDelay returns the QueueDelay controller, at cfg.Initial; an invalid
+// configuration is an error that wraps ErrInvalidConfig.
+//
 // QueueDelay sizes a concurrency limit from queueing delay rather than
 // response time, the overload signal of DAGOR (SoCC 2018) and Breakwater
 // (OSDI 2020): a service slow because of its work has long response times
@@ -36,15 +47,10 @@ type QueueDelayConfig struct {
 // the age of the gate's own wait queue. A window that saw fewer than half
 // the limit in flight does not grow it (nothing showed the limit was too
 // small), and a drop counts as a delay of twice Target.
-type QueueDelay struct {
-	cfg QueueDelayConfig
-	est float64
-}
+func NewQueueDelay(cfg QueueDelayConfig) (Controller, error) { return controller(newQueueDelay(cfg)) }
 
-var _ Controller = (*QueueDelay)(nil)
-
-// NewQueueDelay returns a QueueDelay controller at cfg.Initial.
-func NewQueueDelay(cfg QueueDelayConfig) (*QueueDelay, error) {
+// newQueueDelay is NewQueueDelay with the concrete type (for the package's tests).
+func newQueueDelay(cfg QueueDelayConfig) (*queueDelay, error) {
 	if err := bounds(&cfg.Initial, &cfg.Min, &cfg.Max, 20, 1, 1000); err != nil {
 		return nil, err
 	}
@@ -60,11 +66,11 @@ func NewQueueDelay(cfg QueueDelayConfig) (*QueueDelay, error) {
 	if !(cfg.Decrease > 0 && cfg.Decrease <= 1) {
 		return nil, configErr("queue delay: decrease %v, want (0, 1]", cfg.Decrease)
 	}
-	return &QueueDelay{cfg: cfg, est: float64(cfg.Initial)}, nil
+	return &queueDelay{cfg: cfg, est: float64(cfg.Initial)}, nil
 }
 
 // Update applies one window.
-func (q *QueueDelay) Update(w Window) int {
+func (q *queueDelay) Update(w Window) int {
 	if w.Samples == 0 {
 		return q.Limit()
 	}
@@ -87,7 +93,7 @@ func (q *QueueDelay) Update(w Window) int {
 }
 
 // Limit returns the current limit.
-func (q *QueueDelay) Limit() int { return int(q.est) }
+func (q *queueDelay) Limit() int { return int(q.est) }
 
 // Estimate returns the limit before truncation.
-func (q *QueueDelay) Estimate() float64 { return q.est }
+func (q *queueDelay) Estimate() float64 { return q.est }

@@ -1,6 +1,6 @@
 //go:build race
 
-package adaptive_test
+package adaptive
 
 import "time"
 

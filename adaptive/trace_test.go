@@ -1,4 +1,4 @@
-package adaptive_test
+package adaptive
 
 import (
 	"fmt"
@@ -6,14 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/tracefile"
 )
 
 // traced is a controller under a trace, with what the trace prints of it.
 type traced struct {
-	c     adaptive.Controller
+	c     Controller
 	state func() string
 }
 
@@ -28,7 +27,7 @@ func newTraced(t *testing.T, cmd *tracefile.Cmd) (traced, error) {
 	}
 	switch kind := cmd.Words[0]; kind {
 	case "gradient2":
-		g, err := adaptive.NewGradient2(adaptive.Gradient2Config{Initial: initial, Min: lo, Max: hi,
+		g, err := newGradient2(Gradient2Config{Initial: initial, Min: lo, Max: hi,
 			Tolerance: cmd.Float(t, "tolerance", 0), Smoothing: cmd.Float(t, "smoothing", 0), Queue: fixed("queue")})
 		if err != nil {
 			return traced{}, err
@@ -37,27 +36,27 @@ func newTraced(t *testing.T, cmd *tracefile.Cmd) (traced, error) {
 			return fmt.Sprintf("estimate=%.4f long=%v", g.Estimate(), g.LongRTT().Round(100*time.Nanosecond))
 		}}, nil
 	case "vegas":
-		cfg := adaptive.VegasConfig{Initial: initial, Min: lo, Max: hi, Smoothing: cmd.Float(t, "smoothing", 0),
+		cfg := VegasConfig{Initial: initial, Min: lo, Max: hi, Smoothing: cmd.Float(t, "smoothing", 0),
 			Alpha: fixed("alpha"), Beta: fixed("beta"), Rand: func() float64 { return 0.999 }}
 		if cmd.Str("decrease", "") == "half" {
 			cfg.Decrease = func(l float64) float64 { return l / 2 }
 		}
-		v, err := adaptive.NewVegas(cfg)
+		v, err := newVegas(cfg)
 		if err != nil {
 			return traced{}, err
 		}
 		return traced{v, func() string { return fmt.Sprintf("estimate=%.4f noload=%v", v.Estimate(), v.NoLoadRTT()) }}, nil
 	case "aimd":
-		a, err := adaptive.NewAIMD(adaptive.AIMDConfig{Initial: initial, Min: lo, Max: hi})
+		a, err := newAIMD(AIMDConfig{Initial: initial, Min: lo, Max: hi})
 		return traced{a, func() string { return "" }}, err
 	case "queuedelay":
-		q, err := adaptive.NewQueueDelay(adaptive.QueueDelayConfig{Initial: initial, Min: lo, Max: hi, Target: cmd.Duration(t, "target", 0)})
+		q, err := newQueueDelay(QueueDelayConfig{Initial: initial, Min: lo, Max: hi, Target: cmd.Duration(t, "target", 0)})
 		if err != nil {
 			return traced{}, err
 		}
 		return traced{q, func() string { return fmt.Sprintf("estimate=%.4f", q.Estimate()) }}, nil
 	case "bbr":
-		b, err := adaptive.NewBBR(adaptive.BBRConfig{Initial: initial, Min: lo, Max: hi, Epoch: time.Unix(0, 0)})
+		b, err := newBBR(BBRConfig{Initial: initial, Min: lo, Max: hi, Epoch: time.Unix(0, 0)})
 		if err != nil {
 			return traced{}, err
 		}
@@ -90,7 +89,7 @@ func TestControllerTraces(t *testing.T) {
 					}
 					return fmt.Sprintf("limit=%d", c.c.Limit())
 				case "window":
-					w := adaptive.Window{Samples: 10, RTT: cmd.Duration(t, "rtt", 0), InFlight: int(cmd.Int(t, "inflight", 0)),
+					w := Window{Samples: 10, RTT: cmd.Duration(t, "rtt", 0), InFlight: int(cmd.Int(t, "inflight", 0)),
 						Dropped: slices.Contains(cmd.Words, "drop"), QueueDelay: cmd.Duration(t, "delay", 0)}
 					w.MinRTT = w.RTT
 					// rate=R: a window of a second (each one after the

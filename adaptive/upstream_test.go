@@ -1,4 +1,4 @@
-package adaptive_test
+package adaptive
 
 import (
 	"container/heap"
@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 )
 
@@ -28,7 +27,7 @@ type upstream struct {
 	MaxWait time.Duration
 	Seed    uint64
 
-	gate *adaptive.Gate
+	gate *Gate
 	r    *rand.Rand
 	now  clock.Instant
 	ev   events
@@ -103,7 +102,7 @@ type phase struct {
 }
 
 // run drives the model through the phases, closing a row every interval.
-func (u *upstream) run(g *adaptive.Gate, interval time.Duration, phases ...phase) []row {
+func (u *upstream) run(g *Gate, interval time.Duration, phases ...phase) []row {
 	u.gate = g
 	u.r = rand.New(rand.NewPCG(u.Seed, 7))
 	u.idle = u.Workers

@@ -31,16 +31,8 @@ type VegasConfig struct {
 	Rand func() float64
 }
 
-// Vegas is Netflix's Vegas limit (concurrency-limits, limit/VegasLimit.java),
-// TCP Vegas' delay-based congestion avoidance applied to concurrency: with
-// the no-load RTT as the shortest seen, a window of RTT r at limit L has
-// about queue = ⌈L·(1 − noLoad/r)⌉ requests waiting. Below Threshold the
-// limit grows by Beta, below Alpha by Increase, above Beta it shrinks by
-// Decrease, and in [Alpha, Beta] it stays. A dropped request shrinks it; a
-// window that saw fewer than half the limit in flight, or a new shortest
-// RTT, changes nothing. Every ~ProbeMultiplier·L windows the no-load RTT is
-// taken afresh from the window, so it follows a service that got slower.
-type Vegas struct {
+// vegas is the state of the Vegas controller (NewVegas).
+type vegas struct {
 	cfg        VegasConfig
 	est        float64
 	noLoad     float64 // ns; 0: unknown
@@ -48,7 +40,7 @@ type Vegas struct {
 	jitter     float64
 }
 
-var _ Controller = (*Vegas)(nil)
+var _ Controller = (*vegas)(nil)
 
 // log10root is max(1, ⌊log10 n⌋).
 func log10root(n int) int {
@@ -58,8 +50,22 @@ func log10root(n int) int {
 	return max(1, int(math.Log10(float64(n))))
 }
 
-// NewVegas returns a Vegas controller at cfg.Initial.
-func NewVegas(cfg VegasConfig) (*Vegas, error) {
+// NewVegas returns the Vegas controller, at cfg.Initial; an invalid
+// configuration is an error that wraps ErrInvalidConfig.
+//
+// Vegas is Netflix's Vegas limit (concurrency-limits, limit/VegasLimit.java),
+// TCP Vegas' delay-based congestion avoidance applied to concurrency: with
+// the no-load RTT as the shortest seen, a window of RTT r at limit L has
+// about queue = ⌈L·(1 − noLoad/r)⌉ requests waiting. Below Threshold the
+// limit grows by Beta, below Alpha by Increase, above Beta it shrinks by
+// Decrease, and in [Alpha, Beta] it stays. A dropped request shrinks it; a
+// window that saw fewer than half the limit in flight, or a new shortest
+// RTT, changes nothing. Every ~ProbeMultiplier·L windows the no-load RTT is
+// taken afresh from the window, so it follows a service that got slower.
+func NewVegas(cfg VegasConfig) (Controller, error) { return controller(newVegas(cfg)) }
+
+// newVegas is NewVegas with the concrete type (for the package's tests).
+func newVegas(cfg VegasConfig) (*vegas, error) {
 	if err := bounds(&cfg.Initial, &cfg.Min, &cfg.Max, 20, 1, 1000); err != nil {
 		return nil, err
 	}
@@ -93,15 +99,15 @@ func NewVegas(cfg VegasConfig) (*Vegas, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = rand.Float64
 	}
-	v := &Vegas{cfg: cfg, est: float64(cfg.Initial)}
+	v := &vegas{cfg: cfg, est: float64(cfg.Initial)}
 	v.resetJitter()
 	return v, nil
 }
 
-func (v *Vegas) resetJitter() { v.jitter = 0.5 + v.cfg.Rand()/2 }
+func (v *vegas) resetJitter() { v.jitter = 0.5 + v.cfg.Rand()/2 }
 
 // Update applies one window.
-func (v *Vegas) Update(w Window) int {
+func (v *vegas) Update(w Window) int {
 	if w.Samples == 0 || w.RTT <= 0 {
 		return v.Limit()
 	}
@@ -140,10 +146,10 @@ func (v *Vegas) Update(w Window) int {
 }
 
 // Limit returns the current limit.
-func (v *Vegas) Limit() int { return int(v.est) }
+func (v *vegas) Limit() int { return int(v.est) }
 
 // Estimate returns the limit before truncation.
-func (v *Vegas) Estimate() float64 { return v.est }
+func (v *vegas) Estimate() float64 { return v.est }
 
 // NoLoadRTT returns the no-load RTT the controller measures queues against.
-func (v *Vegas) NoLoadRTT() time.Duration { return time.Duration(v.noLoad) }
+func (v *vegas) NoLoadRTT() time.Duration { return time.Duration(v.noLoad) }

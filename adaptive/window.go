@@ -7,8 +7,8 @@ import (
 	"github.com/sluice-go/sluice/clock"
 )
 
-// Sample is one completed request as a controller sees it.
-type Sample struct {
+// sample is one completed request as a controller sees it.
+type sample struct {
 	// RTT is the time from its admission to its completion.
 	RTT time.Duration
 	// InFlight is the requests in flight at its admission, itself
@@ -24,12 +24,12 @@ type Sample struct {
 	Key string
 }
 
-// MaxKeys is how many kinds of work a window keeps apart; samples of
+// maxKeys is how many kinds of work a window keeps apart; samples of
 // further keys share the key "".
-const MaxKeys = 32
+const maxKeys = 32
 
-// KeyStats is what a window saw of one kind of work.
-type KeyStats struct {
+// keyStats is what a window saw of one kind of work.
+type keyStats struct {
 	Key string
 	// Samples and Sum are its samples and the sum of their RTTs; SumSq is
 	// the sum of their squares, in s².
@@ -45,7 +45,7 @@ type KeyStats struct {
 }
 
 // Mean returns the mean RTT of the key's samples.
-func (k KeyStats) Mean() time.Duration {
+func (k keyStats) Mean() time.Duration {
 	if k.Samples == 0 {
 		return 0
 	}
@@ -53,7 +53,7 @@ func (k KeyStats) Mean() time.Duration {
 }
 
 // Var returns the variance of the key's RTTs, in s² (0 below 2 samples).
-func (k KeyStats) Var() float64 {
+func (k keyStats) Var() float64 {
 	if k.Samples < 2 {
 		return 0
 	}
@@ -79,11 +79,11 @@ type WindowConfig struct {
 	MinRTT time.Duration
 }
 
-// Windower gathers samples into windows for a Controller, as Netflix's
+// windower gathers samples into windows for a Controller, as Netflix's
 // WindowedLimit does: a window ends at the first sample after its end time
 // once it has at least MinSamples samples (it runs on until then); its RTT
 // is their mean. It is not safe for concurrent use.
-type Windower struct {
+type windower struct {
 	cfg   WindowConfig
 	next  clock.Instant // end of the current window
 	start clock.Instant // its beginning: the previous window's end (0: at its first sample)
@@ -91,12 +91,12 @@ type Windower struct {
 	sum   time.Duration
 	sumSq float64       // of the RTTs in seconds, for RTTDev
 	fresh time.Duration // of the samples admitted since start
-	keys  []KeyStats
+	keys  []keyStats
 	index map[string]int // into keys
 }
 
-// NewWindower returns an empty Windower.
-func NewWindower(cfg WindowConfig) (*Windower, error) {
+// newWindower returns an empty Windower.
+func newWindower(cfg WindowConfig) (*windower, error) {
 	if cfg.MinTime == 0 {
 		cfg.MinTime = time.Second
 	}
@@ -115,12 +115,12 @@ func NewWindower(cfg WindowConfig) (*Windower, error) {
 	case cfg.MinSamples < 1:
 		return nil, configErr("window: min samples %d, want ≥ 1", cfg.MinSamples)
 	}
-	return &Windower{cfg: cfg}, nil
+	return &windower{cfg: cfg}, nil
 }
 
 // Add takes a sample completed at now. When it ends a window, it returns
 // that window and true.
-func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
+func (w *windower) Add(now clock.Instant, s sample) (Window, bool) {
 	if s.RTT < w.cfg.MinRTT {
 		return Window{}, false
 	}
@@ -162,11 +162,11 @@ func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
 		win.FreshRTT = w.fresh / time.Duration(c.FreshSamples)
 	}
 	win.Start, win.End = w.start, now
-	win.Keys = w.keys
+	win.keys = w.keys
 	w.start = now
 	w.next = now.Add(min(max(2*c.MinRTT, w.cfg.MinTime), w.cfg.MaxTime))
 	*c, w.sum, w.sumSq, w.fresh = Window{}, 0, 0, 0
-	w.keys = make([]KeyStats, 0, len(win.Keys))
+	w.keys = make([]keyStats, 0, len(win.keys))
 	clear(w.index)
 	return win, true
 }
@@ -175,26 +175,26 @@ func (w *Windower) Add(now clock.Instant, s Sample) (Window, bool) {
 // runs on until it has MinSamples samples): a controller that has just
 // lowered its limit to measure the service (BBR's probe) needs a few
 // round trips, not a whole window of lost work.
-func (w *Windower) EndAt(at clock.Instant) {
+func (w *windower) EndAt(at clock.Instant) {
 	if w.next != 0 {
 		w.next = at
 	}
 }
 
 // addKey adds s to its key's stats.
-func (w *Windower) addKey(s Sample, fresh bool) {
+func (w *windower) addKey(s sample, fresh bool) {
 	if w.index == nil {
 		w.index = map[string]int{}
 	}
 	i, ok := w.index[s.Key]
 	if !ok {
 		key := s.Key
-		if len(w.keys) >= MaxKeys-1 && key != "" {
+		if len(w.keys) >= maxKeys-1 && key != "" {
 			key = ""
 		}
 		if i, ok = w.index[key]; !ok {
 			i = len(w.keys)
-			w.keys = append(w.keys, KeyStats{Key: key})
+			w.keys = append(w.keys, keyStats{Key: key})
 			w.index[key] = i
 		}
 	}
