@@ -24,7 +24,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func rateGate(t testing.TB, name, rate string, burst int64, scope sluice.Scope) *gate.RateLimit {
+func rateGate(t testing.TB, name, rate string, burst int64, scope sluice.Scope) sluice.Gate {
 	t.Helper()
 	r, err := limit.ParseRate(rate)
 	if err != nil {
@@ -51,7 +51,7 @@ func limiter(g sluice.Gate) store.Limiter {
 	return l.(store.Limiter)
 }
 
-func concGate(t testing.TB, name string, n int64, scope sluice.Scope) *gate.InFlight {
+func concGate(t testing.TB, name string, n int64, scope sluice.Scope) sluice.Gate {
 	t.Helper()
 	c, err := limit.NewConcurrency(n)
 	if err != nil {

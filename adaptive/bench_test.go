@@ -30,7 +30,7 @@ func admitRelease(b *testing.B, g sluice.Gate) {
 }
 
 // BenchmarkStaticConcurrency: the static service-wide concurrency gate
-// (gate.InFlight on the memory store).
+// (gate.NewInFlight on the memory store).
 func BenchmarkStaticConcurrency(b *testing.B) {
 	c, _ := limit.NewConcurrency(1000)
 	g, _ := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})

@@ -8,28 +8,38 @@ import (
 	"github.com/sluice-go/sluice/clock"
 )
 
-// Classes applies a gate only to requests of the listed classes; requests of
-// other classes pass it untouched. It is how one chain holds a budget per
-// class (a premium reservation that free traffic never draws on).
-type Classes struct {
+// classGate is the gate ForClasses returns.
+type classGate struct {
 	sluice.Gate
 	classes []string
 }
 
-var _ sluice.Wrapper = (*Classes)(nil)
+var _ sluice.Wrapper = (*classGate)(nil)
 
 // ForClasses returns g applied only to requests whose class is in classes.
-func ForClasses(g sluice.Gate, classes []string) *Classes {
-	return &Classes{Gate: g, classes: slices.Clone(classes)}
+//
+// The gate applies g only to requests of the listed classes; requests of
+// other classes pass it untouched. It is how one chain holds a budget per
+// class (a premium reservation that free traffic never draws on).
+//
+// Decide asks the wrapped gate when r's class is listed, and admits
+// otherwise.
+//
+// Release forwards to the wrapped gate when it decided r.
+//
+// Unwrap returns the gate applied to the listed classes, so that its
+// capabilities stay visible through the filter (sluice.As).
+func ForClasses(g sluice.Gate, classes []string) sluice.Gate {
+	return &classGate{Gate: g, classes: slices.Clone(classes)}
 }
 
-func (c *Classes) applies(r *sluice.Request) bool {
+func (c *classGate) applies(r *sluice.Request) bool {
 	return slices.Contains(c.classes, r.Class)
 }
 
 // Decide asks the wrapped gate when r's class is listed, and admits
 // otherwise.
-func (c *Classes) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (c *classGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	if !c.applies(r) {
 		return sluice.Decision{Admitted: true}, 0
 	}
@@ -37,7 +47,7 @@ func (c *Classes) Decide(ctx context.Context, r *sluice.Request, now clock.Insta
 }
 
 // Release forwards to the wrapped gate when it decided r.
-func (c *Classes) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
+func (c *classGate) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
 	if c.applies(r) {
 		c.Gate.Release(r, p, done)
 	}
@@ -45,4 +55,4 @@ func (c *Classes) Release(r *sluice.Request, p sluice.Permit, done sluice.Comple
 
 // Unwrap returns the gate applied to the listed classes, so that its
 // capabilities stay visible through the filter (sluice.As).
-func (c *Classes) Unwrap() sluice.Gate { return c.Gate }
+func (c *classGate) Unwrap() sluice.Gate { return c.Gate }

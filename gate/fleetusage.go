@@ -11,7 +11,23 @@ import (
 	"github.com/sluice-go/sluice/store"
 )
 
-// FleetUsage is the fleet-usage load shedder of Stripe's "Scaling your API
+// fleetUsage is the gate NewFleetUsage returns.
+type fleetUsage struct {
+	base
+	reserved []string
+}
+
+var (
+	_ sluice.Advertiser     = (*fleetUsage)(nil)
+	_ sluice.FailureCounter = (*fleetUsage)(nil)
+)
+
+// NewFleetUsage returns a fleet-usage gate named name over lim (a limiter
+// running limit.Concurrency) that requests of the reserved classes pass
+// untouched. opts.Scope and opts.Reason are ignored: the count is
+// service-wide and its rejections are overload.
+//
+// The gate is the fleet-usage load shedder of Stripe's "Scaling your API
 // with rate limiters" (Paul Tarjan, 2017): one concurrency count for the
 // whole fleet, on a store.Limiter in memory or on Redis, that reserved
 // classes never draw on. Every other request holds one slot from admission
@@ -19,33 +35,24 @@ import (
 // every slot is held, so non-reserved work can never occupy the reserved
 // share and reserved requests are never rejected by this gate. Size the
 // limiter with FleetUsageLimit. It is safe for concurrent use.
-type FleetUsage struct {
-	base
-	reserved []string
-}
-
-var (
-	_ sluice.Advertiser     = (*FleetUsage)(nil)
-	_ sluice.FailureCounter = (*FleetUsage)(nil)
-)
-
-// NewFleetUsage returns a fleet-usage gate named name over lim (a limiter
-// running limit.Concurrency) that requests of the reserved classes pass
-// untouched. opts.Scope and opts.Reason are ignored: the count is
-// service-wide and its rejections are overload.
-func NewFleetUsage(name string, lim store.Limiter, reserved []string, opts Options) (*FleetUsage, error) {
+//
+// Decide admits a reserved class at once and otherwise takes one slot of
+// the fleet-wide count.
+//
+// Release frees the request's slot, if it took one.
+func NewFleetUsage(name string, lim store.Limiter, reserved []string, opts Options) (sluice.Gate, error) {
 	opts.Reason = sluice.ReasonOverload
 	opts.Scope = sluice.ScopeService
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &FleetUsage{base: base{name: name, lim: lim, opts: opts, reason: opts.Reason, unit: sluice.UnitConcurrentRequests},
+	return &fleetUsage{base: base{name: name, lim: lim, opts: opts, reason: opts.Reason, unit: sluice.UnitConcurrentRequests},
 		reserved: slices.Clone(reserved)}, nil
 }
 
 // Decide admits a reserved class at once and otherwise takes one slot of
 // the fleet-wide count.
-func (g *FleetUsage) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *fleetUsage) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	if slices.Contains(g.reserved, r.Class) {
 		return sluice.Decision{Admitted: true}, 0
 	}
@@ -53,7 +60,7 @@ func (g *FleetUsage) Decide(ctx context.Context, r *sluice.Request, now clock.In
 }
 
 // Release frees the request's slot, if it took one.
-func (g *FleetUsage) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+func (g *fleetUsage) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	g.refund("", p, c.Now, 1)
 }
 

@@ -9,7 +9,19 @@ import (
 	"github.com/sluice-go/sluice/store"
 )
 
-// Pacer smooths a scope's requests to a steady rate with a bounded queue,
+// pacer is the gate NewPacer returns.
+type pacer struct {
+	base
+}
+
+var (
+	_ sluice.Gate   = (*pacer)(nil)
+	_ sluice.Waiter = (*pacer)(nil)
+)
+
+// NewPacer returns a pacing gate named name over lim.
+//
+// The gate smooths a scope's requests to a steady rate with a bounded queue,
 // over a limiter running limit.LeakyBucket: an admitted request waits in
 // Decide until its departure slot, then proceeds. It never holds a request
 // past its deadline (reason deadline, refused before waiting), rejects when
@@ -19,21 +31,17 @@ import (
 // stops waiting when ctx is done (reason deadline; the slot stays used, so
 // the pace is never exceeded). A caller on a virtual clock passes a context
 // from sluice.ContextWithWait and Decide returns at once, adding the wait.
-type Pacer struct {
-	base
-}
-
-var (
-	_ sluice.Gate   = (*Pacer)(nil)
-	_ sluice.Waiter = (*Pacer)(nil)
-)
-
-// NewPacer returns a pacing gate named name over lim.
-func NewPacer(name string, lim store.Limiter, opts Options) (*Pacer, error) {
+//
+// Decide schedules r and waits for its slot.
+//
+// MayWait reports true: Decide waits for the departure slot.
+//
+// Release does nothing: a paced slot is spent once it is scheduled.
+func NewPacer(name string, lim store.Limiter, opts Options) (sluice.Gate, error) {
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &Pacer{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(PacerReason(opts.Scope)), unit: sluice.UnitRequests}}, nil
+	return &pacer{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(PacerReason(opts.Scope)), unit: sluice.UnitRequests}}, nil
 }
 
 // PacerReason is the rejection reason of a Pacer whose queue is counted
@@ -47,7 +55,7 @@ func PacerReason(scope sluice.Scope) sluice.Reason {
 }
 
 // Decide schedules r and waits for its slot.
-func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	res, _, ok := g.take(ctx, g.opts.Scope.Key(r), r, now, r.Cost)
 	if !ok {
 		return g.unavailable(), 0
@@ -71,7 +79,7 @@ func (g *Pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 }
 
 // MayWait reports true: Decide waits for the departure slot.
-func (g *Pacer) MayWait() bool { return true }
+func (g *pacer) MayWait() bool { return true }
 
 // Release does nothing: a paced slot is spent once it is scheduled.
-func (g *Pacer) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {}
+func (g *pacer) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {}

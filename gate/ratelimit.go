@@ -245,27 +245,36 @@ func (b *base) unavailable() sluice.Decision {
 	}
 }
 
-// RateLimit is an entitlement gate over a rate limiter (token bucket, GCRA or a
+// rateLimit is the gate NewRateLimit returns.
+type rateLimit struct {
+	base
+}
+
+var _ sluice.Advertiser = (*rateLimit)(nil)
+
+// NewRateLimit returns a rate gate named name over lim.
+//
+// The gate is an entitlement gate over a rate limiter (token bucket, GCRA or a
 // window algorithm): it rejects with reason policy_rate (429) when the
 // scope's quota is exhausted, with the exact retry-after, and rejects a cost
 // the quota can never grant as not retryable. By default it refunds the
 // tokens of a request that a later gate rejected (Options.NoRefund).
-type RateLimit struct {
-	base
-}
-
-var _ sluice.Advertiser = (*RateLimit)(nil)
-
-// NewRateLimit returns a rate gate named name over lim.
-func NewRateLimit(name string, lim store.Limiter, opts Options) (*RateLimit, error) {
+//
+// Decide takes r.Cost units from r's scope.
+//
+// Release refunds the tokens when a later gate rejected r (unless
+// NoRefund), and trues the charge up to the work's actual cost when the
+// completion has one (Completion.Cost): the difference is debited from
+// r's scope (store.Debiter; never past an empty state) or refunded to it.
+func NewRateLimit(name string, lim store.Limiter, opts Options) (sluice.Gate, error) {
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &RateLimit{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests}}, nil
+	return &rateLimit{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests}}, nil
 }
 
 // Decide takes r.Cost units from r's scope.
-func (g *RateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *rateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	return g.decide(ctx, r, now, r.Cost)
 }
 
@@ -273,7 +282,7 @@ func (g *RateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Ins
 // NoRefund), and trues the charge up to the work's actual cost when the
 // completion has one (Completion.Cost): the difference is debited from
 // r's scope (store.Debiter; never past an empty state) or refunded to it.
-func (g *RateLimit) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
+func (g *rateLimit) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {
 	switch {
 	case c.Outcome == sluice.OutcomeRejected:
 		if !g.opts.NoRefund {

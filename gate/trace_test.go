@@ -33,7 +33,7 @@ func (s *switchable) Take(ctx context.Context, key string, now clock.Instant, co
 // fleetDriver runs a FleetUsage gate through its public API and keeps the
 // permits of admitted requests by class.
 type fleetDriver struct {
-	g    *gate.FleetUsage
+	g    sluice.Gate
 	st   *switchable
 	held map[string][]sluice.Permit
 }
@@ -120,7 +120,7 @@ func TestFleetUsageTrace(t *testing.T) {
 			return fmt.Sprintf("released %d", n)
 		case "store":
 			d.st.down = cmd.Words[0] == "down"
-			return fmt.Sprintf("store %s; %d store failures so far", cmd.Words[0], d.g.Failures())
+			return fmt.Sprintf("store %s; %d store failures so far", cmd.Words[0], failuresOf(d.g))
 		}
 		t.Fatalf("%s: unknown command %q", cmd.Pos, cmd.Name)
 		return ""

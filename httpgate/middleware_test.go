@@ -51,9 +51,9 @@ type envelope struct {
 
 type fixture struct {
 	clk      *fakeclock.Clock
-	rate     *gate.RateLimit
-	tenantIn *gate.InFlight
-	pool     *gate.InFlight
+	rate     sluice.Gate
+	tenantIn sluice.Gate
+	pool     sluice.Gate
 	poolLim  store.Limiter
 	chain    *sluice.Chain
 	metrics  *metrics.Metrics

@@ -15,7 +15,7 @@ import (
 var fleetUsageKind = &kind{
 	name:    "fleet_usage",
 	example: `{name: fleet, kind: fleet_usage, limit: 400, reserve: {critical: 20%}}`,
-	doc: "Fleet usage shedder (gate.FleetUsage): one in-flight count for the whole fleet in which the classes without a " +
+	doc: "Fleet usage shedder (gate.NewFleetUsage): one in-flight count for the whole fleet in which the classes without a " +
 		"reserve hold at most limit × (1 − Σ reserve) slots, so reserved classes always find theirs; this gate never " +
 		"rejects a reserved class. Rejects with reason overload (503).",
 	scope:   sluice.ScopeService,

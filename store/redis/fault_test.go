@@ -47,7 +47,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g := []*gate.RateLimit{gOpen, gClosed, gLocal}[i%3]
+			g := []sluice.Gate{gOpen, gClosed, gLocal}[i%3]
 			req := &sluice.Request{Tenant: "t", Cost: 1}
 			for {
 				select {
@@ -82,14 +82,14 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 	meter := stall.Start()
 	defer meter.Stop()
 	phase := func(name string, d time.Duration) (failures int64) {
-		before, gb := st.Failures(), gOpen.Failures()+gClosed.Failures()+gLocal.Failures()
+		before, gb := st.Failures(), failuresOf(gOpen)+failuresOf(gClosed)+failuresOf(gLocal)
 		load.maxLatency.Store(0)
 		meter.Reset()
 		time.Sleep(d) // the phase's length
 		failures = st.Failures() - before
 		stalled := meter.Max()
 		t.Logf("%-9s %6d decisions so far, slowest %v, %d calls to Redis failed, %d decisions by failure policy, longest stall %v",
-			name, load.total.Load(), time.Duration(load.maxLatency.Load()), failures, gOpen.Failures()+gClosed.Failures()+gLocal.Failures()-gb, stalled)
+			name, load.total.Load(), time.Duration(load.maxLatency.Load()), failures, failuresOf(gOpen)+failuresOf(gClosed)+failuresOf(gLocal)-gb, stalled)
 		if max := time.Duration(load.maxLatency.Load()); max > timeout+2*time.Millisecond+stalled {
 			if in := meter.MaxIn(max); max > timeout+2*time.Millisecond+in {
 				t.Errorf("%s: a decision took %v, more than timeout + 2ms + the stalls within a span that long, %v", name, max, in)
@@ -125,7 +125,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 }
 
 // checkPolicies asks each gate once while Redis is down.
-func checkPolicies(t *testing.T, open, closed, local *gate.RateLimit) {
+func checkPolicies(t *testing.T, open, closed, local sluice.Gate) {
 	t.Helper()
 	req := &sluice.Request{Tenant: "probe", Cost: 1}
 	ctx := context.Background()
@@ -169,4 +169,10 @@ func waitResumed(t *testing.T, st *Store, probe time.Duration, meter *stall.Mete
 		t.Errorf("decisions resumed %v after Redis returned, more than one probe interval (%v) and the longest stall (%v)", took, probe, stalled)
 	}
 	t.Logf("normal decisions resumed %v after Redis returned", time.Since(back).Round(time.Millisecond))
+}
+
+// failuresOf is g's count of store failures (sluice.FailureCounter).
+func failuresOf(g sluice.Gate) int64 {
+	f, _ := sluice.As[sluice.FailureCounter](g)
+	return f.Failures()
 }
