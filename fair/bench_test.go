@@ -1,4 +1,4 @@
-package fair_test
+package fair
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/fair"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/queue"
@@ -62,8 +61,8 @@ func BenchmarkAllocation(b *testing.B) {
 }
 
 func reservation(b *testing.B) sluice.Gate {
-	res, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: fair.MaxRate, Recovery: 1,
-		Classes: []fair.ClassShare{{Class: "critical", Reserve: fair.MaxRate / 2}, {Class: "sheddable", Reserve: fair.MaxRate / 4}}})
+	res, err := newReservation("units", ReservationOptions{Capacity: MaxRate, Recovery: 1,
+		Classes: []ClassShare{{Class: "critical", Reserve: MaxRate / 2}, {Class: "sheddable", Reserve: MaxRate / 4}}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/sluice-go/sluice/internal/param"
 )
 
-// MaxCohortTime is the longest Period or Window a Cohort takes.
-const MaxCohortTime = 24 * time.Hour
+// maxCohortTime is the longest Period or Window a Cohort takes.
+const maxCohortTime = 24 * time.Hour
 
 // CohortOptions configures a Cohort cut.
 type CohortOptions struct {
@@ -111,10 +111,10 @@ func NewCohort(name string, opts CohortOptions) (*Cohort, error) {
 		return nil, param.Errorf("RetryHint", "cohort: negative retry hint %v", opts.RetryHint)
 	case opts.Cohorts < 1 || opts.Cohorts > 1<<16:
 		return nil, param.Errorf("Cohorts", "cohort: %d cohorts, want [1, 65536]", opts.Cohorts)
-	case opts.Period < time.Millisecond || opts.Period > MaxCohortTime:
-		return nil, param.Errorf("Period", "cohort: period %v outside [1ms, %v]", opts.Period, MaxCohortTime)
-	case opts.Window < time.Millisecond || opts.Window > MaxCohortTime:
-		return nil, param.Errorf("Window", "cohort: window %v outside [1ms, %v]", opts.Window, MaxCohortTime)
+	case opts.Period < time.Millisecond || opts.Period > maxCohortTime:
+		return nil, param.Errorf("Period", "cohort: period %v outside [1ms, %v]", opts.Period, maxCohortTime)
+	case opts.Window < time.Millisecond || opts.Window > maxCohortTime:
+		return nil, param.Errorf("Window", "cohort: window %v outside [1ms, %v]", opts.Window, maxCohortTime)
 	}
 	n := opts.Cohorts
 	levels := (len(opts.Tiers) + 1) * n
@@ -293,8 +293,8 @@ func (g *Cohort) ShedFraction(now clock.Instant) float64 {
 	return g.opts.Fraction(now)
 }
 
-// CohortState is what the admin API shows of a Cohort cut.
-type CohortState struct {
+// cohortState is what the admin API shows of a Cohort cut.
+type cohortState struct {
 	Fraction float64 `json:"shed_fraction"`
 	Offered  int64   `json:"offered"`
 	Shed     int64   `json:"shed"`
@@ -307,5 +307,5 @@ func (g *Cohort) ReportState(now clock.Instant) any {
 	f := g.ShedFraction(now)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return CohortState{Fraction: f, Offered: g.offered, Shed: g.shed, Period: g.period}
+	return cohortState{Fraction: f, Offered: g.offered, Shed: g.shed, Period: g.period}
 }

@@ -1,4 +1,4 @@
-package fair_test
+package fair
 
 import (
 	"fmt"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/fair"
 )
 
 // At a shed fraction of 13% the cut sheds 13% ± 1% of arrivals in every
@@ -17,7 +16,7 @@ import (
 // share of the periods + 1.
 func TestCohortShedsAnExactFractionAndRotates(t *testing.T) {
 	const f, periods, tenants = 0.13, 20, 5000
-	g, err := fair.NewCohort("cut", fair.CohortOptions{Tiers: []string{"sheddable", "critical"}, Period: time.Second,
+	g, err := NewCohort("cut", CohortOptions{Tiers: []string{"sheddable", "critical"}, Period: time.Second,
 		Window: 100 * time.Millisecond, Fraction: func(clock.Instant) float64 { return f }})
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +66,7 @@ func TestCohortShedsAnExactFractionAndRotates(t *testing.T) {
 // The cut takes the lowest tier first: at a fraction below its share of
 // arrivals, no request of a higher tier is shed.
 func TestCohortShedsTheLowestTierFirst(t *testing.T) {
-	g, _ := fair.NewCohort("cut", fair.CohortOptions{Tiers: []string{"sheddable", "critical"}})
+	g, _ := NewCohort("cut", CohortOptions{Tiers: []string{"sheddable", "critical"}})
 	shed := map[string]int{}
 	for i := 0; i < 100000; i++ {
 		class := "critical"
@@ -91,7 +90,7 @@ func TestCohortShedsTheLowestTierFirst(t *testing.T) {
 // mode: tiers [sheddable] with critical unlisted (the footgun that once
 // refused 92% of critical traffic: an unlisted class was the lowest tier).
 func TestCohortShedsAnUnlistedClassLast(t *testing.T) {
-	g, _ := fair.NewCohort("cut", fair.CohortOptions{Tiers: []string{"sheddable"}})
+	g, _ := NewCohort("cut", CohortOptions{Tiers: []string{"sheddable"}})
 	shed := map[string]int{}
 	for i := 0; i < 100000; i++ {
 		class := "critical"
@@ -109,12 +108,12 @@ func TestCohortShedsAnUnlistedClassLast(t *testing.T) {
 }
 
 func TestCohortDecideUsesItsFraction(t *testing.T) {
-	g, _ := fair.NewCohort("cut", fair.CohortOptions{Fraction: func(clock.Instant) float64 { return 1 }})
+	g, _ := NewCohort("cut", CohortOptions{Fraction: func(clock.Instant) float64 { return 1 }})
 	d, _ := g.Decide(t.Context(), &sluice.Request{Tenant: "a"}, 1)
 	if d.Admitted || d.Reason != sluice.ReasonOverload || !d.Retryable || d.RetryAfter != time.Second {
 		t.Fatalf("fraction 1: %+v, want a retryable overload rejection", d)
 	}
-	g, _ = fair.NewCohort("cut", fair.CohortOptions{})
+	g, _ = NewCohort("cut", CohortOptions{})
 	if d, _ := g.Decide(t.Context(), &sluice.Request{Tenant: "a"}, 1); !d.Admitted {
 		t.Fatal("no fraction source shed a request")
 	}
@@ -136,7 +135,7 @@ func TestMaxMin(t *testing.T) {
 		{100, []float64{50, 100}, []float64{1, 0}, []float64{50, 50}},
 		{0, []float64{10}, nil, []float64{0}},
 	} {
-		got := fair.MaxMin(tc.capacity, tc.demands, tc.weights)
+		got := MaxMin(tc.capacity, tc.demands, tc.weights)
 		for i := range got {
 			if math.Abs(got[i]-tc.want[i]) > 1e-9 {
 				t.Errorf("MaxMin(%v, %v, %v) = %v, want %v", tc.capacity, tc.demands, tc.weights, got, tc.want)

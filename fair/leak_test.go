@@ -1,4 +1,4 @@
-package fair_test
+package fair
 
 import (
 	"testing"

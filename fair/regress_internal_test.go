@@ -16,7 +16,7 @@ var bg = context.Background()
 
 // Regression: a request of the legal cost sluice.MaxCost overflows cost*nano.
 func TestRegressMaxCostOverflow(t *testing.T) {
-	g, err := NewReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 500}}})
+	g, err := newReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 500}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestRegressMaxCostOverflow(t *testing.T) {
 
 // Regression: Capacity = MaxRate with Revocation/Burst = MaxDepth: sizes overflow int64.
 func TestRegressMaxRateMaxDepthOverflow(t *testing.T) {
-	g, err := NewReservation("r", ReservationOptions{Capacity: MaxRate, Burst: MaxDepth, Revocation: MaxDepth,
+	g, err := newReservation("r", ReservationOptions{Capacity: MaxRate, Burst: MaxDepth, Revocation: MaxDepth,
 		Classes: []ClassShare{{Class: "a", Reserve: MaxRate / 2}}})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestRegressMaxRateMaxDepthOverflow(t *testing.T) {
 		}
 	}
 	// smallest revocation with MaxRate that still overflows in pool.add (2·size)
-	g2, _ := NewReservation("r", ReservationOptions{Capacity: MaxRate, Revocation: 5 * time.Second})
+	g2, _ := newReservation("r", ReservationOptions{Capacity: MaxRate, Revocation: 5 * time.Second})
 	g2.Decide(bg, &sluice.Request{Cost: 1}, 0)
 	g2.Decide(bg, &sluice.Request{Cost: 1}, clock.Instant(time.Second))
 	t.Logf("revocation 5s: pool.size=%d pool.n=%d", g2.pool.size, g2.pool.n)
@@ -79,7 +79,7 @@ func TestRegressMaxRateMaxDepthOverflow(t *testing.T) {
 
 // Regression: reserves that sum past int64 pass the "reserves ≤ usable" check.
 func TestRegressReserveSumOverflow(t *testing.T) {
-	g, err := NewReservation("r", ReservationOptions{Capacity: 1000,
+	g, err := newReservation("r", ReservationOptions{Capacity: 1000,
 		Classes: []ClassShare{{Class: "a", Reserve: 1 << 62}, {Class: "b", Reserve: 1 << 62}}})
 	if err == nil {
 		t.Errorf("reserves 2·2^62 against capacity 1000 accepted: own.size=%d Depth()=%d", g.classes[0].own.size, g.Depth())
@@ -88,7 +88,7 @@ func TestRegressReserveSumOverflow(t *testing.T) {
 
 // Regression: tenant map grows with tenants that were never admitted.
 func TestRegressTenantMapGrowth(t *testing.T) {
-	g, _ := NewReservation("r", ReservationOptions{Capacity: 1000, Burst: MaxDepth,
+	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Burst: MaxDepth,
 		Classes: []ClassShare{{Class: "a", Reserve: 500, Tenant: 1}}})
 	now := clock.Instant(1)
 	admitted := 0
@@ -107,7 +107,7 @@ func TestRegressTenantMapGrowth(t *testing.T) {
 
 // Regression: a Release with a permit never issued (or large) wrecks the pool.
 func TestRegressReleaseBogusPermit(t *testing.T) {
-	g, _ := NewReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 500}}})
+	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 500}}})
 	g.Decide(bg, &sluice.Request{Class: "b", Cost: 1}, 1)
 	before := g.pool.n
 	g.Release(&sluice.Request{Class: "b", Cost: 1}, sluice.Permit(1<<40), sluice.Completion{Outcome: sluice.OutcomeRejected, Now: 2})
@@ -121,7 +121,7 @@ func TestRegressReleaseBogusPermit(t *testing.T) {
 
 // Regression: clock steps back an hour: nothing refills until it catches up.
 func TestRegressClockBackwards(t *testing.T) {
-	g, _ := NewReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 1000}}})
+	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 1000}}})
 	t0 := clock.Instant(time.Hour)
 	g.Decide(bg, &sluice.Request{Class: "a", Cost: 100}, t0) // drain
 	n := 0
@@ -139,7 +139,7 @@ func TestRegressClockBackwards(t *testing.T) {
 
 // Regression: pool.add(n) computes b.n+n: with pool.size > MaxInt64/2 a full pool wraps.
 func TestRegressPoolAddWrap(t *testing.T) {
-	g, err := NewReservation("r", ReservationOptions{Capacity: MaxRate, Revocation: 5 * time.Second})
+	g, err := newReservation("r", ReservationOptions{Capacity: MaxRate, Revocation: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestRegressPoolAddWrap(t *testing.T) {
 // never serves that class from its reserve: under borrowers that keep the
 // pool empty, the class admits nothing although its demand ≥ its reserve.
 func TestRegressSmallReserveBucketStarves(t *testing.T) {
-	g, err := NewReservation("r", ReservationOptions{Capacity: 1000, // Burst default 100ms
+	g, err := newReservation("r", ReservationOptions{Capacity: 1000, // Burst default 100ms
 		Classes: []ClassShare{{Class: "a", Reserve: 2}}})
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +183,7 @@ func TestRegressSmallReserveBucketStarves(t *testing.T) {
 
 // Regression: a class cap or tenant cap whose bucket is below one unit rejects every request.
 func TestRegressSubUnitCaps(t *testing.T) {
-	g, err := NewReservation("r", ReservationOptions{Capacity: 1000,
+	g, err := newReservation("r", ReservationOptions{Capacity: 1000,
 		Classes: []ClassShare{{Class: "a", Reserve: 5, Max: 5}, {Class: "b", Tenant: 5}}})
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestReservationNeverAdmitsAboveUsable(t *testing.T) {
 		if rapid.Bool().Draw(t, "hasMax") {
 			maxA = rapid.Int64Range(max(ra, 1), usable).Draw(t, "maxA")
 		}
-		g, err := NewReservation("r", ReservationOptions{Capacity: capacity, Recovery: recovery,
+		g, err := newReservation("r", ReservationOptions{Capacity: capacity, Recovery: recovery,
 			Burst:      time.Duration(rapid.Int64Range(1, 2000).Draw(t, "burstMs")) * time.Millisecond,
 			Revocation: time.Duration(rapid.Int64Range(1, 2000).Draw(t, "revMs")) * time.Millisecond,
 			Classes: []ClassShare{{Class: "a", Reserve: ra, Max: maxA, Tenant: rapid.Int64Range(0, usable).Draw(t, "tenA")},
@@ -272,7 +272,7 @@ func TestReservationNeverAdmitsAboveUsable(t *testing.T) {
 
 // C1: concurrent Decide/Release/ReportState/Usage under -race, with stale readings.
 func TestRegressConcurrentReservation(t *testing.T) {
-	g, _ := NewReservation("r", ReservationOptions{Capacity: 10000, Recovery: 100,
+	g, _ := newReservation("r", ReservationOptions{Capacity: 10000, Recovery: 100,
 		Classes: []ClassShare{{Class: "a", Reserve: 4000, Tenant: 500}, {Class: "b", Reserve: 3000, Max: 6000, NoBorrow: true}}})
 	base := clock.System.Now()
 	done := make(chan int64)

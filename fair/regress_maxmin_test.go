@@ -1,10 +1,8 @@
-package fair_test
+package fair
 
 import (
 	"math"
 	"testing"
-
-	"github.com/sluice-go/sluice/fair"
 )
 
 func TestRegressMaxMinExtremeWeights(t *testing.T) {
@@ -16,7 +14,7 @@ func TestRegressMaxMinExtremeWeights(t *testing.T) {
 		{[]float64{5e-324, 5e-324}},
 		{[]float64{1e-300, 1}},
 	} {
-		got := fair.MaxMin(100, []float64{30, 200}, tc.w)
+		got := MaxMin(100, []float64{30, 200}, tc.w)
 		sum := got[0] + got[1]
 		t.Logf("weights %v, demands [30 200], capacity 100 → %v", tc.w, got)
 		if math.IsNaN(sum) || math.Abs(sum-100) > 1e-9 || got[0] > 30 {

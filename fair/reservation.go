@@ -22,8 +22,8 @@ const MaxRate = 1 << 26
 // MaxDepth is the longest Burst or Revocation a Reservation takes.
 const MaxDepth = time.Minute
 
-// Unlisted names, in Usage, the classes a reservation has no share for.
-const Unlisted = "unlisted"
+// unlisted names, in Usage, the classes a reservation has no share for.
+const unlisted = "unlisted"
 
 // ClassShare is one class's part of a Reservation's capacity, in work
 // units/s.
@@ -66,40 +66,8 @@ type ReservationOptions struct {
 	Revocation time.Duration
 }
 
-// Reservation is a gate that divides a capacity in work units/s between
-// classes (the class reservations of a hierarchical budget). Each class
-// with a reserve has a token bucket filled at its reserve; a full bucket's
-// overflow, and the rate no class reserves, fill a shared pool that any
-// class that may borrow spends once its own bucket is short, in max-min
-// fair shares between the classes borrowing (poolTurnLocked). An idle
-// reservation is so lent at once, and reclaimed at once: the owner's
-// bucket is full when it comes back, new borrowing stops as its overflow
-// stops, and the pool drains; admitted work is never cancelled. A class
-// is idle only while none of its requests is turned away: for Burst after
-// one is (here, or by a later gate, which hands the units back), its
-// overflow is not lent, so a reserve that a later gate keeps its owner
-// from using does not flow to the borrowers.
-//
-// Accounting (stated, and checked by property tests): every balance is
-// filled by flows that add up to Capacity − Recovery, so the work admitted
-// in any window of length T is at most (Capacity − Recovery)·T + Depth(),
-// and a class with demand at or above its reserve admits at least
-// Reserve·T − its bucket's depth, for requests its bucket holds: size
-// Burst so that Reserve·Burst (and Max·Burst, Tenant·Burst) holds the
-// class's largest request (every bucket holds at least one unit; a
-// request above the class's own bucket is funded by the pool only, and
-// one above everything the class can ever hold is refused as not
-// retryable). The pool starts empty. Balances are integers in
-// nano-units, exact for every rate up to MaxRate and depth up to MaxDepth. A request of the class rejected here has
-// reason overload (503) and is retryable after its own bucket refills its
-// cost. A class refused for its own Max (while the capacity had room) has
-// spent its entitlement: reason policy_rate (429) at scope class. Below
-// the class, a tenant over the class's tenant cap is rejected with reason
-// policy_rate (429) at scope tenant: the levels service → class → tenant
-// are each enforced. A request a later gate rejects gets
-// its units back. It is safe for
-// concurrent use.
-type Reservation struct {
+// reservationGate is the gate NewReservation returns.
+type reservationGate struct {
 	name   string
 	opts   ReservationOptions
 	usable int64
@@ -191,7 +159,56 @@ const stepBack = 5 * time.Second
 
 // NewReservation returns a reservation gate named name. An error names the
 // option or class at fault.
-func NewReservation(name string, opts ReservationOptions) (*Reservation, error) {
+//
+// The gate divides a capacity in work units/s between
+// classes (the class reservations of a hierarchical budget). Each class
+// with a reserve has a token bucket filled at its reserve; a full bucket's
+// overflow, and the rate no class reserves, fill a shared pool that any
+// class that may borrow spends once its own bucket is short, in max-min
+// fair shares between the classes borrowing (poolTurnLocked). An idle
+// reservation is so lent at once, and reclaimed at once: the owner's
+// bucket is full when it comes back, new borrowing stops as its overflow
+// stops, and the pool drains; admitted work is never cancelled. A class
+// is idle only while none of its requests is turned away: for Burst after
+// one is (here, or by a later gate, which hands the units back), its
+// overflow is not lent, so a reserve that a later gate keeps its owner
+// from using does not flow to the borrowers.
+//
+// Accounting (stated, and checked by property tests): every balance is
+// filled by flows that add up to Capacity − Recovery, so the work admitted
+// in any window of length T is at most (Capacity − Recovery)·T + Depth(),
+// and a class with demand at or above its reserve admits at least
+// Reserve·T − its bucket's depth, for requests its bucket holds: size
+// Burst so that Reserve·Burst (and Max·Burst, Tenant·Burst) holds the
+// class's largest request (every bucket holds at least one unit; a
+// request above the class's own bucket is funded by the pool only, and
+// one above everything the class can ever hold is refused as not
+// retryable). The pool starts empty. Balances are integers in
+// nano-units, exact for every rate up to MaxRate and depth up to MaxDepth. A request of the class rejected here has
+// reason overload (503) and is retryable after its own bucket refills its
+// cost. A class refused for its own Max (while the capacity had room) has
+// spent its entitlement: reason policy_rate (429) at scope class. Below
+// the class, a tenant over the class's tenant cap is rejected with reason
+// policy_rate (429) at scope tenant: the levels service → class → tenant
+// are each enforced. A request a later gate rejects gets
+// its units back. It is safe for
+// concurrent use.
+//
+// Decide admits r if its class's own bucket, topped up from the pool when
+// the class may borrow, holds its cost, and the class's maximum and its
+// tenant's cap allow it. A cost no bucket of the class can ever hold (above
+// its own bucket and the pool, its maximum's bucket or its tenant's) is
+// rejected as not retryable.
+//
+// Release gives the units back when a later gate rejected the request:
+// what came from the pool to the pool, the rest to the class's bucket.
+// Admitted work keeps what it took.
+func NewReservation(name string, opts ReservationOptions) (sluice.Gate, error) {
+	return gateOf(newReservation(name, opts))
+}
+
+// newReservation is NewReservation with the concrete type.
+func newReservation(name string, opts ReservationOptions) (*reservationGate, error) {
 	if name == "" {
 		return nil, errors.New("reservation: empty name")
 	}
@@ -211,7 +228,7 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
 		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
 	}
-	g := &Reservation{name: name, opts: opts, usable: opts.Capacity - opts.Recovery, byName: map[string]int{}}
+	g := &reservationGate{name: name, opts: opts, usable: opts.Capacity - opts.Recovery, byName: map[string]int{}}
 	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units/s", true)
 	if err != nil {
 		return nil, err
@@ -228,14 +245,14 @@ func NewReservation(name string, opts ReservationOptions) (*Reservation, error) 
 		}
 		g.classes = append(g.classes, s)
 	}
-	g.other = &classState{share: ClassShare{Class: Unlisted}}
+	g.other = &classState{share: ClassShare{Class: unlisted}}
 	g.spare = g.usable - reserved
 	g.pool = bucket{size: g.usable * revocation}
 	return g, nil
 }
 
 // Name returns the gate's name.
-func (g *Reservation) Name() string { return g.name }
+func (g *reservationGate) Name() string { return g.name }
 
 // checkShares validates the shares of a reservation named name over usable
 // units (in unit) and returns their index by class and the sum of their
@@ -277,7 +294,7 @@ func checkShares(name string, shares []ClassShare, usable int64, unit string, ra
 
 // Depth returns the most the gate can admit at once after every class
 // has been idle, in units (rounded up): the own buckets and the pool, full.
-func (g *Reservation) Depth() int64 {
+func (g *reservationGate) Depth() int64 {
 	d := g.pool.size
 	for i := range g.classes {
 		d += g.classes[i].own.size
@@ -285,7 +302,7 @@ func (g *Reservation) Depth() int64 {
 	return (d + nano - 1) / nano
 }
 
-func (g *Reservation) class(name string) *classState {
+func (g *reservationGate) class(name string) *classState {
 	if i, ok := g.byName[name]; ok {
 		return &g.classes[i]
 	}
@@ -295,7 +312,7 @@ func (g *Reservation) class(name string) *classState {
 // advanceLocked fills every balance up to now: the own buckets at their
 // reserves, the pool at the unreserved rate and with their overflow.
 // REQUIRES: g.mu held.
-func (g *Reservation) advanceLocked(now clock.Instant) {
+func (g *reservationGate) advanceLocked(now clock.Instant) {
 	if !g.started {
 		g.started, g.last = true, now
 		return
@@ -331,7 +348,7 @@ func (g *Reservation) advanceLocked(now clock.Instant) {
 // tenant's cap allow it. A cost no bucket of the class can ever hold (above
 // its own bucket and the pool, its maximum's bucket or its tenant's) is
 // rejected as not retryable.
-func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *reservationGate) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	units := max(r.Cost, 1)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -387,7 +404,7 @@ func (g *Reservation) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 // (max-min; start-time fair queueing on the pool's draws, Goyal, Vin and
 // Cheng, SIGCOMM 1996). First come, first served gave the class asking
 // more often nearly all of it. REQUIRES: g.mu held.
-func (g *Reservation) poolTurnLocked(c *classState, x int64, now clock.Instant) bool {
+func (g *reservationGate) poolTurnLocked(c *classState, x int64, now clock.Instant) bool {
 	window := max(g.opts.Burst, g.opts.Revocation) // how long a class counts as asking, or refused
 	asking := func(d *classState) bool { return d.poolAsked != 0 && now.Sub(d.poolAsked) < window }
 	least, leastRefused := math.Inf(1), math.Inf(1)
@@ -424,7 +441,7 @@ func (g *Reservation) poolTurnLocked(c *classState, x int64, now clock.Instant) 
 }
 
 // classAt is listed class i, or for -1 the unlisted classes' state.
-func (g *Reservation) classAt(i int) *classState {
+func (g *reservationGate) classAt(i int) *classState {
 	if i < 0 {
 		return g.other
 	}
@@ -434,7 +451,7 @@ func (g *Reservation) classAt(i int) *classState {
 // mostLocked is the largest cost class c can ever be admitted with, in
 // units: what its own bucket and (if it borrows) the pool hold when full,
 // within its maximum's and its tenants' buckets. REQUIRES: g.mu held.
-func (g *Reservation) mostLocked(c *classState) int64 {
+func (g *reservationGate) mostLocked(c *classState) int64 {
 	most := c.own.size
 	if !c.share.NoBorrow {
 		most += g.pool.size
@@ -454,7 +471,7 @@ func (g *Reservation) mostLocked(c *classState) int64 {
 // are dropped (a full bucket is the same as none) once per Burst, or
 // sooner when the table has doubled since the last sweep: the table holds
 // at most the tenants admitted within one refill time. REQUIRES: g.mu held.
-func (g *Reservation) tenantLocked(c *classState, tenant string, now clock.Instant, cost int64) (lacks int64) {
+func (g *reservationGate) tenantLocked(c *classState, tenant string, now clock.Instant, cost int64) (lacks int64) {
 	rate, size := c.share.Tenant, c.tenantSize
 	if now.Sub(c.swept) >= g.opts.Burst || len(c.tenants) > 2*c.kept+1024 {
 		c.swept = now
@@ -490,7 +507,7 @@ func (g *Reservation) tenantLocked(c *classState, tenant string, now clock.Insta
 // retryAfterLocked is when the class's own bucket (or, for a class with no
 // reserve, the pool at the unreserved rate) holds cost; the revocation
 // time when nothing refills at a known rate. REQUIRES: g.mu held.
-func (g *Reservation) retryAfterLocked(c *classState, cost int64) time.Duration {
+func (g *reservationGate) retryAfterLocked(c *classState, cost int64) time.Duration {
 	switch {
 	case c.own.rate > 0 && cost <= c.own.size:
 		return time.Duration((cost - c.own.n + c.own.rate - 1) / c.own.rate)
@@ -503,7 +520,7 @@ func (g *Reservation) retryAfterLocked(c *classState, cost int64) time.Duration 
 // Release gives the units back when a later gate rejected the request:
 // what came from the pool to the pool, the rest to the class's bucket.
 // Admitted work keeps what it took.
-func (g *Reservation) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
+func (g *reservationGate) Release(r *sluice.Request, p sluice.Permit, done sluice.Completion) {
 	if done.Outcome != sluice.OutcomeRejected {
 		return
 	}
@@ -528,9 +545,9 @@ func (g *Reservation) Release(r *sluice.Request, p sluice.Permit, done sluice.Co
 	c.borrowed -= int64(p)
 }
 
-// ClassUsage is one class's counters in a Reservation, in work units since
+// classUsage is one class's counters in a Reservation, in work units since
 // the gate was built.
-type ClassUsage struct {
+type classUsage struct {
 	Class    string `json:"class"`
 	Reserve  int64  `json:"reserve_units_per_s"`
 	Admitted int64  `json:"admitted_units"`
@@ -538,24 +555,24 @@ type ClassUsage struct {
 	Rejected int64  `json:"rejected_units"`
 }
 
-// ReservationState is what the admin API shows of a Reservation.
-type ReservationState struct {
+// reservationState is what the admin API shows of a Reservation.
+type reservationState struct {
 	Capacity int64        `json:"capacity_units_per_s"`
 	Recovery int64        `json:"recovery_units_per_s"`
 	Pool     int64        `json:"pool_units"`
-	Classes  []ClassUsage `json:"classes"`
+	Classes  []classUsage `json:"classes"`
 }
 
-var _ sluice.StateReporter = (*Reservation)(nil)
+var _ sluice.StateReporter = (*reservationGate)(nil)
 
 // Usage returns the counters per class, listed classes first and then
 // "unlisted" for the classes with no share.
-func (g *Reservation) Usage() []ClassUsage {
+func (g *reservationGate) Usage() []classUsage {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]ClassUsage, 0, len(g.classes)+1)
+	out := make([]classUsage, 0, len(g.classes)+1)
 	for _, c := range append(g.classes, *g.other) {
-		out = append(out, ClassUsage{Class: c.share.Class, Reserve: c.share.Reserve, Admitted: c.admitted,
+		out = append(out, classUsage{Class: c.share.Class, Reserve: c.share.Reserve, Admitted: c.admitted,
 			Borrowed: c.borrowed, Rejected: c.rejected})
 	}
 	return out
@@ -563,10 +580,10 @@ func (g *Reservation) Usage() []ClassUsage {
 
 // ReportState returns the capacity, the pool's balance and the usage per
 // class at now.
-func (g *Reservation) ReportState(now clock.Instant) any {
+func (g *reservationGate) ReportState(now clock.Instant) any {
 	g.mu.Lock()
 	g.advanceLocked(now)
 	pool := g.pool.n / nano
 	g.mu.Unlock()
-	return ReservationState{Capacity: g.opts.Capacity, Recovery: g.opts.Recovery, Pool: pool, Classes: g.Usage()}
+	return reservationState{Capacity: g.opts.Capacity, Recovery: g.opts.Recovery, Pool: pool, Classes: g.Usage()}
 }

@@ -1,4 +1,4 @@
-package fair_test
+package fair
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/fair"
 )
 
 // stream is an evenly spaced arrival stream of one class.
@@ -80,9 +79,9 @@ func TestReservationSplit(t *testing.T) {
 		{"recovery reserve eats free's reserve", 4000, 200, 1400},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: tc.capacity, Recovery: tc.recovery,
+			g, err := newReservation("units", ReservationOptions{Capacity: tc.capacity, Recovery: tc.recovery,
 				Revocation: 500 * time.Millisecond,
-				Classes:    []fair.ClassShare{{Class: "premium", Reserve: 2400}, {Class: "free", Reserve: tc.freeReserve}}})
+				Classes:    []ClassShare{{Class: "premium", Reserve: 2400}, {Class: "free", Reserve: tc.freeReserve}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,8 +118,8 @@ func TestReservationSplit(t *testing.T) {
 }
 
 func TestReservationLimits(t *testing.T) {
-	g, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1000,
-		Classes: []fair.ClassShare{{Class: "a", Reserve: 300, Max: 500}, {Class: "b", Reserve: 200, NoBorrow: true}}})
+	g, err := newReservation("units", ReservationOptions{Capacity: 1000,
+		Classes: []ClassShare{{Class: "a", Reserve: 300, Max: 500}, {Class: "b", Reserve: 200, NoBorrow: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +140,8 @@ func TestReservationLimits(t *testing.T) {
 // spent its entitlement: 429 (policy_rate at scope class), retryable when
 // the maximum's bucket holds the cost again; refused for the capacity, 503.
 func TestReservationMaxIsAnEntitlement(t *testing.T) {
-	g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1000, Burst: time.Second,
-		Classes: []fair.ClassShare{{Class: "org", Reserve: 100, Max: 150}, {Class: "b", Reserve: 800, NoBorrow: true}}})
+	g, _ := newReservation("units", ReservationOptions{Capacity: 1000, Burst: time.Second,
+		Classes: []ClassShare{{Class: "org", Reserve: 100, Max: 150}, {Class: "b", Reserve: 800, NoBorrow: true}}})
 	g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, clock.Instant(time.Second)) // starts the clock; the pool fills from here
 	now := clock.Instant(3 * time.Second)
 	for i := 0; i < 150; i++ {
@@ -163,8 +162,8 @@ func TestReservationMaxIsAnEntitlement(t *testing.T) {
 }
 
 func TestReservationRefundsLaterRejections(t *testing.T) {
-	g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 10, Burst: time.Second,
-		Classes: []fair.ClassShare{{Class: "a", Reserve: 10}}})
+	g, _ := newReservation("units", ReservationOptions{Capacity: 10, Burst: time.Second,
+		Classes: []ClassShare{{Class: "a", Reserve: 10}}})
 	r := &sluice.Request{Class: "a", Cost: 10}
 	now := clock.Instant(1)
 	d, p := g.Decide(context.Background(), r, now)
@@ -181,19 +180,19 @@ func TestReservationRefundsLaterRejections(t *testing.T) {
 }
 
 func TestReservationRejectsBadOptions(t *testing.T) {
-	for _, o := range []fair.ReservationOptions{
+	for _, o := range []ReservationOptions{
 		{},
 		{Capacity: 100, Recovery: 100},
-		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: 60}, {Class: "b", Reserve: 50}}},
-		{Capacity: 100, Recovery: 20, Classes: []fair.ClassShare{{Class: "a", Reserve: 90}}},
-		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: 50, Max: 40}}},
-		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: 10}, {Class: "a", Reserve: 10}}},
-		{Capacity: 100, Classes: []fair.ClassShare{{Class: "", Reserve: 10}}},
-		{Capacity: 100, Classes: []fair.ClassShare{{Class: "a", Reserve: -1}}},
-		{Capacity: fair.MaxRate + 1},
+		{Capacity: 100, Classes: []ClassShare{{Class: "a", Reserve: 60}, {Class: "b", Reserve: 50}}},
+		{Capacity: 100, Recovery: 20, Classes: []ClassShare{{Class: "a", Reserve: 90}}},
+		{Capacity: 100, Classes: []ClassShare{{Class: "a", Reserve: 50, Max: 40}}},
+		{Capacity: 100, Classes: []ClassShare{{Class: "a", Reserve: 10}, {Class: "a", Reserve: 10}}},
+		{Capacity: 100, Classes: []ClassShare{{Class: "", Reserve: 10}}},
+		{Capacity: 100, Classes: []ClassShare{{Class: "a", Reserve: -1}}},
+		{Capacity: MaxRate + 1},
 		{Capacity: 100, Burst: time.Hour},
 	} {
-		if _, err := fair.NewReservation("r", o); err == nil {
+		if _, err := newReservation("r", o); err == nil {
 			t.Errorf("%+v: accepted", o)
 		}
 	}
@@ -202,8 +201,8 @@ func TestReservationRejectsBadOptions(t *testing.T) {
 // The tenant level under a class: each tenant of the class gets at most
 // its cap (429 at scope tenant beyond it), inside the class's reserve.
 func TestReservationTenantLevel(t *testing.T) {
-	g, err := fair.NewReservation("units", fair.ReservationOptions{Capacity: 4000,
-		Classes: []fair.ClassShare{{Class: "premium", Reserve: 2400}, {Class: "free", Reserve: 1600, Tenant: 200}}})
+	g, err := newReservation("units", ReservationOptions{Capacity: 4000,
+		Classes: []ClassShare{{Class: "premium", Reserve: 2400}, {Class: "free", Reserve: 1600, Tenant: 200}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,8 +240,8 @@ func TestReservationPoolSharedFairly(t *testing.T) {
 		rateB      float64
 		wantA, wnB int64 // units/s
 	}{{300, 25, 25}, {9, 41, 9}} {
-		g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1050,
-			Classes: []fair.ClassShare{{Class: "reserved", Reserve: 1000, NoBorrow: true}, {Class: "a"}, {Class: "b"}}})
+		g, _ := newReservation("units", ReservationOptions{Capacity: 1050,
+			Classes: []ClassShare{{Class: "reserved", Reserve: 1000, NoBorrow: true}, {Class: "a"}, {Class: "b"}}})
 		a := &stream{class: "a", cost: 1, rate: 900}
 		b := &stream{class: "b", cost: 1, rate: c.rateB}
 		busy := &stream{class: "reserved", cost: 1, rate: 2000} // its reserve all used: nothing of it lent
@@ -260,8 +259,8 @@ func TestReservationPoolSharedFairly(t *testing.T) {
 // the pool among three borrowing classes of random rates.
 func TestReservationFairPoolKeepsTheBound(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		g, _ := fair.NewReservation("units", fair.ReservationOptions{Capacity: 1000, Recovery: 50,
-			Classes: []fair.ClassShare{{Class: "r", Reserve: 500}, {Class: "a"}, {Class: "b"}}})
+		g, _ := newReservation("units", ReservationOptions{Capacity: 1000, Recovery: 50,
+			Classes: []ClassShare{{Class: "r", Reserve: 500}, {Class: "a"}, {Class: "b"}}})
 		var streams []*stream
 		for _, class := range []string{"r", "a", "b", "c"} {
 			streams = append(streams, &stream{class: class, cost: rapid.Int64Range(1, 5).Draw(rt, "cost"+class),

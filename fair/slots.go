@@ -33,27 +33,8 @@ type SlotOptions struct {
 	Revocation time.Duration
 }
 
-// Slots is a gate that divides concurrent work units between classes:
-// each class may always hold its reserve; a class past its reserve (and a
-// class with none) may use the units no class reserves, and borrow units
-// other classes' reserves leave idle, never beyond InFlight − Recovery in
-// all nor past its Max.
-//
-// Reclaim: admitted work is never cancelled, so reserved units are lent
-// only out of the recovery headroom's size (at most Recovery units lent
-// at once): an owner that comes back to find its reserve lent is admitted
-// at once into the headroom, never refused below its reserve, with or
-// without a queue in front. Only a request whose deadline is within
-// Revocation borrows a reserved unit (unreserved units need no reclaim and
-// go to any deadline), so the headroom is back within Revocation (plus
-// the grace its server gives a request past its deadline), and an owner
-// that reclaims into the headroom stops all lending for Revocation: the
-// units held pass InFlight − Recovery only while an owner reclaims, and
-// never pass InFlight. A request that finds no room is rejected with
-// reason concurrency, retryable: a wait queue in front (package queue)
-// holds it until units free. Every release gives the units back. It is
-// safe for concurrent use.
-type Slots struct {
+// slots is the gate NewSlots returns.
+type slots struct {
 	name   string
 	opts   SlotOptions
 	usable int64
@@ -77,7 +58,44 @@ type slotClass struct {
 }
 
 // NewSlots returns a concurrent-units reservation gate named name.
-func NewSlots(name string, opts SlotOptions) (*Slots, error) {
+//
+// The gate divides concurrent work units between classes:
+// each class may always hold its reserve; a class past its reserve (and a
+// class with none) may use the units no class reserves, and borrow units
+// other classes' reserves leave idle, never beyond InFlight − Recovery in
+// all nor past its Max.
+//
+// Reclaim: admitted work is never cancelled, so reserved units are lent
+// only out of the recovery headroom's size (at most Recovery units lent
+// at once): an owner that comes back to find its reserve lent is admitted
+// at once into the headroom, never refused below its reserve, with or
+// without a queue in front. Only a request whose deadline is within
+// Revocation borrows a reserved unit (unreserved units need no reclaim and
+// go to any deadline), so the headroom is back within Revocation (plus
+// the grace its server gives a request past its deadline), and an owner
+// that reclaims into the headroom stops all lending for Revocation: the
+// units held pass InFlight − Recovery only while an owner reclaims, and
+// never pass InFlight. A request that finds no room is rejected with
+// reason concurrency, retryable: a wait queue in front (package queue)
+// holds it until units free. Every release gives the units back. It is
+// safe for concurrent use.
+//
+// Decide admits r within its class's reserve; past it, on the units no
+// class reserves, and then on idle reserved units when its deadline is
+// within the revocation time. A request that could never be admitted so
+// (its cost above every part it may use) is rejected as not retryable.
+//
+// Release gives the request's units back (permit 1: within its reserve,
+// 2: borrowed from a reserve, 3: from the units no class reserves).
+//
+// ConcurrencyLimit returns the usable units and the units held, so a wait
+// queue in front predicts waits from it.
+func NewSlots(name string, opts SlotOptions) (sluice.Gate, error) {
+	return gateOf(newSlots(name, opts))
+}
+
+// newSlots is NewSlots with the concrete type.
+func newSlots(name string, opts SlotOptions) (*slots, error) {
 	if name == "" {
 		return nil, errors.New("reservation: empty name")
 	}
@@ -92,7 +110,7 @@ func NewSlots(name string, opts SlotOptions) (*Slots, error) {
 	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
 		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
 	}
-	g := &Slots{name: name, opts: opts, usable: opts.InFlight - opts.Recovery, byName: map[string]int{}}
+	g := &slots{name: name, opts: opts, usable: opts.InFlight - opts.Recovery, byName: map[string]int{}}
 	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units", false)
 	if err != nil {
 		return nil, err
@@ -102,14 +120,14 @@ func NewSlots(name string, opts SlotOptions) (*Slots, error) {
 		g.classes = append(g.classes, slotClass{share: c})
 	}
 	g.spare = g.usable - reserved
-	g.other.share.Class = Unlisted
+	g.other.share.Class = unlisted
 	return g, nil
 }
 
 // Name returns the gate's name.
-func (g *Slots) Name() string { return g.name }
+func (g *slots) Name() string { return g.name }
 
-func (g *Slots) class(name string) *slotClass {
+func (g *slots) class(name string) *slotClass {
 	if i, ok := g.byName[name]; ok {
 		return &g.classes[i]
 	}
@@ -120,7 +138,7 @@ func (g *Slots) class(name string) *slotClass {
 // idle part of the reserves of classes not wanting theirs back, within
 // the recovery headroom, less what is lent already; nothing while an owner
 // reclaims. REQUIRES: g.mu held.
-func (g *Slots) lendableLocked(now clock.Instant) int64 {
+func (g *slots) lendableLocked(now clock.Instant) int64 {
 	idle := int64(0)
 	for i := range g.classes {
 		c := &g.classes[i]
@@ -137,7 +155,7 @@ func (g *Slots) lendableLocked(now clock.Instant) int64 {
 // class reserves, and then on idle reserved units when its deadline is
 // within the revocation time. A request that could never be admitted so
 // (its cost above every part it may use) is rejected as not retryable.
-func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	k := max(r.Cost, 1)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -174,7 +192,7 @@ func (g *Slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) 
 
 // refuse is the rejection of k units for class c: retryable unless k is
 // above every part c may use. REQUIRES: g.mu held.
-func (g *Slots) refuse(c *slotClass, k int64, mayBorrow bool) sluice.Decision {
+func (g *slots) refuse(c *slotClass, k int64, mayBorrow bool) sluice.Decision {
 	d := sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Gate: g.name,
 		Unit: sluice.UnitConcurrentRequests, Limit: g.usable}
 	possible := k <= c.share.Reserve || (!c.share.NoBorrow && (k <= g.spare || (mayBorrow && k <= g.usable)))
@@ -184,13 +202,13 @@ func (g *Slots) refuse(c *slotClass, k int64, mayBorrow bool) sluice.Decision {
 	return d
 }
 
-func (g *Slots) admit() sluice.Decision {
+func (g *slots) admit() sluice.Decision {
 	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name, Unit: sluice.UnitConcurrentRequests, Limit: g.usable}
 }
 
 // Release gives the request's units back (permit 1: within its reserve,
 // 2: borrowed from a reserve, 3: from the units no class reserves).
-func (g *Slots) Release(r *sluice.Request, p sluice.Permit, _ sluice.Completion) {
+func (g *slots) Release(r *sluice.Request, p sluice.Permit, _ sluice.Completion) {
 	k := max(r.Cost, 1)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -210,8 +228,8 @@ func (g *Slots) Release(r *sluice.Request, p sluice.Permit, _ sluice.Completion)
 	g.held -= k
 }
 
-// SlotUsage is one class's units held in a Slots reservation.
-type SlotUsage struct {
+// slotUsage is one class's units held in a Slots reservation.
+type slotUsage struct {
 	Class    string `json:"class"`
 	Reserve  int64  `json:"reserve_units"`
 	Own      int64  `json:"own_units"`
@@ -220,28 +238,36 @@ type SlotUsage struct {
 
 // Usage returns the units each class holds, listed classes first and then
 // "unlisted" for the classes with no share.
-func (g *Slots) Usage() []SlotUsage {
+func (g *slots) Usage() []slotUsage {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]SlotUsage, 0, len(g.classes)+1)
+	out := make([]slotUsage, 0, len(g.classes)+1)
 	for _, c := range append(g.classes, g.other) {
-		out = append(out, SlotUsage{Class: c.share.Class, Reserve: c.share.Reserve, Own: c.own, Borrowed: c.borrowed})
+		out = append(out, slotUsage{Class: c.share.Class, Reserve: c.share.Reserve, Own: c.own, Borrowed: c.borrowed})
 	}
 	return out
 }
 
 var (
-	_ sluice.StateReporter = (*Slots)(nil)
-	_ sluice.Sizer         = (*Slots)(nil)
+	_ sluice.StateReporter = (*slots)(nil)
+	_ sluice.Sizer         = (*slots)(nil)
 )
 
 // ReportState returns the units held per class.
-func (g *Slots) ReportState(clock.Instant) any { return g.Usage() }
+func (g *slots) ReportState(clock.Instant) any { return g.Usage() }
 
 // ConcurrencyLimit returns the usable units and the units held, so a wait
 // queue in front predicts waits from it.
-func (g *Slots) ConcurrencyLimit() (limit, inFlight int) {
+func (g *slots) ConcurrencyLimit() (limit, inFlight int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return int(g.usable), int(g.held)
+}
+
+// gateOf returns g as a sluice.Gate, or err (never a typed nil).
+func gateOf[G sluice.Gate](g G, err error) (sluice.Gate, error) {
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
 }

@@ -1,4 +1,4 @@
-package fair_test
+package fair
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/fair"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/queue"
 )
@@ -19,7 +18,7 @@ type held struct {
 	p sluice.Permit
 }
 
-func take(t *testing.T, g *fair.Slots, class string, deadline time.Duration, now clock.Instant) (held, bool) {
+func take(t *testing.T, g *slots, class string, deadline time.Duration, now clock.Instant) (held, bool) {
 	t.Helper()
 	r := &sluice.Request{Class: class, Cost: 1}
 	if deadline > 0 {
@@ -39,8 +38,8 @@ func take(t *testing.T, g *fair.Slots, class string, deadline time.Duration, now
 // once to its whole reserve, into the headroom, and nothing is lent
 // again until the revocation time has passed.
 func TestSlotsLendAndReclaim(t *testing.T) {
-	g, err := fair.NewSlots("slots", fair.SlotOptions{InFlight: 13, Recovery: 3, Revocation: time.Second,
-		Classes: []fair.ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 4}}})
+	g, err := newSlots("slots", SlotOptions{InFlight: 13, Recovery: 3, Revocation: time.Second,
+		Classes: []ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 4}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +88,8 @@ func TestSlotsLendAndReclaim(t *testing.T) {
 // Without recovery headroom no reserved unit is lent: the owner's reserve
 // is always free for it.
 func TestSlotsLendNothingWithoutRecovery(t *testing.T) {
-	g, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 10,
-		Classes: []fair.ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 4}}})
+	g, _ := newSlots("slots", SlotOptions{InFlight: 10,
+		Classes: []ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 4}}})
 	now := clock.Instant(time.Second)
 	n := 0
 	for i := 0; i < 12; i++ {
@@ -109,15 +108,15 @@ func TestSlotsLendNothingWithoutRecovery(t *testing.T) {
 }
 
 func TestSlotsRejectBadOptions(t *testing.T) {
-	for _, o := range []fair.SlotOptions{
+	for _, o := range []SlotOptions{
 		{},
 		{InFlight: 10, Recovery: 10},
-		{InFlight: 10, Classes: []fair.ClassShare{{Class: "a", Reserve: 6}, {Class: "b", Reserve: 5}}},
-		{InFlight: 10, Classes: []fair.ClassShare{{Class: "a", Reserve: 2, Tenant: 1}}},
-		{InFlight: 10, Classes: []fair.ClassShare{{Class: "a", Reserve: 5, Max: 4}}},
+		{InFlight: 10, Classes: []ClassShare{{Class: "a", Reserve: 6}, {Class: "b", Reserve: 5}}},
+		{InFlight: 10, Classes: []ClassShare{{Class: "a", Reserve: 2, Tenant: 1}}},
+		{InFlight: 10, Classes: []ClassShare{{Class: "a", Reserve: 5, Max: 4}}},
 		{InFlight: 10, Revocation: time.Hour},
 	} {
-		if _, err := fair.NewSlots("s", o); err == nil {
+		if _, err := newSlots("s", o); err == nil {
 			t.Errorf("%+v: accepted", o)
 		}
 	}
@@ -138,8 +137,8 @@ func TestSlotsNeverAboveUsable(t *testing.T) {
 		if maxA > 0 && maxA < ra {
 			maxA = ra
 		}
-		g, err := fair.NewSlots("s", fair.SlotOptions{InFlight: inflight, Recovery: recovery, Revocation: 100 * time.Millisecond,
-			Classes: []fair.ClassShare{{Class: "a", Reserve: ra, Max: maxA}, {Class: "b", Reserve: rb}}})
+		g, err := newSlots("s", SlotOptions{InFlight: inflight, Recovery: recovery, Revocation: 100 * time.Millisecond,
+			Classes: []ClassShare{{Class: "a", Reserve: ra, Max: maxA}, {Class: "b", Reserve: rb}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,8 +187,8 @@ func TestSlotsNeverAboveUsable(t *testing.T) {
 // admitted at once (into the recovery headroom), not parked.
 func TestSlotsBehindAQueue(t *testing.T) {
 	clk := fakeclock.New(int64(time.Second))
-	s, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 6, Recovery: 2,
-		Classes: []fair.ClassShare{{Class: "premium", Reserve: 3}, {Class: "free", Reserve: 1}}})
+	s, _ := newSlots("slots", SlotOptions{InFlight: 6, Recovery: 2,
+		Classes: []ClassShare{{Class: "premium", Reserve: 3}, {Class: "free", Reserve: 1}}})
 	q, err := queue.New("slots", s, queue.Options{MaxWait: time.Second, Classes: []string{"premium", "free"}, Clock: clk, Events: true})
 	if err != nil {
 		t.Fatal(err)
@@ -216,8 +215,8 @@ func TestSlotsBehindAQueue(t *testing.T) {
 // deadline (they need no reclaim); a request that could never be admitted
 // is refused as not retryable, so a queue in front does not hold it.
 func TestSlotsUnreservedUnits(t *testing.T) {
-	g, _ := fair.NewSlots("slots", fair.SlotOptions{InFlight: 10,
-		Classes: []fair.ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 2}, {Class: "fixed", NoBorrow: true}}})
+	g, _ := newSlots("slots", SlotOptions{InFlight: 10,
+		Classes: []ClassShare{{Class: "premium", Reserve: 6}, {Class: "free", Reserve: 2}, {Class: "fixed", NoBorrow: true}}})
 	now := clock.Instant(time.Second)
 	for i := 0; i < 2; i++ {
 		if _, ok := take(t, g, "default", 0, now); !ok {

@@ -16,8 +16,8 @@ import (
 var reservationKind = &kind{
 	name:    "reservation",
 	example: `{name: reserve, kind: reservation, capacity: 1000, shares: {critical: {reserve: 600}, default: {reserve: 300}}}`,
-	doc: "Class reservations over a capacity in work units/s (capacity: fair.Reservation) or in concurrent work units " +
-		"(inflight: fair.Slots), a budget nested service → class → tenant. Rates: each class always finds its reserve; what " +
+	doc: "Class reservations over a capacity in work units/s (capacity: fair.NewReservation) or in concurrent work units " +
+		"(inflight: fair.NewSlots), a budget nested service → class → tenant. Rates: each class always finds its reserve; what " +
 		"a class leaves idle, and what no class reserves, goes to a pool that classes allowed to borrow share max-min fairly, holding at " +
 		"most the revocation time's worth of capacity, so an owner that comes back has its reserve at once and the " +
 		"borrowed work drains within that time; rejects with reason overload (503), a class past its max and a tenant over " +
