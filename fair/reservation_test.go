@@ -63,7 +63,7 @@ func within(t *testing.T, what string, got, want int64, tol float64) {
 	}
 }
 
-// The article's free and premium example: capacity 4,000 units/s, premium
+// The free and premium example of the Mercury model: capacity 4,000 units/s, premium
 // queries cost 3 at 1,000/s, free ones 1 at 6,000/s, reserves 2,400 and
 // 1,600. Premium admits 800 req/s and free 1,600; when premium drops to
 // 400 req/s free borrows the 1,200 units/s it leaves; when premium comes

@@ -43,8 +43,7 @@ func takeN[S any](a Algorithm[S], s *S, now clock.Instant, n int) int {
 	return ok
 }
 
-// Published vector (the article "Admission Control, Rate Limiting, and Load Shedding"):
-// 200 tokens/s, burst 400, cost 1.
+// Hand-checked vector: 200 tokens/s, burst 400, cost 1.
 func TestTokenBucketSeed200PerSecondBurst400(t *testing.T) {
 	b := mustTB(t, PerSecond(200), 400)
 	var s TokenBucketState
@@ -67,9 +66,10 @@ func TestTokenBucketSeed200PerSecondBurst400(t *testing.T) {
 	}
 }
 
-// Published vector (the post "Token Buckets, Concurrency Caps, and Load Shedders: Rate Limiting That Holds Under Pressure",
-// after Stripe's example): refill 100/s, capacity 500, the timeline drawn there.
-func TestTokenBucketSeedStripeTimeline(t *testing.T) {
+// Hand-checked vector after the example of Stripe's "Scaling your API with
+// rate limiters" (Paul Tarjan, 2017): refill 100/s, capacity 500, a burst,
+// the refill and the limit reached again.
+func TestTokenBucketStripeTimeline(t *testing.T) {
 	b := mustTB(t, PerSecond(100), 500)
 	var s TokenBucketState
 	for _, step := range []struct {

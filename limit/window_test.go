@@ -108,7 +108,7 @@ func TestSlidingWindowVectors(t *testing.T) {
 }
 
 func TestLeakyBucketSeedQueue(t *testing.T) {
-	// The lesson "Admission control and load shedding": 6 ms per request,
+	// Hand-checked: 6 ms per request,
 	// queue 15: worst wait ≈ 90 ms.
 	rate, _ := NewRate(1, 6*time.Millisecond)
 	l, err := NewLeakyBucket(rate, 15)

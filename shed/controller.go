@@ -8,10 +8,12 @@ import (
 	"github.com/sluice-go/sluice/internal/param"
 )
 
-// ControllerConfig configures a utilization Controller. The defaults are
-// the numbers of Stripe's worker utilization load shedder as the post
-// "Token Buckets, Concurrency Caps, and Load Shedders: Rate Limiting That Holds Under Pressure"
-// gives them.
+// ControllerConfig configures the slow controller of a utilization shedder
+// (NewUtilization): it turns utilization samples into a shed fraction. The
+// defaults follow the worker utilization load shedder of Paul Tarjan's
+// "Scaling your API with rate limiters" (Stripe, 2017): a dead zone
+// between 0.7 and 0.8, three 8-second samples of pressure before the first
+// shed, two minutes from nothing shed to everything.
 type ControllerConfig struct {
 	// Good is the utilization below which shedding decays. Default 0.7.
 	Good float64
@@ -79,8 +81,7 @@ func (c ControllerConfig) Validate() error {
 // fraction reaches 1 exactly ShedAllAfter later; after recovery to u it
 // decays at (1 − u/Good)/ShedAllAfter per second; a signal that stays in
 // the dead zone never moves it. Source: the worker utilization load shedder
-// of Paul Tarjan's "Scaling your API with rate limiters" (Stripe, 2017),
-// with the thresholds and timings of the post "Token Buckets, Concurrency Caps, and Load Shedders: Rate Limiting That Holds Under Pressure".
+// of Paul Tarjan's "Scaling your API with rate limiters" (Stripe, 2017).
 //
 // Times are monotonic ns. Controller is not safe for concurrent use; the
 // Utilization gate serializes it.

@@ -130,8 +130,7 @@ type Transition struct {
 	Pressure float64 // the demand utilization that caused it
 }
 
-// Ladder is the degradation state machine of the article "Admission
-// Control, Rate Limiting, and Load Shedding": NORMAL → DEGRADE → SHED →
+// Ladder is a degradation state machine: NORMAL → DEGRADE → SHED →
 // RECOVER → NORMAL, with hysteresis (each state is entered above a higher
 // threshold than it is left), a minimum dwell before stepping down, and a
 // staged recovery ramp of admitted non-protected load.

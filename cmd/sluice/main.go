@@ -266,7 +266,7 @@ func demoReservation(cmd *cobra.Command, config, jsonPath string) error {
 	}
 	ctx, stop := stopContext(context.Background())
 	defer stop()
-	fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario reservation: the article's premium and free example at a tenth of its scale; "+
+	fmt.Fprintln(cmd.OutOrStdout(), "sluice demo --scenario reservation: the premium and free example of the Mercury model at a tenth of its scale; "+
 		"premium 100 queries/s (3 units each) → 40 → 100, free 600/s (1 unit), 10 s per phase, open loop")
 	rep, err := demo.RunReservation(ctx, opts)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 )
 
 // ReservationPolicy is the policy of the reservation scenario: the
-// article's free and premium example at a tenth of its scale. The upstream's
+// free and premium example of the Mercury model at a tenth of its scale. The upstream's
 // 4 workers serve 400 work units/s (10 ms of worker time per unit; premium
 // queries cost 3, free ones 1); 4 units/s are kept back, premium reserves
 // 240 units/s and free 156, and a weighted in-flight limit bounds the

@@ -5,20 +5,19 @@ import (
 	"time"
 )
 
-// Mercury is the Mercury overload model of the article
-// "Admission Control, Rate Limiting, and Load Shedding": a downstream of 4,000 work
+// Mercury is sluice's reference overload model: a downstream of 4,000 work
 // units/s (40 workers, 10 ms of worker time per unit, exponential service
-// times), premium queries of 3 units and free queries of 1 unit in the
-// article's proportions (1,000 and 6,000 req/s at 9,000 units/s), behind an
+// times), premium queries of 3 units and free queries of 1 unit in fixed
+// proportions (1,000 and 6,000 req/s at 9,000 units/s), behind an
 // unbounded FIFO queue, swept over 4k, 5k, 8k and 10k units/s offered.
 //
-// How its parameters were chosen: capacity, costs and the mix are the
-// article's. The clients are ordinary ones, set before looking at the curve:
+// How its parameters were chosen: capacity, costs and the mix are fixed
+// reference numbers. The clients are ordinary ones, set before looking at the curve:
 // each attempt waits between 0.25 s and 1.25 s (uniform across callers),
 // a failed attempt is retried up to 3 attempts in all with exponential
 // backoff from 200 ms and full jitter, under a retry budget of 5% (a
 // client-side retry throttle). One parameter was fitted, once, to the
-// article's four points together: the service notices that a caller has gone
+// four reference points together: the service notices that a caller has gone
 // only at its first cancellation checkpoint, 30% into the work
 // (CancelPoint 0.3). Everything else follows from the mechanisms: a queue
 // that keeps growing until callers give up, the 30% of every abandoned
@@ -146,7 +145,7 @@ var ServiceStep = Scenario{
 }
 
 // Reservation is a time series on the Mercury model for the class
-// reservations of examples/mercury.yaml: the article's offered mix (premium
+// reservations of examples/mercury.yaml: the reference offered mix (premium
 // 1,000 queries/s of 3 units, free 6,000/s of 1 unit) for 20 s, premium
 // down to 400 queries/s for 20 s (free may borrow what it leaves), then
 // premium back (its reserve must come back within the revocation time).

@@ -76,21 +76,21 @@
 //
 // # Mercury, and how its parameters were chosen
 //
-// Mercury reproduces the Mercury overload model of the article "Admission Control, Rate Limiting, and Load Shedding" (4,000 units/s of
+// Mercury is sluice's reference overload model (4,000 units/s of
 // capacity; goodput about 3,900 / 3,700 / 1,900 / 1,200 at 4k / 5k / 8k /
-// 10k offered). The capacity, the work units and the mix are the article's.
+// 10k offered). The capacity, the work units and the mix are fixed reference numbers.
 // The client parameters are ordinary ones fixed before looking at the
 // curve: timeouts spread uniformly over 0.25–1.25 s across callers, 3
 // attempts, 200 ms backoff, a 5% retry budget. One parameter was fitted,
 // once, to the four points together: the cancellation checkpoint at 30% of
 // the work. The model is close to linear in the excess load while the
-// article's curve bends, which bounds the agreement: seed 1 gives 3,942 /
+// reference curve bends, which bounds the agreement: seed 1 gives 3,942 /
 // 3,422 / 2,060 / 1,161 (+1.1%, −7.5%, +8.4%, −3.2%).
 //
 // Seeds 1–10 (60 s steps, 10 s warmup) spread goodput without admission
 // over 3,886–3,993 at 4k, 3,415–3,446 at 5k, 2,035–2,076 at 8k and
 // 1,121–1,170 at 10k (at most 4.4% from lowest to highest), every one
-// within 10% of the article's; with examples/mercury.yaml goodput stays within
+// within 10% of the reference points; with examples/mercury.yaml goodput stays within
 // 3,970–4,021 at every load and seed.
 //
 // The routes-api scenario models the upstream of `sluice demo`; a test runs

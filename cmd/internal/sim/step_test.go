@@ -50,12 +50,12 @@ func TestServiceStep(t *testing.T) {
 	}
 }
 
-// The article's free and premium example on the Mercury model, under
+// The free and premium example on the Mercury model, under
 // examples/mercury.yaml's reservations (premium 2,400 units/s, free 1,560,
 // 40 kept back): the split while both are busy, free borrowing what premium
 // leaves, and premium's reserve back as soon as it returns. Each phase's
 // mean from its second second on is within 5% of the reservation's
-// promise, and the article's 800 / 1,600 queries/s split.
+// promise, and the 800 / 1,600 queries/s split.
 func TestReservationScenario(t *testing.T) {
 	s := builtin(t, "reservation")
 	rep, err := Simulate(s, Options{Policy: examplePolicy(t, "mercury")})
@@ -79,7 +79,7 @@ func TestReservationScenario(t *testing.T) {
 		want     float64
 	}{
 		{"premium, both busy (800 queries/s)", 1, 20, premium, 2400},
-		{"free, both busy (the article's 1,600 queries/s)", 1, 20, free, 1600},
+		{"free, both busy (1,600 queries/s)", 1, 20, free, 1600},
 		{"premium at 400 queries/s", 21, 40, premium, 1200},
 		{"free borrowing what premium leaves", 21, 40, free, usable - 1200},
 		{"premium back", 41, 60, premium, 2400},
