@@ -16,7 +16,7 @@ import (
 var utilizationKind = &kind{
 	name:    "utilization",
 	example: `{name: util, kind: utilization, workers: 8, tiers: [sheddable, default, critical]}`,
-	doc: "Worker utilization shedder (shed.Utilization, after Stripe's \"Scaling your API with rate limiters\"): a slow " +
+	doc: "Worker utilization shedder (shed.NewUtilization, after Stripe's \"Scaling your API with rate limiters\"): a slow " +
 		"controller turns utilization into a shed fraction that grows above bad, decays below good and holds between, " +
 		"and the fraction sheds the tiers in order, lowest first. Rejects with reason overload (503).",
 	scope:   sluice.ScopeService,
@@ -73,10 +73,6 @@ func (p *utilizationParams) check(c *checker) {
 }
 
 func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {
-	ctrl, err := shed.NewController(p.ctrl)
-	if err != nil {
-		return nil, err
-	}
 	tiers := p.tiers
 	if len(tiers) == 0 {
 		tiers = b.order
@@ -97,7 +93,7 @@ func (p *utilizationParams) build(b *builder) (sluice.Gate, error) {
 	if c != nil {
 		opts.Cut = c
 	}
-	return shed.NewUtilization(b.g.Name, ctrl, opts)
+	return shed.NewUtilization(b.g.Name, p.ctrl, opts)
 }
 
 func (p *utilizationParams) stateKey() string { return "" }

@@ -68,7 +68,7 @@ func (c ControllerConfig) Validate() error {
 	return nil
 }
 
-// Controller turns utilization samples into a shed fraction in [0, 1]. It
+// controller turns utilization samples into a shed fraction in [0, 1]. It
 // is a controller on the rate of change, not a threshold: each sample sets
 // the derivative of the fraction, and the fraction integrates it over time.
 //
@@ -83,9 +83,9 @@ func (c ControllerConfig) Validate() error {
 // the dead zone never moves it. Source: the worker utilization load shedder
 // of Paul Tarjan's "Scaling your API with rate limiters" (Stripe, 2017).
 //
-// Times are monotonic ns. Controller is not safe for concurrent use; the
+// Times are monotonic ns. controller is not safe for concurrent use; the
 // Utilization gate serializes it.
-type Controller struct {
+type controller struct {
 	cfg ControllerConfig
 
 	level      float64       // shed fraction × ShedAllAfter (ns): full pressure adds exactly 1 per ns
@@ -96,21 +96,21 @@ type Controller struct {
 	hasSamples bool
 }
 
-// NewController returns a controller with cfg (defaults filled in).
-func NewController(cfg ControllerConfig) (*Controller, error) {
+// newController returns a controller with cfg (defaults filled in).
+func newController(cfg ControllerConfig) (*controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.defaults()
-	return &Controller{cfg: cfg}, nil
+	return &controller{cfg: cfg}, nil
 }
 
 // Config returns the configuration in use.
-func (c *Controller) Config() ControllerConfig { return c.cfg }
+func (c *controller) Config() ControllerConfig { return c.cfg }
 
 // advance brings level up to now along the current slope, holding growth
 // until the pressure episode is Delay old.
-func (c *Controller) advance(now clock.Instant) {
+func (c *controller) advance(now clock.Instant) {
 	if !c.hasSamples || now <= c.last {
 		return
 	}
@@ -133,7 +133,7 @@ func (c *Controller) advance(now clock.Instant) {
 
 // Sample records utilization u (0 = idle, 1 = every worker busy; values
 // outside [0, 1] are clamped, NaN is ignored) observed at now.
-func (c *Controller) Sample(now clock.Instant, u float64) {
+func (c *controller) Sample(now clock.Instant, u float64) {
 	if math.IsNaN(u) {
 		return
 	}
@@ -160,7 +160,7 @@ func (c *Controller) Sample(now clock.Instant, u float64) {
 }
 
 // Fraction returns the shed fraction at now, in [0, 1].
-func (c *Controller) Fraction(now clock.Instant) float64 {
+func (c *controller) Fraction(now clock.Instant) float64 {
 	c.advance(now)
 	return c.level / float64(c.cfg.ShedAllAfter)
 }

@@ -10,9 +10,9 @@ import (
 
 const sec = clock.Instant(time.Second)
 
-func ctrl(t *testing.T) *Controller {
+func ctrl(t *testing.T) *controller {
 	t.Helper()
-	c, err := NewController(ControllerConfig{})
+	c, err := newController(ControllerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +20,7 @@ func ctrl(t *testing.T) *Controller {
 }
 
 // samples feeds u every 8 s from `from` up to `to` (inclusive).
-func samples(c *Controller, from, to clock.Instant, u float64) {
+func samples(c *controller, from, to clock.Instant, u float64) {
 	for now := from; now <= to; now += 8 * sec {
 		c.Sample(now, u)
 	}
@@ -126,12 +126,12 @@ func TestControllerShortSpikeShedsNothing(t *testing.T) {
 func TestTiersShedStrictlyInOrder(t *testing.T) {
 	for f := 0.0; f <= 1.0; f += 0.01 {
 		for i := 1; i < 4; i++ {
-			if TierShed(f, i, 4) > 0 && TierShed(f, i-1, 4) < 1 {
+			if tierShed(f, i, 4) > 0 && tierShed(f, i-1, 4) < 1 {
 				t.Fatalf("f=%v: tier %d sheds while tier %d is not fully shed", f, i, i-1)
 			}
 		}
 	}
-	if math.Abs(TierShed(0.6, 2, 4)-0.4) > 1e-12 || TierShed(1, 3, 4) != 1 || TierShed(0.75, 3, 4) != 0 {
+	if math.Abs(tierShed(0.6, 2, 4)-0.4) > 1e-12 || tierShed(1, 3, 4) != 1 || tierShed(0.75, 3, 4) != 0 {
 		t.Fatal("tier probabilities")
 	}
 }

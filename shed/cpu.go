@@ -8,27 +8,27 @@ import (
 	"github.com/sluice-go/sluice/clock"
 )
 
-// CPUSource reads this process's CPU utilization: CPU time (user + system)
+// cpuSource reads this process's CPU utilization: CPU time (user + system)
 // used since the previous reading, divided by the wall time elapsed times
 // GOMAXPROCS. It is safe for concurrent use.
-type CPUSource struct {
+type cpuSource struct {
 	mu       sync.Mutex
 	lastCPU  time.Duration
 	lastWall time.Time
 }
 
-var _ Source = (*CPUSource)(nil)
+var _ Source = (*cpuSource)(nil)
 
 // NewCPUSource returns a CPU source; its first reading covers the time
 // since it was created.
-func NewCPUSource() *CPUSource {
-	s := &CPUSource{lastWall: time.Now()}
+func NewCPUSource() Source {
+	s := &cpuSource{lastWall: time.Now()}
 	s.lastCPU = processCPU()
 	return s
 }
 
 // Utilization returns the CPU share used since the previous call, in [0, 1].
-func (s *CPUSource) Utilization(clock.Instant) float64 {
+func (s *cpuSource) Utilization(clock.Instant) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cpu, wall := processCPU(), time.Now()

@@ -189,17 +189,17 @@ func (g *Deadline) retesting(class string, now clock.Instant) bool {
 	return true
 }
 
-// DeadlineState is what a deadline gate reports (GET /v1/gates): each
+// deadlineState is what a deadline gate reports (GET /v1/gates): each
 // class's estimate at the gate's percentile, and its retest.
-type DeadlineState struct {
+type deadlineState struct {
 	Percentile float64         `json:"percentile"`
 	MinSamples int             `json:"min_samples"`
-	Classes    []DeadlineClass `json:"classes,omitempty"`
+	Classes    []deadlineClass `json:"classes,omitempty"`
 }
 
-// DeadlineClass is one class in DeadlineState.
-type DeadlineClass struct {
-	ClassEstimate
+// deadlineClass is one class in deadlineState.
+type deadlineClass struct {
+	servicetime.ClassEstimate
 	// RetestOut: a retest of the class is in flight; RetestAgain: the last
 	// one came back in time (the next may go at once).
 	RetestOut   bool `json:"retest_out,omitempty"`
@@ -211,11 +211,11 @@ type DeadlineClass struct {
 
 // ReportState returns every class's estimate and retest state.
 func (g *Deadline) ReportState(now clock.Instant) any {
-	st := DeadlineState{Percentile: g.opts.Percentile, MinSamples: g.opts.MinSamples}
+	st := deadlineState{Percentile: g.opts.Percentile, MinSamples: g.opts.MinSamples}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, e := range g.times.Estimates(g.opts.Percentile, now) {
-		c := DeadlineClass{ClassEstimate: e}
+		c := deadlineClass{ClassEstimate: e}
 		if r, ok := g.retest[e.Class]; ok {
 			c.RetestOut, c.RetestAgain = r.out, r.again
 			c.LastRetestAgoMs = float64(now.Sub(r.last)) / 1e6
@@ -273,12 +273,9 @@ func (g *Deadline) Release(r *sluice.Request, p sluice.Permit, c sluice.Completi
 // 256, and with a half-life also by time). It is safe for concurrent use.
 type ServiceTimes = servicetime.Times
 
-// ClassEstimate is one class's service-time estimate as a gate reads it.
-type ClassEstimate = servicetime.ClassEstimate
-
-// NewServiceTimes returns empty estimates whose counts halve by number
+// newServiceTimes returns empty estimates whose counts halve by number
 // alone.
-func NewServiceTimes() *ServiceTimes { return servicetime.New() }
+func newServiceTimes() *ServiceTimes { return servicetime.New() }
 
 // NewDecayingServiceTimes returns empty estimates whose counts also halve
 // with every halfLife of time (ObserveAt, PercentileAt).

@@ -1,4 +1,4 @@
-package shed_test
+package shed
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/shed"
 )
 
 const ms = time.Millisecond
@@ -17,16 +16,16 @@ const ms = time.Millisecond
 // rejects at 80 ms and admits at 120 ms; a 10 ms queue makes 70 ms, which
 // admits at 80 ms.
 func TestDeadlineFixture(t *testing.T) {
-	if shed.Fits(45*ms, 35*ms, 10*ms, 15*ms, 80*ms) {
+	if Fits(45*ms, 35*ms, 10*ms, 15*ms, 80*ms) {
 		t.Error("105 ms fits 80 ms")
 	}
-	if !shed.Fits(45*ms, 35*ms, 10*ms, 15*ms, 120*ms) {
+	if !Fits(45*ms, 35*ms, 10*ms, 15*ms, 120*ms) {
 		t.Error("105 ms does not fit 120 ms")
 	}
-	if !shed.Fits(10*ms, 35*ms, 10*ms, 15*ms, 80*ms) {
+	if !Fits(10*ms, 35*ms, 10*ms, 15*ms, 80*ms) {
 		t.Error("70 ms does not fit 80 ms")
 	}
-	if shed.Fits(10*ms, 35*ms, 10*ms, 25*ms, 80*ms) {
+	if Fits(10*ms, 35*ms, 10*ms, 25*ms, 80*ms) {
 		t.Error("exactly the budget fits: the test is strict")
 	}
 }
@@ -35,7 +34,7 @@ func TestDeadlineFixture(t *testing.T) {
 // the test with the queue's prediction, Reserve and Margin.
 func TestDeadlineGate(t *testing.T) {
 	queue := 45 * ms
-	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{Reserve: 10 * ms, Margin: 15 * ms, MinSamples: 5,
+	g, err := NewDeadline("deadline", DeadlineOptions{Reserve: 10 * ms, Margin: 15 * ms, MinSamples: 5,
 		Queue: func(string) time.Duration { return queue }, Retest: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +76,7 @@ func TestDeadlineGate(t *testing.T) {
 // ms against a 500 ms budget) gives way once the service is fast again;
 // late completions teach the gate as useful ones do.
 func TestDeadlineRetest(t *testing.T) {
-	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{MinSamples: 5, Retest: time.Second, HalfLife: time.Hour})
+	g, err := NewDeadline("deadline", DeadlineOptions{MinSamples: 5, Retest: time.Second, HalfLife: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +113,7 @@ func TestDeadlineRetest(t *testing.T) {
 // through, and the counts halve with every second besides; the count-only
 // halving took hundreds of retests (minutes).
 func TestDeadlineForgetsByTime(t *testing.T) {
-	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	g, err := NewDeadline("deadline", DeadlineOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +158,7 @@ func TestDeadlineForgetsByTime(t *testing.T) {
 // where one retest a second took two seconds of an idle service. Retests
 // that come back late keep to one a second.
 func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
-	g, err := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	g, err := NewDeadline("deadline", DeadlineOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +206,7 @@ func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
 	// Retests that come back late: not one at a time, but after twice the
 	// late one's latency, twice as long after each late one, up to one a
 	// second: at 0, 0.3, 0.9 and 1.9 s, then a second apart.
-	g2, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	g2, _ := NewDeadline("deadline", DeadlineOptions{})
 	for range 40 {
 		g2.Release(req(), 0, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 150 * ms, Now: now})
 	}
@@ -242,7 +241,7 @@ func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
 // Estimates follow a change of service time within a few hundred
 // completions, and percentiles land within one bucket (9%).
 func TestServiceTimesFollowChange(t *testing.T) {
-	st := shed.NewServiceTimes()
+	st := newServiceTimes()
 	for i := range 1000 {
 		st.Observe("c", time.Duration(1+i%10)*ms) // 1..10 ms, uniform
 	}
@@ -261,7 +260,7 @@ func TestServiceTimesFollowChange(t *testing.T) {
 // part is read live, and a retest there cost a tiny service (one worker of
 // 50 ms, deadlines of 100 ms) one late answer a second, 5% of its work.
 func TestDeadlineNoRetestForTheQueue(t *testing.T) {
-	g, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	g, _ := NewDeadline("deadline", DeadlineOptions{})
 	g.UseQueue(func(string) time.Duration { return 75 * ms })
 	ctx := context.Background()
 	now := clock.Instant(time.Hour)
@@ -279,7 +278,7 @@ func TestDeadlineNoRetestForTheQueue(t *testing.T) {
 // The gate reports each class's estimate at its percentile and its
 // retest, for GET /v1/gates.
 func TestDeadlineReportsItsEstimates(t *testing.T) {
-	g, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	g, _ := NewDeadline("deadline", DeadlineOptions{})
 	now := clock.Instant(time.Hour)
 	for range 30 {
 		g.Release(&sluice.Request{Class: "default"}, 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * ms, Now: now})
@@ -288,7 +287,7 @@ func TestDeadlineReportsItsEstimates(t *testing.T) {
 	if d, _ := g.Decide(context.Background(), r, now); !d.Admitted || !r.Retest() {
 		t.Fatalf("the class's first refusal: %+v, retest %v; want a retest", d, r.Retest())
 	}
-	st := g.ReportState(now.Add(10 * ms)).(shed.DeadlineState)
+	st := g.ReportState(now.Add(10 * ms)).(deadlineState)
 	if len(st.Classes) != 1 {
 		t.Fatalf("state %+v", st)
 	}
@@ -302,7 +301,7 @@ func TestDeadlineReportsItsEstimates(t *testing.T) {
 // the work takes: the next waits the whole retest interval, not twice its
 // latency.
 func TestDeadlineCancelledRetestWaitsTheInterval(t *testing.T) {
-	g, _ := shed.NewDeadline("deadline", shed.DeadlineOptions{})
+	g, _ := NewDeadline("deadline", DeadlineOptions{})
 	now := clock.Instant(time.Hour)
 	for range 30 {
 		g.Release(&sluice.Request{Class: "default"}, 0, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 150 * ms, Now: now})

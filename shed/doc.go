@@ -7,8 +7,8 @@
 // staged recovery ramp. (The fleet-wide usage shedder keeps its count in a
 // store, so it lives with the other store gates in package gate.)
 //
-//	ctrl, _ := shed.NewController(shed.ControllerConfig{}) // good 0.7, bad 0.8, delay 28 s, 120 s to shed all
-//	u, _ := shed.NewUtilization("worker-utilization", ctrl, shed.UtilizationOptions{
+//	cfg := shed.ControllerConfig{} // good 0.7, bad 0.8, delay 28 s, 120 s to shed all
+//	u, _ := shed.NewUtilization("worker-utilization", cfg, shed.UtilizationOptions{
 //		Workers: 64, Tiers: []string{"sandbox", "sheddable", "default", "critical"}})
 //	chain, _ := sluice.NewChain(sluice.ChainOptions{}, rate, u)
 package shed

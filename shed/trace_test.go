@@ -1,4 +1,4 @@
-package shed_test
+package shed
 
 import (
 	"context"
@@ -11,17 +11,16 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/tracefile"
-	"github.com/sluice-go/sluice/shed"
 )
 
 // The utilization controller's trace: samples in, shed fraction out.
 func TestControllerTrace(t *testing.T) {
-	var c *shed.Controller
+	var c *controller
 	tracefile.Run(t, "testdata/controller.trace", func(t *testing.T, cmd *tracefile.Cmd) string {
 		switch cmd.Name {
 		case "controller":
 			var err error
-			c, err = shed.NewController(shed.ControllerConfig{Good: cmd.Float(t, "good", 0), Bad: cmd.Float(t, "bad", 0),
+			c, err = newController(ControllerConfig{Good: cmd.Float(t, "good", 0), Bad: cmd.Float(t, "bad", 0),
 				Delay: cmd.Duration(t, "delay", 0), ShedAllAfter: cmd.Duration(t, "shed_all_after", 0)})
 			if err != nil {
 				return err.Error()
@@ -59,7 +58,7 @@ func TestControllerTrace(t *testing.T) {
 // end, so the ladder measures exactly that demand whether it admits or
 // sheds them.
 type ladderDriver struct {
-	l       *shed.Ladder
+	l       *Ladder
 	workers int64
 	now     clock.Instant
 	seen    int // transitions printed
@@ -109,12 +108,12 @@ func TestLadderTrace(t *testing.T) {
 		switch cmd.Name {
 		case "ladder":
 			rnd := rand.New(rand.NewPCG(1, 2))
-			l, err := shed.NewLadder("ladder", shed.LadderConfig{Workers: cmd.Int(t, "workers", 100), Rand: rnd.Float64})
+			l, err := NewLadder("ladder", LadderConfig{Workers: cmd.Int(t, "workers", 100), Rand: rnd.Float64})
 			if err != nil {
 				return err.Error()
 			}
 			d = &ladderDriver{l: l, workers: cmd.Int(t, "workers", 100)}
-			c := shed.LadderConfig{}.WithDefaults()
+			c := LadderConfig{}.WithDefaults()
 			return fmt.Sprintf("degrade %v/%v, shed %v/%v, dwell %v, recover %v every %v", c.DegradeEnter, c.DegradeExit,
 				c.ShedEnter, c.ShedExit, c.MinDwell, c.RecoverSteps, c.StepEvery)
 		case "demand":

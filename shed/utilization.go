@@ -68,27 +68,49 @@ func (o UtilizationOptions) WithDefaults() UtilizationOptions {
 	return o
 }
 
-// Utilization is the worker utilization load shedder: a Controller turns
-// utilization into a shed fraction, and the fraction sheds tiers in order
-// (TierShed), probabilistically, with reason overload (503). It is safe for
-// concurrent use.
-type Utilization struct {
+// utilization is the gate NewUtilization returns.
+type utilization struct {
 	name string
 	opts UtilizationOptions
 	mu   sync.Mutex
-	ctrl *Controller
+	ctrl *controller
 
 	meter    meter
 	meanCost []float64 // per tier, exponentially weighted
 }
 
 var (
-	_ sluice.Shedder       = (*Utilization)(nil)
-	_ sluice.StateReporter = (*Utilization)(nil)
+	_ sluice.Shedder       = (*utilization)(nil)
+	_ sluice.StateReporter = (*utilization)(nil)
 )
 
-// NewUtilization returns a utilization shedder named name driven by ctrl.
-func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Utilization, error) {
+// NewUtilization returns a utilization shedder named name whose slow
+// controller runs with cfg (defaults filled in).
+//
+// The gate is the worker utilization load shedder: a controller turns
+// utilization into a shed fraction, and the fraction sheds tiers in order
+// (the tier closest to the fraction is shed partly), probabilistically, with reason overload (503). It is safe for
+// concurrent use.
+//
+// ShedFraction returns the shed fraction at now.
+//
+// Decide sheds r with the probability of its tier at the current fraction.
+//
+// Release ends an admitted request's share of the accounting.
+func NewUtilization(name string, cfg ControllerConfig, opts UtilizationOptions) (sluice.Gate, error) {
+	ctrl, err := newController(cfg)
+	if err != nil {
+		return nil, err
+	}
+	u, err := newUtilization(name, ctrl, opts)
+	if err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// newUtilization is NewUtilization driven by ctrl, with the concrete type.
+func newUtilization(name string, ctrl *controller, opts UtilizationOptions) (*utilization, error) {
 	switch {
 	case name == "":
 		return nil, errors.New("utilization: empty name")
@@ -103,18 +125,18 @@ func NewUtilization(name string, ctrl *Controller, opts UtilizationOptions) (*Ut
 	if opts.Workers < 1 {
 		opts.Workers = 1 // only the own accounting reads it
 	}
-	return &Utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers)+1),
+	return &utilization{name: name, opts: opts, ctrl: ctrl, meanCost: make([]float64, len(opts.Tiers)+1),
 		meter: newMeter(opts.Workers, opts.SampleEvery, false)}, nil
 }
 
 // Name returns the gate's name.
-func (u *Utilization) Name() string { return u.name }
+func (u *utilization) Name() string { return u.name }
 
 // tier returns the shed order of class: a class not listed is shed with
 // ClassDefault's tier when that is listed, else in a tier above every
 // listed one (len(Tiers): shed only when everything is), as fair.Cohort
 // places it.
-func (u *Utilization) tier(class string) int {
+func (u *utilization) tier(class string) int {
 	if i := slices.Index(u.opts.Tiers, class); i >= 0 {
 		return i
 	}
@@ -126,7 +148,7 @@ func (u *Utilization) tier(class string) int {
 
 // accountLocked brings the accounting up to now and feeds the controller a
 // sample when one is due. REQUIRES: u.mu held.
-func (u *Utilization) accountLocked(now clock.Instant) {
+func (u *utilization) accountLocked(now clock.Instant) {
 	first := !u.meter.started
 	util, due := u.meter.update(now)
 	switch {
@@ -140,7 +162,7 @@ func (u *Utilization) accountLocked(now clock.Instant) {
 }
 
 // ShedFraction returns the shed fraction at now.
-func (u *Utilization) ShedFraction(now clock.Instant) float64 {
+func (u *utilization) ShedFraction(now clock.Instant) float64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.accountLocked(now)
@@ -148,7 +170,7 @@ func (u *Utilization) ShedFraction(now clock.Instant) float64 {
 }
 
 // Decide sheds r with the probability of its tier at the current fraction.
-func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (u *utilization) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	t := u.tier(r.Class)
 	u.mu.Lock()
 	u.accountLocked(now)
@@ -162,7 +184,7 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 		return sluice.Decision{Admitted: true}, 1
 	}
 	f := u.ctrl.Fraction(now)
-	p := TierShed(f, t, len(u.opts.Tiers))
+	p := tierShed(f, t, len(u.opts.Tiers))
 	if t == len(u.opts.Tiers) && f >= 1 { // above every listed tier: shed with everything
 		p = 1
 	}
@@ -186,13 +208,13 @@ func (u *Utilization) Decide(_ context.Context, r *sluice.Request, now clock.Ins
 }
 
 // reject is the shedder's rejection: overload, retryable after RetryHint.
-func (u *Utilization) reject() sluice.Decision {
+func (u *utilization) reject() sluice.Decision {
 	return sluice.Decision{Reason: sluice.ReasonOverload, Scope: sluice.ScopeService, Gate: u.name,
 		Retryable: true, RetryAfter: u.opts.RetryHint}
 }
 
 // Release ends an admitted request's share of the accounting.
-func (u *Utilization) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion) {
+func (u *utilization) Release(r *sluice.Request, _ sluice.Permit, c sluice.Completion) {
 	u.mu.Lock()
 	u.accountLocked(c.Now)
 	u.meter.release(r.Class, c.Latency)
@@ -201,11 +223,11 @@ func (u *Utilization) Release(r *sluice.Request, _ sluice.Permit, c sluice.Compl
 
 // ReportState is the shedder's state for the admin API: the shed fraction
 // and the resulting shed probability of each tier.
-func (u *Utilization) ReportState(now clock.Instant) any {
+func (u *utilization) ReportState(now clock.Instant) any {
 	f := u.ShedFraction(now)
 	shed := map[string]float64{}
 	for i, t := range u.opts.Tiers {
-		shed[t] = TierShed(f, i, len(u.opts.Tiers))
+		shed[t] = tierShed(f, i, len(u.opts.Tiers))
 	}
 	return map[string]any{"shed_fraction": f, "shed_by_tier": shed}
 }

@@ -13,8 +13,8 @@ import (
 // The gate's own accounting: 10 workers all busy → utilization 1 → after
 // the delay the lowest tier goes first, then the next, strictly in order.
 func TestUtilizationShedsTiersInOrder(t *testing.T) {
-	ctrl, _ := NewController(ControllerConfig{})
-	u, err := NewUtilization("util", ctrl, UtilizationOptions{
+	ctrl, _ := newController(ControllerConfig{})
+	u, err := newUtilization("util", ctrl, UtilizationOptions{
 		Workers: 10, Tiers: []string{"sandbox", "sheddable", "default", "critical"},
 		Rand: func() float64 { return 0.5 },
 	})
@@ -59,8 +59,8 @@ func TestUtilizationShedsTiersInOrder(t *testing.T) {
 }
 
 func TestUtilizationCostAware(t *testing.T) {
-	ctrl, _ := NewController(ControllerConfig{Delay: -0, ShedAllAfter: time.Second})
-	u, _ := NewUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: []string{"default"}, CostAware: true,
+	ctrl, _ := newController(ControllerConfig{Delay: -0, ShedAllAfter: time.Second})
+	u, _ := newUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: []string{"default"}, CostAware: true,
 		SampleEvery: time.Second, Rand: func() float64 { return 0.45 }})
 	ctx := context.Background()
 	u.Decide(ctx, &sluice.Request{Class: "default", Cost: 1}, 0) // one in flight: utilization 1
@@ -85,8 +85,8 @@ func TestUnlistedClassIsNotShedFirst(t *testing.T) {
 		{[]string{"sheddable"}, []string{"sheddable"}, []string{"critical", "gold"}},
 		{[]string{"sheddable", "default"}, []string{"sheddable", "default", "gold"}, nil},
 	} {
-		ctrl, _ := NewController(ControllerConfig{Delay: -0, ShedAllAfter: time.Second})
-		u, _ := NewUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: c.tiers, SampleEvery: time.Second, Rand: func() float64 { return 0.5 }})
+		ctrl, _ := newController(ControllerConfig{Delay: -0, ShedAllAfter: time.Second})
+		u, _ := newUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: c.tiers, SampleEvery: time.Second, Rand: func() float64 { return 0.5 }})
 		ctrl.Sample(0, 1)
 		ctrl.slope, ctrl.level = 0, 0.99*float64(time.Second) // pin the fraction at 0.99
 		for _, class := range c.shed {
