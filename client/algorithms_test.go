@@ -1,4 +1,4 @@
-package client_test
+package client
 
 import (
 	"context"
@@ -9,13 +9,12 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/clock"
 )
 
 // Full jitter: retry n waits in [0, min(cap, base·2^(n−1))).
 func TestBackoffBounds(t *testing.T) {
-	b := client.Backoff{Base: 100 * time.Millisecond, Cap: time.Second}
+	b := Backoff{Base: 100 * time.Millisecond, Cap: time.Second}
 	for _, c := range []struct {
 		n    int
 		ceil time.Duration
@@ -39,7 +38,7 @@ func TestBackoffBounds(t *testing.T) {
 func TestBackoffProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		base := time.Duration(rapid.Int64Range(1, int64(time.Hour)).Draw(t, "base"))
-		b := client.Backoff{Base: base, Cap: base * time.Duration(rapid.Int64Range(1, 1000).Draw(t, "capx"))}
+		b := Backoff{Base: base, Cap: base * time.Duration(rapid.Int64Range(1, 1000).Draw(t, "capx"))}
 		n := rapid.IntRange(-5, 200).Draw(t, "n")
 		u := rapid.Float64().Draw(t, "u")
 		c := b.Ceiling(n)
@@ -51,7 +50,7 @@ func TestBackoffProperties(t *testing.T) {
 		}
 		f := time.Duration(rapid.Int64Range(0, int64(24*time.Hour)).Draw(t, "floor"))
 		spread := rapid.Float64Range(0, 10).Draw(t, "spread")
-		w := client.Floor(f, spread, u)
+		w := Floor(f, spread, u)
 		if f > 0 && (w < f || float64(w) > float64(f)*(1+spread)+1) {
 			t.Fatalf("Floor(%v, %v, %v) = %v outside [f, f·(1+spread)]", f, spread, u, w)
 		}
@@ -60,7 +59,7 @@ func TestBackoffProperties(t *testing.T) {
 
 // The budget under a 100% failure rate: retries ≤ ratio × requests + burst.
 func TestBudgetRatio(t *testing.T) {
-	b := client.NewBudget(0.1, 10)
+	b := NewBudget(0.1, 10)
 	retries := 0
 	for range 10_000 {
 		b.Deposit()
@@ -71,7 +70,7 @@ func TestBudgetRatio(t *testing.T) {
 	if retries > 1000+10 || retries < 1000 {
 		t.Fatalf("%d retries for 10,000 requests at ratio 0.1, burst 10", retries)
 	}
-	if b := client.NewBudget(0.1, 10); !b.Withdraw() || b.Tokens() != 9 {
+	if b := NewBudget(0.1, 10); !b.Withdraw() || b.Tokens() != 9 {
 		t.Fatal("a new budget starts full")
 	}
 }
@@ -87,7 +86,7 @@ func TestThrottleFormula(t *testing.T) {
 		{0, 0, 2, 0}, {10, 10, 2, 0}, {10, 5, 2, 0}, {100, 40, 2, 20.0 / 101}, {100, 0, 2, 100.0 / 101},
 		{1000, 100, 2, 800.0 / 1001}, {1000, 100, 1.5, 850.0 / 1001}, {7, 3, 2, 1.0 / 8},
 	} {
-		th := client.NewThrottle(c.k, time.Minute, 6, 0)
+		th := NewThrottle(c.k, time.Minute, 6, 0)
 		now := clock.Instant(time.Hour)
 		for i := range c.requests {
 			th.Done(now, i < c.accepts)
@@ -95,7 +94,7 @@ func TestThrottleFormula(t *testing.T) {
 		if r, a := th.Counts(now); r != c.requests || a != c.accepts {
 			t.Fatalf("counts %d/%d, want %d/%d", r, a, c.requests, c.accepts)
 		}
-		if got := th.Probability(now); math.Abs(got-c.want) > 1e-12 || got != client.Probability(c.requests, c.accepts, c.k) {
+		if got := th.Probability(now); math.Abs(got-c.want) > 1e-12 || got != probability(c.requests, c.accepts, c.k) {
 			t.Errorf("%d requests, %d accepts, K %v: p = %v, want %v", c.requests, c.accepts, c.k, got, c.want)
 		}
 		// A draw below p is rejected, one at or above it is sent.
@@ -114,8 +113,8 @@ func TestThrottleFormula(t *testing.T) {
 	}
 }
 
-func clone(requests, accepts int64, k float64, now clock.Instant) *client.Throttle {
-	th := client.NewThrottle(k, time.Minute, 6, 0)
+func clone(requests, accepts int64, k float64, now clock.Instant) *Throttle {
+	th := NewThrottle(k, time.Minute, 6, 0)
 	for i := range requests {
 		th.Done(now, i < accepts)
 	}
@@ -124,7 +123,7 @@ func clone(requests, accepts int64, k float64, now clock.Instant) *client.Thrott
 
 // Below its minimum of requests the throttle rejects nothing.
 func TestThrottleMinimum(t *testing.T) {
-	th := client.NewThrottle(2, time.Minute, 6, 10)
+	th := NewThrottle(2, time.Minute, 6, 10)
 	now := clock.Instant(time.Hour)
 	for i := range 10 {
 		if !th.Allow(now, 0) {
@@ -139,7 +138,7 @@ func TestThrottleMinimum(t *testing.T) {
 
 // The window slides bucket by bucket: counts 10 s apart leave it in turn.
 func TestThrottleSlides(t *testing.T) {
-	th := client.NewThrottle(2, time.Minute, 6, 0) // 10 s buckets
+	th := NewThrottle(2, time.Minute, 6, 0) // 10 s buckets
 	t0 := clock.Instant(time.Hour)
 	for i := range 6 {
 		at := t0.Add(time.Duration(i) * 10 * time.Second)
@@ -163,13 +162,13 @@ func TestThrottleSlides(t *testing.T) {
 // spread over the reset time; at r = 0 nothing goes before the reset.
 func TestPacer(t *testing.T) {
 	now := clock.Instant(time.Hour)
-	p := client.NewPacer(0.1)
-	q := []client.Quota{{Policy: "rate", Quota: 100, Window: 10 * time.Second}}
-	p.Observe(now, []client.Limit{{Policy: "rate", Remaining: 50, Reset: 5 * time.Second}}, q)
+	p := newPacer(0.1)
+	q := []Quota{{Policy: "rate", Quota: 100, Window: 10 * time.Second}}
+	p.Observe(now, []Limit{{Policy: "rate", Remaining: 50, Reset: 5 * time.Second}}, q)
 	if w := p.Reserve(now); w != 0 {
 		t.Fatalf("wait %v with half the quota left", w)
 	}
-	p.Observe(now, []client.Limit{{Policy: "rate", Remaining: 4, Reset: 5 * time.Second}}, q)
+	p.Observe(now, []Limit{{Policy: "rate", Remaining: 4, Reset: 5 * time.Second}}, q)
 	for i, want := range []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second} {
 		if w := p.Reserve(now); w != want {
 			t.Fatalf("request %d waits %v, want %v", i, w, want)
@@ -178,7 +177,7 @@ func TestPacer(t *testing.T) {
 	if w := p.Reserve(now.Add(5 * time.Second)); w != 0 {
 		t.Fatalf("after the reset: wait %v", w)
 	}
-	p.Observe(now, []client.Limit{{Policy: "rate", Remaining: 0, Reset: 3 * time.Second}}, q)
+	p.Observe(now, []Limit{{Policy: "rate", Remaining: 0, Reset: 3 * time.Second}}, q)
 	if w := p.Reserve(now); w != 3*time.Second {
 		t.Fatalf("r=0: wait %v, want the reset (3s)", w)
 	}
@@ -190,8 +189,8 @@ func TestPacer(t *testing.T) {
 // yet gave p = 10/11, and a burst of 200 lost most of itself).
 func TestThrottleCountsOnCompletion(t *testing.T) {
 	f := newFake()
-	r := f.retrier(t, 3, client.Options{})
-	calls := make([]*client.Call, 200)
+	r := f.retrier(t, 3, Options{})
+	calls := make([]*Call, 200)
 	for i := range calls {
 		calls[i] = r.Begin(context.Background(), true)
 		if err := calls[i].Admit(); err != nil {
@@ -199,10 +198,10 @@ func TestThrottleCountsOnCompletion(t *testing.T) {
 		}
 	}
 	for _, c := range calls {
-		c.Next(client.Result{OK: true})
-		c.End(client.Result{Refused: true}) // counted already: no second count
+		c.Next(Result{OK: true})
+		c.End(Result{Refused: true}) // counted already: no second count
 	}
-	th := client.NewThrottle(2, time.Minute, 6, 0)
+	th := NewThrottle(2, time.Minute, 6, 0)
 	now := clock.Instant(time.Hour)
 	th.Allow(now, 0)
 	if r, _ := th.Counts(now); r != 0 {
@@ -225,7 +224,7 @@ func TestThrottleCountsOnCompletion(t *testing.T) {
 func TestPacerSlotGivenBackOnCancel(t *testing.T) {
 	f := newFake()
 	// A sleep that a cancelled context ends at once, before any time passes.
-	r, err := client.New(client.Options{ThrottleK: -1, Clock: f.clk, Sleep: func(ctx context.Context, d time.Duration) error {
+	r, err := New(Options{ThrottleK: -1, Clock: f.clk, Sleep: func(ctx context.Context, d time.Duration) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -234,7 +233,7 @@ func TestPacerSlotGivenBackOnCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Observe([]client.Limit{{Policy: "rate", Remaining: 1, Reset: 20 * time.Second}}, []client.Quota{{Policy: "rate", Quota: 100}})
+	r.Observe([]Limit{{Policy: "rate", Remaining: 1, Reset: 20 * time.Second}}, []Quota{{Policy: "rate", Quota: 100}})
 	first := r.Begin(context.Background(), true)
 	if err := first.Admit(); err != nil { // slot 0: at once
 		t.Fatal(err)

@@ -280,12 +280,12 @@ func isTokenChar(c byte) bool {
 	return isAlpha(c) || isDigit(c) || strings.IndexByte("!#$%&'*+-.^_`|~:/", c) >= 0
 }
 
-// ParseRetryAfter parses a Retry-After field value (RFC 9110 §10.2.3):
+// parseRetryAfter parses a Retry-After field value (RFC 9110 §10.2.3):
 // delay-seconds, or an HTTP-date read against date (the response's Date,
 // else the local clock's time). It returns the wait (0 for a date in the
 // past), bounded by a day, or an error for anything else (a negative or
 // fractional number, a malformed date).
-func ParseRetryAfter(v string, date time.Time) (time.Duration, error) {
+func parseRetryAfter(v string, date time.Time) (time.Duration, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, errEmpty

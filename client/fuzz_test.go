@@ -1,30 +1,29 @@
-package client_test
+package client
 
 import (
 	"testing"
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/wire"
 )
 
 // What sluice writes, the client reads back.
 func TestParseWhatWireWrites(t *testing.T) {
 	rl := string(wire.AppendRateLimit(nil, `odd "name"`, 7, 30))
-	ls, err := client.ParseRateLimit(rl + `, other;r=0`)
-	if err != nil || len(ls) != 2 || ls[0] != (client.Limit{Policy: `odd "name"`, Remaining: 7, Reset: 30 * time.Second}) ||
-		ls[1] != (client.Limit{Policy: "other"}) {
+	ls, err := ParseRateLimit(rl + `, other;r=0`)
+	if err != nil || len(ls) != 2 || ls[0] != (Limit{Policy: `odd "name"`, Remaining: 7, Reset: 30 * time.Second}) ||
+		ls[1] != (Limit{Policy: "other"}) {
 		t.Fatalf("%q: %+v %v", rl, ls, err)
 	}
 	pol := string(wire.AppendPolicies(nil, []sluice.Policy{{Name: "rate", Quota: 50, Window: 500 * time.Millisecond},
 		{Name: "inflight", Quota: 20, Unit: sluice.UnitConcurrentRequests}}))
-	qs, err := client.ParsePolicy(pol)
-	if err != nil || len(qs) != 2 || qs[0] != (client.Quota{Policy: "rate", Quota: 100, Window: time.Second}) || qs[1] != (client.Quota{Policy: "inflight", Quota: 20}) {
+	qs, err := ParsePolicy(pol)
+	if err != nil || len(qs) != 2 || qs[0] != (Quota{Policy: "rate", Quota: 100, Window: time.Second}) || qs[1] != (Quota{Policy: "inflight", Quota: 20}) {
 		t.Fatalf("%q: %+v %v", pol, qs, err)
 	}
 	for _, bad := range []string{"", `"a"`, `"a";r=-1`, `"a";r=1.5`, `"a";r=1,`, `"unterminated`, `1;r=2`, `"a";r=9999999999999999`, `"a";r`} {
-		if _, err := client.ParseRateLimit(bad); err == nil {
+		if _, err := ParseRateLimit(bad); err == nil {
 			t.Errorf("ParseRateLimit(%q): no error", bad)
 		}
 	}
@@ -42,7 +41,7 @@ func TestParseRetryAfter(t *testing.T) {
 		{"Fri, 02 Jan 2026 03:04:15 GMT", 10 * time.Second, false}, {"Fri, 02 Jan 2026 03:00:00 GMT", 0, false},
 		{"-1", 0, true}, {"1.5", 0, true}, {"soon", 0, true}, {"", 0, true},
 	} {
-		got, err := client.ParseRetryAfter(c.v, date)
+		got, err := parseRetryAfter(c.v, date)
 		if (err != nil) != c.err || got != c.want {
 			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v (error %v)", c.v, got, err, c.want, c.err)
 		}
@@ -56,14 +55,14 @@ func FuzzParseRateLimit(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		if ls, err := client.ParseRateLimit(s); err == nil {
+		if ls, err := ParseRateLimit(s); err == nil {
 			for _, l := range ls {
 				if l.Remaining < 0 || l.Reset < 0 || l.Reset > 24*time.Hour {
 					t.Fatalf("%q: %+v", s, l)
 				}
 			}
 		}
-		if qs, err := client.ParsePolicy(s); err == nil {
+		if qs, err := ParsePolicy(s); err == nil {
 			for _, q := range qs {
 				if q.Quota < 0 || q.Window < 0 || q.Window > 24*time.Hour {
 					t.Fatalf("%q: %+v", s, q)
@@ -78,7 +77,7 @@ func FuzzParseRetryAfter(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		d, err := client.ParseRetryAfter(s, time.Unix(1.7e9, 0))
+		d, err := parseRetryAfter(s, time.Unix(1.7e9, 0))
 		if err == nil && (d < 0 || d > 24*time.Hour) {
 			t.Fatalf("%q: %v", s, d)
 		}
@@ -89,5 +88,5 @@ func FuzzParseEnvelope(f *testing.F) {
 	f.Add([]byte(`{"error":{"retryable":true,"effect_possible":false}}`))
 	f.Add([]byte(`{"error":null}`))
 	f.Add([]byte(`[1,2`))
-	f.Fuzz(func(t *testing.T, b []byte) { client.ParseEnvelope(b) })
+	f.Fuzz(func(t *testing.T, b []byte) { parseEnvelope(b) })
 }

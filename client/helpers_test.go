@@ -1,4 +1,4 @@
-package client_test
+package client
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 )
 
@@ -38,10 +37,10 @@ func (f *fake) sleep(ctx context.Context, d time.Duration) error {
 }
 
 // retrier returns a Retrier on f with seed and opts.
-func (f *fake) retrier(t testing.TB, seed uint64, opts client.Options) *client.Retrier {
+func (f *fake) retrier(t testing.TB, seed uint64, opts Options) *Retrier {
 	t.Helper()
 	opts.Clock, opts.Sleep, opts.Rand = f.clk, f.sleep, rand.NewPCG(seed, 7)
-	r, err := client.New(opts)
+	r, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 )
 
-// Pacer spaces a client's requests to one server from the quota the server
+// pacer spaces a client's requests to one server from the quota the server
 // advertises in its RateLimit fields, so that the client slows down before
 // its remaining quota reaches 0 rather than after its requests start to be
 // refused. When a response reports r units remaining of a policy's quota q
@@ -15,21 +15,21 @@ import (
 // time until the quota is restored, instead of being spent at once and
 // refused for the rest. Above the threshold requests are not delayed.
 //
-// A Pacer is not safe for concurrent use; a Retrier guards its own.
-type Pacer struct {
+// A pacer is not safe for concurrent use; a Retrier guards its own.
+type pacer struct {
 	below    float64
 	interval time.Duration // between requests; 0: not pacing
 	until    clock.Instant // pacing ends (the quota is restored)
 	next     clock.Instant // the earliest the next request may go
 }
 
-// NewPacer returns a pacer that starts pacing once remaining ≤ below ×
+// newPacer returns a pacer that starts pacing once remaining ≤ below ×
 // quota (below in [0, 1]).
-func NewPacer(below float64) *Pacer { return &Pacer{below: min(max(below, 0), 1)} }
+func newPacer(below float64) *pacer { return &pacer{below: min(max(below, 0), 1)} }
 
 // Observe reads a response's RateLimit members and policies at now. A
 // member whose policy is not listed in quotas paces only at r = 0.
-func (p *Pacer) Observe(now clock.Instant, limits []Limit, quotas []Quota) {
+func (p *pacer) Observe(now clock.Instant, limits []Limit, quotas []Quota) {
 	var interval time.Duration
 	var until, hold clock.Instant
 	for _, l := range limits {
@@ -65,7 +65,7 @@ func (p *Pacer) Observe(now clock.Instant, limits []Limit, quotas []Quota) {
 // Reserve returns how long a request must wait at now to keep the pace (0:
 // send now) and books its slot. A request that will not wait (its
 // deadline is nearer) should call Cancel with the returned wait.
-func (p *Pacer) Reserve(now clock.Instant) time.Duration {
+func (p *pacer) Reserve(now clock.Instant) time.Duration {
 	if p.interval == 0 || now >= p.until {
 		p.interval = 0
 		return 0
@@ -83,7 +83,7 @@ func (p *Pacer) Reserve(now clock.Instant) time.Duration {
 }
 
 // Cancel gives back a slot Reserve booked that the request will not use.
-func (p *Pacer) Cancel() {
+func (p *pacer) Cancel() {
 	if p.interval > 0 {
 		p.next = p.next.Add(-p.interval)
 	}

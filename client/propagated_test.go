@@ -1,4 +1,4 @@
-package client_test
+package client
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
@@ -24,11 +23,11 @@ func TestMiddlewareClassTravelsThroughTheTransport(t *testing.T) {
 	got := make(chan http.Header, 1)
 	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
 	defer down.Close()
-	retrier, err := client.New(client.Options{})
+	retrier, err := New(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Transport: &client.Transport{Retrier: retrier, DeadlineHeader: "X-Request-Timeout"}}
+	hc := &http.Client{Transport: &Transport{Retrier: retrier, DeadlineHeader: "X-Request-Timeout"}}
 	defer hc.CloseIdleConnections()
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(100), 100)
 	g, _ := gate.NewRateLimit("rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{})
@@ -90,7 +89,7 @@ func TestPropagatedReadsTheProxysFields(t *testing.T) {
 				r.Header.Set(k, v)
 			}
 		}
-		ctx, cancel := client.Propagated(r, "X-Request-Timeout")
+		ctx, cancel := Propagated(r, "X-Request-Timeout")
 		_, hasDeadline := ctx.Deadline()
 		if sluice.ClassFrom(ctx) != c.wantClass || levelName(ctx) != c.wantLevel || hasDeadline != c.wantDeadline {
 			t.Errorf("%+v: class %q level %q deadline %v", c, sluice.ClassFrom(ctx), levelName(ctx), hasDeadline)

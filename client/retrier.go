@@ -189,7 +189,7 @@ type Retrier struct {
 	rnd      *rand.Rand // nil: the runtime's
 	budget   *Budget    // nil: none
 	throttle *Throttle  // nil: none
-	pacer    *Pacer     // nil: none
+	pacer    *pacer     // nil: none
 }
 
 // New returns a Retrier, or the error of Options.Validate.
@@ -209,7 +209,7 @@ func New(o Options) (*Retrier, error) {
 		r.throttle = NewThrottle(o.ThrottleK, o.ThrottleWindow, o.ThrottleBuckets, o.ThrottleMin)
 	}
 	if o.PaceBelow >= 0 {
-		r.pacer = NewPacer(o.PaceBelow)
+		r.pacer = newPacer(o.PaceBelow)
 	}
 	return r, nil
 }

@@ -1,11 +1,9 @@
-package client_test
+package client
 
 import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/sluice-go/sluice/client"
 )
 
 // A thousand clients all refused at the same instant with the same
@@ -23,9 +21,9 @@ func TestThousandClientsSpreadRetries(t *testing.T) {
 			}
 			return reply(200, nil, "ok"), nil
 		})
-		r := f.retrier(t, uint64(i)+1, client.Options{})
+		r := f.retrier(t, uint64(i)+1, Options{})
 		req, _ := http.NewRequest("GET", "http://svc/x", nil)
-		resp, err := (&client.Transport{Retrier: r, Base: base}).RoundTrip(req)
+		resp, err := (&Transport{Retrier: r, Base: base}).RoundTrip(req)
 		if err != nil || resp.StatusCode != 200 || len(base.at) != 2 {
 			t.Fatalf("client %d: %v %v after %d attempts", i, resp, err, len(base.at))
 		}

@@ -86,12 +86,12 @@ func (t *Throttle) Probability(now clock.Instant) float64 {
 	if r < t.min {
 		return 0
 	}
-	return Probability(r, a, t.k)
+	return probability(r, a, t.k)
 }
 
-// Probability is the formula of Throttle: max(0, (requests − k·accepts) /
+// probability is the formula of Throttle: max(0, (requests − k·accepts) /
 // (requests + 1)).
-func Probability(requests, accepts int64, k float64) float64 {
+func probability(requests, accepts int64, k float64) float64 {
 	p := (float64(requests) - k*float64(accepts)) / (float64(requests) + 1)
 	return max(p, 0)
 }

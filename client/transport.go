@@ -253,16 +253,16 @@ func idempotent(method string) bool {
 	return false
 }
 
-// Envelope is what a refusal's JSON body says about retrying: sluice's
+// envelope is what a refusal's JSON body says about retrying: sluice's
 // rejection envelope ({"error":{"retryable":…,"effect_possible":…}}).
-type Envelope struct {
+type envelope struct {
 	Retryable      bool
 	EffectPossible bool
 }
 
-// ParseEnvelope reads the retry fields of a sluice rejection envelope; ok
+// parseEnvelope reads the retry fields of a sluice rejection envelope; ok
 // is false when body is not one (not JSON, or without both fields).
-func ParseEnvelope(body []byte) (e Envelope, ok bool) {
+func parseEnvelope(body []byte) (e envelope, ok bool) {
 	var v struct {
 		Error *struct {
 			Retryable      *bool `json:"retryable"`
@@ -270,9 +270,9 @@ func ParseEnvelope(body []byte) (e Envelope, ok bool) {
 		} `json:"error"`
 	}
 	if json.Unmarshal(body, &v) != nil || v.Error == nil || v.Error.Retryable == nil || v.Error.EffectPossible == nil {
-		return Envelope{}, false
+		return envelope{}, false
 	}
-	return Envelope{Retryable: *v.Error.Retryable, EffectPossible: *v.Error.EffectPossible}, true
+	return envelope{Retryable: *v.Error.Retryable, EffectPossible: *v.Error.EffectPossible}, true
 }
 
 // classify reads an attempt's outcome.
@@ -314,7 +314,7 @@ func classify(ctx context.Context, resp *http.Response, err error, mayRetry bool
 		if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 			date = d
 		}
-		if w, err := ParseRetryAfter(v, date); err == nil {
+		if w, err := parseRetryAfter(v, date); err == nil {
 			res.Wait = max(w, 1) // a zero wait still means "after this answer"
 		}
 	}
@@ -324,14 +324,14 @@ func classify(ctx context.Context, resp *http.Response, err error, mayRetry bool
 // readEnvelope reads the start of a JSON refusal body for its envelope and
 // puts what it read back in front of the rest, so the caller reads the
 // whole body.
-func readEnvelope(resp *http.Response) (Envelope, bool) {
+func readEnvelope(resp *http.Response) (envelope, bool) {
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if mt != "application/json" && mt != "application/problem+json" {
-		return Envelope{}, false
+		return envelope{}, false
 	}
 	buf, _ := io.ReadAll(io.LimitReader(resp.Body, maxEnvelope))
 	resp.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(buf), resp.Body), c: resp.Body}
-	return ParseEnvelope(buf)
+	return parseEnvelope(buf)
 }
 
 type prefixBody struct {

@@ -1,4 +1,4 @@
-package client_test
+package client
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
@@ -93,9 +92,9 @@ func TestTransportRetriesRefusal(t *testing.T) {
 	f := newFake()
 	var s seen
 	url := sluiceServer(t, f, &s)
-	m := client.NewMetrics(client.MetricsOptions{})
-	r := f.retrier(t, 1, client.Options{Observer: m, ThrottleK: -1, PaceBelow: -1})
-	hc := &http.Client{Transport: &client.Transport{Retrier: r}}
+	m := NewMetrics(MetricsOptions{})
+	r := f.retrier(t, 1, Options{Observer: m, ThrottleK: -1, PaceBelow: -1})
+	hc := &http.Client{Transport: &Transport{Retrier: r}}
 	defer hc.CloseIdleConnections()
 	if resp, _, err := do(t, hc, "GET", url+"/a", "", "X-Api-Key", "acme"); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("first request: %v %v", resp, err)
@@ -127,8 +126,8 @@ func TestTransportPacesToAvoidRefusal(t *testing.T) {
 	f := newFake()
 	var s seen
 	url := sluiceServer(t, f, &s)
-	r := f.retrier(t, 1, client.Options{ThrottleK: -1})
-	hc := &http.Client{Transport: &client.Transport{Retrier: r}}
+	r := f.retrier(t, 1, Options{ThrottleK: -1})
+	hc := &http.Client{Transport: &Transport{Retrier: r}}
 	defer hc.CloseIdleConnections()
 	for i := range 3 {
 		if resp, _, err := do(t, hc, "GET", url+"/a", "", "X-Api-Key", "acme"); err != nil || resp.StatusCode != 200 {
@@ -141,7 +140,7 @@ func TestTransportPacesToAvoidRefusal(t *testing.T) {
 }
 
 // counter reads the sum of a metric family from the metrics' registry.
-func counter(t *testing.T, m *client.Metrics, name string) float64 {
+func counter(t *testing.T, m *Metrics, name string) float64 {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -202,8 +201,8 @@ func newScripted(f *fake, fn func(int, *http.Request) (*http.Response, error)) *
 func TestAttemptBudgetStops(t *testing.T) {
 	f := newFake()
 	base := newScripted(f, overloaded)
-	r := f.retrier(t, 3, client.Options{MaxAttempts: 5, Backoff: client.Backoff{Base: 100 * time.Millisecond, Cap: 250 * time.Millisecond}, ThrottleK: -1})
-	hc := &http.Client{Transport: &client.Transport{Retrier: r, Base: base}}
+	r := f.retrier(t, 3, Options{MaxAttempts: 5, Backoff: Backoff{Base: 100 * time.Millisecond, Cap: 250 * time.Millisecond}, ThrottleK: -1})
+	hc := &http.Client{Transport: &Transport{Retrier: r, Base: base}}
 	resp, _, err := do(t, hc, "GET", "http://svc/x", "")
 	if err != nil || resp.StatusCode != 503 {
 		t.Fatalf("%v %v", resp, err)
@@ -226,8 +225,8 @@ func TestDeadlineStops(t *testing.T) {
 	base := newScripted(f, func(int, *http.Request) (*http.Response, error) {
 		return reply(503, map[string]string{"Content-Type": "application/json", "Retry-After": "1"}, retryableEnvelope), nil
 	})
-	r := f.retrier(t, 5, client.Options{MaxAttempts: 10, BudgetRatio: -1, ThrottleK: -1})
-	hc := &http.Client{Transport: &client.Transport{Retrier: r, Base: base}}
+	r := f.retrier(t, 5, Options{MaxAttempts: 10, BudgetRatio: -1, ThrottleK: -1})
+	hc := &http.Client{Transport: &Transport{Retrier: r, Base: base}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3500*time.Millisecond) // wall time: the fake clock never gets there
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://svc/x", nil)
@@ -285,12 +284,12 @@ func TestWhatIsRetried(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFake()
 			base := newScripted(f, c.fn)
-			r := f.retrier(t, 1, client.Options{ThrottleK: -1})
+			r := f.retrier(t, 1, Options{ThrottleK: -1})
 			req, _ := http.NewRequest(c.method, "http://svc/x", c.body)
 			for i := 0; i+1 < len(c.hdr); i += 2 {
 				req.Header.Set(c.hdr[i], c.hdr[i+1])
 			}
-			resp, err := (&client.Transport{Retrier: r, Base: base}).RoundTrip(req)
+			resp, err := (&Transport{Retrier: r, Base: base}).RoundTrip(req)
 			if err == nil {
 				resp.Body.Close()
 			}
@@ -306,9 +305,9 @@ func TestWhatIsRetried(t *testing.T) {
 func TestBudgetCapsRetries(t *testing.T) {
 	f := newFake()
 	base := newScripted(f, overloaded)
-	m := client.NewMetrics(client.MetricsOptions{})
-	r := f.retrier(t, 9, client.Options{MaxAttempts: 5, ThrottleK: -1, Observer: m})
-	tr := &client.Transport{Retrier: r, Base: base}
+	m := NewMetrics(MetricsOptions{})
+	r := f.retrier(t, 9, Options{MaxAttempts: 5, ThrottleK: -1, Observer: m})
+	tr := &Transport{Retrier: r, Base: base}
 	for range 1000 {
 		req, _ := http.NewRequest("GET", "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
@@ -335,15 +334,15 @@ func TestBudgetCapsRetries(t *testing.T) {
 func TestThrottleShedsLocally(t *testing.T) {
 	f := newFake()
 	base := newScripted(f, overloaded)
-	m := client.NewMetrics(client.MetricsOptions{})
-	r := f.retrier(t, 11, client.Options{MaxAttempts: 1, Observer: m})
-	tr := &client.Transport{Retrier: r, Base: base}
+	m := NewMetrics(MetricsOptions{})
+	r := f.retrier(t, 11, Options{MaxAttempts: 1, Observer: m})
+	tr := &Transport{Retrier: r, Base: base}
 	local := 0
 	for range 1000 {
 		req, _ := http.NewRequest("GET", "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		switch {
-		case errors.Is(err, client.ErrThrottled) && errors.Is(err, client.ErrLocal):
+		case errors.Is(err, ErrThrottled) && errors.Is(err, ErrLocal):
 			local++
 		case err != nil:
 			t.Fatal(err)
@@ -369,8 +368,8 @@ func TestTransportPaces(t *testing.T) {
 		left--
 		return reply(200, map[string]string{"RateLimit-Policy": `"rate";q=100;w=10`, "RateLimit": `"rate";r=` + itoa(left) + `;t=5`}, "ok"), nil
 	})
-	r := f.retrier(t, 1, client.Options{ThrottleK: -1})
-	tr := &client.Transport{Retrier: r, Base: base}
+	r := f.retrier(t, 1, Options{ThrottleK: -1})
+	tr := &Transport{Retrier: r, Base: base}
 	for range 95 {
 		req, _ := http.NewRequest("GET", "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
@@ -399,13 +398,13 @@ func (c *closeCount) Close() error { c.closed.Add(1); return nil }
 func TestLocalRejectionClosesTheBody(t *testing.T) {
 	f := newFake()
 	base := newScripted(f, overloaded)
-	tr := &client.Transport{Retrier: f.retrier(t, 11, client.Options{MaxAttempts: 1}), Base: base}
+	tr := &Transport{Retrier: f.retrier(t, 11, Options{MaxAttempts: 1}), Base: base}
 	shed := 0
 	for range 200 {
 		body := &closeCount{Reader: strings.NewReader("x")}
 		req, _ := http.NewRequest("POST", "http://svc/x", body)
 		resp, err := tr.RoundTrip(req)
-		if errors.Is(err, client.ErrThrottled) {
+		if errors.Is(err, ErrThrottled) {
 			shed++
 			if body.closed.Load() != 1 {
 				t.Fatalf("a body refused locally was closed %d times", body.closed.Load())
@@ -419,7 +418,7 @@ func TestLocalRejectionClosesTheBody(t *testing.T) {
 	}
 	body := &closeCount{Reader: strings.NewReader("x")}
 	req, _ := http.NewRequest("POST", "http://svc/x", body)
-	if _, err := (&client.Transport{}).RoundTrip(req); err == nil || body.closed.Load() != 1 {
+	if _, err := (&Transport{}).RoundTrip(req); err == nil || body.closed.Load() != 1 {
 		t.Fatalf("without a Retrier: %v, body closed %d times", err, body.closed.Load())
 	}
 }
@@ -444,7 +443,7 @@ func TestLastAttemptLeavesTheBodyUnread(t *testing.T) {
 		r.Body = body
 		return r, nil
 	})
-	tr := &client.Transport{Retrier: f.retrier(t, 1, client.Options{MaxAttempts: 1}), Base: base}
+	tr := &Transport{Retrier: f.retrier(t, 1, Options{MaxAttempts: 1}), Base: base}
 	req, _ := http.NewRequest("GET", "http://svc/x", nil)
 	resp, err := tr.RoundTrip(req)
 	if err != nil || resp.StatusCode != 503 {
@@ -475,8 +474,8 @@ func TestWaitCapReturnsTheRefusal(t *testing.T) {
 			}
 			return reply(503, map[string]string{"Content-Type": "application/json", "Retry-After": c.retryAfter}, retryableEnvelope), nil
 		})
-		r := f.retrier(t, 1, client.Options{MaxAttempts: 3, BudgetRatio: -1, ThrottleK: -1, FloorSpread: -1, WaitCap: c.cap, Backoff: client.Backoff{Base: time.Second}})
-		hc := &http.Client{Transport: &client.Transport{Retrier: r, Base: base}}
+		r := f.retrier(t, 1, Options{MaxAttempts: 3, BudgetRatio: -1, ThrottleK: -1, FloorSpread: -1, WaitCap: c.cap, Backoff: Backoff{Base: time.Second}})
+		hc := &http.Client{Transport: &Transport{Retrier: r, Base: base}}
 		req, _ := http.NewRequest("GET", "http://svc/x", nil)
 		resp, err := hc.Do(req)
 		if err != nil {
@@ -495,11 +494,11 @@ func TestWaitCapReturnsTheRefusal(t *testing.T) {
 
 // A backoff longer than the wait cap is a configuration error, named.
 func TestWaitCapBelowBackoffRefused(t *testing.T) {
-	_, err := client.New(client.Options{WaitCap: time.Second, Backoff: client.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second}})
+	_, err := New(Options{WaitCap: time.Second, Backoff: Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second}})
 	if err == nil || !strings.Contains(err.Error(), "WaitCap") {
 		t.Fatalf("err = %v", err)
 	}
-	if _, err := client.New(client.Options{WaitCap: time.Second}); err != nil {
+	if _, err := New(Options{WaitCap: time.Second}); err != nil {
 		t.Fatalf("a cap under the default backoff cap: %v", err)
 	}
 }
