@@ -13,7 +13,7 @@ import (
 
 // The tenant label values of /metrics are capped (Options.MaxTenants) and
 // earned by admissions, so a tenant that is only ever rejected counts as
-// OtherTenant there. The live view also wants the tenants rejected most and
+// "other" there. The live view also wants the tenants rejected most and
 // those that consume most, whoever they are: two space-saving sketches
 // (package internal/topk) hold the heaviest tenants in bounded memory.
 

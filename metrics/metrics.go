@@ -28,8 +28,8 @@ import (
 	"github.com/sluice-go/sluice/clock"
 )
 
-// OtherTenant is the tenant label of tenants beyond Options.MaxTenants.
-const OtherTenant = "other"
+// otherTenant is the tenant label of tenants beyond Options.MaxTenants.
+const otherTenant = "other"
 
 // Options configures Metrics. The zero value is valid.
 type Options struct {
@@ -206,7 +206,7 @@ func New(opts Options) *Metrics {
 		opts.TenantLabel = HashTenant
 	}
 	m := &Metrics{
-		other:      tenantLabel{label: OtherTenant},
+		other:      tenantLabel{label: otherTenant},
 		reg:        reg,
 		label:      opts.TenantLabel,
 		maxTenants: int64(max(opts.MaxTenants, 0)),

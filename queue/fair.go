@@ -79,8 +79,8 @@ type Fairness struct {
 // MaxStanding is the longest Standing.
 const MaxStanding = 24 * time.Hour
 
-// Newcomers names the flow of the tenants without standing.
-const Newcomers = "\x00newcomers"
+// newcomers names the flow of the tenants without standing.
+const newcomers = "\x00newcomers"
 
 // standing remembers when tenants first came and last came.
 type standing struct {
@@ -109,7 +109,7 @@ func (f *Fairness) flowOf(st *standing, tenant string, now clock.Instant) string
 	case ok && now.Sub(s.last) > f.StandingIdle:
 		s = seenAt{first: now} // away too long: it starts over
 	case !ok && len(st.seen) >= f.StandingTenants:
-		return Newcomers // the table is full of tenants seen lately
+		return newcomers // the table is full of tenants seen lately
 	case !ok:
 		s.first = now
 	}
@@ -118,7 +118,7 @@ func (f *Fairness) flowOf(st *standing, tenant string, now clock.Instant) string
 	if now.Sub(s.first) >= f.Standing {
 		return tenant
 	}
-	return Newcomers
+	return newcomers
 }
 
 // MinWeight and MaxWeight bound a tenant's weight: within them a cost of
@@ -156,7 +156,7 @@ func (f *Fairness) validate() error {
 }
 
 func (f *Fairness) weight(tenant string) float64 {
-	if tenant == Newcomers {
+	if tenant == newcomers {
 		return f.Default
 	}
 	if w, ok := f.Weights[tenant]; ok {

@@ -747,8 +747,8 @@ func (m *serviceMean) value() time.Duration {
 	return time.Duration(m.mean)
 }
 
-// State is what the admin API shows of a Queue.
-type State struct {
+// state is what the admin API shows of a Queue.
+type state struct {
 	Waiting  int     `json:"waiting"`
 	OldestMs float64 `json:"oldest_ms"`
 	LastWait float64 `json:"last_wait_ms"`
@@ -770,7 +770,7 @@ type State struct {
 // many of them it turned away, and whether CoDel sees a standing queue.
 func (q *Queue) ReportState(now clock.Instant) any {
 	q.mu.Lock()
-	st := State{Waiting: q.n, LastWait: ms(q.lastWait), Waits: q.waits, Dropped: q.dropped, Standing: q.codel.dropping}
+	st := state{Waiting: q.n, LastWait: ms(q.lastWait), Waits: q.waits, Dropped: q.dropped, Standing: q.codel.dropping}
 	st.OldestMs = ms(q.oldestLocked(now))
 	q.mu.Unlock()
 	if len(q.opts.Classes) > 0 {

@@ -26,9 +26,9 @@ var problemTitles = [sluice.ReasonCount]string{
 	sluice.ReasonQueue:       "No slot in time",
 }
 
-// ProblemTitle returns the title of the problem type for reason r: the
+// problemTitle returns the title of the problem type for reason r: the
 // same for every occurrence of the type, as RFC 9457 asks.
-func ProblemTitle(r sluice.Reason) string {
+func problemTitle(r sluice.Reason) string {
 	if int(r) < len(problemTitles) {
 		return problemTitles[r]
 	}
@@ -53,7 +53,7 @@ func AppendProblem(b []byte, e *Envelope, status int) []byte {
 	b = append(b, ProblemType...)
 	b = append(b, e.Reason.String()...)
 	b = append(b, `","title":`...)
-	b = appendJSONString(b, ProblemTitle(e.Reason))
+	b = appendJSONString(b, problemTitle(e.Reason))
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)

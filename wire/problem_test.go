@@ -25,7 +25,7 @@ func TestAppendProblemDecodes(t *testing.T) {
 		if err := json.Unmarshal(b, &got); err != nil {
 			t.Fatalf("%v: %s", r, b)
 		}
-		if got["type"] != ProblemType+r.String() || got["title"] != ProblemTitle(r) || got["status"] != 429.0 ||
+		if got["type"] != ProblemType+r.String() || got["title"] != problemTitle(r) || got["status"] != 429.0 ||
 			got["detail"] != e.Message || got["reason"] != r.String() || got["gate"] != "g\"\\\x01\ufffd" ||
 			got["retry_after"] != float64(r) || got["request_id"] != "id-1" {
 			t.Fatalf("%v: %v", r, got)

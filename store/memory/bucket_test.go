@@ -70,7 +70,7 @@ func TestBucketMatchesAlgorithm(t *testing.T) {
 func TestSingleRunsAnyAlgorithm(t *testing.T) {
 	w, _ := limit.NewSlidingLog(2, time.Second)
 	clk := fakeclock.New(0)
-	l := NewSingle(w, clk)
+	l := newSingle(w, clk)
 	for i, want := range []bool{true, true, false} {
 		if l.Allow(1) != want {
 			t.Fatalf("sliding log of 2 per second: call %d", i+1)
