@@ -169,6 +169,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Retryable reports whether retrying the same request later can succeed.
 	Retryable bool
+	// Refills reports that the quota refills continuously (a token bucket
+	// or GCRA): Limit is the burst and Limit ÷ Window the sustained rate.
+	// Otherwise a window's Limit comes back whole once per Window.
+	Refills bool
 	// EffectPossible reports whether the request may have had an effect.
 	// Admission rejects before execution, so it is false for every
 	// rejection a Chain makes.

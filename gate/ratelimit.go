@@ -119,6 +119,7 @@ type base struct {
 	fallbacks atomic.Int64
 	lastLog   atomic.Int64
 	answered  atomic.Bool // the store has decided once
+	refills   bool        // lim refills continuously (store.Refiller)
 }
 
 // Name returns the gate's name.
@@ -205,6 +206,7 @@ func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
 		Gate:       b.name,
 		Limit:      res.Limit,
 		Window:     b.lim.Window(),
+		Refills:    b.refills,
 		Remaining:  res.Remaining,
 		ResetAfter: res.ResetAfter,
 	}
@@ -270,7 +272,9 @@ func NewRateLimit(name string, lim store.Limiter, opts Options) (sluice.Gate, er
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &rateLimit{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests}}, nil
+	r, _ := lim.(store.Refiller)
+	return &rateLimit{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests,
+		refills: r != nil && r.Refills()}}, nil
 }
 
 // Decide takes r.Cost units from r's scope.

@@ -98,7 +98,7 @@ func TestEntitlementIsResourceExhaustedWithPushback(t *testing.T) {
 		t.Errorf("a refusal sent header metadata %v: not Trailers-Only", r.header)
 	}
 	msg := status.Convert(r.err).Message()
-	if !strings.Contains(msg, "request-rate: rate limit exceeded (5 requests per 50ms per tenant)") || !strings.Contains(msg, "retry after 1s") {
+	if !strings.Contains(msg, "request-rate: rate limit exceeded (100 requests per second per tenant, in bursts of up to 5)") || !strings.Contains(msg, "retry after 1s") {
 		t.Errorf("message %q", msg)
 	}
 	ei, ri := details(t, r.err)

@@ -178,7 +178,7 @@ func check501st(t *testing.T, resp *http.Response, body []byte) {
 	if e.RequestID == "" || resp.Header.Get("X-Request-Id") != e.RequestID {
 		t.Fatalf("request id %q, header %q", e.RequestID, resp.Header.Get("X-Request-Id"))
 	}
-	if !strings.Contains(e.Message, "retry after 1s") || !strings.Contains(e.Message, "500 requests per 5s") {
+	if !strings.Contains(e.Message, "retry after 1s") || !strings.Contains(e.Message, "100 requests per second per tenant, in bursts of up to 500") {
 		t.Fatalf("message %q", e.Message)
 	}
 	if len(body) > 400 {

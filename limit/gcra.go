@@ -71,6 +71,10 @@ func (g *GCRA) Limit() int64 { return g.burst }
 // Window returns τ + T = Burst·T, rounded up to the nanosecond.
 func (g *GCRA) Window() time.Duration { return time.Duration(g.dvt.ceil()) }
 
+// Refills reports true: the quota comes back continuously, at the rate
+// (store.Refiller).
+func (g *GCRA) Refills() bool { return true }
+
 // emissionInterval returns T rounded up to the nanosecond (exact internally).
 func (g *GCRA) emissionInterval() time.Duration { return time.Duration(g.t.times(1).ceil()) }
 

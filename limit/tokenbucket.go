@@ -71,6 +71,10 @@ func (b *TokenBucket) Limit() int64 { return b.burst }
 // Window returns the time an empty bucket takes to refill completely.
 func (b *TokenBucket) Window() time.Duration { return time.Duration(b.fill) }
 
+// Refills reports true: tokens come back continuously, at the rate
+// (store.Refiller).
+func (b *TokenBucket) Refills() bool { return true }
+
 // refill applies the refill up to now. A now earlier than s.Last (a
 // timestamp read before another goroutine's update) adds nothing and leaves
 // Last where it is; one more than ClockTolerance earlier is a clock step

@@ -57,6 +57,14 @@ type Debiter interface {
 	Debit(ctx context.Context, key string, h Handle, now clock.Instant, cost int64) error
 }
 
+// Refiller is a Limiter whose quota refills continuously, a token bucket or
+// GCRA: its Limit is the burst and Limit ÷ Window the sustained rate,
+// where a window's Limit comes back whole at once. A rejection's message
+// says which (package wire).
+type Refiller interface {
+	Refills() bool
+}
+
 // OldestReleaser is a concurrency Limiter whose permits live in a store
 // shared by processes (package store/redis): it frees the oldest permits
 // of key, whole, whose slots fit in slots, whichever process took them,

@@ -10,6 +10,7 @@
 package wire
 
 import (
+	"math"
 	"math/bits"
 	"net/http"
 	"strconv"
@@ -312,13 +313,7 @@ func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bo
 		}
 		b = append(b, ": rate limit exceeded"...)
 		if !hide && d.Limit > 0 {
-			b = append(b, " ("...)
-			b = strconv.AppendInt(b, d.Limit, 10)
-			b = append(b, " requests per "...)
-			b = appendDuration(b, d.Window)
-			b = append(b, " per "...)
-			b = append(b, d.Scope.String()...)
-			b = append(b, ')')
+			b = appendQuota(b, d)
 		}
 	case sluice.ReasonConcurrency:
 		b = append(b, d.Gate...)
@@ -363,6 +358,59 @@ func AppendMessage(b []byte, d *sluice.Decision, cost, retryAfter int64, hide bo
 
 // appendDuration appends d like time.Duration.String, without allocating
 // for whole seconds and milliseconds.
+// appendQuota appends " (…)" saying d's quota: a window's limit per
+// window ("100 requests per 60s per tenant"), or a bucket's sustained rate
+// and burst ("1 request per second per tenant, in bursts of up to 3").
+func appendQuota(b []byte, d *sluice.Decision) []byte {
+	b = append(b, " ("...)
+	if !d.Refills || d.Window <= 0 {
+		b = strconv.AppendInt(b, d.Limit, 10)
+		b = append(b, " requests per "...)
+		b = appendDuration(b, d.Window)
+	} else {
+		b = appendRate(b, float64(d.Limit)/d.Window.Seconds())
+	}
+	b = append(b, " per "...)
+	b = append(b, d.Scope.String()...)
+	if d.Refills && d.Window > 0 {
+		b = append(b, ", in bursts of up to "...)
+		b = strconv.AppendInt(b, d.Limit, 10)
+	}
+	return append(b, ')')
+}
+
+// rateUnits are the units a rate is said in, the first that gives at
+// least one request.
+var rateUnits = [...]struct {
+	name    string
+	seconds float64
+}{{"second", 1}, {"minute", 60}, {"hour", 3600}, {"day", 86400}}
+
+// appendRate appends perSecond as "N requests per <unit>", in the
+// smallest unit where N ≥ 1 (whole when it is, else 3 significant
+// digits).
+func appendRate(b []byte, perSecond float64) []byte {
+	u := rateUnits[len(rateUnits)-1]
+	for _, c := range rateUnits {
+		if perSecond*c.seconds >= 1-1e-9 {
+			u = c
+			break
+		}
+	}
+	n := perSecond * u.seconds
+	if r := math.Round(n); math.Abs(n-r) <= 1e-9*max(r, 1) {
+		b = strconv.AppendInt(b, int64(r), 10)
+		if r == 1 {
+			b = append(b, " request per "...)
+			return append(b, u.name...)
+		}
+	} else {
+		b = strconv.AppendFloat(b, n, 'g', 3, 64)
+	}
+	b = append(b, " requests per "...)
+	return append(b, u.name...)
+}
+
 func appendDuration(b []byte, d time.Duration) []byte {
 	switch {
 	case d > 0 && d%time.Second == 0:

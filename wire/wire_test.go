@@ -135,3 +135,30 @@ func FuzzAppendJSONString(f *testing.F) {
 		}
 	})
 }
+
+// A window's quota is its limit per window; a bucket's is its sustained
+// rate (in the smallest unit that gives a whole request) and its burst, so
+// "1/s, burst 3" does not read as "3 requests per 3s".
+func TestQuotaMessage(t *testing.T) {
+	for _, c := range []struct {
+		limit   int64
+		window  time.Duration
+		refills bool
+		want    string
+	}{
+		{100, time.Minute, false, "(100 requests per 60s per tenant)"},
+		{3, 3 * time.Second, true, "(1 request per second per tenant, in bursts of up to 3)"},
+		{500, 5 * time.Second, true, "(100 requests per second per tenant, in bursts of up to 500)"},
+		{10, 2 * time.Minute, true, "(5 requests per minute per tenant, in bursts of up to 10)"},
+		{1, time.Hour, true, "(1 request per hour per tenant, in bursts of up to 1)"},
+		{2, 3 * time.Hour, true, "(16 requests per day per tenant, in bursts of up to 2)"},
+		{7, 3 * time.Second, true, "(2.33 requests per second per tenant, in bursts of up to 7)"},
+		{1, 1000 * time.Hour, true, "(0.024 requests per day per tenant, in bursts of up to 1)"},
+	} {
+		d := sluice.Decision{Reason: sluice.ReasonPolicyRate, Gate: "g", Limit: c.limit, Window: c.window, Refills: c.refills,
+			Scope: sluice.ScopeTenant, Retryable: true}
+		if got := string(AppendMessage(nil, &d, 1, 0, false, "")); got != "g: rate limit exceeded "+c.want {
+			t.Errorf("%d per %v (refills %v): %q", c.limit, c.window, c.refills, got)
+		}
+	}
+}

@@ -267,7 +267,7 @@ func runRole(role, listen, upstream, policy string) {
 		// The floor of the proxy's server library: fasthttp answering every
 		// request with a fixed 429 of the size and fields of sluice's, with
 		// nothing decided.
-		body := []byte(`{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (1 requests per 10ms per tenant); retry after 1s"}}`)
+		body := []byte(`{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (100 requests per second per tenant, in bursts of up to 1); retry after 1s"}}`)
 		h := func(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Header.Set("Retry-After", "1")
 			ctx.Response.Header.Set("Ratelimit-Policy", `"request-rate";q=100;w=1;sluice-burst=1`)
@@ -293,7 +293,7 @@ func runRole(role, listen, upstream, policy string) {
 
 // fixed429 is the fasthttp floor's answer, as bytes on the wire.
 func fixed429() []byte {
-	body := `{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (1 requests per 10ms per tenant); retry after 1s"}}`
+	body := `{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (100 requests per second per tenant, in bursts of up to 1); retry after 1s"}}`
 	return []byte("HTTP/1.1 429 Too Many Requests\r\n" +
 		"Date: " + time.Now().UTC().Format(http.TimeFormat) + "\r\n" +
 		"Content-Type: application/json\r\n" +

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/internal/param"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
 )
@@ -54,6 +55,10 @@ func TestEveryAlgorithmOnBothStores(t *testing.T) {
 			lim, err := a.Limiter(settings, on)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
+			}
+			r, ok := lim.(store.Refiller)
+			if refills := ok && r.Refills(); refills != (name == "token_bucket" || name == "gcra") {
+				t.Errorf("%s on %T: refills %v", name, lim, refills)
 			}
 			admits := 4
 			if a.Behavior() == Paces {

@@ -157,3 +157,10 @@ func (k *Keyed[S, A]) Limit() int64 { return k.alg.Limit() }
 
 // Window returns the algorithm's window.
 func (k *Keyed[S, A]) Window() time.Duration { return k.alg.Window() }
+
+// Refills reports whether the algorithm's quota refills continuously (a
+// token bucket or GCRA: store.Refiller).
+func (k *Keyed[S, A]) Refills() bool {
+	r, ok := any(k.alg).(store.Refiller)
+	return ok && r.Refills()
+}

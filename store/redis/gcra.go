@@ -31,6 +31,6 @@ func gcraSpec(name string, g *limit.GCRA) (*Spec, error) {
 	if burst > maxExact/max(per, 1000*n) {
 		return nil, param.Errorf("burst", "redis: gcra %q: burst %d too large for rate %v in Redis' doubles", name, burst, r)
 	}
-	return &Spec{name: name, layout: "gcra:" + r.String(), script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(), debits: true,
+	return &Spec{name: name, layout: "gcra:" + r.String(), script: gcraScript, batch: gcraBatch, limit: burst, window: g.Window(), debits: true, refills: true,
 		fixed: []string{packDoubles(n, per, burst, ttlMs(g.Window()))}}, nil
 }

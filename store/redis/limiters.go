@@ -58,6 +58,7 @@ type Spec struct {
 	meta    bool // sliding log, concurrency: a second key (same slot) holds the sum
 	counter bool // a count (Counter): its batch answers {status, count} per step
 	debits  bool // its script has the "debit" op (store.Debiter)
+	refills bool // a token bucket or GCRA (store.Refiller)
 }
 
 // width is how many integers the batch script answers per step.
@@ -240,6 +241,9 @@ func (l *limiter) Limit() int64 { return l.limit }
 
 // Window returns the quota's window.
 func (l *limiter) Window() time.Duration { return l.window }
+
+// Refills reports whether the quota refills continuously (store.Refiller).
+func (l *limiter) Refills() bool { return l.refills }
 
 func newPermit() store.Handle {
 	var b [8]byte

@@ -33,6 +33,6 @@ func tokenBucketSpec(name string, tb *limit.TokenBucket) (*Spec, error) {
 		return nil, param.Errorf("burst", "redis: token bucket %q: burst %d × period %v exceeds 2^53", name, burst, r.Per())
 	}
 	fill := int64(tb.Window())
-	return &Spec{name: name, layout: "tb:" + r.String(), script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(), debits: true,
+	return &Spec{name: name, layout: "tb:" + r.String(), script: tokenBucketScript, batch: tokenBucketBatch, limit: burst, window: tb.Window(), debits: true, refills: true,
 		fixed: []string{packDoubles(per, tokens, burst*per, burst, fill, ttlMs(tb.Window()))}}, nil
 }
