@@ -46,6 +46,7 @@
 //  4. Assembly: policy (a policy file into a Chain), metrics. (The
 //     Envoy rate limit service, package rls, sits on this layer too, in
 //     module grpcgate beside its gRPC adapter.)
-//  5. Surfaces: httpgate, client, proxy, serve and their lifecycle
+//  5. Surfaces: httpgate (whose implementation, internal/httpcore, the
+//     servers share), client, proxy, serve and their lifecycle
 //     (internal/host).
 package sluice

@@ -21,25 +21,28 @@ var layerOf = []struct {
 	{"stores", []string{"store", "store/memory", "store/redis", "store/storetest", "internal/algorithm"}},
 	{"gates", []string{"gate", "adaptive", "shed", "fair", "queue", "lease"}},
 	{"assembly", []string{"policy", "metrics"}},
-	{"surfaces", []string{"httpgate", "client", "proxy", "serve", "internal/host"}},
+	{"surfaces", []string{"httpgate", "internal/httpcore", "client", "proxy", "serve", "internal/host"}},
 	{"examples", []string{"examples"}},
 }
 
 // sameLayer are the imports allowed within a layer: a package on the
 // interface it implements, or on the vocabulary beside it.
 var sameLayer = map[[2]string]bool{
-	{"", "clock"}:                    true,
-	{"internal/fakeclock", "clock"}:  true,
-	{"store/memory", "store"}:        true,
-	{"store/redis", "store"}:         true,
-	{"store/storetest", "store"}:     true,
-	{"proxy", "httpgate"}:            true,
-	{"serve", "httpgate"}:            true,
-	{"internal/host", "httpgate"}:    true,
-	{"proxy", "internal/host"}:       true,
-	{"serve", "internal/host"}:       true,
-	{"identify", "wire"}:             true,
-	{"internal/leasealloc", "limit"}: true,
+	{"", "clock"}:                          true,
+	{"internal/fakeclock", "clock"}:        true,
+	{"store/memory", "store"}:              true,
+	{"store/redis", "store"}:               true,
+	{"store/storetest", "store"}:           true,
+	{"httpgate", "internal/httpcore"}:      true, // the public face of the implementation
+	{"proxy", "httpgate"}:                  true,
+	{"proxy", "internal/httpcore"}:         true,
+	{"serve", "httpgate"}:                  true,
+	{"serve", "internal/httpcore"}:         true,
+	{"internal/host", "internal/httpcore"}: true,
+	{"proxy", "internal/host"}:             true,
+	{"serve", "internal/host"}:             true,
+	{"identify", "wire"}:                   true,
+	{"internal/leasealloc", "limit"}:       true,
 	// the algorithm registry builds each algorithm on either store
 	{"internal/algorithm", "store"}:        true,
 	{"internal/algorithm", "store/memory"}: true,

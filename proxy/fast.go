@@ -25,7 +25,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/host"
 )
@@ -498,7 +498,7 @@ func putHeader(h http.Header, names []string) {
 }
 
 // answer writes a rendered rejection.
-func answer(ctx *fasthttp.RequestCtx, rj httpgate.Rejection) {
+func answer(ctx *fasthttp.RequestCtx, rj httpcore.Rejection) {
 	ctx.SetStatusCode(rj.Status)
 	ctx.SetBody(rj.Body)
 	rj.Release()
@@ -548,7 +548,7 @@ func (f *fastServer) wellFormed(ctx *fasthttp.RequestCtx) bool {
 	}
 	bad := ""
 	for k := range h.All() {
-		if bad == "" && !httpgate.ValidToken(b2s(k)) {
+		if bad == "" && !httpcore.ValidToken(b2s(k)) {
 			bad = string(k)
 		}
 	}
@@ -578,7 +578,7 @@ const expectedKey = "sluice.expected"
 type expected struct {
 	in    identify.Input
 	names []string
-	adm   httpgate.Admission
+	adm   httpcore.Admission
 }
 
 func (e *expected) Close() error {
@@ -608,7 +608,7 @@ func (f *fastServer) expect(ctx *fasthttp.RequestCtx) int {
 	}
 	e.in.Method, e.in.Path = strings.Clone(e.in.Method), strings.Clone(e.in.Path)
 	fields := (*respFields)(&ctx.Response.Header)
-	var rj httpgate.Rejection
+	var rj httpcore.Rejection
 	var ok bool
 	e.adm, rj, ok = f.admit(ctx, snap, &e.in, fields)
 	if !ok {
@@ -689,8 +689,8 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		in.Method, in.Path = strings.Clone(in.Method), strings.Clone(in.Path)
 	}
 
-	var adm httpgate.Admission
-	var rj httpgate.Rejection
+	var adm httpcore.Admission
+	var rj httpcore.Rejection
 	adm, rj, ok = f.admit(ctx, snap, &in, fields)
 	if !ok {
 		answer(ctx, rj)
@@ -701,7 +701,7 @@ func (f *fastServer) serve(ctx *fasthttp.RequestCtx) {
 
 // admit decides a request: watched for its client going away when it may
 // wait in a gate (admitWatched), at once otherwise.
-func (f *fastServer) admit(ctx *fasthttp.RequestCtx, snap httpgate.Snapshot, in *identify.Input, fields httpgate.Fields) (httpgate.Admission, httpgate.Rejection, bool) {
+func (f *fastServer) admit(ctx *fasthttp.RequestCtx, snap httpcore.Snapshot, in *identify.Input, fields httpcore.Fields) (httpcore.Admission, httpcore.Rejection, bool) {
 	if snap.MayWait() {
 		return f.admitWatched(ctx, snap, in, fields)
 	}
@@ -710,7 +710,7 @@ func (f *fastServer) admit(ctx *fasthttp.RequestCtx, snap httpgate.Snapshot, in 
 
 // admitWatched decides a request that may wait in a gate, with a context
 // that ends if its client goes away meanwhile (goneWatch).
-func (f *fastServer) admitWatched(ctx *fasthttp.RequestCtx, snap httpgate.Snapshot, in *identify.Input, fields httpgate.Fields) (httpgate.Admission, httpgate.Rejection, bool) {
+func (f *fastServer) admitWatched(ctx *fasthttp.RequestCtx, snap httpcore.Snapshot, in *identify.Input, fields httpcore.Fields) (httpcore.Admission, httpcore.Rejection, bool) {
 	actx, e := f.gone.watch(ctx.Conn())
 	defer f.gone.done(e)
 	adm, rj, ok := snap.Admit(actx, in, fields)
@@ -726,7 +726,7 @@ func (f *fastServer) admitWatched(ctx *fasthttp.RequestCtx, snap httpgate.Snapsh
 // forward sends an admitted request to the upstream and its answer to
 // the client, and reports how it ended (at once, or when its stream
 // does).
-func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm httpgate.Admission, upgrade bool) {
+func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm httpcore.Admission, upgrade bool) {
 	s := f.s
 	// outbound rewrites the request target in its buffer, which in.Path
 	// may view: the drain's log and the access log keep a copy.
@@ -848,7 +848,7 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 // upstream's path prefix, query and Host, no hop-by-hop fields, the
 // X-Forwarded fields (grown by one hop from a trusted proxy, set anew from
 // anyone else), and the decision passed on (class, level, deadline).
-func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, trusted bool) {
+func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, trusted bool) {
 	req := &ctx.Request
 	h := &req.Header
 	clientHost := string(h.Host())
@@ -1064,7 +1064,7 @@ func dropHopFields(h hopHeader) {
 // 504 when its deadline ran out, 502 otherwise, with the admission's
 // fields (RateLimit and the level, as on every admitted answer), logged
 // at most once a second, with the path the upstream was sent.
-func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, in *identify.Input, err error) {
+func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, in *identify.Input, err error) {
 	if upstreamTimedOut(err) {
 		err = context.DeadlineExceeded
 	}
@@ -1090,7 +1090,7 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpgate.Admis
 // (503) when the shared budgets cannot hold it. It reports whether it
 // streams: the stream's writer then reports the
 // outcome and untracks the request.
-func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpgate.Admission, tr *host.Tracked, hold time.Time) bool {
+func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpcore.Admission, tr *host.Tracked, hold time.Time) bool {
 	out := &ctx.Response
 	resp.Header.CopyTo(&out.Header)
 	dropHopResponse(&out.Header)
@@ -1185,7 +1185,7 @@ type streamBody struct {
 	r       io.Reader
 	resp    *fasthttp.Response
 	sp      *spool
-	adm     *httpgate.Admission
+	adm     *httpcore.Admission
 	tr      *host.Tracked
 	status  int
 	hold    time.Time // the slot's end (holdEnd)
@@ -1272,7 +1272,7 @@ func (f *fastServer) dialUpgrade(deadline time.Time) (net.Conn, error) {
 // plus Grace. It reports whether the
 // connections were joined (the joining goroutine then reports the
 // outcome); otherwise the upstream's answer is the response.
-func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpgate.Admission, tr *host.Tracked, deadline, hold time.Time, trusted bool) bool {
+func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, tr *host.Tracked, deadline, hold time.Time, trusted bool) bool {
 	req := &ctx.Request
 	proto := string(req.Header.Peek("Upgrade"))
 	f.outbound(ctx, adm, trusted)

@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/internal/host"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/wire"
 )
 
@@ -164,7 +165,7 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	host    *host.Host // the policy, its reloads and the admin API
-	mw      *httpgate.Middleware
+	mw      *httpcore.Middleware
 	proxy   *httputil.ReverseProxy
 	handler http.Handler
 
@@ -203,7 +204,7 @@ func New(opts Options) (*Server, error) {
 		memBudget: newBudget(opts.BufferMemory), diskBudget: newBudget(opts.BufferDisk)}
 	s.cut, s.cutNow = context.WithCancel(context.Background())
 	s.host, err = host.New(host.Options{Config: opts.Config, TokenFile: tokenFile, ConfigData: opts.ConfigData, Logger: opts.Logger,
-		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Upstream: true})
+		AccessLog: (*httpcore.AccessLog)(opts.AccessLog), ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Upstream: true})
 	if err != nil {
 		if tokenFile != "" {
 			os.Remove(tokenFile)

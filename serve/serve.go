@@ -39,6 +39,7 @@ import (
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/host"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/wire"
 )
@@ -168,7 +169,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, log: opts.Logger, ready: make(chan struct{}), inflight: host.NewTracker()}
 	s.host, err = host.New(host.Options{Config: opts.Config, TokenFile: tokenFile, ConfigData: opts.ConfigData, Logger: opts.Logger,
-		AccessLog: opts.AccessLog, ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly, OnBuild: onBuild(opts.OnPolicy)})
+		AccessLog: (*httpcore.AccessLog)(opts.AccessLog), ProblemDetails: opts.ProblemDetails, Clock: opts.Clock, Jitter: opts.Jitter, Check: policy.CheckDecisionOnly, OnBuild: onBuild(opts.OnPolicy)})
 	if err != nil {
 		if tokenFile != "" {
 			os.Remove(tokenFile)
@@ -176,12 +177,12 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	mw := s.host.Middleware()
-	nginx, err := mw.DecisionHandler(opts.Decision)
+	nginx, err := mw.DecisionHandler(httpcore.DecisionConfig(opts.Decision))
 	if err != nil {
 		s.host.Close()
 		return nil, err
 	}
-	envoy, err := mw.DecisionHandler(httpgate.DecisionConfig{StripPrefix: ExtAuthzPrefix})
+	envoy, err := mw.DecisionHandler(httpcore.DecisionConfig{StripPrefix: ExtAuthzPrefix})
 	if err != nil {
 		s.host.Close()
 		return nil, err

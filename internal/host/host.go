@@ -1,5 +1,5 @@
 // Package host serves a policy file the way every sluice command does: it
-// builds the policy into a chain behind an httpgate.Middleware with
+// builds the policy into a chain behind an httpcore.Middleware with
 // Prometheus metrics, reloads it on request or when the file is replaced,
 // keeps run-time mode switches across reloads, and serves the admin API
 // (/metrics, /healthz, /v1/gates). `sluice proxy` (package proxy) and
@@ -26,7 +26,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
-	"github.com/sluice-go/sluice/httpgate"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/internal/buildinfo"
 	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/metrics"
@@ -57,9 +57,9 @@ type Options struct {
 	// AccessLog, if set, is the middleware's access log (its tenants
 	// labelled as the metrics label them, metrics.HashTenant, unless it
 	// says otherwise).
-	AccessLog *httpgate.AccessLog
+	AccessLog *httpcore.AccessLog
 	// ProblemDetails answers rejections with RFC 9457 problem details
-	// (httpgate.Config.ProblemDetails).
+	// (httpcore.Config.ProblemDetails).
 	ProblemDetails bool
 	// Upstream: the policy admits requests for a separate upstream
 	// (policy.Options.Upstream).
@@ -77,7 +77,7 @@ type Host struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics.Metrics
-	mw      *httpgate.Middleware
+	mw      *httpcore.Middleware
 
 	ready    atomic.Bool            // what /readyz answers (SetReady)
 	drainCut *prometheus.CounterVec // requests cut by the drain grace
@@ -123,7 +123,7 @@ func New(opts Options) (*Host, error) {
 		return nil, err
 	}
 	h.rt, h.version, h.file = rt, versionOf(data, f), digest(data)
-	h.mw, err = httpgate.New(rt.Chain, h.gateConfig(rt))
+	h.mw, err = httpcore.New(rt.Chain, h.gateConfig(rt))
 	if err == nil && opts.OnBuild != nil {
 		err = opts.OnBuild(rt)
 	}
@@ -135,8 +135,8 @@ func New(opts Options) (*Host, error) {
 	return h, nil
 }
 
-func (h *Host) gateConfig(rt *policy.Runtime) httpgate.Config {
-	return httpgate.Config{Rules: rt.Rules, Jitter: h.opts.Jitter, AccessLog: h.opts.AccessLog, ProblemDetails: h.opts.ProblemDetails, Propagate: h.opts.Upstream}
+func (h *Host) gateConfig(rt *policy.Runtime) httpcore.Config {
+	return httpcore.Config{Rules: rt.Rules, Jitter: h.opts.Jitter, AccessLog: h.opts.AccessLog, ProblemDetails: h.opts.ProblemDetails, Propagate: h.opts.Upstream}
 }
 
 // Reloads reports whether the policy can be reloaded (it came from a
@@ -145,7 +145,7 @@ func (h *Host) Reloads() bool { return h.opts.ConfigData == nil }
 
 // Middleware returns the middleware deciding with the policy serving now
 // (Reload updates it in place).
-func (h *Host) Middleware() *httpgate.Middleware { return h.mw }
+func (h *Host) Middleware() *httpcore.Middleware { return h.mw }
 
 // Metrics returns the metrics every decision is counted in.
 func (h *Host) Metrics() *metrics.Metrics { return h.metrics }

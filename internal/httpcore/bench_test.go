@@ -1,4 +1,4 @@
-package httpgate_test
+package httpcore_test
 
 import (
 	"fmt"
@@ -10,8 +10,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/store/memory"
@@ -26,16 +26,16 @@ func (d *discard) Header() http.Header         { return d.h }
 func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discard) WriteHeader(int)             {}
 
-func benchMiddleware(b *testing.B, rate string, burst int64, al ...*httpgate.AccessLog) {
+func benchMiddleware(b *testing.B, rate string, burst int64, al ...*httpcore.AccessLog) {
 	r, _ := limit.ParseRate(rate)
 	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	cfg := httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter}
+	cfg := httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter}
 	if len(al) > 0 {
 		cfg.AccessLog = al[0]
 	}
-	mw, _ := httpgate.New(chain, cfg)
+	mw, _ := httpcore.New(chain, cfg)
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	req := httptest.NewRequest("GET", "/v1/routes/42", nil)
 	req.Header.Set("X-Api-Key", "tenant-42")
@@ -57,7 +57,7 @@ func BenchmarkRejected(b *testing.B) { benchMiddleware(b, "1/h", 1) }
 // (JSON lines, the default sample of one line a second per reason): past
 // the sample, a rejection costs a clock read and a few atomic operations.
 func BenchmarkRejectedAccessLog(b *testing.B) {
-	benchMiddleware(b, "1/h", 1, &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	benchMiddleware(b, "1/h", 1, &httpcore.AccessLog{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 }
 
 // BenchmarkAdmittedNoop: an admitted request to a handler that does nothing.
@@ -70,7 +70,7 @@ func BenchmarkAdmittedNoopHTTP(b *testing.B) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}})
 	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	defer srv.Close()
 	client := srv.Client()
@@ -95,8 +95,8 @@ func BenchmarkDecideAdmitted(b *testing.B) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
-	h, _ := mw.DecisionHandler(httpgate.DecisionConfig{})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	h, _ := mw.DecisionHandler(httpcore.DecisionConfig{})
 	req := httptest.NewRequest("GET", "/v1/decide", nil)
 	req.Header.Set("X-Api-Key", "tenant-42")
 	req.Header.Set("X-Original-Method", "GET")
@@ -132,7 +132,7 @@ func benchMetrics(b *testing.B, rate string, burst int64, tenants int) {
 	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: metrics.New(metrics.Options{})}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	reqs := make([]*http.Request, tenants)
 	w := &discard{h: http.Header{}}

@@ -1,4 +1,4 @@
-package httpgate_test
+package httpcore_test
 
 import (
 	"bytes"
@@ -12,9 +12,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -45,7 +45,7 @@ func decisionChain(t testing.TB, clk *fakeclock.Clock) *sluice.Chain {
 }
 
 type pair struct {
-	mw, dmw *httpgate.Middleware
+	mw, dmw *httpcore.Middleware
 	inproc  http.Handler // the middleware in front of a handler answering 200
 	decide  http.Handler // the nginx form
 	envoy   http.Handler // the Envoy form, under /ext_authz
@@ -57,18 +57,18 @@ func newPair(t testing.TB, clk *fakeclock.Clock) *pair {
 	t.Helper()
 	p := &pair{}
 	var err error
-	cfg := httpgate.Config{Rules: decisionRules, Jitter: noJitter}
-	if p.mw, err = httpgate.New(decisionChain(t, clk), cfg); err != nil {
+	cfg := httpcore.Config{Rules: decisionRules, Jitter: noJitter}
+	if p.mw, err = httpcore.New(decisionChain(t, clk), cfg); err != nil {
 		t.Fatal(err)
 	}
-	if p.dmw, err = httpgate.New(decisionChain(t, clk), cfg); err != nil {
+	if p.dmw, err = httpcore.New(decisionChain(t, clk), cfg); err != nil {
 		t.Fatal(err)
 	}
 	p.inproc = p.mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }))
-	if p.decide, err = p.dmw.DecisionHandler(httpgate.DecisionConfig{}); err != nil {
+	if p.decide, err = p.dmw.DecisionHandler(httpcore.DecisionConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if p.envoy, err = p.dmw.DecisionHandler(httpgate.DecisionConfig{StripPrefix: "/ext_authz"}); err != nil {
+	if p.envoy, err = p.dmw.DecisionHandler(httpcore.DecisionConfig{StripPrefix: "/ext_authz"}); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -231,8 +231,8 @@ func TestDecisionBadOriginalGives400(t *testing.T) {
 }
 
 func TestDecisionHandlerConfig(t *testing.T) {
-	mw, _ := httpgate.New(decisionChain(t, fakeclock.New(1)), httpgate.Config{})
-	for _, cfg := range []httpgate.DecisionConfig{
+	mw, _ := httpcore.New(decisionChain(t, fakeclock.New(1)), httpcore.Config{})
+	for _, cfg := range []httpcore.DecisionConfig{
 		{StripPrefix: "ext_authz"}, {StripPrefix: "/ext_authz/"}, {StripPrefix: "/a?b"},
 		{MethodHeader: "X Method"}, {URIHeader: "X-Uri:"},
 	} {
@@ -240,7 +240,7 @@ func TestDecisionHandlerConfig(t *testing.T) {
 			t.Errorf("%+v accepted", cfg)
 		}
 	}
-	h, err := mw.DecisionHandler(httpgate.DecisionConfig{MethodHeader: "x-method", URIHeader: "x-uri"})
+	h, err := mw.DecisionHandler(httpcore.DecisionConfig{MethodHeader: "x-method", URIHeader: "x-uri"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,8 +262,8 @@ func TestDecisionReleasesBeforeAnswering(t *testing.T) {
 	c1, _ := limit.NewConcurrency(1)
 	in, _ := gate.NewInFlight("pool", memory.NewKeyed(c1, memory.Options{}), gate.Options{})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, in)
-	mw, _ := httpgate.New(chain, httpgate.Config{})
-	h, _ := mw.DecisionHandler(httpgate.DecisionConfig{})
+	mw, _ := httpcore.New(chain, httpcore.Config{})
+	h, _ := mw.DecisionHandler(httpcore.DecisionConfig{})
 	for i := range 3 {
 		r := httptest.NewRequest("GET", "/v1/decide", nil)
 		r.Header.Set("X-Original-Method", "GET")
@@ -283,7 +283,7 @@ func TestDecisionFollowsUpdate(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 1)
 	rate, _ := gate.NewRateLimit("strict", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	strict, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, rate)
-	if err := p.dmw.Update(strict, httpgate.Config{Rules: decisionRules, Jitter: noJitter}); err != nil {
+	if err := p.dmw.Update(strict, httpcore.Config{Rules: decisionRules, Jitter: noJitter}); err != nil {
 		t.Fatal(err)
 	}
 	var codes []int
@@ -311,11 +311,11 @@ func TestDecisionTenantFromQueryAndClientIP(t *testing.T) {
 		tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 1)
 		rate, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 		chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, rate)
-		mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{Tenant: tenant}, Jitter: noJitter})
+		mw, err := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{Tenant: tenant}, Jitter: noJitter})
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, _ := mw.DecisionHandler(httpgate.DecisionConfig{})
+		h, _ := mw.DecisionHandler(httpcore.DecisionConfig{})
 		return h
 	}
 	ask := func(h http.Handler, uri, peer, xff string) int {

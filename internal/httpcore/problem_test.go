@@ -1,4 +1,4 @@
-package httpgate_test
+package httpcore_test
 
 import (
 	"encoding/json"
@@ -8,9 +8,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 	"github.com/sluice-go/sluice/wire"
@@ -40,7 +40,7 @@ func rejectTwice(t *testing.T, req func() *http.Request) (env, prob *httptest.Re
 		tb, _ := limit.NewTokenBucket(r, 1)
 		g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 		chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
-		mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key", RequestIDHeader: "X-Request-Id"},
+		mw, err := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key", RequestIDHeader: "X-Request-Id"},
 			Jitter: noJitter, ProblemDetails: pd})
 		if err != nil {
 			t.Fatal(err)
@@ -116,7 +116,7 @@ func TestProblemDetailsInvalid(t *testing.T) {
 // problem's status alike; a status that is not a client's error is 400.
 func TestInvalidStatus(t *testing.T) {
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)})
-	mw, err := httpgate.New(chain, httpgate.Config{ProblemDetails: true})
+	mw, err := httpcore.New(chain, httpcore.Config{ProblemDetails: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package httpgate_test
+package httpcore_test
 
 import (
 	"context"
@@ -21,9 +21,9 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/metrics"
@@ -59,7 +59,7 @@ type fixture struct {
 	metrics  *metrics.Metrics
 	reg      *prometheus.Registry
 	srv      *httptest.Server
-	mw       *httpgate.Middleware
+	mw       *httpcore.Middleware
 }
 
 // newFixture serves handler behind: request-rate (token bucket 100/s burst
@@ -82,7 +82,7 @@ func newFixture(t *testing.T, handler http.Handler, modes map[string]sluice.Mode
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.mw, err = httpgate.New(f.chain, httpgate.Config{
+	f.mw, err = httpcore.New(f.chain, httpcore.Config{
 		Rules: identify.Rules{
 			TenantHeader:   "X-Api-Key",
 			DeadlineHeader: "X-Request-Timeout",
@@ -239,7 +239,7 @@ func TestCostAboveBurstIsNotRetryable(t *testing.T) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(10), 10)
 	g, _ := gate.NewRateLimit("stops-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{
+	mw, _ := httpcore.New(chain, httpcore.Config{
 		Rules: identify.Rules{
 			Routes: []identify.Route{
 				{Path: "/solve", Cost: identify.Cost{Header: "X-Stops", Per: 100, Max: 50}},
@@ -431,7 +431,7 @@ func TestJitterSpreadsRetryAfter(t *testing.T) {
 	clk := fakeclock.New(1)
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
 	jitter := wire.Jitter{Fraction: 0.5, Min: 2}
-	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &jitter})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &jitter})
 	h := mw.Wrap(ok200)
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Header.Set("X-Api-Key", "a")
@@ -472,7 +472,7 @@ func TestUpdateSwapsChainWithoutDroppingInFlight(t *testing.T) {
 	c, _ := limit.NewConcurrency(1)
 	pool2, _ := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
 	chain2, _ := sluice.NewChain(sluice.ChainOptions{Clock: f.clk}, pool2)
-	if err := f.mw.Update(chain2, httpgate.Config{Jitter: noJitter}); err != nil {
+	if err := f.mw.Update(chain2, httpcore.Config{Jitter: noJitter}); err != nil {
 		t.Fatal(err)
 	}
 	if f.mw.Chain() != chain2 {
@@ -501,7 +501,7 @@ func (levelGate) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
 
 func TestDegradationLevelReachesTheHandler(t *testing.T) {
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, levelGate{level: sluice.LevelDegrade})
-	mw, _ := httpgate.New(chain, httpgate.Config{})
+	mw, _ := httpcore.New(chain, httpcore.Config{})
 	var seen sluice.Level
 	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen = sluice.LevelFrom(r.Context()) }))
 	w := httptest.NewRecorder()
@@ -525,7 +525,7 @@ func TestTenantKeyFunc(t *testing.T) {
 		}
 		return "", errors.New("no K")
 	}
-	mw, err := httpgate.New(chain, httpgate.Config{TenantKey: key})
+	mw, err := httpcore.New(chain, httpcore.Config{TenantKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -544,7 +544,7 @@ func TestTenantKeyFunc(t *testing.T) {
 	if len(obs.seen) != 2 || len(obs.seen[1]) > sluice.MaxKeyLen {
 		t.Errorf("tenants seen: %q", obs.seen)
 	}
-	if _, err := httpgate.New(chain, httpgate.Config{TenantKey: key, Rules: identify.Rules{TenantHeader: "X"}}); err == nil {
+	if _, err := httpcore.New(chain, httpcore.Config{TenantKey: key, Rules: identify.Rules{TenantHeader: "X"}}); err == nil {
 		t.Error("TenantKey and TenantHeader both accepted")
 	}
 }

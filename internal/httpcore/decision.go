@@ -1,4 +1,4 @@
-package httpgate
+package httpcore
 
 import (
 	"context"
@@ -19,40 +19,11 @@ const (
 	DefaultURIHeader    = "X-Original-Uri"
 )
 
-// DecisionConfig says where a decision handler finds the original request
-// in the request it is asked about. The zero value is nginx's form.
-//
-// Two forms exist:
-//
-//   - Headers (nginx auth_request): the original method and request URI
-//     arrive in MethodHeader and URIHeader, which the auth location sets
-//     from $request_method and $request_uri; the request's own method and
-//     path are the decision endpoint's and are ignored.
-//   - Prefix (Envoy ext_authz in HTTP service mode): the check request
-//     carries the original method as its own and the original path behind
-//     Envoy's path_prefix. Set StripPrefix to that prefix.
-//
-// In both forms every other header of the request is the original
-// request's: the tenant, deadline, cost and request id headers of the
-// policy are read from it as the middleware reads them. The client's
-// address is no input of the middleware's decisions (callers are told
-// apart by the tenant header, never by the connection): to key tenants on
-// the address, the proxy sets a header from it (nginx: proxy_set_header
-// X-Real-IP $remote_addr) and the rules name it as the tenant header, as
-// they would behind any other proxy.
+// DecisionConfig is httpgate.DecisionConfig (documented there).
 type DecisionConfig struct {
-	// MethodHeader names the header with the original request's method.
-	// Default DefaultMethodHeader.
 	MethodHeader string
-	// URIHeader names the header with the original request target as the
-	// client sent it (origin form "/path?query", or absolute form);
-	// only its path is used. Default DefaultURIHeader.
-	URIHeader string
-	// StripPrefix, when set, selects the prefix form: the original method
-	// is the request's method and the original path is the request's path
-	// with StripPrefix removed. It must start with "/" and not end with
-	// one, e.g. "/ext_authz"; MethodHeader and URIHeader are not read.
-	StripPrefix string
+	URIHeader    string
+	StripPrefix  string
 }
 
 // decider is the handler DecisionHandler returns.
@@ -63,40 +34,7 @@ type decider struct {
 	prefix       string
 }
 
-// DecisionHandler returns a handler that answers, for each request it
-// receives, whether the original request it describes is admitted: it
-// reconstructs the original method and path (DecisionConfig), identifies
-// and decides exactly as the middleware would (same chain, same rules,
-// same Update), and answers
-//
-//   - 200 with an empty body and the RateLimit-Policy and RateLimit fields,
-//     Sluice-Class (the class it admitted the request as, for the proxy to
-//     set on the request it forwards: nginx's auth_request_set and
-//     proxy_set_header) and Sluice-Level above normal when admitted: nginx
-//     allows on any 2xx, Envoy's ext_authz on 200 only;
-//   - 429 or 503 with Retry-After, the RateLimit fields and the JSON
-//     envelope, as the middleware answers them (nginx drops the body and
-//     keeps the status and headers for auth_request_set; Envoy passes all
-//     of it to the client);
-//   - 400 with reason invalid and a message naming the header at fault for
-//     a missing or malformed original method or URI, or a malformed
-//     identity, cost or deadline header.
-//
-// A decision endpoint never learns when the admitted work ends (nginx
-// auth_request and Envoy ext_authz report nothing back), so the Ticket of
-// an admitted request is done before the answer is written, with
-// OutcomeUseful (OutcomeCancelled when the asking request has gone):
-// rate gates (token and leaky buckets, GCRA, windows) decide exactly as in
-// process, but a gate that holds a slot until the work ends or learns from
-// completions (concurrency, adaptive concurrency, wait queues, the
-// deadline test, fleet usage, utilization, the ladder) sees every request
-// finish at once and must not be in the chain (policy.CheckDecisionOnly
-// finds them in a policy file). The middleware's metrics then count
-// answered decisions as completions.
-//
-// It returns an error for a header name that is not a valid HTTP field
-// name or a malformed StripPrefix. The handler is safe for concurrent use
-// and never panics on what a request carries.
+// func is httpgate's (documented there).
 func (m *Middleware) DecisionHandler(cfg DecisionConfig) (http.Handler, error) {
 	d := &decider{m: m, methodHeader: DefaultMethodHeader, uriHeader: DefaultURIHeader}
 	if cfg.StripPrefix != "" {

@@ -1,4 +1,4 @@
-package httpgate_test
+package httpcore_test
 
 import (
 	"context"
@@ -13,9 +13,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -38,7 +38,7 @@ func FuzzHeaders(f *testing.F) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
 	g, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{MaxKeys: 1 << 16}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	mw, _ := httpgate.New(chain, httpgate.Config{
+	mw, _ := httpcore.New(chain, httpcore.Config{
 		Rules: identify.Rules{
 			TenantHeader:   "X-Api-Key",
 			DeadlineHeader: "X-Request-Timeout",

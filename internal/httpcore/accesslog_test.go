@@ -1,4 +1,4 @@
-package httpgate_test
+package httpcore_test
 
 import (
 	"bytes"
@@ -14,9 +14,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/gate"
-	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -63,9 +63,9 @@ func TestAccessLogSamplesRejections(t *testing.T) {
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
 	var buf bytes.Buffer
-	al := &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: 2,
+	al := &httpcore.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: 2,
 		TenantLabel: func(t string) string { return "label-of-" + t[:min(1, len(t))] }}
-	mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: noJitter, AccessLog: al})
+	mw, err := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: noJitter, AccessLog: al})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +134,8 @@ func TestAccessLogEveryRejection(t *testing.T) {
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
 	var buf bytes.Buffer
-	mw, _ := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: noJitter,
-		AccessLog: &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: -1}})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: noJitter,
+		AccessLog: &httpcore.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: -1}})
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	for range 6 {
 		req := httptest.NewRequest("GET", "/x", nil)
@@ -165,7 +165,7 @@ func (w *rfWriter) ReadFrom(src io.Reader) (int64, error) {
 func TestAccessLogFinalStatusAndReadFrom(t *testing.T) {
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)})
 	var buf bytes.Buffer
-	mw, _ := httpgate.New(chain, httpgate.Config{AccessLog: &httpgate.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil))}})
+	mw, _ := httpcore.New(chain, httpcore.Config{AccessLog: &httpcore.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil))}})
 	mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Link", "</app.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)

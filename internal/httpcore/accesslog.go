@@ -1,4 +1,4 @@
-package httpgate
+package httpcore
 
 import (
 	"context"
@@ -11,26 +11,12 @@ import (
 	"github.com/sluice-go/sluice/clock"
 )
 
-// AccessLog is the middleware's optional access log: one line for each
-// admitted request when its handler returns (status, duration), and for
-// rejections a sample, so that the rejection path stays cheap under the
-// overload that makes it hot: in each second of the chain's clock, at most
-// RejectsPerSecond lines per reason; the rejections left out are counted
-// and the count rides on the next line of that reason (suppressed=N).
-//
-// Lines carry the method, the path (never the query string, which may hold
-// credentials), the remote address, class, operation and cost, and the
-// tenant only through TenantLabel (a tenant is often an API key).
+// AccessLog is httpgate.AccessLog (documented there): a pointer to one
+// converts to a pointer to the other.
 type AccessLog struct {
-	// Logger receives the lines, at info level, message "request".
-	// Required.
-	Logger *slog.Logger
-	// RejectsPerSecond is how many rejections of each reason are logged
-	// per second. Default 1; negative: every rejection.
+	Logger           *slog.Logger
 	RejectsPerSecond int
-	// TenantLabel, if set, turns a tenant into what the lines show (say a
-	// hash, as package metrics labels tenants); nil leaves tenants out.
-	TenantLabel func(tenant string) string
+	TenantLabel      func(tenant string) string
 }
 
 // sampler counts one reason's rejections in the current second.

@@ -1,4 +1,4 @@
-package httpgate
+package httpcore
 
 import (
 	"bufio"
@@ -42,18 +42,7 @@ var (
 	noStore     = []string{"no-store"}
 )
 
-// Middleware runs a sluice Chain in front of an http.Handler: it identifies
-// each request with server-side rules (Config), decides, and either answers
-// the rejection itself (400, 429 or 503 with Retry-After, RateLimit fields
-// and a JSON envelope) or calls the handler with the caller's deadline on
-// its context and releases the request's Ticket on every path: return,
-// panic (released, then the panic continues), client disconnect (cancelled)
-// and handler timeout (late). A response finished after the request's
-// deadline counts as late, never as useful.
-//
-// The chain and config can be replaced at run time with Update (hot reload)
-// without disturbing requests in flight. A Middleware is safe for
-// concurrent use.
+// struct is httpgate's (documented there).
 type Middleware struct {
 	state    atomic.Pointer[state]
 	idPrefix string
@@ -153,7 +142,7 @@ var smallInts = func() [][]string {
 	return v
 }()
 
-// New returns a middleware deciding with chain under cfg.
+// New is httpgate's (documented there).
 func New(chain *sluice.Chain, cfg Config) (*Middleware, error) {
 	var seed [4]byte
 	crand.Read(seed[:])
@@ -167,8 +156,7 @@ func New(chain *sluice.Chain, cfg Config) (*Middleware, error) {
 	return m, nil
 }
 
-// Update replaces the chain and config atomically. Requests already past
-// their decision finish under the old chain (their Tickets release there).
+// func is httpgate's (documented there).
 func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
 	if chain == nil {
 		return errors.New("httpgate: nil chain")
@@ -189,10 +177,10 @@ func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
 	return nil
 }
 
-// Chain returns the chain currently deciding.
+// func is httpgate's (documented there).
 func (m *Middleware) Chain() *sluice.Chain { return m.state.Load().chain }
 
-// Wrap returns next behind the middleware.
+// func is httpgate's (documented there).
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 }
@@ -260,12 +248,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 }
 
-// UpstreamError answers an admitted request whose upstream call failed with
-// err (it fits httputil.ReverseProxy's ErrorHandler): 504 with reason
-// deadline when the request's deadline ran out, 502 with reason upstream
-// otherwise, both saying the work may have had an effect, in the JSON
-// envelope of every other answer, with the request id echoed or generated
-// in the configured header. Nothing is written when the client has gone.
+// func is httpgate's (documented there).
 func (m *Middleware) UpstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // nobody reads a response
@@ -300,28 +283,17 @@ func neverSent(method string, header http.Header, err error) bool {
 	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &dns)
 }
 
-// Invalid answers a request the caller got wrong before it reached the
-// gates (for example a method the proxy does not forward): 400 with reason
-// invalid and detail as the message, in the JSON envelope of every other
-// answer.
+// func is httpgate's (documented there).
 func (m *Middleware) Invalid(w http.ResponseWriter, r *http.Request, detail string) {
 	m.InvalidStatus(w, r, http.StatusBadRequest, detail)
 }
 
-// InvalidStatus answers as Invalid does, with status instead of 400 in
-// the status line and in a problem details body: for a request refused
-// for its size, 413 Content Too Large (RFC 9110 section 15.5.14) or 431
-// Request Header Fields Too Large (RFC 6585 section 5). A status outside
-// 400-499 is answered as 400.
+// func is httpgate's (documented there).
 func (m *Middleware) InvalidStatus(w http.ResponseWriter, r *http.Request, status int, detail string) {
 	m.refuse(w, r, sluice.Decision{Reason: sluice.ReasonInvalid}, clientStatus(status), detail)
 }
 
-// Busy answers 503 with Retry-After (reason overload, the JSON envelope or
-// problem details, the request id) to a request the server has no room
-// for, whatever the gates would say: a proxy whose shared body buffers
-// are spent (detail says which). It is counted and logged as a
-// rejection, as the gates' are.
+// func is httpgate's (documented there).
 func (m *Middleware) Busy(w http.ResponseWriter, r *http.Request, detail string) {
 	m.refuse(w, r, busyDecision, http.StatusServiceUnavailable, detail)
 }

@@ -1,4 +1,4 @@
-package httpgate
+package httpcore
 
 import (
 	"context"
