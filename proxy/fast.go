@@ -25,9 +25,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/host"
+	"github.com/sluice-go/sluice/internal/httpcore"
 )
 
 // The proxy's own HTTP/1.1 server (Run). net/http's server and
