@@ -288,10 +288,10 @@ func (rt *Runtime) openStore(prev *Runtime) error {
 	pw := sha256.Sum256([]byte(s.password))
 	var tlsDigest string
 	var tlsConfig *tls.Config
-	if s.TLS != nil {
-		tlsDigest, tlsConfig = s.TLS.digest, s.TLS.config
+	if s.tls != nil {
+		tlsDigest, tlsConfig = s.tls.digest, s.tls.config
 	}
-	conn := fmt.Sprintf("%q %q %x %t %s", s.Addrs, s.Username, pw[:8], s.TLS != nil, tlsDigest)
+	conn := fmt.Sprintf("%q %q %x %t %s", s.Addrs, s.Username, pw[:8], s.tls != nil, tlsDigest)
 	cfg := fmt.Sprint(conn, s.Timeout, s.ProbeEvery, rt.File.Service) // the service names the keys (Prefix)
 	if prev != nil && prev.redis != nil && prev.redis.cfg == cfg {
 		rt.redis = prev.redis
@@ -324,10 +324,10 @@ func (rt *Runtime) storeRefused(err error) error {
 	field, line, msg := "store", s.Line, err.Error()
 	switch sredis.RefusalOf(err) {
 	case sredis.TLS:
-		if s.TLS != nil {
-			field, line = "store.tls", s.TLS.Line
+		if s.tls != nil {
+			field, line = "store.tls", s.tls.Line
 		}
-		if strings.Contains(msg, "certificate required") && (s.TLS == nil || s.TLS.CertFile == "") {
+		if strings.Contains(msg, "certificate required") && (s.tls == nil || s.tls.CertFile == "") {
 			msg += " (give the store a client certificate: tls.cert_file and tls.key_file)"
 		}
 	case sredis.Permissions:
@@ -371,7 +371,7 @@ func (rt *Runtime) build(g *Gate, prev *Runtime, opts Options) (builtGate, error
 	if old != nil && old.fp == fp && !(old.looped && old.stop == nil) {
 		return *old, nil // (a retired gate whose loop ended is built anew)
 	}
-	b := &builder{g: g, store: rt.File.Store, opts: opts, local: rt.local, order: rt.File.OrderOfClasses()}
+	b := &builder{g: g, store: rt.File.Store, opts: opts, local: rt.local, order: rt.File.orderOfClasses()}
 	if rt.redis != nil {
 		b.redis = rt.redis.st
 	}
@@ -436,27 +436,27 @@ func (g *Gate) stateKey(st Store) string {
 // rules returns the file's identification rules.
 func (f *File) rules() identify.Rules {
 	r := identify.Rules{
-		RequireTenant:   f.Identity.TenantRequired,
-		DeadlineHeader:  f.Identity.DeadlineHeader,
-		MaxDeadline:     f.Identity.MaxDeadline,
-		DefaultDeadline: f.Identity.DefaultDeadline,
-		RequestIDHeader: f.Identity.RequestIDHeader,
-		PathMatch:       f.Identity.PathMatch,
+		RequireTenant:   f.identity.TenantRequired,
+		DeadlineHeader:  f.identity.DeadlineHeader,
+		MaxDeadline:     f.identity.MaxDeadline,
+		DefaultDeadline: f.identity.DefaultDeadline,
+		RequestIDHeader: f.identity.RequestIDHeader,
+		PathMatch:       f.identity.PathMatch,
 	}
 	if f.countsPerClient() {
-		r.ClientKey, r.Client = true, f.Identity.ClientIP
+		r.ClientKey, r.Client = true, f.identity.ClientIP
 	}
-	if len(f.Identity.TrustedPeers) > 0 {
-		r.Peers = identify.Peers{Trusted: f.Identity.TrustedPeers, Order: f.OrderOfClasses()}
+	if len(f.identity.TrustedPeers) > 0 {
+		r.Peers = identify.Peers{Trusted: f.identity.TrustedPeers, Order: f.orderOfClasses()}
 	}
 	// One header is the TenantHeader shorthand, which the gRPC
 	// interceptors and the simulator read.
-	if parts := f.Identity.TenantParts(); len(parts) == 1 && parts[0].Source == identify.SourceHeader {
+	if parts := f.identity.tenantParts(); len(parts) == 1 && parts[0].Source == identify.SourceHeader {
 		r.TenantHeader = parts[0].Name
 	} else if len(parts) > 0 {
-		r.Tenant = identify.KeyRules{Parts: parts, ClientIP: f.Identity.ClientIP, Token: identify.Token{Header: f.Identity.TokenHeader}}
+		r.Tenant = identify.KeyRules{Parts: parts, ClientIP: f.identity.ClientIP, Token: identify.Token{Header: f.identity.TokenHeader}}
 	}
-	for _, rt := range f.Routes {
+	for _, rt := range f.routes {
 		r.Routes = append(r.Routes, identify.Route{
 			Method: rt.Method, Path: rt.Path, Class: rt.Class,
 			Cost: identify.Cost{Fixed: rt.Cost.Fixed, Header: rt.Cost.Header, Per: rt.Cost.Per, Min: rt.Cost.Min, Max: rt.Cost.Max, ResponseHeader: rt.Cost.ResponseHeader},

@@ -12,17 +12,17 @@ import (
 // first.
 var standardOrder = []string{sluice.ClassCritical, sluice.ClassDefault, sluice.ClassSheddable, sluice.ClassSandbox}
 
-// OrderOfClasses returns the policy's order of classes, most protected
+// orderOfClasses returns the policy's order of classes, most protected
 // first, which every shedder, cohort cut and wait queue follows: the
 // classes: list as written, or critical > default > sheddable > sandbox
 // with every other class the routes assign just below default, in the
 // order the routes name them.
-func (f *File) OrderOfClasses() []string {
+func (f *File) orderOfClasses() []string {
 	if len(f.ClassOrder) > 0 {
 		return slices.Clone(f.ClassOrder)
 	}
 	order := slices.Clone(standardOrder[:2])
-	for _, c := range f.Classes() {
+	for _, c := range f.classes() {
 		if !slices.Contains(standardOrder, c) {
 			order = append(order, c)
 		}
@@ -40,7 +40,7 @@ func checkClassOrder(f *File) Errors {
 		return nil
 	}
 	var errs Errors
-	for _, c := range f.Classes() {
+	for _, c := range f.classes() {
 		if !slices.Contains(f.ClassOrder, c) {
 			errs = append(errs, &Error{File: f.Path, Line: f.ClassOrderLine, Field: "classes",
 				Msg: fmt.Sprintf("the routes assign class %q, which the order leaves out: place it, most protected first (e.g. classes: [%s])", c, strings.Join(placed(f.ClassOrder, c), ", "))})
@@ -67,7 +67,7 @@ func (c *checker) shedTiers(key string, tiers []string) {
 	if len(tiers) == 0 {
 		return
 	}
-	order := c.file.OrderOfClasses()
+	order := c.file.orderOfClasses()
 	want := slices.Clone(order)
 	slices.Reverse(want)
 	want = slices.DeleteFunc(want, func(cl string) bool { return !slices.Contains(c.classes, cl) && !slices.Contains(tiers, cl) })
@@ -110,7 +110,7 @@ func (c *checker) servedFirst(key string, list []string) {
 	if len(list) == 0 {
 		return
 	}
-	order := c.file.OrderOfClasses()
+	order := c.file.orderOfClasses()
 	c.inOrder(key, list, order, false)
 	for _, cl := range c.classes {
 		if slices.Contains(list, cl) {
@@ -131,7 +131,7 @@ func (c *checker) servedFirst(key string, list []string) {
 // class more protected than one it holds (the ladder would shed critical
 // and keep default).
 func (c *checker) protectedUpward(key string, protected []string) {
-	order := c.file.OrderOfClasses()
+	order := c.file.orderOfClasses()
 	for _, p := range protected {
 		for _, cl := range order[:max(rank(order, p), 0)] {
 			if slices.Contains(c.classes, cl) && !slices.Contains(protected, cl) {

@@ -66,7 +66,7 @@ func TestTiersFollowTheClassOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := f.OrderOfClasses(), []string{"critical", "default", "batch", "sheddable", "sandbox"}; !slices.Equal(got, want) {
+	if got, want := f.orderOfClasses(), []string{"critical", "default", "batch", "sheddable", "sandbox"}; !slices.Equal(got, want) {
 		t.Fatalf("order %v, want %v", got, want)
 	}
 	rt, err := Build(f, nil, Options{})

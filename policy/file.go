@@ -34,14 +34,14 @@ type File struct {
 	Version int
 	// Service names the protected service (metrics, Redis keys).
 	Service string
-	// Spec holds the free-text parts of the admission policy spec.
-	Spec Spec
+	// spec holds the free-text parts of the admission policy spec.
+	spec specText
 	// Store is where gate state lives.
 	Store Store
-	// Identity says how requests are identified.
-	Identity Identity
-	// Routes assign server-side class and cost.
-	Routes []Route
+	// identity says how requests are identified.
+	identity identity
+	// routes assign server-side class and cost.
+	routes []route
 	// ClassOrder is the order of classes as written (classes:), most
 	// protected first; nil: the standard order (OrderOfClasses).
 	ClassOrder []string
@@ -51,9 +51,9 @@ type File struct {
 	Gates []Gate
 }
 
-// Spec is the prose of the admission policy spec that the file cannot
+// specText is the prose of the admission policy spec that the file cannot
 // derive: what is protected, what a useful completion is, what is scarce.
-type Spec struct {
+type specText struct {
 	Operation string // protected operation and useful-completion definition
 	Resource  string // scarce resource, capacity evidence, safe region
 	Owner     string // policy review owner
@@ -79,7 +79,7 @@ type Store struct {
 	// The password itself, read when the file is parsed, is kept unexported
 	// and never printed.
 	PasswordEnv, PasswordFile string
-	TLS                       *StoreTLS // redis: TLS settings (nil: plain TCP)
+	tls                       *storeTLS // redis: TLS settings (nil: plain TCP)
 	Line                      int
 	password                  string
 	passwordField             string // where the password was named, for a refusal's error
@@ -96,15 +96,15 @@ type Store struct {
 // tells a change and nothing of a secret, wherever it ends up.
 func (f *File) Inputs() string {
 	s := f.Store
-	if s.PasswordFile == "" && s.TLS == nil {
+	if s.PasswordFile == "" && s.tls == nil {
 		return ""
 	}
 	sum := hmac.New(sha256.New, inputsKey[:])
 	if s.PasswordFile != "" {
 		sum.Write([]byte(s.password))
 	}
-	if s.TLS != nil {
-		sum.Write([]byte(s.TLS.digest))
+	if s.tls != nil {
+		sum.Write([]byte(s.tls.digest))
 	}
 	return hex.EncodeToString(sum.Sum(nil)[:8])
 }
@@ -116,12 +116,12 @@ var inputsKey = func() (k [32]byte) {
 }()
 
 // ReadsFiles reports whether the file reads other files (Inputs).
-func (f *File) ReadsFiles() bool { return f.Store.PasswordFile != "" || f.Store.TLS != nil }
+func (f *File) ReadsFiles() bool { return f.Store.PasswordFile != "" || f.Store.tls != nil }
 
-// StoreTLS is how the Redis store's connections are secured. The files
+// storeTLS is how the Redis store's connections are secured. The files
 // are read when the policy file is parsed (so a reload takes rotated
 // ones); config is what they make.
-type StoreTLS struct {
+type storeTLS struct {
 	CAFile     string // PEM CAs that sign the server's certificate (empty: the system's roots)
 	CertFile   string // the client's certificate, for a server that asks for one (with KeyFile)
 	KeyFile    string
@@ -131,8 +131,8 @@ type StoreTLS struct {
 	digest     string // of the settings and the files' contents: equal digests, same connection
 }
 
-// Identity says where tenant, deadline and request id come from.
-type Identity struct {
+// identity says where tenant, deadline and request id come from.
+type identity struct {
 	// The tenant key's parts, combined in this order: header, query,
 	// claim, ip, route (identify.KeyRules). None: one anonymous tenant.
 	TenantHeader   string
@@ -162,9 +162,9 @@ type Identity struct {
 	Line int
 }
 
-// TenantParts returns the parts of the tenant key, in the order they are
+// tenantParts returns the parts of the tenant key, in the order they are
 // combined.
-func (id *Identity) TenantParts() []identify.Part {
+func (id *identity) tenantParts() []identify.Part {
 	var ps []identify.Part
 	if id.TenantHeader != "" {
 		ps = append(ps, identify.FromHeader(id.TenantHeader))
@@ -184,16 +184,16 @@ func (id *Identity) TenantParts() []identify.Part {
 	return ps
 }
 
-// Route is one server-side class and cost rule.
-type Route struct {
+// route is one server-side class and cost rule.
+type route struct {
 	Method, Path string
 	Class        string
-	Cost         Cost
+	Cost         routeCost
 	Line         int
 }
 
-// Cost is a fixed cost or a cost from a bounded header.
-type Cost struct {
+// routeCost is a fixed cost or a cost from a bounded header.
+type routeCost struct {
 	Fixed    int64
 	Header   string
 	Per      int64
@@ -247,12 +247,12 @@ func (g *Gate) written(key string) bool {
 	return ok
 }
 
-// Classes returns the classes the routes name, in first-seen order, with
+// classes returns the classes the routes name, in first-seen order, with
 // the default class last if some request can fall through to it.
-func (f *File) Classes() []string {
+func (f *File) classes() []string {
 	var cs []string
 	seen := map[string]bool{}
-	for _, r := range f.Routes {
+	for _, r := range f.routes {
 		c := r.Class
 		if c == "" {
 			c = sluice.ClassDefault

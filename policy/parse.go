@@ -79,13 +79,13 @@ func (p *parser) file(n *yaml.Node) *File {
 				p.Errf(v, key, "%q: want lowercase letters, digits, '.', '_' or '-' (it names metrics and Redis keys)", f.Service)
 			}
 		case "spec":
-			f.Spec = p.spec(v)
+			f.spec = p.spec(v)
 		case "store":
 			f.Store = p.store(v)
 		case "identity":
-			f.Identity = p.identity(v)
+			f.identity = p.identity(v)
 		case "routes":
-			f.Routes = p.routes(v)
+			f.routes = p.routes(v)
 		case "classes":
 			f.ClassOrder, f.ClassOrderLine = p.classList(v, key), v.Line
 		case "gates":
@@ -105,14 +105,14 @@ func (p *parser) file(n *yaml.Node) *File {
 		}
 		f.Gates = p.gates(gates, f.Store)
 	}
-	if h := f.Identity.TenantHeader; h != "" && strings.EqualFold(h, f.Identity.DeadlineHeader) {
+	if h := f.identity.TenantHeader; h != "" && strings.EqualFold(h, f.identity.DeadlineHeader) {
 		p.Errf(n, "identity.deadline.header", "%q is also the tenant header", h)
 	}
 	return f
 }
 
-func (p *parser) spec(n *yaml.Node) Spec {
-	var s Spec
+func (p *parser) spec(n *yaml.Node) specText {
+	var s specText
 	p.Fields(n, "spec", keysOf("spec"), func(k string, v *yaml.Node) {
 		text := p.Str(v, yamlfile.Join("spec", k))
 		switch k {
@@ -202,7 +202,7 @@ func (p *parser) storeField(s *Store, k string, v *yaml.Node) {
 			}
 		}
 	case "tls":
-		s.TLS = p.storeTLS(v, path)
+		s.tls = p.storeTLS(v, path)
 	}
 }
 
@@ -222,8 +222,8 @@ func (p *parser) readFile(v *yaml.Node, path, name string) ([]byte, bool) {
 
 // storeTLS parses store.tls and builds its configuration from the files it
 // names: TLS 1.2 at least, the server's certificate verified.
-func (p *parser) storeTLS(n *yaml.Node, path string) *StoreTLS {
-	t := &StoreTLS{Line: n.Line}
+func (p *parser) storeTLS(n *yaml.Node, path string) *storeTLS {
+	t := &storeTLS{Line: n.Line}
 	nodes := map[string]*yaml.Node{}
 	p.Fields(n, path, keysOf("store", "tls"), func(k string, v *yaml.Node) {
 		nodes[k] = v
@@ -283,8 +283,8 @@ func (p *parser) failurePolicy(v *yaml.Node, path string) gate.FailurePolicy {
 	return fp
 }
 
-func (p *parser) identity(n *yaml.Node) Identity {
-	id := Identity{Line: n.Line}
+func (p *parser) identity(n *yaml.Node) identity {
+	id := identity{Line: n.Line}
 	lines := map[string]int{}
 	p.Fields(n, "identity", keysOf("identity"), func(k string, v *yaml.Node) {
 		path := yamlfile.Join("identity", k)
@@ -303,7 +303,7 @@ func (p *parser) identity(n *yaml.Node) Identity {
 		if k == "peers" && v.Kind == yaml.MappingNode && len(seen) == 0 {
 			p.Errf(v, path, "no trusted: write the peers' addresses, e.g. trusted: [10.0.0.0/8]")
 		}
-		if k == "tenant" && v.Kind == yaml.MappingNode && len(id.TenantParts()) == 0 {
+		if k == "tenant" && v.Kind == yaml.MappingNode && len(id.tenantParts()) == 0 {
 			if _, ok := seen["required"]; ok || len(seen) == 0 {
 				p.Errf(v, path, "no source: write one or more of header, query, claim, ip: true, route: true")
 			}
@@ -314,14 +314,14 @@ func (p *parser) identity(n *yaml.Node) Identity {
 }
 
 // identityUnused refuses the sections that no tenant part reads.
-func (p *parser) identityUnused(id *Identity, lines map[string]int) {
+func (p *parser) identityUnused(id *identity, lines map[string]int) {
 	id.ClientIPLine = lines["client_ip"] // checked with the gates: scope client reads it too
 	if l, ok := lines["token"]; ok && id.TenantClaim == "" {
 		p.Errs = append(p.Errs, &Error{File: p.File, Line: l, Field: "identity.token", Msg: "applies only to a tenant keyed by a claim (identity.tenant.claim)"})
 	}
 }
 
-func (p *parser) identityField(id *Identity, section, k string, v *yaml.Node, path string) {
+func (p *parser) identityField(id *identity, section, k string, v *yaml.Node, path string) {
 	switch section {
 	case "tenant":
 		p.tenantField(id, k, v, path)
@@ -345,7 +345,7 @@ func (p *parser) identityField(id *Identity, section, k string, v *yaml.Node, pa
 	}
 }
 
-func (p *parser) tenantField(id *Identity, k string, v *yaml.Node, path string) {
+func (p *parser) tenantField(id *identity, k string, v *yaml.Node, path string) {
 	switch k {
 	case "header":
 		id.TenantHeader = p.nonEmpty(v, path, p.header(v, path), "a header name, e.g. X-Api-Key")
@@ -425,20 +425,20 @@ func (p *parser) header(v *yaml.Node, path string) string {
 
 var methods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
-func (p *parser) routes(n *yaml.Node) []Route {
+func (p *parser) routes(n *yaml.Node) []route {
 	if n.Kind != yaml.SequenceNode {
 		p.Errf(n, "routes", "want a list of routes, got %s", yamlfile.KindName(n))
 		return nil
 	}
-	var rs []Route
+	var rs []route
 	for i, rn := range n.Content {
 		rs = append(rs, p.route(rn, fmt.Sprintf("routes[%d]", i)))
 	}
 	return rs
 }
 
-func (p *parser) route(n *yaml.Node, path string) Route {
-	r := Route{Line: n.Line, Cost: Cost{Fixed: 1}}
+func (p *parser) route(n *yaml.Node, path string) route {
+	r := route{Line: n.Line, Cost: routeCost{Fixed: 1}}
 	seen := p.Fields(n, path, keysOf("routes"), func(k string, v *yaml.Node) {
 		field := yamlfile.Join(path, k)
 		switch k {
@@ -459,7 +459,7 @@ func (p *parser) route(n *yaml.Node, path string) Route {
 	return r
 }
 
-func (p *parser) match(r *Route, n *yaml.Node, path string) {
+func (p *parser) match(r *route, n *yaml.Node, path string) {
 	p.Fields(n, path, keysOf("routes", "match"), func(k string, v *yaml.Node) {
 		field := yamlfile.Join(path, k)
 		switch k {
@@ -484,8 +484,8 @@ func (p *parser) match(r *Route, n *yaml.Node, path string) {
 	}
 }
 
-func (p *parser) cost(n *yaml.Node, path string) Cost {
-	c := Cost{Fixed: 1}
+func (p *parser) cost(n *yaml.Node, path string) routeCost {
+	c := routeCost{Fixed: 1}
 	if n.Kind == yaml.ScalarNode {
 		c.Fixed = p.Integer(n, path, 1, sluice.MaxCost)
 		return c

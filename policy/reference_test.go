@@ -23,7 +23,7 @@ func TestSchemaExamplesParse(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, src)
 	}
-	if len(f.Identity.TenantParts()) != 5 || len(f.Identity.ClientIP.TrustedProxies) != 2 || f.Store.Backend != BackendRedis || len(f.Routes) != 1 {
+	if len(f.identity.tenantParts()) != 5 || len(f.identity.ClientIP.TrustedProxies) != 2 || f.Store.Backend != BackendRedis || len(f.routes) != 1 {
 		t.Fatalf("the example's keys did not all land: %+v", f)
 	}
 	var walk func(path string, ks []key)

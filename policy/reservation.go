@@ -213,16 +213,16 @@ func (p *reservationParams) checkUnlisted(c *checker, usable int64) bool {
 		reserved += cl.Reserve
 	}
 	rev := p.revocation()
-	if reserved < usable || (c.file.Identity.DefaultDeadline > 0 && c.file.Identity.DefaultDeadline <= rev) {
+	if reserved < usable || (c.file.identity.DefaultDeadline > 0 && c.file.identity.DefaultDeadline <= rev) {
 		return true
 	}
-	for _, rt := range c.file.Routes {
+	for _, rt := range c.file.routes {
 		if rt.Class == "" || slices.ContainsFunc(p.classes, func(s fair.ClassShare) bool { return s.Class == rt.Class }) {
 			continue
 		}
 		c.failf("shares", "class %s (route at line %d) has no share and every unit is reserved: it could only borrow, which "+
 			"needs a deadline within the revocation time %v, and requests without one get %v; leave units unreserved or give it a share",
-			rt.Class, rt.Line, rev, orNone(c.file.Identity.DefaultDeadline))
+			rt.Class, rt.Line, rev, orNone(c.file.identity.DefaultDeadline))
 		return false
 	}
 	return true
@@ -325,7 +325,7 @@ func (p *reservationParams) sharesText() string {
 // largestCost is the largest of the smallest costs the routes of class
 // assign (a fixed cost, or a header cost's minimum), and that route's line.
 func largestCost(c *checker, class string) (cost int64, line int) {
-	for _, rt := range c.file.Routes {
+	for _, rt := range c.file.routes {
 		if rt.Class != class {
 			continue
 		}

@@ -54,8 +54,8 @@ func (w *specWriter) service() string {
 func (w *specWriter) header() {
 	f := w.f
 	fmt.Fprintf(&w.b, "ADMISSION POLICY  %s  (%s)\n", w.service(), f.Path)
-	w.line("Protected operation and useful-completion definition", "%s", prose(f.Spec.Operation, "operation"))
-	w.line("Scarce resource(s), capacity evidence, and safe operating region", "%s", prose(f.Spec.Resource, "resource"))
+	w.line("Protected operation and useful-completion definition", "%s", prose(f.spec.Operation, "operation"))
+	w.line("Scarce resource(s), capacity evidence, and safe operating region", "%s", prose(f.spec.Resource, "resource"))
 	names := make([]string, len(f.Gates))
 	for i, g := range f.Gates {
 		names[i] = g.Name
@@ -67,8 +67,8 @@ func (w *specWriter) header() {
 func (w *specWriter) workModel() {
 	f := w.f
 	w.b.WriteString("\nWORK MODEL\n")
-	w.line("Classes / tenants / authorized priority", "%s; classes from server-side routes only, never from the client: %s", tenantText(f.Identity), strings.Join(w.classes(), "; "))
-	w.line("Demand unit and pre-admission estimator", "%s", strings.Join(costsText(f.Routes), "; "))
+	w.line("Classes / tenants / authorized priority", "%s; classes from server-side routes only, never from the client: %s", tenantText(f.identity), strings.Join(w.classes(), "; "))
+	w.line("Demand unit and pre-admission estimator", "%s", strings.Join(costsText(f.routes), "; "))
 	var bursts []string
 	for _, g := range f.Gates {
 		if b, ok := g.params.(burster); ok {
@@ -79,11 +79,11 @@ func (w *specWriter) workModel() {
 		bursts = []string{"no burst allowance configured"}
 	}
 	w.line("Arrival, burst, skew, retry, and failure assumptions", "%s; retries arrive as new offered load and are decided like any request", strings.Join(bursts, "; "))
-	w.line("Deadline and correctness invariants", "%s", deadlineText(f.Identity))
+	w.line("Deadline and correctness invariants", "%s", deadlineText(f.identity))
 }
 
-func tenantText(id Identity) string {
-	parts := id.TenantParts()
+func tenantText(id identity) string {
+	parts := id.tenantParts()
 	if len(parts) == 0 {
 		return "one shared anonymous tenant (no identity.tenant)"
 	}
@@ -139,9 +139,9 @@ func clientIPText(c identify.ClientIP) string {
 // classes describes each class by the routes that assign it.
 func (w *specWriter) classes() []string {
 	var out []string
-	for _, c := range w.f.Classes() {
+	for _, c := range w.f.classes() {
 		var where []string
-		for _, r := range w.f.Routes {
+		for _, r := range w.f.routes {
 			if r.Class == c || (r.Class == "" && c == sluice.ClassDefault) {
 				where = append(where, strings.TrimSpace(r.Method+" "+r.Path))
 			}
@@ -154,7 +154,7 @@ func (w *specWriter) classes() []string {
 	return out
 }
 
-func costsText(routes []Route) []string {
+func costsText(routes []route) []string {
 	costs := []string{"1 unit per request unless a route says otherwise"}
 	for _, r := range routes {
 		where := strings.TrimSpace(r.Method + " " + r.Path)
@@ -173,7 +173,7 @@ func costsText(routes []Route) []string {
 	return costs
 }
 
-func deadlineText(id Identity) string {
+func deadlineText(id identity) string {
 	if id.DeadlineHeader == "" {
 		return "no deadline header configured: every completion counts as useful"
 	}
@@ -286,7 +286,7 @@ func (w *specWriter) evidence() {
 	w.line("Offered, admitted, completed, late, rejected, and retried demand", "/metrics: sluice_requests_offered_total, _admitted_total, _rejected_total{reason,gate,mode}, _completed_total{outcome}; demand units per class and tenant by stage: sluice_demand_units_total{stage=offered|admitted|rejected|consumed}")
 	w.line("Goodput and fairness by class/tenant", "sluice_goodput_units_total{class,tenant} and completions by outcome, per class and tenant (tenant label capped)")
 	w.line("Overload, dependency slowdown, limiter loss, and recovery tests", "`sluice sim --config` runs this file's gates on a virtual clock against modeled overload (load sweeps, load and service-time steps, retry storms), and `sluice sim --incidents --config` through whole incidents (hour-long overloads, capacity steps, a slow dependency, a retry storm, a diurnal ramp, a flash crowd, a partial fleet) with a pass/fail bar; `sluice demo` sweeps real open-loop load from 0.5x to 10x capacity with and without admission")
-	w.line("Abort, rollback, and policy review owner", "%s", prose(w.f.Spec.Owner, "owner"))
+	w.line("Abort, rollback, and policy review owner", "%s", prose(w.f.spec.Owner, "owner"))
 }
 
 func listOrNone(s []string) string {

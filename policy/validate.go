@@ -20,11 +20,11 @@ import (
 // wrapping the cause when another package found it.
 func Validate(f *File) error {
 	errs := checkClassOrder(f)
-	if f.Identity.ClientIPLine > 0 && !f.Identity.TenantIP && !f.countsPerClient() {
-		errs = append(errs, &Error{File: f.Path, Line: f.Identity.ClientIPLine, Field: "identity.client_ip",
+	if f.identity.ClientIPLine > 0 && !f.identity.TenantIP && !f.countsPerClient() {
+		errs = append(errs, &Error{File: f.Path, Line: f.identity.ClientIPLine, Field: "identity.client_ip",
 			Msg: "applies only to a tenant keyed by ip (identity.tenant.ip: true) or to gates of scope client"})
 	}
-	classes := f.Classes()
+	classes := f.classes()
 	for i := range f.Gates {
 		g := &f.Gates[i]
 		if g.kind == nil || g.params == nil {
@@ -99,7 +99,7 @@ func (c *checker) known(key string, names []string, format string) {
 // identifies no tenant: every request would be the one anonymous tenant,
 // a service-wide limit under another name.
 func (c *checker) tenantScope() {
-	if s := c.g.Scope; (s != sluice.ScopeTenant && s != sluice.ScopeTenantOperation) || len(c.file.Identity.TenantParts()) > 0 {
+	if s := c.g.Scope; (s != sluice.ScopeTenant && s != sluice.ScopeTenantOperation) || len(c.file.identity.tenantParts()) > 0 {
 		return
 	}
 	how := "scope " + c.g.Scope.String()

@@ -201,8 +201,14 @@ func TestEnvoyExampleFitsServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	headers := []string{f.Identity.TenantHeader, f.Identity.DeadlineHeader, "X-Request-Id"}
-	for _, r := range f.Routes {
+	rt, err := policy.Build(f, nil, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rules := rt.Rules
+	headers := []string{rules.TenantHeader, rules.DeadlineHeader, "X-Request-Id"}
+	for _, r := range rules.Routes {
 		if r.Cost.Header != "" {
 			headers = append(headers, r.Cost.Header)
 		}
