@@ -27,7 +27,6 @@ package adaptive
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
@@ -74,15 +73,6 @@ type Window struct {
 	// keys are the samples by kind of work (Sample.Key), in the order the
 	// kinds first completed; nil in windows built by hand.
 	keys []keyStats
-}
-
-// RTTError returns the standard error of the window's RTT as a mean,
-// RTTDev ÷ √Samples.
-func (w Window) RTTError() time.Duration {
-	if w.Samples < 2 {
-		return 0
-	}
-	return time.Duration(float64(w.RTTDev) / math.Sqrt(float64(w.Samples)))
 }
 
 // Rate returns the window's completion rate in requests per second (0

@@ -20,7 +20,7 @@ func TestBackoffBounds(t *testing.T) {
 		ceil time.Duration
 	}{{0, 100 * time.Millisecond}, {1, 100 * time.Millisecond}, {2, 200 * time.Millisecond}, {3, 400 * time.Millisecond},
 		{4, 800 * time.Millisecond}, {5, time.Second}, {64, time.Second}, {math.MaxInt, time.Second}} {
-		if got := b.Ceiling(c.n); got != c.ceil {
+		if got := b.ceiling(c.n); got != c.ceil {
 			t.Errorf("Ceiling(%d) = %v, want %v", c.n, got, c.ceil)
 		}
 		if d := b.Delay(c.n, 0); d != 0 {
@@ -41,9 +41,9 @@ func TestBackoffProperties(t *testing.T) {
 		b := Backoff{Base: base, Cap: base * time.Duration(rapid.Int64Range(1, 1000).Draw(t, "capx"))}
 		n := rapid.IntRange(-5, 200).Draw(t, "n")
 		u := rapid.Float64().Draw(t, "u")
-		c := b.Ceiling(n)
-		if c < base || c > b.Cap || b.Ceiling(n+1) < c {
-			t.Fatalf("Ceiling(%d) = %v (next %v) for %+v", n, c, b.Ceiling(n+1), b)
+		c := b.ceiling(n)
+		if c < base || c > b.Cap || b.ceiling(n+1) < c {
+			t.Fatalf("Ceiling(%d) = %v (next %v) for %+v", n, c, b.ceiling(n+1), b)
 		}
 		if d := b.Delay(n, u); d < 0 || d >= c {
 			t.Fatalf("Delay(%d, %v) = %v outside [0, %v)", n, u, d, c)
@@ -91,7 +91,7 @@ func TestThrottleFormula(t *testing.T) {
 		for i := range c.requests {
 			th.Done(now, i < c.accepts)
 		}
-		if r, a := th.Counts(now); r != c.requests || a != c.accepts {
+		if r, a := th.counts(now); r != c.requests || a != c.accepts {
 			t.Fatalf("counts %d/%d, want %d/%d", r, a, c.requests, c.accepts)
 		}
 		if got := th.Probability(now); math.Abs(got-c.want) > 1e-12 || got != probability(c.requests, c.accepts, c.k) {
@@ -147,13 +147,13 @@ func TestThrottleSlides(t *testing.T) {
 		}
 	}
 	last := t0.Add(50 * time.Second)
-	if r, _ := th.Counts(last); r != 60 {
+	if r, _ := th.counts(last); r != 60 {
 		t.Fatalf("%d requests in the window, want 60", r)
 	}
-	if r, _ := th.Counts(last.Add(10 * time.Second)); r != 50 {
+	if r, _ := th.counts(last.Add(10 * time.Second)); r != 50 {
 		t.Fatalf("%d requests a bucket later, want 50", r)
 	}
-	if r, _ := th.Counts(last.Add(time.Hour)); r != 0 {
+	if r, _ := th.counts(last.Add(time.Hour)); r != 0 {
 		t.Fatalf("%d requests an hour later", r)
 	}
 }
@@ -204,14 +204,14 @@ func TestThrottleCountsOnCompletion(t *testing.T) {
 	th := NewThrottle(2, time.Minute, 6, 0)
 	now := clock.Instant(time.Hour)
 	th.Allow(now, 0)
-	if r, _ := th.Counts(now); r != 0 {
+	if r, _ := th.counts(now); r != 0 {
 		t.Fatalf("Allow counted a request it let go: %d", r)
 	}
 	th.Done(now, false)
 	if th.Allow(now, 0) {
 		t.Fatal("1 request, 0 accepts: p = 1/2, u = 0 was sent")
 	}
-	if r, a := th.Counts(now); r != 2 || a != 0 {
+	if r, a := th.counts(now); r != 2 || a != 0 {
 		t.Fatalf("a local rejection counts as a request at once: %d/%d, want 2/0", r, a)
 	}
 	if p := r.ThrottleProbability(); p != 0 {

@@ -17,9 +17,9 @@ type Backoff struct {
 	Cap time.Duration
 }
 
-// Ceiling returns the upper end of retry n's wait: min(Cap, Base·2^(n−1)),
+// ceiling returns the upper end of retry n's wait: min(Cap, Base·2^(n−1)),
 // Base for n ≤ 1. It does not overflow for any n.
-func (b Backoff) Ceiling(n int) time.Duration {
+func (b Backoff) ceiling(n int) time.Duration {
 	if n < 1 {
 		n = 1
 	}
@@ -33,7 +33,7 @@ func (b Backoff) Ceiling(n int) time.Duration {
 // ceiling, so the wait lies in [0, Ceiling(n)). A u outside [0, 1) is
 // clamped.
 func (b Backoff) Delay(n int, u float64) time.Duration {
-	return time.Duration(clamp01(u) * float64(b.Ceiling(n)))
+	return time.Duration(clamp01(u) * float64(b.ceiling(n)))
 }
 
 // Floor returns the wait before a retry the server asked to delay by at

@@ -80,8 +80,8 @@ type Options struct {
 	Observer Observer
 }
 
-// Validate reports the first field out of range.
-func (o *Options) Validate() error {
+// validate reports the first field out of range.
+func (o *Options) validate() error {
 	switch {
 	case o.MaxAttempts < 0 || o.MaxAttempts > 100:
 		return fmt.Errorf("client: MaxAttempts %d, want 1 to 100 (0: default 3)", o.MaxAttempts)
@@ -194,7 +194,7 @@ type Retrier struct {
 
 // New returns a Retrier, or the error of Options.Validate.
 func New(o Options) (*Retrier, error) {
-	if err := o.Validate(); err != nil {
+	if err := o.validate(); err != nil {
 		return nil, err
 	}
 	o.defaults()
@@ -213,9 +213,6 @@ func New(o Options) (*Retrier, error) {
 	}
 	return r, nil
 }
-
-// Options returns the options in effect, defaults filled in.
-func (r *Retrier) Options() Options { return r.o }
 
 // Now reads the Retrier's clock.
 func (r *Retrier) Now() clock.Instant { return r.o.Clock.Now() }
@@ -309,12 +306,12 @@ func (r *Retrier) Begin(ctx context.Context, replaySafe bool) *Call {
 	return c
 }
 
-// Deadline returns the request's deadline on the Retrier's clock (false:
+// deadlineAt returns the request's deadline on the Retrier's clock (false:
 // none).
-func (c *Call) Deadline() (clock.Instant, bool) { return c.deadline, c.deadline != 0 }
+func (c *Call) deadlineAt() (clock.Instant, bool) { return c.deadline, c.deadline != 0 }
 
-// Attempts returns the attempts sent so far.
-func (c *Call) Attempts() int { return c.attempts }
+// attemptsMade returns the attempts sent so far.
+func (c *Call) attemptsMade() int { return c.attempts }
 
 // Admit decides whether the next attempt may go: the adaptive throttle may
 // refuse it (ErrThrottled) and the quota pacer may delay it, waiting here,

@@ -66,8 +66,8 @@ func (t *Throttle) at(now clock.Instant) *bucket {
 	return b
 }
 
-// Counts returns the requests and accepts inside the window ending at now.
-func (t *Throttle) Counts(now clock.Instant) (requests, accepts int64) {
+// counts returns the requests and accepts inside the window ending at now.
+func (t *Throttle) counts(now clock.Instant) (requests, accepts int64) {
 	cur := t.at(now).start
 	for i := range t.buckets {
 		b := &t.buckets[i]
@@ -82,7 +82,7 @@ func (t *Throttle) Counts(now clock.Instant) (requests, accepts int64) {
 // Probability returns the local rejection probability at now: the formula
 // on the window's counts, 0 below minRequests.
 func (t *Throttle) Probability(now clock.Instant) float64 {
-	r, a := t.Counts(now)
+	r, a := t.counts(now)
 	if r < t.min {
 		return 0
 	}

@@ -91,13 +91,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var err error
 	for {
 		if aerr := call.Admit(); aerr != nil {
-			if call.Attempts() == 0 {
+			if call.attemptsMade() == 0 {
 				closeBody(req) // never sent: a RoundTripper closes the body, errors included
 			}
 			return nil, aerr
 		}
 		resp, err = t.attempt(ctx, base, req, call, id)
-		res := classify(ctx, resp, err, call.Attempts() < r.o.MaxAttempts)
+		res := classify(ctx, resp, err, call.attemptsMade() < r.o.MaxAttempts)
 		if resp != nil {
 			t.observe(resp)
 		}
@@ -149,12 +149,12 @@ func (t *Transport) attempt(ctx context.Context, base http.RoundTripper, req *ht
 		out.Header.Set(sluice.LevelHeader, l.String())
 	}
 	if t.DeadlineHeader != "" {
-		if dl, ok := call.Deadline(); ok {
+		if dl, ok := call.deadlineAt(); ok {
 			left := max(dl.Sub(call.r.Now()), time.Millisecond)
 			out.Header.Set(t.DeadlineHeader, strconv.FormatInt(left.Milliseconds(), 10)+"ms")
 		}
 	}
-	if call.Attempts() > 1 && req.GetBody != nil {
+	if call.attemptsMade() > 1 && req.GetBody != nil {
 		body, err := req.GetBody()
 		if err != nil {
 			if cancel != nil {

@@ -128,8 +128,8 @@ func NewCohort(name string, opts CohortOptions) (*Cohort, error) {
 // Name returns the gate's name.
 func (g *Cohort) Name() string { return g.name }
 
-// CohortOf returns the cohort of tenant, in [0, Cohorts).
-func (g *Cohort) CohortOf(tenant string) int {
+// cohortOf returns the cohort of tenant, in [0, Cohorts).
+func (g *Cohort) cohortOf(tenant string) int {
 	// FNV-1a, salted: stable across processes and runs.
 	h := uint64(14695981039346656037) ^ g.opts.Seed
 	for i := 0; i < len(tenant); i++ {
@@ -241,7 +241,7 @@ func (g *Cohort) cutLocked(f float64, now clock.Instant) {
 // it. It is the cut a utilization shedder delegates to.
 func (g *Cohort) Shed(r *sluice.Request, f float64, now clock.Instant) bool {
 	n := g.opts.Cohorts
-	cohort := g.CohortOf(r.Tenant)
+	cohort := g.cohortOf(r.Tenant)
 	t := g.tier(r.Class)
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -26,7 +26,7 @@ func TestRegressCohortRotation(t *testing.T) {
 			tenants := make([]string, n)
 			for c, found := 0, 0; found < n; c++ {
 				tn := fmt.Sprint("t", c)
-				if k := g.CohortOf(tn); tenants[k] == "" {
+				if k := g.cohortOf(tn); tenants[k] == "" {
 					tenants[k] = tn
 					found++
 				}

@@ -45,7 +45,7 @@ func TestRegressMaxCostOverflow(t *testing.T) {
 
 // Regression: Capacity = MaxRate with Revocation/Burst = MaxDepth: sizes overflow int64.
 func TestRegressMaxRateMaxDepthOverflow(t *testing.T) {
-	g, err := newReservation("r", ReservationOptions{Capacity: MaxRate, Burst: MaxDepth, Revocation: MaxDepth,
+	g, err := newReservation("r", ReservationOptions{Capacity: MaxRate, Burst: maxDepth, Revocation: maxDepth,
 		Classes: []ClassShare{{Class: "a", Reserve: MaxRate / 2}}})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func TestRegressReserveSumOverflow(t *testing.T) {
 
 // Regression: tenant map grows with tenants that were never admitted.
 func TestRegressTenantMapGrowth(t *testing.T) {
-	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Burst: MaxDepth,
+	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Burst: maxDepth,
 		Classes: []ClassShare{{Class: "a", Reserve: 500, Tenant: 1}}})
 	now := clock.Instant(1)
 	admitted := 0

@@ -19,8 +19,8 @@ import (
 // of them add up inside an int64.
 const MaxRate = 1 << 26
 
-// MaxDepth is the longest Burst or Revocation a Reservation takes.
-const MaxDepth = time.Minute
+// maxDepth is the longest Burst or Revocation a Reservation takes.
+const maxDepth = time.Minute
 
 // unlisted names, in Usage, the classes a reservation has no share for.
 const unlisted = "unlisted"
@@ -223,10 +223,10 @@ func newReservation(name string, opts ReservationOptions) (*reservationGate, err
 		return nil, param.Errorf("Capacity", "reservation %s: capacity %d units/s outside [1, %d]", name, opts.Capacity, int64(MaxRate))
 	case opts.Recovery < 0 || opts.Recovery >= opts.Capacity:
 		return nil, param.Errorf("Recovery", "reservation %s: recovery %d units/s, want in [0, capacity %d)", name, opts.Recovery, opts.Capacity)
-	case opts.Burst < time.Millisecond || opts.Burst > MaxDepth:
-		return nil, param.Errorf("Burst", "reservation %s: burst %v outside [1ms, %v]", name, opts.Burst, MaxDepth)
-	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
-		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
+	case opts.Burst < time.Millisecond || opts.Burst > maxDepth:
+		return nil, param.Errorf("Burst", "reservation %s: burst %v outside [1ms, %v]", name, opts.Burst, maxDepth)
+	case opts.Revocation < time.Millisecond || opts.Revocation > maxDepth:
+		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, maxDepth)
 	}
 	g := &reservationGate{name: name, opts: opts, usable: opts.Capacity - opts.Recovery, byName: map[string]int{}}
 	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units/s", true)

@@ -107,8 +107,8 @@ func newSlots(name string, opts SlotOptions) (*slots, error) {
 		return nil, param.Errorf("InFlight", "reservation %s: inflight %d units outside [1, %d]", name, opts.InFlight, int64(sluice.MaxCost))
 	case opts.Recovery < 0 || opts.Recovery >= opts.InFlight:
 		return nil, param.Errorf("Recovery", "reservation %s: recovery %d units, want in [0, inflight %d)", name, opts.Recovery, opts.InFlight)
-	case opts.Revocation < time.Millisecond || opts.Revocation > MaxDepth:
-		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, MaxDepth)
+	case opts.Revocation < time.Millisecond || opts.Revocation > maxDepth:
+		return nil, param.Errorf("Revocation", "reservation %s: revocation %v outside [1ms, %v]", name, opts.Revocation, maxDepth)
 	}
 	g := &slots{name: name, opts: opts, usable: opts.InFlight - opts.Recovery, byName: map[string]int{}}
 	byName, reserved, err := checkShares(name, opts.Classes, g.usable, "units", false)

@@ -76,7 +76,7 @@
 //     unused for R/4.
 //   - Whole units: a budget of C units over n > C processes that all want
 //     more cannot be split; the units a max-min round leaves over rotate
-//     once per lease time (FairShares), so each process is granted a unit
+//     once per lease time (max-min fair shares), so each process is granted a unit
 //     within ⌈n/k⌉ lease times of k units left over, plus a refresh for the
 //     previous holder to give it back.
 //   - Convergence: a new process has its fair share once the others have
@@ -117,9 +117,3 @@ type Request = leasealloc.Request
 // Grant is a Step's answer: the units the client has until its expiry,
 // and when to ask again.
 type Grant = leasealloc.Grant
-
-// FairShares divides capacity max-min fairly between the holdings' wants,
-// rotating the whole units left over by turn (see leasealloc.FairShares).
-func FairShares(capacity int64, hs []Holding, turn int64) map[string]int64 {
-	return leasealloc.FairShares(capacity, hs, turn)
-}

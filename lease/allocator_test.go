@@ -8,6 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/leasealloc"
 	"github.com/sluice-go/sluice/lease"
 )
 
@@ -198,7 +199,7 @@ func TestFairShares(t *testing.T) {
 		for i, w := range tc.wants {
 			hs = append(hs, lease.Holding{Client: fmt.Sprint("c", i), Wants: w})
 		}
-		got := lease.FairShares(tc.capacity, hs, 0)
+		got := leasealloc.FairShares(tc.capacity, hs, 0)
 		for i, w := range tc.want {
 			if got[fmt.Sprint("c", i)] != w {
 				t.Errorf("FairShares(%d, %v) = %v, want %v", tc.capacity, tc.wants, got, tc.want)
@@ -244,7 +245,7 @@ func TestFairSharesRotate(t *testing.T) {
 		hs = append(hs, lease.Holding{Client: fmt.Sprint("c", i), Wants: 9})
 	}
 	for turn, want := range [][]int64{{1, 1, 0, 0, 0}, {0, 0, 1, 1, 0}, {1, 0, 0, 0, 1}, {0, 1, 1, 0, 0}} {
-		got := lease.FairShares(2, hs, int64(turn))
+		got := leasealloc.FairShares(2, hs, int64(turn))
 		for i, w := range want {
 			if got[fmt.Sprint("c", i)] != w {
 				t.Fatalf("turn %d: %v, want %v", turn, got, want)
@@ -253,7 +254,7 @@ func TestFairSharesRotate(t *testing.T) {
 	}
 	// 7 units over 3 claimants: 2 each, the seventh rotating.
 	for turn, first := range []string{"c0", "c1", "c2", "c0"} {
-		got := lease.FairShares(7, hs[:3], int64(turn))
+		got := leasealloc.FairShares(7, hs[:3], int64(turn))
 		if got[first] != 3 {
 			t.Fatalf("turn %d: %v, want the extra unit at %s", turn, got, first)
 		}

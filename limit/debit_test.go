@@ -128,7 +128,7 @@ func TestDebitStopsAtEmpty(t *testing.T) {
 	if gs.TAT != int64(1200*time.Millisecond) {
 		t.Fatalf("GCRA: TAT %v after a huge debit at 200 ms, want 1.2s (empty)", time.Duration(gs.TAT))
 	}
-	if tat := g.DebitTAT(int64(400*time.Millisecond), clock.Instant(200*time.Millisecond), 3); tat != int64(700*time.Millisecond) {
+	if tat := g.debitTAT(int64(400*time.Millisecond), clock.Instant(200*time.Millisecond), 3); tat != int64(700*time.Millisecond) {
 		t.Fatalf("GCRA DebitTAT: %v, want 700ms", time.Duration(tat))
 	}
 

@@ -177,8 +177,8 @@ func (g *GCRA) Debit(s *GCRAState, at clock.Instant, cost int64) {
 	}
 }
 
-// DebitTAT is Debit for an Integral GCRA on a bare TAT.
-func (g *GCRA) DebitTAT(tat int64, at clock.Instant, cost int64) int64 {
+// debitTAT is Debit for an Integral GCRA on a bare TAT.
+func (g *GCRA) debitTAT(tat int64, at clock.Instant, cost int64) int64 {
 	if cost <= 0 {
 		return tat
 	}

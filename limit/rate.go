@@ -43,11 +43,11 @@ func PerSecond(n int64) Rate {
 	return r
 }
 
-// RateFromFloat returns the rate of perSecond units per second, taking the
+// rateFromFloat returns the rate of perSecond units per second, taking the
 // float's shortest decimal form exactly (2.5 → 5 per 2 s). NaN, ±Inf,
 // values ≤ 0 and decimals whose exact fraction does not fit in int64 are
 // refused with an error wrapping ErrInvalidRate.
-func RateFromFloat(perSecond float64) (Rate, error) {
+func rateFromFloat(perSecond float64) (Rate, error) {
 	if math.IsNaN(perSecond) || math.IsInf(perSecond, 0) || perSecond <= 0 {
 		return Rate{}, fmt.Errorf("%w: %v per second", ErrInvalidRate, perSecond)
 	}

@@ -63,15 +63,15 @@ func TestParseRateNamesTheUnit(t *testing.T) {
 
 func TestRateFromFloat(t *testing.T) {
 	for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, -1, 1e-300} {
-		if _, err := RateFromFloat(bad); err == nil {
+		if _, err := rateFromFloat(bad); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
 	}
-	r, err := RateFromFloat(2.5)
+	r, err := rateFromFloat(2.5)
 	if err != nil || r.Tokens() != 1 || r.Per() != 400*time.Millisecond {
 		t.Fatalf("2.5: %v %v", r, err)
 	}
-	r, err = RateFromFloat(1e9)
+	r, err = rateFromFloat(1e9)
 	if err != nil || r.Per() != time.Nanosecond {
 		t.Fatalf("1e9: %v %v", r, err)
 	}

@@ -54,7 +54,7 @@ func (b *Bucket) now() clock.Instant {
 func (b *Bucket) Allow(cost int64) bool {
 	now := b.now()
 	if !b.g.Integral() {
-		return b.TakeAt(now, cost).OK()
+		return b.takeAt(now, cost).OK()
 	}
 	for {
 		old := b.tat.Load()
@@ -66,10 +66,10 @@ func (b *Bucket) Allow(cost int64) bool {
 }
 
 // Take takes cost units now and reports the full result.
-func (b *Bucket) Take(cost int64) limit.Result { return b.TakeAt(b.now(), cost) }
+func (b *Bucket) Take(cost int64) limit.Result { return b.takeAt(b.now(), cost) }
 
-// TakeAt takes cost units at now and reports the full result.
-func (b *Bucket) TakeAt(now clock.Instant, cost int64) limit.Result {
+// takeAt takes cost units at now and reports the full result.
+func (b *Bucket) takeAt(now clock.Instant, cost int64) limit.Result {
 	if !b.g.Integral() {
 		b.mu.Lock()
 		r := b.g.Take(&b.state, now, cost)

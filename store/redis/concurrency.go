@@ -20,7 +20,7 @@ var (
 
 func init() {
 	registerTwin(twinOf(func(name string, c *limit.Concurrency) (*Spec, error) {
-		return concurrencySpec(name, c, DefaultPermitTTL)
+		return concurrencySpec(name, c, defaultPermitTTL)
 	}))
 }
 

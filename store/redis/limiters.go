@@ -289,10 +289,10 @@ var twins []twin
 // registerTwin adds a twin; the twins' files call it from init.
 func registerTwin(tw twin) { twins = append(twins, tw) }
 
-// DefaultPermitTTL is how long a concurrency permit lives on Redis unless
+// defaultPermitTTL is how long a concurrency permit lives on Redis unless
 // Spec.WithPermitTTL says otherwise: the permits of a holder that died
 // free themselves after it.
-const DefaultPermitTTL = time.Minute
+const defaultPermitTTL = time.Minute
 
 // twin is the Redis form of one algorithm type: ok is false when alg is
 // of another type.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/sluice-go/sluice/internal/leasealloc"
 	"github.com/sluice-go/sluice/lease"
 )
 
@@ -111,7 +112,7 @@ func checkLeasePhase(t *testing.T, rows []Row, what string, from, to int, tight 
 	for i := range hs {
 		hs[i] = lease.Holding{Client: processName(i), Wants: int64(attempts[i] * (1 + fleetHeadroom))}
 	}
-	shares := lease.FairShares(int64(fleetRate), hs, 0)
+	shares := leasealloc.FairShares(int64(fleetRate), hs, 0)
 	for i, h := range hs {
 		want := min(float64(shares[h.Client]), attempts[i])
 		t.Logf("%s: %s offered %.1f, attempts %.1f, admitted %.1f req/s (max-min share %.1f)", what, h.Client, offered[i], attempts[i], admitted[i], want)
