@@ -43,7 +43,7 @@ bench:
 		KeyedTake1MZipf/TokenBucketTake KeyedTake1M/TokenBucketTake KeyedTake1M/DRAMLatency \
 		KeyedTakeParallel-2/KeyedTakeParallel \
 		RedisRate/RedisSluice RedisSluiceNoBatch/RedisSluice RedisSluiceScriptGoRedis/RedisSluiceNoBatch RedisSluice/RedisLease RedisSluice/RedisLeaseSlots
-	$(GO) test -run '^$$' -bench . -count 10 ./httpgate ./proxy | (cd bench && $(GO) run ./ratio \
+	$(GO) test -run '^$$' -bench . -count 10 ./internal/httpcore ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop RejectedMetrics/Rejected ThroughProxy/Direct)
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
 	$(GO) test -run '^$$' -bench . -count 10 ./grpcgate/... | (cd bench && $(GO) run ./ratio \

@@ -47,7 +47,6 @@ import (
 	_ "github.com/sluice-go/sluice/store"
 	_ "github.com/sluice-go/sluice/store/memory"
 	_ "github.com/sluice-go/sluice/store/redis"
-	_ "github.com/sluice-go/sluice/wire"
 )
 
 func main() {}

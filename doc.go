@@ -35,7 +35,8 @@
 //  1. Algorithms and wire formats: limit (token bucket, GCRA, windows,
 //     concurrency counts as pure functions of a state), the lease
 //     allocator's step and service-time estimates (internal/leasealloc,
-//     internal/servicetime), wire (headers, problem bodies), identify.
+//     internal/servicetime), internal/wire (every wire format: headers,
+//     envelopes, problem bodies), identify.
 //  2. Stores that run the algorithms: store (the interface), store/memory,
 //     store/redis (the Lua twins), and the one registry of algorithms that
 //     builds each on either store (internal/algorithm), for the policy

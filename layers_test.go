@@ -17,7 +17,7 @@ var layerOf = []struct {
 	{"vocabulary", []string{"", "clock", "internal/buildinfo", "internal/fakeclock", "internal/leakcheck",
 		"internal/logbuf", "internal/param", "internal/poll", "internal/redistest", "internal/stall",
 		"internal/sysmon", "internal/topk", "internal/tracefile", "internal/yamlfile"}},
-	{"algorithms and wire formats", []string{"limit", "internal/leasealloc", "internal/servicetime", "wire", "identify"}},
+	{"algorithms and wire formats", []string{"limit", "internal/leasealloc", "internal/servicetime", "internal/wire", "identify"}},
 	{"stores", []string{"store", "store/memory", "store/redis", "store/storetest", "internal/algorithm"}},
 	{"gates", []string{"gate", "adaptive", "shed", "fair", "queue", "lease"}},
 	{"assembly", []string{"policy", "metrics"}},
@@ -41,7 +41,7 @@ var sameLayer = map[[2]string]bool{
 	{"internal/host", "internal/httpcore"}: true,
 	{"proxy", "internal/host"}:             true,
 	{"serve", "internal/host"}:             true,
-	{"identify", "wire"}:                   true,
+	{"identify", "internal/wire"}:          true,
 	{"internal/leasealloc", "limit"}:       true,
 	// the algorithm registry builds each algorithm on either store
 	{"internal/algorithm", "store"}:        true,

@@ -11,9 +11,9 @@ import (
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/tracefile"
+	"github.com/sluice-go/sluice/internal/wire"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // chainDriver runs a Chain through its public API on a manual clock.

@@ -85,7 +85,9 @@ func (w Window) Rate() float64 {
 }
 
 // Controller sets a concurrency limit from windows of samples. A
-// Controller is not safe for concurrent use; the gate serializes it.
+// Controller is not safe for concurrent use; the gate serializes it. One
+// that also has a NextWindow(rtt time.Duration) time.Duration method picks
+// the length of its windows (see shortWindows), as BBR does.
 type Controller interface {
 	// Update takes one window and returns the new limit.
 	Update(w Window) int
@@ -93,11 +95,13 @@ type Controller interface {
 	Limit() int
 }
 
-// ShortWindows is a Controller that may want a window shorter than the
-// Windower's: NextWindow returns the length of the window after an Update,
-// or of the first window when asked with the first sample's RTT (0: the
-// Windower's own). BBR's startup and probes last a few round trips.
-type ShortWindows interface {
+// shortWindows is a Controller that may want a window shorter than the
+// gate's: a Controller with a NextWindow(rtt time.Duration) time.Duration
+// method gets the length of the window after an Update, or of the first
+// window when asked with the first sample's RTT (0: the gate's own
+// windows, GateOptions.Window). BBR's startup and probes last a few round
+// trips.
+type shortWindows interface {
 	NextWindow(rtt time.Duration) time.Duration
 }
 

@@ -110,7 +110,7 @@ const (
 
 var (
 	_ Controller   = (*bbr)(nil)
-	_ ShortWindows = (*bbr)(nil)
+	_ shortWindows = (*bbr)(nil)
 )
 
 // NewBBR returns the BBR controller, at cfg.Initial; an invalid

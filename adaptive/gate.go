@@ -125,9 +125,9 @@ func (g *Gate) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) 
 }
 
 // shorten ends the window that began at now sooner when the controller
-// asks for it (ShortWindows). REQUIRES: g.mu held.
+// asks for it (shortWindows). REQUIRES: g.mu held.
 func (g *Gate) shorten(now clock.Instant, rtt time.Duration) {
-	if sw, ok := g.ctrl.(ShortWindows); ok {
+	if sw, ok := g.ctrl.(shortWindows); ok {
 		if d := sw.NextWindow(rtt); d > 0 {
 			g.win.EndAt(now.Add(min(d, g.win.cfg.MaxTime)))
 		}

@@ -94,7 +94,7 @@ func TestThrottleFormula(t *testing.T) {
 		if r, a := th.counts(now); r != c.requests || a != c.accepts {
 			t.Fatalf("counts %d/%d, want %d/%d", r, a, c.requests, c.accepts)
 		}
-		if got := th.Probability(now); math.Abs(got-c.want) > 1e-12 || got != probability(c.requests, c.accepts, c.k) {
+		if got := th.probability(now); math.Abs(got-c.want) > 1e-12 || got != probability(c.requests, c.accepts, c.k) {
 			t.Errorf("%d requests, %d accepts, K %v: p = %v, want %v", c.requests, c.accepts, c.k, got, c.want)
 		}
 		// A draw below p is rejected, one at or above it is sent.
@@ -107,7 +107,7 @@ func TestThrottleFormula(t *testing.T) {
 			}
 		}
 		// A minute later (the window) nothing is remembered.
-		if p := th.Probability(now.Add(time.Minute)); p != 0 {
+		if p := th.probability(now.Add(time.Minute)); p != 0 {
 			t.Errorf("p = %v after the window", p)
 		}
 	}

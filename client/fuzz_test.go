@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/wire"
+	"github.com/sluice-go/sluice/internal/wire"
 )
 
 // What sluice writes, the client reads back.

@@ -243,7 +243,7 @@ func (r *Retrier) ThrottleProbability() float64 {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.throttle.Probability(r.o.Clock.Now())
+	return r.throttle.probability(r.o.Clock.Now())
 }
 
 // Result is how one attempt ended, as a transport reads it.

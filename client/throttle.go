@@ -79,9 +79,9 @@ func (t *Throttle) counts(now clock.Instant) (requests, accepts int64) {
 	return requests, accepts
 }
 
-// Probability returns the local rejection probability at now: the formula
+// probability returns the local rejection probability at now: the formula
 // on the window's counts, 0 below minRequests.
-func (t *Throttle) Probability(now clock.Instant) float64 {
+func (t *Throttle) probability(now clock.Instant) float64 {
 	r, a := t.counts(now)
 	if r < t.min {
 		return 0
@@ -101,7 +101,7 @@ func probability(requests, accepts int64, k float64) float64 {
 // rejection, which counts as a request at once. A request it lets go is
 // counted by Done, once its outcome is known.
 func (t *Throttle) Allow(now clock.Instant, u float64) bool {
-	if u < t.Probability(now) {
+	if u < t.probability(now) {
 		t.at(now).requests++
 		return false
 	}

@@ -17,8 +17,8 @@ import (
 
 // Header names the Transport reads and writes.
 const (
-	DefaultRequestIDHeader = "X-Request-Id"
-	IdempotencyKeyHeader   = "Idempotency-Key" // draft-ietf-httpapi-idempotency-key-header
+	defaultRequestIDHeader = "X-Request-Id"
+	idempotencyKeyHeader   = "Idempotency-Key" // draft-ietf-httpapi-idempotency-key-header
 )
 
 // maxEnvelope bounds the bytes of a refusal's body read for its envelope.
@@ -83,7 +83,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
-	safe := replayable && (idempotent(req.Method) || req.Header.Get(IdempotencyKeyHeader) != "")
+	safe := replayable && (idempotent(req.Method) || req.Header.Get(idempotencyKeyHeader) != "")
 	ctx := req.Context()
 	call := r.Begin(ctx, safe)
 	id := t.requestID(req)
@@ -189,7 +189,7 @@ func (b *cancelBody) Close() error {
 
 func (t *Transport) idHeader() string {
 	if t.RequestIDHeader == "" {
-		return DefaultRequestIDHeader
+		return defaultRequestIDHeader
 	}
 	return t.RequestIDHeader
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // seen records what the server received.
@@ -51,7 +50,7 @@ func sluiceServer(t *testing.T, f *fake, s *seen) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.Jitter{}})
+	mw, err := httpgate.New(chain, httpgate.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &sluice.Jitter{}})
 	if err != nil {
 		t.Fatal(err)
 	}

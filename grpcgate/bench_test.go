@@ -16,7 +16,6 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // transportStream is the least a server context needs for SetTrailer.
@@ -32,7 +31,7 @@ func benchInterceptor(b *testing.B, rate string, burst int64) {
 	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	ic, err := grpcgate.New(chain, grpcgate.Options{Rules: identify.Rules{TenantHeader: "x-api-key"}, Jitter: &wire.DefaultJitter})
+	ic, err := grpcgate.New(chain, grpcgate.Options{Rules: identify.Rules{TenantHeader: "x-api-key"}, Jitter: &sluice.DefaultJitter})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -26,7 +26,6 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -195,8 +194,8 @@ type fixture struct {
 }
 
 var (
-	noJitter       = &wire.Jitter{}
-	grpcgateJitter = wire.Jitter{Fraction: 0.5}
+	noJitter       = &sluice.Jitter{}
+	grpcgateJitter = sluice.Jitter{Fraction: 0.5}
 )
 
 // testRules identify the tenant from x-api-key, give Critical class

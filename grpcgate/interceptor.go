@@ -19,7 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/wire"
+	"github.com/sluice-go/sluice/internal/wire"
 )
 
 // Interceptor runs a sluice Chain in front of a gRPC server's handlers:

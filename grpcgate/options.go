@@ -6,7 +6,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Options are how the interceptors identify a call (the rules of package
@@ -28,9 +27,9 @@ type Options struct {
 	// reason, gate and retry time stay, so callers still know what to do.
 	HideCapacity bool
 	// Jitter spreads pushback values (see the package documentation). Nil:
-	// wire.DefaultJitter; a zero Jitter turns it off (exact values, for
+	// sluice.DefaultJitter; a zero Jitter turns it off (exact values, for
 	// tests).
-	Jitter *wire.Jitter
+	Jitter *sluice.Jitter
 }
 
 // mdKey is a metadata key read for identification, with the canonical
@@ -43,7 +42,7 @@ type mdKey struct {
 type compiled struct {
 	opts   Options
 	id     *identify.Identifier
-	jitter wire.Jitter
+	jitter sluice.Jitter
 	keys   []mdKey // tenant, cost and request id keys
 	ridKey string  // request id metadata key
 }
@@ -56,7 +55,7 @@ func (o Options) compile() (*compiled, error) {
 	c := &compiled{id: id}
 	o.Rules = id.Rules()
 	if o.Jitter == nil {
-		c.jitter = wire.DefaultJitter
+		c.jitter = sluice.DefaultJitter
 	} else {
 		c.jitter = *o.Jitter
 	}

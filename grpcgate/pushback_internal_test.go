@@ -8,18 +8,17 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/wire"
 )
 
 func TestPushbackValues(t *testing.T) {
 	retry := func(d time.Duration) *sluice.Decision {
 		return &sluice.Decision{Reason: sluice.ReasonPolicyRate, Retryable: true, RetryAfter: d}
 	}
-	off := wire.Jitter{}
+	off := sluice.Jitter{}
 	for _, tc := range []struct {
 		name     string
 		d        *sluice.Decision
-		j        wire.Jitter
+		j        sluice.Jitter
 		rnd      uint64
 		ms, secs int64
 	}{
@@ -32,11 +31,11 @@ func TestPushbackValues(t *testing.T) {
 		{"seconds", retry(2 * time.Second), off, 0, 2000, 2},
 		{"clamped", retry(1000 * time.Hour), off, 0, math.MaxInt32, (math.MaxInt32 + 999) / 1000},
 		// Default jitter: [w, w + max(⌈w/2⌉, 1 s)].
-		{"default lowest", retry(10 * time.Millisecond), wire.DefaultJitter, 0, 10, 1},
-		{"default highest", retry(10 * time.Millisecond), wire.DefaultJitter, 1000, 1010, 2},
-		{"default wraps", retry(10 * time.Millisecond), wire.DefaultJitter, 1001, 10, 1},
-		{"fraction", retry(4 * time.Second), wire.Jitter{Fraction: 0.5}, 2000, 6000, 6},
-		{"clamped jitter", retry(1000 * time.Hour), wire.DefaultJitter, math.MaxUint64, math.MaxInt32, (math.MaxInt32 + 999) / 1000},
+		{"default lowest", retry(10 * time.Millisecond), sluice.DefaultJitter, 0, 10, 1},
+		{"default highest", retry(10 * time.Millisecond), sluice.DefaultJitter, 1000, 1010, 2},
+		{"default wraps", retry(10 * time.Millisecond), sluice.DefaultJitter, 1001, 10, 1},
+		{"fraction", retry(4 * time.Second), sluice.Jitter{Fraction: 0.5}, 2000, 6000, 6},
+		{"clamped jitter", retry(1000 * time.Hour), sluice.DefaultJitter, math.MaxUint64, math.MaxInt32, (math.MaxInt32 + 999) / 1000},
 	} {
 		ms, secs := pushback(tc.d, tc.j, tc.rnd)
 		if ms != tc.ms || secs != tc.secs {

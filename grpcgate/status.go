@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Metadata keys the interceptors write (gRPC metadata keys are lowercase).
@@ -109,7 +108,7 @@ const (
 // refusal, as the interceptors send it (see the package documentation):
 // the jittered wait in milliseconds (≥ 1), -1 for "do not retry", and set
 // false when no pushback is to be sent. rnd is any uniformly random value.
-func Pushback(d *sluice.Decision, j wire.Jitter, rnd uint64) (ms int64, set bool) {
+func Pushback(d *sluice.Decision, j sluice.Jitter, rnd uint64) (ms int64, set bool) {
 	ms, _ = pushback(d, j, rnd)
 	return ms, ms != noPushback
 }
@@ -121,7 +120,7 @@ func Pushback(d *sluice.Decision, j wire.Jitter, rnd uint64) (ms int64, set bool
 // [w, w + max(⌈w·Fraction⌉, Min s)], at millisecond resolution rather than
 // seconds, since a gRPC client retries after exactly the pushback and adds
 // no jitter of its own (gRFC A6). rnd is any uniformly random value.
-func pushback(d *sluice.Decision, j wire.Jitter, rnd uint64) (ms, secs int64) {
+func pushback(d *sluice.Decision, j sluice.Jitter, rnd uint64) (ms, secs int64) {
 	switch {
 	case d.Reason == sluice.ReasonInvalid:
 		return noPushback, 0

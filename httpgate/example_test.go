@@ -12,7 +12,6 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // stopped is a clock at which time stands still, so the example's output
@@ -41,7 +40,7 @@ func ExampleMiddleware_Wrap() {
 				{Path: "/v1/analytics/*", Class: sluice.ClassSheddable},
 			},
 		},
-		Jitter: &wire.Jitter{}, // exact Retry-After, for the example's output
+		Jitter: &sluice.Jitter{}, // exact Retry-After, for the example's output
 	})
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	h := mw.Wrap(app) // in a service: http.ListenAndServe(":8080", h)
@@ -67,7 +66,7 @@ func ExampleConfig_tenantKey() {
 	rate, _ := gate.NewRateLimit("per-ip", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: stopped{}}, rate)
 	key, _ := identify.Key(identify.KeyRules{Parts: []identify.Part{identify.FromClientIP()}})
-	mw, _ := httpgate.New(chain, httpgate.Config{TenantKey: key, Jitter: &wire.Jitter{}})
+	mw, _ := httpgate.New(chain, httpgate.Config{TenantKey: key, Jitter: &sluice.Jitter{}})
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	for _, peer := range []string{"192.0.2.1:1000", "192.0.2.1:1001", "192.0.2.2:1000"} {
 		req := httptest.NewRequest("GET", "/", nil)

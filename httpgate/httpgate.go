@@ -7,7 +7,6 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/httpcore"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Config is how the middleware identifies a request (the server-side rules
@@ -32,9 +31,9 @@ type Config struct {
 	// HideCapacity leaves quota figures out of headers and messages: the
 	// reason, gate and retry time stay, so callers still know what to do.
 	HideCapacity bool
-	// Jitter spreads Retry-After values. Nil: wire.DefaultJitter; a zero
+	// Jitter spreads Retry-After values. Nil: sluice.DefaultJitter; a zero
 	// Jitter turns it off (exact values, for tests).
-	Jitter *wire.Jitter
+	Jitter *sluice.Jitter
 	// ProblemDetails answers rejections with an RFC 9457 problem details
 	// body (Content-Type application/problem+json; wire.AppendProblem)
 	// instead of the JSON envelope. The status, Retry-After and RateLimit

@@ -13,9 +13,10 @@ import (
 // DefaultTokenHeader is where the bearer token of claim parts is read.
 const DefaultTokenHeader = "Authorization"
 
-// MaxTokenBytes bounds the bearer token a claim is read from: a longer one
-// is malformed, so that decoding an untrusted token costs a bounded time.
-const MaxTokenBytes = 8 << 10
+// maxTokenBytes bounds the bearer token a claim is read from (8 KiB): a
+// longer one is malformed, so that decoding an untrusted token costs a
+// bounded time.
+const maxTokenBytes = 8 << 10
 
 // Token says where claim parts find the JSON Web Token (RFC 7519) whose
 // claims they read.
@@ -28,6 +29,9 @@ const MaxTokenBytes = 8 << 10
 // choose its own key, sharing another tenant's budget or escaping its own.
 // Verifying here would need the issuer's keys and their rotation (JWKS),
 // which the authenticator already has.
+//
+// A token longer than 8 KiB is malformed (the request is refused as
+// invalid), so that decoding an untrusted token costs a bounded time.
 type Token struct {
 	// Header names the header holding the token. Default
 	// DefaultTokenHeader, whose value must be "Bearer TOKEN" (RFC 6750
@@ -61,7 +65,7 @@ func bearer(h http.Header, name string) (string, error) {
 	case name == DefaultTokenHeader:
 		return "", errToken // another scheme (Basic, ...) or none
 	}
-	if v == "" || len(v) > MaxTokenBytes {
+	if v == "" || len(v) > maxTokenBytes {
 		return "", errToken
 	}
 	return v, nil

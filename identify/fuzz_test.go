@@ -85,7 +85,7 @@ func FuzzClaim(f *testing.F) {
 		// Through the identifier, as a header-borne bearer token.
 		id, _ := New(Rules{Tenant: KeyRules{Parts: []Part{FromClaim("sub"), FromRoute()}}})
 		var req sluice.Request
-		if _, detail := id.Identify("GET", "/", http.Header{"Authorization": {"Bearer " + tok}}, &req); detail != "" && len(tok) <= MaxTokenBytes {
+		if _, detail := id.Identify("GET", "/", http.Header{"Authorization": {"Bearer " + tok}}, &req); detail != "" && len(tok) <= maxTokenBytes {
 			t.Fatalf("detail %q for a token whose claim reads", detail)
 		}
 	})

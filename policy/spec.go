@@ -6,9 +6,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/wire"
 	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // SpecText renders the filled-in admission policy spec, the review artifact
@@ -276,7 +276,7 @@ func (w *specWriter) contract() {
 	w.line("Limiter unavailable/stale/partitioned behavior", "%s; per gate: %s", storeFailure(f.Store), strings.Join(failures, ", "))
 	w.line("429/503 or protocol-specific rejection semantics", "429 Too Many Requests (the caller's entitlement): %s; 503 Service Unavailable (capacity): %s; 400 for malformed identity, cost or deadline headers",
 		listOrNone(e429), listOrNone(e503))
-	j := wire.DefaultJitter
+	j := sluice.DefaultJitter
 	w.line("Effect possibility, retry eligibility, delay, jitter, and attempt budget", "every rejection happens before execution (effect_possible false); Retry-After is the exact wait rounded up to whole seconds plus jitter over [w, w + max(%d, ceil(w x %.1f))]; a cost above a burst is not retryable and gets no Retry-After; RateLimit-Policy and RateLimit fields (%s) on admitted and rate-limited responses, for the quotas counted per caller (tenant, tenant_operation, client) only", j.Min, j.Fraction, wire.Draft)
 	w.line("Static fallback / disable / operator override", "each gate switches between enforce, shadow and off at run time (admin endpoint /v1/gates); the file reloads on SIGHUP or change, and an invalid file is refused while the old policy keeps serving")
 }

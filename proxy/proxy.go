@@ -30,7 +30,6 @@ import (
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/internal/host"
 	"github.com/sluice-go/sluice/internal/httpcore"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Options configures a proxy.
@@ -65,9 +64,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock for the chain (tests). Default: the real clock.
 	Clock clock.Clock
-	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
+	// Jitter spreads Retry-After values (nil: sluice.DefaultJitter; a zero
 	// Jitter: exact values, for tests).
-	Jitter *wire.Jitter
+	Jitter *sluice.Jitter
 	// Transport for upstream calls. Default: a transport tuned for many
 	// concurrent requests to one host. Run serves with net/http's server
 	// when it is set (the proxy's own server has its own client).

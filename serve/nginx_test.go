@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/proxy"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // nginxPolicy has rate gates of every answer: a token bucket per tenant
@@ -128,7 +128,7 @@ func TestNginxDecidesAsTheProxy(t *testing.T) {
 	}))
 	defer app.Close()
 	appURL, _ := url.Parse(app.URL)
-	exact := &wire.Jitter{}
+	exact := &sluice.Jitter{}
 
 	pclk, sclk := fakeclock.New(1), fakeclock.New(1)
 	px, err := proxy.New(proxy.Options{Config: "p.yaml", ConfigData: []byte(nginxPolicy), Upstream: appURL, AdminToken: "x",

@@ -41,7 +41,6 @@ import (
 	"github.com/sluice-go/sluice/internal/host"
 	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Paths of the decision endpoints on the HTTP listener.
@@ -92,9 +91,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock for the chain (tests). Default: the real clock.
 	Clock clock.Clock
-	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
+	// Jitter spreads Retry-After values (nil: sluice.DefaultJitter; a zero
 	// Jitter: exact values, for tests).
-	Jitter *wire.Jitter
+	Jitter *sluice.Jitter
 	// OnPolicy, if set, is given the chain and identification rules of
 	// every policy before it serves (the first and every reload), for a
 	// caller that decides with them on another protocol (the command's

@@ -22,7 +22,6 @@ import (
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/leakcheck"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakcheck.Ignore()...) }
@@ -65,7 +64,7 @@ func ask(t *testing.T, base, method, uri string, envoy bool, hdr map[string]stri
 
 func TestServeDecides(t *testing.T) {
 	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(ratePolicy), AdminToken: "x", Logger: quiet(),
-		Clock: fakeclock.New(1), Jitter: &wire.Jitter{}})
+		Clock: fakeclock.New(1), Jitter: &sluice.Jitter{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/grpcgate"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/wire"
+	"github.com/sluice-go/sluice/internal/wire"
 )
 
 // Header names the server writes.
@@ -122,9 +122,9 @@ type Config struct {
 	LegacyHeaders bool
 	// HideCapacity leaves quota figures out of headers and messages.
 	HideCapacity bool
-	// Jitter spreads Retry-After values. Nil: wire.DefaultJitter; a zero
+	// Jitter spreads Retry-After values. Nil: sluice.DefaultJitter; a zero
 	// Jitter turns it off.
-	Jitter *wire.Jitter
+	Jitter *sluice.Jitter
 }
 
 // Server is an envoy.service.auth.v3.Authorization server deciding with a
@@ -141,7 +141,7 @@ type state struct {
 	chain  *sluice.Chain
 	cfg    Config
 	id     *identify.Identifier
-	jitter wire.Jitter
+	jitter sluice.Jitter
 	keys   []hdrKey // the headers identification reads
 	policy string   // RateLimit-Policy value, "" for none
 }
@@ -187,7 +187,7 @@ func (s *Server) Update(chain *sluice.Chain, cfg Config) error {
 		return err
 	}
 	cfg.Rules = id.Rules()
-	st := &state{chain: chain, cfg: cfg, id: id, jitter: wire.DefaultJitter}
+	st := &state{chain: chain, cfg: cfg, id: id, jitter: sluice.DefaultJitter}
 	if cfg.Jitter != nil {
 		st.jitter = *cfg.Jitter
 	}

@@ -25,7 +25,6 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -104,7 +103,7 @@ func newFixture(t *testing.T, cfg extauthz.Config) *fixture {
 		t.Fatal(err)
 	}
 	if cfg.Jitter == nil {
-		cfg.Jitter = &wire.Jitter{}
+		cfg.Jitter = &sluice.Jitter{}
 	}
 	if f.srv, err = extauthz.New(chain, cfg); err != nil {
 		t.Fatal(err)

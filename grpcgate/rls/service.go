@@ -19,11 +19,11 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/algorithm"
+	"github.com/sluice-go/sluice/internal/wire"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
 	sredis "github.com/sluice-go/sluice/store/redis"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // FailurePolicy is what a call answers when the store cannot decide

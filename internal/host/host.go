@@ -31,7 +31,6 @@ import (
 	"github.com/sluice-go/sluice/internal/yamlfile"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Options configures a Host.
@@ -48,9 +47,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock for the chain (tests). Default: the real clock.
 	Clock clock.Clock
-	// Jitter spreads Retry-After values (nil: wire.DefaultJitter; a zero
+	// Jitter spreads Retry-After values (nil: sluice.DefaultJitter; a zero
 	// Jitter: exact values, for tests).
-	Jitter *wire.Jitter
+	Jitter *sluice.Jitter
 	// Check, if set, is run on every policy before it serves (the first
 	// and every reload); an error refuses it like an invalid file.
 	Check func(*policy.File) error

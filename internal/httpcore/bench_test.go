@@ -15,7 +15,6 @@ import (
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // discard is a ResponseWriter that keeps nothing, so the benchmarks measure
@@ -31,7 +30,7 @@ func benchMiddleware(b *testing.B, rate string, burst int64, al ...*httpcore.Acc
 	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	cfg := httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter}
+	cfg := httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &sluice.DefaultJitter}
 	if len(al) > 0 {
 		cfg.AccessLog = al[0]
 	}
@@ -95,7 +94,7 @@ func BenchmarkDecideAdmitted(b *testing.B) {
 	tb, _ := limit.NewTokenBucket(limit.PerSecond(1e9), 1e9)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, g)
-	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &sluice.DefaultJitter})
 	h, _ := mw.DecisionHandler(httpcore.DecisionConfig{})
 	req := httptest.NewRequest("GET", "/v1/decide", nil)
 	req.Header.Set("X-Api-Key", "tenant-42")
@@ -132,7 +131,7 @@ func benchMetrics(b *testing.B, rate string, burst int64, tenants int) {
 	tb, _ := limit.NewTokenBucket(r, burst)
 	g, _ := gate.NewRateLimit("request-rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Observer: metrics.New(metrics.Options{})}, g)
-	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &wire.DefaultJitter})
+	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &sluice.DefaultJitter})
 	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	reqs := make([]*http.Request, tenants)
 	w := &discard{h: http.Header{}}

@@ -3,8 +3,8 @@ package httpcore
 import (
 	"errors"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // Config is httpgate.Config, as the implementation takes it (the fields
@@ -15,7 +15,7 @@ type Config struct {
 	NoRateLimitHeaders bool
 	LegacyHeaders      bool
 	HideCapacity       bool
-	Jitter             *wire.Jitter
+	Jitter             *sluice.Jitter
 	ProblemDetails     bool
 	Propagate          bool
 	AccessLog          *AccessLog
@@ -42,7 +42,7 @@ func (cfg Config) compile() (*compiled, error) {
 		return nil, err
 	}
 	if cfg.Jitter == nil {
-		j := wire.DefaultJitter
+		j := sluice.DefaultJitter
 		cfg.Jitter = &j
 	}
 	cfg.Rules = id.Rules()

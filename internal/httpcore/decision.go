@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/wire"
+	"github.com/sluice-go/sluice/internal/wire"
 )
 
 // Defaults of DecisionConfig: the headers an nginx auth_request location

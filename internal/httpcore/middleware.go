@@ -18,7 +18,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
-	"github.com/sluice-go/sluice/wire"
+	"github.com/sluice-go/sluice/internal/wire"
 )
 
 // Canonical header keys the middleware writes.
@@ -62,7 +62,7 @@ type headerBlock struct {
 type state struct {
 	chain  *sluice.Chain
 	c      *compiled
-	jitter wire.Jitter
+	jitter sluice.Jitter
 	policy []string             // RateLimit-Policy value, shared by every response
 	reads  []string             // the request headers the rules read (Headers)
 	gates  map[string]*gateWire // per gate name; read-only after Update

@@ -29,12 +29,11 @@ import (
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var noJitter = &wire.Jitter{}
+var noJitter = &sluice.Jitter{}
 
 type envelope struct {
 	Error struct {
@@ -430,7 +429,7 @@ func TestJitterSpreadsRetryAfter(t *testing.T) {
 	g, _ := gate.NewRateLimit("r", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
 	clk := fakeclock.New(1)
 	chain, _ := sluice.NewChain(sluice.ChainOptions{Clock: clk}, g)
-	jitter := wire.Jitter{Fraction: 0.5, Min: 2}
+	jitter := sluice.Jitter{Fraction: 0.5, Min: 2}
 	mw, _ := httpcore.New(chain, httpcore.Config{Rules: identify.Rules{TenantHeader: "X-Api-Key"}, Jitter: &jitter})
 	h := mw.Wrap(ok200)
 	req := httptest.NewRequest("GET", "/", nil)

@@ -11,9 +11,9 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/httpcore"
+	"github.com/sluice-go/sluice/internal/wire"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
-	"github.com/sluice-go/sluice/wire"
 )
 
 type problem struct {

@@ -15,6 +15,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/leasealloc"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/lease"
 )
@@ -141,7 +142,7 @@ func TestLeaseTwinMatchesTheStepNearMaxCapacity(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n++
 		budget := fmt.Sprint("twin-max-", n)
-		a := lease.Allocator{Capacity: rapid.Int64Range(lease.MaxCapacity-1000, lease.MaxCapacity).Draw(t, "capacity"),
+		a := lease.Allocator{Capacity: rapid.Int64Range(leasealloc.MaxCapacity-1000, leasealloc.MaxCapacity).Draw(t, "capacity"),
 			Lease: time.Duration(rapid.Int64Range(1, 10_000_000).Draw(t, "leaseUs")) * time.Microsecond}
 		var state lease.State
 		nowUS := rapid.Int64Range(1, 1<<50).Draw(t, "t0")

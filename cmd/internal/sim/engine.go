@@ -13,8 +13,8 @@ import (
 	"github.com/sluice-go/sluice/client"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
+	"github.com/sluice-go/sluice/internal/wire"
 	"github.com/sluice-go/sluice/queue"
-	"github.com/sluice-go/sluice/wire"
 )
 
 // vclock is the virtual clock the chain reads: the engine moves it from
@@ -838,7 +838,7 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 	ceil := min(float64(cl.Backoff)*math.Pow(2, float64(a.n-1)), float64(cl.BackoffMax))
 	delay := toNs(e.rCli.Float64() * ceil)
 	if retryAfter > 0 && !cl.IgnoreRetryAfter {
-		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
+		secs := wire.RetryAfter(retryAfter, sluice.DefaultJitter, e.rCli.Uint64())
 		delay = max(delay, secs*int64(time.Second))
 	}
 	if a.deadline > 0 && e.clk.now+max(delay, 1) >= a.deadline {
@@ -868,7 +868,7 @@ func (e *engine) retrySluice(i int32, sc *simClient, reason sluice.Reason, retry
 	b := client.Backoff{Base: cl.Backoff, Cap: cl.BackoffMax}
 	delay := b.Delay(int(a.n), e.rCli.Float64())
 	if retryAfter > 0 && !cl.IgnoreRetryAfter {
-		secs := wire.RetryAfter(retryAfter, wire.DefaultJitter, e.rCli.Uint64())
+		secs := wire.RetryAfter(retryAfter, sluice.DefaultJitter, e.rCli.Uint64())
 		delay = max(delay, client.Floor(time.Duration(secs)*time.Second, 1, e.rCli.Float64()))
 	}
 	if a.deadline > 0 && e.clk.now+max(int64(delay), 1) >= a.deadline {

@@ -13,7 +13,7 @@ import (
 // field, whatever the strings hold, and docs/problems.md documents its
 // type.
 func TestAppendProblemDecodes(t *testing.T) {
-	doc, err := os.ReadFile("../docs/problems.md")
+	doc, err := os.ReadFile("../../docs/problems.md")
 	if err != nil {
 		t.Fatal(err)
 	}

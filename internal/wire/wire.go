@@ -61,22 +61,14 @@ func Seconds(d time.Duration) int64 {
 	return min(s, maxSFInt)
 }
 
-// Jitter spreads Retry-After values so that clients rejected together do
-// not come back together. A value of base seconds becomes uniform over the
-// whole seconds [base, base + spread], spread = max(Min, ⌈base·Fraction⌉).
-// It never goes below the true wait. The zero Jitter is off.
-type Jitter struct {
-	// Fraction of the wait added at most, e.g. 0.5.
-	Fraction float64
-	// Min is the least spread in seconds, so short waits are spread too.
-	Min int64
-}
+// Jitter is sluice.Jitter (documented there).
+type Jitter = sluice.Jitter
 
-// DefaultJitter spreads a wait of w seconds over [w, w + max(1, ⌈w/2⌉)].
-var DefaultJitter = Jitter{Fraction: 0.5, Min: 1}
+// DefaultJitter is sluice.DefaultJitter.
+var DefaultJitter = sluice.DefaultJitter
 
-// spread returns the jitter range in seconds for a base wait.
-func (j Jitter) spread(base int64) int64 {
+// spread returns j's jitter range in seconds for a base wait.
+func spread(j Jitter, base int64) int64 {
 	if j.Fraction <= 0 && j.Min <= 0 {
 		return 0
 	}
@@ -92,7 +84,7 @@ func RetryAfter(wait time.Duration, j Jitter, rnd uint64) int64 {
 	if base == 0 {
 		return 0
 	}
-	if s := j.spread(base); s > 0 {
+	if s := spread(j, base); s > 0 {
 		base += int64(rnd % uint64(s+1))
 	}
 	return min(base, maxSFInt)

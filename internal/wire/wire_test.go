@@ -23,7 +23,7 @@ func TestRetryAfterJitterRange(t *testing.T) {
 	j := Jitter{Fraction: 0.5, Min: 1}
 	for _, wait := range []time.Duration{10 * time.Millisecond, 3 * time.Second, 10 * time.Second} {
 		base := Seconds(wait)
-		spread := j.spread(base)
+		spread := spread(j, base)
 		seen := map[int64]bool{}
 		for r := uint64(0); r < 1000; r++ {
 			v := RetryAfter(wait, j, r)
