@@ -2,11 +2,7 @@ package sluice_test
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -23,26 +19,7 @@ var algorithmTypes = map[string]bool{"TokenBucket": true, "GCRA": true, "FixedWi
 // store/storetest, the conformance suite, exercises each algorithm by
 // design.
 func TestNoSwitchOverAlgorithmsOutsideTheRegistry(t *testing.T) {
-	fset := token.NewFileSet()
-	n := 0
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || path == "limit" || path == "store/storetest") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
-		n++
+	n := eachSource(t, []string{"limit", "store/storetest"}, func(fset *token.FileSet, _ string, f *ast.File) {
 		check := func(e ast.Expr) {
 			ast.Inspect(e, func(x ast.Node) bool {
 				if sel, ok := x.(*ast.SelectorExpr); ok {
@@ -69,11 +46,7 @@ func TestNoSwitchOverAlgorithmsOutsideTheRegistry(t *testing.T) {
 			}
 			return true
 		})
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if n < 100 {
 		t.Fatalf("walked only %d files", n)
 	}

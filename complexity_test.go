@@ -2,11 +2,7 @@ package sluice_test
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -18,24 +14,7 @@ const maxComplexity = 20
 // No function grows past maxComplexity: past it, a function is split
 // where its parts have names of their own.
 func TestComplexity(t *testing.T) {
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || path == "bench") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
+	eachSource(t, []string{"bench"}, func(fset *token.FileSet, _ string, f *ast.File) {
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {
@@ -45,11 +24,7 @@ func TestComplexity(t *testing.T) {
 				t.Errorf("%s: %s has cyclomatic complexity %d, above %d", fset.Position(fn.Pos()), fn.Name.Name, c, maxComplexity)
 			}
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func complexity(fn *ast.FuncDecl) int {

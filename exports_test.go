@@ -2,11 +2,7 @@ package sluice_test
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -21,34 +17,10 @@ import (
 const maxExported = 642
 
 func TestExportedIdentifiers(t *testing.T) {
-	fset := token.NewFileSet()
 	n := 0
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch {
-			case path == ".":
-			case strings.HasPrefix(d.Name(), "."), d.Name() == "testdata", d.Name() == "internal",
-				path == "cmd", path == "bench", path == "grpcgate", path == "examples", path == "docs":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
+	eachSource(t, []string{"*internal", "cmd", "bench", "grpcgate", "examples", "docs"}, func(_ *token.FileSet, _ string, f *ast.File) {
 		n += exported(f)
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Logf("%d exported identifiers (at most %d)", n, maxExported)
 	if n > maxExported {
 		t.Errorf("%d exported identifiers, above %d: unexport what users do not need, or move it under internal/", n, maxExported)
