@@ -1,7 +1,7 @@
 // Package shed holds sluice's in-process protection controllers: gates that
 // measure this process and keep it in its safe region when it is in
 // trouble, whoever is asking, answering 503 with reason overload.
-// Utilization sheds by tier, lowest first, at a fraction driven by a slow
+// NewUtilization sheds by tier, lowest first, at a fraction driven by a slow
 // controller on worker utilization; Ladder moves the service through
 // NORMAL, DEGRADE, SHED and RECOVER with hysteresis, a minimum dwell and a
 // staged recovery ramp. (The fleet-wide usage shedder keeps its count in a
