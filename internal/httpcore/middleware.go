@@ -87,6 +87,7 @@ type tmplKey struct {
 	reason    sluice.Reason
 	scope     sluice.Scope
 	retryable bool
+	refills   bool
 	limit     int64
 	window    int64
 }
@@ -97,7 +98,7 @@ func (st *state) template(d *sluice.Decision, cost int64) *wire.EnvelopeTemplate
 		// cache it (a client could fill a cache with distinct costs).
 		return wire.NewEnvelopeTemplate(d, cost, st.c.cfg.HideCapacity)
 	}
-	k := tmplKey{gate: d.Gate, reason: d.Reason, scope: d.Scope, retryable: d.Retryable, limit: d.Limit, window: int64(d.Window)}
+	k := tmplKey{gate: d.Gate, reason: d.Reason, scope: d.Scope, retryable: d.Retryable, refills: d.Refills, limit: d.Limit, window: int64(d.Window)}
 	// A gate's rejections mostly repeat one shape: try its last template.
 	gw := st.gates[d.Gate]
 	if gw != nil {
