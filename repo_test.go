@@ -2,8 +2,10 @@ package sluice_test
 
 import (
 	"bytes"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -67,5 +69,49 @@ func TestReadmeSnippetIsTheExample(t *testing.T) {
 	}
 	if got := strings.TrimRight(block, "\n"); got != strings.Join(want, "\n") {
 		t.Errorf("README.md's library snippet differs from ExampleChain_Do's body:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}
+
+// Every package with tests checks for leaked goroutines once its tests end
+// (goleak.VerifyTestMain in a TestMain): a test that leaves a goroutine
+// running fails its package instead of slowing or breaking the next.
+// (bench/ holds the peer comparisons of make bench, which make test does not
+// run.)
+func TestEveryPackageChecksLeaks(t *testing.T) {
+	dirs := map[string]bool{} // dir -> has a leak check
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		dir := filepath.Dir(path)
+		if dir == "bench" {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dirs[dir] = dirs[dir] || bytes.Contains(data, []byte("goleak.VerifyTestMain"))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 30 {
+		t.Fatalf("found tests in only %d folders", len(dirs))
+	}
+	for dir, ok := range dirs {
+		if !ok {
+			t.Errorf("%s: no goleak.VerifyTestMain in its tests (add a leak_test.go)", dir)
+		}
 	}
 }
