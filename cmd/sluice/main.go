@@ -48,7 +48,7 @@ func root() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	cmd.AddCommand(checkCmd(), proxyCmd(), serveCmd(), demoCmd(), simCmd(), versionCmd())
+	cmd.AddCommand(checkCmd(), proxyCmd(), serveCmd(), demoCmd(), simCmd(), whatifCmd(), versionCmd())
 	cmd.Version = buildinfo.Read().String()
 	cmd.SetVersionTemplate("sluice {{.Version}}\n")
 	addLogFlags(cmd)

@@ -1,0 +1,37 @@
+// Package whatif replays recorded traffic through a candidate policy on a
+// virtual clock, with the same gates `sluice proxy` runs, and reports what
+// the candidate would have admitted and refused, by gate, class and tenant
+// and over time, beside the decisions recorded or those of the current
+// policy on the same traffic; `sluice whatif` is its command line.
+//
+//	recs, stats, err := whatif.ReadFile("access.log", whatif.ReadOptions{})
+//	rep, err := whatif.Replay(recs, whatif.Options{Candidate: cand, Current: cur})
+//	rep.WriteTable(os.Stdout)
+//
+// # What is replayed, and how faithfully
+//
+// Each request arrives at its recorded time (an admitted request's access
+// line is written when it ends: it arrived its duration earlier) with its
+// method, path, client address and tenant. The candidate's routes give its
+// class, operation and cost; a route that reads its cost from a request
+// header cannot (logs do not carry it), and Options.RecordedCost charges
+// the cost sluice's log recorded instead. An admitted
+// request holds what it holds (concurrency slots, a wait queue's place)
+// for its recorded duration; a request the recording refused has no
+// duration, and holds for the median of its operation's admitted ones.
+// So rate gates replay exactly; concurrency and adaptive gates replay from
+// the recorded durations, which a different policy would have changed (an
+// upstream relieved by more refusals answers faster); deadline-driven gates
+// see only the policy's default deadline, since logs carry no deadline
+// header; and the rejections a sampled log left out (suppressed=N) cannot
+// be replayed at all: record with --access-log-rejects -1 for a faithful
+// replay.
+//
+// # Formats
+//
+// sluice's own access log (JSON lines or the text form), nginx's combined
+// log format (with $request_time appended, durations too; timestamps of
+// whole seconds are spread evenly over their second), and Envoy's JSON
+// access log (start_time, method, path, response_code, duration, the
+// downstream address and, if logged, a tenant field).
+package whatif

@@ -1,0 +1,416 @@
+package whatif
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Decision is what the recording says became of a request.
+type Decision uint8
+
+const (
+	// Unknown: the log does not say (nginx, Envoy).
+	Unknown Decision = iota
+	// Admitted by sluice.
+	Admitted
+	// Rejected by sluice (Gate and Reason say which and why).
+	Rejected
+)
+
+// Record is one recorded request.
+type Record struct {
+	// At is when the request arrived, in Unix nanoseconds.
+	At int64
+	// Method and Path are the request's (the path without its query).
+	Method, Path string
+	// Tenant is the caller as the log names it ("" when it does not): the
+	// tenant label of sluice's log, an Envoy field, nginx's remote user.
+	Tenant string
+	// Remote is the client's address ("" unknown).
+	Remote string
+	// Status is the answer's status code.
+	Status int
+	// Duration is how long the request was handled; negative: unknown.
+	Duration time.Duration
+	// Cost is the recorded cost (0: the routes' own).
+	Cost int64
+	// Decision, Gate and Reason are the recorded decision.
+	Decision     Decision
+	Gate, Reason string
+}
+
+// Format is a log format.
+type Format string
+
+// The formats.
+const (
+	FormatAuto     Format = ""
+	FormatSluice   Format = "sluice"   // sluice's access log, JSON lines or text
+	FormatCombined Format = "combined" // nginx's combined log format, optionally with $request_time
+	FormatEnvoy    Format = "envoy"    // Envoy's JSON access log
+)
+
+// ReadOptions says how to read a log.
+type ReadOptions struct {
+	// Format is the log's format (FormatAuto: from its first line).
+	Format Format
+	// TenantField names the Envoy JSON field that holds the tenant (say
+	// "x_api_key" for %REQ(X-API-KEY)%). Empty: no tenant.
+	TenantField string
+}
+
+// Stats counts what a read found.
+type Stats struct {
+	Format Format
+	// Lines read, requests kept, lines of other kinds skipped (sluice's
+	// log mixes in its other lines), and lines that did not parse.
+	Lines, Requests, Skipped, Malformed int64
+	// FirstMalformed is the first malformed line's number and why.
+	FirstMalformed string
+	// Suppressed is the rejections a sampled sluice log counted without a
+	// line of their own: they cannot be replayed.
+	Suppressed int64
+}
+
+// ReadFile reads the log at path; see Read.
+func ReadFile(path string, opts ReadOptions) ([]Record, Stats, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	defer f.Close()
+	recs, st, err := Read(f, opts)
+	if err != nil {
+		return nil, st, fmt.Errorf("%s: %w", path, err)
+	}
+	return recs, st, nil
+}
+
+// maxLine bounds one log line.
+const maxLine = 1 << 20
+
+// Read reads every request of a log, sorted by arrival. A line that does
+// not parse is counted (Stats.Malformed) and skipped; a log with no request
+// at all is an error.
+func Read(r io.Reader, opts ReadOptions) ([]Record, Stats, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), maxLine)
+	st := Stats{Format: opts.Format}
+	var recs []Record
+	var parse func([]byte, *Record, *Stats) (bool, error)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		st.Lines++
+		if len(line) == 0 {
+			continue
+		}
+		if parse == nil {
+			if st.Format == FormatAuto {
+				st.Format = detect(line)
+			}
+			var err error
+			if parse, err = parser(st.Format, opts); err != nil {
+				return nil, st, err
+			}
+		}
+		var rec Record
+		ok, err := parse(line, &rec, &st)
+		switch {
+		case err != nil:
+			if st.Malformed == 0 {
+				st.FirstMalformed = fmt.Sprintf("line %d: %v", st.Lines, err)
+			}
+			st.Malformed++
+		case !ok:
+			st.Skipped++
+		default:
+			recs = append(recs, rec)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, st, fmt.Errorf("line %d: %w", st.Lines+1, err)
+	}
+	st.Requests = int64(len(recs))
+	if len(recs) == 0 {
+		if st.FirstMalformed != "" {
+			return nil, st, fmt.Errorf("no request read (%s format); %s", st.Format, st.FirstMalformed)
+		}
+		return nil, st, fmt.Errorf("no request read (%s format)", st.Format)
+	}
+	if st.Format == FormatCombined {
+		// $time_local is when the request ended, in whole seconds: spread
+		// each second's requests over it, then go back by each duration.
+		spreadSeconds(recs)
+		for i := range recs {
+			recs[i].At -= int64(max(recs[i].Duration, 0))
+		}
+	}
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].At < recs[j].At })
+	return recs, st, nil
+}
+
+// detect names the format of a log from its first line.
+func detect(line []byte) Format {
+	switch {
+	case line[0] == '{' && bytes.Contains(line, []byte(`"msg":"request"`)):
+		return FormatSluice
+	case line[0] == '{':
+		return FormatEnvoy
+	case bytes.HasPrefix(line, []byte("time=")):
+		return FormatSluice
+	}
+	return FormatCombined
+}
+
+func parser(f Format, opts ReadOptions) (func([]byte, *Record, *Stats) (bool, error), error) {
+	switch f {
+	case FormatSluice:
+		return parseSluice, nil
+	case FormatCombined:
+		return parseCombined, nil
+	case FormatEnvoy:
+		return func(line []byte, rec *Record, _ *Stats) (bool, error) { return parseEnvoy(line, rec, opts.TenantField) }, nil
+	}
+	return nil, fmt.Errorf("unknown log format %q (want sluice, combined or envoy)", f)
+}
+
+// sluiceLine is an access line of sluice's JSON log.
+type sluiceLine struct {
+	Time       string `json:"time"`
+	Msg        string `json:"msg"`
+	Decision   string `json:"decision"`
+	Method     string `json:"method"`
+	Path       string `json:"path"`
+	Status     int    `json:"status"`
+	Reason     string `json:"reason"`
+	Gate       string `json:"gate"`
+	Remote     string `json:"remote"`
+	Cost       int64  `json:"cost"`
+	Tenant     string `json:"tenant"`
+	Duration   int64  `json:"duration"` // ns
+	Suppressed int64  `json:"suppressed"`
+}
+
+// parseSluice reads one line of sluice's access log, JSON or text. Lines
+// that are not access lines (msg other than "request") are skipped.
+func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
+	var l sluiceLine
+	var dur time.Duration = -1
+	if line[0] == '{' {
+		if err := json.Unmarshal(line, &l); err != nil {
+			return false, err
+		}
+		if l.Decision == "admitted" {
+			dur = time.Duration(l.Duration)
+		}
+	} else {
+		var err error
+		if dur, err = parseLogfmt(line, &l); err != nil {
+			return false, err
+		}
+	}
+	if l.Msg != "request" {
+		return false, nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, l.Time)
+	if err != nil {
+		return false, fmt.Errorf("time %q: %v", l.Time, err)
+	}
+	*rec = Record{At: at.UnixNano(), Method: l.Method, Path: l.Path, Tenant: l.Tenant, Remote: l.Remote, Status: l.Status,
+		Duration: -1, Cost: l.Cost}
+	switch l.Decision {
+	case "admitted":
+		rec.Decision, rec.Duration = Admitted, max(dur, 0)
+		rec.At -= int64(rec.Duration) // the line is written when the request ends
+	case "rejected":
+		rec.Decision, rec.Gate, rec.Reason = Rejected, l.Gate, l.Reason
+		st.Suppressed += l.Suppressed
+	default:
+		return false, fmt.Errorf("decision %q", l.Decision)
+	}
+	if rec.Method == "" || rec.Path == "" {
+		return false, errors.New("no method or path")
+	}
+	return true, nil
+}
+
+// parseLogfmt reads the text form of sluice's log (key=value, values with
+// spaces quoted) into l, and the duration (a Go duration string).
+func parseLogfmt(line []byte, l *sluiceLine) (time.Duration, error) {
+	dur := time.Duration(-1)
+	s := string(line)
+	for len(s) > 0 {
+		s = strings.TrimLeft(s, " ")
+		eq := strings.IndexByte(s, '=')
+		if eq <= 0 {
+			return 0, fmt.Errorf("no key=value at %q", truncate(s))
+		}
+		key := s[:eq]
+		s = s[eq+1:]
+		var val string
+		if strings.HasPrefix(s, `"`) {
+			q, err := strconv.QuotedPrefix(s)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %v", key, err)
+			}
+			val, _ = strconv.Unquote(q)
+			s = s[len(q):]
+		} else {
+			end := strings.IndexByte(s, ' ')
+			if end < 0 {
+				end = len(s)
+			}
+			val, s = s[:end], s[end:]
+		}
+		var err error
+		switch key {
+		case "time":
+			l.Time = val
+		case "msg":
+			l.Msg = val
+		case "decision":
+			l.Decision = val
+		case "method":
+			l.Method = val
+		case "path":
+			l.Path = val
+		case "reason":
+			l.Reason = val
+		case "gate":
+			l.Gate = val
+		case "remote":
+			l.Remote = val
+		case "tenant":
+			l.Tenant = val
+		case "status":
+			l.Status, err = strconv.Atoi(val)
+		case "cost":
+			l.Cost, err = strconv.ParseInt(val, 10, 64)
+		case "suppressed":
+			l.Suppressed, err = strconv.ParseInt(val, 10, 64)
+		case "duration":
+			dur, err = time.ParseDuration(val)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%s=%q: %v", key, val, err)
+		}
+	}
+	return dur, nil
+}
+
+// combined matches nginx's combined format, with an optional
+// $request_time (seconds, milliseconds resolution) after it.
+var combined = regexp.MustCompile(`^(\S+) \S+ (\S+) \[([^\]]+)\] "(\S+) (\S+)[^"]*" (\d{3}) \S+ "(?:[^"\\]|\\.)*" "(?:[^"\\]|\\.)*"(?: (\d+(?:\.\d+)?))?`)
+
+// parseCombined reads one line of nginx's combined log format.
+func parseCombined(line []byte, rec *Record, _ *Stats) (bool, error) {
+	m := combined.FindSubmatch(line)
+	if m == nil {
+		return false, fmt.Errorf("not the combined format: %q", truncate(string(line)))
+	}
+	at, err := time.Parse("02/Jan/2006:15:04:05 -0700", string(m[3]))
+	if err != nil {
+		return false, fmt.Errorf("time %q: %v", m[3], err)
+	}
+	status, _ := strconv.Atoi(string(m[6]))
+	*rec = Record{At: at.UnixNano(), Method: string(m[4]), Path: pathOnly(string(m[5])), Remote: string(m[1]), Status: status, Duration: -1}
+	if u := string(m[2]); u != "-" {
+		rec.Tenant = u
+	}
+	if len(m[7]) > 0 {
+		secs, err := strconv.ParseFloat(string(m[7]), 64)
+		if err != nil {
+			return false, fmt.Errorf("request_time %q: %v", m[7], err)
+		}
+		rec.Duration = time.Duration(secs * float64(time.Second)) // Read moves At back by it
+	}
+	return true, nil
+}
+
+// parseEnvoy reads one line of Envoy's JSON access log.
+func parseEnvoy(line []byte, rec *Record, tenantField string) (bool, error) {
+	var m map[string]any
+	if err := json.Unmarshal(line, &m); err != nil {
+		return false, err
+	}
+	str := func(keys ...string) string {
+		for _, k := range keys {
+			if v, ok := m[k]; ok && v != nil {
+				switch v := v.(type) {
+				case string:
+					if v != "-" {
+						return v
+					}
+				case float64:
+					return strconv.FormatFloat(v, 'f', -1, 64)
+				}
+			}
+		}
+		return ""
+	}
+	start := str("start_time", "START_TIME")
+	at, err := time.Parse(time.RFC3339Nano, start)
+	if err != nil {
+		return false, fmt.Errorf("start_time %q: %v", start, err)
+	}
+	*rec = Record{At: at.UnixNano(), Method: str("method", ":method"), Path: pathOnly(str("path", ":path", "x_envoy_original_path")),
+		Remote: str("downstream_remote_address", "x_forwarded_for", "downstream_direct_remote_address"), Duration: -1}
+	if rec.Method == "" || rec.Path == "" {
+		return false, errors.New("no method or path")
+	}
+	rec.Status, _ = strconv.Atoi(str("response_code", "status"))
+	if d := str("duration"); d != "" {
+		ms, err := strconv.ParseFloat(d, 64)
+		if err != nil {
+			return false, fmt.Errorf("duration %q: %v", d, err)
+		}
+		rec.Duration = time.Duration(ms * float64(time.Millisecond))
+	}
+	if tenantField != "" {
+		rec.Tenant = str(tenantField)
+	}
+	return true, nil
+}
+
+// spreadSeconds spreads the requests of each whole second evenly over it:
+// nginx's $time_local has no fraction, and a second's requests all at its
+// start would burst where the traffic did not.
+func spreadSeconds(recs []Record) {
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].At < recs[j].At })
+	for i := 0; i < len(recs); {
+		j := i
+		for j < len(recs) && recs[j].At == recs[i].At {
+			j++
+		}
+		n := int64(j - i)
+		for k := i; k < j; k++ {
+			recs[k].At += int64(k-i) * int64(time.Second) / n
+		}
+		i = j
+	}
+}
+
+// pathOnly is a request target without its query.
+func pathOnly(target string) string {
+	if i := strings.IndexByte(target, '?'); i >= 0 {
+		return target[:i]
+	}
+	return target
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
