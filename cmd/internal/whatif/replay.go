@@ -136,6 +136,11 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	if opts.Tenants <= 0 {
 		opts.Tenants = 10
 	}
+	if span := time.Duration(recs[len(recs)-1].At - recs[0].At); span/opts.Interval > maxPoints {
+		// A log spanning years (or a bogus timestamp) would make the
+		// timeline huge: widen its step instead.
+		opts.Interval = (span/maxPoints + time.Second).Truncate(time.Second)
+	}
 	rep := &Report{Requests: int64(len(recs)), From: time.Unix(0, recs[0].At), To: time.Unix(0, recs[len(recs)-1].At), Interval: opts.Interval}
 	names := &gateNames{index: map[string]int32{}}
 	durs := estimates(recs)
@@ -159,6 +164,9 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	}
 	return rep, nil
 }
+
+// maxPoints bounds a timeline's points.
+const maxPoints = 10_000
 
 // gateNames numbers gate names (with their reason) across runs.
 type gateNames struct {

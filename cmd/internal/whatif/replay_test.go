@@ -194,3 +194,16 @@ func sum(m map[string]int) int {
 	}
 	return n
 }
+
+// A log whose timestamps span decades (a bogus line) gets a coarser
+// timeline, not one of millions of points.
+func TestReplayBoundsTheTimeline(t *testing.T) {
+	recs := []Record{{At: 0, Method: "GET", Path: "/", Duration: -1}, {At: int64(50 * 365 * 24 * time.Hour), Method: "GET", Path: "/", Duration: -1}}
+	rep, err := Replay(recs, Options{Candidate: mustPolicy(t, "p.yaml", policyText("5/s"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rep.Candidate.Timeline); n > maxPoints+1 || rep.Interval < time.Hour {
+		t.Errorf("%d points of %v", n, rep.Interval)
+	}
+}
