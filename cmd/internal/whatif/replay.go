@@ -362,7 +362,7 @@ func (r *runner) until(t int64) {
 			}
 			fl.q = nil
 			if fl.ready.Admitted {
-				r.start(e.i, fl, r.clk.now)
+				r.start(e.i, r.clk.now)
 			} else {
 				r.refuse(e.i, fl.ready.Gate, fl.ready.Reason.String())
 				fl.tk.Done(sluice.OutcomeRejected)
@@ -420,12 +420,12 @@ func (r *runner) decide(i int32) {
 		heap.Push(&r.ev, event{t: max(int64(r.park.Until), r.clk.now), kind: evExpire, i: i})
 		return
 	}
-	r.start(i, fl, r.clk.now+int64(r.wait))
+	r.start(i, r.clk.now+int64(r.wait))
 }
 
 // start counts request i admitted and schedules the end of its work,
 // begun at t.
-func (r *runner) start(i int32, fl *flight, t int64) {
+func (r *runner) start(i int32, t int64) {
 	r.run.gate[i] = -1
 	heap.Push(&r.ev, event{t: t + int64(r.durs.of(&r.recs[i])), kind: evDone, i: i})
 }
@@ -443,15 +443,15 @@ func (r *runner) finish() {
 // recorded is the run the recording describes.
 func recorded(recs []Record, opts Options, names *gateNames) Run {
 	run := Run{Name: "recorded", gate: make([]int32, len(recs))}
-	any := false
+	decided := false
 	for i := range recs {
 		run.gate[i] = -1
 		if recs[i].Decision == Rejected {
 			run.gate[i] = names.of(recs[i].Gate, recs[i].Reason)
 		}
-		any = any || recs[i].Decision != Unknown
+		decided = decided || recs[i].Decision != Unknown
 	}
-	if !any {
+	if !decided {
 		run.Name = "none"
 	}
 	summarize(&run, recs, opts, names, func(int) string { return "" })
