@@ -312,6 +312,8 @@ func demoCmd() *cobra.Command {
 	cmd.Flags().Float64Var(&f.incident.Slowdown, "slowdown", 0, "incident: multiply the upstream's service times by this factor for a stretch (its capacity drops by it)")
 	cmd.Flags().DurationVar(&f.incident.SlowFrom, "slow-from", 30*time.Second, "incident: when the slowdown begins")
 	cmd.Flags().DurationVar(&f.incident.SlowFor, "slow-for", 30*time.Second, "incident: how long the slowdown lasts")
+	cmd.Flags().Float64Var(&f.incident.Skew, "skew", 0, "incident: tenant i's share of the load falls as 1/i^skew (Zipf's law; 0: the 100 tenants share it equally; 1: the heaviest sends 19%, past its rate limit)")
+	cmd.Flags().StringVar(&f.record, "record", "", "incident: write the proxy's access log to this file, a JSON line for every decision, rejections included (for sluice whatif)")
 	cmd.AddCommand(demoUpstreamCmd())
 	cmd.Flags().StringVar(&f.config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
 	cmd.Flags().StringVar(&f.jsonPath, "json", "", "also write the table rows as JSON to this file")
@@ -327,11 +329,19 @@ type demoFlags struct {
 	opts                                              demo.Options
 	matrix                                            demo.MatrixOptions
 	incident                                          demo.IncidentOptions
+	record                                            string
 	config, jsonPath, plotBase, scenario, matrixTrace string
 }
 
 // run runs the scenario the flags name.
 func (f *demoFlags) run(cmd *cobra.Command) error {
+	if f.scenario != "incident" {
+		for _, name := range []string{"skew", "record"} {
+			if cmd.Flags().Changed(name) {
+				return fmt.Errorf("--%s: only the incident scenario takes it", name)
+			}
+		}
+	}
 	switch f.scenario {
 	case "ladder":
 		return demoLadder(cmd)
@@ -356,7 +366,7 @@ func (f *demoFlags) run(cmd *cobra.Command) error {
 	case "capacity-matrix":
 		return demoMatrix(cmd, &f.matrix, f.matrixTrace, opts, f.jsonPath)
 	case "incident":
-		return demoIncident(cmd, &f.incident, opts, f.jsonPath, f.plotBase)
+		return demoIncident(cmd, &f.incident, opts, f.record, f.jsonPath, f.plotBase)
 	case "service-step":
 		return demoServiceStep(cmd, opts, f.jsonPath, f.plotBase)
 	}
@@ -509,10 +519,18 @@ func demoUpstreamCmd() *cobra.Command {
 }
 
 // demoIncident runs a long incident through the policy in opts.
-func demoIncident(cmd *cobra.Command, in *demo.IncidentOptions, opts demo.Options, jsonPath, plotBase string) error {
+func demoIncident(cmd *cobra.Command, in *demo.IncidentOptions, opts demo.Options, record, jsonPath, plotBase string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	if record != "" {
+		f, err := os.Create(record)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in.AccessLog = f // the proxy process writes to it directly
 	}
 	in.Exe, in.Policy, in.PolicyName, in.Deadline = exe, opts.Policy, opts.PolicyName, opts.Deadline
 	ctx, stop := stopContext(context.Background())

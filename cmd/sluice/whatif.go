@@ -15,8 +15,8 @@ import (
 type whatifFlags struct {
 	logPath, format, tenantField string
 	current, jsonPath, plotBase  string
-	interval                     time.Duration
-	tenants                      int
+	interval, deadline           time.Duration
+	tenants, workers             int
 	recordedCost                 bool
 }
 
@@ -41,6 +41,8 @@ func whatifCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&fl.interval, "interval", time.Minute, "the timeline's step")
 	cmd.Flags().IntVar(&fl.tenants, "tenants", 10, "how many of the tenants refused most to list")
 	cmd.Flags().BoolVar(&fl.recordedCost, "recorded-cost", false, "charge the cost sluice's log records instead of the routes' (for costs read from a request header)")
+	cmd.Flags().IntVar(&fl.workers, "workers", 0, "the modeled upstream's workers, each serving one request at a time for its recorded duration (0: the most requests the log kept in flight over a second; -1: no model, every admitted request takes its recorded duration)")
+	cmd.Flags().DurationVar(&fl.deadline, "deadline", 0, "the deadline every request gave itself, as its deadline header said (logs do not carry it; 0: the policy's default)")
 	cmd.Flags().StringVar(&fl.jsonPath, "json", "", "also write the report as JSON to this file")
 	cmd.Flags().StringVar(&fl.plotBase, "plot", "", "write the refusals over time to this path plus .png and .svg")
 	return cmd
@@ -52,6 +54,9 @@ func (fl *whatifFlags) run(cmd *cobra.Command, candidate string) error {
 	}
 	if fl.interval <= 0 || fl.tenants < 0 {
 		return errors.New("--interval and --tenants must be positive")
+	}
+	if fl.workers < -1 || fl.deadline < 0 {
+		return errors.New("--workers: want at least 1, 0 or -1; --deadline: want 0 or more")
 	}
 	cand, err := policy.Load(candidate)
 	if err != nil {
@@ -72,7 +77,8 @@ func (fl *whatifFlags) run(cmd *cobra.Command, candidate string) error {
 	if st.Malformed > 0 {
 		fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d lines skipped as malformed; the first: %s\n", fl.logPath, st.Malformed, st.FirstMalformed)
 	}
-	rep, err := whatif.Replay(recs, whatif.Options{Candidate: cand, Current: cur, Interval: fl.interval, Tenants: fl.tenants, RecordedCost: fl.recordedCost})
+	rep, err := whatif.Replay(recs, whatif.Options{Candidate: cand, Current: cur, Interval: fl.interval, Tenants: fl.tenants, RecordedCost: fl.recordedCost,
+		Workers: fl.workers, Deadline: fl.deadline})
 	if err != nil {
 		return err
 	}

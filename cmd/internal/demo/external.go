@@ -115,6 +115,10 @@ type stackOptions struct {
 	Service    time.Duration // constant service time; 0: the routes-api mix
 	PolicyFile string        // "": no proxy (the run without admission)
 	Log        io.Writer
+	// AccessLog, when set, receives the proxy's output instead of Log, with
+	// an access log line for every decision (JSON, every rejection too):
+	// a recording sluice whatif reads.
+	AccessLog io.Writer
 }
 
 // startStack starts the upstream and, with a policy, the proxy.
@@ -136,8 +140,12 @@ func startStack(ctx context.Context, o stackOptions) (*stack, error) {
 	if o.PolicyFile == "" {
 		return s, nil
 	}
-	s.proxy, err = spawn(ctx, o.Exe, pAddr, o.Log, "proxy", "--config", o.PolicyFile, "--upstream", "http://"+upAddr,
-		"--listen", pAddr, "--admin", aAddr, "--admin-token", adminToken, "--log-level", "error")
+	plog, pargs := o.Log, []string{"--log-level", "error"}
+	if o.AccessLog != nil {
+		plog, pargs = o.AccessLog, []string{"--log-level", "info", "--log-format", "json", "--access-log", "--access-log-rejects", "-1"}
+	}
+	s.proxy, err = spawn(ctx, o.Exe, pAddr, plog, append([]string{"proxy", "--config", o.PolicyFile, "--upstream", "http://" + upAddr,
+		"--listen", pAddr, "--admin", aAddr, "--admin-token", adminToken}, pargs...)...)
 	if err != nil {
 		up.stop()
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/proxy"
 )
 
@@ -35,12 +36,15 @@ func actAsSluice(args []string) int {
 			return 1
 		}
 		return 0
-	default: // proxy --config --upstream --listen --admin --admin-token --log-level
+	default: // proxy --config --upstream --listen --admin --admin-token --log-level [--log-format json --access-log --access-log-rejects -1]
 		config := fs.String("config", "", "")
 		upstream := fs.String("upstream", "", "")
 		admin := fs.String("admin", "", "")
 		token := fs.String("admin-token", "", "")
 		fs.String("log-level", "", "")
+		fs.String("log-format", "", "")
+		accessLog := fs.Bool("access-log", false, "")
+		fs.Int("access-log-rejects", 1, "")
 		if fs.Parse(args[1:]) != nil {
 			return 2
 		}
@@ -48,8 +52,13 @@ func actAsSluice(args []string) int {
 		if err != nil {
 			return 2
 		}
-		s, err := proxy.New(proxy.Options{Config: *config, Upstream: u, Listen: *listen, Admin: *admin, AdminToken: *token,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		opts := proxy.Options{Config: *config, Upstream: u, Listen: *listen, Admin: *admin, AdminToken: *token,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		if *accessLog { // as the recording stack asks: JSON, every rejection
+			opts.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			opts.AccessLog = &httpgate.AccessLog{Logger: opts.Logger, RejectsPerSecond: -1}
+		}
+		s, err := proxy.New(opts)
 		if err != nil {
 			return 1
 		}

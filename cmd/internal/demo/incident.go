@@ -31,6 +31,12 @@ type IncidentOptions struct {
 	Load       float64       // offered load, a multiple of the capacity; default 3
 	Deadline   time.Duration // default 500 ms
 	Tenants    int           // default 100
+	// Skew makes tenant-i's share of the load fall as 1/(i+1)^Skew (Zipf;
+	// 0: equal shares), so that the heaviest tenants meet their rate limit.
+	Skew float64
+	// AccessLog, when set, receives the proxy's access log: a JSON line
+	// for every decision, rejections included (what sluice whatif replays).
+	AccessLog io.Writer
 	// Slowdown, when above 1, multiplies the upstream's service times
 	// from SlowFrom for SlowFor: its capacity drops by that factor.
 	Slowdown          float64
@@ -126,7 +132,7 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 		return nil, err
 	}
 	defer cleanup()
-	st, err := startStack(ctx, stackOptions{Exe: opts.Exe, Workers: opts.Workers, PolicyFile: file, Log: io.Discard})
+	st, err := startStack(ctx, stackOptions{Exe: opts.Exe, Workers: opts.Workers, PolicyFile: file, Log: io.Discard, AccessLog: opts.AccessLog})
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +151,7 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 			vegeta.MaxWorkers(20000), vegeta.Connections(20000), vegeta.Redirects(vegeta.NoFollow))
 		stop := context.AfterFunc(ctx, func() { atk.Stop() })
 		defer stop()
-		for r := range atk.Attack(mixTarget(st.target, opts.Tenants, opts.Deadline), vegeta.ConstantPacer{Freq: int(rate + 0.5), Per: time.Second}, opts.Duration, "incident") {
+		for r := range atk.Attack(skewedMix(st.target, opts.Tenants, opts.Skew, opts.Deadline), vegeta.ConstantPacer{Freq: int(rate + 0.5), Per: time.Second}, opts.Duration, "incident") {
 			i := int(r.Timestamp.Sub(start) / time.Second)
 			if i < 0 || i >= n {
 				continue
@@ -297,7 +303,15 @@ func (r *IncidentReport) WriteTable(w io.Writer) {
 	if !r.Pass {
 		verdict = "FAIL"
 	}
-	fmt.Fprintf(w, "worst judged slice: goodput %.1f%% of min(capacity, offered); bar %.0f%%: %s\n", 100*r.WorstSlice, 100*IncidentBar, verdict)
+	judged := false
+	for _, s := range r.Slices {
+		judged = judged || s.Judged
+	}
+	if judged {
+		fmt.Fprintf(w, "worst judged slice: goodput %.1f%% of min(capacity, offered); bar %.0f%%: %s\n", 100*r.WorstSlice, 100*IncidentBar, verdict)
+	} else {
+		fmt.Fprintln(w, "no slice judged: the run is no longer than its settling time")
+	}
 	for _, s := range r.Slices {
 		if s.Behind {
 			fmt.Fprintln(w, "(!): the load generator sent less than 95% of the target in a second of the slice (this machine was too busy)")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -18,12 +19,32 @@ import (
 
 // mix is the demo's request mix, weights summing to 100:
 // 50% GET /v1/routes/{id}, 40% POST /v1/routes with 10..290 stops,
-// 10% GET /v1/analytics/daily.
+// 10% GET /v1/analytics/daily; the tenants share the load equally.
 func mixTarget(base string, tenants int, deadline time.Duration) vegeta.Targeter {
+	return skewedMix(base, tenants, 0, deadline)
+}
+
+// skewedMix is mixTarget with tenant-i's share of the load falling as
+// 1/(i+1)^skew (Zipf's law; 0: equal shares): with 100 tenants and skew 1,
+// tenant-0 sends 19% of the requests, tenant-1 10% and tenant-99 0.2%.
+func skewedMix(base string, tenants int, skew float64, deadline time.Duration) vegeta.Targeter {
 	timeout := deadline.String()
+	pick := func() int { return rand.IntN(tenants) }
+	if skew > 0 {
+		cum := make([]float64, tenants) // cumulative weights
+		total := 0.0
+		for i := range cum {
+			total += math.Pow(float64(i+1), -skew)
+			cum[i] = total
+		}
+		pick = func() int {
+			i, _ := slices.BinarySearch(cum, rand.Float64()*total)
+			return min(i, tenants-1)
+		}
+	}
 	return func(t *vegeta.Target) error {
 		h := http.Header{}
-		h.Set("X-Api-Key", "tenant-"+strconv.Itoa(rand.IntN(tenants)))
+		h.Set("X-Api-Key", "tenant-"+strconv.Itoa(pick()))
 		h.Set("X-Request-Timeout", timeout)
 		switch n := rand.IntN(100); {
 		case n < 50:

@@ -162,8 +162,8 @@ func Read(r io.Reader, opts ReadOptions) ([]Record, Stats, error) {
 // detect names the format of a log from its first line.
 func detect(line []byte) Format {
 	switch {
-	case line[0] == '{' && bytes.Contains(line, []byte(`"msg":"request"`)):
-		return FormatSluice
+	case line[0] == '{' && bytes.Contains(line, []byte(`"msg":`)):
+		return FormatSluice // slog's JSON: the proxy's other lines come first
 	case line[0] == '{':
 		return FormatEnvoy
 	case bytes.HasPrefix(line, []byte("time=")):

@@ -40,6 +40,15 @@ type Options struct {
 	// log has it) instead of the cost the policy's routes give: for routes
 	// whose cost is read from a request header, which logs do not carry.
 	RecordedCost bool
+	// Workers is the modeled upstream's size (upstream.go): admitted
+	// requests are served by this many workers, one request each at a time,
+	// the rest waiting in line, so latency grows with what is admitted. 0:
+	// the most requests the recording kept in flight in any second; negative:
+	// no model (each admitted request takes its recorded duration).
+	Workers int
+	// Deadline is the time each request gave itself, as its deadline header
+	// would have said (logs do not carry it). 0: the policy's default.
+	Deadline time.Duration
 }
 
 // Report is what a replay found.
@@ -111,11 +120,18 @@ type Agreement struct {
 
 // GateAgreement is one gate's refusals in both runs: by both, by the
 // baseline only, by the candidate only. Share is Both over the larger of
-// the two runs' refusals at the gate (1 when neither refused).
+// the two runs' refusals at the gate; Counts is the smaller of the two
+// runs' refusals at the gate over the larger (both 1 when neither refused).
+//
+// Counts can be near 1 where Share is not: a rate gate at its limit turns
+// away about as many requests in both runs, but once a later gate (an
+// adaptive one, whose refusals depend on timing) refused a different
+// request and the bucket got that request's tokens back, it turns away
+// different ones.
 type GateAgreement struct {
 	Gate                              string
 	Both, BaselineOnly, CandidateOnly int64
-	Share                             float64
+	Share, Counts                     float64
 }
 
 // Replay runs recs (sorted by arrival, as Read returns them) through the
@@ -144,13 +160,21 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	rep := &Report{Requests: int64(len(recs)), From: time.Unix(0, recs[0].At), To: time.Unix(0, recs[len(recs)-1].At), Interval: opts.Interval}
 	names := &gateNames{index: map[string]int32{}}
 	durs := estimates(recs)
-	cand, notes, err := replay(recs, opts.Candidate, opts, names, durs)
+	scale := 1.0
+	if opts.Workers == 0 {
+		if opts.Workers, scale = capacity(recs); opts.Workers > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the upstream is modeled as %d workers serving each request for %.3g times its recorded duration (as much as the recording's upstream completed in its busiest seconds); --workers sets the workers", opts.Workers, scale))
+		} else {
+			rep.Notes = append(rep.Notes, "no admitted request has a duration: each takes the median, with no upstream model")
+		}
+	}
+	cand, notes, err := replay(recs, opts.Candidate, opts, names, durs, scale)
 	if err != nil {
 		return nil, fmt.Errorf("candidate %s: %w", opts.Candidate.Path, err)
 	}
-	rep.Candidate, rep.Notes = *cand, notes
+	rep.Candidate, rep.Notes = *cand, append(rep.Notes, notes...)
 	if opts.Current != nil {
-		cur, _, err := replay(recs, opts.Current, opts, names, durs)
+		cur, _, err := replay(recs, opts.Current, opts, names, durs, scale)
 		if err != nil {
 			return nil, fmt.Errorf("current %s: %w", opts.Current.Path, err)
 		}
@@ -240,6 +264,7 @@ const (
 	evDone   uint8 = iota // an admitted request's work ends
 	evReady               // a parked request got its slot or was turned away
 	evExpire              // a parked request's wait runs out
+	evStart               // a paced request's work begins
 )
 
 type event struct {
@@ -273,6 +298,7 @@ type flight struct {
 	id     uint64
 	ready  sluice.Decision
 	status int
+	late   int64 // the request's deadline on the virtual clock (0: none)
 }
 
 // runner replays one policy.
@@ -295,10 +321,11 @@ type runner struct {
 	run     *Run
 	class   []string // per request: its class
 	hdr     http.Header
+	up      *pool // nil: no upstream model
 }
 
 // replay runs recs through f.
-func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs *durations) (*Run, []string, error) {
+func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs *durations, scale float64) (*Run, []string, error) {
 	if f.Store.Backend != policy.BackendMemory {
 		cp := *f
 		cp.Store.Backend = policy.BackendMemory
@@ -306,6 +333,9 @@ func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs 
 	}
 	r := &runner{recs: recs, opts: opts, names: names, durs: durs, t0: recs[0].At - int64(time.Second), flights: map[int32]*flight{},
 		run: &Run{Name: f.Path, gate: make([]int32, len(recs))}, class: make([]string, len(recs)), hdr: http.Header{}}
+	if opts.Workers > 0 {
+		r.up = &pool{workers: opts.Workers, scale: scale}
+	}
 	rg := rand.New(rand.NewPCG(opts.Seed, 0x77686174))
 	rt, err := policy.Build(f, nil, policy.Options{Clock: &r.clk, Virtual: true, Rand: rg.Float64})
 	if err != nil {
@@ -351,11 +381,21 @@ func (r *runner) until(t int64) {
 		switch e.kind {
 		case evDone:
 			o := sluice.OutcomeUseful
-			if fl.status >= 500 {
+			switch {
+			case fl.status >= 500:
 				o = sluice.OutcomeErrored
+			case fl.late > 0 && r.clk.now > fl.late:
+				o = sluice.OutcomeLate
 			}
 			fl.tk.Done(o)
 			delete(r.flights, e.i)
+			if r.up != nil {
+				if j := r.up.next(); j >= 0 {
+					r.serve(j)
+				}
+			}
+		case evStart:
+			r.begin(e.i)
 		case evReady:
 			if fl.q == nil {
 				continue
@@ -403,6 +443,9 @@ func (r *runner) decide(i int32) {
 	if r.opts.RecordedCost && rec.Cost > 0 {
 		req.Cost = min(rec.Cost, sluice.MaxCost)
 	}
+	if r.opts.Deadline > 0 {
+		budget = r.opts.Deadline
+	}
 	if budget > 0 {
 		req.Deadline = r.clk.Now().Add(budget)
 	}
@@ -414,6 +457,9 @@ func (r *runner) decide(i int32) {
 		return
 	}
 	fl := &flight{tk: tk, status: rec.Status}
+	if budget > 0 {
+		fl.late = r.clk.now + int64(budget)
+	}
 	r.flights[i] = fl
 	if r.park.Queue != nil {
 		fl.q, fl.id = r.park.Queue, r.park.ID
@@ -423,11 +469,30 @@ func (r *runner) decide(i int32) {
 	r.start(i, r.clk.now+int64(r.wait))
 }
 
-// start counts request i admitted and schedules the end of its work,
-// begun at t.
+// start counts request i admitted; its work begins at t.
 func (r *runner) start(i int32, t int64) {
 	r.run.gate[i] = -1
-	heap.Push(&r.ev, event{t: t + int64(r.durs.of(&r.recs[i])), kind: evDone, i: i})
+	if t > r.clk.now {
+		heap.Push(&r.ev, event{t: t, kind: evStart, i: i})
+		return
+	}
+	r.begin(i)
+}
+
+// begin sends request i upstream now: to a worker, or into the line.
+func (r *runner) begin(i int32) {
+	if r.up == nil || r.up.take(i) {
+		r.serve(i)
+	}
+}
+
+// serve schedules the end of request i's work, begun now.
+func (r *runner) serve(i int32) {
+	d := r.durs.of(&r.recs[i])
+	if r.up != nil {
+		d = time.Duration(float64(d) * r.up.scale)
+	}
+	heap.Push(&r.ev, event{t: r.clk.now + int64(d), kind: evDone, i: i})
 }
 
 // refuse counts request i refused by gate for reason.
@@ -563,9 +628,10 @@ func agree(cand, base *Run, names *gateNames) Agreement {
 	}
 	a.Share = float64(a.Same) / float64(max(len(cand.gate), 1))
 	for name, c := range byGate {
-		g := GateAgreement{Gate: name, Both: c.both, BaselineOnly: c.baseOnly, CandidateOnly: c.candOnly, Share: 1}
+		g := GateAgreement{Gate: name, Both: c.both, BaselineOnly: c.baseOnly, CandidateOnly: c.candOnly, Share: 1, Counts: 1}
 		if m := max(c.both+c.baseOnly, c.both+c.candOnly); m > 0 {
 			g.Share = float64(c.both) / float64(m)
+			g.Counts = float64(min(c.both+c.baseOnly, c.both+c.candOnly)) / float64(m)
 		}
 		a.Gates = append(a.Gates, g)
 	}

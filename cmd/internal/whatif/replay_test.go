@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -205,5 +206,57 @@ func TestReplayBoundsTheTimeline(t *testing.T) {
 	}
 	if n := len(rep.Candidate.Timeline); n > maxPoints+1 || rep.Interval < time.Hour {
 		t.Errorf("%d points of %v", n, rep.Interval)
+	}
+}
+
+// The modeled upstream's size is what the recording kept in flight in its
+// busy seconds, with service times scaled so that the pool completes as
+// much as the recording's upstream did.
+func TestCapacityFromTheRecording(t *testing.T) {
+	steady := func(every, dur time.Duration, n int) []Record {
+		recs := make([]Record, n)
+		for i := range recs {
+			recs[i] = Record{At: int64(time.Duration(i) * every), Duration: dur, Decision: Admitted}
+		}
+		return recs
+	}
+	for _, c := range []struct {
+		name    string
+		recs    []Record
+		workers int
+		scale   float64
+	}{
+		// One every 5 ms for 40 ms each: 8 in flight, 200 a second.
+		{"eight", steady(5*time.Millisecond, 40*time.Millisecond, 2000), 8, 1},
+		// One every 4 ms for 38 ms each: 9.5 in flight, as 10 workers
+		// serving each for 0.95 of its duration.
+		{"nine and a half", steady(4*time.Millisecond, 38*time.Millisecond, 2500), 10, 0.95},
+		// Refusals and requests without a duration are not work.
+		{"none", []Record{{At: 0, Duration: -1}, {At: 1, Duration: time.Second, Decision: Rejected}}, 0, 1},
+	} {
+		w, s := capacity(c.recs)
+		if w != c.workers || math.Abs(s-c.scale) > 0.005 {
+			t.Errorf("%s: %d workers at %.4f, want %d at %.4f", c.name, w, s, c.workers, c.scale)
+		}
+	}
+	// An idle stretch does not lower the estimate: the busy seconds set it.
+	recs := append(steady(5*time.Millisecond, 40*time.Millisecond, 2000), steady(time.Second, 10*time.Millisecond, 100)...)
+	for i := 2000; i < len(recs); i++ {
+		recs[i].At += int64(20 * time.Second)
+	}
+	if w, s := capacity(recs); w != 8 || math.Abs(s-1) > 0.005 {
+		t.Errorf("with an idle stretch: %d workers at %.4f", w, s)
+	}
+}
+
+// A pool serves in arrival order and frees a worker only when no one
+// waits.
+func TestPoolServesInOrder(t *testing.T) {
+	p := pool{workers: 2, scale: 1}
+	if !p.take(1) || !p.take(2) || p.take(3) || p.take(4) {
+		t.Fatal("two workers: the first two served, the rest wait")
+	}
+	if p.next() != 3 || p.next() != 4 || p.next() != -1 || p.busy != 1 {
+		t.Fatalf("served out of order, or busy %d", p.busy)
 	}
 }

@@ -26,9 +26,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "refused by gate (reason)")
 	tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "gate\t%s\t%s\tagreement\t\n", label(b, false), label(c, true))
+	fmt.Fprintf(tw, "gate\t%s\t%s\tcounts agree\tsame requests\t\n", label(b, false), label(c, true))
 	for _, g := range gateRows(rep) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t\n", g.name, g.base, g.cand, g.agreement)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t\n", g.name, g.base, g.cand, g.counts, g.agreement)
 	}
 	tw.Flush()
 	if len(c.Classes) > 0 {
@@ -74,9 +74,9 @@ func label(r *Run, candidate bool) string {
 }
 
 type gateRow struct {
-	name       string
-	base, cand int64
-	agreement  string
+	name              string
+	base, cand        int64
+	counts, agreement string
 }
 
 // gateRows lists every gate either run refused at, with both counts.
@@ -88,7 +88,7 @@ func gateRows(rep *Report) []gateRow {
 		if !ok {
 			i = len(rows)
 			idx[name] = i
-			rows = append(rows, gateRow{name: name, agreement: "-"})
+			rows = append(rows, gateRow{name: name, counts: "-", agreement: "-"})
 		}
 		return &rows[i]
 	}
@@ -102,6 +102,7 @@ func gateRows(rep *Report) []gateRow {
 		for i := range rows {
 			if strings.HasPrefix(rows[i].name, a.Gate+" (") {
 				rows[i].agreement = fmt.Sprintf("%.1f%%", 100*a.Share)
+				rows[i].counts = fmt.Sprintf("%.1f%%", 100*a.Counts)
 			}
 		}
 	}

@@ -1,0 +1,155 @@
+package demo
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/cmd/internal/whatif"
+	"github.com/sluice-go/sluice/policy"
+)
+
+// withRate is the routes-api policy with its per-tenant bucket at rate
+// tokens/s and a burst of one second of it.
+func withRate(t *testing.T, rate int) []byte {
+	t.Helper()
+	const bucket = "rate: 100/s, burst: 500"
+	p := string(routesAPI(t))
+	if !strings.Contains(p, bucket) {
+		t.Fatalf("routes-api.yaml no longer has %q", bucket)
+	}
+	return []byte(strings.Replace(p, bucket, fmt.Sprintf("rate: %d/s, burst: %d", rate, rate), 1))
+}
+
+// whatifDuration is how long each live run of TestWhatifPredictsTheDemo
+// lasts: SLUICE_WHATIF_DURATION (docs/whatif.md's hour), else 30 s.
+func whatifDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("SLUICE_WHATIF_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("SLUICE_WHATIF_DURATION: %v", err)
+		}
+		return d
+	}
+	return 30 * time.Second
+}
+
+// The demo's traffic, recorded: the routes-api model behind the proxy in
+// processes of their own, open-loop load at its capacity from ten tenants
+// of which one sends most (Zipf, skew 2: 65%), past its per-tenant rate.
+// Replayed through the policy that made it, whatif refuses what the
+// recording refused; replayed through the policy with that rate halved, it
+// predicts within 5% what a live run of the halved policy, on the same
+// traffic at the same time, refuses.
+func TestWhatifPredictsTheDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two live runs over real HTTP")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := whatifDuration(t)
+	dir := t.TempDir()
+	policies := map[string][]byte{"current": withRate(t, 40), "halved": withRate(t, 20)}
+	logs := map[string]string{}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(policies))
+	for name, p := range policies {
+		logs[name] = filepath.Join(dir, name+".log")
+		f, err := os.Create(logs[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		wg.Go(func() {
+			_, err := RunIncident(t.Context(), IncidentOptions{Exe: exe, Policy: p, PolicyName: name + ".yaml", Workers: 4,
+				Duration: d, Load: 1, Tenants: 10, Skew: 2, AccessLog: f})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(name string) []whatif.Record {
+		recs, st, err := whatif.ReadFile(logs[name], whatif.ReadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Format != whatif.FormatSluice || st.Malformed != 0 || st.Suppressed != 0 {
+			t.Fatalf("%s: %+v", name, st)
+		}
+		return recs
+	}
+	parse := func(name string) *policy.File {
+		f, err := policy.Parse(name+".yaml", policies[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	recorded, live := read("current"), read("halved")
+	opts := whatif.Options{RecordedCost: true, Deadline: 500 * time.Millisecond}
+
+	opts.Candidate = parse("current")
+	same, err := whatif.Replay(recorded, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	same.WriteTable(&out)
+	t.Logf("the current policy on its own recording (%v):\n%s", d, out.String())
+
+	opts.Candidate = parse("halved")
+	pred, err := whatif.Replay(recorded, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	pred.WriteTable(&out)
+	t.Logf("the halved policy on the current policy's recording:\n%s", out.String())
+
+	// What the halved policy refused live, from its own access log.
+	liveRun, err := whatif.Replay(live, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveRefused, liveRate := liveRun.Baseline.Rejected, refusedAt(liveRun.Baseline, "request-rate")
+	predRate := refusedAt(pred.Candidate, "request-rate")
+	t.Logf("halved, live: %d of %d refused, %d at request-rate; predicted: %d of %d, %d at request-rate",
+		liveRefused, len(live), liveRate, pred.Candidate.Rejected, len(recorded), predRate)
+
+	// The runs are separate draws of the same traffic: compare shares of
+	// the requests each saw.
+	share := func(n int64, of int) float64 { return float64(n) / float64(of) }
+	within := func(p, l float64) bool { return p >= 0.95*l && p <= 1.05*l }
+	if liveRate == 0 || !within(share(predRate, len(recorded)), share(liveRate, len(live))) {
+		t.Errorf("request-rate: predicted %.4f of the requests refused, live %.4f", share(predRate, len(recorded)), share(liveRate, len(live)))
+	}
+	if !within(share(pred.Candidate.Rejected, len(recorded)), share(liveRefused, len(live))) {
+		t.Errorf("all gates: predicted %.4f of the requests refused, live %.4f", share(pred.Candidate.Rejected, len(recorded)), share(liveRefused, len(live)))
+	}
+	recRate, sameRate := refusedAt(same.Baseline, "request-rate"), refusedAt(same.Candidate, "request-rate")
+	if recRate == 0 || !within(float64(sameRate), float64(recRate)) {
+		t.Errorf("request-rate on its own recording: %d refused replayed, %d recorded", sameRate, recRate)
+	}
+}
+
+// refusedAt is what run refused at gate, for every reason.
+func refusedAt(run whatif.Run, gate string) int64 {
+	var n int64
+	for _, g := range run.Gates {
+		if g.Gate == gate {
+			n += g.Rejected
+		}
+	}
+	return n
+}
