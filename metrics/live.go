@@ -20,10 +20,10 @@ import (
 // DefaultTopTenants is Options.TopTenants' default.
 const DefaultTopTenants = 64
 
-// TopTenantsBytes is an upper bound of the memory the two tenant sketches
+// topTenantsBytes is an upper bound of the memory the two tenant sketches
 // of Metrics hold for a TopTenants of n (61 KiB for the default, 64):
 // it does not grow with the number of tenants seen.
-func TopTenantsBytes(n int) int {
+func topTenantsBytes(n int) int {
 	if n <= 0 {
 		return 0
 	}
@@ -90,6 +90,39 @@ func (m *Metrics) labelOf(key string) string {
 		return key[1:]
 	}
 	return m.label(key)
+}
+
+// TenantKey returns the tenant (often an API key) whose label is label,
+// if these metrics hold it: a tenant with a label slot on /metrics, or one
+// the live view's sketches keep (those rejected or consuming most). It is
+// for an operator's authenticated lookup, never for a log or a metric.
+// A tenant known only by a digest (too long to keep whole) is not found.
+// Cost: a walk over the label slots and the sketches (at most
+// Options.MaxTenants + 2·Options.TopTenants tenants).
+func (m *Metrics) TenantKey(label string) (string, bool) {
+	var key string
+	m.tenants.Range(func(k, v any) bool {
+		if v.(*tenantLabel).label == label {
+			key = k.(string)
+			return false
+		}
+		return true
+	})
+	if key != "" {
+		return key, true
+	}
+	if m.top == nil {
+		return "", false
+	}
+	for _, s := range []*topk.Sketch{m.top.rejected, m.top.consumed} {
+		entries, _ := s.Top(s.Capacity())
+		for _, e := range entries {
+			if (e.Key == "" || e.Key[0] != 0) && m.label(e.Key) == label {
+				return e.Key, true
+			}
+		}
+	}
+	return "", false
 }
 
 // TopRejected returns the n tenants with the most rejections (enforced

@@ -81,11 +81,11 @@ func TestTopKeepsLongAndNULKeysAsLabels(t *testing.T) {
 func TestTopTenantsOff(t *testing.T) {
 	m := New(Options{TopTenants: -1})
 	m.Decided(&sluice.Request{Tenant: "a"}, &sluice.Decision{Reason: sluice.ReasonPolicyRate}, 0)
-	if top := m.TopRejected(3); top.Capacity != 0 || len(top.Tenants) != 0 || TopTenantsBytes(-1) != 0 {
+	if top := m.TopRejected(3); top.Capacity != 0 || len(top.Tenants) != 0 || topTenantsBytes(-1) != 0 {
 		t.Fatalf("%+v", top)
 	}
-	if TopTenantsBytes(DefaultTopTenants) > 64<<10 {
-		t.Fatalf("the default sketches may hold %d bytes, over the 64 KiB the docs imply", TopTenantsBytes(DefaultTopTenants))
+	if topTenantsBytes(DefaultTopTenants) > 64<<10 {
+		t.Fatalf("the default sketches may hold %d bytes, over the 64 KiB the docs imply", topTenantsBytes(DefaultTopTenants))
 	}
 }
 
@@ -112,5 +112,26 @@ func TestClassesSumTheCountersOverTenants(t *testing.T) {
 		if !strings.Contains(out, s) {
 			t.Fatalf("/metrics lacks %s", s)
 		}
+	}
+}
+
+// TenantKey finds the key behind a label among the tenants with a label
+// slot and those the sketches keep, and nothing else.
+func TestTenantKey(t *testing.T) {
+	m := New(Options{MaxTenants: 1, TenantAfter: 1, TopTenants: 4})
+	if _, ok := m.TenantKey(HashTenant("sk_a")); ok {
+		t.Fatal("found a tenant never seen")
+	}
+	m.Decided(&sluice.Request{Tenant: "steady", Class: "default"}, &sluice.Decision{Admitted: true}, 0) // a label slot
+	m.Decided(&sluice.Request{Tenant: "sk_a", Class: "default"}, &sluice.Decision{Reason: sluice.ReasonPolicyRate, Gate: "rate"}, 0)
+	long := strings.Repeat("k", 4096) // kept by its digest only
+	m.Decided(&sluice.Request{Tenant: long, Class: "default"}, &sluice.Decision{Reason: sluice.ReasonPolicyRate, Gate: "rate"}, 0)
+	for key, want := range map[string]bool{"steady": true, "sk_a": true, long: false} {
+		if k, ok := m.TenantKey(HashTenant(key)); ok != want || (ok && k != key) {
+			t.Errorf("%.10s: %.10q %v", key, k, ok)
+		}
+	}
+	if _, ok := New(Options{TopTenants: -1}).TenantKey(HashTenant("sk_a")); ok {
+		t.Fatal("found a tenant without sketches")
 	}
 }

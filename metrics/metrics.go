@@ -57,7 +57,7 @@ type Options struct {
 	TenantLabel func(tenant string) string
 	// TopTenants is the tenants each of the live view's two sketches holds
 	// (TopRejected, TopConsumed), whatever the number of tenants: memory
-	// stays under TopTenantsBytes. Default DefaultTopTenants (64).
+	// stays under 61 KiB for the default (both sketches together). Default DefaultTopTenants (64).
 	// Negative: no sketches.
 	TopTenants int
 }

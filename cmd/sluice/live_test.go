@@ -161,30 +161,44 @@ func number(t *testing.T, s string) int64 {
 }
 
 // TestLivePageInChromium runs the proxy under load with a noisy tenant,
-// opens the live page in headless Chromium, checks the numbers it shows
-// against /metrics scraped just before and just after the page's reading
-// (the tolerance is the traffic between the two scrapes: the page must
-// lie between them), switches a gate to shadow through the page, keeps a
-// screenshot (live.png in the test's artifact directory: go test
-// -artifacts keeps it), and tries a wrong token.
+// opens the live page in headless Chromium once the server has a few
+// seconds of history, and checks that the charts open on them. It checks
+// the numbers the page shows against /metrics and /v1/live read just
+// before and just after the page's reading (the tolerance is the traffic
+// between the two: the page must lie between them), that every series is
+// drawn on an axis of its own unit, that no tenant key is on the page
+// until the admin token is typed and then the noisy tenant's is, switches
+// a gate to shadow through the page, keeps a screenshot (live.png in the
+// test's artifact directory: go test -artifacts keeps it), and tries a
+// wrong token.
 func TestLivePageInChromium(t *testing.T) {
 	bin := chromium(t)
 	base, admin := startProxy(t)
 	startLoad(t, base)
+	for len(liveHistory(t, admin)) < 6 { // one reading a second since the proxy started
+		time.Sleep(200 * time.Millisecond)
+	}
 	p := openPage(t, bin, admin)
+	p.waitPolls(1)
+	p.checkHistory(6)
 	p.waitPolls(8) // rates need two readings; the plots some more
+	p.checkCharts()
 
 	// Scrape, wait for a reading the page began after the scrape (the
 	// second poll from now: the first may have been in flight), read the
 	// page, scrape again.
-	before := scrape(t, admin)
+	before, liveBefore := scrape(t, admin), readLive(t, admin)
 	p.waitPolls(p.polls() + 2)
 	page, err := chromedp.Run(p.ctx, chromedp.Evaluate[pageNumbers](readPage))
 	if err != nil {
 		t.Fatal(err)
 	}
-	after := scrape(t, admin)
+	after, liveAfter := scrape(t, admin), readLive(t, admin)
 	checkAgainstMetrics(t, page, before, after)
+	checkAgainstLive(t, page, liveBefore, liveAfter)
+	if html := p.html(); strings.Contains(html, "sk_noisy") || strings.Contains(html, "sk_calm") {
+		t.Fatal("a tenant key is on the page before the admin token is typed")
+	}
 
 	if got := p.switchMode("request-rate", "shadow", "live-secret", "ok"); got != "request-rate is now in shadow mode" {
 		t.Fatalf("the page says %q", got)
@@ -194,6 +208,15 @@ func TestLivePageInChromium(t *testing.T) {
 	}
 	for p.text(`#gates tr[data-gate="request-rate"] td[data-field="mode"]`) != "shadow" {
 		time.Sleep(50 * time.Millisecond)
+	}
+	// With the token typed in (for the switch), the page shows the keys
+	// behind the labels it lists, and finds a tenant by key or label.
+	p.waitKey("sk_noisy")
+	if got := p.find("sk_calm"); got != "sk_calm has label "+metrics.HashTenant("sk_calm") {
+		t.Errorf("find by key: %q", got)
+	}
+	if got := p.find(metrics.HashTenant("sk_noisy")); got != metrics.HashTenant("sk_noisy")+" is sk_noisy" {
+		t.Errorf("find by label: %q", got)
 	}
 	p.waitPolls(p.polls() + 8) // the plots show the noisy tenant admitted in shadow mode
 	screenshot(t, p.ctx)
@@ -294,6 +317,74 @@ func checkAgainstMetrics(t *testing.T, page pageNumbers, before, after map[strin
 	}
 }
 
+// liveReading is what the test reads of /v1/live: the classes' counts.
+type liveReading struct {
+	Classes []metrics.ClassCounts `json:"classes"`
+}
+
+// readLive reads /v1/live.
+func readLive(t *testing.T, admin string) map[string]metrics.ClassCounts {
+	t.Helper()
+	resp, err := http.Get(admin + "/v1/live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var l liveReading
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]metrics.ClassCounts{}
+	for _, c := range l.Classes {
+		out[c.Class] = c
+	}
+	return out
+}
+
+// liveHistory reads /v1/live/history's readings.
+func liveHistory(t *testing.T, admin string) []json.RawMessage {
+	t.Helper()
+	resp, err := http.Get(admin + "/v1/live/history")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h struct{ Readings []json.RawMessage }
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h.Readings
+}
+
+// checkAgainstLive wants every class count the page shows between the
+// /v1/live readings before and after its own.
+func checkAgainstLive(t *testing.T, page pageNumbers, before, after map[string]metrics.ClassCounts) {
+	total := func(m map[string]int64) int64 {
+		var n int64
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	for _, class := range []string{"default", "sheddable"} {
+		c, lo, hi := page.Classes[class], before[class], after[class]
+		for _, f := range []struct {
+			field  string
+			lo, hi int64
+		}{
+			{"offered", lo.Offered, hi.Offered},
+			{"admitted", lo.Admitted, hi.Admitted},
+			{"useful", lo.Completed["useful"], hi.Completed["useful"]},
+			{"rejected", total(lo.Rejected), total(hi.Rejected)},
+			{"consumed", lo.Units["consumed"], hi.Units["consumed"]},
+		} {
+			if got := number(t, c[f.field]); got < f.lo || got > f.hi {
+				t.Errorf("%s %s: the page shows %d, /v1/live read %d before and %d after", class, f.field, got, f.lo, f.hi)
+			}
+		}
+	}
+}
+
 // gateModes reads /v1/gates with the token.
 func gateModes(t *testing.T, admin string) string {
 	req, _ := http.NewRequest("GET", admin+"/v1/gates", nil)
@@ -356,6 +447,69 @@ func (p *livePage) waitPolls(n int) {
 	for p.polls() < n {
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// checkHistory wants the page, after its first poll, to hold at least n
+// readings and to have drawn them.
+func (p *livePage) checkHistory(n int) {
+	got, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]int](`[Number(document.body.dataset.history),
+		Number(document.querySelector('#chart-requests path[data-name="offered"]')?.dataset.points ?? 0)]`))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if got[0] < n || got[1] < n-1 {
+		p.t.Errorf("after its first poll the page holds %d readings and plots %d rates, want %d and %d from the server's history", got[0], got[1], n, n-1)
+	}
+}
+
+// checkCharts wants each chart's unit and every series of the requests
+// chart drawn, admitted dashed over useful.
+func (p *livePage) checkCharts() {
+	got, err := chromedp.Run(p.ctx, chromedp.Evaluate[map[string]string](`(() => {
+		const out = {};
+		for (const c of document.querySelectorAll('svg.chart')) out[c.id] = c.querySelector('text.unit')?.textContent ?? '';
+		for (const path of document.querySelectorAll('#chart-requests path.series')) out[path.dataset.name] = path.getAttribute('stroke-dasharray') ?? 'solid';
+		return out;
+	})()`))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	want := map[string]string{"chart-requests": "req/s", "chart-reasons": "req/s", "chart-units": "units/s", "chart-tenants": "req/s",
+		"chart-queues": "seconds", "chart-inflight": "requests", "offered": "solid", "useful": "solid", "admitted": "5 3", "rejected": "solid"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		p.t.Errorf("charts: %v, want %v", got, want)
+	}
+}
+
+// html returns the page's markup as it is now.
+func (p *livePage) html() string {
+	s, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return s
+}
+
+// waitKey waits until the tenants rejected most show key.
+func (p *livePage) waitKey(key string) {
+	if err := chromedp.Do(p.ctx, chromedp.WaitVisible(chromedp.CSS(`#top-rejected td[data-key="`+key+`"]`))); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// find looks a tenant up in the page's find box and returns what it says.
+func (p *livePage) find(v string) string {
+	if _, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.querySelector('#find').value = ''; document.querySelector('#find-result').className = 'result'`)); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := chromedp.Do(p.ctx,
+		chromedp.SendKeys(chromedp.CSS(`#find`), v),
+		chromedp.Click(chromedp.CSS(`#find-go`)),
+		chromedp.WaitVisible(chromedp.CSS(`#find-result.ok`)),
+	); err != nil {
+		p.t.Fatal(err)
+	}
+	return p.text(`#find-result`)
 }
 
 func (p *livePage) text(sel string) string {

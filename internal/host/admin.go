@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/metrics"
 )
 
 // gateState is one gate as the admin API shows it.
@@ -43,11 +44,15 @@ type gateState struct {
 //	GET  /v1/live?n=10          what the page polls: counts by class, the n
 //	                            tenants rejected most and consuming most,
 //	                            each gate's mode and state (JSON)
+//	GET  /v1/live/history       the last five minutes of /v1/live, one
+//	                            reading a second, oldest first
+//	POST /v1/tenants/lookup     body {"labels": [...], "keys": [...]}: the
+//	                            tenant behind each label, the label of each key
 //	GET  /                      redirects to /live/
 //
-// /v1/gates requires "Authorization: Bearer TOKEN" with token (see
-// AdminToken); the live page and /v1/live, like /metrics, do not (they
-// show tenant labels, never keys, and no quotas).
+// /v1/gates and /v1/tenants/lookup require "Authorization: Bearer TOKEN"
+// with token (see AdminToken); the live page and /v1/live, like /metrics,
+// do not (they show tenant labels, never keys, and no quotas).
 func (s *Host) AdminHandler(token string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
@@ -106,7 +111,56 @@ func (s *Host) AdminHandler(token string) http.Handler {
 			}
 		}
 	}))
+	mux.HandleFunc("POST /v1/tenants/lookup", authorized(token, s.lookupTenants))
 	return mux
+}
+
+// maxLookups bounds the labels and keys of one lookup.
+const maxLookups = 100
+
+// tenantLookup is one tenant of a lookup's answer: its label and, when
+// Known, its key.
+type tenantLookup struct {
+	Label string `json:"label"`
+	Key   string `json:"key,omitempty"`
+	// Known says whether the metrics hold this tenant (a label slot, or a
+	// place in the live view's sketches): a label of no such tenant has no
+	// key to give.
+	Known bool `json:"known"`
+}
+
+// lookupTenants answers POST /v1/tenants/lookup, body
+// {"labels": ["t-…"], "keys": ["…"]} (at most 100 of each): each label with
+// the key of the tenant behind it, if the metrics hold it, and each key with
+// its label. Keys travel in the body, never in a URL, and the answer is not
+// cached; nothing of either is logged.
+func (s *Host) lookupTenants(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	var body struct {
+		Labels []string `json:"labels"`
+		Keys   []string `json:"keys"`
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&body)
+	if err == nil && dec.More() {
+		err = errors.New("trailing data")
+	}
+	if err != nil || len(body.Labels) > maxLookups || len(body.Keys) > maxLookups {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want a JSON body {\"labels\": [\"t-…\"], \"keys\": [\"…\"]} with at most 100 of each (64 KiB)"})
+		return
+	}
+	out := []tenantLookup{}
+	for _, l := range body.Labels {
+		k, ok := s.metrics.TenantKey(l)
+		out = append(out, tenantLookup{Label: l, Key: k, Known: ok})
+	}
+	for _, k := range body.Keys {
+		l := metrics.HashTenant(k)
+		_, ok := s.metrics.TenantKey(l)
+		out = append(out, tenantLookup{Label: l, Key: k, Known: ok})
+	}
+	writeJSON(w, http.StatusOK, map[string][]tenantLookup{"tenants": out})
 }
 
 func authorized(adminToken string, h http.HandlerFunc) http.HandlerFunc {

@@ -79,6 +79,7 @@ type Host struct {
 	mw      *httpcore.Middleware
 
 	ready    atomic.Bool            // what /readyz answers (SetReady)
+	hist     history                // the live page's last readings
 	drainCut *prometheus.CounterVec // requests cut by the drain grace
 
 	mu      sync.Mutex // serializes reloads and admin mode switches
@@ -156,8 +157,10 @@ func (h *Host) Chain() *sluice.Chain { return h.mw.Chain() }
 // "" when the token was given), which Close removes.
 func (h *Host) TokenFile() string { return h.opts.TokenFile }
 
-// Close releases the runtime serving now (its Redis client, its leases).
+// Close stops the live page's readings and releases the runtime serving
+// now (its Redis client, its leases).
 func (h *Host) Close() {
+	h.hist.close()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.rt.Close()

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -12,10 +13,12 @@ import (
 )
 
 // The live page: an HTML page with its script and style sheet, embedded
-// (no CDN, no external fonts), that polls GET /v1/live and draws what it
+// (no CDN, no external fonts), that opens on the last five minutes of
+// readings (GET /v1/live/history), then polls GET /v1/live and draws what it
 // reads. Neither needs the admin token: they show what /metrics shows
-// (tenant labels, never keys; no quotas). The page's mode switch calls
-// POST /v1/gates/{name} with the token the operator types in.
+// (tenant labels, never keys; no quotas). With the token the operator types
+// in, the page switches gate modes (POST /v1/gates/{name}) and shows the
+// tenants behind the labels (POST /v1/tenants/lookup).
 
 //go:embed live
 var liveFiles embed.FS
@@ -79,8 +82,10 @@ type liveQueue struct {
 	Classes       []sluice.ClassQueue `json:"classes,omitempty"`
 }
 
-// liveHandlers adds the page and GET /v1/live to mux.
+// liveHandlers adds the page, GET /v1/live and its history to mux, and
+// starts taking the history's readings.
 func (s *Host) liveHandlers(mux *http.ServeMux) {
+	s.hist.start(func() live { return s.live(DefaultLiveTenants) })
 	page, _ := fs.Sub(liveFiles, "live")
 	files := http.StripPrefix("/live/", http.FileServerFS(page))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -91,6 +96,10 @@ func (s *Host) liveHandlers(mux *http.ServeMux) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("Cache-Control", "no-cache")
 		files.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("GET /v1/live/history", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		writeJSON(w, http.StatusOK, map[string][]live{"readings": s.hist.readings()})
 	})
 	mux.HandleFunc("GET /v1/live", func(w http.ResponseWriter, r *http.Request) {
 		n := DefaultLiveTenants
@@ -105,6 +114,75 @@ func (s *Host) liveHandlers(mux *http.ServeMux) {
 		w.Header().Set("Cache-Control", "no-store")
 		writeJSON(w, http.StatusOK, s.live(n))
 	})
+}
+
+// historyLen is how many readings the history keeps: five minutes at one a
+// second, as the page shows.
+const historyLen = 300
+
+// history keeps the last historyLen readings of /v1/live, taken every
+// second from when the admin handler is built until Close, so that the live
+// page opens on the last minutes instead of empty charts. It holds at most
+// historyLen readings (a few KiB each: the classes, 10 tenants of each top,
+// the gates).
+type history struct {
+	mu   sync.Mutex
+	ring []live // in order from next when full
+	next int
+	once sync.Once
+	stop chan struct{}
+	done chan struct{}
+}
+
+// start takes a reading with read now and every second after, until close.
+func (h *history) start(read func() live) {
+	h.once.Do(func() {
+		h.stop, h.done = make(chan struct{}), make(chan struct{})
+		h.add(read())
+		go func() {
+			defer close(h.done)
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-h.stop:
+					return
+				case <-t.C:
+					h.add(read())
+				}
+			}
+		}()
+	})
+}
+
+// close stops the readings (if they started) and waits for the last.
+func (h *history) close() {
+	h.once.Do(func() {}) // a start after close starts nothing
+	if h.stop != nil {
+		close(h.stop)
+		<-h.done
+		h.stop = nil
+	}
+}
+
+func (h *history) add(l live) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.ring) < historyLen {
+		h.ring = append(h.ring, l)
+		return
+	}
+	h.ring[h.next] = l
+	h.next = (h.next + 1) % historyLen
+}
+
+// readings returns the kept readings, oldest first.
+func (h *history) readings() []live {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]live, 0, len(h.ring))
+	out = append(out, h.ring[h.next:]...)
+	return append(out, h.ring[:h.next]...)
 }
 
 // live reads the metrics and the gates now.

@@ -238,3 +238,89 @@ func TestGatesShowBucketsAsRateAndBurst(t *testing.T) {
 		t.Errorf("missing: %v", want)
 	}
 }
+
+func post(t *testing.T, h http.Handler, target, body string, header map[string]string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest("POST", target, strings.NewReader(body))
+	for k, v := range header {
+		r.Header.Set(k, v)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// With the admin token, a label gives the key of the tenant behind it (one
+// the metrics hold: here a tenant only ever rejected, kept by the sketch,
+// and one with a label slot) and a key gives its label; without it, or
+// with a malformed or oversized body, nothing is answered.
+func TestTenantLookup(t *testing.T) {
+	_, app, admin := newLiveHost(t)
+	for range 20 {
+		get(t, app, "/x", map[string]string{"X-Api-Key": "sk_heavy"})
+	}
+	auth := map[string]string{"Authorization": "Bearer secret"}
+	heavy := metrics.HashTenant("sk_heavy")
+	w := post(t, admin, "/v1/tenants/lookup", `{"labels": ["`+heavy+`", "t-000000000000"], "keys": ["sk_heavy", "sk_never"]}`, auth)
+	if w.Code != 200 || w.Header().Get("Cache-Control") != "no-store" {
+		t.Fatalf("%d %v %s", w.Code, w.Header(), w.Body)
+	}
+	var got struct{ Tenants []tenantLookup }
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []tenantLookup{
+		{Label: heavy, Key: "sk_heavy", Known: true},
+		{Label: "t-000000000000"},
+		{Label: heavy, Key: "sk_heavy", Known: true},
+		{Label: metrics.HashTenant("sk_never"), Key: "sk_never"},
+	}
+	if !reflect.DeepEqual(got.Tenants, want) {
+		t.Fatalf("got %+v\nwant %+v", got.Tenants, want)
+	}
+	for _, c := range []struct {
+		body   string
+		header map[string]string
+		code   int
+	}{
+		{`{"labels": ["` + heavy + `"]}`, nil, 401},
+		{`{"labels": ["` + heavy + `"]}`, map[string]string{"Authorization": "Bearer wrong"}, 401},
+		{`{"label": "x"}`, auth, 400},
+		{`{"labels": []} {}`, auth, 400},
+		{`{"labels": [` + strings.Repeat(`"t-0",`, 100) + `"t-0"]}`, auth, 400},
+		{strings.Repeat(" ", 70<<10) + `{"labels": []}`, auth, 400},
+	} {
+		w := post(t, admin, "/v1/tenants/lookup", c.body, c.header)
+		if w.Code != c.code || strings.Contains(w.Body.String(), "sk_heavy") {
+			t.Errorf("%.40q: %d %s, want %d", c.body, w.Code, w.Body, c.code)
+		}
+	}
+}
+
+// The history keeps the last historyLen readings, oldest first, and serves
+// them without the token; Close stops its readings.
+func TestLiveHistory(t *testing.T) {
+	var h history
+	for i := range historyLen + 5 {
+		h.add(live{Policy: fmt.Sprint(i)})
+	}
+	got := h.readings()
+	if len(got) != historyLen || got[0].Policy != "5" || got[historyLen-1].Policy != fmt.Sprint(historyLen+4) {
+		t.Fatalf("%d readings, from %s to %s", len(got), got[0].Policy, got[len(got)-1].Policy)
+	}
+
+	host, _, admin := newLiveHost(t) // AdminHandler took the first reading
+	w := get(t, admin, "/v1/live/history", nil)
+	var body struct{ Readings []live }
+	if w.Code != 200 || w.Header().Get("Cache-Control") != "no-store" || json.Unmarshal(w.Body.Bytes(), &body) != nil || len(body.Readings) != 1 {
+		t.Fatalf("%d %v %s", w.Code, w.Header(), w.Body)
+	}
+	if body.Readings[0].Policy != host.Version() || len(body.Readings[0].Gates) != 3 {
+		t.Errorf("reading %+v", body.Readings[0])
+	}
+	host.Close()
+	host.Close() // twice: no panic
+	var never history
+	never.close()
+	never.start(func() live { t.Fatal("a history closed before it started took a reading"); return live{} })
+}

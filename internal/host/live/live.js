@@ -1,6 +1,8 @@
-// The sluice live page: polls /v1/live, keeps the last readings in memory,
-// plots rates between readings and switches gate modes through
-// POST /v1/gates/{name} with the token typed in. No dependencies.
+// The sluice live page: opens on the server's last five minutes of readings
+// (/v1/live/history), then polls /v1/live, keeps the readings in memory,
+// plots rates between readings, switches gate modes through
+// POST /v1/gates/{name} and, with the admin token typed in, shows the
+// tenants behind the labels (POST /v1/tenants/lookup). No dependencies.
 'use strict';
 
 const EVERY_MS = 1000;   // poll period
@@ -12,6 +14,9 @@ const SVGNS = 'http://www.w3.org/2000/svg';
 
 const history = []; // {t: seconds, d: reading}
 let polls = 0;
+// keys maps a label to the tenant behind it, as the operator's lookups
+// answered; it lives only as long as the page.
+const keys = new Map();
 
 const $ = (sel, el = document) => el.querySelector(sel);
 const fmt = (v) => (v == null || Number.isNaN(v) ? '–' : Math.round(v).toLocaleString('en-US'));
@@ -60,10 +65,12 @@ function level(get) {
   return history.map((h) => ({ t: h.t, v: get(h.d) ?? 0 }));
 }
 
+// drawChart draws lines ({name, points, color, dash, width}) in order, the
+// later over the earlier, against one y axis in the chart's data-unit.
 function drawChart(node, lines) {
   node.replaceChildren();
   const w = node.clientWidth || 420, h = node.clientHeight || 170;
-  const left = 44, right = 8, top = 8, bottom = 34;
+  const left = 44, right = 8, top = 14, bottom = 34;
   node.setAttribute('viewBox', `0 0 ${w} ${h}`);
   const pts = lines.flatMap((l) => l.points).filter((p) => p.v != null);
   // The window grows with the readings, from 30 s to the five minutes kept.
@@ -73,6 +80,7 @@ function drawChart(node, lines) {
   const ymax = Math.max(1, ...pts.map((p) => p.v)) * 1.1;
   const x = (t) => left + ((t - t0) / (now - t0 || 1)) * (w - left - right);
   const y = (v) => top + (1 - v / ymax) * (h - top - bottom);
+  if (node.dataset.unit) node.append(svg('text', { class: 'unit', x: 2, y: 9 }, node.dataset.unit));
   node.append(svg('line', { class: 'axis', x1: left, y1: y(0), x2: w - right, y2: y(0) }));
   node.append(svg('line', { class: 'axis', x1: left, y1: top, x2: left, y2: y(0) }));
   for (const f of [0, 0.5, 1]) {
@@ -89,7 +97,10 @@ function drawChart(node, lines) {
     const color = l.color || PALETTE[i % PALETTE.length];
     if (l.points.length > 1) {
       const d = l.points.filter((p) => p.v != null && p.t >= t0).map((p, j) => `${j ? 'L' : 'M'}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join('');
-      node.append(svg('path', { class: 'series', d, stroke: color }));
+      const attrs = { class: 'series', d, stroke: color, 'data-name': l.name, 'data-points': String(l.points.filter((p) => p.v != null && p.t >= t0).length) };
+      if (l.dash) attrs['stroke-dasharray'] = l.dash;
+      if (l.width) attrs['stroke-width'] = l.width;
+      node.append(svg('path', attrs));
     }
     const label = svg('text', { x: lx + 12, y: h - 4 }, l.name);
     node.append(svg('rect', { x: lx, y: h - 12, width: 9, height: 9, fill: color }), label);
@@ -130,12 +141,25 @@ function renderClasses(d) {
   }
 }
 
+// tenantCell shows a label, and the key behind it once a lookup found it.
+function tenantCell(label) {
+  const td = el('td', { 'data-field': 'tenant' });
+  const key = keys.get(label);
+  if (key != null) {
+    td.dataset.key = key;
+    td.append(el('span', { class: 'key' }, key), el('span', { class: 'lbl' }, label));
+  } else {
+    td.textContent = label;
+  }
+  return td;
+}
+
 function renderTop(id, top, key, extra) {
   const body = $(`#${id} tbody`);
   body.replaceChildren();
   for (const t of top.tenants || []) {
     const tr = el('tr', { 'data-tenant': t.tenant });
-    tr.append(el('td', { 'data-field': 'tenant' }, t.tenant));
+    tr.append(tenantCell(t.tenant));
     tr.append(el('td', { 'data-field': 'count' }, fmt(t.count)));
     tr.append(el('td', { 'data-field': 'error' }, t.error ? fmt(t.error) : '0'));
     tr.append(el('td', { 'data-field': 'rate' }, fmtRate(rate((x) => tenantOf(x.tenants[key], t.tenant)?.count))));
@@ -182,22 +206,29 @@ function renderGates(d) {
 }
 
 function renderCharts(d) {
+  // useful is at most admitted, often equal: admitted is drawn over it,
+  // thin and dashed, so that both show.
   drawChart($('#chart-requests'), [
     { name: 'offered', color: '#7f7f7f', points: series((x) => x.totals.offered) },
-    { name: 'admitted', color: '#1f77b4', points: series((x) => x.totals.admitted) },
-    { name: 'useful', color: '#2ca02c', points: series((x) => x.totals.useful) },
+    { name: 'useful', color: '#2ca02c', width: 3.5, points: series((x) => x.totals.useful) },
+    { name: 'admitted', color: '#1f77b4', dash: '5 3', points: series((x) => x.totals.admitted) },
     { name: 'rejected', color: '#d62728', points: series((x) => x.totals.rejected) },
   ]);
   const reasons = [...new Set(history.flatMap((h) => h.d.classes.flatMap((c) => Object.keys(c.rejected))))].sort();
   drawChart($('#chart-reasons'), reasons.map((r) => ({ name: r, points: series((x) => x.classes.reduce((a, c) => a + (c.rejected[r] || 0), 0)) })));
   drawChart($('#chart-units'), d.classes.map((c) => ({ name: c.class || '(none)', points: series((x) => classOf(x, c.class)?.units.consumed) })));
   drawChart($('#chart-tenants'), (d.tenants.rejected.tenants || []).slice(0, TOP_PLOTTED).map((t) => ({
-    name: t.tenant, points: series((x) => tenantOf(x.tenants.rejected, t.tenant)?.count),
+    name: keys.get(t.tenant) ?? t.tenant, points: series((x) => tenantOf(x.tenants.rejected, t.tenant)?.count),
   })));
-  const queued = d.gates.filter((g) => g.queue);
-  drawChart($('#chart-queues'), [
-    ...queued.map((g) => ({ name: `${g.name} age`, points: level((x) => x.gates.find((q) => q.name === g.name)?.queue?.oldest_seconds) })),
-    { name: 'in flight', points: level((x) => x.totals.inflight) },
+  const gate = (x, name) => x.gates.find((g) => g.name === name);
+  drawChart($('#chart-queues'), d.gates.filter((g) => g.queue).map((g) => ({
+    name: g.name, points: level((x) => gate(x, g.name)?.queue?.oldest_seconds),
+  })));
+  drawChart($('#chart-inflight'), [
+    { name: 'in flight', color: '#1f77b4', points: level((x) => x.totals.inflight) },
+    ...d.gates.filter((g) => g.limit != null).map((g, i) => ({
+      name: `${g.name} limit`, color: PALETTE[(i + 2) % PALETTE.length], dash: '4 2', points: level((x) => gate(x, g.name)?.limit),
+    })),
   ]);
 }
 
@@ -219,13 +250,82 @@ function render(d) {
   renderCharts(d);
 }
 
+// lookup asks the admin API about labels and keys with the token typed
+// in; it returns the answer's tenants, or throws.
+async function lookup(body) {
+  const token = $('#token').value.trim();
+  if (!token) throw new Error('type the admin token first');
+  const r = await fetch('/v1/tenants/lookup', {
+    method: 'POST', cache: 'no-store',
+    headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const out = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(out.error || `answered ${r.status}`);
+  for (const t of out.tenants) if (t.known) keys.set(t.label, t.key);
+  return out.tenants;
+}
+
+// resolve looks up the listed labels not yet resolved, when a token is
+// typed in; a wrong token shows in the find box's status.
+async function resolve(d) {
+  if (!$('#token').value.trim()) return;
+  const labels = [...new Set([...(d.tenants.rejected.tenants || []), ...(d.tenants.consumed.tenants || [])].map((t) => t.tenant))]
+    .filter((l) => !keys.has(l)).slice(0, 100);
+  if (!labels.length) return;
+  try {
+    await lookup({ labels });
+  } catch (e) {
+    const out = $('#find-result');
+    out.textContent = `tenant lookup: ${e.message}`;
+    out.className = 'result error';
+  }
+}
+
+async function find() {
+  const out = $('#find-result');
+  const v = $('#find').value.trim();
+  if (!v) return;
+  try {
+    const [asLabel, asKey] = await lookup({ labels: [v], keys: [v] });
+    if (asLabel.known) out.textContent = `${asLabel.label} is ${asLabel.key}`;
+    else out.textContent = `${v} has label ${asKey.label}${asKey.known ? '' : ' (not among the tenants the metrics hold now)'}`;
+    out.className = 'result ok';
+    if (history.length) render(history[history.length - 1].d);
+  } catch (e) {
+    out.textContent = e.message;
+    out.className = 'result error';
+  }
+}
+
+// keep adds a reading to the history, oldest first, at most HISTORY + 1.
+function keep(d) {
+  const t = Date.parse(d.time) / 1000;
+  if (history.length && t <= history[history.length - 1].t) return; // already kept
+  history.push({ t, d });
+  if (history.length > HISTORY + 1) history.shift();
+}
+
+// loadHistory fills the history with the server's last readings, so that
+// the charts open on the last minutes.
+async function loadHistory() {
+  try {
+    const r = await fetch('/v1/live/history', { cache: 'no-store' });
+    if (!r.ok) return;
+    const body = await r.json();
+    for (const d of body.readings || []) keep(d);
+    document.body.dataset.history = String(history.length);
+  } catch (e) {
+    // An older server without a history: the charts fill as the page polls.
+  }
+}
+
 async function poll() {
   try {
     const r = await fetch(`/v1/live?n=${TOP}`, { cache: 'no-store' });
     if (!r.ok) throw new Error(`/v1/live answered ${r.status}`);
     const d = await r.json();
-    history.push({ t: Date.parse(d.time) / 1000, d });
-    if (history.length > HISTORY + 1) history.shift();
+    keep(d);
+    await resolve(d);
     render(d);
     polls++;
     document.body.dataset.polls = String(polls);
@@ -259,4 +359,6 @@ async function switchMode(name, mode) {
   }
 }
 
-poll();
+$('#find-go').addEventListener('click', find);
+$('#find').addEventListener('keydown', (e) => { if (e.key === 'Enter') find(); });
+loadHistory().then(poll);
