@@ -186,14 +186,21 @@ type held struct {
 // caller can act on.
 func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	now := c.clock.Now()
+	// The gates and the observer see the ticket's copy of r, never r: a
+	// pointer passed through an interface escapes, and a Request the
+	// caller declared on its stack would be moved to the heap per call.
+	t := c.pool.Get().(*ticket)
 	if err := r.Validate(); err != nil {
-		return c.finish(r, Decision{Reason: ReasonInvalid}, now), Ticket{}
+		t.req = *r
+		return c.refuse(t, r, Decision{Reason: ReasonInvalid}, now), Ticket{}
 	}
 	r.retest = false
+	t.req = *r
+	req := &t.req
 	if r.Deadline != 0 && now >= r.Deadline {
-		return c.finish(r, Decision{Reason: ReasonDeadline}, now), Ticket{}
+		return c.refuse(t, r, Decision{Reason: ReasonDeadline}, now), Ticket{}
 	}
-	var hs [MaxGates]held
+	hs := &t.held // the permits are kept where the ticket keeps them: no copy
 	n := 0
 	best := Decision{Admitted: true}
 	for i, e := range c.gates {
@@ -201,18 +208,18 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 		if m == ModeOff {
 			continue
 		}
-		d, p := e.gate.Decide(ctx, r, now)
+		d, p := e.gate.Decide(ctx, req, now)
 		if d.Admitted && e.waits {
 			// The gate may have waited: the gates after it decide at the
 			// time it let the request go, and a deadline that passed
 			// meanwhile rejects it (a pacer after a queue computed its
 			// wait from the instant before the queue's).
 			now = c.clock.Now()
-			if r.Deadline != 0 && now >= r.Deadline {
+			if req.Deadline != 0 && now >= req.Deadline {
 				hs[n] = held{gate: i, permit: p}
 				n++
-				c.release(hs[:n], r, Completion{Outcome: OutcomeRejected, Now: now})
-				return c.finish(r, Decision{Reason: ReasonDeadline, Scope: d.Scope, Gate: e.gate.Name()}, now), Ticket{}
+				c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
+				return c.refuse(t, r, Decision{Reason: ReasonDeadline, Scope: d.Scope, Gate: e.gate.Name()}, now), Ticket{}
 			}
 		}
 		if d.Admitted {
@@ -228,21 +235,29 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 		if m == ModeShadow {
 			if c.obs != nil {
 				sd := d // only this copy escapes, and only with an observer
-				c.obs.ShadowRejected(r, &sd)
+				c.obs.ShadowRejected(req, &sd)
 			}
 			continue
 		}
-		c.release(hs[:n], r, Completion{Outcome: OutcomeRejected, Now: now})
+		c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
 		d.EffectPossible = false
-		return c.finish(r, d, now), Ticket{}
+		return c.refuse(t, r, d, now), Ticket{}
 	}
-	t := c.pool.Get().(*ticket)
-	t.req = *r
 	t.start = now // after any wait in a gate: now was read again after it
 	t.n = n
-	t.held = hs
+	r.retest = req.retest // what a gate marked on the copy (MarkRetest)
 	tk := Ticket{t: t, gen: t.gen.Load()}
-	return c.finish(r, best, now), tk
+	return c.finish(req, best, now), tk
+}
+
+// refuse reports rejection d of t's request, the copy of r, and returns t
+// to the pool (no Ticket was handed out: its generation stays).
+func (c *Chain) refuse(t *ticket, r *Request, d Decision, start clock.Instant) Decision {
+	r.retest = t.req.retest // what a gate marked on the copy (MarkRetest)
+	d = c.finish(&t.req, d, start)
+	t.req = Request{}
+	c.pool.Put(t)
+	return d
 }
 
 // Refuse records a rejection decided outside the gates (for example a

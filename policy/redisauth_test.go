@@ -113,6 +113,7 @@ func TestRedisCredentialsAndTLSFromThePolicyFile(t *testing.T) {
 		os.Unsetenv("SLUICE_TEST_REDIS_UNSET")
 		os.WriteFile(filepath.Join(dir, "empty"), nil, 0o600)
 		os.WriteFile(filepath.Join(dir, "not.pem"), []byte("hello"), 0o600)
+		os.WriteFile(filepath.Join(dir, "pw"), []byte("s3cret\n"), 0o600) // also when the subtests with a server skip
 		for _, c := range []struct {
 			extra, field, msg string
 		}{
