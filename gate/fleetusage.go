@@ -46,7 +46,7 @@ func NewFleetUsage(name string, lim store.Limiter, reserved []string, opts Optio
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &fleetUsage{base: base{name: name, lim: lim, opts: opts, reason: opts.Reason, unit: sluice.UnitConcurrentRequests},
+	return &fleetUsage{base: newBase(name, lim, opts, opts.Reason, sluice.UnitConcurrentRequests),
 		reserved: slices.Clone(reserved)}, nil
 }
 

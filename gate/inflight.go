@@ -38,7 +38,7 @@ func newInFlight(name string, lim store.Limiter, opts Options, weighted bool) (*
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &inFlight{base: base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonConcurrency), unit: sluice.UnitConcurrentRequests}, weighted: weighted}, nil
+	return &inFlight{base: newBase(name, lim, opts, opts.reasonOr(sluice.ReasonConcurrency), sluice.UnitConcurrentRequests), weighted: weighted}, nil
 }
 
 // NewWeightedInFlight is NewInFlight where each request holds as many

@@ -41,7 +41,7 @@ func NewPacer(name string, lim store.Limiter, opts Options) (sluice.Gate, error)
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &pacer{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(PacerReason(opts.Scope)), unit: sluice.UnitRequests}}, nil
+	return &pacer{newBase(name, lim, opts, opts.reasonOr(PacerReason(opts.Scope)), sluice.UnitRequests)}, nil
 }
 
 // PacerReason is the rejection reason of a Pacer whose queue is counted

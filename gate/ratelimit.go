@@ -118,8 +118,15 @@ type base struct {
 	failures  atomic.Int64
 	fallbacks atomic.Int64
 	lastLog   atomic.Int64
-	answered  atomic.Bool // the store has decided once
-	refills   bool        // lim refills continuously (store.Refiller)
+	answered  atomic.Bool   // the store has decided once
+	refills   bool          // lim refills continuously (store.Refiller)
+	window    time.Duration // lim.Window(), read once: a limiter's window is fixed
+}
+
+// newBase returns the base of a gate named name over lim.
+func newBase(name string, lim store.Limiter, opts Options, reason sluice.Reason, unit sluice.Unit) base {
+	r, _ := lim.(store.Refiller)
+	return base{name: name, lim: lim, opts: opts, reason: reason, unit: unit, refills: r != nil && r.Refills(), window: lim.Window()}
 }
 
 // Name returns the gate's name.
@@ -205,7 +212,7 @@ func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
 		Unit:       b.unit,
 		Gate:       b.name,
 		Limit:      res.Limit,
-		Window:     b.lim.Window(),
+		Window:     b.window,
 		Refills:    b.refills,
 		Remaining:  res.Remaining,
 		ResetAfter: res.ResetAfter,
@@ -272,9 +279,7 @@ func NewRateLimit(name string, lim store.Limiter, opts Options) (sluice.Gate, er
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	r, _ := lim.(store.Refiller)
-	return &rateLimit{base{name: name, lim: lim, opts: opts, reason: opts.reasonOr(sluice.ReasonPolicyRate), unit: sluice.UnitRequests,
-		refills: r != nil && r.Refills()}}, nil
+	return &rateLimit{newBase(name, lim, opts, opts.reasonOr(sluice.ReasonPolicyRate), sluice.UnitRequests)}, nil
 }
 
 // Decide takes r.Cost units from r's scope.
