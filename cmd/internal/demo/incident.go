@@ -34,6 +34,10 @@ type IncidentOptions struct {
 	// Skew makes tenant-i's share of the load fall as 1/(i+1)^Skew (Zipf;
 	// 0: equal shares), so that the heaviest tenants meet their rate limit.
 	Skew float64
+	// Seed, when not 0, makes the run's sequence of requests repeat: two
+	// runs with one seed send the same tenants, operations and costs in
+	// the same order (a policy and its candidate compared on one traffic).
+	Seed uint64
 	// AccessLog, when set, receives the proxy's access log: a JSON line
 	// for every decision, rejections included (what sluice whatif replays).
 	AccessLog io.Writer
@@ -151,7 +155,7 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 			vegeta.MaxWorkers(20000), vegeta.Connections(20000), vegeta.Redirects(vegeta.NoFollow))
 		stop := context.AfterFunc(ctx, func() { atk.Stop() })
 		defer stop()
-		for r := range atk.Attack(skewedMix(st.target, opts.Tenants, opts.Skew, opts.Deadline), vegeta.ConstantPacer{Freq: int(rate + 0.5), Per: time.Second}, opts.Duration, "incident") {
+		for r := range atk.Attack(skewedMix(st.target, opts.Tenants, opts.Skew, opts.Seed, opts.Deadline), vegeta.ConstantPacer{Freq: int(rate + 0.5), Per: time.Second}, opts.Duration, "incident") {
 			i := int(r.Timestamp.Sub(start) / time.Second)
 			if i < 0 || i >= n {
 				continue

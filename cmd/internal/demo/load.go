@@ -21,15 +21,34 @@ import (
 // 50% GET /v1/routes/{id}, 40% POST /v1/routes with 10..290 stops,
 // 10% GET /v1/analytics/daily; the tenants share the load equally.
 func mixTarget(base string, tenants int, deadline time.Duration) vegeta.Targeter {
-	return skewedMix(base, tenants, 0, deadline)
+	return skewedMix(base, tenants, 0, 0, deadline)
 }
 
 // skewedMix is mixTarget with tenant-i's share of the load falling as
 // 1/(i+1)^skew (Zipf's law; 0: equal shares): with 100 tenants and skew 1,
 // tenant-0 sends 19% of the requests, tenant-1 10% and tenant-99 0.2%.
-func skewedMix(base string, tenants int, skew float64, deadline time.Duration) vegeta.Targeter {
+// A seed other than 0 makes the sequence of requests repeat from run to
+// run (two runs with one seed send the same requests in the same order).
+func skewedMix(base string, tenants int, skew float64, seed uint64, deadline time.Duration) vegeta.Targeter {
 	timeout := deadline.String()
-	pick := func() int { return rand.IntN(tenants) }
+	var mu sync.Mutex // vegeta's workers call the targeter concurrently
+	var rng *rand.Rand
+	if seed != 0 {
+		rng = rand.New(rand.NewPCG(seed, 0x64656d6f))
+	}
+	intN := func(n int) int {
+		if rng == nil {
+			return rand.IntN(n)
+		}
+		return rng.IntN(n)
+	}
+	float := func() float64 {
+		if rng == nil {
+			return rand.Float64()
+		}
+		return rng.Float64()
+	}
+	pick := func() int { return intN(tenants) }
 	if skew > 0 {
 		cum := make([]float64, tenants) // cumulative weights
 		total := 0.0
@@ -38,20 +57,23 @@ func skewedMix(base string, tenants int, skew float64, deadline time.Duration) v
 			cum[i] = total
 		}
 		pick = func() int {
-			i, _ := slices.BinarySearch(cum, rand.Float64()*total)
+			i, _ := slices.BinarySearch(cum, float()*total)
 			return min(i, tenants-1)
 		}
 	}
 	return func(t *vegeta.Target) error {
 		h := http.Header{}
-		h.Set("X-Api-Key", "tenant-"+strconv.Itoa(pick()))
+		mu.Lock()
+		tenant, n, id, stops := pick(), intN(100), intN(100000), 10+intN(281)
+		mu.Unlock()
+		h.Set("X-Api-Key", "tenant-"+strconv.Itoa(tenant))
 		h.Set("X-Request-Timeout", timeout)
-		switch n := rand.IntN(100); {
+		switch {
 		case n < 50:
-			t.Method, t.URL = http.MethodGet, base+"/v1/routes/"+strconv.Itoa(rand.IntN(100000))
+			t.Method, t.URL = http.MethodGet, base+"/v1/routes/"+strconv.Itoa(id)
 		case n < 90:
 			t.Method, t.URL = http.MethodPost, base+"/v1/routes"
-			h.Set("X-Stops", strconv.Itoa(10+rand.IntN(281)))
+			h.Set("X-Stops", strconv.Itoa(stops))
 		default:
 			t.Method, t.URL = http.MethodGet, base+"/v1/analytics/daily"
 		}
