@@ -335,11 +335,29 @@ type demoFlags struct {
 
 // run runs the scenario the flags name.
 func (f *demoFlags) run(cmd *cobra.Command) error {
-	if f.scenario != "incident" {
-		for _, name := range []string{"skew", "record"} {
-			if cmd.Flags().Changed(name) {
-				return fmt.Errorf("--%s: only the incident scenario takes it", name)
+	for scenario, names := range map[string][]string{
+		"incident":        {"duration", "load", "slowdown", "slow-from", "slow-for", "skew", "record"},
+		"capacity-matrix": {"workers", "services", "deadlines", "trace"},
+	} {
+		for _, name := range names {
+			if f.scenario != scenario && cmd.Flags().Changed(name) {
+				return fmt.Errorf("--%s: only the %s scenario takes it", name, scenario)
 			}
+		}
+	}
+	if f.scenario == "incident" {
+		in := &f.incident
+		switch {
+		case in.Duration < time.Second:
+			return fmt.Errorf("--duration %v: want at least 1s", in.Duration)
+		case !(in.Load > 0 && in.Load <= 1000):
+			return fmt.Errorf("--load %g: want a multiple of the capacity above 0, at most 1000", in.Load)
+		case !(in.Skew >= 0 && in.Skew <= 10):
+			return fmt.Errorf("--skew %g: want 0 (equal shares) to 10", in.Skew)
+		case in.Slowdown != 0 && !(in.Slowdown > 1 && in.Slowdown <= 1000):
+			return fmt.Errorf("--slowdown %g: want a factor above 1 (at most 1000), or 0 for none", in.Slowdown)
+		case in.SlowFrom < 0 || in.SlowFor < 0:
+			return errors.New("--slow-from and --slow-for: want 0 or more")
 		}
 	}
 	switch f.scenario {

@@ -207,3 +207,27 @@ func TestCheckExplain(t *testing.T) {
 		t.Fatal("an unknown kind explained")
 	}
 }
+
+// sluice demo refuses a scenario's flag on another scenario, and incident
+// settings that cannot run (a negative duration panicked; a duration of 0
+// ran the 30-minute default), with the flag and what it wants.
+func TestDemoFlagErrors(t *testing.T) {
+	for _, c := range []struct{ args, want string }{
+		{"--scenario incident --duration -5s", "--duration -5s: want at least 1s"},
+		{"--scenario incident --duration 0", "--duration 0s: want at least 1s"},
+		{"--scenario incident --load 0", "--load 0: want"},
+		{"--scenario incident --load -3", "--load -3: want"},
+		{"--scenario incident --skew NaN", "--skew NaN: want"},
+		{"--scenario incident --skew -1", "--skew -1: want"},
+		{"--scenario incident --slowdown -2", "--slowdown -2: want"},
+		{"--scenario sweep --skew 1", "--skew: only the incident scenario takes it"},
+		{"--record x.log", "--record: only the incident scenario takes it"},
+		{"--duration 1m", "--duration: only the incident scenario takes it"},
+		{"--scenario incident --workers 2", "--workers: only the capacity-matrix scenario takes it"},
+	} {
+		_, _, err := run(append([]string{"demo"}, strings.Fields(c.args)...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("demo %s: %v, want %q", c.args, err, c.want)
+		}
+	}
+}

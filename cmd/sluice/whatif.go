@@ -52,11 +52,15 @@ func (fl *whatifFlags) run(cmd *cobra.Command, candidate string) error {
 	if fl.logPath == "" {
 		return errors.New("--log: the recorded log is required")
 	}
-	if fl.interval <= 0 || fl.tenants < 0 {
-		return errors.New("--interval and --tenants must be positive")
-	}
-	if fl.workers < -1 || fl.deadline < 0 {
-		return errors.New("--workers: want at least 1, 0 or -1; --deadline: want 0 or more")
+	switch {
+	case fl.interval <= 0:
+		return fmt.Errorf("--interval %v: want a positive duration", fl.interval)
+	case fl.tenants < 1:
+		return fmt.Errorf("--tenants %d: want at least 1", fl.tenants)
+	case fl.workers < -1:
+		return fmt.Errorf("--workers %d: want at least 1, or 0 (from the log) or -1 (no upstream model)", fl.workers)
+	case fl.deadline < 0:
+		return fmt.Errorf("--deadline %v: want 0 (the policy's default) or more", fl.deadline)
 	}
 	cand, err := policy.Load(candidate)
 	if err != nil {

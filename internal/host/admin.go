@@ -169,6 +169,7 @@ func authorized(adminToken string, h http.HandlerFunc) http.HandlerFunc {
 		scheme, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
 		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+			w.Header().Set("Cache-Control", "no-store")
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
 			return
 		}

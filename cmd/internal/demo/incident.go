@@ -131,6 +131,10 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 	if opts.Exe == "" || len(opts.Policy) == 0 {
 		return nil, errors.New("demo: the incident needs the sluice binary and a policy")
 	}
+	if opts.Duration < time.Second || !(opts.Load > 0) || !(opts.Skew >= 0) || opts.Workers < 1 || opts.Tenants < 1 {
+		return nil, fmt.Errorf("demo: incident: duration %v (want 1s or more), load %g, skew %g, workers %d, tenants %d (want positive)",
+			opts.Duration, opts.Load, opts.Skew, opts.Workers, opts.Tenants)
+	}
 	file, cleanup, err := writePolicy(opts.PolicyName, opts.Policy)
 	if err != nil {
 		return nil, err

@@ -99,6 +99,29 @@ func ReadFile(path string, opts ReadOptions) ([]Record, Stats, error) {
 // maxLine bounds one log line.
 const maxLine = 1 << 20
 
+// MaxDuration is the longest recorded duration a line may carry: a line
+// with a longer one (or a negative one) is malformed, not a request that
+// held its slot for years.
+const MaxDuration = 24 * time.Hour
+
+// instant is t in Unix nanoseconds, for times from 1970 to 2261 (what an
+// int64 of nanoseconds holds; two of them never differ by more).
+func instant(t time.Time) (int64, error) {
+	if y := t.Year(); y < 1970 || y > 2261 {
+		return 0, fmt.Errorf("time %s: outside 1970 to 2261", t.Format(time.RFC3339))
+	}
+	return t.UnixNano(), nil
+}
+
+// seconds turns a recorded duration of v units into a Duration, refusing
+// a negative one, one past MaxDuration, and NaN.
+func seconds(v float64, unit time.Duration) (time.Duration, error) {
+	if !(v >= 0 && v*float64(unit) <= float64(MaxDuration)) {
+		return 0, fmt.Errorf("duration %g%s: want 0 to %v", v, map[time.Duration]string{time.Second: "s", time.Millisecond: "ms", time.Nanosecond: "ns"}[unit], MaxDuration)
+	}
+	return time.Duration(v * float64(unit)), nil
+}
+
 // Read reads every request of a log, sorted by arrival. A line that does
 // not parse is counted (Stats.Malformed) and skipped; a log with no request
 // at all is an error.
@@ -138,12 +161,18 @@ func Read(r io.Reader, opts ReadOptions) ([]Record, Stats, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, st, fmt.Errorf("line %d: longer than %d bytes: not an access log line", st.Lines+1, maxLine)
+		}
 		return nil, st, fmt.Errorf("line %d: %w", st.Lines+1, err)
 	}
 	st.Requests = int64(len(recs))
 	if len(recs) == 0 {
 		if st.FirstMalformed != "" {
 			return nil, st, fmt.Errorf("no request read (%s format); %s", st.Format, st.FirstMalformed)
+		}
+		if st.Format == FormatAuto {
+			return nil, st, errors.New("no request read: the log is empty")
 		}
 		return nil, st, fmt.Errorf("no request read (%s format)", st.Format)
 	}
@@ -211,7 +240,10 @@ func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 			return false, err
 		}
 		if l.Decision == "admitted" {
-			dur = time.Duration(l.Duration)
+			var err error
+			if dur, err = seconds(float64(l.Duration), time.Nanosecond); err != nil {
+				return false, err
+			}
 		}
 	} else {
 		var err error
@@ -226,7 +258,14 @@ func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("time %q: %v", l.Time, err)
 	}
-	*rec = Record{At: at.UnixNano(), Method: l.Method, Path: l.Path, Tenant: l.Tenant, Remote: l.Remote, Status: l.Status,
+	ns, err := instant(at)
+	if err != nil {
+		return false, err
+	}
+	if dur > MaxDuration {
+		return false, fmt.Errorf("duration %v: want at most %v", dur, MaxDuration)
+	}
+	*rec = Record{At: ns, Method: l.Method, Path: l.Path, Tenant: l.Tenant, Remote: l.Remote, Status: l.Status,
 		Duration: -1, Cost: l.Cost}
 	switch l.Decision {
 	case "admitted":
@@ -322,8 +361,12 @@ func parseCombined(line []byte, rec *Record, _ *Stats) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("time %q: %v", m[3], err)
 	}
+	ns, err := instant(at)
+	if err != nil {
+		return false, err
+	}
 	status, _ := strconv.Atoi(string(m[6]))
-	*rec = Record{At: at.UnixNano(), Method: string(m[4]), Path: pathOnly(string(m[5])), Remote: string(m[1]), Status: status, Duration: -1}
+	*rec = Record{At: ns, Method: string(m[4]), Path: pathOnly(string(m[5])), Remote: string(m[1]), Status: status, Duration: -1}
 	if u := string(m[2]); u != "-" {
 		rec.Tenant = u
 	}
@@ -332,7 +375,9 @@ func parseCombined(line []byte, rec *Record, _ *Stats) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("request_time %q: %v", m[7], err)
 		}
-		rec.Duration = time.Duration(secs * float64(time.Second)) // Read moves At back by it
+		if rec.Duration, err = seconds(secs, time.Second); err != nil { // Read moves At back by it
+			return false, err
+		}
 	}
 	return true, nil
 }
@@ -363,7 +408,11 @@ func parseEnvoy(line []byte, rec *Record, tenantField string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("start_time %q: %v", start, err)
 	}
-	*rec = Record{At: at.UnixNano(), Method: str("method", ":method"), Path: pathOnly(str("path", ":path", "x_envoy_original_path")),
+	ns, err := instant(at)
+	if err != nil {
+		return false, err
+	}
+	*rec = Record{At: ns, Method: str("method", ":method"), Path: pathOnly(str("path", ":path", "x_envoy_original_path")),
 		Remote: str("downstream_remote_address", "x_forwarded_for", "downstream_direct_remote_address"), Duration: -1}
 	if rec.Method == "" || rec.Path == "" {
 		return false, errors.New("no method or path")
@@ -374,7 +423,9 @@ func parseEnvoy(line []byte, rec *Record, tenantField string) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("duration %q: %v", d, err)
 		}
-		rec.Duration = time.Duration(ms * float64(time.Millisecond))
+		if rec.Duration, err = seconds(ms, time.Millisecond); err != nil {
+			return false, err
+		}
 	}
 	if tenantField != "" {
 		rec.Tenant = str(tenantField)

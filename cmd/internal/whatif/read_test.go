@@ -87,6 +87,34 @@ func TestReadErrors(t *testing.T) {
 	if _, _, err := Read(strings.NewReader(long), ReadOptions{Format: FormatCombined}); err == nil {
 		t.Error("an over-long line passed")
 	}
+	if _, _, err := Read(strings.NewReader(long), ReadOptions{}); err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Errorf("an over-long line: %v", err)
+	}
+	if _, _, err := Read(strings.NewReader("\n\n"), ReadOptions{}); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("an empty log: %v", err)
+	}
+	// Durations past a day and negative ones, and times outside what
+	// nanoseconds since 1970 hold, are malformed lines, in every format:
+	// not a request that holds its slot for years, nor a timeline of
+	// centuries.
+	for _, c := range []struct {
+		format Format
+		line   string
+	}{
+		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"admitted","method":"GET","path":"/","status":200,"duration":1000000000000000000}`},
+		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"admitted","method":"GET","path":"/","status":200,"duration":-5}`},
+		{FormatSluice, `time=2026-12-06T01:00:07Z level=INFO msg=request decision=admitted method=GET path=/ status=200 duration=2562047h`},
+		{FormatSluice, `{"time":"1700-01-01T00:00:00Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}`},
+		{FormatSluice, `{"time":"9999-01-01T00:00:00Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}`},
+		{FormatEnvoy, `{"start_time":"2026-12-06T01:00:00Z","method":"GET","path":"/","response_code":200,"duration":1000000000000}`},
+		{FormatEnvoy, `{"start_time":"0001-01-01T00:00:00Z","method":"GET","path":"/","response_code":200,"duration":1}`},
+		{FormatCombined, `192.0.2.1 - - [06/Dec/2026:01:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "-" 1000000000`},
+	} {
+		_, st, err := Read(strings.NewReader(c.line+"\n"), ReadOptions{Format: c.format})
+		if err == nil || st.Malformed != 1 {
+			t.Errorf("%.60s: %v, %+v; want a malformed line", c.line, err, st)
+		}
+	}
 	if _, err := os.Stat("testdata/none"); err == nil {
 		t.Fatal("unexpected file")
 	}

@@ -118,10 +118,10 @@ type Agreement struct {
 	Gates []GateAgreement
 }
 
-// GateAgreement is one gate's refusals in both runs: by both, by the
-// baseline only, by the candidate only. Share is Both over the larger of
-// the two runs' refusals at the gate; Counts is the smaller of the two
-// runs' refusals at the gate over the larger (both 1 when neither refused).
+// GateAgreement is one gate's refusals for one reason in both runs: by
+// both, by the baseline only, by the candidate only. Share is Both over the
+// larger of the two runs' refusals; Counts is the smaller of the two runs'
+// refusals over the larger (both 1 when neither refused).
 //
 // Counts can be near 1 where Share is not: a rate gate at its limit turns
 // away about as many requests in both runs, but once a later gate (an
@@ -129,7 +129,7 @@ type Agreement struct {
 // request and the bucket got that request's tokens back, it turns away
 // different ones.
 type GateAgreement struct {
-	Gate                              string
+	Gate, Reason                      string
 	Both, BaselineOnly, CandidateOnly int64
 	Share, Counts                     float64
 }
@@ -162,9 +162,12 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	durs := estimates(recs)
 	scale := 1.0
 	if opts.Workers == 0 {
-		if opts.Workers, scale = capacity(recs); opts.Workers > 0 {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("the upstream is modeled as %d workers serving each request for %.3g times its recorded duration (as much as the recording's upstream completed in its busiest seconds); --workers sets the workers", opts.Workers, scale))
-		} else {
+		switch opts.Workers, scale = capacity(recs); {
+		case opts.Workers > 0:
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the upstream is modeled as %s serving each request for %.3g times its recorded duration (as much as the recording's upstream completed in its busiest seconds); --workers sets their number", plural(opts.Workers, "worker"), scale))
+		case opts.Workers < 0:
+			rep.Notes = append(rep.Notes, "the recording never kept one request in flight on average: it says nothing of the upstream's capacity, and no upstream is modeled (--workers sets one)")
+		default:
 			rep.Notes = append(rep.Notes, "no admitted request has a duration: each takes the median, with no upstream model")
 		}
 	}
@@ -187,6 +190,14 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d requests have no recorded duration: they hold what they are admitted to for the median of their operation's (%v overall)", durs.unknown, durs.all))
 	}
 	return rep, nil
+}
+
+// plural is n and what, with an s unless n is 1.
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
 }
 
 // maxPoints bounds a timeline's points.
@@ -595,17 +606,17 @@ func summarize(run *Run, recs []Record, opts Options, names *gateNames, class fu
 	}
 }
 
-// agree compares the candidate's decisions with the baseline's.
+// agree compares the candidate's decisions with the baseline's, gate and
+// reason by gate and reason.
 func agree(cand, base *Run, names *gateNames) Agreement {
 	var a Agreement
 	type counts struct{ both, baseOnly, candOnly int64 }
-	byGate := map[string]*counts{}
+	byGate := map[int32]*counts{}
 	at := func(g int32) *counts {
-		name := names.names[g].Gate
-		c := byGate[name]
+		c := byGate[g]
 		if c == nil {
 			c = &counts{}
-			byGate[name] = c
+			byGate[g] = c
 		}
 		return c
 	}
@@ -615,7 +626,7 @@ func agree(cand, base *Run, names *gateNames) Agreement {
 			a.Same++
 		}
 		switch {
-		case cg >= 0 && bg >= 0 && names.names[cg].Gate == names.names[bg].Gate:
+		case cg >= 0 && cg == bg:
 			at(cg).both++
 		default:
 			if bg >= 0 {
@@ -627,15 +638,21 @@ func agree(cand, base *Run, names *gateNames) Agreement {
 		}
 	}
 	a.Share = float64(a.Same) / float64(max(len(cand.gate), 1))
-	for name, c := range byGate {
-		g := GateAgreement{Gate: name, Both: c.both, BaselineOnly: c.baseOnly, CandidateOnly: c.candOnly, Share: 1, Counts: 1}
+	for g, c := range byGate {
+		n := names.names[g]
+		ga := GateAgreement{Gate: n.Gate, Reason: n.Reason, Both: c.both, BaselineOnly: c.baseOnly, CandidateOnly: c.candOnly, Share: 1, Counts: 1}
 		if m := max(c.both+c.baseOnly, c.both+c.candOnly); m > 0 {
-			g.Share = float64(c.both) / float64(m)
-			g.Counts = float64(min(c.both+c.baseOnly, c.both+c.candOnly)) / float64(m)
+			ga.Share = float64(c.both) / float64(m)
+			ga.Counts = float64(min(c.both+c.baseOnly, c.both+c.candOnly)) / float64(m)
 		}
-		a.Gates = append(a.Gates, g)
+		a.Gates = append(a.Gates, ga)
 	}
-	sort.Slice(a.Gates, func(i, j int) bool { return a.Gates[i].Gate < a.Gates[j].Gate })
+	sort.Slice(a.Gates, func(i, j int) bool {
+		if a.Gates[i].Gate != a.Gates[j].Gate {
+			return a.Gates[i].Gate < a.Gates[j].Gate
+		}
+		return a.Gates[i].Reason < a.Gates[j].Reason
+	})
 	return a
 }
 

@@ -239,6 +239,15 @@ func TestCapacityFromTheRecording(t *testing.T) {
 			t.Errorf("%s: %d workers at %.4f, want %d at %.4f", c.name, w, s, c.workers, c.scale)
 		}
 	}
+	// A request of a day costs two steps of work, not 86,400; a
+	// recording that never kept one request in flight has no model.
+	day := []Record{{At: 0, Duration: MaxDuration, Decision: Admitted}, {At: int64(time.Hour), Duration: time.Millisecond, Decision: Admitted}}
+	if w, _ := capacity(day); w < 1 || w > 2 {
+		t.Errorf("a request of a day: %d workers", w)
+	}
+	if w, _ := capacity(steady(time.Second, 10*time.Millisecond, 100)); w != -1 {
+		t.Errorf("a request a second of 10 ms: %d workers, want none (-1)", w)
+	}
 	// An idle stretch does not lower the estimate: the busy seconds set it.
 	recs := append(steady(5*time.Millisecond, 40*time.Millisecond, 2000), steady(time.Second, 10*time.Millisecond, 100)...)
 	for i := 2000; i < len(recs); i++ {

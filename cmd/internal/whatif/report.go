@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/sluice-go/sluice/cmd/internal/goodplot"
 )
@@ -17,7 +17,11 @@ import (
 func (rep *Report) WriteTable(w io.Writer) error {
 	c, b := &rep.Candidate, &rep.Baseline
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "%d requests from %s to %s\n\n", rep.Requests, rep.From.UTC().Format("2006-01-02 15:04:05"), rep.To.UTC().Format("15:04:05"))
+	to := "15:04:05"
+	if rep.From.UTC().Format(time.DateOnly) != rep.To.UTC().Format(time.DateOnly) {
+		to = "2006-01-02 15:04:05"
+	}
+	fmt.Fprintf(w, "%d requests from %s to %s\n\n", rep.Requests, rep.From.UTC().Format("2006-01-02 15:04:05"), rep.To.UTC().Format(to))
 	fmt.Fprintf(tw, "\tadmitted\trefused\trefused %%\t\n")
 	for _, r := range []*Run{b, c} {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t\n", label(r, r == c), r.Admitted, r.Rejected, pct(r.Rejected, r.Admitted+r.Rejected))
@@ -99,11 +103,9 @@ func gateRows(rep *Report) []gateRow {
 		add(gateLabel(g)).cand += g.Rejected
 	}
 	for _, a := range rep.Agreement.Gates {
-		for i := range rows {
-			if strings.HasPrefix(rows[i].name, a.Gate+" (") {
-				rows[i].agreement = fmt.Sprintf("%.1f%%", 100*a.Share)
-				rows[i].counts = fmt.Sprintf("%.1f%%", 100*a.Counts)
-			}
+		if i, ok := idx[gateLabel(GateCount{Gate: a.Gate, Reason: a.Reason})]; ok {
+			rows[i].agreement = fmt.Sprintf("%.1f%%", 100*a.Share)
+			rows[i].counts = fmt.Sprintf("%.1f%%", 100*a.Counts)
 		}
 	}
 	return rows

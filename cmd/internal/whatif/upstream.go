@@ -58,7 +58,7 @@ func (p *pool) next() int32 {
 // upstream then completed q ÷ mean duration requests a second. A pool of
 // ceil(q) workers whose service times are the recorded durations times
 // q ÷ ceil(q) completes as many. Workers is 0 when no admitted request has
-// a duration.
+// a duration, and -1 when q is below one (no model).
 func capacity(recs []Record) (workers int, scale float64) {
 	if len(recs) == 0 {
 		return 0, 1
@@ -66,20 +66,37 @@ func capacity(recs []Record) (workers int, scale float64) {
 	t0 := recs[0].At
 	span := recs[len(recs)-1].At - t0
 	step := max(int64(time.Second), span/1_000_000+1) // a coarser step for a log of decades
-	var busy []float64                                // request-nanoseconds per step
+	// Request-nanoseconds per step: the partial steps at a request's ends
+	// in busy, the whole steps between them as a difference in full (a
+	// request of a day adds two entries, not 86,400).
+	n := span/step + int64(MaxDuration)/step + 2
+	busy, full := make([]float64, n), make([]float64, n+1)
 	for i := range recs {
 		r := &recs[i]
 		if r.Decision == Rejected || r.Duration <= 0 {
 			continue
 		}
-		from, to := r.At-t0, r.At-t0+int64(r.Duration)
-		for s := from / step; s*step < to; s++ {
-			for int64(len(busy)) <= s {
-				busy = append(busy, 0)
-			}
-			busy[s] += float64(min(to, (s+1)*step) - max(from, s*step))
+		from, to := r.At-t0, r.At-t0+int64(min(r.Duration, MaxDuration))
+		a, b := from/step, (to-1)/step // the first and last steps it touches
+		if a == b {
+			busy[a] += float64(to - from)
+			continue
+		}
+		busy[a] += float64((a+1)*step - from)
+		busy[b] += float64(to - b*step)
+		full[a+1] += float64(step)
+		full[b] -= float64(step)
+	}
+	run := 0.0
+	last := 0
+	for i := range busy {
+		run += full[i]
+		busy[i] += run
+		if busy[i] > 0 {
+			last = i
 		}
 	}
+	busy = busy[:last+1]
 	if len(busy) > 2 {
 		busy = busy[1 : len(busy)-1] // the first and last steps are partial
 	}
@@ -89,14 +106,20 @@ func capacity(recs []Record) (workers int, scale float64) {
 		return 0, 1
 	}
 	ref := 0.9 * sorted[len(sorted)*99/100]
-	sum, n := 0.0, 0
+	sum, k := 0.0, 0
 	for _, b := range busy {
 		if b >= ref {
 			sum += b
-			n++
+			k++
 		}
 	}
-	q := sum / float64(n) / float64(step)
-	workers = max(int(math.Ceil(q-1e-9)), 1)
+	q := sum / float64(k) / float64(step)
+	if q < 1 {
+		// Not one request in flight on average even in its busiest
+		// seconds: the recording says nothing of its upstream's capacity
+		// (and the scale would shrink the durations towards nothing).
+		return -1, 1
+	}
+	workers = int(math.Ceil(q - 1e-9))
 	return workers, q / float64(workers)
 }
