@@ -228,9 +228,9 @@ func TestCapacityFromTheRecording(t *testing.T) {
 	}{
 		// One every 5 ms for 40 ms each: 8 in flight, 200 a second.
 		{"eight", steady(5*time.Millisecond, 40*time.Millisecond, 2000), 8, 1},
-		// One every 4 ms for 38 ms each: 9.5 in flight, as 10 workers
-		// serving each for 0.95 of its duration.
-		{"nine and a half", steady(4*time.Millisecond, 38*time.Millisecond, 2500), 10, 0.95},
+		// One every 4 ms for 38 ms each: 9.5 in flight, 250 a second, as
+		// 10 workers serving each for 10/9.5 of its duration (40 ms).
+		{"nine and a half", steady(4*time.Millisecond, 38*time.Millisecond, 2500), 10, 10 / 9.5},
 		// Refusals and requests without a duration are not work.
 		{"none", []Record{{At: 0, Duration: -1}, {At: 1, Duration: time.Second, Decision: Rejected}}, 0, 1},
 	} {

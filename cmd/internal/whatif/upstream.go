@@ -56,8 +56,8 @@ func (p *pool) next() int32 {
 // average over its busy seconds (those at 90% or more of its 99th
 // percentile second), each for its recorded duration; by Little's law its
 // upstream then completed q ÷ mean duration requests a second. A pool of
-// ceil(q) workers whose service times are the recorded durations times
-// q ÷ ceil(q) completes as many. Workers is 0 when no admitted request has
+// c workers whose service times are the recorded durations times c ÷ q
+// completes as many; capacity gives c = ceil(q). Workers is 0 when no admitted request has
 // a duration, and -1 when q is below one (no model).
 func capacity(recs []Record) (workers int, scale float64) {
 	if len(recs) == 0 {
@@ -121,5 +121,5 @@ func capacity(recs []Record) (workers int, scale float64) {
 		return -1, 1
 	}
 	workers = int(math.Ceil(q - 1e-9))
-	return workers, q / float64(workers)
+	return workers, float64(workers) / q
 }
