@@ -154,6 +154,11 @@ func (b *base) take(ctx context.Context, key string, r *sluice.Request, now cloc
 		}
 		return res, sluice.Permit(h), true
 	}
+	return b.failed(ctx, key, r, now, cost, err)
+}
+
+// failed applies the failure policy to a store step that failed with err.
+func (b *base) failed(ctx context.Context, key string, r *sluice.Request, now clock.Instant, cost int64, err error) (limit.Result, sluice.Permit, bool) {
 	b.failures.Add(1)
 	b.logFailure(err)
 	policy := b.opts.OnFailure
@@ -162,7 +167,7 @@ func (b *base) take(ctx context.Context, key string, r *sluice.Request, now cloc
 	}
 	switch policy {
 	case LocalFallback:
-		res, h, err = b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
+		res, h, err := b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
 		if err == nil {
 			b.fallbacks.Add(1)
 			return res, sluice.Permit(h) | fallbackBit, true
@@ -236,7 +241,16 @@ func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
 // decide takes cost units for r from its scope's state and returns the
 // decision and, when admitted, the permit to release later.
 func (b *base) decide(ctx context.Context, r *sluice.Request, now clock.Instant, cost int64) (sluice.Decision, sluice.Permit) {
-	res, p, ok := b.take(ctx, b.opts.Scope.Key(r), r, now, cost)
+	key := b.opts.Scope.Key(r)
+	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline) // take's common path, without a call of its own
+	p, ok := sluice.Permit(h), true
+	if err == nil {
+		if !b.answered.Load() {
+			b.answered.Store(true)
+		}
+	} else {
+		res, p, ok = b.failed(ctx, key, r, now, cost, err)
+	}
 	if !ok {
 		return b.unavailable(), 0
 	}
