@@ -333,8 +333,9 @@ type demoFlags struct {
 	config, jsonPath, plotBase, scenario, matrixTrace string
 }
 
-// run runs the scenario the flags name.
-func (f *demoFlags) run(cmd *cobra.Command) error {
+// check refuses a scenario's flags on another scenario, and incident
+// settings that cannot run.
+func (f *demoFlags) check(cmd *cobra.Command) error {
 	for scenario, names := range map[string][]string{
 		"incident":        {"duration", "load", "slowdown", "slow-from", "slow-for", "skew", "record"},
 		"capacity-matrix": {"workers", "services", "deadlines", "trace"},
@@ -346,19 +347,15 @@ func (f *demoFlags) run(cmd *cobra.Command) error {
 		}
 	}
 	if f.scenario == "incident" {
-		in := &f.incident
-		switch {
-		case in.Duration < time.Second:
-			return fmt.Errorf("--duration %v: want at least 1s", in.Duration)
-		case !(in.Load > 0 && in.Load <= 1000):
-			return fmt.Errorf("--load %g: want a multiple of the capacity above 0, at most 1000", in.Load)
-		case !(in.Skew >= 0 && in.Skew <= 10):
-			return fmt.Errorf("--skew %g: want 0 (equal shares) to 10", in.Skew)
-		case in.Slowdown != 0 && !(in.Slowdown > 1 && in.Slowdown <= 1000):
-			return fmt.Errorf("--slowdown %g: want a factor above 1 (at most 1000), or 0 for none", in.Slowdown)
-		case in.SlowFrom < 0 || in.SlowFor < 0:
-			return errors.New("--slow-from and --slow-for: want 0 or more")
-		}
+		return f.incident.Validate()
+	}
+	return nil
+}
+
+// run runs the scenario the flags name.
+func (f *demoFlags) run(cmd *cobra.Command) error {
+	if err := f.check(cmd); err != nil {
+		return err
 	}
 	switch f.scenario {
 	case "ladder":

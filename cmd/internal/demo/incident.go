@@ -80,6 +80,28 @@ func (o *IncidentOptions) defaults() {
 	}
 }
 
+// Validate checks the options as given, before their defaults (a zero
+// duration or load is refused: the command line says so only when asked
+// for one): an error names the setting and what it wants. RunIncident
+// checks them after the defaults.
+func (o IncidentOptions) Validate() error {
+	switch {
+	case o.Duration < time.Second:
+		return fmt.Errorf("--duration %v: want at least 1s", o.Duration)
+	case !(o.Load > 0 && o.Load <= 1000):
+		return fmt.Errorf("--load %g: want a multiple of the capacity above 0, at most 1000", o.Load)
+	case !(o.Skew >= 0 && o.Skew <= 10):
+		return fmt.Errorf("--skew %g: want 0 (equal shares) to 10", o.Skew)
+	case o.Slowdown != 0 && !(o.Slowdown > 1 && o.Slowdown <= 1000):
+		return fmt.Errorf("--slowdown %g: want a factor above 1 (at most 1000), or 0 for none", o.Slowdown)
+	case o.SlowFrom < 0 || o.SlowFor < 0:
+		return errors.New("--slow-from and --slow-for: want 0 or more")
+	case o.Workers < 0 || o.Tenants < 0:
+		return fmt.Errorf("workers %d, tenants %d: want at least 1 (0: the default)", o.Workers, o.Tenants)
+	}
+	return nil
+}
+
 // IncidentBar is what every judged slice keeps: goodput at least this
 // share of the capacity (or of the offered load, when less).
 const IncidentBar = 0.9
@@ -131,9 +153,8 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 	if opts.Exe == "" || len(opts.Policy) == 0 {
 		return nil, errors.New("demo: the incident needs the sluice binary and a policy")
 	}
-	if opts.Duration < time.Second || !(opts.Load > 0) || !(opts.Skew >= 0) || opts.Workers < 1 || opts.Tenants < 1 {
-		return nil, fmt.Errorf("demo: incident: duration %v (want 1s or more), load %g, skew %g, workers %d, tenants %d (want positive)",
-			opts.Duration, opts.Load, opts.Skew, opts.Workers, opts.Tenants)
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
 	file, cleanup, err := writePolicy(opts.PolicyName, opts.Policy)
 	if err != nil {
