@@ -72,6 +72,8 @@ bench:
 		RedisRate/RedisSluice RedisSluiceNoBatch/RedisSluice RedisSluiceScriptGoRedis/RedisSluiceNoBatch RedisSluice/RedisLease RedisSluice/RedisLeaseSlots
 	$(GO) test -run '^$$' -bench . -count 10 ./internal/httpcore ./proxy | (cd bench && $(GO) run ./ratio \
 		Rejected/AdmittedNoopHTTP Rejected/AdmittedNoop RejectedMetrics/Rejected ThroughProxy/Direct)
+	$(GO) test -run '^$$' -bench Chain -count 10 . | (cd bench && $(GO) run ./ratio \
+		'Chain/gates=1|ChainStoreCall' 'Chain/gates=3|ChainStoreCall' 'Chain/gates=6|ChainStoreCall')
 	$(GO) test -run '^$$' -bench MercuryStep -count 10 ./cmd/internal/sim
 	$(GO) test -run '^$$' -bench . -count 10 ./grpcgate/... | (cd bench && $(GO) run ./ratio \
 		LoopbackAdmitted/LoopbackBare LoopbackAdmittedNoMetadata/LoopbackBare LoopbackRejected/LoopbackBareError \
