@@ -48,7 +48,11 @@ func newLiveHost(t *testing.T) (*Host, http.Handler, http.Handler) {
 
 func get(t *testing.T, h http.Handler, target string, header map[string]string) *httptest.ResponseRecorder {
 	t.Helper()
-	r := httptest.NewRequest("GET", target, nil)
+	return serve(h, httptest.NewRequest("GET", target, nil), header)
+}
+
+// serve sends r with header to h and returns the answer.
+func serve(h http.Handler, r *http.Request, header map[string]string) *httptest.ResponseRecorder {
 	for k, v := range header {
 		r.Header.Set(k, v)
 	}
@@ -241,13 +245,7 @@ func TestGatesShowBucketsAsRateAndBurst(t *testing.T) {
 
 func post(t *testing.T, h http.Handler, target, body string, header map[string]string) *httptest.ResponseRecorder {
 	t.Helper()
-	r := httptest.NewRequest("POST", target, strings.NewReader(body))
-	for k, v := range header {
-		r.Header.Set(k, v)
-	}
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
+	return serve(h, httptest.NewRequest("POST", target, strings.NewReader(body)), header)
 }
 
 // With the admin token, a label gives the key of the tenant behind it (one
