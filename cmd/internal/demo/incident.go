@@ -114,7 +114,10 @@ type IncidentRow struct {
 	OfferedRPS  float64 `json:"offered_rps"`
 	GoodputRPS  float64 `json:"goodput_rps"`
 	LateRPS     float64 `json:"late_rps"`
-	Limit       int     `json:"limit"`
+	// QuotaRPS is the requests refused at their caller's own quota (429:
+	// a tenant past its rate): load the upstream did not owe an answer.
+	QuotaRPS float64 `json:"quota_rps,omitempty"`
+	Limit    int     `json:"limit"`
 }
 
 // IncidentSlice is one judged slice.
@@ -124,6 +127,7 @@ type IncidentSlice struct {
 	OfferedRPS  float64 `json:"offered_rps"`
 	GoodputRPS  float64 `json:"goodput_rps"`
 	LateRPS     float64 `json:"late_rps"`
+	QuotaRPS    float64 `json:"quota_rps,omitempty"`
 	Limit       int     `json:"limit"` // the last second's
 	Judged      bool    `json:"judged"`
 	Pass        bool    `json:"pass"`
@@ -139,7 +143,8 @@ type IncidentReport struct {
 	Slowdown float64         `json:"slowdown,omitempty"`
 	Rows     []IncidentRow   `json:"rows"`
 	Slices   []IncidentSlice `json:"slices"`
-	// WorstSlice is the lowest goodput ÷ min(capacity, offered) of a
+	// WorstSlice is the lowest goodput ÷ min(capacity, offered less the
+	// requests refused at their callers' own quotas) of a
 	// judged slice.
 	WorstSlice float64 `json:"worst_slice"`
 	Pass       bool    `json:"pass"`
@@ -190,7 +195,9 @@ func RunIncident(ctx context.Context, opts IncidentOptions) (*IncidentReport, er
 			switch {
 			case r.Code == http.StatusOK && r.Latency <= opts.Deadline:
 				rows[i].GoodputRPS++
-			case r.Code != http.StatusTooManyRequests && r.Code != http.StatusServiceUnavailable:
+			case r.Code == http.StatusTooManyRequests:
+				rows[i].QuotaRPS++
+			case r.Code != http.StatusServiceUnavailable:
 				rows[i].LateRPS++
 			}
 			mu.Unlock()
@@ -288,15 +295,16 @@ func (r *IncidentReport) judge(o *IncidentOptions) {
 			s.OfferedRPS += row.OfferedRPS / float64(to-from)
 			s.GoodputRPS += row.GoodputRPS / float64(to-from)
 			s.LateRPS += row.LateRPS / float64(to-from)
+			s.QuotaRPS += row.QuotaRPS / float64(to-from)
 			s.Limit = row.Limit
 			s.Judged = s.Judged && settled(i)
 			if row.OfferedRPS < 0.95*row.TargetRPS {
 				s.Behind = true
 			}
 		}
-		want := min(s.CapacityRPS, s.OfferedRPS)
+		want := min(s.CapacityRPS, s.OfferedRPS-s.QuotaRPS) // a tenant refused at its own quota is not owed an answer
 		s.Pass = !s.Judged || s.GoodputRPS >= IncidentBar*want
-		if s.Judged {
+		if s.Judged && want > 0 {
 			r.WorstSlice = min(r.WorstSlice, s.GoodputRPS/want)
 		}
 		r.Pass = r.Pass && s.Pass
@@ -326,7 +334,7 @@ func (r *IncidentReport) WriteTable(w io.Writer) {
 			mark += " (!)"
 		}
 		fmt.Fprintf(w, "%6.0fs %9.0f %9.0f %9.0f %6.0f%% %7.1f %6d  %s\n", s.T, s.CapacityRPS, s.OfferedRPS, s.GoodputRPS,
-			100*s.GoodputRPS/min(s.CapacityRPS, s.OfferedRPS), s.LateRPS, s.Limit, mark)
+			100*s.GoodputRPS/max(min(s.CapacityRPS, s.OfferedRPS-s.QuotaRPS), 1e-9), s.LateRPS, s.Limit, mark)
 	}
 	verdict := "PASS"
 	if !r.Pass {
@@ -337,7 +345,7 @@ func (r *IncidentReport) WriteTable(w io.Writer) {
 		judged = judged || s.Judged
 	}
 	if judged {
-		fmt.Fprintf(w, "worst judged slice: goodput %.1f%% of min(capacity, offered); bar %.0f%%: %s\n", 100*r.WorstSlice, 100*IncidentBar, verdict)
+		fmt.Fprintf(w, "worst judged slice: goodput %.1f%% of min(capacity, offered less quota refusals); bar %.0f%%: %s\n", 100*r.WorstSlice, 100*IncidentBar, verdict)
 	} else {
 		fmt.Fprintln(w, "no slice judged: the run is no longer than its settling time")
 	}

@@ -154,3 +154,27 @@ func refusedAt(run whatif.Run, gate string) int64 {
 	}
 	return n
 }
+
+// A slice is judged against the load the upstream owed an answer: a tenant
+// refused at its own quota (429) is not part of it, and a slice of nothing
+// else passes without a ratio of zero by zero.
+func TestIncidentJudgesWithoutQuotaRefusals(t *testing.T) {
+	o := IncidentOptions{Settle: time.Second, SettleChange: time.Second, Slice: 2 * time.Second}
+	rep := &IncidentReport{Rows: []IncidentRow{
+		{T: 0, CapacityRPS: 200, OfferedRPS: 600},
+		{T: 1, CapacityRPS: 200, OfferedRPS: 600, QuotaRPS: 500, GoodputRPS: 95},
+		{T: 2, CapacityRPS: 200, OfferedRPS: 600, QuotaRPS: 500, GoodputRPS: 95},
+		{T: 3, CapacityRPS: 200, OfferedRPS: 50, QuotaRPS: 50},
+		{T: 4, CapacityRPS: 200, OfferedRPS: 50, QuotaRPS: 50},
+	}}
+	rep.judge(&o)
+	if !rep.Pass || rep.WorstSlice != 0.95 {
+		t.Fatalf("pass %v, worst %v; slices %+v", rep.Pass, rep.WorstSlice, rep.Slices)
+	}
+	rep.Rows[2].GoodputRPS = 50 // 72.5 of the 100 owed over the slice
+	rep.Slices = nil
+	rep.judge(&o)
+	if rep.Pass {
+		t.Fatalf("passed at %v", rep.WorstSlice)
+	}
+}
