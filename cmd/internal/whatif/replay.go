@@ -43,8 +43,9 @@ type Options struct {
 	// Workers is the modeled upstream's size (upstream.go): admitted
 	// requests are served by this many workers, one request each at a time,
 	// the rest waiting in line, so latency grows with what is admitted. 0:
-	// the most requests the recording kept in flight in any second; negative:
-	// no model (each admitted request takes its recorded duration).
+	// sized from the recording (capacity: the requests it kept in flight in
+	// its busy seconds, service times scaled to complete what it did);
+	// negative: no model (each admitted request takes its recorded duration).
 	Workers int
 	// Deadline is the time each request gave itself, as its deadline header
 	// would have said (logs do not carry it). 0: the policy's default.

@@ -17,6 +17,11 @@ let polls = 0;
 // keys maps a label to the tenant behind it, as the operator's lookups
 // answered; it lives only as long as the page.
 const keys = new Map();
+// missed holds when a label was last asked about in vain (a tenant the
+// server no longer holds, or one it keeps only by digest): asked again
+// after MISS_MS, not at every poll.
+const missed = new Map();
+const MISS_MS = 30000;
 
 const $ = (sel, el = document) => el.querySelector(sel);
 const fmt = (v) => (v == null || Number.isNaN(v) ? '–' : Math.round(v).toLocaleString('en-US'));
@@ -261,7 +266,10 @@ async function lookup(body) {
   });
   const out = await r.json().catch(() => ({}));
   if (!r.ok) throw new Error(out.error || `answered ${r.status}`);
-  for (const t of out.tenants) if (t.known) keys.set(t.label, t.key);
+  for (const t of out.tenants) {
+    if (t.known) keys.set(t.label, t.key);
+    else missed.set(t.label, Date.now());
+  }
   return out.tenants;
 }
 
@@ -270,7 +278,7 @@ async function lookup(body) {
 async function resolve(d) {
   if (!$('#token').value.trim()) return;
   const labels = [...new Set([...(d.tenants.rejected.tenants || []), ...(d.tenants.consumed.tenants || [])].map((t) => t.tenant))]
-    .filter((l) => !keys.has(l)).slice(0, 100);
+    .filter((l) => !keys.has(l) && !(Date.now() - (missed.get(l) ?? -Infinity) < MISS_MS)).slice(0, 100);
   if (!labels.length) return;
   try {
     await lookup({ labels });
