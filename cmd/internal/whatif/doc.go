@@ -15,17 +15,18 @@
 // method, path, client address and tenant. The candidate's routes give its
 // class, operation and cost; a route that reads its cost from a request
 // header cannot (logs do not carry it), and Options.RecordedCost charges
-// the cost sluice's log recorded instead. An admitted
-// request holds what it holds (concurrency slots, a wait queue's place)
-// for its recorded duration; a request the recording refused has no
-// duration, and holds for the median of its operation's admitted ones.
-// So rate gates replay exactly; concurrency and adaptive gates replay from
-// the recorded durations, which a different policy would have changed (an
-// upstream relieved by more refusals answers faster); deadline-driven gates
-// see only the policy's default deadline, since logs carry no deadline
-// header; and the rejections a sampled log left out (suppressed=N) cannot
-// be replayed at all: record with --access-log-rejects -1 for a faithful
-// replay.
+// the cost sluice's log recorded instead. Admitted requests go to a
+// modeled upstream: the fewest first-come first-served workers that could
+// have served the recording, each request served for its recorded duration
+// less the wait for a worker that implies (a request the recording refused
+// has no duration, and takes the median of its operation's). So a
+// candidate that admits more makes the upstream slower, one that admits
+// less relieves it, and concurrency and adaptive gates see the latencies
+// that follow. Rate gates replay exactly, as long as nothing after them
+// refunds differently; deadline-driven gates see one deadline for every
+// request (Options.Deadline), since logs carry no deadline header; and the
+// rejections a sampled log left out (suppressed=N) cannot be replayed at
+// all: record with --access-log-rejects -1 for a faithful replay.
 //
 // # Formats
 //

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -42,10 +43,12 @@ type Options struct {
 	RecordedCost bool
 	// Workers is the modeled upstream's size (upstream.go): admitted
 	// requests are served by this many workers, one request each at a time,
-	// the rest waiting in line, so latency grows with what is admitted. 0:
-	// sized from the recording (capacity: the requests it kept in flight in
-	// its busy seconds, service times scaled to complete what it did);
-	// negative: no model (each admitted request takes its recorded duration).
+	// the rest waiting in line first come first served, so latency grows
+	// with what is admitted. Each is served for its recorded duration less
+	// the wait for a worker the recording implies. 0: the fewest workers
+	// that could have served the recording (no model if no request waited
+	// for one); negative: no model (each admitted request takes its
+	// recorded duration).
 	Workers int
 	// Deadline is the time each request gave itself, as its deadline header
 	// would have said (logs do not carry it). 0: the policy's default.
@@ -160,25 +163,36 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	}
 	rep := &Report{Requests: int64(len(recs)), From: time.Unix(0, recs[0].At), To: time.Unix(0, recs[len(recs)-1].At), Interval: opts.Interval}
 	names := &gateNames{index: map[string]int32{}}
-	durs := estimates(recs)
-	scale := 1.0
-	if opts.Workers == 0 {
-		switch opts.Workers, scale = capacity(recs); {
-		case opts.Workers > 0:
-			rep.Notes = append(rep.Notes, fmt.Sprintf("the upstream is modeled as %s serving each request for %.3g times its recorded duration (as much as the recording's upstream completed in its busiest seconds); --workers sets their number", plural(opts.Workers, "worker"), scale))
-		case opts.Workers < 0:
-			rep.Notes = append(rep.Notes, "the recording never kept one request in flight on average: it says nothing of the upstream's capacity, and no upstream is modeled (--workers sets one)")
-		default:
-			rep.Notes = append(rep.Notes, "no admitted request has a duration: each takes the median, with no upstream model")
-		}
+	if !sortedByArrival(recs) {
+		return nil, errors.New("whatif: the records are not in arrival order")
 	}
-	cand, notes, err := replay(recs, opts.Candidate, opts, names, durs, scale)
+	var up fit
+	given := opts.Workers > 0
+	if opts.Workers >= 0 {
+		up = fitUpstream(recs, opts.Workers)
+		opts.Workers = up.workers
+	}
+	durs := estimates(recs, up.service)
+	switch {
+	case opts.Workers < 0:
+	case up.workers == 0:
+		rep.Notes = append(rep.Notes, "no admitted request has a duration: each takes the median, with no upstream model")
+	case up.queued == 0 && up.late == 0:
+		// Nothing waited: the recording shows a lower bound of its
+		// upstream's size, not its size, and a model that size would make
+		// a candidate that admits more wait where the real one may not.
+		opts.Workers, durs.service = -1, nil
+		rep.Notes = append(rep.Notes, fmt.Sprintf("no request waited for the recording's upstream (at most %d were in flight): its capacity is unknown and no upstream is modeled (--workers sets one)", up.workers))
+	default:
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the upstream is modeled as %s in first-come first-served order, each request served for its recorded duration less its wait for a worker (%d of %d waited)%s", plural(up.workers, "worker"), up.queued, up.served, lateNote(up, given)))
+	}
+	cand, notes, err := replay(recs, opts.Candidate, opts, names, durs)
 	if err != nil {
 		return nil, fmt.Errorf("candidate %s: %w", opts.Candidate.Path, err)
 	}
 	rep.Candidate, rep.Notes = *cand, append(rep.Notes, notes...)
 	if opts.Current != nil {
-		cur, _, err := replay(recs, opts.Current, opts, names, durs, scale)
+		cur, _, err := replay(recs, opts.Current, opts, names, durs)
 		if err != nil {
 			return nil, fmt.Errorf("current %s: %w", opts.Current.Path, err)
 		}
@@ -188,9 +202,25 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	}
 	rep.Agreement = agree(&rep.Candidate, &rep.Baseline, names)
 	if durs.unknown > 0 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%d requests have no recorded duration: they hold what they are admitted to for the median of their operation's (%v overall)", durs.unknown, durs.all))
+		what := "recorded durations"
+		if durs.service != nil {
+			what = "service times"
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%d requests have no recorded duration: they hold what they are admitted to for the median of their operation's %s (%v overall)", durs.unknown, what, durs.all))
 	}
 	return rep, nil
+}
+
+// lateNote says how many requests the fitted pool could not have served
+// in time ("" when none could not, or when the pool was fitted).
+func lateNote(up fit, given bool) string {
+	switch {
+	case up.late == 0:
+		return ""
+	case given:
+		return fmt.Sprintf("; %s left the recording's upstream before %s could have started them, and take no time: it had more", plural(up.late, "request"), plural(up.workers, "worker"))
+	}
+	return fmt.Sprintf("; %s left before they could have started, and take no time (the log's clocks reorder a few)", plural(up.late, "request"))
 }
 
 // plural is n and what, with an s unless n is 1.
@@ -223,35 +253,52 @@ func (g *gateNames) of(gate, reason string) int32 {
 
 // durations holds how long a request holds what it is admitted to.
 type durations struct {
-	byOp    map[string]time.Duration // method + path → median of the recorded
-	all     time.Duration            // the median of every recorded one
-	unknown int64
+	// service is, with an upstream model, each record's service time (-1:
+	// none); nil without a model, where a request holds for its recorded
+	// duration.
+	service []time.Duration
+	byOp    map[string]time.Duration // operation → the median of its known ones
+	all     time.Duration            // the median of every known one
+	unknown int64                    // requests with no recorded duration
 }
 
-func (d *durations) of(r *Record) time.Duration {
-	if r.Duration >= 0 {
-		return r.Duration
+// of is how long request i of recs holds what it is admitted to (with a
+// model: a worker), the median of its operation's when it has none.
+func (d *durations) of(recs []Record, i int32) time.Duration {
+	if d.service != nil {
+		if s := d.service[i]; s >= 0 {
+			return s
+		}
+	} else if recs[i].Duration >= 0 {
+		return recs[i].Duration
 	}
-	if v, ok := d.byOp[r.Method+" "+r.Path]; ok {
+	if v, ok := d.byOp[operation(&recs[i])]; ok {
 		return v
 	}
 	return d.all
 }
 
-// estimates computes the medians durations.of falls back on.
-func estimates(recs []Record) *durations {
+// estimates computes the medians durations.of falls back on: of the
+// service times (nil: the recorded durations).
+func estimates(recs []Record, service []time.Duration) *durations {
 	byOp := map[string][]time.Duration{}
 	var all []time.Duration
-	d := &durations{byOp: map[string]time.Duration{}}
+	d := &durations{service: service, byOp: map[string]time.Duration{}}
 	for i := range recs {
 		r := &recs[i]
 		if r.Duration < 0 {
 			d.unknown++
+		}
+		v := r.Duration
+		if service != nil {
+			v = service[i]
+		}
+		if v < 0 {
 			continue
 		}
-		k := r.Method + " " + r.Path
-		byOp[k] = append(byOp[k], r.Duration)
-		all = append(all, r.Duration)
+		k := operation(r)
+		byOp[k] = append(byOp[k], v)
+		all = append(all, v)
 	}
 	median := func(v []time.Duration) time.Duration {
 		slices.Sort(v)
@@ -264,6 +311,37 @@ func estimates(recs []Record) *durations {
 		d.all = median(all)
 	}
 	return d
+}
+
+// operation is the request's method and path with each segment that looks
+// like an identifier (digits, or hex digits and dashes with a digit among
+// them: 57336, 9f86d081, a UUID, a date) as "*": GET /v1/routes/57336 and
+// GET /v1/routes/41 are one operation.
+func operation(r *Record) string {
+	if !strings.ContainsAny(r.Path, "0123456789") {
+		return r.Method + " " + r.Path
+	}
+	segs := strings.Split(r.Path, "/")
+	for i, s := range segs {
+		if looksLikeID(s) {
+			segs[i] = "*"
+		}
+	}
+	return r.Method + " " + strings.Join(segs, "/")
+}
+
+func looksLikeID(s string) bool {
+	digit := false
+	for _, c := range s {
+		switch {
+		case c >= '0' && c <= '9':
+			digit = true
+		case c >= 'a' && c <= 'f', c >= 'A' && c <= 'F', c == '-':
+		default:
+			return false
+		}
+	}
+	return digit
 }
 
 // vclock is the replay's virtual clock.
@@ -337,7 +415,7 @@ type runner struct {
 }
 
 // replay runs recs through f.
-func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs *durations, scale float64) (*Run, []string, error) {
+func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs *durations) (*Run, []string, error) {
 	if f.Store.Backend != policy.BackendMemory {
 		cp := *f
 		cp.Store.Backend = policy.BackendMemory
@@ -346,7 +424,7 @@ func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs 
 	r := &runner{recs: recs, opts: opts, names: names, durs: durs, t0: recs[0].At - int64(time.Second), flights: map[int32]*flight{},
 		run: &Run{Name: f.Path, gate: make([]int32, len(recs))}, class: make([]string, len(recs)), hdr: http.Header{}}
 	if opts.Workers > 0 {
-		r.up = &pool{workers: opts.Workers, scale: scale}
+		r.up = &pool{workers: opts.Workers}
 	}
 	rg := rand.New(rand.NewPCG(opts.Seed, 0x77686174))
 	rt, err := policy.Build(f, nil, policy.Options{Clock: &r.clk, Virtual: true, Rand: rg.Float64})
@@ -500,10 +578,7 @@ func (r *runner) begin(i int32) {
 
 // serve schedules the end of request i's work, begun now.
 func (r *runner) serve(i int32) {
-	d := r.durs.of(&r.recs[i])
-	if r.up != nil {
-		d = time.Duration(float64(d) * r.up.scale)
-	}
+	d := r.durs.of(r.recs, i)
 	heap.Push(&r.ev, event{t: r.clk.now + int64(d), kind: evDone, i: i})
 }
 

@@ -1,7 +1,7 @@
 package whatif
 
 import (
-	"math"
+	"container/heap"
 	"slices"
 	"time"
 )
@@ -14,11 +14,25 @@ import (
 // latency it sees, would find an upstream that never slows down. With it,
 // admitting more than the recording did makes the latency grow as it would
 // have, and the gates that measure it react as they did.
+//
+// A recorded duration is the request's wait for a worker plus its service.
+// Given the number of workers k, the two come apart exactly (the queueing
+// recursion of a first-come first-served k-server line, Kiefer and
+// Wolfowitz 1955): request i can start when it has arrived, when the
+// request before it has started, and when at most k−1 of those before it
+// are still being served, that is at the k-th latest departure among
+// them; its service is its departure less that start. k is the smallest
+// number of workers for which the recording is possible, every request
+// leaving after it could have started: with fewer, a short request that
+// left early behind a long one would have had to leave before it began.
+// A pool of k workers serving each request for its service then
+// completes what the recording's upstream could (not merely what it was
+// asked), and a request that waited in the recording's upstream waits in
+// the model only as long as the candidate's admissions make it.
 
 // pool is the modeled upstream.
 type pool struct {
 	workers int
-	scale   float64 // service time = recorded duration × scale
 	busy    int
 	line    []int32 // requests waiting for a worker, first come first
 	head    int
@@ -50,76 +64,132 @@ func (p *pool) next() int32 {
 	return -1
 }
 
-// capacity is the recording's upstream as a worker pool: workers, and the
-// factor its service times take so that, saturated, the pool completes what
-// the recording's upstream did. The recording keeps q requests in flight on
-// average over its busy seconds (those at 90% or more of its 99th
-// percentile second), each for its recorded duration; by Little's law its
-// upstream then completed q ÷ mean duration requests a second. A pool of
-// c workers whose service times are the recorded durations times c ÷ q
-// completes as many; capacity gives c = ceil(q). Workers is 0 when no admitted request has
-// a duration, and -1 when q is below one (no model).
-func capacity(recs []Record) (workers int, scale float64) {
-	if len(recs) == 0 {
-		return 0, 1
+// fit is the recording's upstream as a pool.
+type fit struct {
+	workers int             // 0: no admitted request has a duration
+	service []time.Duration // per record: its service time; -1 none (refused, or no duration)
+	served  int             // records with a service time
+	queued  int             // of them, those that waited for a worker
+	late    int             // of them, those that left before they could start (service 0)
+}
+
+// lateShare is the share of the served requests that may leave before
+// they could start at the fitted size: the log's clocks and a host's
+// stalls reorder a few requests by some milliseconds (up to 0.4% of them
+// in the demo's recordings, at the right size).
+const lateShare = 0.01
+
+// fitUpstream sizes the recording's upstream: with workers > 0 as given,
+// else the fewest workers for which at most lateShare of the served
+// requests leave before they could start. That is the size of an upstream
+// that was often full (TestFitFindsTheWorkers); of one that seldom was, it
+// can be fewer workers, each serving faster: the recording cannot show
+// workers it never kept busy. recs are in arrival order.
+func fitUpstream(recs []Record, workers int) fit {
+	f := fit{workers: workers, service: make([]time.Duration, len(recs))}
+	hi := mostInFlight(recs)
+	if hi == 0 {
+		f.workers = 0
+		return f
 	}
-	t0 := recs[0].At
-	span := recs[len(recs)-1].At - t0
-	step := max(int64(time.Second), span/1_000_000+1) // a coarser step for a log of decades
-	// Request-nanoseconds per step: the partial steps at a request's ends
-	// in busy, the whole steps between them as a difference in full (a
-	// request of a day adds two entries, not 86,400).
-	n := span/step + int64(MaxDuration)/step + 2
-	busy, full := make([]float64, n), make([]float64, n+1)
+	if workers <= 0 {
+		// The late count falls as workers are added (each request starts
+		// no later with one more), and hi has none (no request waits), so
+		// the fewest that fit are found by bisection.
+		lo := 1
+		for lo < hi {
+			mid := lo + (hi-lo)/2
+			f.deconvolve(recs, mid)
+			if float64(f.late) <= lateShare*float64(f.served) {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+		f.workers = lo
+	}
+	f.deconvolve(recs, f.workers)
+	return f
+}
+
+// mostInFlight is the most served requests in flight at once.
+func mostInFlight(recs []Record) int {
+	var ends departures
+	most := 0
 	for i := range recs {
 		r := &recs[i]
-		if r.Decision == Rejected || r.Duration <= 0 {
+		if r.Decision == Rejected || r.Duration < 0 {
 			continue
 		}
-		from, to := r.At-t0, r.At-t0+int64(min(r.Duration, MaxDuration))
-		a, b := from/step, (to-1)/step // the first and last steps it touches
-		if a == b {
-			busy[a] += float64(to - from)
+		for len(ends) > 0 && ends[0] <= r.At {
+			heap.Pop(&ends)
+		}
+		heap.Push(&ends, r.At+int64(r.Duration))
+		most = max(most, len(ends))
+	}
+	return most
+}
+
+// deconvolve splits each served request's duration into its wait for one
+// of k workers and its service, in arrival order.
+func (f *fit) deconvolve(recs []Record, k int) {
+	f.served, f.queued, f.late = 0, 0, 0
+	latest := make(departures, 0, k) // the k latest departures so far, the earliest of them first
+	var prev int64                   // the start of the request before
+	for i := range recs {
+		r := &recs[i]
+		f.service[i] = -1
+		if r.Decision == Rejected || r.Duration < 0 {
 			continue
 		}
-		busy[a] += float64((a+1)*step - from)
-		busy[b] += float64(to - b*step)
-		full[a+1] += float64(step)
-		full[b] -= float64(step)
-	}
-	run := 0.0
-	last := 0
-	for i := range busy {
-		run += full[i]
-		busy[i] += run
-		if busy[i] > 0 {
-			last = i
+		f.served++
+		leave := r.At + int64(r.Duration)
+		start := max(r.At, prev)
+		if len(latest) == k && latest[0] > start {
+			start = latest[0]
+		}
+		prev = start
+		if leave < start {
+			f.late++
+			f.service[i] = 0
+		} else {
+			f.service[i] = time.Duration(leave - start)
+		}
+		if start > r.At {
+			f.queued++
+		}
+		if len(latest) < k {
+			heap.Push(&latest, leave)
+		} else if leave > latest[0] {
+			latest[0] = leave
+			heap.Fix(&latest, 0)
 		}
 	}
-	busy = busy[:last+1]
-	if len(busy) > 2 {
-		busy = busy[1 : len(busy)-1] // the first and last steps are partial
-	}
-	sorted := slices.Clone(busy)
-	slices.Sort(sorted)
-	if len(sorted) == 0 || sorted[len(sorted)-1] == 0 {
-		return 0, 1
-	}
-	ref := 0.9 * sorted[len(sorted)*99/100]
-	sum, k := 0.0, 0
-	for _, b := range busy {
-		if b >= ref {
-			sum += b
-			k++
+}
+
+// departures is a min-heap of instants.
+type departures []int64
+
+func (h departures) Len() int           { return len(h) }
+func (h departures) Less(i, j int) bool { return h[i] < h[j] }
+func (h departures) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *departures) Push(x any)        { *h = append(*h, x.(int64)) }
+func (h *departures) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// sortedByArrival reports whether recs are in arrival order.
+func sortedByArrival(recs []Record) bool {
+	return slices.IsSortedFunc(recs, func(a, b Record) int {
+		switch {
+		case a.At < b.At:
+			return -1
+		case a.At > b.At:
+			return 1
 		}
-	}
-	q := sum / float64(k) / float64(step)
-	if q < 1 {
-		// Not one request in flight on average even in its busiest
-		// seconds: the recording says nothing of its upstream's capacity
-		// (and the scale would shrink the durations towards nothing).
-		return -1, 1
-	}
-	workers = int(math.Ceil(q - 1e-9))
-	return workers, float64(workers) / q
+		return 0
+	})
 }
