@@ -131,12 +131,12 @@ func TestWhatifPredictsTheDemo(t *testing.T) {
 
 	// The two runs sent the same sequence of requests, but not always as
 	// many (a busy machine can fall behind): compare shares. The live run
-	// is one draw of its own timing: in 30 s about 1,300 refusals, whose
-	// count moves by some 3% from one run to the next of the same policy
-	// (a host stall lets a tenant's tokens refill, or the pool's queue
-	// overflow). A prediction within 5% is asserted over ten minutes or
-	// more (docs/whatif.md: the hour); a shorter run is allowed 10%, one
-	// seen in CI with both cores busy having come to 6%.
+	// is one draw of its own timing (a host stall lets a tenant's tokens
+	// refill, or the pool's queue overflow), and 30 s of it holds about
+	// 1,300 refusals. A prediction within 5% is asserted over ten minutes
+	// or more (docs/whatif.md: the hour), 10% below: seven runs with the
+	// machine busy came within 0.8%, but one in CI came to 6% before the
+	// upstream model was fitted rather than averaged.
 	share := func(n int64, of int) float64 { return float64(n) / float64(of) }
 	tol := 0.10
 	if d >= 10*time.Minute {
@@ -150,13 +150,11 @@ func TestWhatifPredictsTheDemo(t *testing.T) {
 		t.Errorf("all gates: predicted %.4f of the requests refused, live %.4f (within %.0f%% asked)", share(pred.Candidate.Rejected, len(recorded)), share(liveRefused, len(live)), 100*tol)
 	}
 	// On its own recording the rate gate's refusals follow the tokens the
-	// worker pool's refusals give back, and on a busy host those follow the
-	// host's stalls, which the recorded durations hold and the modeled
-	// upstream does not: 90% agreement was seen with both cores busy, 98.6%
-	// to 99.9% without. Within 15% here; docs/whatif.md has the hour.
+	// worker pool's refusals give back, which follow timing: they agree in
+	// count within the same bounds.
 	recRate, sameRate := refusedAt(same.Baseline, "request-rate"), refusedAt(same.Candidate, "request-rate")
-	if recRate == 0 || float64(sameRate) < 0.85*float64(recRate) || float64(sameRate) > 1.15*float64(recRate) {
-		t.Errorf("request-rate on its own recording: %d refused replayed, %d recorded", sameRate, recRate)
+	if recRate == 0 || !within(float64(sameRate), float64(recRate)) {
+		t.Errorf("request-rate on its own recording: %d refused replayed, %d recorded (within %.0f%% asked)", sameRate, recRate, 100*tol)
 	}
 }
 
