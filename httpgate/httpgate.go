@@ -77,7 +77,11 @@ func (cfg Config) core() httpcore.Config {
 //
 // Lines carry the method, the path (never the query string, which may hold
 // credentials), the remote address, class, operation and cost, and the
-// tenant only through TenantLabel (a tenant is often an API key).
+// tenant only through TenantLabel (a tenant is often an API key). Where a
+// gate of the chain may wait (a wait queue, pacing), a decision that took
+// 100 µs or more adds wait: the request arrived that long before it was
+// decided, and duration counts from the decision (sluice whatif replays
+// it at its arrival).
 type AccessLog struct {
 	// Logger receives the lines, at info level, message "request".
 	// Required.

@@ -17,7 +17,7 @@ type whatifFlags struct {
 	current, jsonPath, plotBase  string
 	interval, deadline           time.Duration
 	tenants, workers             int
-	recordedCost                 bool
+	recordedCost, follow         bool
 }
 
 func whatifCmd() *cobra.Command {
@@ -43,6 +43,7 @@ func whatifCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&fl.recordedCost, "recorded-cost", false, "charge the cost sluice's log records instead of the routes' (for costs read from a request header)")
 	cmd.Flags().IntVar(&fl.workers, "workers", 0, "the modeled upstream's workers, first come first served, each serving one request at a time for its recorded duration less its wait for a worker (0: the fewest that could have served the log; -1: no model, every admitted request takes its recorded duration)")
 	cmd.Flags().DurationVar(&fl.deadline, "deadline", 0, "the deadline every request gave itself, as its deadline header said (logs do not carry it; 0: the policy's default)")
+	cmd.Flags().BoolVar(&fl.follow, "follow", false, "the gates whose decisions depend on timing (all but the rate kinds) decide as the log records, and no upstream is modeled: checks that the policy that recorded the log replays it (its rate gates, request for request); sluice's log only")
 	cmd.Flags().StringVar(&fl.jsonPath, "json", "", "also write the report as JSON to this file")
 	cmd.Flags().StringVar(&fl.plotBase, "plot", "", "write the refusals over time to this path plus .png and .svg")
 	return cmd
@@ -78,11 +79,14 @@ func (fl *whatifFlags) run(cmd *cobra.Command, candidate string) error {
 		return err
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d lines, %d requests (%s format) read in %v\n", fl.logPath, st.Lines, st.Requests, st.Format, time.Since(start).Round(time.Millisecond))
+	if fl.follow && st.Format != whatif.FormatSluice {
+		return fmt.Errorf("--follow: a %s log does not say which gate refused a request; --follow needs sluice's", st.Format)
+	}
 	if st.Malformed > 0 {
 		fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d lines skipped as malformed; the first: %s\n", fl.logPath, st.Malformed, st.FirstMalformed)
 	}
 	rep, err := whatif.Replay(recs, whatif.Options{Candidate: cand, Current: cur, Interval: fl.interval, Tenants: fl.tenants, RecordedCost: fl.recordedCost,
-		Workers: fl.workers, Deadline: fl.deadline})
+		Workers: fl.workers, Deadline: fl.deadline, Follow: fl.follow})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ func TestWhatifCommand(t *testing.T) {
 	out, errOut, err := run("whatif", "--log", "../internal/whatif/testdata/sluice.log", "--json", js, "--plot", filepath.Join(dir, "w"),
 		"../../examples/routes-api.yaml")
 	if err != nil || !strings.Contains(out, "recorded") || !strings.Contains(out, "candidate") || !strings.Contains(out, "request-rate (policy_rate)") ||
-		!strings.Contains(out, "are not replayed") || !strings.Contains(errOut, "2 requests (sluice format)") {
+		!strings.Contains(out, "are not replayed") || !strings.Contains(errOut, "3 requests (sluice format)") {
 		t.Fatalf("%v\n%s\n%s", err, out, errOut)
 	}
 	for _, f := range []string{"r.json", "w.png", "w.svg"} {
@@ -34,8 +34,13 @@ func TestWhatifCommand(t *testing.T) {
 		}
 	}
 	data, _ := os.ReadFile(js)
-	if err := json.Unmarshal(data, &rep); err != nil || rep.Requests != 2 || rep.Baseline.Name != "recorded" || rep.Baseline.Rejected != 1 {
+	if err := json.Unmarshal(data, &rep); err != nil || rep.Requests != 3 || rep.Baseline.Name != "recorded" || rep.Baseline.Rejected != 2 {
 		t.Fatalf("json %v: %s", err, data)
+	}
+	// --follow: the timing gates decide as the log says.
+	out, _, err = run("whatif", "--log", "../internal/whatif/testdata/sluice.log", "--follow", "../../examples/routes-api.yaml")
+	if err != nil || !strings.Contains(out, "decided as the recording says (--follow): concurrent-requests, in-time, worker-pool") {
+		t.Fatalf("--follow: %v\n%s", err, out)
 	}
 	// --current replays the policy in force as the baseline.
 	out, _, err = run("whatif", "--log", "../internal/whatif/testdata/combined.log", "--current", "../../examples/routes-api.yaml", "../../examples/routes-api.yaml")
@@ -51,6 +56,7 @@ func TestWhatifCommand(t *testing.T) {
 		{[]string{"whatif", "--log", "nope.log", "../../examples/routes-api.yaml"}, "nope.log"},
 		{[]string{"whatif", "--log", "../internal/whatif/testdata/sluice.log", "--format", "apache", "../../examples/routes-api.yaml"}, "apache"},
 		{[]string{"whatif", "--log", "../internal/whatif/testdata/sluice.log", "--interval", "0s", "../../examples/routes-api.yaml"}, "--interval"},
+		{[]string{"whatif", "--log", "../internal/whatif/testdata/combined.log", "--follow", "../../examples/routes-api.yaml"}, "--follow"},
 	} {
 		if _, _, err := run(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error naming %q", c.args, err, c.want)

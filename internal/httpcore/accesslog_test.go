@@ -2,10 +2,12 @@ package httpcore_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,11 +15,13 @@ import (
 	"log/slog"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/httpcore"
 	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/store/memory"
 )
 
@@ -182,4 +186,97 @@ func TestAccessLogFinalStatusAndReadFrom(t *testing.T) {
 	if w.readFrom != 1 || w.Body.String() != "file body" {
 		t.Fatalf("ReadFrom calls %d, body %q", w.readFrom, w.Body.String())
 	}
+}
+
+// A decision that waited in a gate's queue logs how long (wait, ns), so
+// the request's arrival is its line's time less duration and wait: an
+// admitted one that waited for the slot another held, and one turned away
+// when its context ended while it waited. The waits are bounded below only
+// (a busy host makes them longer, and can make a decision that did not
+// wait take long enough to log one).
+func TestAccessLogWait(t *testing.T) {
+	c, _ := limit.NewConcurrency(1)
+	pool, _ := gate.NewInFlight("worker-pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
+	q, _ := queue.New("worker-pool", pool, queue.Options{MaxWait: time.Minute})
+	chain, _ := sluice.NewChain(sluice.ChainOptions{}, q)
+	var buf syncBuffer
+	mw, _ := httpcore.New(chain, httpcore.Config{Jitter: noJitter,
+		AccessLog: &httpcore.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: -1}})
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := mw.Wrap(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/hold") {
+			entered <- struct{}{}
+			<-release
+		}
+	}))
+	serve := func(ctx context.Context, path string) chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", path, nil).WithContext(ctx))
+		}()
+		return done
+	}
+	waiting := func() int {
+		b, _ := json.Marshal(q.ReportState(clock.Now()))
+		var st struct{ Waiting int }
+		json.Unmarshal(b, &st)
+		return st.Waiting
+	}
+	bg := context.Background()
+	first := serve(bg, "/hold")
+	<-entered
+	second := serve(bg, "/second")
+	for waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(30 * time.Millisecond)
+	release <- struct{}{}
+	<-first
+	<-second
+	held := serve(bg, "/hold2")
+	<-entered
+	ctx, cancel := context.WithTimeout(bg, 40*time.Millisecond)
+	defer cancel()
+	<-serve(ctx, "/turned-away") // its context ends while it waits
+	release <- struct{}{}
+	<-held
+	waits := map[string]int64{}
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var a struct {
+			Path, Decision string
+			Wait           int64
+		}
+		if err := json.Unmarshal([]byte(l), &a); err != nil {
+			t.Fatal(err)
+		}
+		waits[a.Path+" "+a.Decision] = a.Wait
+	}
+	if len(waits) != 4 {
+		t.Errorf("lines are missing: %v", waits)
+	}
+	if w := waits["/second admitted"]; w < int64(30*time.Millisecond) {
+		t.Errorf("the second waited at least 30 ms for its slot; logged %v (%v)", time.Duration(w), waits)
+	}
+	if w := waits["/turned-away rejected"]; w < int64(40*time.Millisecond) {
+		t.Errorf("the third waited 40 ms before it was turned away; logged %v (%v)", time.Duration(w), waits)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the log's concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

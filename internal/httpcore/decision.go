@@ -130,7 +130,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
 		rid := m.reject(w, r, st, &d, req, detail)
 		if al := st.c.cfg.AccessLog; al != nil {
-			m.logRejected(al, st.chain.Clock().Now(), r, in.Method, in.Path, req, &d, wire.Status(&d), rid)
+			m.logRejected(al, st.chain.Clock().Now(), r, in.Method, in.Path, req, &d, wire.Status(&d), rid, 0)
 		}
 		return
 	}
@@ -141,11 +141,13 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 		ctx, cancel = context.WithTimeout(ctx, budget)
 		defer cancel()
 	}
+	from := st.waitFrom()
 	dec, tk := st.chain.Decide(ctx, req)
 	if !dec.Admitted {
 		rid := m.reject(w, r, st, &dec, req, "")
 		if al := st.c.cfg.AccessLog; al != nil {
-			m.logRejected(al, st.chain.Clock().Now(), r, in.Method, in.Path, req, &dec, wire.Status(&dec), rid)
+			now := st.chain.Clock().Now()
+			m.logRejected(al, now, r, in.Method, in.Path, req, &dec, wire.Status(&dec), rid, waited(from, now))
 		}
 		return
 	}
@@ -166,7 +168,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	h[hContentLength] = zeroLength
 	w.WriteHeader(http.StatusOK)
 	if al := st.c.cfg.AccessLog; al != nil {
-		logAdmitted(al, 0, r, in.Method, in.Path, req, http.StatusOK)
+		logAdmitted(al, 0, r, in.Method, in.Path, req, http.StatusOK, waited(from, st.chain.Clock().Now()))
 	}
 }
 

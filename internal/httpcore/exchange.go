@@ -63,7 +63,8 @@ type Admission struct {
 	req    sluice.Request
 	budget time.Duration
 	start  clock.Instant
-	actual int64 // the work's actual cost from the answer (ReadCost); 0: the estimate
+	wait   time.Duration // how long the decision waited (logged; 0: not, or too short to tell)
+	actual int64         // the work's actual cost from the answer (ReadCost); 0: the estimate
 	remote string
 	method string
 	path   string
@@ -97,13 +98,15 @@ func (sn Snapshot) Admit(ctx context.Context, in *identify.Input, f Fields) (adm
 		ctx, cancel = context.WithTimeout(ctx, budget)
 		defer cancel()
 	}
+	from := st.waitFrom()
 	d, tk := st.chain.Decide(ctx, req)
 	if !d.Admitted {
-		return adm, m.renderLogged(ctx, f, in, st, &d, req, ""), false
+		return adm, m.renderLoggedWait(ctx, f, in, st, &d, req, "", 0, from), false
 	}
 	adm = Admission{m: m, st: st, tk: tk, dec: d, req: *req, budget: budget, remote: in.RemoteAddr, method: in.Method, path: in.Path}
 	if st.c.cfg.AccessLog != nil {
 		adm.start = st.chain.Clock().Now()
+		adm.wait = waited(from, adm.start)
 	}
 	return adm, rj, true
 }
@@ -116,9 +119,16 @@ func (m *Middleware) renderLogged(ctx context.Context, f Fields, in *identify.In
 // renderLoggedStatus is renderLogged with status (0: the decision's) as
 // render takes it.
 func (m *Middleware) renderLoggedStatus(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string, status int) Rejection {
+	return m.renderLoggedWait(ctx, f, in, st, d, req, detail, status, 0)
+}
+
+// renderLoggedWait is renderLoggedStatus of a decision that began at from
+// (waitFrom; 0: its wait is not logged).
+func (m *Middleware) renderLoggedWait(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string, status int, from clock.Instant) Rejection {
 	rj := m.render(f, in.Header, st, d, req, detail, true, status)
 	if al := st.c.cfg.AccessLog; al != nil {
-		m.logRejectedAt(al, st.chain.Clock().Now(), ctx, in.RemoteAddr, in.Method, in.Path, req, d, rj.Status, rj.RequestID)
+		now := st.chain.Clock().Now()
+		m.logRejectedAt(al, now, ctx, in.RemoteAddr, in.Method, in.Path, req, d, rj.Status, rj.RequestID, waited(from, now))
 	}
 	return rj
 }
@@ -172,7 +182,7 @@ func (a *Admission) Done(ctx context.Context, status int, cancelled bool) {
 	}
 	a.tk.DoneCost(o, a.actual)
 	if al := a.st.c.cfg.AccessLog; al != nil {
-		logAdmittedAt(al, a.st.chain.Clock().Now().Sub(a.start), ctx, a.remote, a.method, a.path, &a.req, status)
+		logAdmittedAt(al, a.st.chain.Clock().Now().Sub(a.start), ctx, a.remote, a.method, a.path, &a.req, status, a.wait)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/sluice-go/sluice"
@@ -199,7 +200,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		d := st.chain.Refuse(req, sluice.Decision{Reason: sluice.ReasonInvalid})
 		rid := m.reject(w, r, st, &d, req, detail)
 		if al := st.c.cfg.AccessLog; al != nil {
-			m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid)
+			m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid, 0)
 		}
 		return
 	}
@@ -210,11 +211,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ctx, cancel = context.WithTimeout(ctx, budget)
 		defer cancel()
 	}
+	from := st.waitFrom()
 	d, tk := st.chain.Decide(ctx, req)
 	if !d.Admitted {
 		rid := m.reject(w, r, st, &d, req, "")
 		if al := st.c.cfg.AccessLog; al != nil {
-			m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid)
+			now := st.chain.Clock().Now()
+			m.logRejected(al, now, r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid, waited(from, now))
 		}
 		return
 	}
@@ -237,15 +240,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		st.propagate(r.Header, req.Class, d.Level, req.Deadline)
 	}
 	var start clock.Instant
+	var wait time.Duration
 	al := st.c.cfg.AccessLog
 	if al != nil {
 		start = st.chain.Clock().Now()
+		wait = waited(from, start)
 	}
 	next.ServeHTTP(rw, r)
 	finished = true
 	tk.DoneCost(outcome(rw, r), st.c.id.ActualCost(req.Operation, w.Header().Get))
 	if al != nil {
-		logAdmitted(al, st.chain.Clock().Now().Sub(start), r, r.Method, r.URL.Path, req, rw.status)
+		logAdmitted(al, st.chain.Clock().Now().Sub(start), r, r.Method, r.URL.Path, req, rw.status, wait)
 	}
 }
 
@@ -310,7 +315,7 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, d sluice.Dec
 	w.Write(rj.Body)
 	rj.Release()
 	if al := st.c.cfg.AccessLog; al != nil {
-		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, rj.Status, rj.RequestID)
+		m.logRejected(al, st.chain.Clock().Now(), r, r.Method, r.URL.Path, &req, &d, rj.Status, rj.RequestID, 0)
 	}
 }
 

@@ -44,6 +44,10 @@ type Record struct {
 	Duration time.Duration
 	// Cost is the recorded cost (0: the routes' own).
 	Cost int64
+	// Wait is how long its decision waited, in a gate's wait queue or
+	// paced (sluice's log; 0: it did not, or the log does not say): the
+	// request arrived Wait before it was decided, and At is its arrival.
+	Wait time.Duration
 	// Decision, Gate and Reason are the recorded decision.
 	Decision     Decision
 	Gate, Reason string
@@ -227,6 +231,7 @@ type sluiceLine struct {
 	Cost       int64  `json:"cost"`
 	Tenant     string `json:"tenant"`
 	Duration   int64  `json:"duration"` // ns
+	Wait       int64  `json:"wait"`     // ns
 	Suppressed int64  `json:"suppressed"`
 }
 
@@ -235,19 +240,23 @@ type sluiceLine struct {
 func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 	var l sluiceLine
 	var dur time.Duration = -1
+	var wait time.Duration
 	if line[0] == '{' {
 		if err := json.Unmarshal(line, &l); err != nil {
 			return false, err
 		}
+		var err error
 		if l.Decision == "admitted" {
-			var err error
 			if dur, err = seconds(float64(l.Duration), time.Nanosecond); err != nil {
 				return false, err
 			}
 		}
+		if wait, err = seconds(float64(l.Wait), time.Nanosecond); err != nil {
+			return false, fmt.Errorf("wait: %v", err)
+		}
 	} else {
 		var err error
-		if dur, err = parseLogfmt(line, &l); err != nil {
+		if dur, wait, err = parseLogfmt(line, &l); err != nil {
 			return false, err
 		}
 	}
@@ -265,8 +274,11 @@ func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 	if dur > MaxDuration {
 		return false, fmt.Errorf("duration %v: want at most %v", dur, MaxDuration)
 	}
-	*rec = Record{At: ns, Method: l.Method, Path: l.Path, Tenant: l.Tenant, Remote: l.Remote, Status: l.Status,
-		Duration: -1, Cost: l.Cost}
+	if wait < 0 || wait > MaxDuration {
+		return false, fmt.Errorf("wait %v: want 0 to %v", wait, MaxDuration)
+	}
+	*rec = Record{At: ns - int64(wait), Method: l.Method, Path: l.Path, Tenant: l.Tenant, Remote: l.Remote, Status: l.Status,
+		Duration: -1, Cost: l.Cost, Wait: wait}
 	switch l.Decision {
 	case "admitted":
 		rec.Decision, rec.Duration = Admitted, max(dur, 0)
@@ -284,15 +296,16 @@ func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 }
 
 // parseLogfmt reads the text form of sluice's log (key=value, values with
-// spaces quoted) into l, and the duration (a Go duration string).
-func parseLogfmt(line []byte, l *sluiceLine) (time.Duration, error) {
-	dur := time.Duration(-1)
+// spaces quoted) into l, and the duration and the wait (Go duration
+// strings; -1 and 0 when absent).
+func parseLogfmt(line []byte, l *sluiceLine) (dur, wait time.Duration, err error) {
+	dur = time.Duration(-1)
 	s := string(line)
 	for len(s) > 0 {
 		s = strings.TrimLeft(s, " ")
 		eq := strings.IndexByte(s, '=')
 		if eq <= 0 {
-			return 0, fmt.Errorf("no key=value at %q", truncate(s))
+			return 0, 0, fmt.Errorf("no key=value at %q", truncate(s))
 		}
 		key := s[:eq]
 		s = s[eq+1:]
@@ -300,7 +313,7 @@ func parseLogfmt(line []byte, l *sluiceLine) (time.Duration, error) {
 		if strings.HasPrefix(s, `"`) {
 			q, err := strconv.QuotedPrefix(s)
 			if err != nil {
-				return 0, fmt.Errorf("%s: %v", key, err)
+				return 0, 0, fmt.Errorf("%s: %v", key, err)
 			}
 			val, _ = strconv.Unquote(q)
 			s = s[len(q):]
@@ -339,12 +352,14 @@ func parseLogfmt(line []byte, l *sluiceLine) (time.Duration, error) {
 			l.Suppressed, err = strconv.ParseInt(val, 10, 64)
 		case "duration":
 			dur, err = time.ParseDuration(val)
+		case "wait":
+			wait, err = time.ParseDuration(val)
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%s=%q: %v", key, val, err)
+			return 0, 0, fmt.Errorf("%s=%q: %v", key, val, err)
 		}
 	}
-	return dur, nil
+	return dur, wait, nil
 }
 
 // combined matches nginx's combined format, with an optional

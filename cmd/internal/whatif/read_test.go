@@ -50,13 +50,17 @@ func TestReadFormats(t *testing.T) {
 		{"sluice.log", ReadOptions{}, FormatSluice, []Record{
 			{At: at("2026-12-06T01:00:00.1Z"), Method: "GET", Path: "/v1/routes/42", Tenant: "t-2bd806c97f0e", Remote: "192.0.2.10:51234", Status: 200, Duration: 12 * time.Millisecond, Cost: 1, Decision: Admitted},
 			{At: at("2026-12-06T01:00:00.13Z"), Method: "POST", Path: "/v1/routes", Tenant: "t-81b637d8fcd2", Remote: "192.0.2.11:40000", Status: 429, Duration: -1, Cost: 5, Decision: Rejected, Gate: "request-rate", Reason: "policy_rate"},
-		}, Stats{Lines: 4, Requests: 2, Skipped: 1, Malformed: 1, Suppressed: 3}},
+			// Turned away after 200 ms in a wait queue: it arrived then.
+			{At: at("2026-12-06T01:00:00.25Z"), Method: "GET", Path: "/v1/analytics/daily", Tenant: "t-2bd806c97f0e", Remote: "192.0.2.12:40001", Status: 503, Duration: -1, Cost: 1, Decision: Rejected, Gate: "worker-pool", Reason: "queue", Wait: 200 * time.Millisecond},
+		}, Stats{Lines: 5, Requests: 3, Skipped: 1, Malformed: 1, Suppressed: 3}},
 		// JSON, as sluice demo --scenario incident --record writes it: the
 		// proxy's own lines come first.
 		{"sluice.jsonl", ReadOptions{}, FormatSluice, []Record{
 			{At: at("2026-12-06T01:00:00.1Z"), Method: "GET", Path: "/v1/routes/42", Tenant: "t-2bd806c97f0e", Remote: "192.0.2.10:51234", Status: 200, Duration: 12 * time.Millisecond, Cost: 1, Decision: Admitted},
 			{At: at("2026-12-06T01:00:00.13Z"), Method: "POST", Path: "/v1/routes", Tenant: "t-81b637d8fcd2", Remote: "192.0.2.11:40000", Status: 429, Duration: -1, Cost: 5, Decision: Rejected, Gate: "request-rate", Reason: "policy_rate"},
-		}, Stats{Lines: 4, Requests: 2, Skipped: 2}},
+			// Admitted after 50 ms in a wait queue, served for 20 ms.
+			{At: at("2026-12-06T01:00:00.23Z"), Method: "GET", Path: "/v1/routes/43", Tenant: "t-2bd806c97f0e", Remote: "192.0.2.10:51234", Status: 200, Duration: 20 * time.Millisecond, Cost: 1, Decision: Admitted, Wait: 50 * time.Millisecond},
+		}, Stats{Lines: 5, Requests: 3, Skipped: 2}},
 	} {
 		t.Run(c.file, func(t *testing.T) {
 			recs, st, err := ReadFile("testdata/"+c.file, c.opts)

@@ -53,6 +53,13 @@ type Options struct {
 	// Deadline is the time each request gave itself, as its deadline header
 	// would have said (logs do not carry it). 0: the policy's default.
 	Deadline time.Duration
+	// Follow makes the gates whose decisions depend on timing (every kind
+	// but the rate kinds: concurrency, adaptive, deadline, utilization,
+	// ...) decide as the recording says (follow.go), and turns the upstream
+	// model off: the rate gates' replay can then be checked request for
+	// request against the recording. It needs a log that names the gates
+	// (sluice's).
+	Follow bool
 }
 
 // Report is what a replay found.
@@ -165,6 +172,9 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	names := &gateNames{index: map[string]int32{}}
 	if !sortedByArrival(recs) {
 		return nil, errors.New("whatif: the records are not in arrival order")
+	}
+	if opts.Follow {
+		opts.Workers = -1
 	}
 	var up fit
 	given := opts.Workers > 0
@@ -351,10 +361,11 @@ func (c *vclock) Now() clock.Instant { return clock.Instant(c.now) }
 
 // event kinds
 const (
-	evDone   uint8 = iota // an admitted request's work ends
-	evReady               // a parked request got its slot or was turned away
-	evExpire              // a parked request's wait runs out
-	evStart               // a paced request's work begins
+	evDone     uint8 = iota // an admitted request's work ends
+	evReady                 // a parked request got its slot or was turned away
+	evExpire                // a parked request's wait runs out
+	evStart                 // a paced request's work begins
+	evTurnAway              // a followed gate turns the request away after its recorded wait (Options.Follow)
 )
 
 type event struct {
@@ -393,25 +404,30 @@ type flight struct {
 
 // runner replays one policy.
 type runner struct {
-	recs    []Record
-	opts    Options
-	names   *gateNames
-	durs    *durations
-	clk     vclock
-	t0      int64
-	chain   *sluice.Chain
-	id      *identify.Identifier
-	rules   identify.Rules
-	oneHdr  bool // the tenant is one header's value
-	ctx     context.Context
-	wait    time.Duration
-	park    queue.Park
-	ev      events
-	flights map[int32]*flight
-	run     *Run
-	class   []string // per request: its class
-	hdr     http.Header
-	up      *pool // nil: no upstream model
+	recs   []Record
+	opts   Options
+	names  *gateNames
+	durs   *durations
+	clk    vclock
+	t0     int64
+	chain  *sluice.Chain
+	id     *identify.Identifier
+	rules  identify.Rules
+	oneHdr bool // the tenant is one header's value
+	ctx    context.Context
+	wait   time.Duration
+	cur    int32 // the request being decided
+	// turnAway is set by a followed gate (Options.Follow) that admitted
+	// the request being decided only to turn it away after its recorded
+	// wait.
+	turnAway bool
+	park     queue.Park
+	ev       events
+	flights  map[int32]*flight
+	run      *Run
+	class    []string // per request: its class
+	hdr      http.Header
+	up       *pool // nil: no upstream model
 }
 
 // replay runs recs through f.
@@ -436,6 +452,16 @@ func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs 
 	if r.id, err = identify.New(rt.Rules); err != nil {
 		return nil, nil, err
 	}
+	var notes []string
+	if opts.Follow {
+		var names []string
+		if r.chain, names, err = r.following(rt.Chain, f); err != nil {
+			return nil, nil, err
+		}
+		if len(names) > 0 {
+			notes = append(notes, "these gates decided as the recording says (--follow): "+strings.Join(names, ", "))
+		}
+	}
 	r.oneHdr = r.rules.TenantHeader != ""
 	r.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &r.wait), &r.park)
 	r.park.Ready = func(tag uint64, d sluice.Decision) {
@@ -452,7 +478,6 @@ func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs 
 	}
 	r.until(1<<63 - 1)
 	r.finish()
-	var notes []string
 	if !r.oneHdr && len(r.rules.Tenant.Parts) > 0 {
 		notes = append(notes, "the candidate keys tenants by "+partsText(r.rules.Tenant.Parts)+": each request keeps the tenant the log names")
 	}
@@ -486,6 +511,11 @@ func (r *runner) until(t int64) {
 			}
 		case evStart:
 			r.begin(e.i)
+		case evTurnAway:
+			rec := &r.recs[e.i]
+			r.refuse(e.i, rec.Gate, rec.Reason)
+			fl.tk.Done(sluice.OutcomeRejected)
+			delete(r.flights, e.i)
 		case evReady:
 			if fl.q == nil {
 				continue
@@ -539,7 +569,7 @@ func (r *runner) decide(i int32) {
 	if budget > 0 {
 		req.Deadline = r.clk.Now().Add(budget)
 	}
-	r.wait = 0
+	r.wait, r.cur, r.turnAway = 0, i, false
 	r.park.Tag, r.park.Queue = uint64(i), nil
 	d, tk := r.chain.Decide(r.ctx, &req)
 	if !d.Admitted {
@@ -555,6 +585,16 @@ func (r *runner) decide(i int32) {
 		fl.q, fl.id = r.park.Queue, r.park.ID
 		heap.Push(&r.ev, event{t: max(int64(r.park.Until), r.clk.now), kind: evExpire, i: i})
 		return
+	}
+	if r.opts.Follow {
+		// A followed gate decided as the recording says, after the wait
+		// the recording says (rate gates before it give their tokens back
+		// then, as they did).
+		if r.turnAway {
+			heap.Push(&r.ev, event{t: r.clk.now + int64(rec.Wait), kind: evTurnAway, i: i})
+			return
+		}
+		r.wait += rec.Wait
 	}
 	r.start(i, r.clk.now+int64(r.wait))
 }
