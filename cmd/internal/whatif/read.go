@@ -324,42 +324,46 @@ func parseLogfmt(line []byte, l *sluiceLine) (dur, wait time.Duration, err error
 			}
 			val, s = s[:end], s[end:]
 		}
-		var err error
-		switch key {
-		case "time":
-			l.Time = val
-		case "msg":
-			l.Msg = val
-		case "decision":
-			l.Decision = val
-		case "method":
-			l.Method = val
-		case "path":
-			l.Path = val
-		case "reason":
-			l.Reason = val
-		case "gate":
-			l.Gate = val
-		case "remote":
-			l.Remote = val
-		case "tenant":
-			l.Tenant = val
-		case "status":
-			l.Status, err = strconv.Atoi(val)
-		case "cost":
-			l.Cost, err = strconv.ParseInt(val, 10, 64)
-		case "suppressed":
-			l.Suppressed, err = strconv.ParseInt(val, 10, 64)
-		case "duration":
-			dur, err = time.ParseDuration(val)
-		case "wait":
-			wait, err = time.ParseDuration(val)
-		}
-		if err != nil {
+		if err := l.set(key, val, &dur, &wait); err != nil {
 			return 0, 0, fmt.Errorf("%s=%q: %v", key, val, err)
 		}
 	}
 	return dur, wait, nil
+}
+
+// set stores the logfmt field key=val in l, or in dur and wait.
+func (l *sluiceLine) set(key, val string, dur, wait *time.Duration) (err error) {
+	switch key {
+	case "time":
+		l.Time = val
+	case "msg":
+		l.Msg = val
+	case "decision":
+		l.Decision = val
+	case "method":
+		l.Method = val
+	case "path":
+		l.Path = val
+	case "reason":
+		l.Reason = val
+	case "gate":
+		l.Gate = val
+	case "remote":
+		l.Remote = val
+	case "tenant":
+		l.Tenant = val
+	case "status":
+		l.Status, err = strconv.Atoi(val)
+	case "cost":
+		l.Cost, err = strconv.ParseInt(val, 10, 64)
+	case "suppressed":
+		l.Suppressed, err = strconv.ParseInt(val, 10, 64)
+	case "duration":
+		*dur, err = time.ParseDuration(val)
+	case "wait":
+		*wait, err = time.ParseDuration(val)
+	}
+	return err
 }
 
 // combined matches nginx's combined format, with an optional
