@@ -127,10 +127,12 @@ func TestReadErrors(t *testing.T) {
 	}
 }
 
-// FuzzRead: any input reads without a panic, and what it keeps is sorted
-// by arrival.
+// FuzzRead: any input reads without a panic, what it keeps is sorted by
+// arrival, and it replays (the upstream fitted, and with --follow) without
+// one.
 func FuzzRead(f *testing.F) {
-	for _, name := range []string{"combined.log", "envoy.jsonl", "sluice.log"} {
+	cand := mustPolicy(f, "p.yaml", policyText("5/s"))
+	for _, name := range []string{"combined.log", "envoy.jsonl", "sluice.log", "sluice.jsonl"} {
 		data, err := os.ReadFile("testdata/" + name)
 		if err != nil {
 			f.Fatal(err)
@@ -145,6 +147,14 @@ func FuzzRead(f *testing.F) {
 		for i := 1; i < len(recs); i++ {
 			if recs[i].At < recs[i-1].At {
 				t.Fatalf("record %d before %d", i, i-1)
+			}
+		}
+		if len(recs) == 0 || len(recs) > 100 {
+			return
+		}
+		for _, follow := range []bool{false, true} {
+			if _, err := Replay(recs, Options{Candidate: cand, Follow: follow}); err != nil {
+				t.Fatalf("follow %v: %v", follow, err)
 			}
 		}
 	})
