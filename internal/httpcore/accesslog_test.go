@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/httpcore"
+	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/store/memory"
@@ -199,7 +199,7 @@ func TestAccessLogWait(t *testing.T) {
 	pool, _ := gate.NewInFlight("worker-pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
 	q, _ := queue.New("worker-pool", pool, queue.Options{MaxWait: time.Minute})
 	chain, _ := sluice.NewChain(sluice.ChainOptions{}, q)
-	var buf syncBuffer
+	var buf logbuf.Buffer
 	mw, _ := httpcore.New(chain, httpcore.Config{Jitter: noJitter,
 		AccessLog: &httpcore.AccessLog{Logger: slog.New(slog.NewJSONHandler(&buf, nil)), RejectsPerSecond: -1}})
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -263,20 +263,3 @@ func TestAccessLogWait(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the log's concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
