@@ -262,4 +262,3 @@ func TestAccessLogWait(t *testing.T) {
 		t.Errorf("the third waited 40 ms before it was turned away; logged %v (%v)", time.Duration(w), waits)
 	}
 }
-
