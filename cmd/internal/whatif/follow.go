@@ -34,42 +34,52 @@ func (g *followed) Name() string { return g.name }
 
 func (g *followed) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
 	rec := &g.r.recs[g.r.cur]
-	if rec.Decision == Rejected && rec.Gate == g.name {
-		if rec.Wait > 0 {
-			// It waited in this gate's queue first: admitted here, it is
-			// turned away when the wait ends (runner.decide).
-			g.r.turnAway = true
-			return sluice.Decision{Admitted: true, Gate: g.name}, 0
-		}
+	if rec.Decision == Rejected && rec.Gate == g.name && !g.r.turnAway {
 		return sluice.Decision{Gate: g.name, Reason: reasonNamed(rec.Reason)}, 0
 	}
+	// Admitted as recorded; or, when the runner decides through the chain
+	// that ends here (turnAway), admitted to be turned away when its
+	// recorded wait ends.
 	return sluice.Decision{Admitted: true, Gate: g.name}, 0
 }
 
 func (g *followed) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
 
 // following is c with each gate of f that is not of a rate kind replaced
-// by one that follows the recording, and the names of those replaced.
-func (r *runner) following(c *sluice.Chain, f *policy.File) (*sluice.Chain, []string, error) {
+// by one that follows the recording, the names of those replaced, and for
+// each of them that enforces, the chain up to it: a request the recording
+// says it turned away after a wait is decided through that chain (the
+// gates after it never saw the request) and turned away when the wait
+// ends, giving the tokens of the gates before it back then.
+func (r *runner) following(c *sluice.Chain, f *policy.File) (*sluice.Chain, []string, map[string]*sluice.Chain, error) {
 	kinds := make(map[string]string, len(f.Gates))
 	for _, g := range f.Gates {
 		kinds[g.Name] = g.Kind
 	}
 	gates := c.Gates()
 	modes := make(map[string]sluice.Mode, len(gates))
+	prefixes := map[string]*sluice.Chain{}
 	var names []string
 	for i, g := range gates {
 		name := g.Name()
-		if m, ok := c.Mode(name); ok {
-			modes[name] = m
+		m, _ := c.Mode(name)
+		modes[name] = m
+		if rateKinds[kinds[name]] {
+			continue
 		}
-		if !rateKinds[kinds[name]] {
-			gates[i] = &followed{name: name, r: r}
-			names = append(names, name)
+		gates[i] = &followed{name: name, r: r}
+		names = append(names, name)
+		if m != sluice.ModeEnforce {
+			continue
 		}
+		pc, err := sluice.NewChain(sluice.ChainOptions{Clock: c.Clock(), Modes: modes}, gates[:i+1]...)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		prefixes[name] = pc
 	}
 	fc, err := sluice.NewChain(sluice.ChainOptions{Clock: c.Clock(), Modes: modes}, gates...)
-	return fc, names, err
+	return fc, names, prefixes, err
 }
 
 // reasonNamed is the reason whose wire name is s (ReasonNone if none).

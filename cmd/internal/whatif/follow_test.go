@@ -75,3 +75,45 @@ func TestReasonNamed(t *testing.T) {
 		t.Error("an unknown reason is not ReasonNone")
 	}
 }
+
+// A request the recording turned away after a wait at a followed gate
+// never reached the gates after it: a rate gate behind the queue keeps its
+// token for the next request. And a followed gate in shadow mode turns
+// nothing away, waited or not (the rate gate then spends its token on r0,
+// and turns r1 away).
+func TestFollowTurnsAwayAtTheGate(t *testing.T) {
+	text := func(mode string) string {
+		return `version: 1
+service: follow-test
+identity:
+  tenant: {header: X-Api-Key}
+gates:
+  - {name: slots, kind: concurrency, scope: service, limit: 1, queue: {max_wait: 500ms}` + mode + `}
+  - {name: tenant-rate, kind: token_bucket, rate: 1/s, burst: 1}
+`
+	}
+	recs := []Record{
+		{At: 0, Decision: Rejected, Gate: "slots", Reason: "queue", Duration: -1, Wait: 500 * time.Millisecond},
+		{At: int64(100 * time.Millisecond), Decision: Admitted, Duration: 10 * time.Millisecond},
+	}
+	for i := range recs {
+		recs[i].Method, recs[i].Path, recs[i].Tenant = "GET", "/", "a"
+		recs[i].At += int64(time.Hour)
+	}
+	rep, err := Replay(recs, Options{Candidate: mustPolicy(t, "p.yaml", text("")), Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Agreement.Same != 2 {
+		t.Errorf("enforced: %d of 2 the same; candidate %+v", rep.Agreement.Same, rep.Candidate.Gates)
+	}
+	rep, err = Replay(recs, Options{Candidate: mustPolicy(t, "p.yaml", text(", mode: shadow")), Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rep.Candidate.Gates {
+		if g.Gate == "slots" {
+			t.Errorf("a shadow gate turned %d away", g.Rejected)
+		}
+	}
+}

@@ -243,6 +243,15 @@ func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 	var wait time.Duration
 	if line[0] == '{' {
 		if err := json.Unmarshal(line, &l); err != nil {
+			// Another line of the service's (one that shares the logger)
+			// may hold a field of an access line's name with another type:
+			// it is skipped, not malformed.
+			var other struct {
+				Msg string `json:"msg"`
+			}
+			if json.Unmarshal(line, &other) == nil && other.Msg != "request" {
+				return false, nil
+			}
 			return false, err
 		}
 		var err error

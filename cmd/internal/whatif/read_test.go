@@ -94,6 +94,13 @@ func TestReadErrors(t *testing.T) {
 	if _, _, err := Read(strings.NewReader(long), ReadOptions{}); err == nil || !strings.Contains(err.Error(), "longer than") {
 		t.Errorf("an over-long line: %v", err)
 	}
+	// A line of the service's own that shares the logger, with a field of
+	// an access line's name and another type, is skipped.
+	other := `{"time":"2026-12-06T01:00:07Z","msg":"cache warm","wait":"5s","status":"ok"}` + "\n" +
+		`{"time":"2026-12-06T01:00:08Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}` + "\n"
+	if recs, st, err := Read(strings.NewReader(other), ReadOptions{}); err != nil || len(recs) != 1 || st.Skipped != 1 || st.Malformed != 0 {
+		t.Errorf("another line of the service's: %v %+v", err, st)
+	}
 	if _, _, err := Read(strings.NewReader("\n\n"), ReadOptions{}); err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Errorf("an empty log: %v", err)
 	}
@@ -107,6 +114,9 @@ func TestReadErrors(t *testing.T) {
 	}{
 		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"admitted","method":"GET","path":"/","status":200,"duration":1000000000000000000}`},
 		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"admitted","method":"GET","path":"/","status":200,"duration":-5}`},
+		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":503,"wait":-5}`},
+		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":503,"wait":"5s"}`},
+		{FormatSluice, `time=2026-12-06T01:00:07Z msg=request decision=rejected method=GET path=/ status=503 wait=25h`},
 		{FormatSluice, `time=2026-12-06T01:00:07Z level=INFO msg=request decision=admitted method=GET path=/ status=200 duration=2562047h`},
 		{FormatSluice, `{"time":"1700-01-01T00:00:00Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}`},
 		{FormatSluice, `{"time":"9999-01-01T00:00:00Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}`},

@@ -187,12 +187,12 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	case opts.Workers < 0:
 	case up.workers == 0:
 		rep.Notes = append(rep.Notes, "no admitted request has a duration: each takes the median, with no upstream model")
-	case up.queued == 0 && up.late == 0:
+	case !given && up.queued == 0 && up.late == 0:
 		// Nothing waited: the recording shows a lower bound of its
 		// upstream's size, not its size, and a model that size would make
 		// a candidate that admits more wait where the real one may not.
 		opts.Workers, durs.service = -1, nil
-		rep.Notes = append(rep.Notes, fmt.Sprintf("no request waited for the recording's upstream (at most %d were in flight): its capacity is unknown and no upstream is modeled (--workers sets one)", up.workers))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("no request waited for the recording's upstream (at most %d were in flight): its capacity is unknown and no upstream is modeled (--workers sets one)", up.most))
 	default:
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the upstream is modeled as %s in first-come first-served order, each request served for its recorded duration less its wait for a worker (%d of %d waited)%s", plural(up.workers, "worker"), up.queued, up.served, lateNote(up, given)))
 	}
@@ -417,9 +417,12 @@ type runner struct {
 	ctx    context.Context
 	wait   time.Duration
 	cur    int32 // the request being decided
-	// turnAway is set by a followed gate (Options.Follow) that admitted
-	// the request being decided only to turn it away after its recorded
-	// wait.
+	// prefixes are, with Options.Follow, the chains that end at each
+	// followed gate that enforces (runner.following); turnAway is set
+	// while a request the recording says such a gate turned away after a
+	// wait is decided through its chain, to be turned away when the wait
+	// ends.
+	prefixes map[string]*sluice.Chain
 	turnAway bool
 	park     queue.Park
 	ev       events
@@ -455,7 +458,7 @@ func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs 
 	var notes []string
 	if opts.Follow {
 		var names []string
-		if r.chain, names, err = r.following(rt.Chain, f); err != nil {
+		if r.chain, names, r.prefixes, err = r.following(rt.Chain, f); err != nil {
 			return nil, nil, err
 		}
 		if len(names) > 0 {
@@ -571,7 +574,11 @@ func (r *runner) decide(i int32) {
 	}
 	r.wait, r.cur, r.turnAway = 0, i, false
 	r.park.Tag, r.park.Queue = uint64(i), nil
-	d, tk := r.chain.Decide(r.ctx, &req)
+	chain := r.chain
+	if pc := r.prefixes[rec.Gate]; pc != nil && rec.Decision == Rejected && rec.Wait > 0 {
+		chain, r.turnAway = pc, true
+	}
+	d, tk := chain.Decide(r.ctx, &req)
 	if !d.Admitted {
 		r.refuse(i, d.Gate, d.Reason.String())
 		return
@@ -594,7 +601,7 @@ func (r *runner) decide(i int32) {
 			heap.Push(&r.ev, event{t: r.clk.now + int64(rec.Wait), kind: evTurnAway, i: i})
 			return
 		}
-		r.wait += rec.Wait
+		r.wait = max(r.wait, rec.Wait) // the recorded wait holds any pacing
 	}
 	r.start(i, r.clk.now+int64(r.wait))
 }

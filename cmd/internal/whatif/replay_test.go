@@ -327,6 +327,46 @@ func TestFitFindsTheWorkers(t *testing.T) {
 	}
 }
 
+// The upstream is reached after the decision: a request that waited in a
+// gate's queue (Record.Wait) reached it that much after its arrival. Here
+// one gate slot held r0 for 100 ms while r1 waited 90 ms in the gate's
+// queue: the upstream served both at once, and each for 100 ms.
+func TestFitReachesTheUpstreamAfterTheWait(t *testing.T) {
+	ms := func(n int) int64 { return int64(n) * int64(time.Millisecond) }
+	recs := []Record{
+		{At: ms(0), Duration: 100 * time.Millisecond, Decision: Admitted},
+		{At: ms(10), Duration: 100 * time.Millisecond, Wait: 90 * time.Millisecond, Decision: Admitted},
+	}
+	f := fitUpstream(recs, 0)
+	if f.queued != 0 || f.late != 0 || !slices.Equal(f.service, []time.Duration{100 * time.Millisecond, 100 * time.Millisecond}) {
+		t.Errorf("%+v", f)
+	}
+}
+
+// Odd recordings and sizes: a number of workers given is kept even where
+// nothing waited (the note names the log's most in flight, not it); an
+// absurd one allocates nothing absurd; ten requests that arrive and leave
+// together cannot have been served one after another in no time, so they
+// are not fitted to one worker.
+func TestFitOddCases(t *testing.T) {
+	cand := mustPolicy(t, "p.yaml", policyText("5/s"))
+	one := []Record{{At: 0, Method: "GET", Path: "/", Duration: time.Millisecond, Decision: Admitted}}
+	rep, err := Replay(one, Options{Candidate: cand, Workers: 4})
+	if err != nil || !strings.Contains(strings.Join(rep.Notes, "\n"), "modeled as 4 workers") {
+		t.Errorf("--workers 4: %v %q", err, rep.Notes)
+	}
+	if _, err := Replay(one, Options{Candidate: cand, Workers: math.MaxInt}); err != nil {
+		t.Error(err)
+	}
+	together := make([]Record, 10)
+	for i := range together {
+		together[i] = Record{At: 0, Duration: time.Second, Decision: Admitted}
+	}
+	if f := fitUpstream(together, 0); f.workers != 10 || f.queued != 0 {
+		t.Errorf("ten together: %d workers, %d waited", f.workers, f.queued)
+	}
+}
+
 // An operation is its method and path, identifiers aside.
 func TestOperation(t *testing.T) {
 	for path, want := range map[string]string{

@@ -1,6 +1,7 @@
 package whatif
 
 import (
+	"cmp"
 	"container/heap"
 	"slices"
 	"time"
@@ -70,7 +71,17 @@ type fit struct {
 	service []time.Duration // per record: its service time; -1 none (refused, or no duration)
 	served  int             // records with a service time
 	queued  int             // of them, those that waited for a worker
-	late    int             // of them, those that left before they could start (service 0)
+	late    int             // of them, those that could not have been served so (service 0)
+	most    int             // the most served requests in flight at once
+	visits  []visit         // the served requests in the order they reached the upstream
+}
+
+// visit is a served request's stay at the upstream: it reached it after
+// its decision (its arrival plus its wait in a gate's queue) and left it a
+// recorded duration later.
+type visit struct {
+	reach, leave int64
+	i            int32 // its record
 }
 
 // lateShare is the share of the served requests that may leave before
@@ -84,10 +95,22 @@ const lateShare = 0.01
 // requests leave before they could start. That is the size of an upstream
 // that was often full (TestFitFindsTheWorkers); of one that seldom was, it
 // can be fewer workers, each serving faster: the recording cannot show
-// workers it never kept busy. recs are in arrival order.
+// workers it never kept busy.
 func fitUpstream(recs []Record, workers int) fit {
 	f := fit{workers: workers, service: make([]time.Duration, len(recs))}
-	hi := mostInFlight(recs)
+	for i := range recs {
+		r := &recs[i]
+		f.service[i] = -1
+		if r.Decision == Rejected || r.Duration < 0 {
+			continue
+		}
+		reach := r.At + int64(r.Wait)
+		f.visits = append(f.visits, visit{reach: reach, leave: reach + int64(r.Duration), i: int32(i)})
+	}
+	slices.SortStableFunc(f.visits, func(a, b visit) int { return cmp.Compare(a.reach, b.reach) })
+	f.served = len(f.visits)
+	f.most = f.mostInFlight()
+	hi := f.most
 	if hi == 0 {
 		f.workers = 0
 		return f
@@ -99,7 +122,7 @@ func fitUpstream(recs []Record, workers int) fit {
 		lo := 1
 		for lo < hi {
 			mid := lo + (hi-lo)/2
-			f.deconvolve(recs, mid)
+			f.deconvolve(mid)
 			if float64(f.late) <= lateShare*float64(f.served) {
 				hi = mid
 			} else {
@@ -108,60 +131,52 @@ func fitUpstream(recs []Record, workers int) fit {
 		}
 		f.workers = lo
 	}
-	f.deconvolve(recs, f.workers)
+	f.deconvolve(f.workers)
 	return f
 }
 
 // mostInFlight is the most served requests in flight at once.
-func mostInFlight(recs []Record) int {
+func (f *fit) mostInFlight() int {
 	var ends departures
 	most := 0
-	for i := range recs {
-		r := &recs[i]
-		if r.Decision == Rejected || r.Duration < 0 {
-			continue
-		}
-		for len(ends) > 0 && ends[0] <= r.At {
+	for _, v := range f.visits {
+		for len(ends) > 0 && ends[0] <= v.reach {
 			heap.Pop(&ends)
 		}
-		heap.Push(&ends, r.At+int64(r.Duration))
+		heap.Push(&ends, v.leave)
 		most = max(most, len(ends))
 	}
 	return most
 }
 
 // deconvolve splits each served request's duration into its wait for one
-// of k workers and its service, in arrival order.
-func (f *fit) deconvolve(recs []Record, k int) {
-	f.served, f.queued, f.late = 0, 0, 0
-	latest := make(departures, 0, k) // the k latest departures so far, the earliest of them first
-	var prev int64                   // the start of the request before
-	for i := range recs {
-		r := &recs[i]
-		f.service[i] = -1
-		if r.Decision == Rejected || r.Duration < 0 {
-			continue
-		}
-		f.served++
-		leave := r.At + int64(r.Duration)
-		start := max(r.At, prev)
+// of k workers and its service, in the order the requests reached the
+// upstream. A request that could only have started after it left, or that
+// waited and then took no time at all, is late (service 0).
+func (f *fit) deconvolve(k int) {
+	f.queued, f.late = 0, 0
+	latest := make(departures, 0, min(k, len(f.visits))) // the k latest departures so far, the earliest of them first
+	var prev int64                                       // the start of the request before
+	for _, v := range f.visits {
+		start := max(v.reach, prev)
 		if len(latest) == k && latest[0] > start {
 			start = latest[0]
 		}
 		prev = start
-		if leave < start {
+		waited := start > v.reach
+		if v.leave < start || (waited && v.leave == start) {
 			f.late++
-			f.service[i] = 0
+			f.service[v.i] = 0
 		} else {
-			f.service[i] = time.Duration(leave - start)
+			f.service[v.i] = time.Duration(v.leave - start)
 		}
-		if start > r.At {
+		if waited {
 			f.queued++
 		}
 		if len(latest) < k {
-			heap.Push(&latest, leave)
-		} else if leave > latest[0] {
-			latest[0] = leave
+			heap.Push(&latest, v.leave)
+		} else if v.leave > latest[0] {
+			latest[0] = v.leave
 			heap.Fix(&latest, 0)
 		}
 	}
