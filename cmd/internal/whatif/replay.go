@@ -545,32 +545,10 @@ func (r *runner) until(t int64) {
 // decide asks the chain about request i at the clock's time.
 func (r *runner) decide(i int32) {
 	rec := &r.recs[i]
-	clear(r.hdr)
-	if r.oneHdr && rec.Tenant != "" {
-		r.hdr.Set(r.rules.TenantHeader, rec.Tenant)
-	}
-	remote := rec.Remote
-	if _, _, err := net.SplitHostPort(remote); err != nil && remote != "" {
-		remote = net.JoinHostPort(remote, "0")
-	}
-	var req sluice.Request
-	budget, detail := r.id.IdentifyInput(&identify.Input{Method: rec.Method, Path: rec.Path, Header: r.hdr, RemoteAddr: remote}, &req)
-	r.class[i] = req.Class
-	if detail != "" {
+	req, budget, ok := r.request(i, rec)
+	if !ok {
 		r.refuse(i, "", sluice.ReasonInvalid.String())
 		return
-	}
-	if !r.oneHdr && rec.Tenant != "" && len(r.rules.Tenant.Parts) > 0 {
-		req.Tenant = rec.Tenant
-	}
-	if r.opts.RecordedCost && rec.Cost > 0 {
-		req.Cost = min(rec.Cost, sluice.MaxCost)
-	}
-	if r.opts.Deadline > 0 {
-		budget = r.opts.Deadline
-	}
-	if budget > 0 {
-		req.Deadline = r.clk.Now().Add(budget)
 	}
 	r.wait, r.cur, r.turnAway = 0, i, false
 	r.park.Tag, r.park.Queue = uint64(i), nil
@@ -604,6 +582,37 @@ func (r *runner) decide(i int32) {
 		r.wait = max(r.wait, rec.Wait) // the recorded wait holds any pacing
 	}
 	r.start(i, r.clk.now+int64(r.wait))
+}
+
+// request is record i as the candidate's routes and identity see it, with
+// its time budget; ok false when the identity refuses it (invalid).
+func (r *runner) request(i int32, rec *Record) (req sluice.Request, budget time.Duration, ok bool) {
+	clear(r.hdr)
+	if r.oneHdr && rec.Tenant != "" {
+		r.hdr.Set(r.rules.TenantHeader, rec.Tenant)
+	}
+	remote := rec.Remote
+	if _, _, err := net.SplitHostPort(remote); err != nil && remote != "" {
+		remote = net.JoinHostPort(remote, "0")
+	}
+	budget, detail := r.id.IdentifyInput(&identify.Input{Method: rec.Method, Path: rec.Path, Header: r.hdr, RemoteAddr: remote}, &req)
+	r.class[i] = req.Class
+	if detail != "" {
+		return req, 0, false
+	}
+	if !r.oneHdr && rec.Tenant != "" && len(r.rules.Tenant.Parts) > 0 {
+		req.Tenant = rec.Tenant
+	}
+	if r.opts.RecordedCost && rec.Cost > 0 {
+		req.Cost = min(rec.Cost, sluice.MaxCost)
+	}
+	if r.opts.Deadline > 0 {
+		budget = r.opts.Deadline
+	}
+	if budget > 0 {
+		req.Deadline = r.clk.Now().Add(budget)
+	}
+	return req, budget, true
 }
 
 // start counts request i admitted; its work begins at t.
