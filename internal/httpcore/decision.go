@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/wire"
 )
@@ -143,11 +144,15 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	}
 	from := st.waitFrom()
 	dec, tk := st.chain.Decide(ctx, req)
+	al := st.c.cfg.AccessLog
+	var end clock.Instant
+	if al != nil {
+		end = st.chain.Clock().Now() // the decision's end, before the answer is written
+	}
 	if !dec.Admitted {
 		rid := m.reject(w, r, st, &dec, req, "")
-		if al := st.c.cfg.AccessLog; al != nil {
-			now := st.chain.Clock().Now()
-			m.logRejected(al, now, r, in.Method, in.Path, req, &dec, wire.Status(&dec), rid, waited(from, now))
+		if al != nil {
+			m.logRejected(al, end, r, in.Method, in.Path, req, &dec, wire.Status(&dec), rid, waited(from, end))
 		}
 		return
 	}
@@ -167,8 +172,8 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, in *identify
 	h[sluice.ClassHeader] = []string{req.Class}
 	h[hContentLength] = zeroLength
 	w.WriteHeader(http.StatusOK)
-	if al := st.c.cfg.AccessLog; al != nil {
-		logAdmitted(al, 0, r, in.Method, in.Path, req, http.StatusOK, waited(from, st.chain.Clock().Now()))
+	if al != nil {
+		logAdmitted(al, 0, r, in.Method, in.Path, req, http.StatusOK, waited(from, end))
 	}
 }
 

@@ -125,9 +125,13 @@ func (m *Middleware) renderLoggedStatus(ctx context.Context, f Fields, in *ident
 // renderLoggedWait is renderLoggedStatus of a decision that began at from
 // (waitFrom; 0: its wait is not logged).
 func (m *Middleware) renderLoggedWait(ctx context.Context, f Fields, in *identify.Input, st *state, d *sluice.Decision, req *sluice.Request, detail string, status int, from clock.Instant) Rejection {
+	al := st.c.cfg.AccessLog
+	var now clock.Instant
+	if al != nil {
+		now = st.chain.Clock().Now() // the decision's end, before the answer is rendered
+	}
 	rj := m.render(f, in.Header, st, d, req, detail, true, status)
-	if al := st.c.cfg.AccessLog; al != nil {
-		now := st.chain.Clock().Now()
+	if al != nil {
 		m.logRejectedAt(al, now, ctx, in.RemoteAddr, in.Method, in.Path, req, d, rj.Status, rj.RequestID, waited(from, now))
 	}
 	return rj

@@ -214,9 +214,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	from := st.waitFrom()
 	d, tk := st.chain.Decide(ctx, req)
 	if !d.Admitted {
+		al := st.c.cfg.AccessLog
+		var now clock.Instant
+		if al != nil {
+			now = st.chain.Clock().Now() // the decision's end, before the answer is written
+		}
 		rid := m.reject(w, r, st, &d, req, "")
-		if al := st.c.cfg.AccessLog; al != nil {
-			now := st.chain.Clock().Now()
+		if al != nil {
 			m.logRejected(al, now, r, r.Method, r.URL.Path, req, &d, wire.Status(&d), rid, waited(from, now))
 		}
 		return

@@ -221,8 +221,9 @@ func Replay(recs []Record, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-// lateNote says how many requests the fitted pool could not have served
-// in time ("" when none could not, or when the pool was fitted).
+// lateNote says how many requests the pool could not have served ("" when
+// none), and why: a number of workers given that is too small, or the
+// log's clocks.
 func lateNote(up fit, given bool) string {
 	switch {
 	case up.late == 0:

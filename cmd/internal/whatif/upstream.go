@@ -132,6 +132,7 @@ func fitUpstream(recs []Record, workers int) fit {
 		f.workers = lo
 	}
 	f.deconvolve(f.workers)
+	f.visits = nil // the service times hold what the replay needs
 	return f
 }
 
@@ -198,13 +199,5 @@ func (h *departures) Pop() any {
 
 // sortedByArrival reports whether recs are in arrival order.
 func sortedByArrival(recs []Record) bool {
-	return slices.IsSortedFunc(recs, func(a, b Record) int {
-		switch {
-		case a.At < b.At:
-			return -1
-		case a.At > b.At:
-			return 1
-		}
-		return 0
-	})
+	return slices.IsSortedFunc(recs, func(a, b Record) int { return cmp.Compare(a.At, b.At) })
 }
