@@ -313,6 +313,7 @@ func demoCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&f.incident.SlowFrom, "slow-from", 30*time.Second, "incident: when the slowdown begins")
 	cmd.Flags().DurationVar(&f.incident.SlowFor, "slow-for", 30*time.Second, "incident: how long the slowdown lasts")
 	cmd.Flags().Float64Var(&f.incident.Skew, "skew", 0, "incident: tenant i's share of the load falls as 1/i^skew (Zipf's law; 0: the 100 tenants share it equally; 1: the heaviest sends 19%, past its rate limit)")
+	cmd.Flags().Uint64Var(&f.incident.Seed, "seed", 0, "incident: repeat the sequence of requests of another run with this seed (0: a new one): a policy and a candidate compared on the same traffic")
 	cmd.Flags().StringVar(&f.record, "record", "", "incident: write the proxy's access log to this file, a JSON line for every decision, rejections included (for sluice whatif)")
 	cmd.AddCommand(demoUpstreamCmd())
 	cmd.Flags().StringVar(&f.config, "config", "", "policy file for the proxy (default: the embedded examples/routes-api.yaml)")
@@ -337,7 +338,7 @@ type demoFlags struct {
 // settings that cannot run.
 func (f *demoFlags) check(cmd *cobra.Command) error {
 	for scenario, names := range map[string][]string{
-		"incident":        {"duration", "load", "slowdown", "slow-from", "slow-for", "skew", "record"},
+		"incident":        {"duration", "load", "slowdown", "slow-from", "slow-for", "skew", "seed", "record"},
 		"capacity-matrix": {"workers", "services", "deadlines", "trace"},
 	} {
 		for _, name := range names {

@@ -222,6 +222,8 @@ func TestDemoFlagErrors(t *testing.T) {
 		{"--scenario incident --slowdown -2", "--slowdown -2: want"},
 		{"--scenario sweep --skew 1", "--skew: only the incident scenario takes it"},
 		{"--record x.log", "--record: only the incident scenario takes it"},
+		{"--scenario sweep --seed 42", "--seed: only the incident scenario takes it"},
+		{"--scenario incident --seed -1", "--seed"},
 		{"--duration 1m", "--duration: only the incident scenario takes it"},
 		{"--scenario incident --workers 2", "--workers: only the capacity-matrix scenario takes it"},
 	} {
