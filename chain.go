@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,12 +57,14 @@ type Chain struct {
 	obs      Observer
 	pool     sync.Pool
 	waits    bool // a gate may wait in Decide (Waiter)
+	spends   bool // every gate spends at admission (Gate)
 }
 
 type entry struct {
-	gate  Gate
-	mode  atomic.Uint32
-	waits bool // the gate may wait in Decide (Waiter)
+	gate   Gate
+	mode   atomic.Uint32
+	waits  bool // the gate may wait in Decide (Waiter)
+	spends bool // the gate spends at admission (Gate)
 }
 
 // ErrUnknownGate is returned by SetMode for a name no gate of the chain has.
@@ -74,7 +77,7 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 	if len(gates) > MaxGates {
 		return nil, fmt.Errorf("sluice: %d gates, at most %d allowed", len(gates), MaxGates)
 	}
-	c := &Chain{clock: opts.Clock, obs: opts.Observer}
+	c := &Chain{clock: opts.Clock, obs: opts.Observer, spends: true}
 	if c.clock == nil {
 		c.clock = clock.System
 	}
@@ -106,6 +109,11 @@ func NewChain(opts ChainOptions, gates ...Gate) (*Chain, error) {
 		}
 		if w, ok := As[Waiter](g); ok && w.MayWait() {
 			c.waits, e.waits = true, true
+		}
+		if s, ok := g.(spender); ok && s.SpendsAtAdmission() {
+			e.spends = true
+		} else {
+			c.spends = false
 		}
 	}
 	for name := range opts.Modes {
@@ -189,27 +197,33 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	// The gates and the observer see the ticket's copy of r, never r: a
 	// pointer passed through an interface escapes, and a Request the
 	// caller declared on its stack would be moved to the heap per call.
+	// The gates' verdicts are written in place in the ticket too.
 	t := c.pool.Get().(*ticket)
 	if err := r.Validate(); err != nil {
 		t.req = *r
-		return c.refuse(t, r, Decision{Reason: ReasonInvalid}, now), Ticket{}
+		t.dec[0].Reason = ReasonInvalid
+		return c.refuse(t, r, &t.dec[0], now), Ticket{}
 	}
 	r.retest = false
 	t.req = *r
 	req := &t.req
 	if r.Deadline != 0 && now >= r.Deadline {
-		return c.refuse(t, r, Decision{Reason: ReasonDeadline}, now), Ticket{}
+		t.dec[0].Reason = ReasonDeadline
+		return c.refuse(t, r, &t.dec[0], now), Ticket{}
 	}
 	hs := &t.held // the permits are kept where the ticket keeps them: no copy
 	n := 0
-	best := Decision{Admitted: true}
+	// best is the tightest admitting verdict so far (the zero Decision
+	// until one with a quota admits); cur is where the next gate writes.
+	best, cur := &t.dec[0], &t.dec[1]
+	level := LevelNormal
 	for i, e := range c.gates {
 		m := Mode(e.mode.Load())
 		if m == ModeOff {
 			continue
 		}
-		d, p := e.gate.Decide(ctx, req, now)
-		if d.Admitted && e.waits {
+		p := e.gate.Decide(ctx, req, now, cur)
+		if cur.Admitted && e.waits {
 			// The gate may have waited: the gates after it decide at the
 			// time it let the request go, and a deadline that passed
 			// meanwhile rejects it (a pacer after a queue computed its
@@ -219,45 +233,55 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 				hs[n] = held{gate: i, permit: p}
 				n++
 				c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
-				return c.refuse(t, r, Decision{Reason: ReasonDeadline, Scope: d.Scope, Gate: e.gate.Name()}, now), Ticket{}
+				*cur = Decision{Reason: ReasonDeadline, Scope: cur.Scope, Gate: e.gate.Name()}
+				return c.refuse(t, r, cur, now), Ticket{}
 			}
 		}
-		if d.Admitted {
+		if cur.Admitted {
 			hs[n] = held{gate: i, permit: p}
 			n++
-			level := max(best.Level, d.Level)
-			if tighter(&d, &best) {
-				best = d
+			level = max(level, cur.Level)
+			if tighter(cur, best) {
+				best, cur = cur, best
 			}
-			best.Level = level
+			*cur = Decision{}
 			continue
 		}
 		if m == ModeShadow {
 			if c.obs != nil {
-				sd := d // only this copy escapes, and only with an observer
-				c.obs.ShadowRejected(req, &sd)
+				c.obs.ShadowRejected(req, cur)
 			}
+			*cur = Decision{}
 			continue
 		}
 		c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
-		d.EffectPossible = false
-		return c.refuse(t, r, d, now), Ticket{}
+		cur.EffectPossible = false
+		return c.refuse(t, r, cur, now), Ticket{}
 	}
+	best.Admitted, best.Level = true, level
 	t.start = now // after any wait in a gate: now was read again after it
 	t.n = n
 	r.retest = req.retest // what a gate marked on the copy (MarkRetest)
-	tk := Ticket{t: t, gen: t.gen.Load()}
-	return c.finish(req, best, now), tk
+	if c.obs != nil {
+		c.report(req, best, now)
+	}
+	d := *best
+	*best = Decision{}
+	return d, Ticket{t: t, gen: t.gen.Load()}
 }
 
-// refuse reports rejection d of t's request, the copy of r, and returns t
-// to the pool (no Ticket was handed out: its generation stays).
-func (c *Chain) refuse(t *ticket, r *Request, d Decision, start clock.Instant) Decision {
+// refuse reports rejection *d, written in t, of t's request (the copy of
+// r), and returns t to the pool (no Ticket was handed out: its generation
+// stays).
+func (c *Chain) refuse(t *ticket, r *Request, d *Decision, start clock.Instant) Decision {
 	r.retest = t.req.retest // what a gate marked on the copy (MarkRetest)
-	d = c.finish(&t.req, d, start)
-	t.req = Request{}
+	if c.obs != nil {
+		c.report(&t.req, d, start)
+	}
+	out := *d
+	t.dec = [2]Decision{} // t.req is overwritten when t is next used
 	c.pool.Put(t)
-	return d
+	return out
 }
 
 // Refuse records a rejection decided outside the gates (for example a
@@ -265,24 +289,26 @@ func (c *Chain) refuse(t *ticket, r *Request, d Decision, start clock.Instant) D
 // other, and returns d.
 func (c *Chain) Refuse(r *Request, d Decision) Decision {
 	d.Admitted, d.EffectPossible = false, false
-	return c.finish(r, d, c.clock.Now())
-}
-
-// decisionPool holds the copies of decisions the observer sees.
-var decisionPool = sync.Pool{New: func() any { return new(Decision) }}
-
-func (c *Chain) finish(r *Request, d Decision, start clock.Instant) Decision {
 	if c.obs != nil {
 		// The observer sees a pooled copy: through the interface the
-		// pointer escapes, and a copy per decision was the rejection
-		// path's largest allocation.
+		// pointer escapes, and a copy per decision would be the
+		// rejection path's largest allocation.
 		od := decisionPool.Get().(*Decision)
 		*od = d
-		c.obs.Decided(r, od, c.clock.Now().Sub(start))
+		c.report(r, od, c.clock.Now())
 		*od = Decision{}
 		decisionPool.Put(od)
 	}
 	return d
+}
+
+// decisionPool holds the copies of decisions Refuse shows the observer.
+var decisionPool = sync.Pool{New: func() any { return new(Decision) }}
+
+// report tells the observer of decision *d, which stays valid during the
+// call, on r, decided from start.
+func (c *Chain) report(r *Request, d *Decision, start clock.Instant) {
+	c.obs.Decided(r, d, c.clock.Now().Sub(start))
 }
 
 // tighter reports whether admitted decision a is closer to exhaustion than b.
@@ -298,12 +324,24 @@ func tighter(a, b *Decision) bool {
 	if pa, pb := a.Scope.PerCaller(), b.Scope.PerCaller(); pa != pb {
 		return pa
 	}
-	return float64(a.Remaining)/float64(a.Limit) < float64(b.Remaining)/float64(b.Limit)
+	// a.Remaining/a.Limit < b.Remaining/b.Limit, exactly, in 128 bits:
+	// both sides are non-negative and below 2⁶³, and no division is made.
+	ah, al := bits.Mul64(uint64(max(a.Remaining, 0)), uint64(b.Limit))
+	bh, bl := bits.Mul64(uint64(max(b.Remaining, 0)), uint64(a.Limit))
+	return ah < bh || ah == bh && al < bl
 }
 
+// release hands the permits hs back to their gates, in reverse order; to a
+// gate that spends at admission only when there is something for it to do
+// (a refusal, a cost).
 func (c *Chain) release(hs []held, r *Request, comp Completion) {
+	spent := comp.Outcome != OutcomeRejected && comp.Cost == 0
 	for i := len(hs) - 1; i >= 0; i-- {
-		c.gates[hs[i].gate].gate.Release(r, hs[i].permit, comp)
+		e := c.gates[hs[i].gate]
+		if spent && e.spends {
+			continue
+		}
+		e.gate.Release(r, hs[i].permit, comp)
 	}
 }
 

@@ -142,6 +142,9 @@ const (
 // same request could be admitted, before any jitter; the wire layer rounds it
 // up to whole seconds. A rejection that retrying cannot help (cost above the
 // burst, invalid input) has Retryable false and RetryAfter 0.
+//
+// The small fields come first, so that a Decision fills one 64-byte cache
+// line.
 type Decision struct {
 	// Admitted is true when the request may proceed.
 	Admitted bool
@@ -151,6 +154,20 @@ type Decision struct {
 	Scope Scope
 	// Unit is the quota unit of Limit and Remaining.
 	Unit Unit
+	// Retryable reports whether retrying the same request later can succeed.
+	Retryable bool
+	// Refills reports that the quota refills continuously (a token bucket
+	// or GCRA): Limit is the burst and Limit ÷ Window the sustained rate.
+	// Otherwise a window's Limit comes back whole once per Window.
+	Refills bool
+	// EffectPossible reports whether the request may have had an effect.
+	// Admission rejects before execution, so it is false for every
+	// rejection a Chain makes.
+	EffectPossible bool
+	// Level is the degradation level the service is in for this request
+	// (the highest any gate reported): handlers of admitted requests should
+	// serve the cheaper result it calls for.
+	Level Level
 	// Gate is the name of the deciding gate ("" when no gate decided, e.g.
 	// an invalid request rejected before the gates ran).
 	Gate string
@@ -167,20 +184,6 @@ type Decision struct {
 	ResetAfter time.Duration
 	// RetryAfter is the exact earliest useful retry delay (see type doc).
 	RetryAfter time.Duration
-	// Retryable reports whether retrying the same request later can succeed.
-	Retryable bool
-	// Refills reports that the quota refills continuously (a token bucket
-	// or GCRA): Limit is the burst and Limit ÷ Window the sustained rate.
-	// Otherwise a window's Limit comes back whole once per Window.
-	Refills bool
-	// EffectPossible reports whether the request may have had an effect.
-	// Admission rejects before execution, so it is false for every
-	// rejection a Chain makes.
-	EffectPossible bool
-	// Level is the degradation level the service is in for this request
-	// (the highest any gate reported): handlers of admitted requests should
-	// serve the cheaper result it calls for.
-	Level Level
 }
 
 // Level is a degradation level: how much a service under pressure cuts

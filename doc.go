@@ -31,7 +31,8 @@
 // none):
 //
 //  0. Vocabulary: this package (Request, Decision, Gate, Chain, Ticket),
-//     clock, and internal utilities with no sluice imports.
+//     clock, and internal utilities that import nothing above it
+//     (internal/gatetest drives one gate outside a chain, for tests).
 //  1. Algorithms and wire formats: limit (token bucket, GCRA, windows,
 //     concurrency counts as pure functions of a state), the lease
 //     allocator's step and service-time estimates (internal/leasealloc,

@@ -18,18 +18,41 @@ type Permit uint64
 // Gate decides admission for one request. Implementations must be safe for
 // concurrent use and must not block longer than the request's deadline.
 //
-// Decide is called with the Chain's clock reading now. When it
-// admits, the Chain later calls Release exactly once with the returned
-// Permit: with OutcomeRejected if a later gate rejected the request, or with
-// the work's outcome when its Ticket is done. A rejecting Decide must hold
-// nothing; Release is not called for it.
+// Decide is called with the Chain's clock reading now and writes its
+// verdict to *d, which is the zero Decision on entry and belongs to the
+// caller: a gate fills it in place (the Chain keeps it where the request's
+// ticket lives, so no verdict is copied on the decision path) and keeps no
+// pointer to it after returning. When it admits, the Chain later calls
+// Release exactly once with the returned Permit: with OutcomeRejected if a
+// later gate rejected the request, or with the work's outcome when its
+// Ticket is done. A rejecting Decide must hold nothing and return 0;
+// Release is not called for it.
+//
+// A gate that spends its quota at admission and holds nothing while the
+// work runs (a rate limit: its tokens are gone once taken) may say so
+// with a method SpendsAtAdmission() bool that reports true. Its Release
+// must then act only on a refusal by a later gate (OutcomeRejected) and on
+// a completion that carries the work's actual cost (Completion.Cost): the
+// Chain does not call it on other completions, and a Chain whose gates all
+// spend at admission, and that has no Observer, reads no clock when work
+// ends. The method is asked of the gate itself, not through wrappers (As):
+// a wrapper that holds something of its own (a wait queue) does not spend
+// at admission because the gate inside does; one that holds nothing
+// forwards the question.
 type Gate interface {
 	// Name is the gate's unique name within a chain, e.g. "request-rate".
 	Name() string
-	// Decide returns the gate's verdict and, when admitted, its permit.
-	Decide(ctx context.Context, r *Request, now clock.Instant) (Decision, Permit)
+	// Decide writes the gate's verdict on r to *d and returns, when it
+	// admits, its permit.
+	Decide(ctx context.Context, r *Request, now clock.Instant, d *Decision) Permit
 	// Release ends the hold taken by an admitting Decide.
 	Release(r *Request, p Permit, c Completion)
+}
+
+// spender is the optional method of a Gate that spends its quota at
+// admission (see Gate).
+type spender interface {
+	SpendsAtAdmission() bool
 }
 
 // Policy describes a gate's quota for the RateLimit-Policy header field: a

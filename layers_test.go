@@ -14,7 +14,7 @@ var layerOf = []struct {
 	name string
 	pkgs []string
 }{
-	{"vocabulary", []string{"", "clock", "internal/buildinfo", "internal/fakeclock", "internal/leakcheck",
+	{"vocabulary", []string{"", "clock", "internal/buildinfo", "internal/fakeclock", "internal/gatetest", "internal/leakcheck",
 		"internal/logbuf", "internal/param", "internal/poll", "internal/redistest", "internal/stall",
 		"internal/sysmon", "internal/topk", "internal/tracefile", "internal/yamlfile"}},
 	{"algorithms and wire formats", []string{"limit", "internal/leasealloc", "internal/servicetime", "internal/wire", "identify"}},

@@ -27,6 +27,7 @@ type ticket struct {
 	start clock.Instant
 	n     int
 	held  [MaxGates]held
+	dec   [2]Decision // where the gates write their verdicts (Chain.Decide)
 }
 
 // Valid reports whether t belongs to an admitted request that is not done yet.
@@ -38,7 +39,9 @@ func (t Ticket) Valid() bool { return t.t != nil && t.t.gen.Load() == t.gen }
 // 504 at the deadline included), is a late completion with its whole
 // latency, the strongest overload signal there is, and never an error the
 // gates would learn nothing from. It returns true for the call that
-// released, false for every other call.
+// released, false for every other call. In a chain whose gates all spend
+// their quota at admission (rate limits) and that has no Observer, Done of
+// an outcome other than OutcomeRejected reads no clock and calls no gate.
 func (t Ticket) Done(o Outcome) bool { return t.DoneCost(o, 0) }
 
 // DoneCost is Done with the work's actual cost in demand units, learned
@@ -54,6 +57,14 @@ func (t Ticket) DoneCost(o Outcome, cost int64) bool {
 		return false
 	}
 	c := tk.chain
+	if c.spends && c.obs == nil && cost <= 0 && o != OutcomeRejected {
+		// Every gate spent its quota at admission, the work was not
+		// turned away after it (which gives the quota back), and nobody
+		// is told: there is nothing to release and no time to read. (tk.req is
+		// overwritten when tk is next used.)
+		c.pool.Put(tk)
+		return true
+	}
 	now := c.clock.Now()
 	if (o == OutcomeUseful || o == OutcomeErrored) && tk.req.Deadline != 0 && now > tk.req.Deadline {
 		o = OutcomeLate
@@ -63,7 +74,6 @@ func (t Ticket) DoneCost(o Outcome, cost int64) bool {
 	if c.obs != nil {
 		c.obs.Done(&tk.req, comp)
 	}
-	tk.req = Request{}
-	c.pool.Put(tk)
+	c.pool.Put(tk) // tk.req is overwritten when tk is next used
 	return true
 }

@@ -22,7 +22,13 @@ type slowGate struct {
 
 func (g *slowGate) Name() string  { return g.name }
 func (g *slowGate) MayWait() bool { return g.wait > 0 }
-func (g *slowGate) Decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *slowGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+func (g *slowGate) decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
 	g.decided++
 	g.clk.Advance(g.wait)
 	g.held++

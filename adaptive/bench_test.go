@@ -19,9 +19,11 @@ func admitRelease(b *testing.B, g sluice.Gate) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
+	var d sluice.Decision // the gates write their verdicts here
 	for i := 0; i < b.N; i++ {
 		now := clock.Now()
-		d, p := g.Decide(ctx, r, now)
+		d = sluice.Decision{}
+		p := g.Decide(ctx, r, now, &d)
 		if !d.Admitted {
 			b.Fatal(d)
 		}
@@ -55,10 +57,12 @@ func BenchmarkAdaptiveConcurrencyBBR(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
+	var d sluice.Decision // the gates write their verdicts here
 	for i := 0; i < b.N; i++ {
 		r := ops[i%len(ops)]
 		now := clock.Now()
-		d, p := g.Decide(ctx, r, now)
+		d = sluice.Decision{}
+		p := g.Decide(ctx, r, now, &d)
 		if !d.Admitted {
 			b.Fatal(d)
 		}

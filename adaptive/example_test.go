@@ -27,7 +27,8 @@ func ExampleNewBBR() {
 	now := clock.Instant(0)
 	for step := 0; step < 6000; step++ { // a minute
 		for range 8 { // the offered load: 8 a step, twice what 4 workers serve
-			d, p := g.Decide(ctx, &sluice.Request{}, now)
+			var d sluice.Decision // the gate writes its verdict here
+			p := g.Decide(ctx, &sluice.Request{}, now, &d)
 			if d.Admitted {
 				fifo = append(fifo, job{p, now})
 			}

@@ -81,15 +81,17 @@ func (g *Gate) Name() string { return g.name }
 // Decide takes a slot if one is free under the current limit. The permit
 // records the requests in flight at admission (this one included), which
 // its completion reports to the controller.
-func (g *Gate) Decide(_ context.Context, r *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *Gate) Decide(_ context.Context, r *sluice.Request, _ clock.Instant, d *sluice.Decision) sluice.Permit {
 	limit := g.limit.Load()
 	n := g.inflight.Add(1)
 	if n > limit {
 		g.inflight.Add(-1)
-		return sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Unit: sluice.UnitConcurrentRequests,
-			Gate: g.name, Limit: limit, Retryable: true, RetryAfter: g.opts.RetryHint}, 0
+		*d = sluice.Decision{Reason: sluice.ReasonConcurrency, Scope: sluice.ScopeService, Unit: sluice.UnitConcurrentRequests,
+			Gate: g.name, Limit: limit, Retryable: true, RetryAfter: g.opts.RetryHint}
+		return 0
 	}
-	return sluice.Decision{Admitted: true}, sluice.Permit(n)
+	d.Admitted = true
+	return sluice.Permit(n)
 }
 
 // Release frees the slot and gives the completion to the controller.

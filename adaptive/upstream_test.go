@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 // upstream is a deterministic model of a service behind an adaptive gate,
@@ -185,7 +186,7 @@ func (u *upstream) tooLate(t clock.Instant, ahead int) bool {
 
 // admit asks the gate for a slot for a request that arrived at t.
 func (u *upstream) admit(t clock.Instant) bool {
-	d, p := u.gate.Decide(context.Background(), &sluice.Request{}, u.now)
+	d, p := gatetest.Decide(context.Background(), u.gate, &sluice.Request{}, u.now)
 	if !d.Admitted {
 		return false
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/limit"
@@ -222,7 +223,7 @@ func benchLease(b *testing.B, capacity int64) {
 		wg.Go(func() {
 			for time.Now().Before(warm) {
 				r := sluice.Request{Cost: 1}
-				if d, p := g.Decide(ctx, &r, clock.Now()); d.Admitted {
+				if d, p := gatetest.Decide(ctx, g, &r, clock.Now()); d.Admitted {
 					g.Release(&r, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
 				}
 			}
@@ -237,9 +238,11 @@ func benchLease(b *testing.B, capacity int64) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		r := sluice.Request{Cost: 1}
+		var d sluice.Decision // the gates write their verdicts here
 		for pb.Next() {
 			rr := r
-			d, p := g.Decide(ctx, &rr, clock.Now())
+			d = sluice.Decision{}
+			p := g.Decide(ctx, &rr, clock.Now(), &d)
 			if d.Admitted {
 				admitted.Add(1)
 				g.Release(&rr, p, sluice.Completion{Outcome: sluice.OutcomeUseful})
@@ -287,9 +290,11 @@ func BenchmarkRedisLeaseSlots(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		r := sluice.Request{Cost: 1}
+		var d sluice.Decision // the gates write their verdicts here
 		for pb.Next() {
 			rr := r
-			d, p := g.Decide(ctx, &rr, clock.Now())
+			d = sluice.Decision{}
+			p := g.Decide(ctx, &rr, clock.Now(), &d)
 			if d.Admitted {
 				admitted.Add(1)
 				g.Release(&rr, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: time.Microsecond})

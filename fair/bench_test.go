@@ -25,11 +25,13 @@ func admitted(b *testing.B, gates ...sluice.Gate) {
 	permits := make([]sluice.Permit, len(gates))
 	b.ReportAllocs()
 	b.ResetTimer()
+	var d sluice.Decision // the gates write their verdicts here
 	for i := 0; i < b.N; i++ {
 		r := &reqs[i%len(reqs)]
 		now := clock.Now()
 		for k, g := range gates {
-			d, p := g.Decide(ctx, r, now)
+			d = sluice.Decision{}
+			p := g.Decide(ctx, r, now, &d)
 			if !d.Admitted {
 				b.Fatal(d)
 			}

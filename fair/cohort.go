@@ -270,7 +270,14 @@ func (g *Cohort) Shed(r *sluice.Request, f float64, now clock.Instant) bool {
 
 // Decide sheds r when the cut at the current fraction falls on it, with
 // reason overload (503), retryable after RetryHint.
-func (g *Cohort) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *Cohort) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (g *Cohort) decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	f := 0.0
 	if g.opts.Fraction != nil {
 		f = g.opts.Fraction(now)

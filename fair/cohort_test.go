@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 // At a shed fraction of 13% the cut sheds 13% ± 1% of arrivals in every
@@ -109,12 +110,12 @@ func TestCohortShedsAnUnlistedClassLast(t *testing.T) {
 
 func TestCohortDecideUsesItsFraction(t *testing.T) {
 	g, _ := NewCohort("cut", CohortOptions{Fraction: func(clock.Instant) float64 { return 1 }})
-	d, _ := g.Decide(t.Context(), &sluice.Request{Tenant: "a"}, 1)
+	d, _ := gatetest.Decide(t.Context(), g, &sluice.Request{Tenant: "a"}, 1)
 	if d.Admitted || d.Reason != sluice.ReasonOverload || !d.Retryable || d.RetryAfter != time.Second {
 		t.Fatalf("fraction 1: %+v, want a retryable overload rejection", d)
 	}
 	g, _ = NewCohort("cut", CohortOptions{})
-	if d, _ := g.Decide(t.Context(), &sluice.Request{Tenant: "a"}, 1); !d.Admitted {
+	if d, _ := gatetest.Decide(t.Context(), g, &sluice.Request{Tenant: "a"}, 1); !d.Admitted {
 		t.Fatal("no fraction source shed a request")
 	}
 }

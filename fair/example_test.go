@@ -34,7 +34,8 @@ func ExampleNewSlots() {
 		n := 0
 		for range 20 {
 			r := &sluice.Request{Class: class, Deadline: now.Add(500 * time.Millisecond)}
-			if d, _ := g.Decide(ctx, r, now); d.Admitted {
+			var d sluice.Decision
+			if g.Decide(ctx, r, now, &d); d.Admitted {
 				n++
 			}
 		}

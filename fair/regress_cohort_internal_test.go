@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 // Regression: the rotation: over many periods each cohort is shed in its share of
@@ -59,7 +60,7 @@ func TestRegressCohortOddInputs(t *testing.T) {
 	g, _ := NewCohort("c", CohortOptions{Fraction: func(clock.Instant) float64 { return math.NaN() }})
 	shed := 0
 	for i := 0; i < 1000; i++ {
-		if d, _ := g.Decide(bg, &sluice.Request{Tenant: fmt.Sprint(i)}, clock.Instant(i)); !d.Admitted {
+		if d, _ := gatetest.Decide(bg, g, &sluice.Request{Tenant: fmt.Sprint(i)}, clock.Instant(i)); !d.Admitted {
 			shed++
 		}
 	}
@@ -70,7 +71,7 @@ func TestRegressCohortOddInputs(t *testing.T) {
 	_, err := NewCohort("c", CohortOptions{RetryHint: -time.Second})
 	if err == nil {
 		g2, _ := NewCohort("c", CohortOptions{RetryHint: -time.Second, Fraction: func(clock.Instant) float64 { return 1 }})
-		d, _ := g2.Decide(bg, &sluice.Request{}, 1)
+		d, _ := gatetest.Decide(bg, g2, &sluice.Request{}, 1)
 		t.Errorf("negative RetryHint accepted: a shed request has RetryAfter %v", d.RetryAfter)
 	}
 }

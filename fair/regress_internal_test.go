@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"pgregory.net/rapid"
 )
 
@@ -24,7 +25,7 @@ func TestRegressMaxCostOverflow(t *testing.T) {
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	d, p := g.Decide(bg, r, 1)
+	d, p := gatetest.Decide(bg, g, r, 1)
 	c := &g.classes[0]
 	t.Logf("cost 1<<40 against capacity 1000 units/s: admitted=%v permit=%d own.n=%d (size %d) admittedCounter=%d", d.Admitted, p, c.own.n, c.own.size, c.admitted)
 	if d.Admitted {
@@ -36,7 +37,7 @@ func TestRegressMaxCostOverflow(t *testing.T) {
 	// and the next requests: how much more is admitted in 1 s?
 	n := int64(0)
 	for i := 0; i < 100000; i++ {
-		if d, _ := g.Decide(bg, &sluice.Request{Class: "a", Cost: 1}, clock.Instant(2+i)); d.Admitted {
+		if d, _ := gatetest.Decide(bg, g, &sluice.Request{Class: "a", Cost: 1}, clock.Instant(2+i)); d.Admitted {
 			n++
 		}
 	}
@@ -57,11 +58,11 @@ func TestRegressMaxRateMaxDepthOverflow(t *testing.T) {
 	}
 	// Drive it: admit at rate for a while; check balances stay sane.
 	now := clock.Instant(0)
-	g.Decide(bg, &sluice.Request{Class: "a", Cost: 1}, now)
+	gatetest.Decide(bg, g, &sluice.Request{Class: "a", Cost: 1}, now)
 	for i := 0; i < 5; i++ {
 		now += clock.Instant(10 * time.Second)
-		g.Decide(bg, &sluice.Request{Class: "a", Cost: 1}, now)
-		g.Decide(bg, &sluice.Request{Class: "b", Cost: 1}, now)
+		gatetest.Decide(bg, g, &sluice.Request{Class: "a", Cost: 1}, now)
+		gatetest.Decide(bg, g, &sluice.Request{Class: "b", Cost: 1}, now)
 		t.Logf("t=%v pool.n=%d own.n=%d", time.Duration(now), g.pool.n, g.classes[0].own.n)
 		if g.pool.n < 0 || g.classes[0].own.n < 0 {
 			t.Errorf("negative balance after a fill: pool %d own %d", g.pool.n, g.classes[0].own.n)
@@ -69,8 +70,8 @@ func TestRegressMaxRateMaxDepthOverflow(t *testing.T) {
 	}
 	// smallest revocation with MaxRate that still overflows in pool.add (2·size)
 	g2, _ := newReservation("r", ReservationOptions{Capacity: MaxRate, Revocation: 5 * time.Second})
-	g2.Decide(bg, &sluice.Request{Cost: 1}, 0)
-	g2.Decide(bg, &sluice.Request{Cost: 1}, clock.Instant(time.Second))
+	gatetest.Decide(bg, g2, &sluice.Request{Cost: 1}, 0)
+	gatetest.Decide(bg, g2, &sluice.Request{Cost: 1}, clock.Instant(time.Second))
 	t.Logf("revocation 5s: pool.size=%d pool.n=%d", g2.pool.size, g2.pool.n)
 	if g2.pool.n < 0 {
 		t.Errorf("revocation 5s, capacity MaxRate: pool balance wrapped negative: %d", g2.pool.n)
@@ -94,7 +95,7 @@ func TestRegressTenantMapGrowth(t *testing.T) {
 	admitted := 0
 	for i := 0; i < 50000; i++ {
 		now += 100 // 50k requests in 5 ms
-		d, _ := g.Decide(bg, &sluice.Request{Class: "a", Tenant: fmt.Sprint("t", i), Cost: 61}, now)
+		d, _ := gatetest.Decide(bg, g, &sluice.Request{Class: "a", Tenant: fmt.Sprint("t", i), Cost: 61}, now)
 		if d.Admitted {
 			admitted++
 		}
@@ -108,7 +109,7 @@ func TestRegressTenantMapGrowth(t *testing.T) {
 // Regression: a Release with a permit never issued (or large) wrecks the pool.
 func TestRegressReleaseBogusPermit(t *testing.T) {
 	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 500}}})
-	g.Decide(bg, &sluice.Request{Class: "b", Cost: 1}, 1)
+	gatetest.Decide(bg, g, &sluice.Request{Class: "b", Cost: 1}, 1)
 	before := g.pool.n
 	g.Release(&sluice.Request{Class: "b", Cost: 1}, sluice.Permit(1<<40), sluice.Completion{Outcome: sluice.OutcomeRejected, Now: 2})
 	t.Logf("pool before %d, after a Release with permit 1<<40: %d (size %d)", before, g.pool.n, g.pool.size)
@@ -123,11 +124,11 @@ func TestRegressReleaseBogusPermit(t *testing.T) {
 func TestRegressClockBackwards(t *testing.T) {
 	g, _ := newReservation("r", ReservationOptions{Capacity: 1000, Classes: []ClassShare{{Class: "a", Reserve: 1000}}})
 	t0 := clock.Instant(time.Hour)
-	g.Decide(bg, &sluice.Request{Class: "a", Cost: 100}, t0) // drain
+	gatetest.Decide(bg, g, &sluice.Request{Class: "a", Cost: 100}, t0) // drain
 	n := 0
 	for s := 1; s <= 10; s++ {
 		now := clock.Instant(time.Duration(s) * time.Second) // an hour earlier, moving forward
-		if d, _ := g.Decide(bg, &sluice.Request{Class: "a", Cost: 1}, now); d.Admitted {
+		if d, _ := gatetest.Decide(bg, g, &sluice.Request{Class: "a", Cost: 1}, now); d.Admitted {
 			n++
 		}
 	}
@@ -145,7 +146,7 @@ func TestRegressPoolAddWrap(t *testing.T) {
 	}
 	for s := 0; s <= 30; s += 10 {
 		now := clock.Instant(time.Duration(s) * time.Second)
-		d, _ := g.Decide(bg, &sluice.Request{Cost: 1}, now)
+		d, _ := gatetest.Decide(bg, g, &sluice.Request{Cost: 1}, now)
 		t.Logf("t=%ds pool.n=%d (size %d) admitted=%v", s, g.pool.n, g.pool.size, d.Admitted)
 		if s > 0 && !d.Admitted {
 			t.Errorf("t=%ds: a unit request refused by an idle reservation of %d units/s (pool %d)", s, MaxRate, g.pool.n)
@@ -166,11 +167,11 @@ func TestRegressSmallReserveBucketStarves(t *testing.T) {
 	// 10 s: b every 333 µs (cost 1, 3,000/s), a every 500 ms (2 units/s = reserve 2)
 	for i := int64(0); i < 30_030; i++ {
 		now := clock.Instant(i * 333_000)
-		if d, _ := g.Decide(bg, &sluice.Request{Class: "b", Cost: 1}, now); d.Admitted {
+		if d, _ := gatetest.Decide(bg, g, &sluice.Request{Class: "b", Cost: 1}, now); d.Admitted {
 			got["b"]++
 		}
 		if i%1500 == 0 {
-			if d, _ := g.Decide(bg, &sluice.Request{Class: "a", Cost: 1}, now+1); d.Admitted {
+			if d, _ := gatetest.Decide(bg, g, &sluice.Request{Class: "a", Cost: 1}, now+1); d.Admitted {
 				got["a"]++
 			}
 		}
@@ -193,7 +194,7 @@ func TestRegressSubUnitCaps(t *testing.T) {
 	for i := int64(1); i <= 100; i++ {
 		now := clock.Instant(i * int64(time.Second))
 		for k, c := range []string{"a", "b"} {
-			d, _ := g.Decide(bg, &sluice.Request{Class: c, Tenant: "x", Cost: 1}, now)
+			d, _ := gatetest.Decide(bg, g, &sluice.Request{Class: c, Tenant: "x", Cost: 1}, now)
 			if d.Admitted {
 				n[k]++
 			}
@@ -246,7 +247,7 @@ func TestReservationNeverAdmitsAboveUsable(t *testing.T) {
 			r := &sluice.Request{Class: rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "class"),
 				Tenant: rapid.SampledFrom([]string{"x", "y", "z"}).Draw(t, "tenant"),
 				Cost:   rapid.Int64Range(1, 2*capacity+1).Draw(t, "cost")}
-			d, p := g.Decide(bg, r, at)
+			d, p := gatetest.Decide(bg, g, r, at)
 			if !d.Admitted {
 				continue
 			}
@@ -282,7 +283,7 @@ func TestRegressConcurrentReservation(t *testing.T) {
 			for i := 0; i < 5000; i++ {
 				now := clock.System.Now()
 				r := &sluice.Request{Class: []string{"a", "b", "c"}[i%3], Tenant: fmt.Sprint(i % 50), Cost: int64(1 + i%7)}
-				d, p := g.Decide(bg, r, now)
+				d, p := gatetest.Decide(bg, g, r, now)
 				if d.Admitted {
 					n += r.Cost
 					if i%5 == 0 {

@@ -348,7 +348,14 @@ func (g *reservationGate) advanceLocked(now clock.Instant) {
 // tenant's cap allow it. A cost no bucket of the class can ever hold (above
 // its own bucket and the pool, its maximum's bucket or its tenant's) is
 // rejected as not retryable.
-func (g *reservationGate) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *reservationGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (g *reservationGate) decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	units := max(r.Cost, 1)
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 // stream is an evenly spaced arrival stream of one class.
@@ -46,7 +47,7 @@ func run(t *testing.T, g sluice.Gate, start clock.Instant, d time.Duration, stre
 		now := clock.Instant(math.Round(s.next))
 		s.next += 1e9 / s.rate
 		r := &sluice.Request{Class: s.class, Cost: s.cost, Tenant: s.tenant}
-		if dec, p := g.Decide(context.Background(), r, now); dec.Admitted {
+		if dec, p := gatetest.Decide(context.Background(), g, r, now); dec.Admitted {
 			got[s.class] += s.cost
 			if s.tenant != "" {
 				got[s.tenant] += s.cost
@@ -142,21 +143,21 @@ func TestReservationLimits(t *testing.T) {
 func TestReservationMaxIsAnEntitlement(t *testing.T) {
 	g, _ := newReservation("units", ReservationOptions{Capacity: 1000, Burst: time.Second,
 		Classes: []ClassShare{{Class: "org", Reserve: 100, Max: 150}, {Class: "b", Reserve: 800, NoBorrow: true}}})
-	g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, clock.Instant(time.Second)) // starts the clock; the pool fills from here
+	gatetest.Decide(context.Background(), g, &sluice.Request{Class: "b", Cost: 1}, clock.Instant(time.Second)) // starts the clock; the pool fills from here
 	now := clock.Instant(3 * time.Second)
 	for i := 0; i < 150; i++ {
-		if d, _ := g.Decide(context.Background(), &sluice.Request{Class: "org", Cost: 1}, now); !d.Admitted {
+		if d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Class: "org", Cost: 1}, now); !d.Admitted {
 			t.Fatalf("org refused at %d units of its max 150's bucket: %+v", i, d)
 		}
 	}
-	d, _ := g.Decide(context.Background(), &sluice.Request{Class: "org", Cost: 1}, now)
+	d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Class: "org", Cost: 1}, now)
 	if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.Scope != sluice.ScopeClass || !d.Entitlement() || !d.Retryable || d.RetryAfter <= 0 {
 		t.Fatalf("org past its max: %+v, want a retryable 429 at scope class", d)
 	}
 	for i := 0; i < 801; i++ {
-		g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, now)
+		gatetest.Decide(context.Background(), g, &sluice.Request{Class: "b", Cost: 1}, now)
 	}
-	if d, _ := g.Decide(context.Background(), &sluice.Request{Class: "b", Cost: 1}, now); d.Admitted || d.Reason != sluice.ReasonOverload || d.Entitlement() {
+	if d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Class: "b", Cost: 1}, now); d.Admitted || d.Reason != sluice.ReasonOverload || d.Entitlement() {
 		t.Fatalf("b past its reserve (no borrowing): %+v, want 503 overload", d)
 	}
 }
@@ -166,15 +167,15 @@ func TestReservationRefundsLaterRejections(t *testing.T) {
 		Classes: []ClassShare{{Class: "a", Reserve: 10}}})
 	r := &sluice.Request{Class: "a", Cost: 10}
 	now := clock.Instant(1)
-	d, p := g.Decide(context.Background(), r, now)
+	d, p := gatetest.Decide(context.Background(), g, r, now)
 	if !d.Admitted {
 		t.Fatal("a full bucket did not admit its depth")
 	}
-	if d, _ := g.Decide(context.Background(), r, now); d.Admitted || d.Reason != sluice.ReasonOverload || d.RetryAfter != time.Second {
+	if d, _ := gatetest.Decide(context.Background(), g, r, now); d.Admitted || d.Reason != sluice.ReasonOverload || d.RetryAfter != time.Second {
 		t.Fatalf("empty bucket: %+v, want overload retryable after 1s", d)
 	}
 	g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: now})
-	if d, _ := g.Decide(context.Background(), r, now); !d.Admitted {
+	if d, _ := gatetest.Decide(context.Background(), g, r, now); !d.Admitted {
 		t.Fatal("the units of a request a later gate rejected did not come back")
 	}
 }
@@ -220,11 +221,11 @@ func TestReservationTenantLevel(t *testing.T) {
 	for _, n := range names[1:] {
 		within(t, "a light tenant, all it asks", got[n], 150*10, 0.01)
 	}
-	d, _ := g.Decide(context.Background(), &sluice.Request{Class: "free", Tenant: names[0], Cost: 10}, start.Add(11*time.Second))
+	d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Class: "free", Tenant: names[0], Cost: 10}, start.Add(11*time.Second))
 	if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.Scope != sluice.ScopeTenant || !d.Retryable {
 		t.Errorf("over the tenant cap: %+v, want policy_rate at scope tenant", d)
 	}
-	d, _ = g.Decide(context.Background(), &sluice.Request{Class: "free", Tenant: "x", Cost: 21}, start.Add(11*time.Second))
+	d, _ = gatetest.Decide(context.Background(), g, &sluice.Request{Class: "free", Tenant: "x", Cost: 21}, start.Add(11*time.Second))
 	if d.Admitted || d.Retryable {
 		t.Errorf("a cost above the tenant bucket: %+v, want a final rejection", d)
 	}

@@ -155,7 +155,14 @@ func (g *slots) lendableLocked(now clock.Instant) int64 {
 // class reserves, and then on idle reserved units when its deadline is
 // within the revocation time. A request that could never be admitted so
 // (its cost above every part it may use) is rejected as not retryable.
-func (g *slots) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *slots) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (g *slots) decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	k := max(r.Cost, 1)
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/queue"
 )
 
@@ -24,7 +25,7 @@ func take(t *testing.T, g *slots, class string, deadline time.Duration, now cloc
 	if deadline > 0 {
 		r.Deadline = now.Add(deadline)
 	}
-	d, p := g.Decide(context.Background(), r, now)
+	d, p := gatetest.Decide(context.Background(), g, r, now)
 	if !d.Admitted && (d.Reason != sluice.ReasonConcurrency || !d.Retryable) {
 		t.Fatalf("%s: %+v, want a retryable concurrency rejection", class, d)
 	}
@@ -162,7 +163,7 @@ func TestSlotsNeverAboveUsable(t *testing.T) {
 			if rapid.Bool().Draw(t, "deadline") {
 				r.Deadline = now.Add(time.Duration(rapid.Int64Range(1, int64(200*time.Millisecond)).Draw(t, "left")))
 			}
-			d, p := g.Decide(context.Background(), r, now)
+			d, p := gatetest.Decide(context.Background(), g, r, now)
 			own := map[string]int64{"a": ra, "b": rb}[r.Class]
 			if !d.Admitted {
 				if inReserve(live, r.Class)+r.Cost <= own && (maxA == 0 || r.Class != "a" || units["a"]+r.Cost <= maxA) {
@@ -197,14 +198,14 @@ func TestSlotsBehindAQueue(t *testing.T) {
 	ctx := queue.ContextWithPark(context.Background(), park)
 	for i := 0; i < 3; i++ { // free's 1 and 2 of premium's 3 lent
 		park.Queue = nil
-		d, _ := q.Decide(ctx, &sluice.Request{Class: "free", Deadline: clk.Now().Add(500 * time.Millisecond)}, clk.Now())
+		d, _ := gatetest.Decide(ctx, q, &sluice.Request{Class: "free", Deadline: clk.Now().Add(500 * time.Millisecond)}, clk.Now())
 		if !d.Admitted || park.Queue != nil {
 			t.Fatalf("free %d: %+v parked %v", i, d, park.Queue != nil)
 		}
 	}
 	for i := 0; i < 3; i++ {
 		park.Queue = nil
-		d, _ := q.Decide(ctx, &sluice.Request{Class: "premium"}, clk.Now())
+		d, _ := gatetest.Decide(ctx, q, &sluice.Request{Class: "premium"}, clk.Now())
 		if !d.Admitted || park.Queue != nil {
 			t.Fatalf("premium %d: %+v parked %v, want admitted at once", i, d, park.Queue != nil)
 		}
@@ -226,11 +227,11 @@ func TestSlotsUnreservedUnits(t *testing.T) {
 	if _, ok := take(t, g, "default", 0, now); ok {
 		t.Fatal("a third unlisted request took a reserved unit without a deadline within the revocation time")
 	}
-	d, _ := g.Decide(context.Background(), &sluice.Request{Class: "fixed"}, now)
+	d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Class: "fixed"}, now)
 	if d.Admitted || d.Retryable {
 		t.Fatalf("a class with no reserve that never borrows: %+v, want a final rejection", d)
 	}
-	d, _ = g.Decide(context.Background(), &sluice.Request{Class: "premium", Cost: 11}, now)
+	d, _ = gatetest.Decide(context.Background(), g, &sluice.Request{Class: "premium", Cost: 11}, now)
 	if d.Admitted || d.Retryable {
 		t.Fatalf("a cost above every unit: %+v, want a final rejection", d)
 	}

@@ -39,11 +39,19 @@ func (c *classGate) applies(r *sluice.Request) bool {
 
 // Decide asks the wrapped gate when r's class is listed, and admits
 // otherwise.
-func (c *classGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (c *classGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
 	if !c.applies(r) {
-		return sluice.Decision{Admitted: true}, 0
+		d.Admitted = true
+		return 0
 	}
-	return c.Gate.Decide(ctx, r, now)
+	return c.Gate.Decide(ctx, r, now, d)
+}
+
+// SpendsAtAdmission reports whether the wrapped gate spends its quota at
+// admission (see sluice.Gate): the filter holds nothing of its own.
+func (c *classGate) SpendsAtAdmission() bool {
+	s, ok := c.Gate.(interface{ SpendsAtAdmission() bool })
+	return ok && s.SpendsAtAdmission()
 }
 
 // Release forwards to the wrapped gate when it decided r.

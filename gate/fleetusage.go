@@ -52,11 +52,12 @@ func NewFleetUsage(name string, lim store.Limiter, reserved []string, opts Optio
 
 // Decide admits a reserved class at once and otherwise takes one slot of
 // the fleet-wide count.
-func (g *fleetUsage) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *fleetUsage) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
 	if slices.Contains(g.reserved, r.Class) {
-		return sluice.Decision{Admitted: true}, 0
+		d.Admitted = true
+		return 0
 	}
-	return g.decide(ctx, r, now, 1)
+	return g.decide(ctx, r, now, 1, d)
 }
 
 // Release frees the request's slot, if it took one.

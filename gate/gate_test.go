@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
 	"github.com/sluice-go/sluice/store/memory"
@@ -53,30 +54,30 @@ func TestFailurePolicies(t *testing.T) {
 	down := broken{keyedTB(t, "1/s", 1)}
 
 	open, _ := gate.NewRateLimit("open", down, gate.Options{Scope: sluice.ScopeTenant})
-	d, p := open.Decide(ctx, req, 0)
+	d, p := gatetest.Decide(ctx, open, req, 0)
 	if !d.Admitted || p != 0 || failuresOf(open) != 1 {
 		t.Fatalf("fail_open: %+v permit %d", d, p)
 	}
 	open.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeRejected}) // holds nothing
 
 	closed, _ := gate.NewRateLimit("closed", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.FailClosed, RetryHint: 2 * time.Second})
-	d, _ = closed.Decide(ctx, req, 0)
+	d, _ = gatetest.Decide(ctx, closed, req, 0)
 	if d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable || d.RetryAfter != 2*time.Second || d.Entitlement() {
 		t.Fatalf("fail_closed: %+v", d)
 	}
 
 	fb := keyedTB(t, "1/s", 1)
 	local, _ := gate.NewRateLimit("local", down, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: fb})
-	d, p = local.Decide(ctx, req, 0)
+	d, p = gatetest.Decide(ctx, local, req, 0)
 	if !d.Admitted {
 		t.Fatalf("local_fallback: %+v", d)
 	}
-	if d2, _ := local.Decide(ctx, req, 0); d2.Admitted {
+	if d2, _ := gatetest.Decide(ctx, local, req, 0); d2.Admitted {
 		t.Fatal("fallback budget not enforced")
 	}
 	// A refund goes back to the fallback that holds the tokens.
 	local.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeRejected})
-	if d3, _ := local.Decide(ctx, req, 0); !d3.Admitted {
+	if d3, _ := gatetest.Decide(ctx, local, req, 0); !d3.Admitted {
 		t.Fatal("refund did not reach the fallback")
 	}
 
@@ -86,7 +87,7 @@ func TestFailurePolicies(t *testing.T) {
 	guarded, _ := gate.NewRateLimit("guarded", flaky, gate.Options{Scope: sluice.ScopeTenant, Fallback: keyedTB(t, "1/s", 2)})
 	admitted := 0
 	for i := 0; i < 10; i++ {
-		if d, _ := guarded.Decide(ctx, req, 0); d.Admitted {
+		if d, _ := gatetest.Decide(ctx, guarded, req, 0); d.Admitted {
 			admitted++
 		}
 	}
@@ -94,10 +95,10 @@ func TestFailurePolicies(t *testing.T) {
 		t.Fatalf("fail_open before the store answered once: %d of 10 admitted, want the fallback's 2", admitted)
 	}
 	flaky.down = false
-	guarded.Decide(ctx, &sluice.Request{Tenant: "b", Cost: 1}, 0) // the store answers
+	gatetest.Decide(ctx, guarded, &sluice.Request{Tenant: "b", Cost: 1}, 0) // the store answers
 	flaky.down = true
 	for i := 0; i < 10; i++ {
-		if d, _ := guarded.Decide(ctx, req, 0); !d.Admitted {
+		if d, _ := gatetest.Decide(ctx, guarded, req, 0); !d.Admitted {
 			t.Fatalf("fail_open after the store answered: refused %+v", d)
 		}
 	}
@@ -127,12 +128,12 @@ func TestRateGateDecisionFields(t *testing.T) {
 	g, _ := gate.NewRateLimit("request-rate", keyedTB(t, "100/s", 500), gate.Options{Scope: sluice.ScopeTenant})
 	ctx := context.Background()
 	req := &sluice.Request{Tenant: "a", Cost: 500}
-	d, _ := g.Decide(ctx, req, 0)
+	d, _ := gatetest.Decide(ctx, g, req, 0)
 	if !d.Admitted || d.Limit != 500 || d.Remaining != 0 || d.Window != 5*time.Second || d.ResetAfter != 5*time.Second {
 		t.Fatalf("%+v", d)
 	}
 	req.Cost = 1
-	d, _ = g.Decide(ctx, req, 0)
+	d, _ = gatetest.Decide(ctx, g, req, 0)
 	if d.Admitted || d.Reason != sluice.ReasonPolicyRate || d.RetryAfter != 10*time.Millisecond || !d.Retryable || !d.Entitlement() {
 		t.Fatalf("%+v", d)
 	}
@@ -143,25 +144,25 @@ func TestConcurrencyGateScopes(t *testing.T) {
 	svc, _ := gate.NewInFlight("pool", memory.NewKeyed(c, memory.Options{}), gate.Options{})
 	ctx := context.Background()
 	req := &sluice.Request{Tenant: "a"}
-	_, p := svc.Decide(ctx, req, 0)
-	d, _ := svc.Decide(ctx, &sluice.Request{Tenant: "b"}, 0)
+	_, p := gatetest.Decide(ctx, svc, req, 0)
+	d, _ := gatetest.Decide(ctx, svc, &sluice.Request{Tenant: "b"}, 0)
 	if d.Admitted || d.Reason != sluice.ReasonConcurrency || d.Entitlement() || d.RetryAfter != time.Second {
 		t.Fatalf("service-wide concurrency must be protection (503) with a retry hint: %+v", d)
 	}
 	svc.Release(req, p, sluice.Completion{Outcome: sluice.OutcomeErrored})
-	if d, _ := svc.Decide(ctx, req, 0); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, svc, req, 0); !d.Admitted {
 		t.Fatal("slot not released on error")
 	}
 
 	w, _ := limit.NewConcurrency(10)
 	weighted, _ := gate.NewWeightedInFlight("work", memory.NewKeyed(w, memory.Options{}), gate.Options{})
 	big := &sluice.Request{Cost: 7}
-	_, p = weighted.Decide(ctx, big, 0)
-	if d, _ := weighted.Decide(ctx, &sluice.Request{Cost: 4}, 0); d.Admitted {
+	_, p = gatetest.Decide(ctx, weighted, big, 0)
+	if d, _ := gatetest.Decide(ctx, weighted, &sluice.Request{Cost: 4}, 0); d.Admitted {
 		t.Fatal("weighted slots not counted")
 	}
 	weighted.Release(big, p, sluice.Completion{})
-	if d, _ := weighted.Decide(ctx, &sluice.Request{Cost: 10}, 0); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, weighted, &sluice.Request{Cost: 10}, 0); !d.Admitted {
 		t.Fatal("weighted slots not released")
 	}
 }
@@ -183,7 +184,7 @@ func TestPacer(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, now()); d.Admitted {
+				if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Cost: 1}, now()); d.Admitted {
 					mu.Lock()
 					proceeded = append(proceeded, time.Since(start))
 					mu.Unlock()
@@ -193,7 +194,7 @@ func TestPacer(t *testing.T) {
 		synctest.Wait()
 		// Queue full: the fifth is rejected with the exact wait; a
 		// service-wide queue protects capacity, so the reason is overload.
-		d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, now())
+		d, _ := gatetest.Decide(ctx, g, &sluice.Request{Cost: 1}, now())
 		if d.Admitted || d.Reason != sluice.ReasonOverload || d.RetryAfter != 10*time.Millisecond || d.Entitlement() {
 			t.Errorf("fifth: %+v", d)
 		}
@@ -202,15 +203,15 @@ func TestPacer(t *testing.T) {
 			t.Fatalf("proceeded at %v, want 0, 10, 20, 30 ms", proceeded)
 		}
 		// A slot after the deadline is refused before waiting.
-		g.Decide(ctx, &sluice.Request{Cost: 1}, now())
-		d, _ = g.Decide(ctx, &sluice.Request{Cost: 1, Deadline: now().Add(5 * time.Millisecond)}, now())
+		gatetest.Decide(ctx, g, &sluice.Request{Cost: 1}, now())
+		d, _ = gatetest.Decide(ctx, g, &sluice.Request{Cost: 1, Deadline: now().Add(5 * time.Millisecond)}, now())
 		if d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("deadline: %+v", d)
 		}
 		// Cancellation while waiting.
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Millisecond)
 		defer cancel()
-		d, _ = g.Decide(cctx, &sluice.Request{Cost: 1}, now())
+		d, _ = gatetest.Decide(cctx, g, &sluice.Request{Cost: 1}, now())
 		if d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("cancelled wait: %+v", d)
 		}
@@ -226,7 +227,7 @@ func TestPacerHandsItsWaitToAVirtualClock(t *testing.T) {
 	var wait time.Duration
 	ctx := sluice.ContextWithWait(context.Background(), &wait)
 	for i := range 3 {
-		if d, _ := g.Decide(ctx, &sluice.Request{Cost: 1}, 0); !d.Admitted {
+		if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Cost: 1}, 0); !d.Admitted {
 			t.Fatalf("request %d: %+v", i, d)
 		}
 	}

@@ -55,8 +55,8 @@ func (g *inFlight) slots(r *sluice.Request) int64 {
 }
 
 // Decide acquires the request's slots in its scope.
-func (g *inFlight) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
-	return g.decide(ctx, r, now, g.slots(r))
+func (g *inFlight) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	return g.decide(ctx, r, now, g.slots(r), d)
 }
 
 // Release frees the slots on every outcome.

@@ -55,27 +55,28 @@ func PacerReason(scope sluice.Scope) sluice.Reason {
 }
 
 // Decide schedules r and waits for its slot.
-func (g *pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *pacer) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
 	res, _, ok := g.take(ctx, g.opts.Scope.Key(r), r, now, r.Cost)
 	if !ok {
-		return g.unavailable(), 0
+		g.unavailable(d)
+		return 0
 	}
-	d := g.decision(r, res)
+	g.decision(d, &res)
 	if !d.Admitted || res.Wait <= 0 {
-		return d, 0
+		return 0
 	}
 	if w := sluice.WaitFrom(ctx); w != nil {
 		*w += res.Wait // the caller delays the work on its own clock
-		return d, 0
+		return 0
 	}
 	t := time.NewTimer(res.Wait)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return d, 0
 	case <-ctx.Done():
-		return sluice.Decision{Reason: sluice.ReasonDeadline, Scope: g.opts.Scope, Gate: g.name}, 0
+		*d = sluice.Decision{Reason: sluice.ReasonDeadline, Scope: g.opts.Scope, Gate: g.name}
 	}
+	return 0
 }
 
 // MayWait reports true: Decide waits for the departure slot.
@@ -83,3 +84,6 @@ func (g *pacer) MayWait() bool { return true }
 
 // Release does nothing: a paced slot is spent once it is scheduled.
 func (g *pacer) Release(r *sluice.Request, p sluice.Permit, c sluice.Completion) {}
+
+// SpendsAtAdmission reports true: Release does nothing (see sluice.Gate).
+func (g *pacer) SpendsAtAdmission() bool { return true }

@@ -209,19 +209,12 @@ func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64
 	}
 }
 
-// decision turns a store result into a Decision.
-func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
-	d := sluice.Decision{
-		Admitted:   res.Status == limit.Allowed,
-		Scope:      b.opts.Scope,
-		Unit:       b.unit,
-		Gate:       b.name,
-		Limit:      res.Limit,
-		Window:     b.window,
-		Refills:    b.refills,
-		Remaining:  res.Remaining,
-		ResetAfter: res.ResetAfter,
-	}
+// decision writes the Decision for store result res to *d.
+func (b *base) decision(d *sluice.Decision, res *limit.Result) {
+	d.Admitted = res.Status == limit.Allowed
+	d.Scope, d.Unit, d.Gate = b.opts.Scope, b.unit, b.name
+	d.Limit, d.Window, d.Refills = res.Limit, b.window, b.refills
+	d.Remaining, d.ResetAfter = res.Remaining, res.ResetAfter
 	switch res.Status {
 	case limit.Denied:
 		d.Reason, d.Retryable, d.RetryAfter = b.reason, true, res.RetryAfter
@@ -235,12 +228,11 @@ func (b *base) decision(r *sluice.Request, res limit.Result) sluice.Decision {
 	case limit.TooLate:
 		d.Reason = sluice.ReasonDeadline
 	}
-	return d
 }
 
-// decide takes cost units for r from its scope's state and returns the
-// decision and, when admitted, the permit to release later.
-func (b *base) decide(ctx context.Context, r *sluice.Request, now clock.Instant, cost int64) (sluice.Decision, sluice.Permit) {
+// decide takes cost units for r from its scope, writes the decision to
+// *d and returns, when admitted, the permit to release later.
+func (b *base) decide(ctx context.Context, r *sluice.Request, now clock.Instant, cost int64, d *sluice.Decision) sluice.Permit {
 	key := b.opts.Scope.Key(r)
 	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline) // take's common path, without a call of its own
 	p, ok := sluice.Permit(h), true
@@ -252,17 +244,19 @@ func (b *base) decide(ctx context.Context, r *sluice.Request, now clock.Instant,
 		res, p, ok = b.failed(ctx, key, r, now, cost, err)
 	}
 	if !ok {
-		return b.unavailable(), 0
+		b.unavailable(d)
+		return 0
 	}
-	d := b.decision(r, res)
+	b.decision(d, &res)
 	if !d.Admitted {
-		return d, 0
+		return 0
 	}
-	return d, p
+	return p
 }
 
-func (b *base) unavailable() sluice.Decision {
-	return sluice.Decision{
+// unavailable writes the rejection of a store that could not decide to *d.
+func (b *base) unavailable(d *sluice.Decision) {
+	*d = sluice.Decision{
 		Reason: sluice.ReasonDependency, Scope: b.opts.Scope, Unit: b.unit, Gate: b.name,
 		Retryable: true, RetryAfter: b.opts.RetryHint,
 	}
@@ -297,9 +291,14 @@ func NewRateLimit(name string, lim store.Limiter, opts Options) (sluice.Gate, er
 }
 
 // Decide takes r.Cost units from r's scope.
-func (g *rateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
-	return g.decide(ctx, r, now, r.Cost)
+func (g *rateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	return g.decide(ctx, r, now, r.Cost, d)
 }
+
+// SpendsAtAdmission reports true: the tokens are taken at admission, and
+// Release only refunds them after a later gate's refusal or trues the
+// charge up to a completion's cost (see sluice.Gate).
+func (g *rateLimit) SpendsAtAdmission() bool { return true }
 
 // Release refunds the tokens when a later gate rejected r (unless
 // NoRefund), and trues the charge up to the work's actual cost when the

@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/tracefile"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -43,7 +44,7 @@ func (d *fleetDriver) decide(t *testing.T, cmd *tracefile.Cmd) string {
 	counts := map[string]int{}
 	var last sluice.Decision
 	for range cmd.Int(t, "n", 1) {
-		dec, p := d.g.Decide(context.Background(), &sluice.Request{Class: class, Cost: 1}, 0)
+		dec, p := gatetest.Decide(context.Background(), d.g, &sluice.Request{Class: class, Cost: 1}, 0)
 		last = dec
 		if dec.Admitted {
 			counts["admitted"]++

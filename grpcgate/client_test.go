@@ -31,7 +31,13 @@ type refuser struct {
 
 func (g *refuser) Name() string { return "refuser" }
 
-func (g *refuser) Decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *refuser) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+func (g *refuser) decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.n > 0 {

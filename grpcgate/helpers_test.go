@@ -58,7 +58,13 @@ func newProbe() *probe { return &probe{released: make(chan sluice.Outcome, 256)}
 
 func (p *probe) Name() string { return "probe" }
 
-func (p *probe) Decide(_ context.Context, r *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
+func (p *probe) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var permit sluice.Permit
+	*d, permit = p.decide(ctx, r, now)
+	return permit
+}
+
+func (p *probe) decide(_ context.Context, r *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.last = *r

@@ -139,7 +139,14 @@ func (g *Concurrency) slots(r *sluice.Request) int64 {
 }
 
 // Decide takes r's slots when the grant has room for them.
-func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *Concurrency) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (g *Concurrency) decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	n := g.slots(r)
 	g.inline(ctx, now)
 	g.mu.Lock()

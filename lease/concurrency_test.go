@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/lease"
 )
 
@@ -40,7 +41,7 @@ func TestConcurrencyLeaseNeverTakesSlotsInFlight(t *testing.T) {
 	var held []*sluice.Request
 	for range 12 {
 		r := &sluice.Request{Cost: 1}
-		if d, _ := ga.Decide(ctx, r, clk.Now()); d.Admitted {
+		if d, _ := gatetest.Decide(ctx, ga, r, clk.Now()); d.Admitted {
 			held = append(held, r)
 		} else if d.Reason != sluice.ReasonConcurrency || d.Scope != sluice.ScopeService || d.RetryAfter != 50*time.Millisecond {
 			t.Fatalf("rejection %+v, want concurrency at scope service, retry after the hint", d)
@@ -64,7 +65,7 @@ func TestConcurrencyLeaseNeverTakesSlotsInFlight(t *testing.T) {
 	for _, r := range held[:5] {
 		ga.Release(r, 1, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 20 * time.Millisecond})
 	}
-	if d, _ := ga.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now()); d.Admitted {
+	if d, _ := gatetest.Decide(ctx, ga, &sluice.Request{Cost: 1}, clk.Now()); d.Admitted {
 		t.Fatal("a admitted a sixth on a grant of 5")
 	}
 	ga.Refresh(ctx)
@@ -91,7 +92,7 @@ func TestConcurrencyLeaseWantsLittlesLaw(t *testing.T) {
 	for range 100 { // 100 requests over 250 ms, each held 50 ms: 400/s
 		now := clk.Advance(2500 * time.Microsecond)
 		r := &sluice.Request{Cost: 1}
-		if d, _ := g.Decide(ctx, r, now); !d.Admitted {
+		if d, _ := gatetest.Decide(ctx, g, r, now); !d.Admitted {
 			t.Fatalf("rejected %+v", d)
 		}
 		g.Release(r, 1, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * time.Millisecond})
@@ -154,7 +155,7 @@ func TestConcurrencyLeaseFleetNeverAboveCapacity(t *testing.T) {
 				held[i] = append(held[i][:k], held[i][k+1:]...)
 			default:
 				r := &sluice.Request{Cost: rapid.Int64Range(1, 5).Draw(t, "cost")}
-				if d, _ := gates[i].Decide(ctx, r, now); d.Admitted {
+				if d, _ := gatetest.Decide(ctx, gates[i], r, now); d.Admitted {
 					held[i] = append(held[i], r)
 				}
 			}
@@ -191,7 +192,7 @@ func TestConcurrencyLeaseDrainKeepsSlotsInFlight(t *testing.T) {
 		go func() { g1.Run(ctx); close(done) }()
 		time.Sleep(10 * time.Millisecond) // learning: p1 spends its safe share of all 10
 		for range 4 {
-			if d, _ := g1.Decide(context.Background(), &sluice.Request{Cost: 1}, clock.System.Now()); !d.Admitted {
+			if d, _ := gatetest.Decide(context.Background(), g1, &sluice.Request{Cost: 1}, clock.System.Now()); !d.Admitted {
 				t.Fatalf("p1 rejected %+v", d)
 			}
 		}
@@ -203,7 +204,7 @@ func TestConcurrencyLeaseDrainKeepsSlotsInFlight(t *testing.T) {
 			t.Fatalf("p2 granted %d beside p1's 4 draining, want 6", got)
 		}
 		for range 10 { // p2's demand: 10 at once (6 admitted)
-			g2.Decide(context.Background(), &sluice.Request{Cost: 1}, clock.System.Now())
+			gatetest.Decide(context.Background(), g2, &sluice.Request{Cost: 1}, clock.System.Now())
 		}
 		time.Sleep(1100 * time.Millisecond) // p1's holding expires
 		g2.Refresh(context.Background())

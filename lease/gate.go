@@ -117,7 +117,14 @@ func (g *Gate) fillLocked(now clock.Instant, rate int64) {
 }
 
 // Decide takes r's cost from the local bucket.
-func (g *Gate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *Gate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (g *Gate) decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	units := max(r.Cost, 1)
 	g.inline(ctx, now)
 	g.mu.Lock()

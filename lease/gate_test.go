@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/lease"
 )
 
@@ -34,7 +35,7 @@ func offer(g *lease.Gate, clk *fakeclock.Clock, rate int, d time.Duration) int {
 	step := time.Second / time.Duration(rate)
 	for t := time.Duration(0); t < d; t += step {
 		now := clk.Advance(step)
-		if dec, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); dec.Admitted {
+		if dec, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 1}, now); dec.Admitted {
 			n++
 		}
 	}
@@ -118,18 +119,18 @@ func TestGateRefundsAndBigCosts(t *testing.T) {
 	g.Refresh(context.Background())
 	clk.Advance(500 * time.Millisecond) // the bucket fills: 100 units, the lease still live
 	r := &sluice.Request{Cost: 100}
-	d, p := g.Decide(context.Background(), r, clk.Now())
+	d, p := gatetest.Decide(context.Background(), g, r, clk.Now())
 	if !d.Admitted {
 		t.Fatalf("a full bucket refused its depth: %+v", d)
 	}
-	if d, _ := g.Decide(context.Background(), r, clk.Now()); d.Admitted {
+	if d, _ := gatetest.Decide(context.Background(), g, r, clk.Now()); d.Admitted {
 		t.Fatal("an empty bucket admitted")
 	}
 	g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: clk.Now()})
-	if d, _ := g.Decide(context.Background(), r, clk.Now()); !d.Admitted {
+	if d, _ := gatetest.Decide(context.Background(), g, r, clk.Now()); !d.Admitted {
 		t.Fatal("the units of a request a later gate rejected did not come back")
 	}
-	if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 101}, clk.Now()); d.Admitted || !d.Retryable || d.Reason != sluice.ReasonPolicyRate {
+	if d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 101}, clk.Now()); d.Admitted || !d.Retryable || d.Reason != sluice.ReasonPolicyRate {
 		t.Fatalf("a cost above the bucket: %+v", d)
 	}
 }
@@ -194,7 +195,7 @@ func TestGateColdStart(t *testing.T) {
 			clk.Set(int64(now))
 			for _, g := range gates {
 				for range 5 {
-					if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); d.Admitted {
+					if d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 1}, now); d.Admitted {
 						perSecond[ms/1000]++
 					}
 				}
@@ -255,7 +256,7 @@ func TestGateTruesUpTheCost(t *testing.T) {
 	now := clk.Now()
 	take := func(cost int64) (sluice.Request, sluice.Permit, bool) {
 		r := sluice.Request{Cost: cost}
-		d, p := g.Decide(context.Background(), &r, now)
+		d, p := gatetest.Decide(context.Background(), g, &r, now)
 		return r, p, d.Admitted
 	}
 	r, p, ok := take(10) // 90 left
@@ -330,7 +331,7 @@ func TestIdleFleetRegainsItsBudgetAfterALoss(t *testing.T) {
 		for i := 0; i < secs*rate; i++ {
 			now := clk.Advance(step)
 			for _, g := range gates {
-				if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, now); d.Admitted {
+				if d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 1}, now); d.Admitted {
 					per[10*i/rate]++
 				}
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/lease"
 )
 
@@ -53,7 +54,7 @@ func TestConcurrencyAdmitsDuringItsRefreshWithinBudget(t *testing.T) {
 	var early []*sluice.Request
 	for range 10 { // demand on a: 10 at once, then ended
 		r := &sluice.Request{Cost: 1}
-		if d, _ := ga.Decide(ctx, r, clk.Now()); d.Admitted {
+		if d, _ := gatetest.Decide(ctx, ga, r, clk.Now()); d.Admitted {
 			early = append(early, r)
 		}
 	}
@@ -67,7 +68,7 @@ func TestConcurrencyAdmitsDuringItsRefreshWithinBudget(t *testing.T) {
 	}
 	gb.Refresh(ctx) // b: nothing while a holds 10
 	for range 3 {   // b's demand, turned away
-		gb.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+		gatetest.Decide(ctx, gb, &sluice.Request{Cost: 1}, clk.Now())
 	}
 	clk.Advance(250 * time.Millisecond)
 	// a's demand fell, so its refresh asks for little; while the refresh
@@ -77,7 +78,7 @@ func TestConcurrencyAdmitsDuringItsRefreshWithinBudget(t *testing.T) {
 	l.hook = func(lease.Request) {
 		for range 10 {
 			r := &sluice.Request{Cost: 1}
-			if d, _ := ga.Decide(ctx, r, clk.Now()); d.Admitted {
+			if d, _ := gatetest.Decide(ctx, ga, r, clk.Now()); d.Admitted {
 				held = append(held, r)
 			}
 		}
@@ -85,7 +86,7 @@ func TestConcurrencyAdmitsDuringItsRefreshWithinBudget(t *testing.T) {
 	ga.Refresh(ctx)
 	gb.Refresh(ctx)
 	for range 10 {
-		gb.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+		gatetest.Decide(ctx, gb, &sluice.Request{Cost: 1}, clk.Now())
 	}
 	if n := inFlight(ga, gb); n > 10 {
 		t.Fatalf("%d slots in flight on a budget of 10 (a %d admitted during its refresh, a granted %d, b granted %d)",
@@ -107,7 +108,7 @@ func TestConcurrencyLearningSharesANewBudget(t *testing.T) {
 	ctx := context.Background()
 	ga.Refresh(ctx)
 	for range 5 { // a holds 5 of its safe share of 10
-		if d, _ := ga.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now()); !d.Admitted {
+		if d, _ := gatetest.Decide(ctx, ga, &sluice.Request{Cost: 1}, clk.Now()); !d.Admitted {
 			t.Fatalf("a rejected %+v", d)
 		}
 	}
@@ -115,7 +116,7 @@ func TestConcurrencyLearningSharesANewBudget(t *testing.T) {
 		clk.Advance(200 * time.Millisecond)
 		ga.Refresh(ctx)
 		gb.Refresh(ctx)
-		gb.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now()) // b's demand
+		gatetest.Decide(ctx, gb, &sluice.Request{Cost: 1}, clk.Now()) // b's demand
 	}
 	if lim, _ := gb.ConcurrencyLimit(); lim == 0 {
 		limA, inA := ga.ConcurrencyLimit()
@@ -140,8 +141,8 @@ func TestGateStopsSpendingTheLeaseItGaveBack(t *testing.T) {
 	g1.Run(stopped) // shut down with nothing in flight: the lease goes back
 	g2.Refresh(ctx) // p2 is granted the 10
 	for range 10 {
-		g1.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
-		g2.Decide(ctx, &sluice.Request{Cost: 1}, clk.Now())
+		gatetest.Decide(ctx, g1, &sluice.Request{Cost: 1}, clk.Now())
+		gatetest.Decide(ctx, g2, &sluice.Request{Cost: 1}, clk.Now())
 	}
 	if n := inFlight(g1, g2); n > 10 {
 		t.Fatalf("%d in flight on a budget of 10 after p1 gave its lease back (p1 still spends %d)", n, g1.Lease(clk.Now()).Spending)
@@ -159,9 +160,9 @@ func TestGateFailClosedAdmitsNothingAfterTheLapse(t *testing.T) {
 	offer(g, clk, 2000, 1100*time.Millisecond) // demand, while learning (nothing admitted)
 	g.Refresh(context.Background())            // past learning: 1,000/s
 	clk.Advance(50 * time.Millisecond)
-	g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now()) // the bucket fills (50 units)
-	clk.Advance(2 * time.Second)                                        // lapsed, unrefreshed
-	if d, _ := g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now()); d.Admitted {
+	gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 1}, clk.Now()) // the bucket fills (50 units)
+	clk.Advance(2 * time.Second)                                                  // lapsed, unrefreshed
+	if d, _ := gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 1}, clk.Now()); d.Admitted {
 		t.Fatal("FailClosed admitted a request after the lease lapsed")
 	}
 }
@@ -302,7 +303,7 @@ func TestGateInlineRefreshesOneAtATime(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 20 {
-				g.Decide(context.Background(), &sluice.Request{Cost: 1}, clk.Now())
+				gatetest.Decide(context.Background(), g, &sluice.Request{Cost: 1}, clk.Now())
 			}
 		}()
 	}

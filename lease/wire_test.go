@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/lease"
 )
 
@@ -82,7 +83,7 @@ func TestGateLiveGrantsNeverAboveCapacityWithAnswersOnTheWire(t *testing.T) {
 				}
 			default: // demand
 				for range rapid.IntRange(1, 50).Draw(t, "requests") {
-					gates[i].Decide(ctx, &sluice.Request{Cost: 1}, now)
+					gatetest.Decide(ctx, gates[i], &sluice.Request{Cost: 1}, now)
 				}
 			}
 			sum, what := int64(0), ""

@@ -111,7 +111,13 @@ type echoGate struct {
 }
 
 func (g *echoGate) Name() string { return g.name }
-func (g *echoGate) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *echoGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+func (g *echoGate) decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
 	if g.seen.Add(1) <= g.admit {
 		return sluice.Decision{Admitted: true}, 0
 	}

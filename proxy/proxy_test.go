@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/leakcheck"
 )
 
@@ -643,7 +644,7 @@ func (h *harness) inFlight() int64 {
 			continue
 		}
 		r := &sluice.Request{Tenant: "probe-" + strconv.Itoa(h.probes), Class: "default", Cost: 1}
-		d, p := g.Decide(context.Background(), r, c.Clock().Now())
+		d, p := gatetest.Decide(context.Background(), g, r, c.Clock().Now())
 		if !d.Admitted {
 			return 5
 		}

@@ -70,17 +70,18 @@ func (q *Queue) hold(w *waiter) sluice.Permit {
 }
 
 // decideEvent is Decide in event mode: a request that must wait parks.
-func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
 	q.mu.Lock()
 	c := q.classOf(r.Class)
 	flow := q.flowOf(r, now)
 	if q.ahead(c) == 0 {
 		if q.tooLate(r, now) {
 			q.mu.Unlock()
-			return q.reject(sluice.ReasonDeadline), 0
+			*d = q.reject(sluice.ReasonDeadline)
+			return 0
 		}
-		d, p := q.inner.Decide(ctx, r, now)
-		if !noSlot(&d) {
+		p := q.inner.Decide(ctx, r, now, d)
+		if !noSlot(d) {
 			id := sluice.Permit(0)
 			if d.Admitted {
 				id = q.hold(&waiter{granted: true, permit: p})
@@ -88,13 +89,15 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 			notes := q.grown(now)
 			q.mu.Unlock()
 			deliver(notes)
-			return d, id
+			return id
 		}
+		*d = sluice.Decision{} // the inner gate's "no slot": park
 	}
 	park := parkFrom(ctx)
 	if park == nil || park.Queue != nil {
 		q.mu.Unlock()
-		return q.reject(sluice.ReasonQueue), 0 // nowhere to wait
+		*d = q.reject(sluice.ReasonQueue) // nowhere to wait
+		return 0
 	}
 	w := &waiter{own: *r, since: now, class: c, tag: park.Tag, notify: park.Ready, flow: flow}
 	w.req = &w.own
@@ -102,7 +105,8 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 	if why != sluice.ReasonNone {
 		q.mu.Unlock()
 		deliver(notes)
-		return q.reject(why), 0
+		*d = q.reject(why)
+		return 0
 	}
 	w.until = now.Add(wait)
 	q.push(w)
@@ -111,7 +115,8 @@ func (q *Queue) decideEvent(ctx context.Context, r *sluice.Request, now clock.In
 	notes = append(notes, q.grown(now)...)
 	q.mu.Unlock()
 	deliver(notes)
-	return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: q.name}, id
+	*d = sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: q.name}
+	return id
 }
 
 // releaseEvent is Release in event mode: p is an id of held. The latency

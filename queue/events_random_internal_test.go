@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 // eventReq is one request of the random event loop.
@@ -91,7 +92,7 @@ func (l *eventLoop) step() {
 		tag := uint64(len(l.reqs) + 1)
 		l.byTag[tag] = x
 		l.park.Tag, l.park.Queue = tag, nil
-		d, p := l.q.Decide(l.ctx, x.r, l.clk.Now())
+		d, p := gatetest.Decide(l.ctx, l.q, x.r, l.clk.Now())
 		if !d.Admitted {
 			return
 		}
@@ -150,7 +151,7 @@ func TestEventModeRandom(t *testing.T) {
 				if _, f := sz.ConcurrencyLimit(); f != 0 {
 					t.Errorf("end: %d in flight", f)
 				}
-			} else if d, p := l.inner.Decide(context.Background(), &sluice.Request{}, clock.Now()); !d.Admitted {
+			} else if d, p := gatetest.Decide(context.Background(), l.inner, &sluice.Request{}, clock.Now()); !d.Admitted {
 				t.Errorf("end: static pool still full")
 			} else {
 				l.inner.Release(&sluice.Request{}, p, sluice.Completion{})

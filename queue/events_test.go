@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/queue"
 )
 
@@ -21,7 +22,13 @@ type spy struct {
 }
 
 func (s *spy) Name() string { return "spy" }
-func (s *spy) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
+func (s *spy) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = s.decide(ctx, r, now)
+	return p
+}
+
+func (s *spy) decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
 	if s.used >= s.n {
 		return sluice.Decision{Reason: sluice.ReasonConcurrency, Gate: "spy", Retryable: true}, 0
 	}
@@ -62,13 +69,13 @@ func TestEventModeParksAndGrants(t *testing.T) {
 		t.Fatal("an event-mode queue must not say it blocks")
 	}
 	first := &sluice.Request{}
-	d, p1 := q.Decide(ctx, first, clk.Now())
+	d, p1 := gatetest.Decide(ctx, q, first, clk.Now())
 	if !d.Admitted || park.Queue != nil {
 		t.Fatalf("first request: %+v, parked %v", d, park.Queue != nil)
 	}
 	park.Tag = 7
 	second := &sluice.Request{Class: "default"}
-	d, p2 := q.Decide(ctx, second, clk.Now())
+	d, p2 := gatetest.Decide(ctx, q, second, clk.Now())
 	if !d.Admitted || park.Queue != q || park.Until != clk.Now().Add(100*time.Millisecond) {
 		t.Fatalf("second request: %+v, park %+v", d, park)
 	}
@@ -96,12 +103,12 @@ func TestEventModeExpireAndCancel(t *testing.T) {
 	clk := fakeclock.New(1000)
 	q, inner, park, got, ctx := eventQueue(t, clk)
 	holder := &sluice.Request{}
-	_, ph := q.Decide(ctx, holder, clk.Now())
+	_, ph := gatetest.Decide(ctx, q, holder, clk.Now())
 	var ids []uint64
 	var permits []sluice.Permit
 	for range 2 {
 		park.Queue = nil
-		_, p := q.Decide(ctx, &sluice.Request{}, clk.Now())
+		_, p := gatetest.Decide(ctx, q, &sluice.Request{}, clk.Now())
 		ids, permits = append(ids, park.ID), append(permits, p)
 	}
 	if !q.Expire(ids[0]) || q.Expire(ids[0]) {
@@ -130,8 +137,8 @@ func TestEventModeExpireAndCancel(t *testing.T) {
 func TestEventModeWithoutPark(t *testing.T) {
 	clk := fakeclock.New(1000)
 	q, _, _, _, ctx := eventQueue(t, clk)
-	q.Decide(ctx, &sluice.Request{}, clk.Now())
-	d, _ := q.Decide(context.Background(), &sluice.Request{}, clk.Now())
+	gatetest.Decide(ctx, q, &sluice.Request{}, clk.Now())
+	d, _ := gatetest.Decide(context.Background(), q, &sluice.Request{}, clk.Now())
 	if d.Admitted || d.Reason != sluice.ReasonQueue {
 		t.Fatalf("no park: %+v, want reason queue", d)
 	}
@@ -148,7 +155,7 @@ func TestGrownLimitWakesWaiters(t *testing.T) {
 		q, _ := queue.New("pool", g, queue.Options{MaxWait: time.Second})
 		ctx := context.Background()
 		holder := &sluice.Request{}
-		_, ph := q.Decide(ctx, holder, clock.Now())
+		_, ph := gatetest.Decide(ctx, q, holder, clock.Now())
 		out := make(chan result, 3)
 		for range 2 {
 			go decide(q, ctx, &sluice.Request{}, out)

@@ -9,12 +9,19 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 type slots struct{ n, used int }
 
 func (s *slots) Name() string { return "slots" }
-func (s *slots) Decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
+func (s *slots) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = s.decide(ctx, r, now)
+	return p
+}
+
+func (s *slots) decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
 	if s.used >= s.n {
 		return sluice.Decision{Reason: sluice.ReasonConcurrency, Gate: "slots", Retryable: true}, 0
 	}
@@ -67,7 +74,7 @@ func (x *fq) arrive(tenant string, cost int64) uint64 {
 	r := &sluice.Request{Tenant: tenant, Cost: cost}
 	x.reqs[tag] = r
 	x.park.Tag, x.park.Queue = tag, nil
-	d, p := x.q.Decide(x.ctx, r, x.clk.Now())
+	d, p := gatetest.Decide(x.ctx, x.q, r, x.clk.Now())
 	switch {
 	case !d.Admitted:
 		x.refused[tag] = true
@@ -272,7 +279,7 @@ func TestRegressEventModeRandomFairLong(t *testing.T) {
 					}
 					_ = lim // Pin moves the limit without telling the queue (pre-existing)
 				} else if qn > 0 {
-					if d, p := l.inner.Decide(context.Background(), &sluice.Request{}, l.clk.Now()); d.Admitted {
+					if d, p := gatetest.Decide(context.Background(), l.inner, &sluice.Request{}, l.clk.Now()); d.Admitted {
 						l.inner.Release(&sluice.Request{}, p, sluice.Completion{})
 						t.Fatalf("seed %d step %d: %d waiting beside a free slot", s, step, qn)
 					}

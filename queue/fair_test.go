@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/fair"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/queue"
 )
 
@@ -122,7 +123,7 @@ func runFair(t *testing.T, fq *queue.Fairness, slots int, unit time.Duration, ma
 			reqs = append(reqs, rq)
 			i := len(reqs) - 1
 			park.Tag, park.Queue = uint64(i), nil
-			d, p := q.Decide(ctx, &rq.r, now)
+			d, p := gatetest.Decide(ctx, q, &rq.r, now)
 			switch {
 			case !d.Admitted:
 				again(e.ref, e.at+int64(unit))
@@ -226,7 +227,7 @@ func TestClassQueues(t *testing.T) {
 	ctx := queue.ContextWithPark(context.Background(), park)
 	for _, class := range []string{"a", "a", "z"} {
 		park.Queue = nil
-		q.Decide(ctx, &sluice.Request{Class: class, Tenant: "t"}, clk.Now())
+		gatetest.Decide(ctx, q, &sluice.Request{Class: class, Tenant: "t"}, clk.Now())
 		clk.Advance(10 * time.Millisecond)
 	}
 	got := q.ClassQueues(clk.Now())

@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/queue"
 )
@@ -22,7 +23,7 @@ func TestNoGrantPastTheWait(t *testing.T) {
 	q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second, Clock: clk})
 	ctx := context.Background()
 	a := &sluice.Request{}
-	d, pa := q.Decide(ctx, a, clk.Now())
+	d, pa := gatetest.Decide(ctx, q, a, clk.Now())
 	if !d.Admitted {
 		t.Fatal(d)
 	}
@@ -36,7 +37,7 @@ func TestNoGrantPastTheWait(t *testing.T) {
 		t.Fatalf("a waiter past its deadline: %+v", r.d)
 	}
 	// The slot it did not take is free for the next request.
-	if d, p := q.Decide(ctx, &sluice.Request{}, clk.Now()); !d.Admitted {
+	if d, p := gatetest.Decide(ctx, q, &sluice.Request{}, clk.Now()); !d.Admitted {
 		t.Fatalf("the slot after the turned-away waiter: %+v", d)
 	} else {
 		q.Release(&sluice.Request{}, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: clk.Now()})
@@ -52,7 +53,7 @@ func TestNoGrantAtTheDeadline(t *testing.T) {
 			q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second})
 			ctx := context.Background()
 			a := &sluice.Request{}
-			_, pa := q.Decide(ctx, a, clock.Now())
+			_, pa := gatetest.Decide(ctx, q, a, clock.Now())
 			b := &sluice.Request{Deadline: clock.Now().Add(50 * time.Millisecond)}
 			out := make(chan result, 1)
 			go decide(q, ctx, b, out)

@@ -311,9 +311,9 @@ func (q *Queue) classLen(c int) int {
 
 // Decide admits through the inner gate, waiting for a slot when there is
 // none and the request can still start in time.
-func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
 	if q.opts.Events {
-		return q.decideEvent(ctx, r, now)
+		return q.decideEvent(ctx, r, now, d)
 	}
 	q.mu.Lock()
 	c := q.classOf(r.Class)
@@ -321,29 +321,34 @@ func (q *Queue) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 	if q.ahead(c) == 0 { // nobody to wait behind: try at once
 		if q.tooLate(r, now) {
 			q.mu.Unlock()
-			return q.reject(sluice.ReasonDeadline), 0
+			*d = q.reject(sluice.ReasonDeadline)
+			return 0
 		}
-		d, p := q.inner.Decide(ctx, r, now)
-		if !noSlot(&d) {
+		p := q.inner.Decide(ctx, r, now, d)
+		if !noSlot(d) {
 			notes := q.grown(now)
 			q.mu.Unlock()
 			deliver(notes)
-			return d, p
+			return p
 		}
+		*d = sluice.Decision{} // the inner gate's "no slot": wait for one
 	}
 	w := &waiter{req: r, ctx: ctx, since: now, ready: make(chan struct{}), class: c, flow: flow}
 	wait, why, notes := q.admit(w, now)
 	if why != sluice.ReasonNone {
 		q.mu.Unlock()
 		deliver(notes)
-		return q.reject(why), 0
+		*d = q.reject(why)
+		return 0
 	}
 	w.until = now.Add(wait)
 	q.push(w)
 	notes = append(notes, q.grown(now)...)
 	q.mu.Unlock()
 	deliver(notes)
-	return q.await(ctx, w, wait)
+	var p sluice.Permit
+	*d, p = q.await(ctx, w, wait)
+	return p
 }
 
 // flowOf is r's flow in a fair queue (its tenant, or Newcomers while it
@@ -433,12 +438,14 @@ func (q *Queue) grant(now clock.Instant) []note {
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		d, p := q.inner.Decide(ctx, w.req, now)
-		if noSlot(&d) {
+		w.d = sluice.Decision{}
+		p := q.inner.Decide(ctx, w.req, now, &w.d) // w is on the heap already
+		if noSlot(&w.d) {
+			w.d = sluice.Decision{}
 			q.unpop(w, lifo)
 			break
 		}
-		w.d = d
+		d := w.d
 		if d.Admitted {
 			w.granted, w.permit, w.waited = true, p, now.Sub(w.since)
 			q.lastWait = w.waited

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/store/memory"
@@ -34,7 +35,7 @@ type result struct {
 
 func decide(q *queue.Queue, ctx context.Context, r *sluice.Request, out chan<- result) {
 	start := time.Now()
-	d, p := q.Decide(ctx, r, clock.Now())
+	d, p := gatetest.Decide(ctx, q, r, clock.Now())
 	out <- result{d, p, time.Since(start)}
 }
 
@@ -46,7 +47,7 @@ func TestWaitsForASlot(t *testing.T) {
 		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: 100 * time.Millisecond})
 		ctx := context.Background()
 		a := &sluice.Request{}
-		d, pa := q.Decide(ctx, a, clock.Now())
+		d, pa := gatetest.Decide(ctx, q, a, clock.Now())
 		if !d.Admitted {
 			t.Fatal(d)
 		}
@@ -74,7 +75,7 @@ func TestPriorityBetweenClasses(t *testing.T) {
 		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second, Classes: []string{"critical", "sheddable"}})
 		ctx := context.Background()
 		holder := &sluice.Request{}
-		_, p := q.Decide(ctx, holder, clock.Now())
+		_, p := gatetest.Decide(ctx, q, holder, clock.Now())
 		out := make(chan result, 10)
 		for range 3 {
 			go decide(q, ctx, &sluice.Request{Class: "sheddable"}, out)
@@ -113,7 +114,7 @@ func TestPredictedLateIsRejectedAtOnce(t *testing.T) {
 			ServiceTime: func(string) time.Duration { return 50 * time.Millisecond }})
 		ctx := context.Background()
 		holder := &sluice.Request{}
-		_, p := q.Decide(ctx, holder, clock.Now())
+		_, p := gatetest.Decide(ctx, q, holder, clock.Now())
 		out := make(chan result, 3)
 		for range 2 {
 			go decide(q, ctx, &sluice.Request{}, out)
@@ -123,7 +124,7 @@ func TestPredictedLateIsRejectedAtOnce(t *testing.T) {
 			t.Fatalf("predicted queue delay %v, want 50/2 + 2 × 50 ms", got)
 		}
 		now := clock.Now()
-		d, _ := q.Decide(ctx, &sluice.Request{Deadline: now.Add(120 * time.Millisecond)}, now)
+		d, _ := gatetest.Decide(ctx, q, &sluice.Request{Deadline: now.Add(120 * time.Millisecond)}, now)
 		if d.Admitted || d.Reason != sluice.ReasonDeadline || d.Retryable {
 			t.Fatalf("predicted late: %+v", d)
 		}
@@ -143,7 +144,7 @@ func TestCancelledWaiterLeaves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q, _ := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Second})
 		holder := &sluice.Request{}
-		_, p := q.Decide(context.Background(), holder, clock.Now())
+		_, p := gatetest.Decide(context.Background(), q, holder, clock.Now())
 		ctx, cancel := context.WithCancel(context.Background())
 		gone, next := make(chan result, 1), make(chan result, 1)
 		go decide(q, ctx, &sluice.Request{}, gone)
@@ -174,7 +175,7 @@ func TestNeverAboveTheSlots(t *testing.T) {
 			defer wg.Done()
 			for range 200 {
 				r := &sluice.Request{}
-				d, p := q.Decide(context.Background(), r, clock.Now())
+				d, p := gatetest.Decide(context.Background(), q, r, clock.Now())
 				if !d.Admitted {
 					continue
 				}
@@ -211,11 +212,11 @@ func TestPredictionUsesTheMixAhead(t *testing.T) {
 		ctx := context.Background()
 		for range 20 {
 			r := &sluice.Request{Class: "read"}
-			_, p := q.Decide(ctx, r, clock.Now())
+			_, p := gatetest.Decide(ctx, q, r, clock.Now())
 			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 30 * time.Millisecond})
 		}
 		holder := &sluice.Request{}
-		_, p := q.Decide(ctx, holder, clock.Now())
+		_, p := gatetest.Decide(ctx, q, holder, clock.Now())
 		out := make(chan result, 3)
 		for range 3 {
 			go decide(q, ctx, &sluice.Request{Class: "solve"}, out)
@@ -226,7 +227,7 @@ func TestPredictionUsesTheMixAhead(t *testing.T) {
 		}
 		// Starting after 105 ms: a read fits 135 ms (105 + 10), a solve does not (105 + 50).
 		now := clock.Now()
-		if d, _ := q.Decide(ctx, &sluice.Request{Class: "solve", Deadline: now.Add(135 * time.Millisecond)}, now); d.Reason != sluice.ReasonDeadline {
+		if d, _ := gatetest.Decide(ctx, q, &sluice.Request{Class: "solve", Deadline: now.Add(135 * time.Millisecond)}, now); d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("solve: %+v, want reason deadline", d)
 		}
 		readOut := make(chan result, 1)
@@ -263,14 +264,14 @@ func TestStartInTimeKeepsTheHighPercentile(t *testing.T) {
 				lat = 60 * time.Millisecond
 			}
 			r := &sluice.Request{Class: "read"}
-			_, p := q.Decide(ctx, r, clock.Now())
+			_, p := gatetest.Decide(ctx, q, r, clock.Now())
 			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: lat, Now: clock.Now()})
 		}
 		now := clock.Now()
-		if d, _ := q.Decide(ctx, &sluice.Request{Class: "read", Deadline: now.Add(55 * time.Millisecond)}, now); d.Admitted || d.Reason != sluice.ReasonDeadline {
+		if d, _ := gatetest.Decide(ctx, q, &sluice.Request{Class: "read", Deadline: now.Add(55 * time.Millisecond)}, now); d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("55 ms left: %+v, want reason deadline", d)
 		}
-		d, p := q.Decide(ctx, &sluice.Request{Class: "read", Deadline: now.Add(80 * time.Millisecond)}, now)
+		d, p := gatetest.Decide(ctx, q, &sluice.Request{Class: "read", Deadline: now.Add(80 * time.Millisecond)}, now)
 		if !d.Admitted {
 			t.Fatalf("80 ms left: %+v, want admitted", d)
 		}

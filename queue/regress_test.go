@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/store/memory"
@@ -30,8 +31,8 @@ func TestArrivalDuringAHandOffUsesTheFreeSlot(t *testing.T) {
 		q, _ := queue.New("pool", pool(t, 2), queue.Options{MaxWait: time.Second})
 		ctx := context.Background()
 		a, b := &sluice.Request{}, &sluice.Request{}
-		_, pa := q.Decide(ctx, a, clock.Now())
-		_, pb := q.Decide(ctx, b, clock.Now())
+		_, pa := gatetest.Decide(ctx, q, a, clock.Now())
+		_, pb := gatetest.Decide(ctx, q, b, clock.Now())
 		w1 := make(chan result, 1)
 		go decide(q, ctx, &sluice.Request{}, w1)
 		synctest.Wait()
@@ -46,7 +47,7 @@ func TestArrivalDuringAHandOffUsesTheFreeSlot(t *testing.T) {
 		rc := <-c
 		if !rc.d.Admitted {
 			// Show the slot was free all along.
-			d, p := q.Decide(ctx, &sluice.Request{}, clock.Now())
+			d, p := gatetest.Decide(ctx, q, &sluice.Request{}, clock.Now())
 			t.Errorf("C: %+v after %v with one of two slots free (a fresh Decide now: admitted=%v)", rc.d, rc.waited, d.Admitted)
 			if d.Admitted {
 				q.Release(a, p, useful)
@@ -74,7 +75,7 @@ func TestWeightedReleaseServesEveryWaiterThatFits(t *testing.T) {
 		q, _ := queue.New("pool", weighted(t, 2), queue.Options{MaxWait: time.Second})
 		ctx := context.Background()
 		h := &sluice.Request{Cost: 2}
-		d, ph := q.Decide(ctx, h, clock.Now())
+		d, ph := gatetest.Decide(ctx, q, h, clock.Now())
 		if !d.Admitted {
 			t.Fatal(d)
 		}
@@ -103,7 +104,7 @@ func TestRequestAboveTheLimitDoesNotWait(t *testing.T) {
 		q, _ := queue.New("pool", weighted(t, 2), queue.Options{MaxWait: time.Second})
 		ctx := context.Background()
 		h := &sluice.Request{Cost: 1}
-		_, ph := q.Decide(ctx, h, clock.Now())
+		_, ph := gatetest.Decide(ctx, q, h, clock.Now())
 		big, small := make(chan result, 1), make(chan result, 1)
 		go decide(q, ctx, &sluice.Request{Cost: 3}, big)
 		synctest.Wait()
@@ -129,7 +130,13 @@ type flaky struct {
 	fail bool
 }
 
-func (f *flaky) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (f *flaky) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = f.decide(ctx, r, now)
+	return p
+}
+
+func (f *flaky) decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	f.mu.Lock()
 	fail := f.fail
 	f.fail = false
@@ -137,7 +144,7 @@ func (f *flaky) Decide(ctx context.Context, r *sluice.Request, now clock.Instant
 	if fail {
 		return sluice.Decision{Reason: sluice.ReasonDependency, Gate: "pool", Retryable: true}, 0
 	}
-	return f.Gate.Decide(ctx, r, now)
+	return gatetest.Decide(ctx, f.Gate, r, now)
 }
 
 // The waiter served first gets the gate's other rejection (a store
@@ -149,7 +156,7 @@ func TestWaiterRejectedForAnotherReasonPassesTheSlotOn(t *testing.T) {
 		q, _ := queue.New("pool", inner, queue.Options{MaxWait: time.Second})
 		ctx := context.Background()
 		h := &sluice.Request{}
-		_, ph := q.Decide(ctx, h, clock.Now())
+		_, ph := gatetest.Decide(ctx, q, h, clock.Now())
 		w1, w2 := make(chan result, 1), make(chan result, 1)
 		go decide(q, ctx, &sluice.Request{}, w1)
 		synctest.Wait()
@@ -180,10 +187,10 @@ func TestEventWaiterRejectedForAnotherReasonPassesTheSlotOn(t *testing.T) {
 	park := &queue.Park{Ready: func(tag uint64, d sluice.Decision) { got = append(got, readiness{tag, d}) }}
 	ctx := queue.ContextWithPark(context.Background(), park)
 	h := &sluice.Request{}
-	_, ph := q.Decide(ctx, h, clk.Now())
+	_, ph := gatetest.Decide(ctx, q, h, clk.Now())
 	for tag := uint64(1); tag <= 2; tag++ {
 		park.Tag, park.Queue = tag, nil
-		q.Decide(ctx, &sluice.Request{}, clk.Now())
+		gatetest.Decide(ctx, q, &sluice.Request{}, clk.Now())
 	}
 	inner.mu.Lock()
 	inner.fail = true
@@ -205,14 +212,14 @@ func TestGrownLimitServesLowerClassesOnAnArrival(t *testing.T) {
 		q, _ := queue.New("pool", g, queue.Options{MaxWait: time.Second, Classes: []string{"critical", "sheddable"}})
 		ctx := context.Background()
 		holder := &sluice.Request{}
-		_, ph := q.Decide(ctx, holder, clock.Now())
+		_, ph := gatetest.Decide(ctx, q, holder, clock.Now())
 		out := make(chan result, 2)
 		for range 2 {
 			go decide(q, ctx, &sluice.Request{Class: "sheddable"}, out)
 		}
 		synctest.Wait()
 		g.Pin(4)
-		d, pc := q.Decide(ctx, &sluice.Request{Class: "critical"}, clock.Now())
+		d, pc := gatetest.Decide(ctx, q, &sluice.Request{Class: "critical"}, clock.Now())
 		if !d.Admitted {
 			t.Fatal(d)
 		}
@@ -240,14 +247,14 @@ func TestEventGrownLimitServesLowerClassesOnAnArrival(t *testing.T) {
 	var got []readiness
 	park := &queue.Park{Ready: func(tag uint64, d sluice.Decision) { got = append(got, readiness{tag, d}) }}
 	ctx := queue.ContextWithPark(context.Background(), park)
-	q.Decide(ctx, &sluice.Request{}, clk.Now())
+	gatetest.Decide(ctx, q, &sluice.Request{}, clk.Now())
 	for tag := uint64(1); tag <= 2; tag++ {
 		park.Tag, park.Queue = tag, nil
-		q.Decide(ctx, &sluice.Request{Class: "sheddable"}, clk.Now())
+		gatetest.Decide(ctx, q, &sluice.Request{Class: "sheddable"}, clk.Now())
 	}
 	g.Pin(4)
 	park.Tag, park.Queue = 3, nil
-	if d, _ := q.Decide(ctx, &sluice.Request{Class: "critical"}, clk.Now()); !d.Admitted || park.Queue != nil {
+	if d, _ := gatetest.Decide(ctx, q, &sluice.Request{Class: "critical"}, clk.Now()); !d.Admitted || park.Queue != nil {
 		t.Fatalf("critical: %+v parked=%v", d, park.Queue != nil)
 	}
 	l, n := g.ConcurrencyLimit()

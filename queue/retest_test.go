@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/queue"
 	"github.com/sluice-go/sluice/shed"
 )
@@ -37,7 +38,7 @@ func TestDeadlineRetestPassesTheQueue(t *testing.T) {
 		if !d.Admitted || !r.Retest() {
 			t.Fatalf("the retest: admitted %v (%v %s), marked %v; want admitted past the queue", d.Admitted, d.Reason, d.Gate, r.Retest())
 		}
-		if qd, _ := q.Decide(ctx, &sluice.Request{Deadline: clk.Now().Add(100 * time.Millisecond)}, clk.Now()); qd.Admitted || qd.Reason != sluice.ReasonDeadline {
+		if qd, _ := gatetest.Decide(ctx, q, &sluice.Request{Deadline: clk.Now().Add(100 * time.Millisecond)}, clk.Now()); qd.Admitted || qd.Reason != sluice.ReasonDeadline {
 			t.Fatalf("an unmarked request at the queue alone: %+v; want refused for its deadline", qd)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -68,13 +69,13 @@ func TestQueueSharesServiceTimes(t *testing.T) {
 		}
 		ctx := context.Background()
 		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(20 * time.Millisecond)}
-		if d, p := q.Decide(ctx, r, clk.Now()); !d.Admitted {
+		if d, p := gatetest.Decide(ctx, q, r, clk.Now()); !d.Admitted {
 			t.Fatalf("on its own (no completions seen): %+v; want admitted", d)
 		} else {
 			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeCancelled, Now: clk.Now()})
 		}
 		q.ShareServiceTimes(times)
-		if d, _ := q.Decide(ctx, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
+		if d, _ := gatetest.Decide(ctx, q, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("sharing 30 ms estimates: %+v; want refused for its deadline", d)
 		}
 	})
@@ -90,11 +91,11 @@ func TestQueueSharingFallsBackToItsOwn(t *testing.T) {
 		ctx := context.Background()
 		for range 20 {
 			r := &sluice.Request{Class: "default"}
-			_, p := q.Decide(ctx, r, clk.Now())
+			_, p := gatetest.Decide(ctx, q, r, clk.Now())
 			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 30 * time.Millisecond, Now: clk.Now()})
 		}
 		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(20 * time.Millisecond)}
-		if d, _ := q.Decide(ctx, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
+		if d, _ := gatetest.Decide(ctx, q, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("own estimates of 30 ms, shared ones empty: %+v; want refused for its deadline", d)
 		}
 	})
@@ -115,12 +116,12 @@ func TestQueueSharingOutweighsItsOwnOnceKnown(t *testing.T) {
 		for range 40 { // both learn the overshoot
 			shared.ObserveAt("default", 110*time.Millisecond, clk.Now())
 			r := &sluice.Request{Class: "default"}
-			_, p := q.Decide(ctx, r, clk.Now())
+			_, p := gatetest.Decide(ctx, q, r, clk.Now())
 			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 110 * time.Millisecond, Now: clk.Now()})
 		}
 		shared.Scale("default", 0.05) // retests came back in time: cut to 2 samples' weight
 		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(100 * time.Millisecond)}
-		d, p := q.Decide(ctx, r, clk.Now())
+		d, p := gatetest.Decide(ctx, q, r, clk.Now())
 		if !d.Admitted {
 			t.Fatalf("shared estimates cut, own ones at 110 ms: %+v; want admitted (the shared ones decide)", d)
 		}
@@ -140,11 +141,11 @@ func TestQueueSharingNilKeepsItsOwn(t *testing.T) {
 		ctx := context.Background()
 		for range 20 {
 			r := &sluice.Request{Class: "default"}
-			_, p := q.Decide(ctx, r, clk.Now())
+			_, p := gatetest.Decide(ctx, q, r, clk.Now())
 			q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 30 * time.Millisecond, Now: clk.Now()})
 		}
 		r := &sluice.Request{Class: "default", Deadline: clk.Now().Add(20 * time.Millisecond)}
-		if d, _ := q.Decide(ctx, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
+		if d, _ := gatetest.Decide(ctx, q, r, clk.Now()); d.Admitted || d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("own estimates of 30 ms, nil shared: %+v; want refused for its deadline", d)
 		}
 		q.ReportState(clk.Now())

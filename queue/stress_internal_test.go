@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/adaptive"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
 )
@@ -36,12 +37,18 @@ type counting struct {
 	pinMu *sync.Mutex
 }
 
-func (c *counting) Decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (c *counting) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = c.decide(ctx, r, now)
+	return p
+}
+
+func (c *counting) decide(ctx context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	if c.pinMu != nil { // no Pin between the gate's decision and the check
 		c.pinMu.Lock()
 		defer c.pinMu.Unlock()
 	}
-	d, p := c.Gate.Decide(ctx, r, now)
+	d, p := gatetest.Decide(ctx, c.Gate, r, now)
 	if d.Admitted {
 		n := c.held.Add(1)
 		if n > c.limit() {
@@ -130,7 +137,7 @@ func stressWith(t *testing.T, seed uint64, sized bool, classes bool, fair *Fairn
 						ag.Pin(1 + rng.IntN(5))
 						pinMu.Unlock()
 					}
-					d, p := q.Decide(ctx, r, clock.Now())
+					d, p := gatetest.Decide(ctx, q, r, clock.Now())
 					cancel()
 					if !d.Admitted {
 						rej.Add(1)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/tracefile"
 	"github.com/sluice-go/sluice/queue"
 )
@@ -38,7 +39,7 @@ func (d *fairDriver) arrive(t *testing.T, cmd *tracefile.Cmd) string {
 		r := &sluice.Request{Tenant: tenant, Cost: cmd.Int(t, "cost", 1)}
 		d.names, d.reqs = append(d.names, name), append(d.reqs, r)
 		d.park.Tag, d.park.Queue = tag, nil
-		dec, p := d.q.Decide(queue.ContextWithPark(context.Background(), d.park), r, d.clk.Now())
+		dec, p := gatetest.Decide(queue.ContextWithPark(context.Background(), d.park), d.q, r, d.clk.Now())
 		switch {
 		case !dec.Admitted:
 			out = append(out, name+" refused "+dec.Reason.String())

@@ -139,7 +139,14 @@ func (g *Deadline) Name() string { return g.name }
 func (g *Deadline) ServiceTimes() *ServiceTimes { return g.times }
 
 // Decide applies the deadline test.
-func (g *Deadline) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *Deadline) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (g *Deadline) decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	if r.Deadline == 0 {
 		return sluice.Decision{Admitted: true}, 0
 	}

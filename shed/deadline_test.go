@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
 const ms = time.Millisecond
@@ -45,7 +46,7 @@ func TestDeadlineGate(t *testing.T) {
 		return &sluice.Request{Class: "default", Deadline: now.Add(budget)}
 	}
 	// Unknown class: admitted (nothing to predict from).
-	if d, _ := g.Decide(ctx, req(80*ms), now); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, req(80*ms), now); !d.Admitted {
 		t.Fatalf("before any sample: %+v", d)
 	}
 	for range 10 {
@@ -56,17 +57,17 @@ func TestDeadlineGate(t *testing.T) {
 	if n != 10 || s < 34*ms || s > 37*ms {
 		t.Fatalf("service time %v from %d samples, want 34 ms within a bucket", s, n)
 	}
-	if d, _ := g.Decide(ctx, req(80*ms), now); d.Admitted || d.Reason != sluice.ReasonDeadline || d.Retryable || d.Entitlement() {
+	if d, _ := gatetest.Decide(ctx, g, req(80*ms), now); d.Admitted || d.Reason != sluice.ReasonDeadline || d.Retryable || d.Entitlement() {
 		t.Fatalf("45 + ~35 + 10 + 15 against 80 ms: %+v", d)
 	}
-	if d, _ := g.Decide(ctx, req(120*ms), now); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, req(120*ms), now); !d.Admitted {
 		t.Fatalf("against 120 ms: %+v", d)
 	}
 	queue = 10 * ms
-	if d, _ := g.Decide(ctx, req(80*ms), now); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, req(80*ms), now); !d.Admitted {
 		t.Fatalf("a 10 ms queue against 80 ms: %+v", d)
 	}
-	if d, _ := g.Decide(ctx, &sluice.Request{Class: "default"}, now); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Class: "default"}, now); !d.Admitted {
 		t.Fatalf("no deadline: %+v", d)
 	}
 }
@@ -89,7 +90,7 @@ func TestDeadlineRetest(t *testing.T) {
 	admitted := 0
 	for i := range 100 { // 100 requests over 2 s: the first refused and one a second after it go through
 		now = clock.Instant(time.Hour + time.Duration(i)*20*ms)
-		if d, _ := g.Decide(ctx, req(), now); d.Admitted {
+		if d, _ := gatetest.Decide(ctx, g, req(), now); d.Admitted {
 			admitted++
 		} else if d.Reason != sluice.ReasonDeadline {
 			t.Fatalf("rejected for %v", d.Reason)
@@ -101,7 +102,7 @@ func TestDeadlineRetest(t *testing.T) {
 	for range 300 { // the retests find the service fast again
 		g.Release(req(), 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 150 * ms})
 	}
-	if d, _ := g.Decide(ctx, req(), now); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, req(), now); !d.Admitted {
 		t.Fatalf("after 300 completions of 150 ms: %+v", d)
 	}
 }
@@ -137,7 +138,7 @@ func TestDeadlineForgetsByTime(t *testing.T) {
 			g.Release(req(), pending[0].p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * ms, Now: pending[0].at})
 			pending = pending[1:]
 		}
-		if d, p := g.Decide(ctx, req(), now); d.Admitted {
+		if d, p := gatetest.Decide(ctx, g, req(), now); d.Admitted {
 			pending = append(pending, out{now.Add(50 * ms), p})
 		} else {
 			rejected++
@@ -186,7 +187,7 @@ func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
 			g.Release(req(), pending[0].p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * ms, Now: pending[0].at})
 			pending = pending[1:]
 		}
-		d, p := g.Decide(ctx, req(), now)
+		d, p := gatetest.Decide(ctx, g, req(), now)
 		if !d.Admitted {
 			back = -1
 			continue
@@ -218,7 +219,7 @@ func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
 			g2.Release(req(), pending[0].p, sluice.Completion{Outcome: sluice.OutcomeLate, Latency: 150 * ms, Now: pending[0].at})
 			pending = pending[1:]
 		}
-		if d, p := g2.Decide(ctx, req(), now); d.Admitted {
+		if d, p := gatetest.Decide(ctx, g2, req(), now); d.Admitted {
 			at = append(at, now.Sub(start))
 			pending = append(pending, out{now.Add(150 * ms), p})
 		}
@@ -231,9 +232,9 @@ func TestDeadlineRetestsChainWhileInTime(t *testing.T) {
 	// A retest a later gate turned away measured nothing: the next request
 	// goes instead.
 	r := req()
-	d, p := g2.Decide(ctx, r, now.Add(time.Second))
+	d, p := gatetest.Decide(ctx, g2, r, now.Add(time.Second))
 	g2.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: now.Add(time.Second)})
-	if d2, _ := g2.Decide(ctx, req(), now.Add(time.Second)); !d.Admitted || !d2.Admitted {
+	if d2, _ := gatetest.Decide(ctx, g2, req(), now.Add(time.Second)); !d.Admitted || !d2.Admitted {
 		t.Fatalf("a retest, then one after it was turned away later: admitted %v, %v; want both", d.Admitted, d2.Admitted)
 	}
 }
@@ -269,7 +270,7 @@ func TestDeadlineNoRetestForTheQueue(t *testing.T) {
 	}
 	for i := range 300 { // 3 s, 100 a second
 		now = clock.Instant(time.Hour + time.Duration(i)*10*ms)
-		if d, _ := g.Decide(ctx, &sluice.Request{Deadline: now.Add(100 * ms)}, now); d.Admitted {
+		if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Deadline: now.Add(100 * ms)}, now); d.Admitted {
 			t.Fatalf("at +%v: admitted behind 75 ms of queue with 50 ms of work and 100 ms left", time.Duration(i)*10*ms)
 		}
 	}
@@ -284,7 +285,7 @@ func TestDeadlineReportsItsEstimates(t *testing.T) {
 		g.Release(&sluice.Request{Class: "default"}, 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 50 * ms, Now: now})
 	}
 	r := &sluice.Request{Class: "default", Deadline: now.Add(40 * ms)}
-	if d, _ := g.Decide(context.Background(), r, now); !d.Admitted || !r.Retest() {
+	if d, _ := gatetest.Decide(context.Background(), g, r, now); !d.Admitted || !r.Retest() {
 		t.Fatalf("the class's first refusal: %+v, retest %v; want a retest", d, r.Retest())
 	}
 	st := g.ReportState(now.Add(10 * ms)).(deadlineState)
@@ -309,17 +310,17 @@ func TestDeadlineCancelledRetestWaitsTheInterval(t *testing.T) {
 	req := func() *sluice.Request { return &sluice.Request{Class: "default", Deadline: now.Add(100 * ms)} }
 	ctx := context.Background()
 	r := req()
-	d, p := g.Decide(ctx, r, now)
+	d, p := gatetest.Decide(ctx, g, r, now)
 	if !d.Admitted || p == 0 {
 		t.Fatalf("the first refusal: %+v; want a retest", d)
 	}
 	g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeCancelled, Latency: time.Millisecond, Now: now.Add(ms)})
 	now = now.Add(500 * ms)
-	if d, _ := g.Decide(ctx, req(), now); d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, req(), now); d.Admitted {
 		t.Fatal("a retest 500 ms after a cancelled one; want the next after 1 s")
 	}
 	now = now.Add(500 * ms)
-	if d, _ := g.Decide(ctx, req(), now); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, g, req(), now); !d.Admitted {
 		t.Fatal("no retest 1 s after a cancelled one")
 	}
 }

@@ -29,14 +29,16 @@ func ExampleNewDeadline() {
 	now := clock.Instant(time.Second)
 	for range 20 {
 		r := &sluice.Request{Class: "default"}
-		_, p := g.Decide(ctx, r, now)
+		var d sluice.Decision
+		p := g.Decide(ctx, r, now, &d)
 		g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Latency: 35 * time.Millisecond, Now: now})
 	}
 	// 35 ms of work and a 5 ms margin do not fit 30 ms: the first such
 	// request goes through as a retest (the estimate may be stale), the
 	// next is refused while the retest is out; 100 ms fits.
 	for _, budget := range []time.Duration{30 * time.Millisecond, 30 * time.Millisecond, 100 * time.Millisecond} {
-		d, _ := g.Decide(ctx, &sluice.Request{Class: "default", Deadline: now.Add(budget)}, now)
+		var d sluice.Decision // the gate writes its verdict here
+		g.Decide(ctx, &sluice.Request{Class: "default", Deadline: now.Add(budget)}, now, &d)
 		fmt.Println(budget, d.Admitted, d.Reason, d.Retryable)
 	}
 	// Output:

@@ -250,7 +250,14 @@ func (l *Ladder) updateLocked(now clock.Instant) {
 }
 
 // Decide admits, degrades or sheds r according to the state.
-func (l *Ladder) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (l *Ladder) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = l.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (l *Ladder) decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	protected := slices.Contains(l.cfg.Protected, r.Class)
 	l.mu.Lock()
 	l.updateLocked(now)

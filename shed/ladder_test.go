@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 
 	"github.com/sluice-go/sluice"
 )
@@ -24,27 +25,27 @@ func newLadder(t *testing.T) *Ladder {
 func TestLadderDecisions(t *testing.T) {
 	l := newLadder(t)
 	ctx := context.Background()
-	l.Decide(ctx, &sluice.Request{Class: "default"}, 0) // starts the clock
+	gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 0) // starts the clock
 	l.mu.Lock()
 	l.toLocked(0, sluice.LevelShed)
 	l.mu.Unlock()
-	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 1); d.Admitted || d.Reason != sluice.ReasonOverload || d.Level != sluice.LevelShed {
+	if d, _ := gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 1); d.Admitted || d.Reason != sluice.ReasonOverload || d.Level != sluice.LevelShed {
 		t.Fatalf("shed: %+v", d)
 	}
-	if d, _ := l.Decide(ctx, &sluice.Request{Class: sluice.ClassCritical}, 1); !d.Admitted || d.Level != sluice.LevelShed {
+	if d, _ := gatetest.Decide(ctx, l, &sluice.Request{Class: sluice.ClassCritical}, 1); !d.Admitted || d.Level != sluice.LevelShed {
 		t.Fatalf("critical in shed: %+v", d)
 	}
 	l.mu.Lock()
 	l.toLocked(2, sluice.LevelRecover)
 	l.mu.Unlock()
 	// Rand returns 0.6: step 0 admits 25% (0.6 ≥ 0.25: shed), step 2 admits 75%.
-	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 3); d.Admitted {
+	if d, _ := gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 3); d.Admitted {
 		t.Fatal("recover step 0 admitted at draw 0.6")
 	}
 	l.mu.Lock()
 	l.step = 2
 	l.mu.Unlock()
-	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 4); !d.Admitted || d.Level != sluice.LevelRecover {
+	if d, _ := gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 4); !d.Admitted || d.Level != sluice.LevelRecover {
 		t.Fatalf("recover step 2: %+v", d)
 	}
 	st := l.State(5 * sec)
@@ -74,7 +75,7 @@ func TestLadderMeasuresDemand(t *testing.T) {
 				}
 			}
 			running = kept
-			if d, _ := l.Decide(ctx, r, now); d.Admitted {
+			if d, _ := gatetest.Decide(ctx, l, r, now); d.Admitted {
 				running = append(running, job{end: now + sec/2})
 			}
 		}
@@ -145,20 +146,20 @@ func TestLadderRecoverUsesItsCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	l.Decide(ctx, &sluice.Request{Class: "default"}, 0)
+	gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 0)
 	l.mu.Lock()
 	l.toLocked(1, sluice.LevelRecover)
 	l.mu.Unlock()
-	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 2); d.Admitted {
+	if d, _ := gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 2); d.Admitted {
 		t.Fatal("step 0 (25% admitted): the cut at 0.75 did not shed")
 	}
 	l.mu.Lock()
 	l.step = 2
 	l.mu.Unlock()
-	if d, _ := l.Decide(ctx, &sluice.Request{Class: "default"}, 3); !d.Admitted {
+	if d, _ := gatetest.Decide(ctx, l, &sluice.Request{Class: "default"}, 3); !d.Admitted {
 		t.Fatal("step 2 (75% admitted): shed at 0.25")
 	}
-	l.Decide(ctx, &sluice.Request{Class: sluice.ClassCritical}, 4)
+	gatetest.Decide(ctx, l, &sluice.Request{Class: sluice.ClassCritical}, 4)
 	if len(cut.fractions) != 2 || cut.fractions[0] != 0.75 || cut.fractions[1] != 0.25 {
 		t.Fatalf("cut saw %v, want [0.75 0.25]", cut.fractions)
 	}

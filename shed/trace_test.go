@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/tracefile"
 )
 
@@ -76,7 +77,7 @@ func (d *ladderDriver) run(demands []float64, class string, dur time.Duration) (
 		var held []sluice.Permit
 		req := &sluice.Request{Class: class, Cost: 1}
 		for range n {
-			dec, p := d.l.Decide(ctx, req, d.now)
+			dec, p := gatetest.Decide(ctx, d.l, req, d.now)
 			if dec.Admitted {
 				held = append(held, p)
 				admitted++

@@ -170,7 +170,14 @@ func (u *utilization) ShedFraction(now clock.Instant) float64 {
 }
 
 // Decide sheds r with the probability of its tier at the current fraction.
-func (u *utilization) Decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
+func (u *utilization) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = u.decide(ctx, r, now)
+	return p
+}
+
+// decide returns Decide's verdict and permit.
+func (u *utilization) decide(_ context.Context, r *sluice.Request, now clock.Instant) (sluice.Decision, sluice.Permit) {
 	t := u.tier(r.Class)
 	u.mu.Lock()
 	u.accountLocked(now)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 
 	"github.com/sluice-go/sluice"
 )
@@ -24,14 +25,14 @@ func TestUtilizationShedsTiersInOrder(t *testing.T) {
 	ctx := context.Background()
 	// Ten long requests keep every worker busy.
 	for range 10 {
-		if d, _ := u.Decide(ctx, &sluice.Request{Class: "critical"}, 0); !d.Admitted {
+		if d, _ := gatetest.Decide(ctx, u, &sluice.Request{Class: "critical"}, 0); !d.Admitted {
 			t.Fatal("idle service shed")
 		}
 	}
 	shedAt := map[string]clock.Instant{}
 	for now := clock.Instant(0); now <= 200*sec; now += sec {
 		for _, class := range []string{"sandbox", "sheddable", "default", "critical"} {
-			d, p := u.Decide(ctx, &sluice.Request{Class: class}, now)
+			d, p := gatetest.Decide(ctx, u, &sluice.Request{Class: class}, now)
 			if d.Admitted {
 				u.Release(&sluice.Request{Class: class}, p, sluice.Completion{Now: now, Latency: time.Microsecond})
 			} else if _, seen := shedAt[class]; !seen {
@@ -63,11 +64,11 @@ func TestUtilizationCostAware(t *testing.T) {
 	u, _ := newUtilization("util", ctrl, UtilizationOptions{Workers: 1, Tiers: []string{"default"}, CostAware: true,
 		SampleEvery: time.Second, Rand: func() float64 { return 0.45 }})
 	ctx := context.Background()
-	u.Decide(ctx, &sluice.Request{Class: "default", Cost: 1}, 0) // one in flight: utilization 1
+	gatetest.Decide(ctx, u, &sluice.Request{Class: "default", Cost: 1}, 0) // one in flight: utilization 1
 	ctrl.Sample(0, 1)
 	ctrl.slope, ctrl.level = 0, 0.4*float64(time.Second) // pin the fraction at 0.4
-	cheap, _ := u.Decide(ctx, &sluice.Request{Class: "default", Cost: 1}, 1)
-	costly, _ := u.Decide(ctx, &sluice.Request{Class: "default", Cost: 10}, 2)
+	cheap, _ := gatetest.Decide(ctx, u, &sluice.Request{Class: "default", Cost: 1}, 1)
+	costly, _ := gatetest.Decide(ctx, u, &sluice.Request{Class: "default", Cost: 10}, 2)
 	if !cheap.Admitted || costly.Admitted {
 		t.Fatalf("cost-aware: cheap %v, costly %v", cheap.Admitted, costly.Admitted)
 	}
@@ -90,12 +91,12 @@ func TestUnlistedClassIsNotShedFirst(t *testing.T) {
 		ctrl.Sample(0, 1)
 		ctrl.slope, ctrl.level = 0, 0.99*float64(time.Second) // pin the fraction at 0.99
 		for _, class := range c.shed {
-			if d, _ := u.Decide(context.Background(), &sluice.Request{Class: class}, 1); d.Admitted {
+			if d, _ := gatetest.Decide(context.Background(), u, &sluice.Request{Class: class}, 1); d.Admitted {
 				t.Errorf("tiers %v: %s admitted at a shed fraction of 0.99", c.tiers, class)
 			}
 		}
 		for _, class := range c.not {
-			if d, _ := u.Decide(context.Background(), &sluice.Request{Class: class}, 1); !d.Admitted {
+			if d, _ := gatetest.Decide(context.Background(), u, &sluice.Request{Class: class}, 1); !d.Admitted {
 				t.Errorf("tiers %v: %s shed at 0.99, before every listed tier is", c.tiers, class)
 			}
 		}

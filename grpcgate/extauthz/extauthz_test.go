@@ -46,7 +46,13 @@ type probe struct {
 
 func (p *probe) Name() string { return "probe" }
 
-func (p *probe) Decide(_ context.Context, r *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
+func (p *probe) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var permit sluice.Permit
+	*d, permit = p.decide(ctx, r, now)
+	return permit
+}
+
+func (p *probe) decide(_ context.Context, r *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.last, p.decides = *r, p.decides+1

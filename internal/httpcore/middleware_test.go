@@ -493,7 +493,13 @@ func waitFor(t *testing.T, cond func() bool) {
 type levelGate struct{ level sluice.Level }
 
 func (levelGate) Name() string { return "level" }
-func (g levelGate) Decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g levelGate) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
+	var p sluice.Permit
+	*d, p = g.decide(ctx, r, now)
+	return p
+}
+
+func (g levelGate) decide(context.Context, *sluice.Request, clock.Instant) (sluice.Decision, sluice.Permit) {
 	return sluice.Decision{Admitted: true, Level: g.level}, 0
 }
 func (levelGate) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}

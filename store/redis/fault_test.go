@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/internal/stall"
@@ -56,7 +57,7 @@ func TestFailurePoliciesUnderRedisFaults(t *testing.T) {
 				default:
 				}
 				start := time.Now()
-				d, p := g.Decide(context.Background(), req, clock.Now())
+				d, p := gatetest.Decide(context.Background(), g, req, clock.Now())
 				lat := time.Since(start)
 				for {
 					old := load.maxLatency.Load()
@@ -129,13 +130,13 @@ func checkPolicies(t *testing.T, open, closed, local sluice.Gate) {
 	t.Helper()
 	req := &sluice.Request{Tenant: "probe", Cost: 1}
 	ctx := context.Background()
-	if d, p := open.Decide(ctx, req, clock.Now()); !d.Admitted || p != 0 {
+	if d, p := gatetest.Decide(ctx, open, req, clock.Now()); !d.Admitted || p != 0 {
 		t.Errorf("fail_open: %+v", d)
 	}
-	if d, _ := closed.Decide(ctx, req, clock.Now()); d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable {
+	if d, _ := gatetest.Decide(ctx, closed, req, clock.Now()); d.Admitted || d.Reason != sluice.ReasonDependency || !d.Retryable {
 		t.Errorf("fail_closed: %+v", d)
 	}
-	d, p := local.Decide(ctx, req, clock.Now())
+	d, p := gatetest.Decide(ctx, local, req, clock.Now())
 	if !d.Admitted || d.Limit != 1000 {
 		t.Errorf("local_fallback did not decide on the local budget: %+v", d)
 	}

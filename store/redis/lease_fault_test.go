@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/poll"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/internal/stall"
@@ -133,7 +134,7 @@ func (f *faultFleet) offer(ctx context.Context, g *lease.Gate, rate int) {
 		sent = max(sent, due-rate/10)
 		for ; sent < due; sent++ {
 			now := clock.Now()
-			d, _ := g.Decide(ctx, req, now)
+			d, _ := gatetest.Decide(ctx, g, req, now)
 			b := f.bucket(now)
 			raise(&f.slowest[b], int64(clock.Now().Sub(now)))
 			f.offered[b].Add(1)

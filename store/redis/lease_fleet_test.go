@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/fakeclock"
+	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/lease"
 	"github.com/sluice-go/sluice/store"
@@ -97,7 +98,7 @@ func TestLeaseFleetOnRedis(t *testing.T) {
 				}
 				for k := 0; k < p.rate/1000; k++ {
 					r := &sluice.Request{Cost: 1}
-					if d, _ := p.gate.Decide(ctx, r, now); d.Admitted {
+					if d, _ := gatetest.Decide(ctx, p.gate, r, now); d.Admitted {
 						total[ms/1000]++
 						each[i][ms/1000]++
 					}

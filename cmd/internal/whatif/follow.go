@@ -32,18 +32,23 @@ type followed struct {
 
 func (g *followed) Name() string { return g.name }
 
-func (g *followed) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant) (sluice.Decision, sluice.Permit) {
+func (g *followed) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant, d *sluice.Decision) sluice.Permit {
 	rec := &g.r.recs[g.r.cur]
-	if rec.Decision == Rejected && rec.Gate == g.name && !g.r.turnAway {
-		return sluice.Decision{Gate: g.name, Reason: reasonNamed(rec.Reason)}, 0
-	}
+	d.Gate = g.name
 	// Admitted as recorded; or, when the runner decides through the chain
 	// that ends here (turnAway), admitted to be turned away when its
 	// recorded wait ends.
-	return sluice.Decision{Admitted: true, Gate: g.name}, 0
+	d.Admitted = rec.Decision != Rejected || rec.Gate != g.name || g.r.turnAway
+	if !d.Admitted {
+		d.Reason = reasonNamed(rec.Reason)
+	}
+	return 0
 }
 
 func (g *followed) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
+
+// SpendsAtAdmission reports true: the gate holds nothing (see sluice.Gate).
+func (g *followed) SpendsAtAdmission() bool { return true }
 
 // following is c with each gate of f that is not of a rate kind replaced
 // by one that follows the recording, the names of those replaced, and for
