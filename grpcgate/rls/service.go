@@ -101,8 +101,10 @@ type Options struct {
 	// was built with a DecisionClock.)
 	Clock clock.Clock
 	// Timeout bounds the store work of one call: a call answers within
-	// about this (seconds) even when the store hangs. Default
-	// DefaultTimeout; keep it at most the store's own timeout.
+	// about this even when the store hangs. Default: the Redis store's
+	// own bound (sredis.Store.Timeout: its timeout and its grace for a
+	// reply Redis ran in time), or DefaultTimeout without Redis; set
+	// lower, it adds a timer to every call and cuts the grace short.
 	Timeout time.Duration
 	// OnFailure is the failure policy (default FailError).
 	OnFailure FailurePolicy
@@ -215,7 +217,11 @@ func (o *Options) defaults() error {
 	if o.Clock == nil {
 		o.Clock = wallClock{}
 	}
-	if o.Timeout <= 0 {
+	switch {
+	case o.Timeout > 0:
+	case o.Redis != nil:
+		o.Timeout = o.Redis.Timeout() // its timeout and its grace for late replies
+	default:
 		o.Timeout = DefaultTimeout
 	}
 	if o.NearLimitRatio == 0 {

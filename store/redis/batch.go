@@ -314,8 +314,9 @@ func (b *batcher) lead(g *group, batch []*call) {
 
 // exec runs one batch under the store's breaker, with the deadline of its
 // oldest call. The batch serves many callers, so no one caller's context
-// cancels it; each caller waits at most Options.Timeout from its arrival,
-// and Redis does nothing with a batch it reaches later than that.
+// cancels it; Redis does nothing with a batch it reaches later than
+// Options.Timeout from its oldest call's arrival, and each caller waits at
+// most that and Options.ReplyGrace for the reply.
 func (b *batcher) exec(batch []*call) {
 	s := b.l.s
 	fail := func(err error) {
@@ -354,7 +355,11 @@ func (b *batcher) exec(batch []*call) {
 		}
 	}
 	script, width, keys, args := b.call(batch, br.expiry(oldest, s.opts.Timeout))
-	vals, err := s.exec(context.Background(), dl, cn, script, keys, args).AsIntSlice()
+	wait := dl
+	if !s.noExpiry {
+		wait = dl.Add(s.opts.ReplyGrace) // Redis tells whether it ran the batch in time
+	}
+	vals, err := s.exec(context.Background(), wait, cn, script, keys, args).AsIntSlice()
 	switch {
 	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):
 		br.observe(vals[len(vals)-1], clock.Now()) // reached after its expiry: did nothing

@@ -26,11 +26,11 @@ import (
 // a restart of Redis each of them would fail its first command.
 //
 // Standalone Redis only, on a client the store dialed itself, with a
-// timeout of at most connWriteTimeout: on a Cluster a dedicated connection
-// is bound to one node; a caller's client may wait less for a reply than
-// the store's timeout says; and rueidis gives up on a reply on a dedicated
-// connection after its write timeout, so a longer store timeout would cut
-// calls short. Every other call goes through the pipelined client.
+// timeout and a grace for late replies of at most connWriteTimeout
+// together: on a Cluster a dedicated connection is bound to one node; a
+// caller's client may wait less for a reply than the store's timeout says;
+// and rueidis gives up on a reply on a dedicated connection after its
+// write timeout, so a longer wait would cut calls short. Every other call goes through the pipelined client.
 
 // maxLanes is the most lanes one connection holds: enough for the calls
 // that go out alone (soloMax per batching group, each group's batches
@@ -254,5 +254,5 @@ func (c laneCtx) Err() error {
 
 // lanesFor reports whether calls on cn may take lanes (see above).
 func (s *Store) lanesFor(cn *connection) bool {
-	return !cn.cluster && s.own && s.opts.Timeout <= connWriteTimeout
+	return !cn.cluster && s.own && s.opts.Timeout+s.opts.ReplyGrace <= connWriteTimeout
 }

@@ -27,7 +27,7 @@ func heldLanes(st *Store) (held, idle int) {
 // lane back (goleak in TestMain checks nothing is left running).
 func TestLanesCarryCalls(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: connWriteTimeout})
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: connWriteTimeout / 2}) // and as much grace
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,10 +107,10 @@ func TestLanesCarryCalls(t *testing.T) {
 
 // No lanes where a dedicated connection could cut a call short or go to
 // the wrong node: a store on the caller's client (whose write timeout it
-// does not know), a store whose timeout is beyond the client's write
-// timeout (rueidis gives up on a dedicated reply after it: such a call
-// failed as a broken connection in a 3-process test with a 2 s timeout), and
-// a Cluster. Their calls and PINGs go through the pipelined client.
+// does not know), a store whose timeout and grace for late replies are
+// beyond the client's write timeout together (rueidis gives up on a
+// dedicated reply after it: such a call failed as a broken connection in a
+// 3-process test with a 2 s timeout), and a Cluster. Their calls and PINGs go through the pipelined client.
 func TestNoLanes(t *testing.T) {
 	srv := redistest.Start(t)
 	own, err := New(Options{Addrs: []string{srv.Addr}, Timeout: connWriteTimeout})
@@ -122,7 +122,7 @@ func TestNoLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	long, err := New(Options{Addrs: []string{srv.Addr}, Timeout: connWriteTimeout + time.Millisecond})
+	long, err := New(Options{Addrs: []string{srv.Addr}, Timeout: connWriteTimeout/2 + time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,12 @@
 //
 // Every call has a timeout (Options.Timeout, default 50 ms: long enough
 // that a busy 2-core host does not turn its own scheduling delays into
-// store failures) and runs behind a breaker per Redis master. A connection
+// store failures) and runs behind a breaker per Redis master. Redis does
+// nothing with a call it reaches after the timeout, and says so; a call
+// waits a grace longer for its reply (Options.ReplyGrace, default the
+// timeout), so that a reply Redis sent in time and this process read late,
+// because its host or its scheduler stalled, still decides the call: a
+// stall of this host is not taken for a failure of Redis. A connection
 // that fails opens the breaker at once; a call that only times out makes
 // the store check the node with a probe first, and the breaker opens only
 // if the probe fails too, so a slow moment of this process does not send
@@ -127,8 +132,20 @@ type Options struct {
 	// Addrs are the Redis addresses (one standalone server, or any nodes of
 	// a cluster: the topology is discovered).
 	Addrs []string
-	// Timeout bounds each call. Default DefaultTimeout (50 ms).
+	// Timeout bounds each call: Redis does nothing with a call it reaches
+	// later than Timeout after the call started (on Redis' clock as
+	// estimated from earlier replies). Default DefaultTimeout (50 ms).
 	Timeout time.Duration
+	// ReplyGrace is how much longer than Timeout a call that Redis may
+	// have run in time waits for its reply. A reply that comes in the
+	// grace and says Redis ran the call within Timeout decides it: only
+	// this process read it late (its host or its scheduler stalled), and
+	// Redis was not slow, so the decision is Redis' and not the failure
+	// policy's. A reply that says Redis reached the call late, or none by
+	// Timeout + ReplyGrace, is a failure as before. Default: Timeout (a
+	// call that fails takes up to twice Timeout, until the breaker opens);
+	// negative: no grace.
+	ReplyGrace time.Duration
 	// ProbeEvery is how long the breaker stays open after a failure before
 	// one probe call may try again. Default DefaultProbeEvery (1 s).
 	ProbeEvery time.Duration
@@ -216,6 +233,12 @@ func New(opts Options) (*Store, error) {
 	}
 	if opts.ProbeEvery <= 0 {
 		opts.ProbeEvery = DefaultProbeEvery
+	}
+	switch {
+	case opts.ReplyGrace == 0:
+		opts.ReplyGrace = opts.Timeout
+	case opts.ReplyGrace < 0:
+		opts.ReplyGrace = 0
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 64
@@ -620,10 +643,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Timeout returns Options.Timeout (its default filled in): every call of the
-// store's limiters returns within about this from its start, whatever the
+// Timeout returns the longest a call of the store's limiters waits for
+// Redis: Options.Timeout and Options.ReplyGrace (their defaults filled
+// in). Every call returns within about this from its start, whatever the
 // caller's context, even while a decision waits for a batch.
-func (s *Store) Timeout() time.Duration { return s.opts.Timeout }
+func (s *Store) Timeout() time.Duration { return s.opts.Timeout + s.opts.ReplyGrace }
 
 // key builds a hash-tagged key: every key of one limiter and one state key
 // maps to one cluster slot.
@@ -664,13 +688,15 @@ func (s *Store) runThrough(ctx context.Context, sc *rueidis.Lua, keys []string, 
 	}
 	start := clock.Now()
 	dl := time.Now().Add(s.opts.Timeout)
+	wait := dl // how long the reply is waited for
 	if expires && !s.noExpiry {
 		if err := s.learnClock(ctx, dl, cn, b, keys[0], func(err error) { s.failed(ctx, b, err) }); err != nil {
 			return out, false, err
 		}
 		args[len(args)-1] = b.expiry(start, s.opts.Timeout)
+		wait = dl.Add(s.opts.ReplyGrace) // Redis tells whether it ran the call in time
 	}
-	vals, err := s.exec(ctx, dl, cn, sc, keys, args).AsIntSlice()
+	vals, err := s.exec(ctx, wait, cn, sc, keys, args).AsIntSlice()
 	if err == nil && len(vals) != 6 {
 		err = fmt.Errorf("script returned %d values", len(vals))
 	}
@@ -692,18 +718,19 @@ func (s *Store) runThrough(ctx context.Context, sc *rueidis.Lua, keys []string, 
 }
 
 // failed counts a failed call and decides what it says about b's node:
-// nothing when the caller's own context ended, Redis answered about the
-// data, or the call came late (the caller's timeout already reported it);
-// a timeout, or a connection that broke (refused, reset, closed), starts
+// nothing when the caller's own context ended or Redis answered about the
+// data; a timeout, a call Redis reached after its timeout (errLate: Redis
+// was slow, or this process sent it late), or a connection that broke
+// (refused, reset, closed), starts
 // a check of the node, which opens b only if the node does not answer a
 // PING on a fresh connection either; any other failure (a reply refusing
 // the store: NOAUTH, LOADING, ...) opens b at once, unless a probe closed
 // b less than an interval ago: then it is checked too.
 func (s *Store) failed(ctx context.Context, b *breaker, err error) {
 	switch {
-	case ctx.Err() != nil, dataError(err), errors.Is(err, errLate):
+	case ctx.Err() != nil, dataError(err):
 		return
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errLate):
 		s.failures.Add(1)
 		s.suspect(b)
 	case brokenConn(ctx, err), s.justClosed(b):

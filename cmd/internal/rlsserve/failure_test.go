@@ -19,17 +19,19 @@ import (
 // clients call ShouldRateLimit over gRPC on loopback with two descriptors
 // (so the store work runs concurrently). Every call must answer as its
 // policy says, error with UNAVAILABLE, open with OK (counted in
-// sluice_rls_fail_open_total), closed with OVER_LIMIT, and within the
-// store timeout.
+// sluice_rls_fail_open_total), closed with OVER_LIMIT, and within twice
+// the store timeout (the timeout, then as long again for a reply Redis
+// sent in time and this process read late).
 //
 // The timeout is 50 ms and the bound asserted is timeout + 200 ms, not
-// the + 2 ms a call's own work takes beyond the timeout: the test runs on
+// the grace and the + 2 ms a call's own work takes beyond them: the test runs on
 // a shared 2-core machine under -race, with other tests and other
 // people's builds, where the scheduler can deschedule the client, the
 // server or the gRPC transport's goroutines for tens of milliseconds. A
 // hang is still far outside the bound (a paused Redis never answers:
 // without the timeout a call would wait the whole pause). The test logs
-// each phase's slowest call and how many calls took over timeout + 2 ms.
+// each phase's slowest call and how many calls took over twice the
+// timeout + 2 ms.
 func TestFailureMatrixOverGRPC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real Redis, real time")
@@ -109,7 +111,7 @@ descriptors:
 						ps[i].calls.Add(1)
 						for old := ps[i].max.Load(); int64(lat) > old && !ps[i].max.CompareAndSwap(old, int64(lat)); old = ps[i].max.Load() {
 						}
-						if lat > timeout+2*time.Millisecond {
+						if lat > 2*timeout+2*time.Millisecond {
 							ps[i].slow.Add(1)
 						}
 						if want != nil && o != want[i] && name == "up" && lat >= timeout {
@@ -133,7 +135,7 @@ descriptors:
 		wg.Wait()
 		for i := range servers {
 			max := time.Duration(ps[i].max.Load())
-			t.Logf("%-6s --on-failure %-6s %5d calls, slowest %8v, %d over timeout + 2 ms", name, names[i], ps[i].calls.Load(),
+			t.Logf("%-6s --on-failure %-6s %5d calls, slowest %8v, %d over twice the timeout + 2 ms", name, names[i], ps[i].calls.Load(),
 				max.Round(10*time.Microsecond), ps[i].slow.Load())
 			if max > bound {
 				t.Errorf("%s, --on-failure %s: a call took %v, more than timeout + 200 ms", name, names[i], max)

@@ -89,8 +89,10 @@ type Options struct {
 	// RedisPrefix starts every Redis key (the peer's CACHE_KEY_PREFIX).
 	// Default "sluice".
 	RedisPrefix string
-	// RedisTimeout bounds the store work of one call, and each Redis call.
-	// Default rls.DefaultTimeout.
+	// RedisTimeout bounds each Redis call: Redis does nothing with a call
+	// it reaches later. A call waits up to twice this for a reply Redis
+	// ran in time (sredis.Options.ReplyGrace), and the store work of one
+	// rate limit call is bounded by that. Default rls.DefaultTimeout.
 	RedisTimeout time.Duration
 	// RedisUsername and RedisPassword authenticate to Redis (AUTH, or an
 	// ACL user), RedisTLS secures its connections (nil: plain); the
@@ -193,6 +195,10 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 		ro.Redis = s.store
+		// A call's store work may wait out the store's grace for a reply
+		// Redis ran in time (sredis.Options.ReplyGrace): a stall of this
+		// host is not a Redis failure, and is not answered UNAVAILABLE.
+		ro.Timeout = s.store.Timeout()
 	}
 	if s.svc, err = rls.New(cfg, ro); err != nil {
 		s.closeStore()

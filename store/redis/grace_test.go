@@ -1,0 +1,171 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/redistest"
+	"github.com/sluice-go/sluice/internal/stall"
+	"github.com/sluice-go/sluice/limit"
+	"github.com/sluice-go/sluice/store"
+)
+
+// relay is a TCP relay to Redis that can hold back what goes either way:
+// requests (Redis reaches a call late, as when Redis or the way to it is
+// slow) or replies (Redis ran the call in time and this process gets the
+// answer late, as when its host stalls).
+type relay struct {
+	addr       string
+	req, reply atomic.Int64 // delays, ns
+
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func startRelay(t *testing.T, upstream string) *relay {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{addr: ln.Addr().String(), ln: ln}
+	r.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			r.mu.Lock()
+			r.conns = append(r.conns, c, u)
+			r.mu.Unlock()
+			r.wg.Go(func() { pipe(u, c, &r.req) })
+			r.wg.Go(func() { pipe(c, u, &r.reply) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		r.mu.Lock()
+		for _, c := range r.conns {
+			c.Close()
+		}
+		r.mu.Unlock()
+		r.wg.Wait()
+	})
+	return r
+}
+
+// pipe copies src to dst, each read held back by *delay.
+func pipe(dst, src net.Conn, delay *atomic.Int64) {
+	defer dst.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			time.Sleep(time.Duration(delay.Load()))
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// A reply that Redis sent in time and this process got late (its host
+// stalled) decides the call, within the store's grace; a call that Redis
+// reached after its timeout did nothing, and fails. Without a grace, the
+// late reply is a failure, as a timeout always was: the tokens it took stay
+// taken and the caller's failure policy decides.
+func TestLateReplyOfATimelyCallDecides(t *testing.T) {
+	srv := redistest.Start(t)
+	rl := startRelay(t, srv.Addr)
+	// late: within the timeout and the default grace (200 ms), by margin.
+	const timeout, late = 100 * time.Millisecond, 150 * time.Millisecond
+	const margin = 2*timeout - late
+	meter := stall.Start()
+	defer meter.Stop()
+	tb := must(limit.NewTokenBucket(must(limit.NewRate(1, time.Hour)), 1000)) // no refill in the test
+	ctx := context.Background()
+	for _, grace := range []time.Duration{0, -1} { // the default (the timeout), and none
+		st, err := New(Options{Addrs: []string{rl.addr}, Timeout: timeout, ReplyGrace: grace, ProbeEvery: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := st.Limiter(must(tokenBucketSpec("grace", tb)))
+		key := "k" + grace.String()
+		remaining := int64(1000)
+		take := func() (limit.Result, error) {
+			res, _, err := lim.Take(ctx, key, 0, 1, 0)
+			return res, err
+		}
+		if res, err := take(); err != nil || res.Remaining != remaining-1 {
+			t.Fatalf("grace %v: first take: %+v, %v", grace, res, err)
+		}
+		remaining--
+
+		// The reply comes late: Redis took the token.
+		rl.reply.Store(int64(late))
+		for attempt := 1; ; attempt++ {
+			meter.Reset()
+			res, err := take()
+			remaining-- // taken on Redis either way: it ran the call in time
+			switch {
+			case grace == 0 && err == nil && res.Remaining == remaining:
+			case grace == 0 && meter.Max() > margin/2 && attempt < 5:
+				continue // this host stalled past the grace: try again
+			case grace == 0:
+				t.Errorf("a reply Redis sent in time, %v late: %+v, %v (longest stall %v)", late, res, err, meter.Max())
+			case !errors.Is(err, store.ErrUnavailable):
+				t.Errorf("without a grace, a reply %v late: %+v, %v; want ErrUnavailable", late, res, err)
+			}
+			break
+		}
+		rl.reply.Store(0)
+		waitAnswers(t, take, &remaining)
+
+		// The request comes late: Redis reached it after its timeout and
+		// did nothing.
+		rl.req.Store(int64(late))
+		if res, err := take(); !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("grace %v: a call Redis reached %v late: %+v, %v; want ErrUnavailable", grace, late, res, err)
+		}
+		rl.req.Store(0)
+		waitAnswers(t, take, &remaining)
+		st.Close()
+	}
+}
+
+// waitAnswers takes until the store answers again (its breaker may have
+// opened) and checks that the answer counts from *remaining: a failed
+// call took nothing beyond what the caller counted.
+func waitAnswers(t *testing.T, take func() (limit.Result, error), remaining *int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := take()
+		if err == nil {
+			*remaining--
+			if res.Remaining != *remaining {
+				t.Errorf("%d remaining, want %d", res.Remaining, *remaining)
+				*remaining = res.Remaining
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer 10 s on: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
