@@ -314,9 +314,10 @@ func (b *batcher) lead(g *group, batch []*call) {
 
 // exec runs one batch under the store's breaker, with the deadline of its
 // oldest call. The batch serves many callers, so no one caller's context
-// cancels it; Redis does nothing with a batch it reaches later than
-// Options.Timeout from its oldest call's arrival, and each caller waits at
-// most that and Options.ReplyGrace for the reply.
+// cancels it: each caller waits at most Options.Timeout and
+// Options.ReplyGrace from its arrival, and Redis does nothing with a batch
+// it reaches later than Options.Timeout after its sending (or than that
+// bound).
 func (b *batcher) exec(batch []*call) {
 	s := b.l.s
 	fail := func(err error) {
@@ -331,20 +332,31 @@ func (b *batcher) exec(batch []*call) {
 		fail(br.unavailable())
 		return
 	}
-	oldest := oldestArrival(batch)
-	deadline := oldest.Add(s.opts.Timeout)
-	left := deadline.Sub(clock.Now())
+	// The oldest caller gives up the timeout and the grace after it
+	// arrived. Redis must reach the batch within the timeout of its
+	// sending (and before that): what this process adds, queued before
+	// the sending or reading the reply after it, is the grace's, and a
+	// stall of this host is not taken for Redis being slow. Without
+	// expiries Redis cannot tell a timely call from a late one: no grace.
+	grace := s.opts.ReplyGrace
+	if s.noExpiry {
+		grace = 0
+	}
+	now := clock.Now()
+	left := oldestArrival(batch).Add(s.opts.Timeout + grace).Sub(now)
 	if left <= 0 {
-		// Queued past the timeout (the client is starved, or the batch
-		// before was slow): these fail, but they are no news about Redis.
-		fail(fmt.Errorf("%w: queued past the %v timeout", store.ErrUnavailable, s.opts.Timeout))
+		// Queued past the timeout and the grace (the client is starved,
+		// or the batch before was slow): these fail, but they are no
+		// news about Redis.
+		fail(fmt.Errorf("%w: queued past the %v timeout and its %v grace", store.ErrUnavailable, s.opts.Timeout, grace))
 		return
 	}
-	dl := time.Now().Add(left)
-	// A timeout counts against Redis only when the batch had at least
-	// half the timeout to run.
+	window := min(s.opts.Timeout, left) // Redis' share
+	dl, wait := time.Now().Add(window), time.Now().Add(left)
+	// A timeout counts against Redis only when Redis had at least half
+	// the timeout to run the batch.
 	failed := func(err error) {
-		if !errors.Is(err, context.DeadlineExceeded) || 2*left >= s.opts.Timeout {
+		if !errors.Is(err, context.DeadlineExceeded) || 2*window >= s.opts.Timeout {
 			s.failed(context.Background(), br, err)
 		}
 	}
@@ -354,11 +366,7 @@ func (b *batcher) exec(batch []*call) {
 			return
 		}
 	}
-	script, width, keys, args := b.call(batch, br.expiry(oldest, s.opts.Timeout))
-	wait := dl
-	if !s.noExpiry {
-		wait = dl.Add(s.opts.ReplyGrace) // Redis tells whether it ran the batch in time
-	}
+	script, width, keys, args := b.call(batch, br.expiry(now, window))
 	vals, err := s.exec(context.Background(), wait, cn, script, keys, args).AsIntSlice()
 	switch {
 	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):

@@ -60,10 +60,11 @@
 // # Bounds
 //
 // A timed-out call has no lasting effect, with one bounded exception.
-// Every call carries the Redis time after which its caller gives up (its
-// timeout, on Redis' clock as estimated from earlier replies, which tell
-// Redis' time): a call that Redis reaches later — queued behind a stall, a
-// CLIENT PAUSE or a DEBUG SLEEP — changes nothing. A call that Redis ran
+// Every call carries the Redis time after which it does nothing: its
+// timeout after its sending, before its caller gives up (on Redis' clock as
+// estimated from earlier replies, which tell Redis' time): a call that
+// Redis reaches later — queued behind a stall, a CLIENT PAUSE or a DEBUG
+// SLEEP — changes nothing. A call that Redis ran
 // in time but whose reply came back late has taken effect: tokens taken
 // then stay taken (the limit errs strict by at most the cost of the calls
 // whose replies were in flight when their callers gave up), and a
