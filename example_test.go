@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/gate"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store/memory"
@@ -60,4 +61,39 @@ func ExampleChain_Decide() {
 	// true
 	// false concurrency false
 	// true
+}
+
+// blocklist is a gate of one's own: it refuses the tenants it lists and
+// holds nothing, so it also spends at admission (nothing to release).
+type blocklist struct{ blocked map[string]bool }
+
+func (b *blocklist) Name() string { return "blocklist" }
+
+// Decide writes the verdict to *d, which the chain hands over zeroed.
+func (b *blocklist) Decide(_ context.Context, r *sluice.Request, _ clock.Instant, d *sluice.Decision) sluice.Permit {
+	d.Gate, d.Scope = "blocklist", sluice.ScopeTenant
+	if b.blocked[r.Tenant] {
+		d.Reason = sluice.ReasonPolicyRate // 429, and retrying cannot help
+		return 0
+	}
+	d.Admitted = true
+	return 0
+}
+
+func (b *blocklist) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
+
+func (b *blocklist) SpendsAtAdmission() bool { return true }
+
+// A gate of one's own in a chain: the Gate interface is three methods,
+// and a gate that holds nothing while the work runs says so.
+func ExampleGate() {
+	ch, _ := sluice.NewChain(sluice.ChainOptions{}, &blocklist{blocked: map[string]bool{"mallory": true}})
+	for _, tenant := range []string{"alice", "mallory"} {
+		d, t := ch.Decide(context.Background(), &sluice.Request{Tenant: tenant})
+		fmt.Println(tenant, d.Admitted, d.Reason, d.Retryable)
+		t.Done(sluice.OutcomeUseful)
+	}
+	// Output:
+	// alice true  false
+	// mallory false policy_rate false
 }
