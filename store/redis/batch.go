@@ -351,7 +351,10 @@ func (b *batcher) exec(batch []*call) {
 		fail(fmt.Errorf("%w: queued past the %v timeout and its %v grace", store.ErrUnavailable, s.opts.Timeout, grace))
 		return
 	}
-	window := min(s.opts.Timeout, left) // Redis' share
+	// Redis' share: the timeout, less what the reply needs to come back
+	// before the callers give up (up to the grace, at most half of what
+	// is left), so that Redis does not run a call whose caller has failed.
+	window := min(s.opts.Timeout, left-min(grace, left/2))
 	dl, wait := time.Now().Add(window), time.Now().Add(left)
 	// A timeout counts against Redis only when Redis had at least half
 	// the timeout to run the batch.
@@ -370,12 +373,12 @@ func (b *batcher) exec(batch []*call) {
 	vals, err := s.exec(context.Background(), wait, cn, script, keys, args).AsIntSlice()
 	switch {
 	case err == nil && len(vals) >= 2 && vals[0] == -2 && (len(vals) == 2 || len(batch) == 1):
-		br.observe(vals[len(vals)-1], clock.Now()) // reached after its expiry: did nothing
+		br.observe(vals[len(vals)-1], now, clock.Now(), s.quick()) // reached after its expiry: did nothing
 		err = errLate
 	case err == nil && len(vals) != width*len(batch)+1:
 		err = fmt.Errorf("batch script returned %d values for %d steps", len(vals), len(batch))
 	case err == nil:
-		br.observe(vals[len(vals)-1], clock.Now())
+		br.observe(vals[len(vals)-1], now, clock.Now(), s.quick())
 	}
 	if err != nil {
 		failed(err)

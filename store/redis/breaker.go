@@ -100,18 +100,24 @@ func (b *breaker) unavailable() error {
 	return store.ErrUnavailable
 }
 
-// observe takes a reply's Redis time (µs) received at local instant at.
-// Redis ran the call between its sending and at, so Redis time − at is a
-// lower bound of the offset; the largest of a second is the estimate, and
-// a new second starts afresh, so a step of either clock is followed
-// within a second.
-func (b *breaker) observe(redisUs int64, at clock.Instant) {
+// observe takes a reply's Redis time (µs) of a call sent at local instant
+// sent and whose reply was read at local instant at. Redis ran the call
+// between its sending and at, so Redis time − at is a lower bound of the
+// offset; the largest of a second is the estimate, and a new second starts
+// afresh, so a step of either clock is followed within a second. A reply
+// read more than quick after its sending (this process stalled before
+// reading it) is a bound low by the stall: it may raise the current
+// estimate but does not start a new one, or every call after it would
+// carry an expiry early by the stall and Redis would refuse calls it
+// reached in time.
+func (b *breaker) observe(redisUs int64, sent, at clock.Instant, quick time.Duration) {
 	if redisUs <= 0 {
 		return
 	}
 	local := int64(at) / 1000
 	l := redisUs - local
-	if !b.known.Load() || local-b.epoch.Load() > 1e6 {
+	known := b.known.Load()
+	if !known || (local-b.epoch.Load() > 1e6 && at.Sub(sent) <= quick) {
 		b.offset.Store(l)
 		b.epoch.Store(local)
 		b.known.Store(true)
@@ -181,9 +187,10 @@ func (s *Store) learnClock(ctx context.Context, dl time.Time, cn *connection, b 
 				return fmt.Errorf("%w: waiting for Redis' clock: %v", store.ErrUnavailable, ctx.Err())
 			}
 		}
+		sent := clock.Now()
 		v, err := cn.client.Do(ctx, cn.client.B().Eval().Script(clockLua).Numkeys(1).Key(key).Build()).AsInt64()
 		if err == nil {
-			b.observe(v, clock.Now())
+			b.observe(v, sent, clock.Now(), s.quick())
 			if !b.known.Load() {
 				err = fmt.Errorf("redis: TIME read as %d", v)
 			}

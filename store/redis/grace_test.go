@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/internal/redistest"
 	"github.com/sluice-go/sluice/internal/stall"
 	"github.com/sluice-go/sluice/limit"
@@ -167,5 +168,104 @@ func waitAnswers(t *testing.T, take func() (limit.Result, error), remaining *int
 			t.Fatalf("no answer 10 s on: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Replies read late (this process stalled) do not start a new estimate of
+// Redis' clock: if they did, every call after one would carry an expiry
+// early by the stall, and Redis would refuse calls it reached in time.
+func TestLateRepliesLeaveTheClockEstimate(t *testing.T) {
+	srv := redistest.Start(t)
+	rl := startRelay(t, srv.Addr)
+	const timeout, late = 100 * time.Millisecond, 150 * time.Millisecond
+	st, err := New(Options{Addrs: []string{rl.addr}, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim := st.Limiter(must(tokenBucketSpec("skew", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000)))))
+	take := func() error { _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); return err }
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		time.Sleep(1100 * time.Millisecond) // the next reply would start a new second's estimate
+		rl.reply.Store(int64(late))
+		for i := range 3 {
+			if err := take(); err != nil {
+				t.Errorf("round %d: a reply read %v late, call %d: %v", round, late, i, err)
+			}
+		}
+		rl.reply.Store(0)
+		if err := take(); err != nil {
+			t.Errorf("round %d: the call after replies read late: %v", round, err)
+		}
+	}
+}
+
+// A batch that waited in this process is sent while its callers still
+// wait, and Redis is given only what leaves its reply the time to come
+// back before they give up: it runs a call whose reply comes back in
+// time, and refuses one it reaches later.
+func TestQueuedBatchLeavesItsReplyTime(t *testing.T) {
+	srv := redistest.Start(t)
+	rl := startRelay(t, srv.Addr)
+	const timeout = 100 * time.Millisecond // and as much grace
+	st, err := New(Options{Addrs: []string{rl.addr}, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l := st.Limiter(must(tokenBucketSpec("queued", must(limit.NewTokenBucket(must(limit.NewRate(1, time.Hour)), 1000))))).(*limiter)
+	remaining := func() int64 {
+		res, _, err := l.Take(context.Background(), "k", 0, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Remaining
+	}
+	queued := func() error {
+		// Queued 120 ms: 80 ms left, of which Redis gets 40.
+		c := &call{key: l.stateKey("k"), op: "take", cost: 1, extra: "0", queued: true,
+			arrived: clock.Now().Add(-120 * time.Millisecond), done: make(chan struct{}, 1)}
+		c.one[0] = c
+		l.batcher.exec(c.one[:])
+		return c.err
+	}
+	for _, tc := range []struct {
+		name       string
+		req, reply time.Duration
+		took       int64
+	}{
+		{"reply back in time", 0, 25 * time.Millisecond, 1},
+		{"reached after Redis' share", 60 * time.Millisecond, 0, 0},
+	} {
+		before := remaining()
+		rl.req.Store(int64(tc.req))
+		rl.reply.Store(int64(tc.reply))
+		err := queued()
+		rl.req.Store(0)
+		rl.reply.Store(0)
+		took := before - remaining() - 1
+		if took != tc.took || (err == nil) != (tc.took == 1) {
+			t.Errorf("%s: the queued call answered %v and took %d token(s), want %d", tc.name, err, took, tc.took)
+		}
+	}
+}
+
+// A grace or timeout too large to add up is held to an hour.
+func TestHugeReplyGrace(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: time.Duration(1<<63 - 1), ReplyGrace: time.Duration(1<<63 - 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if got := st.Timeout(); got != 2*time.Hour {
+		t.Errorf("Timeout() = %v, want 2h", got)
+	}
+	lim := st.Limiter(must(tokenBucketSpec("huge", must(limit.NewTokenBucket(limit.PerSecond(10), 10)))))
+	if _, _, err := lim.Take(context.Background(), "k", 0, 1, 0); err != nil {
+		t.Error(err)
 	}
 }

@@ -122,6 +122,10 @@ var commonLua string
 // lane (lanes.go) may wait for its reply.
 const connWriteTimeout = 200 * time.Millisecond
 
+// maxTimeout bounds Options.Timeout and Options.ReplyGrace: an hour each,
+// so that the instants computed from them stay far inside int64.
+const maxTimeout = time.Hour
+
 // Defaults of Options.
 const (
 	DefaultTimeout    = 50 * time.Millisecond
@@ -135,7 +139,8 @@ type Options struct {
 	Addrs []string
 	// Timeout bounds each call: Redis does nothing with a call it reaches
 	// later than Timeout after the call started (on Redis' clock as
-	// estimated from earlier replies). Default DefaultTimeout (50 ms).
+	// estimated from earlier replies). Default DefaultTimeout (50 ms); at
+	// most an hour.
 	Timeout time.Duration
 	// ReplyGrace is how much longer than Timeout a call that Redis may
 	// have run in time waits for its reply. A reply that comes in the
@@ -145,7 +150,7 @@ type Options struct {
 	// policy's. A reply that says Redis reached the call late, or none by
 	// Timeout + ReplyGrace, is a failure as before. Default: Timeout (a
 	// call that fails takes up to twice Timeout, until the breaker opens);
-	// negative: no grace.
+	// negative: no grace; at most an hour.
 	ReplyGrace time.Duration
 	// ProbeEvery is how long the breaker stays open after a failure before
 	// one probe call may try again. Default DefaultProbeEvery (1 s).
@@ -235,12 +240,14 @@ func New(opts Options) (*Store, error) {
 	if opts.ProbeEvery <= 0 {
 		opts.ProbeEvery = DefaultProbeEvery
 	}
+	opts.Timeout = min(opts.Timeout, maxTimeout)
 	switch {
 	case opts.ReplyGrace == 0:
 		opts.ReplyGrace = opts.Timeout
 	case opts.ReplyGrace < 0:
 		opts.ReplyGrace = 0
 	}
+	opts.ReplyGrace = min(opts.ReplyGrace, maxTimeout)
 	if opts.Batch <= 0 {
 		opts.Batch = 64
 	}
@@ -650,6 +657,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // caller's context, even while a decision waits for a batch.
 func (s *Store) Timeout() time.Duration { return s.opts.Timeout + s.opts.ReplyGrace }
 
+// quick is the longest a call's round trip may take for its reply to
+// start a new estimate of Redis' clock (breaker.observe): half the timeout.
+func (s *Store) quick() time.Duration { return s.opts.Timeout / 2 }
+
 // key builds a hash-tagged key: every key of one limiter and one state key
 // maps to one cluster slot.
 func (s *Store) key(limiter, key string) string {
@@ -702,7 +713,7 @@ func (s *Store) runThrough(ctx context.Context, sc *rueidis.Lua, keys []string, 
 		err = fmt.Errorf("script returned %d values", len(vals))
 	}
 	if err == nil {
-		b.observe(vals[5], clock.Now())
+		b.observe(vals[5], start, clock.Now(), s.quick())
 		if vals[0] == -2 {
 			err = errLate
 		}
