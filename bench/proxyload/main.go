@@ -187,6 +187,7 @@ func main() {
 	flag.IntVar(&openRate, "rate", 2000, "open-loop requests per second")
 	flag.DurationVar(&openFor, "open-for", 10*time.Second, "internal: how long -role open runs")
 	skip := flag.String("skip", "", "targets left out of every measure (comma-separated names, e.g. go-reverseproxy,sluice-nethttp)")
+	flag.BoolVar(&countCalls, "syscalls", false, "also count each target's system calls per request in the max and reject measures (perf stat on syscall tracepoints; needs perf and tracefs)")
 	flag.Parse()
 	skipped = strings.Split(*skip, ",")
 	if *role != "" {
@@ -205,7 +206,17 @@ var (
 	skipped      []string
 	openRate     int           // -rate
 	openFor      time.Duration // -open-for
+	countCalls   bool          // -syscalls
 )
+
+// syscallsOf starts counting p's system calls when -syscalls is set; stop
+// returns them by family (nil when not counted).
+func syscallsOf(p *proc) (stop func() map[string]float64) {
+	if !countCalls {
+		return func() map[string]float64 { return nil }
+	}
+	return countSyscalls(p.pids())
+}
 
 // runRole is one child process.
 func runRole(role, listen, upstream, policy string) {
@@ -396,17 +407,9 @@ type proc struct {
 // cpu returns the CPU time the process and its children (nginx' workers)
 // have used so far.
 func (p *proc) cpu() time.Duration {
-	pid := p.cmd.Process.Pid
-	total := cpuTime(pid)
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil || n == pid {
-			continue
-		}
-		if ppid(n) == pid {
-			total += cpuTime(n)
-		}
+	var total time.Duration
+	for _, pid := range p.pids() {
+		total += cpuTime(pid)
 	}
 	return total
 }
@@ -599,11 +602,15 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 			if slices.Contains(measures, "max") && t.admit != "" {
 				p := t.admitP
 				c0 := p.cpu()
+				stop := syscallsOf(p)
 				rps, n, non2xx, err := runWrk(wrk, t.admit, d, conns, threads)
 				if err != nil {
 					return err
 				}
 				cpu := p.cpu() - c0
+				for fam, calls := range stop() {
+					add("sys-"+fam+"/max/"+t.name, calls/float64(n))
+				}
 				add("max/"+t.name, rps)
 				if t != direct {
 					add("cpu/"+t.name, float64(cpu.Milliseconds())*1000/float64(n))
@@ -615,11 +622,15 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 			if slices.Contains(measures, "reject") && t.reject != "" {
 				p := t.rejecP
 				c0 := p.cpu()
+				stop := syscallsOf(p)
 				rps, n, non2xx, err := runWrk(wrk, t.reject, d, conns, threads)
 				if err != nil {
 					return err
 				}
 				cpu := p.cpu() - c0
+				for fam, calls := range stop() {
+					add("sys-"+fam+"/reject/"+t.name, calls/float64(n))
+				}
 				add("reject/"+t.name, rps)
 				add("rejectcpu/"+t.name, float64(cpu.Milliseconds())*1000/float64(n))
 				add("rejected/"+t.name, float64(non2xx)/float64(n))
@@ -944,12 +955,38 @@ func report(res map[string][]float64, targets []*target) {
 		}
 		fmt.Println()
 	}
+	if countCalls {
+		fmt.Printf("system calls per request (perf stat), medians of the rounds:\n%-16s", "target")
+		for _, m := range []string{"max", "reject"} {
+			for _, f := range syscallFamilies {
+				fmt.Printf(" %9s", m[:3]+" "+f.name)
+			}
+		}
+		fmt.Println()
+		for _, t := range targets {
+			fmt.Printf("%-16s", t.name)
+			for _, m := range []string{"max", "reject"} {
+				for _, f := range syscallFamilies {
+					if v := res["sys-"+f.name+"/"+m+"/"+t.name]; len(v) > 0 {
+						fmt.Printf(" %9.2f", median(v))
+					} else {
+						fmt.Printf(" %9s", "-")
+					}
+				}
+			}
+			fmt.Println()
+		}
+		fmt.Println()
+	}
 	fmt.Println("ratios (medians):")
 	ratio("sluice / go-reverseproxy, max throughput all admitted", "max/sluice", "max/go-reverseproxy", false)
 	ratio("sluice / nginx, max throughput all admitted", "max/sluice", "max/nginx", false)
 	ratio("sluice / nginx limit_req, rejected-path throughput", "reject/sluice", "reject/nginx", false)
 	ratio("  the same against nginx without its log line per rejection", "reject/sluice", "reject/nginx-quiet", false)
 	ratio("sluice / nginx, CPU per 1k admitted requests", "cpu/sluice", "cpu/nginx", false)
+	ratio("sluice / nginx, read calls per admitted request", "sys-read/max/sluice", "sys-read/max/nginx", false)
+	ratio("sluice / nginx, system calls per admitted request", "sys-all/max/sluice", "sys-all/max/nginx", false)
+	ratio("sluice / nginx quiet, read calls per rejected request", "sys-read/reject/sluice", "sys-read/reject/nginx-quiet", false)
 	added := func(label, key string) {
 		x, y := get(key+"/sluice")-get(key+"/upstream"), get(key+"/nginx")-get(key+"/upstream")
 		switch {
