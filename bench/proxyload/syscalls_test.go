@@ -6,7 +6,13 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// gnet's worker pool (ants) starts its own goroutines when the package
+// loads; they are not the tests'.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
+}
 
 // perf stat -x, prints one line per event: value, unit, event, run time,
 // share counted; events it could not count read "<not counted>".
