@@ -199,7 +199,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	// caller declared on its stack would be moved to the heap per call.
 	// The gates' verdicts are written in place in the ticket too.
 	t := c.pool.Get().(*ticket)
-	if err := r.Validate(); err != nil {
+	if !r.valid() && r.Validate() != nil {
 		t.req = *r
 		t.dec[0].Reason = ReasonInvalid
 		return c.refuse(t, r, &t.dec[0], now), Ticket{}
@@ -241,10 +241,15 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 			hs[n] = held{gate: i, permit: p}
 			n++
 			level = max(level, cur.Level)
-			if tighter(cur, best) {
+			switch {
+			case best.Limit <= 0 && cur.Limit > 0: // the first with a quota: cur is the zero verdict after
 				best, cur = cur, best
+			case tighter(cur, best):
+				best, cur = cur, best
+				*cur = Decision{}
+			default:
+				*cur = Decision{}
 			}
-			*cur = Decision{}
 			continue
 		}
 		if m == ModeShadow {

@@ -96,6 +96,13 @@ func (r *Request) Validate() error {
 	return nil
 }
 
+// valid reports, without a call, whether Validate would pass r unchanged:
+// the common case, checked before calling it.
+func (r *Request) valid() bool {
+	return r.Cost >= 1 && r.Cost <= MaxCost && r.Deadline >= 0 &&
+		max(len(r.Tenant), len(r.Class), len(r.Operation), len(r.Client)) <= MaxKeyLen
+}
+
 // Outcome is how admitted work ended. Useful completions are goodput.
 type Outcome uint8
 
