@@ -84,6 +84,9 @@ func (r *Request) Validate() error {
 	if r.Cost == 0 {
 		r.Cost = 1
 	}
+	if r.valid() {
+		return nil
+	}
 	if r.Cost < 0 || r.Cost > MaxCost {
 		return fmt.Errorf("%w: cost %d outside [1, %d]", ErrInvalidRequest, r.Cost, int64(MaxCost))
 	}
@@ -97,7 +100,8 @@ func (r *Request) Validate() error {
 }
 
 // valid reports, without a call, whether Validate would pass r unchanged:
-// the common case, checked before calling it.
+// the rule Validate applies (after a zero Cost becomes 1), which the chain
+// checks inline before calling it.
 func (r *Request) valid() bool {
 	return r.Cost >= 1 && r.Cost <= MaxCost && r.Deadline >= 0 &&
 		max(len(r.Tenant), len(r.Class), len(r.Operation), len(r.Client)) <= MaxKeyLen

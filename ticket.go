@@ -60,8 +60,8 @@ func (t Ticket) DoneCost(o Outcome, cost int64) bool {
 	if c.spends && c.obs == nil && cost <= 0 && o != OutcomeRejected {
 		// Every gate spent its quota at admission, the work was not
 		// turned away after it (which gives the quota back), and nobody
-		// is told: there is nothing to release and no time to read. (tk.req is
-		// overwritten when tk is next used.)
+		// is told: there is nothing to release and no time to read.
+		// (tk.req is overwritten when tk is next used.)
 		c.pool.Put(tk)
 		return true
 	}

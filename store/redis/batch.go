@@ -355,7 +355,8 @@ func (b *batcher) exec(batch []*call) {
 	// before the callers give up (up to the grace, at most half of what
 	// is left), so that Redis does not run a call whose caller has failed.
 	window := min(s.opts.Timeout, left-min(grace, left/2))
-	dl, wait := time.Now().Add(window), time.Now().Add(left)
+	wall := time.Now()
+	dl, wait := wall.Add(window), wall.Add(left)
 	// A timeout counts against Redis only when Redis had at least half
 	// the timeout to run the batch.
 	failed := func(err error) {

@@ -116,8 +116,7 @@ func (b *breaker) observe(redisUs int64, sent, at clock.Instant, quick time.Dura
 	}
 	local := int64(at) / 1000
 	l := redisUs - local
-	known := b.known.Load()
-	if !known || (local-b.epoch.Load() > 1e6 && at.Sub(sent) <= quick) {
+	if !b.known.Load() || (local-b.epoch.Load() > 1e6 && at.Sub(sent) <= quick) {
 		b.offset.Store(l)
 		b.epoch.Store(local)
 		b.known.Store(true)

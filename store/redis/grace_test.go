@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -188,17 +189,32 @@ func TestLateRepliesLeaveTheClockEstimate(t *testing.T) {
 	if err := take(); err != nil {
 		t.Fatal(err)
 	}
-	for round := range 2 {
+	// A stall of this host longer than the margin (the late reply comes
+	// 50 ms before the grace ends) fails a call for its own reason: such
+	// a round is run again.
+	meter := stall.Start()
+	defer meter.Stop()
+	for round, tries := 0, 0; round < 2; round++ {
 		time.Sleep(1100 * time.Millisecond) // the next reply would start a new second's estimate
+		meter.Reset()
+		var errs []string
 		rl.reply.Store(int64(late))
 		for i := range 3 {
 			if err := take(); err != nil {
-				t.Errorf("round %d: a reply read %v late, call %d: %v", round, late, i, err)
+				errs = append(errs, fmt.Sprintf("a reply read %v late, call %d: %v", late, i, err))
 			}
 		}
 		rl.reply.Store(0)
 		if err := take(); err != nil {
-			t.Errorf("round %d: the call after replies read late: %v", round, err)
+			errs = append(errs, fmt.Sprintf("the call after replies read late: %v", err))
+		}
+		if len(errs) > 0 && meter.Max() > 25*time.Millisecond && tries < 5 {
+			tries++
+			round--
+			continue
+		}
+		for _, e := range errs {
+			t.Errorf("round %d: %s (longest stall %v)", round, e, meter.Max())
 		}
 	}
 }
@@ -232,6 +248,10 @@ func TestQueuedBatchLeavesItsReplyTime(t *testing.T) {
 		l.batcher.exec(c.one[:])
 		return c.err
 	}
+	// A stall of this host longer than the margins (20 ms and more) moves
+	// the call past them for its own reason: such a case is run again.
+	meter := stall.Start()
+	defer meter.Stop()
 	for _, tc := range []struct {
 		name       string
 		req, reply time.Duration
@@ -240,15 +260,23 @@ func TestQueuedBatchLeavesItsReplyTime(t *testing.T) {
 		{"reply back in time", 0, 25 * time.Millisecond, 1},
 		{"reached after Redis' share", 60 * time.Millisecond, 0, 0},
 	} {
-		before := remaining()
-		rl.req.Store(int64(tc.req))
-		rl.reply.Store(int64(tc.reply))
-		err := queued()
-		rl.req.Store(0)
-		rl.reply.Store(0)
-		took := before - remaining() - 1
-		if took != tc.took || (err == nil) != (tc.took == 1) {
-			t.Errorf("%s: the queued call answered %v and took %d token(s), want %d", tc.name, err, took, tc.took)
+		for tries := 0; ; tries++ {
+			before := remaining()
+			meter.Reset()
+			rl.req.Store(int64(tc.req))
+			rl.reply.Store(int64(tc.reply))
+			err := queued()
+			rl.req.Store(0)
+			rl.reply.Store(0)
+			took := before - remaining() - 1
+			if took == tc.took && (err == nil) == (tc.took == 1) {
+				break
+			}
+			if meter.Max() > 10*time.Millisecond && tries < 5 {
+				continue
+			}
+			t.Errorf("%s: the queued call answered %v and took %d token(s), want %d (longest stall %v)", tc.name, err, took, tc.took, meter.Max())
+			break
 		}
 	}
 }

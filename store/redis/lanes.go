@@ -30,7 +30,8 @@ import (
 // together: on a Cluster a dedicated connection is bound to one node; a
 // caller's client may wait less for a reply than the store's timeout says;
 // and rueidis gives up on a reply on a dedicated connection after its
-// write timeout, so a longer wait would cut calls short. Every other call goes through the pipelined client.
+// write timeout, so a longer wait would cut calls short. Every other call
+// goes through the pipelined client.
 
 // maxLanes is the most lanes one connection holds: enough for the calls
 // that go out alone (soloMax per batching group, each group's batches
