@@ -192,7 +192,7 @@ type held struct {
 // exhaustion (lowest Remaining/Limit) among those counted per caller, or
 // among all when none is, so headers describe the tightest limit the
 // caller can act on.
-func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
+func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) {
 	now := c.clock.Now()
 	// The gates and the observer see the ticket's copy of r, never r: a
 	// pointer passed through an interface escapes, and a Request the
@@ -200,12 +200,12 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	// The gates' verdicts are written in place in the ticket too.
 	t := c.pool.Get().(*ticket)
 	if !r.valid() && r.Validate() != nil {
-		t.req = *r
+		t.req.set(r)
 		t.dec[0].Reason = ReasonInvalid
 		return c.refuse(t, r, &t.dec[0], now), Ticket{}
 	}
 	r.retest = false
-	t.req = *r
+	t.req.set(r)
 	req := &t.req
 	if r.Deadline != 0 && now >= r.Deadline {
 		t.dec[0].Reason = ReasonDeadline
@@ -270,7 +270,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (Decision, Ticket) {
 	if c.obs != nil {
 		c.report(req, best, now)
 	}
-	d := *best
+	d = *best // into the result: no copy in between
 	*best = Decision{}
 	return d, Ticket{t: t, gen: t.gen.Load()}
 }

@@ -3,6 +3,7 @@ package sluice_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -237,3 +238,51 @@ type nopObserver struct{}
 func (nopObserver) Decided(*sluice.Request, *sluice.Decision, time.Duration) {}
 func (nopObserver) ShadowRejected(*sluice.Request, *sluice.Decision)         {}
 func (nopObserver) Done(*sluice.Request, sluice.Completion)                  {}
+
+// seer is a gate that keeps a copy of the request it was handed.
+type seer struct{ saw sluice.Request }
+
+func (g *seer) Name() string { return "seer" }
+func (g *seer) Decide(_ context.Context, r *sluice.Request, _ clock.Instant, d *sluice.Decision) sluice.Permit {
+	g.saw = *r
+	d.Admitted = true
+	return 0
+}
+func (g *seer) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
+
+// TestGatesSeeTheWholeRequest: the chain copies the caller's request a
+// field at a time (for the store buffer's sake), and a field added to
+// Request without its copy would reach the gates as zero. Every exported
+// field is set here, by reflection, so a new one is checked too.
+func TestGatesSeeTheWholeRequest(t *testing.T) {
+	var r sluice.Request
+	v := reflect.ValueOf(&r).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if !f.CanSet() {
+			continue
+		}
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(fmt.Sprintf("field-%d", i))
+		case reflect.Int64:
+			f.SetInt(int64(1000 + i)) // a valid cost; a deadline ahead of the clock
+		default:
+			t.Fatalf("Request.%s: kind %v: teach this test to set it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	g := &seer{}
+	c, err := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(0)}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := r
+	d, tk := c.Decide(context.Background(), &r)
+	if !d.Admitted {
+		t.Fatalf("rejected: %+v", d)
+	}
+	tk.Done(sluice.OutcomeUseful)
+	if g.saw != want {
+		t.Fatalf("the gate saw %+v, the caller sent %+v", g.saw, want)
+	}
+}

@@ -65,6 +65,16 @@ type Request struct {
 	retest bool // MarkRetest
 }
 
+// set copies *src to *r a field at a time: the caller has just written
+// *src a field at a time, and a block copy's 16-byte loads, each over two
+// of those stores, would wait for them to reach the cache instead of
+// taking their values from the store buffer (Chain.Decide).
+// TestGatesSeeTheWholeRequest catches a field left out.
+func (r *Request) set(src *Request) {
+	r.Tenant, r.Class, r.Operation, r.Client = src.Tenant, src.Class, src.Operation, src.Client
+	r.Cost, r.Deadline, r.retest = src.Cost, src.Deadline, src.retest
+}
+
 // MarkRetest marks r as let through against a gate's own estimate, to
 // measure the service again (a deadline gate's retest of a class it turns
 // away): the gates after it do not refuse r on their predictions of its
