@@ -403,7 +403,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		s.Close()
 		return logStartErrors(cmd, log, fmt.Errorf("gRPC listener (--listen): %w", err))
 	}
-	gs := grpc.NewServer(rlsserve.ServerOptions(runtime.GOMAXPROCS(0))...)
+	gs := rlsserve.NewGRPCServer(runtime.GOMAXPROCS(0))
 	extauthz.Register(gs, ext)
 	hlth := health.NewServer() // grpc.health.v1: SERVING until the drain starts
 	healthpb.RegisterHealthServer(gs, hlth)
@@ -435,7 +435,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	}
 	grpcStopped := make(chan struct{})
 	go func() {
-		gracefulStop(gs, f.server.drainGrace, log)
+		gracefulStop(gs.Server, f.server.drainGrace, log)
 		close(grpcStopped)
 	}()
 	stopHTTP()

@@ -2,6 +2,7 @@ package rlsserve
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -30,28 +31,95 @@ const (
 	CallTimeout = 10 * time.Second
 )
 
-// callGuard counts a server's calls in progress (callGuard.tap runs as a
-// stream is created; the count drops when the stream's context ends, as
-// every stream's does when it is done).
+// callGuard counts a server's calls in progress: each method's handler
+// (Server.RegisterService) counts its call in on entry, before it reads
+// the call's message, and out on return, with no allocation and no
+// goroutine of its own. A call the transport ends before its handler runs
+// (an unknown method, a deadline already past) holds nothing of the bound.
 type callGuard struct {
 	max     int64
 	timeout time.Duration
 	calls   atomic.Int64
 }
 
-// tap admits a new call while fewer than max run, under a deadline of at
-// most timeout.
+// tap bounds a new call's wait for its message: a call without a deadline
+// of its own within timeout gets one (a handler blocked on a message that
+// never comes returns then, and its slot with it). A call that has one,
+// as Envoy's always do, costs nothing here.
 func (g *callGuard) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= g.timeout {
+		return ctx, nil
+	}
+	// The stream's own context is cancelled when the call ends, which
+	// cancels this one and stops its timer.
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	_ = cancel
+	return ctx, nil
+}
+
+// enter counts a call in, or refuses it at the bound.
+func (g *callGuard) enter() error {
 	if g.calls.Add(1) > g.max {
 		g.calls.Add(-1)
-		return nil, status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress, the server's bound; retry", g.max)
+		return status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress, the server's bound; retry", g.max)
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.timeout) // a shorter deadline of the call's own stands
-	context.AfterFunc(ctx, func() {
-		g.calls.Add(-1)
-		cancel()
-	})
-	return ctx, nil
+	return nil
+}
+
+// exit counts a call out.
+func (g *callGuard) exit() { g.calls.Add(-1) }
+
+// wrap returns sd with every handler counted by g.
+func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
+	w := *sd
+	w.Methods = slices.Clone(sd.Methods)
+	for i := range w.Methods {
+		h := w.Methods[i].Handler
+		w.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
+			if err := g.enter(); err != nil {
+				return nil, err
+			}
+			defer g.exit()
+			return h(srv, ctx, dec, in)
+		}
+	}
+	w.Streams = slices.Clone(sd.Streams)
+	for i := range w.Streams {
+		h := w.Streams[i].Handler
+		w.Streams[i].Handler = func(srv any, ss grpc.ServerStream) error {
+			if err := g.enter(); err != nil {
+				return err
+			}
+			defer g.exit()
+			return h(srv, ss)
+		}
+	}
+	return &w
+}
+
+// GRPCServer is a gRPC server with sluice serve's options (NewGRPCServer)
+// and bounds: a service registered on it (it is a grpc.ServiceRegistrar)
+// has each call counted against MaxCalls. Register through it, never
+// through the embedded grpc.Server.
+type GRPCServer struct {
+	*grpc.Server
+	guard *callGuard
+}
+
+// NewGRPCServer returns a gRPC server with sluice serve's options and
+// bounds, and a pool of workers stream workers (see serverOptions).
+func NewGRPCServer(workers int) *GRPCServer {
+	return newGRPCServer(workers, &callGuard{max: MaxCalls, timeout: CallTimeout})
+}
+
+func newGRPCServer(workers int, g *callGuard) *GRPCServer {
+	return &GRPCServer{Server: grpc.NewServer(serverOptions(workers, g)...), guard: g}
+}
+
+// RegisterService registers impl for sd, each call of its methods counted
+// against the bounds.
+func (s *GRPCServer) RegisterService(sd *grpc.ServiceDesc, impl any) {
+	s.Server.RegisterService(s.guard.wrap(sd), impl)
 }
 
 // guardOptions are the gRPC server options of the bounds: the stream

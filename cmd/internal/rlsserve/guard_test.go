@@ -24,7 +24,7 @@ func TestStalledCallsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(serverOptions(1, g)...)
+	gs := newGRPCServer(1, g)
 	healthpb.RegisterHealthServer(gs, health.NewServer())
 	go gs.Serve(lis)
 	defer gs.Stop()
@@ -98,5 +98,87 @@ func waitCalls(t *testing.T, g *callGuard, want int64) {
 			t.Fatalf("%d calls counted in progress, want %d", g.calls.Load(), want)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The count is taken by the handlers: calls the server ends before a
+// handler runs (an unknown method) leave nothing counted, and stalled calls with a deadline of their own, shorter than the
+// call timeout (as Envoy's calls have), are held to it, counted, and
+// refused past the bound.
+func TestGuardCountsOnlyHandledCalls(t *testing.T) {
+	g := &callGuard{max: 20, timeout: time.Minute}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := newGRPCServer(1, g)
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	go gs.Serve(lis)
+	defer gs.Stop()
+	c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	hc := healthpb.NewHealthClient(c)
+
+	for range 200 {
+		err := c.Invoke(context.Background(), "/grpc.health.v1.Health/NoSuchMethod", &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
+		if status.Code(err) != codes.Unimplemented {
+			t.Fatalf("an unknown method: %v", err)
+		}
+	}
+	waitCalls(t, g, 0)
+
+	// 60 calls that never send their message, each with 400 ms of its own.
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	var streams []grpc.ClientStream
+	for range 60 {
+		s, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.health.v1.Health/Check")
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	refused, timedOut := 0, 0
+	for _, s := range streams {
+		var m healthpb.HealthCheckResponse
+		switch err := s.RecvMsg(&m); status.Code(err) {
+		case codes.ResourceExhausted:
+			refused++
+		case codes.DeadlineExceeded:
+			timedOut++
+		default:
+			t.Fatalf("a stalled call answered %v", err)
+		}
+	}
+	t.Logf("%d held to their deadline, %d refused", timedOut, refused)
+	if timedOut > 20 || refused < 40 {
+		t.Errorf("%d stalled calls held to their deadline, %d refused: want at most 20 held", timedOut, refused)
+	}
+	waitCalls(t, g, 0)
+	if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("a healthy call after the stalled ones: %v", err)
+	}
+}
+
+// A call with a deadline of its own within the call timeout keeps its
+// context as it is (nothing allocated); one with a later deadline, or
+// none, gets the call timeout.
+func TestTapBoundsOnlyLongerWaits(t *testing.T) {
+	g := &callGuard{max: 1, timeout: time.Second}
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if got, err := g.tap(short, nil); got != short || err != nil {
+		t.Errorf("a call with 500 ms of its own got a new context (%v)", err)
+	}
+	long, cancel2 := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel2()
+	for _, ctx := range []context.Context{long, context.Background()} {
+		got, err := g.tap(ctx, nil)
+		if dl, ok := got.Deadline(); err != nil || !ok || time.Until(dl) > time.Second {
+			t.Errorf("a call with a later deadline or none keeps it (%v, %v)", dl, ok)
+		}
 	}
 }

@@ -134,7 +134,7 @@ type Server struct {
 	reg   *prometheus.Registry
 	svc   *rls.Server
 	store *sredis.Store
-	grpc  *grpc.Server
+	grpc  *GRPCServer
 	hlth  *health.Server
 
 	reloads  *prometheus.CounterVec
@@ -444,7 +444,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.grpc = grpc.NewServer(ServerOptions(s.workers())...)
+	s.grpc = NewGRPCServer(s.workers())
 	envoyrls.Register(s.grpc, rs)
 	s.hlth = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.hlth)
@@ -562,7 +562,7 @@ func (s *Server) shutdown(hs []*http.Server) {
 	wg.Wait()
 }
 
-// ServerOptions are the gRPC server's options: the request size bound
+// serverOptions are the gRPC server's options: the request size bound
 // (envoyrls.DefaultMaxRequestBytes) in the transport, and a pool of
 // workers goroutines that run the calls. Without the pool every call runs
 // on a new goroutine, whose stack grows (is copied) on its way down to the
@@ -575,17 +575,13 @@ func (s *Server) shutdown(hs []*http.Server) {
 //
 // They also bound what callers can hold: MaxStreamsPerConn calls per
 // connection, MaxCalls in all (one more is refused at once with
-// RESOURCE_EXHAUSTED), each at most CallTimeout (a call whose message never
-// comes gives its slot back then).
-func ServerOptions(workers int) []grpc.ServerOption {
-	return serverOptions(workers, &callGuard{max: MaxCalls, timeout: CallTimeout})
-}
-
+// RESOURCE_EXHAUSTED, with GRPCServer's count), each at most CallTimeout (a
+// call whose message never comes gives its slot back then).
 func serverOptions(workers int, g *callGuard) []grpc.ServerOption {
 	return append(guardOptions(g), grpc.MaxRecvMsgSize(envoyrls.DefaultMaxRequestBytes), grpc.NumStreamWorkers(uint32(max(workers, 1))))
 }
 
-// workers is the stream worker pool's size for the store (ServerOptions).
+// workers is the stream worker pool's size for the store (serverOptions).
 func (s *Server) workers() int {
 	if s.store != nil {
 		return 128
