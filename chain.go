@@ -199,12 +199,12 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 	// caller declared on its stack would be moved to the heap per call.
 	// The gates' verdicts are written in place in the ticket too.
 	t := c.pool.Get().(*ticket)
+	r.retest = false // a mark of an earlier decision, also for a request refused as invalid
 	if !r.valid() && r.Validate() != nil {
 		t.req.set(r)
 		t.dec[0].Reason = ReasonInvalid
 		return c.refuse(t, r, &t.dec[0], now), Ticket{}
 	}
-	r.retest = false
 	t.req.set(r)
 	req := &t.req
 	if r.Deadline != 0 && now >= r.Deadline {

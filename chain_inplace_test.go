@@ -286,3 +286,20 @@ func TestGatesSeeTheWholeRequest(t *testing.T) {
 		t.Fatalf("the gate saw %+v, the caller sent %+v", g.saw, want)
 	}
 }
+
+// The chain clears a request's retest mark when it begins deciding it,
+// also when it refuses the request as invalid before any gate runs.
+func TestInvalidRequestClearsTheRetestMark(t *testing.T) {
+	c, err := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(0)}, &seer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sluice.Request{Tenant: "a", Cost: -1}
+	r.MarkRetest()
+	if d, _ := c.Decide(context.Background(), &r); d.Admitted || d.Reason != sluice.ReasonInvalid {
+		t.Fatalf("a cost of -1: %+v", d)
+	}
+	if r.Retest() {
+		t.Error("the mark of an earlier decision outlived the refusal of an invalid request")
+	}
+}

@@ -29,7 +29,7 @@ import (
 // as without batching); otherwise it waits for the next batch, which the
 // first waiting decision sends as soon as a batch in flight returns. Alone,
 // a decision never waits for a batch; under load, batches grow with the
-// load. No decision waits beyond Options.Timeout
+// load. No decision waits beyond Options.Timeout and Options.ReplyGrace
 // from its arrival: a batch's deadline is its oldest decision's.
 
 const (
@@ -357,13 +357,7 @@ func (b *batcher) exec(batch []*call) {
 	window := min(s.opts.Timeout, left-min(grace, left/2))
 	wall := time.Now()
 	dl, wait := wall.Add(window), wall.Add(left)
-	// A timeout counts against Redis only when Redis had at least half
-	// the timeout to run the batch.
-	failed := func(err error) {
-		if !errors.Is(err, context.DeadlineExceeded) || 2*window >= s.opts.Timeout {
-			s.failed(context.Background(), br, err)
-		}
-	}
+	failed := func(err error) { s.failedWithin(br, err, window) }
 	if !s.noExpiry {
 		if err := s.learnClock(context.Background(), dl, cn, br, batch[0].key, failed); err != nil {
 			fail(err)
@@ -389,6 +383,17 @@ func (b *batcher) exec(batch []*call) {
 	for i, c := range batch {
 		copy(c.res[:], vals[width*i:width*i+width])
 	}
+}
+
+// failedWithin counts err of a call that Redis had window to run against
+// br's node. A timeout, or a reply that Redis reached the call after its
+// window, counts only when the window was at least half the timeout: a
+// window this process shortened by queueing says nothing about Redis.
+func (s *Store) failedWithin(br *breaker, err error, window time.Duration) {
+	if (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errLate)) && 2*window < s.opts.Timeout {
+		return
+	}
+	s.failed(context.Background(), br, err)
 }
 
 // oldestArrival is when the batch's oldest call arrived.

@@ -109,14 +109,18 @@ func (b *breaker) unavailable() error {
 // reading it) is a bound low by the stall: it may raise the current
 // estimate but does not start a new one, or every call after it would
 // carry an expiry early by the stall and Redis would refuse calls it
-// reached in time.
+// reached in time. An estimate no quick reply renewed for staleEstimate
+// starts afresh from a slow one all the same: where every round trip is
+// slower than quick (a distant Redis), Redis' clock falling behind would
+// otherwise never be followed, and expiries would stay late by the fall.
 func (b *breaker) observe(redisUs int64, sent, at clock.Instant, quick time.Duration) {
 	if redisUs <= 0 {
 		return
 	}
 	local := int64(at) / 1000
 	l := redisUs - local
-	if !b.known.Load() || (local-b.epoch.Load() > 1e6 && at.Sub(sent) <= quick) {
+	age := local - b.epoch.Load()
+	if !b.known.Load() || (age > 1e6 && at.Sub(sent) <= quick) || age > staleEstimate {
 		b.offset.Store(l)
 		b.epoch.Store(local)
 		b.known.Store(true)
@@ -129,6 +133,10 @@ func (b *breaker) observe(redisUs int64, sent, at clock.Instant, quick time.Dura
 		}
 	}
 }
+
+// staleEstimate is how long (µs) an offset estimate lasts without a quick
+// reply to renew it (breaker.observe).
+const staleEstimate = 10e6
 
 // expiry returns the Redis time (µs, as a script argument) after which a
 // call sent at local instant start is given up: start + timeout on Redis'

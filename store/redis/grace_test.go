@@ -297,3 +297,85 @@ func TestHugeReplyGrace(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A store made by Share keeps every option it is given, ReplyGrace among
+// them (it used to take the default grace whatever it was given).
+func TestShareKeepsItsOptions(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout = 40 * time.Millisecond
+	st, err := New(Options{Addrs: []string{srv.Addr}, Timeout: timeout, ReplyGrace: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, grace := range []time.Duration{-1, 120 * time.Millisecond} {
+		sh, err := st.Share(Options{Addrs: []string{srv.Addr}, Timeout: timeout, ReplyGrace: grace, Batch: 7, Prefix: "other"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := timeout + max(grace, 0)
+		if sh.Timeout() != want || sh.opts.Batch != 7 || sh.opts.Prefix != "other" {
+			t.Errorf("Share with grace %v: Timeout() %v (want %v), batch %d, prefix %q", grace, sh.Timeout(), want, sh.opts.Batch, sh.opts.Prefix)
+		}
+		sh.Close()
+	}
+}
+
+// A batch that queued in this process until little of its callers' wait
+// was left gives Redis a short window; Redis reaching it after that window
+// is no news about Redis, as a timeout within it is not: neither counts as
+// a failure of the store (nor starts a check of the node).
+func TestQueuedLateIsNoRedisFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	rl := startRelay(t, srv.Addr)
+	const timeout = 50 * time.Millisecond // and as much grace
+	st, err := New(Options{Addrs: []string{rl.addr}, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l := st.Limiter(must(tokenBucketSpec("q", must(limit.NewTokenBucket(limit.PerSecond(1000), 1000))))).(*limiter)
+	if _, _, err := l.Take(context.Background(), "k", 0, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Queued 92 of its 100 ms: Redis' window is 4 ms, and the request
+	// takes 6 ms to reach Redis (errLate) or 20 ms (the wait times out).
+	for _, delay := range []time.Duration{6 * time.Millisecond, 20 * time.Millisecond} {
+		before := st.Failures()
+		rl.req.Store(int64(delay))
+		c := &call{key: l.stateKey("k"), op: "take", cost: 1, extra: "0", queued: true,
+			arrived: clock.Now().Add(-92 * time.Millisecond), done: make(chan struct{}, 1)}
+		c.one[0] = c
+		l.batcher.exec(c.one[:])
+		rl.req.Store(0)
+		if c.err == nil {
+			t.Fatalf("request %v late: the call succeeded", delay)
+		}
+		if n := st.Failures() - before; n != 0 {
+			t.Errorf("request %v late (%v): %d failure(s) counted against Redis, want 0", delay, c.err, n)
+		}
+	}
+}
+
+// Where every reply is slower than quick (a distant Redis), the clock
+// estimate still follows Redis' clock when it falls behind: an estimate no
+// quick reply renewed starts again from a slow one after staleEstimate.
+func TestClockEstimateFollowsASlowRedisBack(t *testing.T) {
+	var b breaker
+	const quick, rtt = 25 * time.Millisecond, 30 * time.Millisecond
+	start := clock.Instant(10 * time.Second)
+	redisAt := func(at clock.Instant, behind int64) int64 { return 5_000_000_000 + int64(at-start)/1000 - behind }
+	b.observe(redisAt(start, 0), start-clock.Instant(time.Millisecond), start, quick)
+	truth := b.offset.Load()
+	// Redis' clock falls 100 ms behind (a failover to a host whose clock
+	// is behind); every reply takes 30 ms, Redis running the call midway.
+	for i := 1; i <= 60; i++ {
+		at := start + clock.Instant(time.Duration(i)*time.Second)
+		b.observe(redisAt(at-clock.Instant(rtt/2), 100_000), at-clock.Instant(rtt), at, quick)
+	}
+	// The estimate is a lower bound: at most the round trip under the
+	// truth, never above it.
+	if got, want := b.offset.Load(), truth-100_000; got > want || got < want-rtt.Microseconds() {
+		t.Errorf("the estimate is %d µs from Redis' clock a minute after it fell back, want within [-%d, 0]", got-want, rtt.Microseconds())
+	}
+}

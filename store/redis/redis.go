@@ -615,8 +615,11 @@ func (s *Store) Share(opts Options) (*Store, error) {
 		cn.users.Add(-1)
 		return New(opts)
 	}
-	n, err := New(Options{Timeout: opts.Timeout, ProbeEvery: opts.ProbeEvery, Prefix: opts.Prefix, FlushDelay: opts.FlushDelay,
-		Batch: opts.Batch, Clock: opts.Clock, DecisionClock: opts.DecisionClock, Client: cn.client})
+	// Every option as given (a field named here would be one more to
+	// forget), on the shared client instead of a connection of its own.
+	o := opts
+	o.Addrs, o.Username, o.Password, o.TLS, o.Client = nil, "", "", nil, cn.client
+	n, err := New(o)
 	if err != nil {
 		cn.users.Add(-1)
 		return nil, err
