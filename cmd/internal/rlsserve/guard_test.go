@@ -20,22 +20,7 @@ import (
 // served; finished calls give theirs back at once.
 func TestStalledCallsAreBounded(t *testing.T) {
 	g := &callGuard{max: 100, timeout: 500 * time.Millisecond}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := newGRPCServer(1, g)
-	healthpb.RegisterHealthServer(gs, health.NewServer())
-	go gs.Serve(lis)
-	defer gs.Stop()
-	dial := func() *grpc.ClientConn {
-		c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	dial := guardedHealth(t, g)
 	healthy := dial()
 	check := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -53,7 +38,6 @@ func TestStalledCallsAreBounded(t *testing.T) {
 	// 4 connections × 100 calls that never send their message.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	refused := 0
 	var streams []grpc.ClientStream
 	for range 4 {
 		c := dial()
@@ -65,19 +49,7 @@ func TestStalledCallsAreBounded(t *testing.T) {
 			streams = append(streams, s)
 		}
 	}
-	timedOut := 0
-	for _, s := range streams {
-		// Each call's answer: refused at once, or the stall timeout.
-		var m healthpb.HealthCheckResponse
-		switch err := s.RecvMsg(&m); status.Code(err) {
-		case codes.ResourceExhausted:
-			refused++
-		case codes.DeadlineExceeded:
-			timedOut++
-		default:
-			t.Fatalf("a stalled call answered %v", err)
-		}
-	}
+	refused, timedOut := stalledAnswers(t, streams)
 	if timedOut+refused != 400 || timedOut > 100 {
 		t.Errorf("%d stalled calls timed out, %d refused: want at most 100 timed out", timedOut, refused)
 	}
@@ -88,6 +60,46 @@ func TestStalledCallsAreBounded(t *testing.T) {
 	if err := check(); err != nil {
 		t.Fatalf("a healthy call after the stall timeout: %v", err)
 	}
+}
+
+// guardedHealth serves the health service under g on a free loopback
+// port until the test ends, and returns a dialer of new connections to it.
+func guardedHealth(t *testing.T, g *callGuard) func() *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := newGRPCServer(1, g)
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	return func() *grpc.ClientConn {
+		c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+}
+
+// stalledAnswers reads each stalled call's answer: refused at once, or
+// its deadline.
+func stalledAnswers(t *testing.T, streams []grpc.ClientStream) (refused, timedOut int) {
+	t.Helper()
+	for _, s := range streams {
+		var m healthpb.HealthCheckResponse
+		switch err := s.RecvMsg(&m); status.Code(err) {
+		case codes.ResourceExhausted:
+			refused++
+		case codes.DeadlineExceeded:
+			timedOut++
+		default:
+			t.Fatalf("a stalled call answered %v", err)
+		}
+	}
+	return refused, timedOut
 }
 
 func waitCalls(t *testing.T, g *callGuard, want int64) {
@@ -102,24 +114,13 @@ func waitCalls(t *testing.T, g *callGuard, want int64) {
 }
 
 // The count is taken by the handlers: calls the server ends before a
-// handler runs (an unknown method) leave nothing counted, and stalled calls with a deadline of their own, shorter than the
-// call timeout (as Envoy's calls have), are held to it, counted, and
-// refused past the bound.
+// handler runs (an unknown method) leave nothing counted, and stalled
+// calls with a deadline of their own, shorter than the call timeout (as
+// Envoy's calls have), are held to it, counted, and refused past the
+// bound.
 func TestGuardCountsOnlyHandledCalls(t *testing.T) {
 	g := &callGuard{max: 20, timeout: time.Minute}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := newGRPCServer(1, g)
-	healthpb.RegisterHealthServer(gs, health.NewServer())
-	go gs.Serve(lis)
-	defer gs.Stop()
-	c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := guardedHealth(t, g)()
 	hc := healthpb.NewHealthClient(c)
 
 	for range 200 {
@@ -141,18 +142,7 @@ func TestGuardCountsOnlyHandledCalls(t *testing.T) {
 		}
 		streams = append(streams, s)
 	}
-	refused, timedOut := 0, 0
-	for _, s := range streams {
-		var m healthpb.HealthCheckResponse
-		switch err := s.RecvMsg(&m); status.Code(err) {
-		case codes.ResourceExhausted:
-			refused++
-		case codes.DeadlineExceeded:
-			timedOut++
-		default:
-			t.Fatalf("a stalled call answered %v", err)
-		}
-	}
+	refused, timedOut := stalledAnswers(t, streams)
 	t.Logf("%d held to their deadline, %d refused", timedOut, refused)
 	if timedOut > 20 || refused < 40 {
 		t.Errorf("%d stalled calls held to their deadline, %d refused: want at most 20 held", timedOut, refused)
