@@ -131,8 +131,9 @@ func TestGuardCountsOnlyHandledCalls(t *testing.T) {
 	}
 	waitCalls(t, g, 0)
 
-	// 60 calls that never send their message, each with 400 ms of its own.
-	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	// 60 calls that never send their message, each with 2 s of its own
+	// (all are open long before that).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var streams []grpc.ClientStream
 	for range 60 {
