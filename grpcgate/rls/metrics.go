@@ -25,6 +25,9 @@ type stats struct {
 	notFound                                                         *prometheus.CounterVec
 	globalShadow, releaseUnmatched                                   prometheus.Counter
 	calls                                                            *prometheus.CounterVec
+	// calls' series by result, resolved once: a call is counted without
+	// hashing its label.
+	callsOK, callsOver, callsInvalid, callsUnavailable prometheus.Counter
 
 	max     int
 	mu      sync.Mutex
@@ -75,6 +78,8 @@ func newStats(reg prometheus.Registerer, maxKeys int) (*stats, error) {
 	s.hits, s.over, s.near, s.within = cs[0].(*prometheus.CounterVec), cs[1].(*prometheus.CounterVec), cs[2].(*prometheus.CounterVec), cs[3].(*prometheus.CounterVec)
 	s.shadow, s.failOpen, s.failClosed, s.refunded = cs[4].(*prometheus.CounterVec), cs[5].(*prometheus.CounterVec), cs[6].(*prometheus.CounterVec), cs[7].(*prometheus.CounterVec)
 	s.notFound, s.globalShadow, s.releaseUnmatched, s.calls = cs[8].(*prometheus.CounterVec), cs[9].(prometheus.Counter), cs[10].(prometheus.Counter), cs[11].(*prometheus.CounterVec)
+	s.callsOK, s.callsOver = s.calls.WithLabelValues("ok"), s.calls.WithLabelValues("over_limit")
+	s.callsInvalid, s.callsUnavailable = s.calls.WithLabelValues("invalid"), s.calls.WithLabelValues("unavailable")
 	return s, nil
 }
 

@@ -405,7 +405,7 @@ type plan struct {
 // its error. The store work is bounded by Options.Timeout.
 func (s *Server) ShouldRateLimit(ctx context.Context, r *Request) (*Response, error) {
 	if err := s.validate(r); err != nil {
-		s.m.calls.WithLabelValues("invalid").Inc()
+		s.m.callsInvalid.Inc()
 		return nil, err
 	}
 	st := s.state.Load()
@@ -415,13 +415,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, r *Request) (*Response, er
 	if dom == nil {
 		s.m.domainNotFound(r.Domain)
 		if s.opts.RejectUnknownDomain {
-			s.m.calls.WithLabelValues("invalid").Inc()
+			s.m.callsInvalid.Inc()
 			return nil, fmt.Errorf("%w: unknown domain %q", ErrInvalid, r.Domain)
 		}
 		for i := range resp.Statuses {
 			resp.Statuses[i].Code = CodeOK
 		}
-		s.m.calls.WithLabelValues("ok").Inc()
+		s.m.callsOK.Inc()
 		return resp, nil
 	}
 	plans := make([]plan, len(r.Descriptors))
@@ -446,7 +446,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, r *Request) (*Response, er
 		}
 	}
 	if err := s.execute(ctx, r.Domain, plans, now); err != nil {
-		s.m.calls.WithLabelValues("unavailable").Inc()
+		s.m.callsUnavailable.Inc()
 		return nil, err
 	}
 	s.respond(r.Domain, plans, now, resp)
@@ -454,9 +454,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, r *Request) (*Response, er
 		s.refundRefused(ctx, r.Domain, plans, resp, now)
 	}
 	if resp.Overall == CodeOverLimit {
-		s.m.calls.WithLabelValues("over_limit").Inc()
+		s.m.callsOver.Inc()
 	} else {
-		s.m.calls.WithLabelValues("ok").Inc()
+		s.m.callsOK.Inc()
 	}
 	return resp, nil
 }
