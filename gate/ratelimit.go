@@ -149,9 +149,7 @@ func (b *base) FailurePolicy() string { return b.opts.OnFailure.String() }
 func (b *base) take(ctx context.Context, key string, r *sluice.Request, now clock.Instant, cost int64) (limit.Result, sluice.Permit, bool) {
 	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline)
 	if err == nil {
-		if !b.answered.Load() {
-			b.answered.Store(true)
-		}
+		b.heard()
 		return res, sluice.Permit(h), true
 	}
 	return b.failed(ctx, key, r, now, cost, err)
@@ -212,9 +210,7 @@ func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64
 // decision writes the Decision for store result res to *d.
 func (b *base) decision(d *sluice.Decision, res *limit.Result) {
 	d.Admitted = res.Status == limit.Allowed
-	d.Scope, d.Unit, d.Gate = b.opts.Scope, b.unit, b.name
-	d.Limit, d.Window, d.Refills = res.Limit, b.window, b.refills
-	d.Remaining, d.ResetAfter = res.Remaining, res.ResetAfter
+	b.quota(d, res)
 	switch res.Status {
 	case limit.Denied:
 		d.Reason, d.Retryable, d.RetryAfter = b.reason, true, res.RetryAfter
@@ -228,6 +224,22 @@ func (b *base) decision(d *sluice.Decision, res *limit.Result) {
 	case limit.TooLate:
 		d.Reason = sluice.ReasonDeadline
 	}
+}
+
+// heard records that the store has decided once (a load, and a store only
+// the first time: the flag's cache line stays shared between cores).
+func (b *base) heard() {
+	if !b.answered.Load() {
+		b.answered.Store(true)
+	}
+}
+
+// quota writes to *d what every verdict of the gate tells of its quota
+// (inlined: the rate gate's admitted path writes it too).
+func (b *base) quota(d *sluice.Decision, res *limit.Result) {
+	d.Scope, d.Unit, d.Gate = b.opts.Scope, b.unit, b.name
+	d.Limit, d.Window, d.Refills = res.Limit, b.window, b.refills
+	d.Remaining, d.ResetAfter = res.Remaining, res.ResetAfter
 }
 
 // decide takes cost units for r from its scope, writes the decision to
@@ -244,9 +256,7 @@ func (b *base) decide(ctx context.Context, r *sluice.Request, now clock.Instant,
 func (b *base) settle(ctx context.Context, key string, r *sluice.Request, now clock.Instant, cost int64, d *sluice.Decision, res *limit.Result, h store.Handle, err error) sluice.Permit {
 	p, ok := sluice.Permit(h), true
 	if err == nil {
-		if !b.answered.Load() {
-			b.answered.Store(true)
-		}
+		b.heard()
 	} else {
 		*res, p, ok = b.failed(ctx, key, r, now, cost, err)
 	}
@@ -297,22 +307,18 @@ func NewRateLimit(name string, lim store.Limiter, opts Options) (sluice.Gate, er
 	return &rateLimit{newBase(name, lim, opts, opts.reasonOr(sluice.ReasonPolicyRate), sluice.UnitRequests)}, nil
 }
 
-// Decide takes r.Cost units from r's scope. It is base.decide written out
-// with the admitted verdict in place, one call fewer on the chain's most
-// common path; TestRateGateDecidesAsBase keeps the two alike.
+// Decide takes r.Cost units from r's scope. It is base.decide with the
+// admitted path in place, one call fewer on the chain's most common path;
+// TestRateGateDecidesAsBase keeps the two alike.
 func (g *rateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Instant, d *sluice.Decision) sluice.Permit {
 	key := g.opts.Scope.Key(r)
 	res, h, err := g.lim.Take(ctx, key, now, r.Cost, r.Deadline)
 	if err != nil || res.Status != limit.Allowed {
 		return g.settle(ctx, key, r, now, r.Cost, d, &res, h, err)
 	}
-	if !g.answered.Load() {
-		g.answered.Store(true)
-	}
+	g.heard()
 	d.Admitted = true
-	d.Scope, d.Unit, d.Gate = g.opts.Scope, g.unit, g.name
-	d.Limit, d.Window, d.Refills = res.Limit, g.window, g.refills
-	d.Remaining, d.ResetAfter = res.Remaining, res.ResetAfter
+	g.quota(d, &res)
 	return sluice.Permit(h)
 }
 
