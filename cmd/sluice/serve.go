@@ -403,7 +403,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 		s.Close()
 		return logStartErrors(cmd, log, fmt.Errorf("gRPC listener (--listen): %w", err))
 	}
-	gs := rlsserve.NewGRPCServer(runtime.GOMAXPROCS(0))
+	gs := rlsserve.NewGRPCServer(runtime.GOMAXPROCS(0), log)
 	extauthz.Register(gs, ext)
 	hlth := health.NewServer() // grpc.health.v1: SERVING until the drain starts
 	healthpb.RegisterHealthServer(gs, hlth)

@@ -2,6 +2,8 @@ package rlsserve
 
 import (
 	"context"
+	"log/slog"
+	"runtime/debug"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -44,10 +46,15 @@ const (
 // calls past the bound costs what it cost when the tap counted (50,000
 // stalled calls, TestServeBoundsStalledCalls: 147-166 MB resident against
 // 145-160 then; refused in the handlers alone, 161-236 MB).
+//
+// A handler that panics is answered INTERNAL and logged with its stack
+// (grpc-go recovers no handler's panic: one would end the process, and
+// every caller's service with it); its slot is given back as on return.
 type callGuard struct {
 	max     int64
 	timeout time.Duration
 	calls   atomic.Int64
+	log     *slog.Logger // where a handler's panic is logged
 }
 
 // tap refuses a new call while the count is at the bound (it counts
@@ -83,31 +90,38 @@ func (g *callGuard) refusal() error {
 	return status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress, the server's bound; retry", g.max)
 }
 
-// exit counts a call out.
-func (g *callGuard) exit() { g.calls.Add(-1) }
+// exit counts a call of method out; deferred by the handler, it turns a
+// panic of the handler into an INTERNAL answer in *err.
+func (g *callGuard) exit(method string, err *error) {
+	g.calls.Add(-1)
+	if p := recover(); p != nil {
+		g.log.Error("sluice serve: a gRPC handler panicked; the call is answered INTERNAL", "method", method, "panic", p, "stack", string(debug.Stack()))
+		*err = status.Error(codes.Internal, "sluice serve: internal error")
+	}
+}
 
 // wrap returns sd with every handler counted by g.
 func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	w := *sd
 	w.Methods = slices.Clone(sd.Methods)
 	for i := range w.Methods {
-		h := w.Methods[i].Handler
-		w.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
+		h, name := w.Methods[i].Handler, "/"+sd.ServiceName+"/"+w.Methods[i].MethodName
+		w.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (resp any, err error) {
 			if err := g.enter(); err != nil {
 				return nil, err
 			}
-			defer g.exit()
+			defer g.exit(name, &err)
 			return h(srv, ctx, dec, in)
 		}
 	}
 	w.Streams = slices.Clone(sd.Streams)
 	for i := range w.Streams {
-		h := w.Streams[i].Handler
-		w.Streams[i].Handler = func(srv any, ss grpc.ServerStream) error {
+		h, name := w.Streams[i].Handler, "/"+sd.ServiceName+"/"+w.Streams[i].StreamName
+		w.Streams[i].Handler = func(srv any, ss grpc.ServerStream) (err error) {
 			if err := g.enter(); err != nil {
 				return err
 			}
-			defer g.exit()
+			defer g.exit(name, &err)
 			return h(srv, ss)
 		}
 	}
@@ -124,12 +138,17 @@ type GRPCServer struct {
 }
 
 // NewGRPCServer returns a gRPC server with sluice serve's options and
-// bounds, and a pool of workers stream workers (see serverOptions).
-func NewGRPCServer(workers int) *GRPCServer {
-	return newGRPCServer(workers, &callGuard{max: MaxCalls, timeout: CallTimeout})
+// bounds, and a pool of workers stream workers (see serverOptions); a
+// handler's panic is logged to log (nil: slog.Default()) and answered
+// INTERNAL.
+func NewGRPCServer(workers int, log *slog.Logger) *GRPCServer {
+	return newGRPCServer(workers, &callGuard{max: MaxCalls, timeout: CallTimeout, log: log})
 }
 
 func newGRPCServer(workers int, g *callGuard) *GRPCServer {
+	if g.log == nil {
+		g.log = slog.Default()
+	}
 	return &GRPCServer{Server: grpc.NewServer(serverOptions(workers, g)...), guard: g}
 }
 

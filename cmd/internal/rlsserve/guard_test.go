@@ -1,8 +1,12 @@
 package rlsserve
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,4 +176,76 @@ func TestTapBoundsOnlyLongerWaits(t *testing.T) {
 			t.Errorf("a call with a later deadline or none keeps it (%v, %v)", dl, ok)
 		}
 	}
+}
+
+// panicky is a health service whose handlers panic.
+type panicky struct{ healthpb.UnimplementedHealthServer }
+
+func (panicky) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	panic("check broke")
+}
+
+func (panicky) Watch(*healthpb.HealthCheckRequest, healthpb.Health_WatchServer) error {
+	panic("watch broke")
+}
+
+// A handler's panic ends its call with INTERNAL, logged with its stack;
+// the process goes on serving and the call's slot is given back (grpc-go
+// alone would let the panic end the process).
+func TestHandlerPanicIsAnsweredInternal(t *testing.T) {
+	var logs safeBuffer
+	g := &callGuard{max: 10, timeout: time.Second, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := newGRPCServer(1, g)
+	healthpb.RegisterHealthServer(gs, panicky{})
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	c, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	hc := healthpb.NewHealthClient(c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 20 { // more than the bound: no slot is kept by a panic
+		if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Internal {
+			t.Fatalf("call %d of a panicking unary handler: %v, want INTERNAL", i, err)
+		}
+	}
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); status.Code(err) != codes.Internal {
+		t.Fatalf("a panicking stream handler: %v, want INTERNAL", err)
+	}
+	waitCalls(t, g, 0)
+	out := logs.String()
+	for _, want := range []string{"/grpc.health.v1.Health/Check", "check broke", "/grpc.health.v1.Health/Watch", "watch broke", "panicky.Check"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the log lacks %q:\n%.2000s", want, out)
+		}
+	}
+}
+
+// safeBuffer is a bytes.Buffer for concurrent writers.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -444,7 +444,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.grpc = NewGRPCServer(s.workers())
+	s.grpc = NewGRPCServer(s.workers(), s.log)
 	envoyrls.Register(s.grpc, rs)
 	s.hlth = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.hlth)
