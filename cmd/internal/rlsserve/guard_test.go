@@ -179,7 +179,9 @@ func TestTapBoundsOnlyLongerWaits(t *testing.T) {
 }
 
 // panicky is a health service whose handlers panic.
-type panicky struct{ healthpb.UnimplementedHealthServer }
+type panicky struct {
+	healthpb.UnimplementedHealthServer
+}
 
 func (panicky) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	panic("check broke")
