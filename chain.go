@@ -263,7 +263,12 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 		cur.EffectPossible = false
 		return c.refuse(t, r, cur, now), Ticket{}
 	}
-	best.Admitted, best.Level = true, level
+	// The verdict is copied out below with wide loads, which wait for
+	// narrow stores to the same bytes still in flight (no store-to-load
+	// forwarding): the gate that wrote it has usually set both already.
+	if !best.Admitted || best.Level != level {
+		best.Admitted, best.Level = true, level
+	}
 	t.start = now // after any wait in a gate: now was read again after it
 	t.n = n
 	r.retest = req.retest // what a gate marked on the copy (MarkRetest)
