@@ -408,6 +408,11 @@ func (h *respFields) Set(key string, vals []string) {
 	}
 }
 
+// SetValue sets key (canonical) to v, copied (httpcore.ValueSetter).
+func (h *respFields) SetValue(key string, v []byte) {
+	(*fasthttp.ResponseHeader)(h).SetCanonical(s2b(key), v)
+}
+
 // s2b views s as bytes, for fasthttp's setters, which copy them.
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
@@ -853,8 +858,8 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	h := &req.Header
 	clientHost := string(h.Host())
 	path, q := target(h)
-	var b []byte
-	b = append(b, f.base...)
+	var ub [512]byte // the new target, copied by SetRequestURIBytes: on the stack when it fits
+	b := append(ub[:0], f.base...)
 	if len(path) == 0 || path[0] != '/' {
 		b = append(b, '/')
 	}
@@ -898,6 +903,9 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	}
 	if len(prior) > 0 {
 		prior = append(prior, ", "...)
+	} else {
+		var ipb [64]byte // the client's address alone, copied by SetBytesV: no allocation
+		prior = ipb[:0]
 	}
 	if ip := appendClientIP(prior, ctx.RemoteAddr()); len(ip) > 0 {
 		h.Del("X-Forwarded-For")

@@ -7,7 +7,10 @@
 // for every rejection by default), fasthttp-429 (the proxy's server
 // library answering a fixed 429 of sluice's size and fields) and gnet-429
 // (an event-loop server answering the same, parsing nothing but the end
-// of each request head):
+// of each request head); two more answer the admitting load only:
+// fasthttp-proxy (the proxy's HTTP library as a bare reverse proxy) and
+// hertz-proxy (the same on CloudWeGo's hertz, an event-loop HTTP
+// framework):
 //
 //   - max: closed-loop maximum throughput with every request admitted
 //     (wrk, -conns connections), and the proxy's CPU time per 1,000
@@ -274,6 +277,30 @@ func runRole(role, listen, upstream, policy string) {
 		if err := s.Run(ctx); err != nil {
 			log.Fatal(err)
 		}
+	case "hertz":
+		// A reverse proxy on an event-loop HTTP framework (CloudWeGo's
+		// hertz, on its netpoll event loop: the poller reads a socket only
+		// when epoll says it is readable), for the admitted path only: the
+		// request sent on to the upstream over hertz's client (kept-alive
+		// connections, also on netpoll) with X-Forwarded-For set, nothing
+		// decided. What the proxy's data path could reach on a well-kept
+		// event-loop library.
+		hertzProxy(listen, upstream)
+	case "fasthttp-proxy":
+		// The proxy's own HTTP library as a bare reverse proxy: a
+		// fasthttp server handing each request to a fasthttp.HostClient
+		// (kept-alive connections), X-Forwarded-For set, nothing decided,
+		// no other header touched: what sluice's data path costs beyond its
+		// library.
+		hc := &fasthttp.HostClient{Addr: upstream, MaxConns: 4096}
+		h := func(ctx *fasthttp.RequestCtx) {
+			ctx.Request.Header.Set("X-Forwarded-For", ctx.RemoteIP().String())
+			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
+				ctx.Response.Reset()
+				ctx.SetStatusCode(http.StatusBadGateway)
+			}
+		}
+		log.Fatal((&fasthttp.Server{Handler: h, NoDefaultServerHeader: true}).ListenAndServe(listen))
 	case "floor":
 		// The floor of the proxy's server library: fasthttp answering every
 		// request with a fixed 429 of the size and fields of sluice's, with
@@ -543,6 +570,18 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	}
 	defer bare.admitP.stop()
 	targets = append(targets, bare)
+	fp := &target{name: "fasthttp-proxy", admit: freePort()}
+	if fp.admitP, err = start("fasthttp-proxy", self, "-role", "fasthttp-proxy", "-listen", fp.admit, "-upstream", upAddr); err != nil {
+		return err
+	}
+	defer fp.admitP.stop()
+	targets = append(targets, fp)
+	hz := &target{name: "hertz-proxy", admit: freePort()}
+	if hz.admitP, err = start("hertz", self, "-role", "hertz", "-listen", hz.admit, "-upstream", upAddr); err != nil {
+		return err
+	}
+	defer hz.admitP.stop()
+	targets = append(targets, hz)
 	floor := &target{name: "fasthttp-429", reject: freePort()}
 	if floor.rejecP, err = start("floor", self, "-role", "floor", "-listen", floor.reject); err != nil {
 		return err
@@ -981,6 +1020,11 @@ func report(res map[string][]float64, targets []*target) {
 	fmt.Println("ratios (medians):")
 	ratio("sluice / go-reverseproxy, max throughput all admitted", "max/sluice", "max/go-reverseproxy", false)
 	ratio("sluice / nginx, max throughput all admitted", "max/sluice", "max/nginx", false)
+	ratio("  sluice's library as a bare proxy (fasthttp) / nginx", "max/fasthttp-proxy", "max/nginx", false)
+	ratio("    its CPU per 1k admitted requests / nginx's", "cpu/fasthttp-proxy", "cpu/nginx", false)
+	ratio("  an event-loop framework's bare proxy (hertz) / nginx", "max/hertz-proxy", "max/nginx", false)
+	ratio("    its CPU per 1k admitted requests / nginx's", "cpu/hertz-proxy", "cpu/nginx", false)
+	ratio("    its read calls per admitted request / nginx's", "sys-read/max/hertz-proxy", "sys-read/max/nginx", false)
 	ratio("sluice / nginx limit_req, rejected-path throughput", "reject/sluice", "reject/nginx", false)
 	ratio("  the same against nginx without its log line per rejection", "reject/sluice", "reject/nginx-quiet", false)
 	ratio("sluice / nginx, CPU per 1k admitted requests", "cpu/sluice", "cpu/nginx", false)

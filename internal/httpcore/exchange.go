@@ -69,6 +69,7 @@ type Admission struct {
 	method string
 	path   string
 	done   bool
+	field  [96]byte // where SetHeaders writes the RateLimit field's value
 }
 
 // Admit identifies and decides the request in under the snapshot's
@@ -154,7 +155,7 @@ func (a *Admission) Level() sluice.Level { return a.dec.Level }
 func (a *Admission) SetHeaders(f Fields) {
 	st := a.st
 	if !st.c.cfg.NoRateLimitHeaders && !st.c.cfg.HideCapacity {
-		a.m.admittedFields(f, st, &a.dec)
+		a.m.admittedFields(f, st, &a.dec, &a.field)
 	}
 	if a.dec.Level != sluice.LevelNormal {
 		f.Set(hLevel, levelValues[a.dec.Level])

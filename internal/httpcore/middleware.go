@@ -364,16 +364,19 @@ func (m *Middleware) admittedHeaders(h http.Header, st *state, d *sluice.Decisio
 	}
 }
 
-func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision) {
+func (m *Middleware) admittedFields(h Fields, st *state, d *sluice.Decision, buf *[96]byte) {
 	if st.policy != nil {
 		h.Set(hRateLimitPolicy, st.policy)
 	}
 	if !wire.HasRateLimit(d) {
 		return
 	}
-	var buf [96]byte
 	b := st.appendRateLimit(buf[:0], d, wire.Seconds(d.ResetAfter))
-	h.Set(hRateLimit, []string{string(b)})
+	if vs, ok := h.(ValueSetter); ok {
+		vs.SetValue(hRateLimit, b) // copied: no string, no slice
+	} else {
+		h.Set(hRateLimit, []string{string(b)})
+	}
 	if st.c.cfg.LegacyHeaders {
 		h.Set(hLegacyLimit, []string{strconv.FormatInt(d.Limit, 10)})
 		h.Set(hLegacyRemaining, []string{strconv.FormatInt(d.Remaining, 10)})
@@ -397,6 +400,13 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, st *state, d
 // (after which they change), and must not modify.
 type Fields interface {
 	Set(key string, vals []string)
+}
+
+// ValueSetter is Fields that can also take one value as bytes, which
+// SetValue copies before it returns (sluice proxy's response header): an
+// admitted answer's RateLimit field then costs no string and no slice.
+type ValueSetter interface {
+	SetValue(key string, v []byte)
 }
 
 // headerFields is a net/http header map as Fields.
