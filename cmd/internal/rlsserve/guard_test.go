@@ -1,12 +1,10 @@
 package rlsserve
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 // Calls whose message never comes hold at most the server's bound: past
@@ -195,7 +195,7 @@ func (panicky) Watch(*healthpb.HealthCheckRequest, healthpb.Health_WatchServer) 
 // the process goes on serving and the call's slot is given back (grpc-go
 // alone would let the panic end the process).
 func TestHandlerPanicIsAnsweredInternal(t *testing.T) {
-	var logs safeBuffer
+	var logs logbuf.Buffer
 	g := &callGuard{max: 10, timeout: time.Second, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -232,22 +232,4 @@ func TestHandlerPanicIsAnsweredInternal(t *testing.T) {
 			t.Errorf("the log lacks %q:\n%.2000s", want, out)
 		}
 	}
-}
-
-// safeBuffer is a bytes.Buffer for concurrent writers.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

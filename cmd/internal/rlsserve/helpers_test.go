@@ -2,7 +2,6 @@ package rlsserve
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -27,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 func TestMain(m *testing.M) {
@@ -49,24 +48,6 @@ func (c *fixedClock) Now() clock.Instant  { return clock.Instant(c.ns.Load()) }
 func (c *fixedClock) Set(unixSec int64)   { c.ns.Store(unixSec * int64(time.Second)) }
 func (c *fixedClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
 
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // running is a Server started by start, with a gRPC client and the
 // addresses of its HTTP and admin listeners.
 type running struct {
@@ -75,7 +56,7 @@ type running struct {
 	conn     *grpc.ClientConn
 	httpURL  string
 	adminURL string
-	log      *logBuffer
+	log      *logbuf.Buffer
 	ticks    chan time.Time
 	stop     context.CancelFunc
 	done     chan error
@@ -86,7 +67,7 @@ type running struct {
 // the reload ticker driven by the test; it is stopped when t ends.
 func start(t *testing.T, opts Options) *running {
 	t.Helper()
-	r := &running{log: &logBuffer{}, ticks: make(chan time.Time)}
+	r := &running{log: &logbuf.Buffer{}, ticks: make(chan time.Time)}
 	opts.Listen, opts.HTTP, opts.Admin = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	opts.Ticks = r.ticks
 	opts.Logger = slog.New(slog.NewTextHandler(r.log, nil))
