@@ -433,6 +433,9 @@ func (f *fastServer) secure(u *upConn, deadline time.Time) (net.Conn, error) {
 
 // dialRaw dials addr within timeout, or fasthttp's default of 3 s.
 func (f *fastServer) dialRaw(addr string, timeout time.Duration) (net.Conn, error) {
+	if f.dial != nil {
+		return f.dial(addr, timeout)
+	}
 	if timeout > 0 {
 		return fasthttp.DialTimeout(addr, timeout)
 	}
