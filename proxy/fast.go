@@ -859,10 +859,50 @@ func (f *fastServer) readBody(ctx *fasthttp.RequestCtx, in *identify.Input) (*sp
 func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, trusted bool) {
 	req := &ctx.Request
 	h := &req.Header
-	clientHost := string(h.Host())
+	var hb [256]byte // the client's Host, kept past SetHost: on the stack when it fits
+	clientHost := append(hb[:0], h.Host()...)
+	var ub [512]byte                                  // the new target, copied by SetRequestURIBytes: on the stack when it fits
+	req.SetRequestURIBytes(f.appendTarget(ub[:0], h)) // parsed again, without normalizing, when written
+	// The fields replaced or dropped below, found in one pass: a field
+	// looked up, deleted or set by name costs a normalized copy of the
+	// name and a pass of its own, most often for a field the request does
+	// not have. (A field dropTrailer or dropHopRequest removes stays
+	// marked: deleting it again is harmless.)
+	var has outFields
+	for k := range h.All() {
+		has.mark(k)
+	}
+	keepTE := false
+	if has.te {
+		te := h.Peek("Te")
+		keepTE = len(te) > 0 && strings.Contains(strings.ToLower(string(te)), "trailers")
+	}
+	dropTrailer(h)
+	dropHopRequest(h)
+	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
+		h.SetCanonical(fieldTE, valueTrailers)
+	}
+	h.SetNoDefaultContentType(true)
+	forwarded(ctx, &has, trusted, clientHost)
+	h.SetHost(f.host)
+	h.ResetConnectionClose()
+	if adm != nil {
+		adm.Propagate(h)
+	}
+	if f.up != nil && f.up.IsTLS {
+		// The upstream client parses the URI from these fields, with the
+		// scheme of the connection the request came on (plain HTTP), and
+		// refuses one whose scheme is not its own.
+		req.URI().SetScheme("https")
+	}
+}
+
+// appendTarget appends to b the upstream's request target for the
+// client's (h's): the upstream URL's path prefix, the client's path with
+// '#' escaped, and the two queries joined.
+func (f *fastServer) appendTarget(b []byte, h *fasthttp.RequestHeader) []byte {
 	path, q := target(h)
-	var ub [512]byte // the new target, copied by SetRequestURIBytes: on the stack when it fits
-	b := append(ub[:0], f.base...)
+	b = append(b, f.base...)
 	if len(path) == 0 || path[0] != '/' {
 		b = append(b, '/')
 	}
@@ -880,56 +920,89 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 		b = append(b, '?')
 		b = appendEscapedHash(b, q)
 	}
-	req.SetRequestURIBytes(b) // parsed again, without normalizing, when written
-	te := h.Peek("Te")
-	keepTE := len(te) > 0 && strings.Contains(strings.ToLower(string(te)), "trailers")
-	dropTrailer(h)
-	dropHopRequest(h)
-	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
-		h.Set("Te", "trailers")
-	}
-	h.SetNoDefaultContentType(true)
+	return b
+}
+
+// forwarded sets the request's X-Forwarded fields and Forwarded: grown by
+// one hop from a trusted proxy, set anew from anyone else; has says which
+// the request came with, clientHost is its Host.
+func forwarded(ctx *fasthttp.RequestCtx, has *outFields, trusted bool, clientHost []byte) {
+	h := &ctx.Request.Header
 	var prior, fw []byte
 	if trusted {
-		prior = joinFields(h.PeekAll("X-Forwarded-For"))
-		if fws := h.PeekAll("Forwarded"); len(fws) > 0 {
-			fw = append(joinFields(fws), ", "...)
-			fw = append(fw, forwardedFor(ctx.RemoteAddr().String())...)
+		if has.xfFor {
+			prior = joinFields(h.PeekAll("X-Forwarded-For"))
+		}
+		if has.forwarded {
+			if fws := h.PeekAll("Forwarded"); len(fws) > 0 {
+				fw = append(joinFields(fws), ", "...)
+				fw = append(fw, forwardedFor(ctx.RemoteAddr().String())...)
+			}
 		}
 	}
-	h.Del("Forwarded")
-	h.Del("X-Forwarded-Host")
-	h.Del("X-Forwarded-Proto")
-	h.Del("Expect") // the body is read: the upstream gets it at once
+	if has.forwarded {
+		h.Del("Forwarded")
+	}
+	if has.xfHost {
+		h.Del("X-Forwarded-Host")
+	}
+	if has.xfProto {
+		h.Del("X-Forwarded-Proto")
+	}
+	if has.expect {
+		h.Del("Expect") // the body is read: the upstream gets it at once
+	}
 	if len(fw) > 0 {
-		h.SetBytesV("Forwarded", fw)
+		h.SetCanonical(fieldForwarded, fw)
 	}
 	if len(prior) > 0 {
 		prior = append(prior, ", "...)
 	} else {
-		var ipb [64]byte // the client's address alone, copied by SetBytesV: no allocation
+		var ipb [64]byte // the client's address alone, copied by SetCanonical: no allocation
 		prior = ipb[:0]
 	}
+	if has.xfFor {
+		h.Del("X-Forwarded-For")
+	}
 	if ip := appendClientIP(prior, ctx.RemoteAddr()); len(ip) > 0 {
-		h.Del("X-Forwarded-For")
-		h.SetBytesV("X-Forwarded-For", ip)
-	} else {
-		h.Del("X-Forwarded-For")
+		h.SetCanonical(fieldXFF, ip)
 	}
-	if clientHost != "" {
-		h.Set("X-Forwarded-Host", clientHost)
+	if len(clientHost) > 0 {
+		h.SetCanonical(fieldXFHost, clientHost)
 	}
-	h.Set("X-Forwarded-Proto", "http")
-	h.SetHost(f.host)
-	h.ResetConnectionClose()
-	if adm != nil {
-		adm.Propagate(h)
-	}
-	if f.up != nil && f.up.IsTLS {
-		// The upstream client parses the URI from these fields, with the
-		// scheme of the connection the request came on (plain HTTP), and
-		// refuses one whose scheme is not its own.
-		req.URI().SetScheme("https")
+	h.SetCanonical(fieldXFProto, valueHTTP)
+}
+
+// The names and values outbound sets, in canonical form (SetCanonical
+// takes them as they are).
+var (
+	fieldTE, valueTrailers = []byte("Te"), []byte("trailers")
+	fieldForwarded         = []byte("Forwarded")
+	fieldXFF               = []byte("X-Forwarded-For")
+	fieldXFHost            = []byte("X-Forwarded-Host")
+	fieldXFProto           = []byte("X-Forwarded-Proto")
+	valueHTTP              = []byte("http")
+)
+
+// outFields marks which of the fields outbound replaces or drops a
+// request has.
+type outFields struct{ te, expect, forwarded, xfFor, xfHost, xfProto bool }
+
+// mark marks field name k (any case) when it is one of outFields'.
+func (o *outFields) mark(k []byte) {
+	switch n := b2s(k); len(n) {
+	case 2:
+		o.te = o.te || strings.EqualFold(n, "Te")
+	case 6:
+		o.expect = o.expect || strings.EqualFold(n, "Expect")
+	case 9:
+		o.forwarded = o.forwarded || strings.EqualFold(n, "Forwarded")
+	case 15:
+		o.xfFor = o.xfFor || strings.EqualFold(n, "X-Forwarded-For")
+	case 16:
+		o.xfHost = o.xfHost || strings.EqualFold(n, "X-Forwarded-Host")
+	case 17:
+		o.xfProto = o.xfProto || strings.EqualFold(n, "X-Forwarded-Proto")
 	}
 }
 
