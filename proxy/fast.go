@@ -872,6 +872,10 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	for k := range h.All() {
 		has.mark(k)
 	}
+	var rep []field // the repeated fields whose order the deletions below may change
+	if has.deletes() {
+		rep = repeatedFields(h)
+	}
 	keepTE := false
 	if has.te {
 		te := h.Peek("Te")
@@ -882,6 +886,7 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	if keepTE { // as ReverseProxy: "TE: trailers" passes, for gRPC-like upstreams
 		h.SetCanonical(fieldTE, valueTrailers)
 	}
+	restoreOrder(h, rep) // before the chains of a trusted proxy are read
 	h.SetNoDefaultContentType(true)
 	forwarded(ctx, &has, trusted, clientHost)
 	h.SetHost(f.host)
@@ -889,6 +894,7 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	if adm != nil {
 		adm.Propagate(h)
 	}
+	restoreOrder(h, rep)
 	if f.up != nil && f.up.IsTLS {
 		// The upstream client parses the URI from these fields, with the
 		// scheme of the connection the request came on (plain HTTP), and
@@ -985,11 +991,18 @@ var (
 )
 
 // outFields marks which of the fields outbound replaces or drops a
-// request has.
-type outFields struct{ te, expect, forwarded, xfFor, xfHost, xfProto bool }
+// request has; hop, that it has a hop-by-hop field or a Trailer field
+// (dropHopRequest and dropTrailer delete).
+type outFields struct{ te, expect, forwarded, xfFor, xfHost, xfProto, hop bool }
+
+// deletes reports whether outbound will delete a field of the request.
+func (o *outFields) deletes() bool {
+	return o.te || o.expect || o.forwarded || o.xfFor || o.xfHost || o.xfProto || o.hop
+}
 
 // mark marks field name k (any case) when it is one of outFields'.
 func (o *outFields) mark(k []byte) {
+	o.hop = o.hop || isHop(k) || strings.EqualFold(b2s(k), "Trailer")
 	switch n := b2s(k); len(n) {
 	case 2:
 		o.te = o.te || strings.EqualFold(n, "Te")
@@ -1102,12 +1115,21 @@ func dropHopRequest(h *fasthttp.RequestHeader) {
 // dropHopResponse is dropHopRequest for a response, which also loses its
 // "Connection: close" (the client's connection is not the upstream's).
 func dropHopResponse(h *fasthttp.ResponseHeader) {
-	dropNamedHop(h)
+	named := len(h.Peek("Connection")) > 0
+	fixed := false
 	for k := range h.All() {
 		if fixedHop(k) {
-			dropHopFields(h)
+			fixed = true
 			break
 		}
+	}
+	if named || fixed {
+		rep := repeatedFields(h) // the order the deletions may change
+		dropNamedHop(h)
+		if fixed {
+			dropHopFields(h)
+		}
+		restoreOrder(h, rep)
 	}
 	h.ResetConnectionClose()
 	// The status line is the proxy's own version, not the upstream's

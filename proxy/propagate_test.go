@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bufio"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -209,5 +212,61 @@ func TestForwardedForAppendsBehindTrustedProxies(t *testing.T) {
 		if got := at.get(t, "/x", "Forwarded"); got != c.want {
 			t.Errorf("trusted %s: Forwarded %q, want %q", c.trusted, got, c.want)
 		}
+	}
+}
+
+// Fields of one name keep their order through the proxy, both ways, when
+// fields before them are deleted (fasthttp's delete moves the header's
+// last field into the deleted one's place): a trusted proxy's chain of
+// X-Forwarded-For fields behind "Connection: keep-alive" came out
+// reversed, and so did any repeated field behind a hop-by-hop one (RFC
+// 9110 section 5.3: their order is significant). The messages are written
+// raw, their fields in the order that showed it.
+func TestRepeatedFieldsKeepTheirOrder(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		xff, lang []string
+	)
+	_, base := serve(t, perTenant("  tenant: {ip: true}\n  client_ip: {trusted_proxies: [127.0.0.0/8, \"::1\"]}"),
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			xff, lang = r.Header.Values("X-Forwarded-For"), r.Header.Values("Accept-Language")
+			mu.Unlock()
+			c, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			bw.WriteString("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nLink: </a>; rel=preload\r\n" +
+				"Link: </b>; rel=preload\r\nVary: Accept\r\nLink: </c>; rel=preload\r\nContent-Length: 2\r\n\r\nok")
+			bw.Flush()
+		}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: example.test\r\nConnection: keep-alive\r\nKeep-Alive: 300\r\n"+
+		"Accept-Language: da\r\nX-Forwarded-Proto: https\r\nAccept-Language: en-GB\r\nX-Forwarded-For: 198.51.100.1\r\n"+
+		"X-Forwarded-For: 10.0.0.9\r\nAccept-Language: en\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if got, want := strings.Join(xff, " | "), "198.51.100.1, 10.0.0.9, 127.0.0.1"; got != want {
+		t.Errorf("X-Forwarded-For %q, want %q", got, want)
+	}
+	if got, want := strings.Join(lang, " | "), "da | en-GB | en"; got != want {
+		t.Errorf("Accept-Language fields %q, want %q", got, want)
+	}
+	if got, want := strings.Join(resp.Header.Values("Link"), " | "), "</a>; rel=preload | </b>; rel=preload | </c>; rel=preload"; got != want {
+		t.Errorf("Link fields %q, want %q", got, want)
+	}
+	if v := resp.Header.Get("Keep-Alive"); v != "" {
+		t.Errorf("Keep-Alive %q reached the client", v)
 	}
 }
