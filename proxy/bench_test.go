@@ -113,14 +113,11 @@ gates:
   - {name: request-rate, kind: token_bucket, scope: tenant, rate: 1/s, burst: 1}
 `)
 	defer done()
-	var req fasthttp.Request
-	req.SetRequestURI("http://x/v1/routes/42")
-	req.Header.Set("X-Api-Key", "tenant-42")
-	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+	req, addr := benchRequest()
 	var ctx fasthttp.RequestCtx
 	b.ReportAllocs()
 	for b.Loop() {
-		ctx.Init(&req, addr, nil)
+		ctx.Init(req, addr, nil)
 		f.serve(&ctx)
 	}
 	if ctx.Response.StatusCode() != 429 {
@@ -147,14 +144,11 @@ gates:
 	go up.Serve(ln)
 	defer up.Shutdown()
 	f.dial = func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
-	var req fasthttp.Request
-	req.SetRequestURI("http://x/v1/routes/42")
-	req.Header.Set("X-Api-Key", "tenant-42")
-	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+	req, addr := benchRequest()
 	var ctx fasthttp.RequestCtx
 	b.ReportAllocs()
 	for b.Loop() {
-		ctx.Init(&req, addr, nil)
+		ctx.Init(req, addr, nil)
 		f.serve(&ctx)
 		if ctx.Response.StatusCode() != 200 {
 			b.Fatal(ctx.Response.StatusCode(), string(ctx.Response.Body()))
@@ -172,17 +166,23 @@ func BenchmarkFastBare(b *testing.B) {
 	go up.Serve(ln)
 	defer up.Shutdown()
 	hc := &fasthttp.HostClient{Addr: "upstream", Dial: func(string) (net.Conn, error) { return ln.Dial() }}
-	var req fasthttp.Request
-	req.SetRequestURI("http://x/v1/routes/42")
-	req.Header.Set("X-Api-Key", "tenant-42")
-	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+	req, addr := benchRequest()
 	var ctx fasthttp.RequestCtx
 	b.ReportAllocs()
 	for b.Loop() {
-		ctx.Init(&req, addr, nil)
+		ctx.Init(req, addr, nil)
 		ctx.Request.Header.Set("X-Forwarded-For", ctx.RemoteIP().String())
 		if err := hc.Do(&ctx.Request, &ctx.Response); err != nil || ctx.Response.StatusCode() != 200 {
 			b.Fatal(err, ctx.Response.StatusCode())
 		}
 	}
+}
+
+// benchRequest is the handler benchmarks' request (a tenant's GET) and
+// the address it comes from.
+func benchRequest() (*fasthttp.Request, net.Addr) {
+	req := new(fasthttp.Request)
+	req.SetRequestURI("http://x/v1/routes/42")
+	req.Header.Set("X-Api-Key", "tenant-42")
+	return req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
 }
