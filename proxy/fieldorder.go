@@ -28,10 +28,11 @@ type orderedHeader interface {
 
 // repeatedFields returns, copied and in order, h's fields whose name
 // occurs more than once, except the fields fasthttp keeps apart from the
-// others (cookies, framing, Host and the like, which Del does not move)
-// and those named in skip (fields the caller rewrites); nil when there are
-// none.
-func repeatedFields(h orderedHeader, skip ...string) []field {
+// others (cookies, framing, Host and the like, which Del does not move);
+// nil when there are none. Without a repeated name it costs one pass that
+// compares the lengths of the names, and their letters only when two
+// lengths agree.
+func repeatedFields(h orderedHeader) []field {
 	var seen [32][]byte // the names so far, viewed during the pass
 	n, dup := 0, false
 	for k := range h.All() {
@@ -40,7 +41,7 @@ func repeatedFields(h orderedHeader, skip ...string) []field {
 			break
 		}
 		for _, s := range seen[:n] {
-			if bytes.EqualFold(s, k) {
+			if len(s) == len(k) && bytes.EqualFold(s, k) {
 				dup = true
 				break
 			}
