@@ -26,12 +26,19 @@ type orderedHeader interface {
 	AddBytesKV(key, value []byte)
 }
 
+// maxRepeatedNames bounds the names restoreOrder puts back in order: each
+// costs a pass over the header to read and one to delete, and a message
+// with thousands of repeated names (a header of "a1: x", "a1: y", ...)
+// must not make that quadratic. Past it, the order of a name's fields is
+// fasthttp's.
+const maxRepeatedNames = 16
+
 // repeatedFields returns, copied and in order, h's fields whose name
 // occurs more than once, except the fields fasthttp keeps apart from the
 // others (cookies, framing, Host and the like, which Del does not move);
 // nil when there are none. Without a repeated name it costs one pass that
 // compares the lengths of the names, and their letters only when two
-// lengths agree.
+// lengths agree; with one, a pass to copy and count.
 func repeatedFields(h orderedHeader) []field {
 	var seen [32][]byte // the names so far, viewed during the pass
 	n, dup := 0, false
@@ -56,20 +63,25 @@ func repeatedFields(h orderedHeader) []field {
 		return nil
 	}
 	var all []field
+	count := map[string]int{}
 	for k, v := range h.All() {
 		all = append(all, field{bytes.Clone(k), bytes.Clone(v)})
+		count[strings.ToLower(string(k))]++
 	}
 	var out []field
-	for i, f := range all {
-		if apartField(f.name) {
+	kept := map[string]bool{} // the names out holds
+	for _, f := range all {
+		k := strings.ToLower(string(f.name))
+		if count[k] < 2 || apartField(f.name) {
 			continue
 		}
-		for j, g := range all {
-			if j != i && bytes.EqualFold(f.name, g.name) {
-				out = append(out, f)
-				break
+		if !kept[k] {
+			if len(kept) == maxRepeatedNames {
+				continue
 			}
+			kept[k] = true
 		}
+		out = append(out, f)
 	}
 	return out
 }
@@ -80,34 +92,44 @@ func repeatedFields(h orderedHeader) []field {
 // order they came in; a name deleted or rewritten meanwhile is left as it
 // is.
 func restoreOrder(h orderedHeader, fs []field) {
-	for i, f := range fs {
-		if !first(fs, i) {
-			continue
+	if len(fs) == 0 {
+		return
+	}
+	var order []string // the names, in the order they first came
+	want := map[string][][]byte{}
+	for _, f := range fs {
+		k := strings.ToLower(string(f.name))
+		if _, ok := want[k]; !ok {
+			order = append(order, k)
 		}
-		var want [][]byte
-		for _, g := range fs[i:] {
-			if bytes.EqualFold(g.name, f.name) {
-				want = append(want, g.value)
-			}
+		want[k] = append(want[k], f.value)
+	}
+	// Every name is deleted before any is added back: a delete moves the
+	// header's last field, which may be one just added.
+	names := make([][]byte, 0, len(order))
+	for _, k := range order {
+		name := canonicalOf(fs, k)
+		if sameValues(h.PeekAll(string(name)), want[k]) {
+			h.Del(string(name))
+			names = append(names, name)
 		}
-		if !sameValues(h.PeekAll(string(f.name)), want) {
-			continue
-		}
-		h.Del(string(f.name))
-		for _, v := range want {
-			h.AddBytesKV(f.name, v)
+	}
+	for _, name := range names {
+		for _, v := range want[strings.ToLower(string(name))] {
+			h.AddBytesKV(name, v)
 		}
 	}
 }
 
-// first reports whether fs[i] is the first field of its name in fs.
-func first(fs []field, i int) bool {
-	for _, g := range fs[:i] {
-		if bytes.EqualFold(g.name, fs[i].name) {
-			return false
+// canonicalOf returns the name, as written, of the first field of fs whose
+// lower-case name is k.
+func canonicalOf(fs []field, k string) []byte {
+	for _, f := range fs {
+		if strings.EqualFold(string(f.name), k) {
+			return f.name
 		}
 	}
-	return true
+	return nil
 }
 
 // sameValues reports whether got and want hold the same values, in any
@@ -116,18 +138,15 @@ func sameValues(got, want [][]byte) bool {
 	if len(got) != len(want) {
 		return false
 	}
-	used := make([]bool, len(want))
+	left := make(map[string]int, len(want))
+	for _, w := range want {
+		left[string(w)]++
+	}
 	for _, g := range got {
-		found := false
-		for j, w := range want {
-			if !used[j] && bytes.Equal(g, w) {
-				used[j], found = true, true
-				break
-			}
-		}
-		if !found {
+		if left[string(g)] == 0 {
 			return false
 		}
+		left[string(g)]--
 	}
 	return true
 }
