@@ -1214,14 +1214,18 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		// once the client has it.
 		bp := f.s.copyBufs.get()
 		var unspooled []byte // read from the upstream, not taken by the spool
-		n, err := io.CopyBuffer(out.BodyWriter(), io.LimitReader(stream, smallBody+1), *bp)
-		if err == nil && n > smallBody {
+		n, err := readSmall(stream, (*bp)[:smallBody+1])
+		switch {
+		case err == nil && n > smallBody:
 			sp = newSpool(f.s.bufferLimits(f.s.opts.MaxResponseBuffer))
-			if _, err = sp.Write(out.Body()); err == nil {
-				out.ResetBody()
+			if _, err = sp.Write((*bp)[:n]); err == nil {
 				unspooled, err = spoolFrom(sp, stream, *bp)
-				unspooled = append([]byte(nil), unspooled...)
+			} else {
+				unspooled = (*bp)[:n] // all or nothing: a cap refuses the whole write
 			}
+			unspooled = append([]byte(nil), unspooled...)
+		case err == nil:
+			out.SetBody((*bp)[:n])
 		}
 		f.s.copyBufs.put(bp)
 		switch {
@@ -1258,10 +1262,8 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 		}
 		// What the spool did not take goes first (it holds nothing then),
 		// or after what it holds.
-		rest := append(append([]byte(nil), out.Body()...), unspooled...)
-		out.ResetBody()
-		if len(rest) > 0 {
-			stream = io.MultiReader(bytes.NewReader(rest), stream)
+		if len(unspooled) > 0 {
+			stream = io.MultiReader(bytes.NewReader(unspooled), stream)
 		}
 	}
 	// Stream: what is buffered first, then the rest as it comes, holding
@@ -1326,6 +1328,22 @@ func (b *streamBody) Close() error {
 	b.adm.Done(b.ctx, b.status, false)
 	b.f.s.inflight.Untrack(b.tr)
 	return nil
+}
+
+// readSmall reads r into buf until r ends or buf is full, whichever
+// comes first; n is what it read (len(buf): r may hold more).
+func readSmall(r io.Reader, buf []byte) (n int, err error) {
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // smallBody is the largest response body kept in the response's own

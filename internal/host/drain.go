@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,29 +17,43 @@ const DefaultDrainGrace = 10 * time.Second
 
 // Tracker knows the requests a server is serving, so that a drain that
 // runs out of its grace can say which it cuts. Its methods are safe for
-// concurrent use.
+// concurrent use. Requests are kept in trackShards lists, each under its
+// own lock, so that servers on many cores do not queue on one lock twice
+// a request.
 type Tracker struct {
+	n       atomic.Int64    // requests tracked
+	waiting atomic.Bool     // idle is not empty
+	mu      sync.Mutex      // idle
+	idle    []chan struct{} // Wait's, closed when n reaches 0
+	shards  [trackShards]trackShard
+	next    atomic.Uint32 // the shard of the next request
+	now     func() time.Time
+}
+
+// trackShards is the number of Tracker's lists (a power of two).
+const trackShards = 16
+
+type trackShard struct {
 	mu   sync.Mutex
-	reqs map[*tracked]struct{}
-	idle []chan struct{} // Wait's, closed when reqs empties
-	now  func() time.Time
+	head *tracked // a doubly linked list, newest first
+	_    [48]byte // a cache line of its own
 }
 
 type tracked struct {
 	method, path string
 	start        time.Time
+	prev, next   *tracked
+	shard        uint32
+	gone         bool // untracked
 }
 
 // NewTracker returns an empty Tracker.
-func NewTracker() *Tracker { return &Tracker{reqs: map[*tracked]struct{}{}, now: time.Now} }
+func NewTracker() *Tracker { return &Tracker{now: time.Now} }
 
 // Wrap returns h with every request registered while it runs.
 func (t *Tracker) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e := &tracked{method: r.Method, path: r.URL.Path, start: t.now()}
-		t.mu.Lock()
-		t.reqs[e] = struct{}{}
-		t.mu.Unlock()
+		e := t.Track(r.Method, r.URL.Path)
 		defer t.Untrack(e)
 		h.ServeHTTP(w, r)
 	})
@@ -51,36 +66,69 @@ type Tracked = tracked
 // net/http's: Untrack it when it ends. method and path must stay valid
 // until then.
 func (t *Tracker) Track(method, path string) *Tracked {
-	e := &tracked{method: method, path: path, start: t.now()}
-	t.mu.Lock()
-	t.reqs[e] = struct{}{}
-	t.mu.Unlock()
+	e := &tracked{method: method, path: path, start: t.now(), shard: t.next.Add(1) & (trackShards - 1)}
+	sh := &t.shards[e.shard]
+	sh.mu.Lock()
+	e.next = sh.head
+	if sh.head != nil {
+		sh.head.prev = e
+	}
+	sh.head = e
+	sh.mu.Unlock()
+	t.n.Add(1)
 	return e
 }
 
-// Untrack forgets a request Track registered.
+// Untrack forgets a request Track registered; once more is a no-op.
 func (t *Tracker) Untrack(e *Tracked) {
+	sh := &t.shards[e.shard]
+	sh.mu.Lock()
+	if e.gone {
+		sh.mu.Unlock()
+		return
+	}
+	e.gone = true
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		sh.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	}
+	e.prev, e.next = nil, nil
+	sh.mu.Unlock()
+	// Wait stores waiting before it loads n, Untrack the other way round:
+	// one of the two sees the other's store, so no waiter is missed.
+	if t.n.Add(-1) == 0 && t.waiting.Load() {
+		t.wake()
+	}
+}
+
+// wake closes Wait's channels if no request is in flight.
+func (t *Tracker) wake() {
 	t.mu.Lock()
-	delete(t.reqs, e)
-	if len(t.reqs) == 0 {
+	if t.n.Load() == 0 {
 		for _, c := range t.idle {
 			close(c)
 		}
 		t.idle = nil
+		t.waiting.Store(false)
 	}
 	t.mu.Unlock()
 }
 
 // Wait returns nil once no request is in flight, or ctx's error.
 func (t *Tracker) Wait(ctx context.Context) error {
-	t.mu.Lock()
-	if len(t.reqs) == 0 {
-		t.mu.Unlock()
+	if t.n.Load() == 0 {
 		return nil
 	}
 	c := make(chan struct{})
+	t.mu.Lock()
 	t.idle = append(t.idle, c)
+	t.waiting.Store(true)
 	t.mu.Unlock()
+	t.wake()
 	select {
 	case <-c:
 		return nil
@@ -90,23 +138,24 @@ func (t *Tracker) Wait(ctx context.Context) error {
 }
 
 // Len returns the number of requests in flight.
-func (t *Tracker) Len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.reqs)
-}
+func (t *Tracker) Len() int { return int(t.n.Load()) }
 
 // logCut logs every request in flight as cut by the drain and returns how
 // many there were.
 func (t *Tracker) logCut(log *slog.Logger, server string, grace time.Duration) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	now := t.now()
-	for e := range t.reqs {
-		log.Warn("request cut: still in flight when the drain grace ran out", "server", server,
-			"method", e.method, "path", e.path, "age", now.Sub(e.start).Round(time.Millisecond), "drain_grace", grace)
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for e := sh.head; e != nil; e = e.next {
+			log.Warn("request cut: still in flight when the drain grace ran out", "server", server,
+				"method", e.method, "path", e.path, "age", now.Sub(e.start).Round(time.Millisecond), "drain_grace", grace)
+			n++
+		}
+		sh.mu.Unlock()
 	}
-	return len(t.reqs)
+	return n
 }
 
 // Drain is how a server stops: it turns unready, lets requests in flight
