@@ -34,3 +34,22 @@ func hertzProxy(listen, upstream string) {
 	})
 	h.Spin()
 }
+
+// hertzFloor serves listen on hertz with the fasthttp floor's fixed 429
+// (the same status, fields and body), nothing decided.
+func hertzFloor(listen string) {
+	hlog.SetLevel(hlog.LevelError)
+	body := []byte(floorBody)
+	h := server.New(server.WithHostPorts(listen), server.WithDisablePrintRoute(true))
+	h.NoRoute(func(ctx context.Context, c *app.RequestContext) {
+		c.Response.Header.Set("Retry-After", "1")
+		c.Response.Header.Set("Ratelimit-Policy", `"request-rate";q=100;w=1;sluice-burst=1`)
+		c.Response.Header.Set("Ratelimit", `"request-rate";r=0;t=1`)
+		c.Response.Header.Set("X-Request-Id", "0000000-1")
+		c.Response.Header.Set("Cache-Control", "no-store")
+		c.Response.Header.SetContentType("application/json")
+		c.Response.SetStatusCode(http.StatusTooManyRequests)
+		c.Response.SetBody(body)
+	})
+	h.Spin()
+}

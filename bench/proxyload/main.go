@@ -2,12 +2,13 @@
 // `sluice proxy`, Go's httputil.ReverseProxy alone, and nginx (its Debian
 // package and a config file written here) when it is installed, all in
 // front of the same upstream, with the same generators, in interleaved
-// rounds. Three more targets answer the rejecting load only, to show where
+// rounds. Four more targets answer the rejecting load only, to show where
 // the floor is: nginx-quiet (nginx without the error.log line it writes
 // for every rejection by default), fasthttp-429 (the proxy's server
-// library answering a fixed 429 of sluice's size and fields) and gnet-429
-// (an event-loop server answering the same, parsing nothing but the end
-// of each request head); two more answer the admitting load only:
+// library answering a fixed 429 of sluice's size and fields), hertz-429
+// (the same answer from an event-loop HTTP framework, CloudWeGo's hertz)
+// and gnet-429 (an event-loop server answering the same, parsing nothing
+// but the end of each request head); two more answer the admitting load only:
 // fasthttp-proxy (the proxy's HTTP library as a bare reverse proxy) and
 // hertz-proxy (the same on CloudWeGo's hertz, an event-loop HTTP
 // framework):
@@ -305,7 +306,7 @@ func runRole(role, listen, upstream, policy string) {
 		// The floor of the proxy's server library: fasthttp answering every
 		// request with a fixed 429 of the size and fields of sluice's, with
 		// nothing decided.
-		body := []byte(`{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (100 requests per second per tenant, in bursts of up to 1); retry after 1s"}}`)
+		body := []byte(floorBody)
 		h := func(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Header.Set("Retry-After", "1")
 			ctx.Response.Header.Set("Ratelimit-Policy", `"request-rate";q=100;w=1;sluice-burst=1`)
@@ -317,6 +318,11 @@ func runRole(role, listen, upstream, policy string) {
 			ctx.SetBody(body)
 		}
 		log.Fatal((&fasthttp.Server{Handler: h, NoDefaultServerHeader: true}).ListenAndServe(listen))
+	case "hertz-floor":
+		// The same floor on an event-loop HTTP framework (hertz on
+		// netpoll): a real HTTP/1.1 server reading a socket only when epoll
+		// says it is readable, answering the same fixed 429.
+		hertzFloor(listen)
 	case "gnet-floor":
 		// The floor of an event-loop server: gnet (no goroutine per
 		// connection) answering every request head with the same fixed 429
@@ -329,9 +335,13 @@ func runRole(role, listen, upstream, policy string) {
 	}
 }
 
+// floorBody is the floors' 429 body: sluice's rejection of the rejecting
+// policy, byte for byte but for its request id.
+const floorBody = `{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (100 requests per second per tenant, in bursts of up to 1); retry after 1s"}}`
+
 // fixed429 is the fasthttp floor's answer, as bytes on the wire.
 func fixed429() []byte {
-	body := `{"error":{"reason":"policy_rate","scope":"tenant","gate":"request-rate","retryable":true,"effect_possible":false,"retry_after":1,"request_id":"0000000-1","message":"request-rate: rate limit exceeded (100 requests per second per tenant, in bursts of up to 1); retry after 1s"}}`
+	body := floorBody
 	return []byte("HTTP/1.1 429 Too Many Requests\r\n" +
 		"Date: " + time.Now().UTC().Format(http.TimeFormat) + "\r\n" +
 		"Content-Type: application/json\r\n" +
@@ -588,6 +598,12 @@ func run(rounds int, d time.Duration, conns, threads, rate, openSlices int, meas
 	}
 	defer floor.rejecP.stop()
 	targets = append(targets, floor)
+	hfloor := &target{name: "hertz-429", reject: freePort()}
+	if hfloor.rejecP, err = start("hertz-floor", self, "-role", "hertz-floor", "-listen", hfloor.reject); err != nil {
+		return err
+	}
+	defer hfloor.rejecP.stop()
+	targets = append(targets, hfloor)
 	gfloor := &target{name: "gnet-429", reject: freePort()}
 	if gfloor.rejecP, err = start("gnet-floor", self, "-role", "gnet-floor", "-listen", gfloor.reject); err != nil {
 		return err
@@ -1055,6 +1071,7 @@ func report(res map[string][]float64, targets []*target) {
 	ratio("that floor / nginx limit_req", "reject/fasthttp-429", "reject/nginx", false)
 	ratio("an event loop's floor (gnet, the same 429) / fasthttp's", "reject/gnet-429", "reject/fasthttp-429", false)
 	ratio("the event loop's floor / nginx limit_req without its log line", "reject/gnet-429", "reject/nginx-quiet", false)
+	ratio("an event-loop HTTP server's floor (hertz, the same 429) / nginx limit_req without its log line", "reject/hertz-429", "reject/nginx-quiet", false)
 	ratio("nginx without / with its log line per rejection", "reject/nginx-quiet", "reject/nginx", false)
 	ratio("sluice / sluice over net/http, max throughput all admitted", "max/sluice", "max/sluice-nethttp", false)
 	ratio("sluice / sluice over net/http, rejected-path throughput", "reject/sluice", "reject/sluice-nethttp", false)
