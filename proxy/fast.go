@@ -25,6 +25,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/identify"
 	"github.com/sluice-go/sluice/internal/host"
 	"github.com/sluice-go/sluice/internal/httpcore"
@@ -263,10 +265,7 @@ type coarseConn struct {
 	raw    syscall.RawConn // the connection to peek at, once asked for (goneWatch)
 	wrote  atomic.Bool     // written to since the last read (atomic: a hijacked connection is read and written by two goroutines)
 	linger atomic.Bool     // close gracefully: a request's body may be unread (lingerOnClose)
-	// The yield's backoff, read and written by the reading goroutine only,
-	// and the clock it is timed by (nil: time.Now; a test's own).
-	skip, backoff int
-	clock         func() time.Time
+	y      yielder         // used by the reading goroutine only
 }
 
 // yieldPaid is how long a read after a yield may take and still count as
@@ -290,31 +289,58 @@ func (c *coarseConn) Read(p []byte) (int, error) {
 		return c.Conn.Read(p)
 	}
 	c.wrote.Store(false)
-	if c.skip > 0 {
-		c.skip--
+	if !c.y.yield() {
 		return c.Conn.Read(p)
 	}
-	now := time.Now
-	if c.clock != nil {
-		now = c.clock
-	}
-	t0 := now()
-	runtime.Gosched()
-	t1 := now()
 	n, err := c.Conn.Read(p)
-	c.yielded(t1.Sub(t0), now().Sub(t1))
+	c.y.read()
 	return n, err
 }
 
+// yielder is a connection's yield before a read that would most likely
+// find nothing yet (coarseConn's, before a client's next request;
+// pooledConn's, before the upstream's answer), with its backoff. It is
+// used by one goroutine at a time.
+type yielder struct {
+	skip, backoff int
+	t1            clock.Instant        // when the last yield returned
+	took          time.Duration        // how long it took
+	clock         func() clock.Instant // nil: clock.Now (monotonic only: half of time.Now's cost); a test's own
+}
+
+func (y *yielder) now() clock.Instant {
+	if y.clock != nil {
+		return y.clock()
+	}
+	return clock.Now()
+}
+
+// yield yields the processor, or skips the yield as the backoff says,
+// and reports whether it yielded: then read must follow the read.
+func (y *yielder) yield() bool {
+	if y.skip > 0 {
+		y.skip--
+		return false
+	}
+	t0 := y.now()
+	runtime.Gosched()
+	y.t1 = y.now()
+	y.took = y.t1.Sub(t0)
+	return true
+}
+
+// read keeps the backoff once the read after a yield has returned.
+func (y *yielder) read() { y.yielded(y.took, y.now().Sub(y.t1)) }
+
 // yielded keeps the backoff after a yield that took yield and a read
 // after it that took read.
-func (c *coarseConn) yielded(yield, read time.Duration) {
+func (y *yielder) yielded(yield, read time.Duration) {
 	if read <= yieldPaid || yield >= yieldPaid {
-		c.backoff = 0
+		y.backoff = 0
 		return
 	}
-	c.backoff = min(2*c.backoff+1, yieldSkipMax)
-	c.skip = c.backoff
+	y.backoff = min(2*y.backoff+1, yieldSkipMax)
+	y.skip = y.backoff
 }
 
 const deadlineSlack = int64(time.Second)
@@ -892,7 +918,7 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
 	if adm != nil {
-		adm.Propagate(h)
+		adm.Propagate(propFields{h, has.sluice})
 	}
 	restoreOrder(h, rep)
 	if f.up != nil && f.up.IsTLS {
@@ -993,7 +1019,7 @@ var (
 // outFields marks which of the fields outbound replaces or drops a
 // request has; hop, that it has a hop-by-hop field or a Trailer field
 // (dropHopRequest and dropTrailer delete).
-type outFields struct{ te, expect, forwarded, xfFor, xfHost, xfProto, hop bool }
+type outFields struct{ te, expect, forwarded, xfFor, xfHost, xfProto, hop, sluice bool }
 
 // deletes reports whether outbound will delete a field of the request.
 func (o *outFields) deletes() bool {
@@ -1003,7 +1029,9 @@ func (o *outFields) deletes() bool {
 // mark marks field name k (any case) when it is one of outFields'.
 func (o *outFields) mark(k []byte) {
 	o.hop = o.hop || isHop(k) || strings.EqualFold(b2s(k), "Trailer")
-	switch n := b2s(k); len(n) {
+	n := b2s(k)
+	o.sluice = o.sluice || (len(n) > len(sluicePrefix) && strings.EqualFold(n[:len(sluicePrefix)], sluicePrefix))
+	switch len(n) {
 	case 2:
 		o.te = o.te || strings.EqualFold(n, "Te")
 	case 6:
@@ -1017,6 +1045,34 @@ func (o *outFields) mark(k []byte) {
 	case 17:
 		o.xfProto = o.xfProto || strings.EqualFold(n, "X-Forwarded-Proto")
 	}
+}
+
+// sluicePrefix begins the names of the fields propagation sets
+// (sluice.ClassHeader, sluice.LevelHeader).
+const sluicePrefix = "Sluice-"
+
+// propFields is a request's header as propagation writes it, with what
+// outbound's pass found: a field of sluice's own names is deleted only if
+// the request has one (a delete by name is a normalized copy of the name
+// and a pass over the fields), and set under its canonical name, as is.
+// Other names (the deadline header) go through the header's own methods.
+type propFields struct {
+	h      *fasthttp.RequestHeader
+	sluice bool // the request has a field named sluicePrefix...
+}
+
+func (p propFields) Del(k string) {
+	if p.sluice || !strings.HasPrefix(k, sluicePrefix) {
+		p.h.Del(k)
+	}
+}
+
+func (p propFields) Set(k, v string) {
+	if k == sluice.ClassHeader || k == sluice.LevelHeader {
+		p.h.SetCanonical(s2b(k), s2b(v))
+		return
+	}
+	p.h.Set(k, v)
 }
 
 // appendClientIP appends the IP address of a client's address to b (an

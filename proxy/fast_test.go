@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/httpgate"
 	"github.com/sluice-go/sluice/internal/poll"
 )
@@ -609,7 +610,7 @@ func TestCoarseConnIsReadAndWrittenConcurrently(t *testing.T) {
 // wait, 1, 3, 7 … 63 answers without one; a read that finds its request
 // at once, or a yield that ran other goroutines, ends the skipping.
 func TestCoarseConnYieldBacksOffWhileItDoesNotPay(t *testing.T) {
-	c := &coarseConn{}
+	c := &yielder{}
 	for _, want := range []int{1, 3, 7, 15, 31, 63, 63} {
 		c.yielded(time.Microsecond, time.Millisecond)
 		if c.skip != want || c.backoff != want {
@@ -627,60 +628,84 @@ func TestCoarseConnYieldBacksOffWhileItDoesNotPay(t *testing.T) {
 	}
 }
 
-// Read yields, or skips its yield, as the backoff says: on a clock where
-// every yield returns at once and every read after one waits, the reads
-// go yield (skip 1), skip, yield (skip 3), skip, skip, skip, yield.
-func TestCoarseConnSkipsYieldsAsTheBackoffSays(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	var calls int
-	at := time.Unix(0, 0)
-	cc := &coarseConn{Conn: a, clock: func() time.Time {
-		// A yielded read asks the time three times: before the yield,
-		// after it (1 µs later) and after the read (1 ms later).
-		calls++
-		switch calls % 3 {
-		case 2:
-			at = at.Add(time.Microsecond)
-		case 0:
-			at = at.Add(time.Millisecond)
-		}
-		return at
-	}}
-	done := make(chan struct{})
-	go func() { // the client: reads each answer and sends the next request
-		defer close(done)
-		buf := make([]byte, 1)
-		for {
-			if _, err := b.Read(buf); err != nil {
-				return
+// Read yields, or skips its yield, as the backoff says, on both legs: the
+// client's connection before its next request, the upstream's before its
+// answer. On a clock where every yield returns at once and every read
+// after one waits, the reads go yield (skip 1), skip, yield (skip 3),
+// skip, skip, skip, yield. A read that follows a read does not yield.
+func TestConnsSkipYieldsAsTheBackoffSays(t *testing.T) {
+	for _, leg := range []string{"client", "upstream"} {
+		t.Run(leg, func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			var calls int
+			var at clock.Instant
+			tick := func() clock.Instant {
+				// A yielded read asks the time three times: before the
+				// yield, after it (1 µs later) and after the read (1 ms
+				// later).
+				calls++
+				switch calls % 3 {
+				case 2:
+					at += clock.Instant(time.Microsecond)
+				case 0:
+					at += clock.Instant(time.Millisecond)
+				}
+				return at
 			}
-			if _, err := b.Write([]byte("r")); err != nil {
-				return
+			var c net.Conn
+			var y *yielder
+			if leg == "client" {
+				cc := &coarseConn{Conn: a, y: yielder{clock: tick}}
+				c, y = cc, &cc.y
+			} else {
+				pc := newPooledConn(nil, "upstream", &upConn{Conn: a}, a)
+				pc.y.clock = tick
+				c, y = pc, &pc.y
 			}
-		}
-	}()
-	buf := make([]byte, 1)
-	var skips []int
-	var yields int
-	for range 7 {
-		if _, err := cc.Write([]byte("a")); err != nil {
-			t.Fatal(err)
-		}
-		before := calls
-		if _, err := cc.Read(buf); err != nil {
-			t.Fatal(err)
-		}
-		if calls > before {
-			yields++
-		}
-		skips = append(skips, cc.skip)
-	}
-	a.Close()
-	<-done
-	if want := []int{1, 0, 3, 2, 1, 0, 7}; !slices.Equal(skips, want) || yields != 3 {
-		t.Fatalf("skips after each read %v and %d yields, want %v and 3", skips, yields, want)
+			done := make(chan struct{})
+			go func() { // the peer: reads each message and sends two bytes back
+				defer close(done)
+				buf := make([]byte, 1)
+				for {
+					if _, err := b.Read(buf); err != nil {
+						return
+					}
+					if _, err := b.Write([]byte("rr")); err != nil {
+						return
+					}
+				}
+			}()
+			buf := make([]byte, 1)
+			var skips []int
+			var yields int
+			for range 7 {
+				if _, err := c.Write([]byte("a")); err != nil {
+					t.Fatal(err)
+				}
+				before := calls
+				if _, err := c.Read(buf); err != nil {
+					t.Fatal(err)
+				}
+				if calls > before {
+					yields++
+				}
+				skips = append(skips, y.skip)
+				before = calls
+				if _, err := c.Read(buf); err != nil { // the second byte: no yield
+					t.Fatal(err)
+				}
+				if calls > before {
+					t.Fatal("a read after a read yielded")
+				}
+			}
+			a.Close()
+			<-done
+			if want := []int{1, 0, 3, 2, 1, 0, 7}; !slices.Equal(skips, want) || yields != 3 {
+				t.Fatalf("skips after each read %v and %d yields, want %v and 3", skips, yields, want)
+			}
+		})
 	}
 }
 

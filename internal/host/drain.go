@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-go/sluice/clock"
 )
 
 // DefaultDrainGrace is how long requests in flight get to finish once a
@@ -27,7 +28,7 @@ type Tracker struct {
 	idle    []chan struct{} // Wait's, closed when n reaches 0
 	shards  [trackShards]trackShard
 	next    atomic.Uint32 // the shard of the next request
-	now     func() time.Time
+	now     func() clock.Instant
 }
 
 // trackShards is the number of Tracker's lists (a power of two).
@@ -41,14 +42,14 @@ type trackShard struct {
 
 type tracked struct {
 	method, path string
-	start        time.Time
+	start        clock.Instant
 	prev, next   *tracked
 	shard        uint32
 	gone         bool // untracked
 }
 
 // NewTracker returns an empty Tracker.
-func NewTracker() *Tracker { return &Tracker{now: time.Now} }
+func NewTracker() *Tracker { return &Tracker{now: clock.Now} }
 
 // Wrap returns h with every request registered while it runs.
 func (t *Tracker) Wrap(h http.Handler) http.Handler {
