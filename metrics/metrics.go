@@ -46,8 +46,9 @@ type Options struct {
 	// TenantAfter is the admissions that earn a tenant a label slot.
 	// Default 10.
 	TenantAfter int
-	// TenantIdle is how long a labelled tenant may stay unseen before its
-	// slot goes to another. Default 10 minutes.
+	// TenantIdle is how long a labelled tenant may stay unseen (no
+	// decision; a completion does not count, and the last one is known to
+	// a second) before its slot goes to another. Default 10 minutes.
 	TenantIdle time.Duration
 	// Clock tells the time for TenantIdle. Default clock.System.
 	Clock clock.Clock
@@ -265,7 +266,12 @@ func (m *Metrics) tenant(t string, admit bool) string { return m.tenantOf(t, adm
 func (m *Metrics) tenantOf(t string, admit bool) *tenantLabel {
 	if v, ok := m.tenants.Load(t); ok {
 		tl := v.(*tenantLabel)
-		tl.seen.Store(int64(m.clock.Now()))
+		// Written at most once a second: a hot tenant's label is read on
+		// every core, and a write on each decision would move its cache
+		// line between them.
+		if now := int64(m.clock.Now()); now-tl.seen.Load() >= int64(time.Second) {
+			tl.seen.Store(now)
+		}
 		return tl
 	}
 	if !admit || m.maxTenants == 0 {
@@ -359,7 +365,11 @@ func (m *Metrics) ShadowRejected(r *sluice.Request, d *sluice.Decision) {
 
 // Done records a completion.
 func (m *Metrics) Done(r *sluice.Request, c sluice.Completion) {
-	sr := m.seriesOf(m.tenantOf(r.Tenant, false), seriesKey{kind: seriesDone, code: uint8(c.Outcome), class: r.Class})
+	tl := &m.other
+	if v, ok := m.tenants.Load(r.Tenant); ok { // a completion leaves the label's idleness to the decisions: no clock read
+		tl = v.(*tenantLabel)
+	}
+	sr := m.seriesOf(tl, seriesKey{kind: seriesDone, code: uint8(c.Outcome), class: r.Class})
 	sr.inflight.Dec()
 	sr.counted.Inc()
 	sr.latency.Observe(c.Latency.Seconds())

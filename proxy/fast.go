@@ -89,7 +89,10 @@ type fastServer struct {
 	// the upstream pool's (descriptorBudget).
 	clientConns, upstreamConns int
 	// dial, when set, dials the upstream instead of TCP (benchmarks:
-	// an upstream in memory).
+	// an upstream in memory), and the upstream's connections do not
+	// yield before an answer: in memory the answer's wake-up is a
+	// goroutine switch, not the read calls and park a yield saves, so
+	// the yield would only add its own cost to what is measured.
 	dial func(addr string, timeout time.Duration) (net.Conn, error)
 }
 
@@ -303,6 +306,7 @@ func (c *coarseConn) Read(p []byte) (int, error) {
 // used by one goroutine at a time.
 type yielder struct {
 	skip, backoff int
+	off           bool                 // never yield
 	t1            clock.Instant        // when the last yield returned
 	took          time.Duration        // how long it took
 	clock         func() clock.Instant // nil: clock.Now (monotonic only: half of time.Now's cost); a test's own
@@ -318,6 +322,9 @@ func (y *yielder) now() clock.Instant {
 // yield yields the processor, or skips the yield as the backoff says,
 // and reports whether it yielded: then read must follow the read.
 func (y *yielder) yield() bool {
+	if y.off {
+		return false
+	}
 	if y.skip > 0 {
 		y.skip--
 		return false
@@ -785,10 +792,11 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 		s.inflight.Untrack(tr)
 	}()
 	var deadline time.Time
+	now := time.Now()
 	if b := adm.Budget(); b > 0 {
-		deadline = time.Now().Add(b)
+		deadline = now.Add(b)
 	}
-	hold := holdEnd(deadline, s.opts.Grace, s.opts.MaxHold, time.Now())
+	hold := holdEnd(deadline, s.opts.Grace, s.opts.MaxHold, now)
 	trusted := s.mw.Snapshot().TrustedProxy(in.RemoteAddr)
 	if upgrade {
 		streaming = f.upgrade(ctx, &adm, tr, deadline, hold, trusted)
@@ -917,8 +925,12 @@ func (f *fastServer) outbound(ctx *fasthttp.RequestCtx, adm *httpcore.Admission,
 	forwarded(ctx, &has, trusted, clientHost)
 	h.SetHost(f.host)
 	h.ResetConnectionClose()
-	if adm != nil {
-		adm.Propagate(propFields{h, has.sluice})
+	switch {
+	case adm == nil:
+	case has.sluice:
+		adm.Propagate((*propFields)(h))
+	default:
+		adm.Propagate((*bareFields)(h))
 	}
 	restoreOrder(h, rep)
 	if f.up != nil && f.up.IsTLS {
@@ -1051,29 +1063,37 @@ func (o *outFields) mark(k []byte) {
 // (sluice.ClassHeader, sluice.LevelHeader).
 const sluicePrefix = "Sluice-"
 
-// propFields is a request's header as propagation writes it, with what
-// outbound's pass found: a field of sluice's own names is deleted only if
-// the request has one (a delete by name is a normalized copy of the name
-// and a pass over the fields), and set under its canonical name, as is.
-// Other names (the deadline header) go through the header's own methods.
-type propFields struct {
-	h      *fasthttp.RequestHeader
-	sluice bool // the request has a field named sluicePrefix...
-}
+// propFields is a request's header as propagation writes it: sluice's
+// own fields (sluice.ClassHeader, sluice.LevelHeader) are set under their
+// canonical names, as they are; other names (the deadline header) go
+// through the header's own methods.
+type propFields fasthttp.RequestHeader
 
-func (p propFields) Del(k string) {
-	if p.sluice || !strings.HasPrefix(k, sluicePrefix) {
-		p.h.Del(k)
-	}
-}
+func (p *propFields) Del(k string) { (*fasthttp.RequestHeader)(p).Del(k) }
 
-func (p propFields) Set(k, v string) {
+func (p *propFields) Set(k, v string) {
+	h := (*fasthttp.RequestHeader)(p)
 	if k == sluice.ClassHeader || k == sluice.LevelHeader {
-		p.h.SetCanonical(s2b(k), s2b(v))
+		h.SetCanonical(s2b(k), s2b(v))
 		return
 	}
-	p.h.Set(k, v)
+	h.Set(k, v)
 }
+
+// bareFields is propFields for a request with no field of a name
+// beginning sluicePrefix (outbound's pass found none): deleting one is
+// skipped, as a delete by name costs a normalized copy of the name and a
+// pass over the fields. (A type of its own, not a flag: a pointer is
+// what an interface holds without an allocation.)
+type bareFields fasthttp.RequestHeader
+
+func (p *bareFields) Del(k string) {
+	if !strings.HasPrefix(k, sluicePrefix) {
+		(*fasthttp.RequestHeader)(p).Del(k)
+	}
+}
+
+func (p *bareFields) Set(k, v string) { (*propFields)(p).Set(k, v) }
 
 // appendClientIP appends the IP address of a client's address to b (an
 // IPv4 one mapped into IPv6 as IPv4, an IPv6 one with its zone), as

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-go/sluice/clock"
 	"github.com/valyala/fasthttp"
 )
 
@@ -38,7 +39,11 @@ type upConn struct {
 	idle   time.Duration
 	rd, wd atomic.Int64 // the deadlines the user set, Unix ns; 0: none
 	armed  atomic.Int64 // the idle bound last set, Unix ns
-	forget func(*upConn)
+	// renewed is the clock.Instant of the last renewal (0: none yet): a
+	// renewal less than the slack after it would move the bound by less
+	// than the slack.
+	renewed atomic.Int64
+	forget  func(*upConn)
 }
 
 // newUpConn wraps c with the idle bound (idle <= 0: none, and c is
@@ -63,6 +68,12 @@ func (c *upConn) renew() {
 	if c.idle <= 0 {
 		return
 	}
+	// The monotonic clock first (half of time.Now's cost): most calls
+	// come within the slack of the last renewal and move nothing.
+	mono := int64(clock.Now())
+	if r := c.renewed.Load(); r != 0 && mono-r < idleSlack(c.idle) {
+		return
+	}
 	now := time.Now().UnixNano()
 	want := now + int64(c.idle)
 	if want < now { // past the year 2262: as far as a deadline goes
@@ -72,6 +83,7 @@ func (c *upConn) renew() {
 	if want-old < idleSlack(c.idle) || !c.armed.CompareAndSwap(old, want) {
 		return
 	}
+	c.renewed.Store(mono)
 	c.Conn.SetReadDeadline(sooner(want, c.rd.Load()))
 	c.Conn.SetWriteDeadline(sooner(want, c.wd.Load()))
 }
@@ -240,6 +252,7 @@ type pooledLeg struct {
 
 func newPooledConn(f *fastServer, addr string, u *upConn, rw net.Conn) *pooledConn {
 	c := &pooledConn{f: f, addr: addr}
+	c.y.off = f != nil && f.dial != nil
 	c.local = pooledAddr{c}
 	c.cur.Store(newLeg(u, rw))
 	return c
