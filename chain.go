@@ -212,7 +212,11 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 		return c.refuse(t, r, &t.dec[0], now), Ticket{}
 	}
 	hs := &t.held // the permits are kept where the ticket keeps them: no copy
-	n := 0
+	n := 0        // the permits held, and not yet given back or handed out in the Ticket
+	// A gate or the observer that panics must not keep the permits of the
+	// gates before it (a concurrency limit would lose a slot for good):
+	// they are given back as for a rejection, and the panic goes on.
+	defer func() { c.abandon(t, n) }()
 	// best is the tightest admitting verdict so far (the zero Decision
 	// until one with a quota admits); cur is where the next gate writes.
 	best, cur := &t.dec[0], &t.dec[1]
@@ -231,8 +235,8 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			now = c.clock.Now()
 			if req.Deadline != 0 && now >= req.Deadline {
 				hs[n] = held{gate: i, permit: p}
-				n++
-				c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
+				c.release(hs[:n+1], req, Completion{Outcome: OutcomeRejected, Now: now})
+				n = 0
 				*cur = Decision{Reason: ReasonDeadline, Scope: cur.Scope, Gate: e.gate.Name()}
 				return c.refuse(t, r, cur, now), Ticket{}
 			}
@@ -260,6 +264,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			continue
 		}
 		c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
+		n = 0
 		cur.EffectPossible = false
 		return c.refuse(t, r, cur, now), Ticket{}
 	}
@@ -275,9 +280,19 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 	if c.obs != nil {
 		c.report(req, best, now)
 	}
+	n = 0     // the Ticket has them
 	d = *best // into the result: no copy in between
 	*best = Decision{}
 	return d, Ticket{t: t, gen: t.gen.Load()}
+}
+
+// abandon gives back the first n permits t holds, if any, as for a
+// rejection: a gate or the observer panicked while the request was being
+// decided.
+func (c *Chain) abandon(t *ticket, n int) {
+	if n > 0 {
+		c.release(t.held[:n], &t.req, Completion{Outcome: OutcomeRejected, Now: c.clock.Now()})
+	}
 }
 
 // refuse reports rejection *d, written in t, of t's request (the copy of

@@ -373,3 +373,66 @@ func TestDoReleasesOnGoexit(t *testing.T) {
 	}
 	tk.Done(sluice.OutcomeUseful)
 }
+
+// panicGate panics in Decide once armed.
+type panicGate struct{ armed atomic.Bool }
+
+func (*panicGate) Name() string { return "buggy" }
+
+func (g *panicGate) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant, d *sluice.Decision) sluice.Permit {
+	if g.armed.Load() {
+		panic("gate bug")
+	}
+	d.Admitted = true
+	return 0
+}
+
+func (*panicGate) Release(*sluice.Request, sluice.Permit, sluice.Completion) {}
+
+// panicObserver panics in Decided once armed.
+type panicObserver struct{ armed atomic.Bool }
+
+func (o *panicObserver) Decided(*sluice.Request, *sluice.Decision, time.Duration) {
+	if o.armed.Load() {
+		panic("observer bug")
+	}
+}
+func (*panicObserver) ShadowRejected(*sluice.Request, *sluice.Decision) {}
+func (*panicObserver) Done(*sluice.Request, sluice.Completion)          {}
+
+// A gate or an observer that panics while a request is decided does not
+// keep the slots the gates before it took: a concurrency limit of 1 still
+// admits once the panics are over, and the panic still reaches the caller.
+func TestPanicInDecideGivesBackTheSlots(t *testing.T) {
+	for _, where := range []string{"gate", "observer"} {
+		t.Run(where, func(t *testing.T) {
+			g, o := &panicGate{}, &panicObserver{}
+			c, err := sluice.NewChain(sluice.ChainOptions{Observer: o}, concGate(t, "pool", 1, sluice.ScopeService), g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if where == "gate" {
+				g.armed.Store(true)
+			} else {
+				o.armed.Store(true)
+			}
+			for range 3 {
+				func() {
+					defer func() {
+						if recover() == nil {
+							t.Fatal("the panic did not reach the caller")
+						}
+					}()
+					c.Decide(context.Background(), &sluice.Request{Tenant: "a", Class: "default", Cost: 1})
+				}()
+			}
+			g.armed.Store(false)
+			o.armed.Store(false)
+			d, tk := c.Decide(context.Background(), &sluice.Request{Tenant: "a", Class: "default", Cost: 1})
+			if !d.Admitted {
+				t.Fatalf("after the panics the pool of 1 refused: %v (its slot was kept)", d.Reason)
+			}
+			tk.Done(sluice.OutcomeUseful)
+		})
+	}
+}
