@@ -449,6 +449,64 @@ func (h *respFields) SetValue(key string, v []byte) {
 	(*fasthttp.ResponseHeader)(h).SetCanonical(s2b(key), v)
 }
 
+// answerFields returns what an admitted answer's own fields (RateLimit,
+// RateLimit-Policy, the legacy X-RateLimit ones, Sluice-Level) are
+// written into when the answer is the upstream's: respFields, or, when
+// the upstream sent a field of one of those names itself, replaceFields,
+// so that sluice's replaces every one of the upstream's (respFields
+// replaces the first only), and the answer's other repeated fields keep
+// their order. One pass over the answer's fields.
+func answerFields(h *fasthttp.ResponseHeader) httpcore.Fields {
+	for k := range h.All() {
+		if ownAnswerField(b2s(k)) {
+			return (*replaceFields)(h)
+		}
+	}
+	return (*respFields)(h)
+}
+
+// ownAnswerField reports whether n (any case) names one of the fields
+// sluice sets on an admitted answer.
+func ownAnswerField(n string) bool {
+	switch len(n) {
+	case len("Ratelimit"):
+		return strings.EqualFold(n, "Ratelimit")
+	case len("Sluice-Level"):
+		return strings.EqualFold(n, sluice.LevelHeader)
+	case len("Ratelimit-Policy"):
+		return strings.EqualFold(n, "Ratelimit-Policy")
+	case len("X-Ratelimit-Limit"): // and X-Ratelimit-Reset
+		return strings.EqualFold(n, "X-Ratelimit-Limit") || strings.EqualFold(n, "X-Ratelimit-Reset")
+	case len("X-Ratelimit-Remaining"):
+		return strings.EqualFold(n, "X-Ratelimit-Remaining")
+	}
+	return false
+}
+
+// replaceFields is respFields for an answer that has fields of the names
+// it sets: every field of a name set goes, then the new ones are added,
+// and the answer's repeated fields are put back in their order (a delete
+// moves the header's last field into the deleted one's place).
+type replaceFields fasthttp.ResponseHeader
+
+func (h *replaceFields) Set(key string, vals []string) {
+	rh := (*fasthttp.ResponseHeader)(h)
+	rep := repeatedFields(rh)
+	rh.Del(key)
+	for _, v := range vals {
+		rh.Add(key, v)
+	}
+	restoreOrder(rh, rep)
+}
+
+func (h *replaceFields) SetValue(key string, v []byte) {
+	rh := (*fasthttp.ResponseHeader)(h)
+	rep := repeatedFields(rh)
+	rh.Del(key)
+	rh.AddBytesV(key, v)
+	restoreOrder(rh, rep)
+}
+
 // s2b views s as bytes, for fasthttp's setters, which copy them.
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
@@ -832,7 +890,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	adm.ReadCost(func(name string) string { return b2s(resp.Header.Peek(name)) })
 	streaming = f.respond(ctx, resp, &adm, tr, hold)
 	if !streaming {
-		adm.SetHeaders((*respFields)(&ctx.Response.Header))
+		adm.SetHeaders(answerFields(&ctx.Response.Header))
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 	}
 }
@@ -1154,15 +1212,30 @@ func isHop(k []byte) bool {
 }
 
 // hopNamed returns the fields a Connection value names, but close and
-// keep-alive (which are hop-by-hop already).
+// keep-alive (which are hop-by-hop already) and the fields that frame or
+// address the message: Content-Length, Transfer-Encoding and Host stay
+// whatever Connection says (the proxy frames and addresses what it sends
+// on itself; deleting Content-Length left a body without its length, a
+// 502, and taking framing away on a sender's word is how messages are
+// smuggled past a proxy).
 func hopNamed(c []byte) []string {
 	var names []string
 	for _, n := range strings.Split(string(c), ",") {
-		if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, "close") && !strings.EqualFold(n, "keep-alive") {
+		if n = strings.TrimSpace(n); n != "" && !keptNamed(n) {
 			names = append(names, n)
 		}
 	}
 	return names
+}
+
+// keptNamed reports whether a field Connection names stays (hopNamed).
+func keptNamed(n string) bool {
+	for _, k := range [...]string{"close", "keep-alive", "Content-Length", "Transfer-Encoding", "Host"} {
+		if strings.EqualFold(n, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // hopHeader is a request's or a response's header, for dropNamedHop and
@@ -1345,7 +1418,7 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 	// Stream: what is buffered first, then the rest as it comes, holding
 	// the slot until the end, the deadline plus Grace (MaxHold without a
 	// deadline) at most.
-	adm.SetHeaders((*respFields)(&out.Header))
+	adm.SetHeaders(answerFields(&out.Header))
 	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), hold: hold}
 	body.r = stream
 	if sp != nil && sp.Len() > 0 {
@@ -1514,7 +1587,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 		}
 		resp.CopyTo(&ctx.Response)
 		dropHopResponse(&ctx.Response.Header)
-		adm.SetHeaders((*respFields)(&ctx.Response.Header))
+		adm.SetHeaders(answerFields(&ctx.Response.Header))
 		return false
 	}
 	head := append([]byte(nil), resp.Header.Header()...)

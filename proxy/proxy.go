@@ -248,6 +248,7 @@ func New(opts Options) (*Server, error) {
 	s.handler = s.buffered(s.mw.Wrap(s.inflight.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if bw := bufferedOf(w); bw != nil {
 			bw.setDeadline(r) // admitted: a streamed response holds the slot until the deadline at most
+			bw.markOwn()
 		}
 		body, ok := s.readExpected(w, r)
 		if !ok {
