@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-go/sluice/clock"
@@ -19,15 +20,14 @@ const DefaultDrainGrace = 10 * time.Second
 // Tracker knows the requests a server is serving, so that a drain that
 // runs out of its grace can say which it cuts. Its methods are safe for
 // concurrent use. Requests are kept in trackShards lists, each under its
-// own lock, so that servers on many cores do not queue on one lock twice
-// a request.
+// own lock and with its own count, chosen by the request's record's
+// address (allocated from the running processor's own memory), so that a
+// server on many cores writes no memory shared by all of them per request.
 type Tracker struct {
-	n       atomic.Int64    // requests tracked
-	waiting atomic.Bool     // idle is not empty
+	waiting atomic.Bool     // idle is not empty: Untrack looks whether it may wake
 	mu      sync.Mutex      // idle
-	idle    []chan struct{} // Wait's, closed when n reaches 0
+	idle    []chan struct{} // Wait's, closed when every shard is empty
 	shards  [trackShards]trackShard
-	next    atomic.Uint32 // the shard of the next request
 	now     func() clock.Instant
 }
 
@@ -36,16 +36,21 @@ const trackShards = 16
 
 type trackShard struct {
 	mu   sync.Mutex
-	head *tracked // a doubly linked list, newest first
-	_    [48]byte // a cache line of its own
+	head *tracked     // a doubly linked list, newest first
+	n    atomic.Int64 // its length (written under mu)
+	_    [40]byte     // a cache line of its own
 }
 
 type tracked struct {
 	method, path string
 	start        clock.Instant
 	prev, next   *tracked
-	shard        uint32
 	gone         bool // untracked
+}
+
+// shardOf is e's shard: by address, past the bits a record's size fixes.
+func (t *Tracker) shardOf(e *tracked) *trackShard {
+	return &t.shards[(uintptr(unsafe.Pointer(e))>>7)&(trackShards-1)]
 }
 
 // NewTracker returns an empty Tracker.
@@ -67,22 +72,22 @@ type Tracked = tracked
 // net/http's: Untrack it when it ends. method and path must stay valid
 // until then.
 func (t *Tracker) Track(method, path string) *Tracked {
-	e := &tracked{method: method, path: path, start: t.now(), shard: t.next.Add(1) & (trackShards - 1)}
-	sh := &t.shards[e.shard]
+	e := &tracked{method: method, path: path, start: t.now()}
+	sh := t.shardOf(e)
 	sh.mu.Lock()
 	e.next = sh.head
 	if sh.head != nil {
 		sh.head.prev = e
 	}
 	sh.head = e
+	sh.n.Add(1)
 	sh.mu.Unlock()
-	t.n.Add(1)
 	return e
 }
 
 // Untrack forgets a request Track registered; once more is a no-op.
 func (t *Tracker) Untrack(e *Tracked) {
-	sh := &t.shards[e.shard]
+	sh := t.shardOf(e)
 	sh.mu.Lock()
 	if e.gone {
 		sh.mu.Unlock()
@@ -98,10 +103,12 @@ func (t *Tracker) Untrack(e *Tracked) {
 		e.next.prev = e.prev
 	}
 	e.prev, e.next = nil, nil
+	empty := sh.n.Add(-1) == 0
 	sh.mu.Unlock()
-	// Wait stores waiting before it loads n, Untrack the other way round:
-	// one of the two sees the other's store, so no waiter is missed.
-	if t.n.Add(-1) == 0 && t.waiting.Load() {
+	// Wait stores waiting before it loads the counts, Untrack the other
+	// way round: one of the two sees the other's store, so no waiter is
+	// missed.
+	if empty && t.waiting.Load() {
 		t.wake()
 	}
 }
@@ -109,7 +116,7 @@ func (t *Tracker) Untrack(e *Tracked) {
 // wake closes Wait's channels if no request is in flight.
 func (t *Tracker) wake() {
 	t.mu.Lock()
-	if t.n.Load() == 0 {
+	if t.Len() == 0 {
 		for _, c := range t.idle {
 			close(c)
 		}
@@ -121,7 +128,7 @@ func (t *Tracker) wake() {
 
 // Wait returns nil once no request is in flight, or ctx's error.
 func (t *Tracker) Wait(ctx context.Context) error {
-	if t.n.Load() == 0 {
+	if t.Len() == 0 {
 		return nil
 	}
 	c := make(chan struct{})
@@ -139,7 +146,13 @@ func (t *Tracker) Wait(ctx context.Context) error {
 }
 
 // Len returns the number of requests in flight.
-func (t *Tracker) Len() int { return int(t.n.Load()) }
+func (t *Tracker) Len() int {
+	n := int64(0)
+	for i := range t.shards {
+		n += t.shards[i].n.Load()
+	}
+	return int(n)
+}
 
 // logCut logs every request in flight as cut by the drain and returns how
 // many there were.
