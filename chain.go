@@ -235,8 +235,9 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			now = c.clock.Now()
 			if req.Deadline != 0 && now >= req.Deadline {
 				hs[n] = held{gate: i, permit: p}
-				c.release(hs[:n+1], req, Completion{Outcome: OutcomeRejected, Now: now})
-				n = 0
+				k := n + 1
+				n = 0 // before the release: a Release that panics must not have them released again
+				c.release(hs[:k], req, Completion{Outcome: OutcomeRejected, Now: now})
 				*cur = Decision{Reason: ReasonDeadline, Scope: cur.Scope, Gate: e.gate.Name()}
 				return c.refuse(t, r, cur, now), Ticket{}
 			}
@@ -263,8 +264,9 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			*cur = Decision{}
 			continue
 		}
-		c.release(hs[:n], req, Completion{Outcome: OutcomeRejected, Now: now})
-		n = 0
+		k := n
+		n = 0 // before the release, as above
+		c.release(hs[:k], req, Completion{Outcome: OutcomeRejected, Now: now})
 		cur.EffectPossible = false
 		return c.refuse(t, r, cur, now), Ticket{}
 	}

@@ -436,3 +436,58 @@ func TestPanicInDecideGivesBackTheSlots(t *testing.T) {
 		})
 	}
 }
+
+// scriptGate admits or rejects as told, and panics in Release when told.
+type scriptGate struct {
+	name             string
+	admit, panicRels bool
+}
+
+func (g *scriptGate) Name() string { return g.name }
+
+func (g *scriptGate) Decide(_ context.Context, _ *sluice.Request, _ clock.Instant, d *sluice.Decision) sluice.Permit {
+	d.Admitted = g.admit
+	if !g.admit {
+		d.Reason = sluice.ReasonConcurrency
+	}
+	return 0
+}
+
+func (g *scriptGate) Release(*sluice.Request, sluice.Permit, sluice.Completion) {
+	if g.panicRels {
+		panic("release bug")
+	}
+}
+
+// A gate whose Release panics while a rejection gives the earlier permits
+// back does not make the chain give them back twice: a concurrency limit
+// of 2 with one request in flight admits one more, not two.
+func TestPanicInReleaseReleasesOnce(t *testing.T) {
+	pool := concGate(t, "pool", 2, sluice.ScopeService)
+	// Permits go back in reverse order: the pool's first, then a's, which panics.
+	ch, err := sluice.NewChain(sluice.ChainOptions{}, &scriptGate{name: "a", admit: true, panicRels: true}, pool, &scriptGate{name: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone, err := sluice.NewChain(sluice.ChainOptions{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func() *sluice.Request { return &sluice.Request{Tenant: "a", Class: "default", Cost: 1} }
+	_, first := alone.Decide(context.Background(), req())
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the Release panic did not reach the caller")
+			}
+		}()
+		ch.Decide(context.Background(), req())
+	}()
+	d1, t1 := alone.Decide(context.Background(), req())
+	d2, _ := alone.Decide(context.Background(), req())
+	if !d1.Admitted || d2.Admitted {
+		t.Fatalf("after the panic, a limit of 2 with 1 in flight admitted %v then %v: want one more only", d1.Admitted, d2.Admitted)
+	}
+	t1.Done(sluice.OutcomeUseful)
+	first.Done(sluice.OutcomeUseful)
+}
