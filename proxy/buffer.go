@@ -162,35 +162,38 @@ type bufferedWriter struct {
 	grace    time.Duration
 	maxHold  time.Duration
 	err      error
-	// own counts the values of each of ownFields sluice had set when the
-	// request was admitted (markOwn); marked: it has been counted.
-	own    [len(ownFields)]uint8
+	// own holds the values of each of ownFields sluice had set when the
+	// request was admitted (markOwn); marked: they have been kept.
+	own    [len(ownFields)][]string
 	marked bool
 }
 
 // ownFields are the fields sluice sets on an admitted answer.
 var ownFields = [...]string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Sluice-Level"}
 
-// markOwn counts the admitted answer's own fields, set before the reverse
-// proxy copies the upstream's after them: WriteHeader cuts each name that
-// sluice set back to sluice's values, so that an upstream's fields of the
-// same names do not reach the client beside them.
+// markOwn keeps the admitted answer's own fields, set before the reverse
+// proxy copies the upstream's after them. WriteHeader puts back sluice's
+// values of each name it set: an upstream's fields of the same names do
+// not reach the client beside them, and the fields survive the reverse
+// proxy's clearing of the header after an informational answer (103
+// Early Hints).
 func (b *bufferedWriter) markOwn() {
 	for i, n := range ownFields {
-		b.own[i] = uint8(min(len(b.header[n]), 255))
+		vs := b.header[n]
+		b.own[i] = vs[:len(vs):len(vs)] // appends after it go elsewhere
 	}
 	b.marked = true
 }
 
-// dropUpstreamOwn cuts the fields markOwn counted back to sluice's.
-func (b *bufferedWriter) dropUpstreamOwn() {
+// restoreOwn puts back the values markOwn kept.
+func (b *bufferedWriter) restoreOwn() {
 	if !b.marked {
 		return
 	}
 	b.marked = false
 	for i, n := range ownFields {
-		if k := int(b.own[i]); k > 0 && len(b.header[n]) > k {
-			b.header[n] = b.header[n][:k:k]
+		if vs := b.own[i]; len(vs) > 0 {
+			b.header[n] = vs
 		}
 	}
 }
@@ -205,7 +208,7 @@ func (b *bufferedWriter) WriteHeader(code int) {
 	if b.status != 0 {
 		return
 	}
-	b.dropUpstreamOwn()
+	b.restoreOwn()
 	b.status = code
 	if b.stream {
 		b.writeHeader()

@@ -449,20 +449,23 @@ func (h *respFields) SetValue(key string, v []byte) {
 	(*fasthttp.ResponseHeader)(h).SetCanonical(s2b(key), v)
 }
 
-// answerFields returns what an admitted answer's own fields (RateLimit,
-// RateLimit-Policy, the legacy X-RateLimit ones, Sluice-Level) are
-// written into when the answer is the upstream's: respFields, or, when
-// the upstream sent a field of one of those names itself, replaceFields,
-// so that sluice's replaces every one of the upstream's (respFields
-// replaces the first only), and the answer's other repeated fields keep
-// their order. One pass over the answer's fields.
-func answerFields(h *fasthttp.ResponseHeader) httpcore.Fields {
+// setAnswerFields sets an admitted answer's own fields (RateLimit,
+// RateLimit-Policy, the legacy X-RateLimit ones, Sluice-Level: SetHeaders)
+// on h, the upstream's answer. When the upstream sent a field of one of
+// those names itself, each name sluice sets replaces every field of that
+// name (respFields replaces the first only: replaceFields), and the
+// answer's repeated fields are put back in their order once all are set.
+// One pass over the answer's fields otherwise.
+func setAnswerFields(adm *httpcore.Admission, h *fasthttp.ResponseHeader) {
 	for k := range h.All() {
 		if ownAnswerField(b2s(k)) {
-			return (*replaceFields)(h)
+			rep := repeatedFields(h)
+			adm.SetHeaders((*replaceFields)(h))
+			restoreOrder(h, rep)
+			return
 		}
 	}
-	return (*respFields)(h)
+	adm.SetHeaders((*respFields)(h))
 }
 
 // ownAnswerField reports whether n (any case) names one of the fields
@@ -484,27 +487,24 @@ func ownAnswerField(n string) bool {
 }
 
 // replaceFields is respFields for an answer that has fields of the names
-// it sets: every field of a name set goes, then the new ones are added,
-// and the answer's repeated fields are put back in their order (a delete
-// moves the header's last field into the deleted one's place).
+// it sets: every field of a name set goes, then the new ones are added
+// (setAnswerFields puts the answer's other repeated fields back in order
+// after: a delete moves the header's last field into the deleted one's
+// place).
 type replaceFields fasthttp.ResponseHeader
 
 func (h *replaceFields) Set(key string, vals []string) {
 	rh := (*fasthttp.ResponseHeader)(h)
-	rep := repeatedFields(rh)
 	rh.Del(key)
 	for _, v := range vals {
 		rh.Add(key, v)
 	}
-	restoreOrder(rh, rep)
 }
 
 func (h *replaceFields) SetValue(key string, v []byte) {
 	rh := (*fasthttp.ResponseHeader)(h)
-	rep := repeatedFields(rh)
 	rh.Del(key)
 	rh.AddBytesV(key, v)
-	restoreOrder(rh, rep)
 }
 
 // s2b views s as bytes, for fasthttp's setters, which copy them.
@@ -890,7 +890,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	adm.ReadCost(func(name string) string { return b2s(resp.Header.Peek(name)) })
 	streaming = f.respond(ctx, resp, &adm, tr, hold)
 	if !streaming {
-		adm.SetHeaders(answerFields(&ctx.Response.Header))
+		setAnswerFields(&adm, &ctx.Response.Header)
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 	}
 }
@@ -1242,6 +1242,7 @@ func keptNamed(n string) bool {
 // dropHopFields.
 type hopHeader interface {
 	Peek(key string) []byte
+	PeekAll(key string) [][]byte
 	Del(key string)
 }
 
@@ -1289,14 +1290,22 @@ func dropHopResponse(h *fasthttp.ResponseHeader) {
 
 var http11 = []byte("HTTP/1.1")
 
-// dropNamedHop removes the Connection field and the fields it names.
+// dropNamedHop removes the Connection fields and the fields they name,
+// every Connection field's (a message may repeat it: RFC 9110 section
+// 5.3 makes them one list).
 func dropNamedHop(h hopHeader) {
-	if c := h.Peek("Connection"); len(c) > 0 {
-		for _, n := range hopNamed(c) {
-			h.Del(n)
-		}
-		h.Del("Connection")
+	cs := h.PeekAll("Connection")
+	if len(cs) == 0 {
+		return
 	}
+	var names []string
+	for _, c := range cs {
+		names = append(names, hopNamed(c)...) // copied: the deletes below move the fields' bytes
+	}
+	for _, n := range names {
+		h.Del(n)
+	}
+	h.Del("Connection")
 }
 
 // fixedHop reports whether k is a field of hopFields other than
@@ -1418,7 +1427,7 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 	// Stream: what is buffered first, then the rest as it comes, holding
 	// the slot until the end, the deadline plus Grace (MaxHold without a
 	// deadline) at most.
-	adm.SetHeaders(answerFields(&out.Header))
+	setAnswerFields(adm, &out.Header)
 	body := &streamBody{f: f, ctx: ctx, resp: resp, sp: sp, adm: adm, tr: tr, status: out.StatusCode(), hold: hold}
 	body.r = stream
 	if sp != nil && sp.Len() > 0 {
@@ -1587,7 +1596,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 		}
 		resp.CopyTo(&ctx.Response)
 		dropHopResponse(&ctx.Response.Header)
-		adm.SetHeaders(answerFields(&ctx.Response.Header))
+		setAnswerFields(adm, &ctx.Response.Header)
 		return false
 	}
 	head := append([]byte(nil), resp.Header.Header()...)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -104,5 +105,89 @@ func TestAdmittedAnswerFieldsReplaceTheUpstreams(t *testing.T) {
 	}
 	if got, want := strings.Join(resp.Header.Values("Link"), " | "), "</a> | </b> | </c>"; got != want {
 		t.Errorf("Link fields %q, want %q", got, want)
+	}
+}
+
+// sluice's answer fields survive an informational answer before the
+// final one (103 Early Hints: Go's reverse proxy clears the header it
+// wrote the hints from), and with more repeated names in the answer than
+// the proxy puts back in order (maxRepeatedNames), the first ones keep
+// theirs: the order is noted once for all of sluice's fields, not once
+// per field, which let each pass pick different names.
+func TestAdmittedAnswerFieldsAfterHintsAndManyRepeatedNames(t *testing.T) {
+	const names = maxRepeatedNames + 4
+	_, base := serve(t, perTenant("  tenant: {ip: true}"),
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := w.Header()
+			h.Set("Link", "</s.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			h.Del("Link")
+			for v := range 3 {
+				for i := range names {
+					h.Add(fmt.Sprintf("X-R%02d", i), fmt.Sprintf("v%d", v))
+				}
+			}
+			h["Ratelimit"] = []string{`"up";r=1;t=1`}
+			h["Ratelimit-Policy"] = []string{`"up";q=2`}
+			io.WriteString(w, "ok")
+		}))
+	resp, err := http.Get(base + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	rl, pol := resp.Header.Values("Ratelimit"), resp.Header.Values("Ratelimit-Policy")
+	if len(rl) != 1 || strings.Contains(rl[0], "up") || len(pol) != 1 || strings.Contains(pol[0], "up") {
+		t.Errorf("RateLimit %q and RateLimit-Policy %q, want sluice's one each", rl, pol)
+	}
+	for i := range maxRepeatedNames {
+		if got := strings.Join(resp.Header.Values(fmt.Sprintf("X-R%02d", i)), ","); got != "v0,v1,v2" {
+			t.Errorf("X-R%02d fields %q, want v0,v1,v2", i, got)
+		}
+	}
+}
+
+// Every Connection field of a message counts, not only the first: the
+// fields a second one names are dropped both ways.
+func TestRepeatedConnectionFieldsAllCount(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		secret string
+	)
+	_, base := serve(t, perTenant("  tenant: {ip: true}"),
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			secret = r.Header.Get("X-Secret")
+			mu.Unlock()
+			w.Header()["Connection"] = []string{"keep-alive", "X-Answer-Secret"}
+			w.Header().Set("X-Answer-Secret", "1")
+			io.WriteString(w, "ok")
+		}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: example.test\r\nConnection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if v := resp.Header.Get("X-Answer-Secret"); v != "" {
+		t.Errorf("the answer's X-Answer-Secret %q reached the client", v)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if secret != "" {
+		t.Errorf("the request's X-Secret %q reached the upstream", secret)
 	}
 }
