@@ -87,7 +87,18 @@ func TestAdmittedAnswerFieldsReplaceTheUpstreams(t *testing.T) {
 			h["ratelimit"] = []string{`"up2";r=0;t=9`}
 			io.WriteString(w, "ok")
 		}))
-	resp, err := http.Get(base + "/x")
+	resp := sluiceFieldsOnly(t, base+"/x")
+	if got, want := strings.Join(resp.Header.Values("Link"), " | "), "</a> | </b> | </c>"; got != want {
+		t.Errorf("Link fields %q, want %q", got, want)
+	}
+}
+
+// sluiceFieldsOnly gets url, whose upstream answers 200 with RateLimit
+// fields of its own marked "up", and checks that the client got sluice's
+// RateLimit and RateLimit-Policy, one each; it returns the answer.
+func sluiceFieldsOnly(t *testing.T, url string) *http.Response {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,15 +108,10 @@ func TestAdmittedAnswerFieldsReplaceTheUpstreams(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	rl, pol := resp.Header.Values("Ratelimit"), resp.Header.Values("Ratelimit-Policy")
-	if len(rl) != 1 || strings.Contains(rl[0], "up") {
-		t.Errorf("RateLimit fields %q, want sluice's one", rl)
+	if len(rl) != 1 || strings.Contains(rl[0], "up") || len(pol) != 1 || strings.Contains(pol[0], "up") {
+		t.Errorf("RateLimit %q and RateLimit-Policy %q, want sluice's one each", rl, pol)
 	}
-	if len(pol) != 1 || strings.Contains(pol[0], "up") {
-		t.Errorf("RateLimit-Policy fields %q, want sluice's one", pol)
-	}
-	if got, want := strings.Join(resp.Header.Values("Link"), " | "), "</a> | </b> | </c>"; got != want {
-		t.Errorf("Link fields %q, want %q", got, want)
-	}
+	return resp
 }
 
 // sluice's answer fields survive an informational answer before the
@@ -131,19 +137,7 @@ func TestAdmittedAnswerFieldsAfterHintsAndManyRepeatedNames(t *testing.T) {
 			h["Ratelimit-Policy"] = []string{`"up";q=2`}
 			io.WriteString(w, "ok")
 		}))
-	resp, err := http.Get(base + "/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	rl, pol := resp.Header.Values("Ratelimit"), resp.Header.Values("Ratelimit-Policy")
-	if len(rl) != 1 || strings.Contains(rl[0], "up") || len(pol) != 1 || strings.Contains(pol[0], "up") {
-		t.Errorf("RateLimit %q and RateLimit-Policy %q, want sluice's one each", rl, pol)
-	}
+	resp := sluiceFieldsOnly(t, base+"/x")
 	for i := range maxRepeatedNames {
 		if got := strings.Join(resp.Header.Values(fmt.Sprintf("X-R%02d", i)), ","); got != "v0,v1,v2" {
 			t.Errorf("X-R%02d fields %q, want v0,v1,v2", i, got)
