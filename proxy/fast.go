@@ -1263,21 +1263,25 @@ func dropHopRequest(h *fasthttp.RequestHeader) {
 }
 
 // dropHopResponse is dropHopRequest for a response, which also loses its
-// "Connection: close" (the client's connection is not the upstream's).
+// "Connection: close" (the client's connection is not the upstream's),
+// and the fields whose names are not tokens (RFC 9110 section 5.1: "rate
+// limit", "X-Foo "), which fasthttp's parser takes and net/http's
+// drops: a client or cache behind the proxy may read them otherwise.
 func dropHopResponse(h *fasthttp.ResponseHeader) {
 	named := len(h.Peek("Connection")) > 0
-	fixed := false
+	fixed, malformed := false, false
 	for k := range h.All() {
-		if fixedHop(k) {
-			fixed = true
-			break
-		}
+		fixed = fixed || fixedHop(k)
+		malformed = malformed || !httpcore.ValidToken(b2s(k))
 	}
-	if named || fixed {
+	if named || fixed || malformed {
 		rep := repeatedFields(h) // the order the deletions may change
 		dropNamedHop(h)
 		if fixed {
 			dropHopFields(h)
+		}
+		if malformed {
+			dropMalformed(h)
 		}
 		restoreOrder(h, rep)
 	}
@@ -1289,6 +1293,19 @@ func dropHopResponse(h *fasthttp.ResponseHeader) {
 }
 
 var http11 = []byte("HTTP/1.1")
+
+// dropMalformed removes a response's fields whose names are not tokens.
+func dropMalformed(h *fasthttp.ResponseHeader) {
+	var bad []string
+	for k := range h.All() {
+		if !httpcore.ValidToken(b2s(k)) {
+			bad = append(bad, string(k))
+		}
+	}
+	for _, k := range bad {
+		h.DelBytes(s2b(k))
+	}
+}
 
 // dropNamedHop removes the Connection fields and the fields they name,
 // every Connection field's (a message may repeat it: RFC 9110 section

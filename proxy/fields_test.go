@@ -185,3 +185,42 @@ func TestRepeatedConnectionFieldsAllCount(t *testing.T) {
 		t.Errorf("the request's X-Secret %q reached the upstream", secret)
 	}
 }
+
+// An upstream's field whose name is not a token ("rate limit") does not
+// reach the client (fasthttp's parser takes it; net/http's refuses it),
+// and the answer's other fields do.
+func TestMalformedAnswerFieldNamesDoNotPass(t *testing.T) {
+	_, base := serve(t, perTenant("  tenant: {ip: true}"),
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			bw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nX-Good: 1\r\nrate limit: x\r\nX-Good: 2\r\nContent-Length: 2\r\n\r\nok")
+			bw.Flush()
+		}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: example.test\r\n\r\n")
+	br := bufio.NewReader(c)
+	var head strings.Builder // the answer's head, raw: Go's reader refuses such a name itself
+	for {
+		line, err := br.ReadString('\n')
+		head.WriteString(line)
+		if err != nil || line == "\r\n" {
+			break
+		}
+	}
+	got := head.String()
+	if strings.Contains(strings.ToLower(got), "rate limit") {
+		t.Errorf("the malformed field reached the client:\n%s", got)
+	}
+	if strings.HasPrefix(got, "HTTP/1.1 200") && !strings.Contains(got, "X-Good: 1\r\nX-Good: 2\r\n") {
+		t.Errorf("the answer's good fields did not pass in order:\n%s", got)
+	}
+}
