@@ -48,7 +48,8 @@ type Options struct {
 	TenantAfter int
 	// TenantIdle is how long a labelled tenant may stay unseen (no
 	// decision; a completion does not count, and the last one is known to
-	// a second) before its slot goes to another. Default 10 minutes.
+	// a second or an eighth of TenantIdle) before its slot goes to
+	// another. Default 10 minutes.
 	TenantIdle time.Duration
 	// Clock tells the time for TenantIdle. Default clock.System.
 	Clock clock.Clock
@@ -266,10 +267,11 @@ func (m *Metrics) tenant(t string, admit bool) string { return m.tenantOf(t, adm
 func (m *Metrics) tenantOf(t string, admit bool) *tenantLabel {
 	if v, ok := m.tenants.Load(t); ok {
 		tl := v.(*tenantLabel)
-		// Written at most once a second: a hot tenant's label is read on
-		// every core, and a write on each decision would move its cache
-		// line between them.
-		if now := int64(m.clock.Now()); now-tl.seen.Load() >= int64(time.Second) {
+		// Written at most once a second (an eighth of TenantIdle when
+		// that is shorter): a hot tenant's label is read on every core,
+		// and a write on each decision would move its cache line between
+		// them.
+		if now := int64(m.clock.Now()); now-tl.seen.Load() >= int64(min(time.Second, m.idle/8)) {
 			tl.seen.Store(now)
 		}
 		return tl

@@ -98,6 +98,26 @@ func TestTenantLabelSlotsFollowTraffic(t *testing.T) {
 	}
 }
 
+// A tenant deciding more often than TenantIdle keeps its slot, also when
+// TenantIdle is under the second the last decision is otherwise known to
+// (its last decision is written at most once an eighth of TenantIdle).
+func TestBusyTenantKeepsItsSlotUnderAShortIdle(t *testing.T) {
+	clk := fakeclock.New(1)
+	m := New(Options{MaxTenants: 1, TenantAfter: 1, TenantIdle: 400 * time.Millisecond, Clock: clk})
+	adm := &sluice.Decision{Admitted: true}
+	decide := func(tenant string) { m.Decided(&sluice.Request{Tenant: tenant, Class: "default"}, adm, 0) }
+	decide("steady")
+	for range 705 { // past the minute between reclaims, deciding every 100 ms
+		clk.Advance(100 * time.Millisecond)
+		decide("steady")
+	}
+	decide("newcomer") // slots full: the idle ones are reclaimed first
+	out := scrape(t, m)
+	if !strings.Contains(out, HashTenant("steady")) || strings.Contains(out, HashTenant("newcomer")) {
+		t.Fatalf("a tenant deciding every 100 ms lost its slot under TenantIdle 400ms:\n%s", grepLines(out, "admitted"))
+	}
+}
+
 // failing is a store whose backend is down.
 type failing struct{ store.Limiter }
 
