@@ -235,9 +235,8 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			now = c.clock.Now()
 			if req.Deadline != 0 && now >= req.Deadline {
 				hs[n] = held{gate: i, permit: p}
-				k := n + 1
-				n = 0 // before the release: a Release that panics must not have them released again
-				c.release(hs[:k], req, Completion{Outcome: OutcomeRejected, Now: now})
+				n++
+				c.releaseDown(hs, &n, req, Completion{Outcome: OutcomeRejected, Now: now})
 				*cur = Decision{Reason: ReasonDeadline, Scope: cur.Scope, Gate: e.gate.Name()}
 				return c.refuse(t, r, cur, now), Ticket{}
 			}
@@ -264,9 +263,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			*cur = Decision{}
 			continue
 		}
-		k := n
-		n = 0 // before the release, as above
-		c.release(hs[:k], req, Completion{Outcome: OutcomeRejected, Now: now})
+		c.releaseDown(hs, &n, req, Completion{Outcome: OutcomeRejected, Now: now})
 		cur.EffectPossible = false
 		return c.refuse(t, r, cur, now), Ticket{}
 	}
@@ -289,11 +286,24 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 }
 
 // abandon gives back the first n permits t holds, if any, as for a
-// rejection: a gate or the observer panicked while the request was being
-// decided.
+// rejection: a gate, its Release or the observer panicked while the
+// request was being decided.
 func (c *Chain) abandon(t *ticket, n int) {
 	if n > 0 {
-		c.release(t.held[:n], &t.req, Completion{Outcome: OutcomeRejected, Now: c.clock.Now()})
+		c.releaseDown(&t.held, &n, &t.req, Completion{Outcome: OutcomeRejected, Now: c.clock.Now()})
+	}
+}
+
+// releaseDown gives back the first *n permits of hs for a rejection
+// (comp's outcome is OutcomeRejected: every gate gives its permit back),
+// the last first as release does, counting *n down before each: a Release
+// that panics leaves *n at the permits not yet given back, which Decide's
+// deferred abandon then gives back, each permit once.
+func (c *Chain) releaseDown(hs *[MaxGates]held, n *int, r *Request, comp Completion) {
+	for *n > 0 {
+		*n--
+		h := hs[*n]
+		c.gates[h.gate].gate.Release(r, h.permit, comp)
 	}
 }
 

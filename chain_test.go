@@ -491,3 +491,32 @@ func TestPanicInReleaseReleasesOnce(t *testing.T) {
 	t1.Done(sluice.OutcomeUseful)
 	first.Done(sluice.OutcomeUseful)
 }
+
+// A gate whose Release panics while a rejection gives permits back does
+// not keep the permits of the gates before it either: they are given
+// back after the panic (a pool of 1 admits again).
+func TestPanicInReleaseStillReleasesTheEarlierGates(t *testing.T) {
+	pool := concGate(t, "pool", 1, sluice.ScopeService)
+	// Permits go back in reverse order: a's first, which panics, then the pool's.
+	ch, err := sluice.NewChain(sluice.ChainOptions{}, pool, &scriptGate{name: "a", admit: true, panicRels: true}, &scriptGate{name: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone, err := sluice.NewChain(sluice.ChainOptions{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the Release panic did not reach the caller")
+			}
+		}()
+		ch.Decide(context.Background(), &sluice.Request{Tenant: "a", Class: "default", Cost: 1})
+	}()
+	d, tk := alone.Decide(context.Background(), &sluice.Request{Tenant: "a", Class: "default", Cost: 1})
+	if !d.Admitted {
+		t.Fatalf("after the panic the pool of 1 refused: %v (its slot was kept)", d.Reason)
+	}
+	tk.Done(sluice.OutcomeUseful)
+}

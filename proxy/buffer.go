@@ -162,14 +162,11 @@ type bufferedWriter struct {
 	grace    time.Duration
 	maxHold  time.Duration
 	err      error
-	// own holds the values of each of ownFields sluice had set when the
+	// own holds the values of each of ownAnswerNames sluice had set when the
 	// request was admitted (markOwn); marked: they have been kept.
-	own    [len(ownFields)][]string
+	own    [len(ownAnswerNames)][]string
 	marked bool
 }
-
-// ownFields are the fields sluice sets on an admitted answer.
-var ownFields = [...]string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Sluice-Level"}
 
 // markOwn keeps the admitted answer's own fields, set before the reverse
 // proxy copies the upstream's after them. WriteHeader puts back sluice's
@@ -178,7 +175,7 @@ var ownFields = [...]string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit"
 // proxy's clearing of the header after an informational answer (103
 // Early Hints).
 func (b *bufferedWriter) markOwn() {
-	for i, n := range ownFields {
+	for i, n := range ownAnswerNames {
 		vs := b.header[n]
 		b.own[i] = vs[:len(vs):len(vs)] // appends after it go elsewhere
 	}
@@ -191,7 +188,7 @@ func (b *bufferedWriter) restoreOwn() {
 		return
 	}
 	b.marked = false
-	for i, n := range ownFields {
+	for i, n := range ownAnswerNames {
 		if vs := b.own[i]; len(vs) > 0 {
 			b.header[n] = vs
 		}

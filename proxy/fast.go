@@ -438,8 +438,18 @@ func (h *respFields) Set(key string, vals []string) {
 		rh.SetCanonical(s2b(key), s2b(vals[0]))
 		return
 	}
-	rh.Del(key)
-	for _, v := range vals {
+	if len(vals) == 0 {
+		rh.Del(key)
+		return
+	}
+	// Several values: the first in place of the field there, if one is
+	// (a delete would move the header's last field into its place), the
+	// rest after; several fields there are all deleted first.
+	if len(rh.PeekAll(key)) > 1 {
+		rh.Del(key)
+	}
+	rh.SetCanonical(s2b(key), s2b(vals[0]))
+	for _, v := range vals[1:] {
 		rh.Add(key, v)
 	}
 }
@@ -451,39 +461,42 @@ func (h *respFields) SetValue(key string, v []byte) {
 
 // setAnswerFields sets an admitted answer's own fields (RateLimit,
 // RateLimit-Policy, the legacy X-RateLimit ones, Sluice-Level: SetHeaders)
-// on h, the upstream's answer. When the upstream sent a field of one of
-// those names itself, each name sluice sets replaces every field of that
-// name (respFields replaces the first only: replaceFields), and the
-// answer's repeated fields are put back in their order once all are set.
-// One pass over the answer's fields otherwise.
+// on h, the upstream's answer, each in place of the upstream's own fields
+// of its name. With at most one such field per name, respFields replaces
+// it where it stands and nothing moves. When the upstream repeated one,
+// every field of each name set is deleted first (replaceFields), which
+// moves others, and the answer's repeated fields are put back in their
+// order once all are set. One pass over the answer's fields otherwise.
 func setAnswerFields(adm *httpcore.Admission, h *fasthttp.ResponseHeader) {
+	var seen [len(ownAnswerNames)]uint8
 	for k := range h.All() {
-		if ownAnswerField(b2s(k)) {
-			rep := repeatedFields(h)
-			adm.SetHeaders((*replaceFields)(h))
-			restoreOrder(h, rep)
-			return
+		if i := ownAnswerField(b2s(k)); i >= 0 {
+			if seen[i]++; seen[i] > 1 {
+				rep := repeatedFields(h)
+				adm.SetHeaders((*replaceFields)(h))
+				restoreOrder(h, rep)
+				return
+			}
 		}
 	}
 	adm.SetHeaders((*respFields)(h))
 }
 
-// ownAnswerField reports whether n (any case) names one of the fields
-// sluice sets on an admitted answer.
-func ownAnswerField(n string) bool {
-	switch len(n) {
-	case len("Ratelimit"):
-		return strings.EqualFold(n, "Ratelimit")
-	case len("Sluice-Level"):
-		return strings.EqualFold(n, sluice.LevelHeader)
-	case len("Ratelimit-Policy"):
-		return strings.EqualFold(n, "Ratelimit-Policy")
-	case len("X-Ratelimit-Limit"): // and X-Ratelimit-Reset
-		return strings.EqualFold(n, "X-Ratelimit-Limit") || strings.EqualFold(n, "X-Ratelimit-Reset")
-	case len("X-Ratelimit-Remaining"):
-		return strings.EqualFold(n, "X-Ratelimit-Remaining")
+// ownAnswerNames are the fields sluice sets on an admitted answer.
+var ownAnswerNames = [...]string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", sluice.LevelHeader}
+
+// ownAnswerField returns the index in ownAnswerNames of n (any case), or
+// -1.
+func ownAnswerField(n string) int {
+	if len(n) < len("Ratelimit") || len(n) > len("X-Ratelimit-Remaining") {
+		return -1
 	}
-	return false
+	for i, o := range ownAnswerNames {
+		if len(o) == len(n) && strings.EqualFold(n, o) {
+			return i
+		}
+	}
+	return -1
 }
 
 // replaceFields is respFields for an answer that has fields of the names
@@ -1268,7 +1281,7 @@ func dropHopRequest(h *fasthttp.RequestHeader) {
 // limit", "X-Foo "), which fasthttp's parser takes and net/http's
 // drops: a client or cache behind the proxy may read them otherwise.
 func dropHopResponse(h *fasthttp.ResponseHeader) {
-	named := len(h.Peek("Connection")) > 0
+	named := len(h.PeekAll("Connection")) > 0 // any of them: the first may be empty
 	fixed, malformed := false, false
 	for k := range h.All() {
 		fixed = fixed || fixedHop(k)
@@ -1612,6 +1625,7 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 			return false
 		}
 		resp.CopyTo(&ctx.Response)
+		ctx.Response.Header.SetNoDefaultContentType(true) // what the upstream sent, as for any answer
 		dropHopResponse(&ctx.Response.Header)
 		setAnswerFields(adm, &ctx.Response.Header)
 		return false

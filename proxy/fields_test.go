@@ -93,10 +93,9 @@ func TestAdmittedAnswerFieldsReplaceTheUpstreams(t *testing.T) {
 	}
 }
 
-// sluiceFieldsOnly gets url, whose upstream answers 200 with RateLimit
-// fields of its own marked "up", and checks that the client got sluice's
-// RateLimit and RateLimit-Policy, one each; it returns the answer.
-func sluiceFieldsOnly(t *testing.T, url string) *http.Response {
+// getOK gets url and checks it answered 200; it returns the answer, its
+// body read.
+func getOK(t *testing.T, url string) *http.Response {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -107,6 +106,15 @@ func sluiceFieldsOnly(t *testing.T, url string) *http.Response {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
+	return resp
+}
+
+// sluiceFieldsOnly gets url, whose upstream answers 200 with RateLimit
+// fields of its own marked "up", and checks that the client got sluice's
+// RateLimit and RateLimit-Policy, one each; it returns the answer.
+func sluiceFieldsOnly(t *testing.T, url string) *http.Response {
+	t.Helper()
+	resp := getOK(t, url)
 	rl, pol := resp.Header.Values("Ratelimit"), resp.Header.Values("Ratelimit-Policy")
 	if len(rl) != 1 || strings.Contains(rl[0], "up") || len(pol) != 1 || strings.Contains(pol[0], "up") {
 		t.Errorf("RateLimit %q and RateLimit-Policy %q, want sluice's one each", rl, pol)
@@ -117,9 +125,10 @@ func sluiceFieldsOnly(t *testing.T, url string) *http.Response {
 // sluice's answer fields survive an informational answer before the
 // final one (103 Early Hints: Go's reverse proxy clears the header it
 // wrote the hints from), and with more repeated names in the answer than
-// the proxy puts back in order (maxRepeatedNames), the first ones keep
-// theirs: the order is noted once for all of sluice's fields, not once
-// per field, which let each pass pick different names.
+// the proxy puts back in order (maxRepeatedNames) and a hop-by-hop field
+// deleted first, the first ones keep theirs: sluice's fields are set in
+// place of the upstream's, so no second pass over the order picks other
+// names (a pass per field, or one after the hop-by-hop fields' own, did).
 func TestAdmittedAnswerFieldsAfterHintsAndManyRepeatedNames(t *testing.T) {
 	const names = maxRepeatedNames + 4
 	_, base := serve(t, perTenant("  tenant: {ip: true}"),
@@ -135,6 +144,7 @@ func TestAdmittedAnswerFieldsAfterHintsAndManyRepeatedNames(t *testing.T) {
 			}
 			h["Ratelimit"] = []string{`"up";r=1;t=1`}
 			h["Ratelimit-Policy"] = []string{`"up";q=2`}
+			h.Set("Keep-Alive", "timeout=5") // a field the proxy deletes first
 			io.WriteString(w, "ok")
 		}))
 	resp := sluiceFieldsOnly(t, base+"/x")
@@ -157,10 +167,24 @@ func TestRepeatedConnectionFieldsAllCount(t *testing.T) {
 			mu.Lock()
 			secret = r.Header.Get("X-Secret")
 			mu.Unlock()
+			if r.URL.Path == "/empty-first" { // raw: an empty Connection field, then one that names
+				c, bw, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.Close()
+				bw.WriteString("HTTP/1.1 200 OK\r\nConnection:\r\nConnection: X-Answer-Secret\r\nX-Answer-Secret: 1\r\nContent-Length: 2\r\n\r\nok")
+				bw.Flush()
+				return
+			}
 			w.Header()["Connection"] = []string{"keep-alive", "X-Answer-Secret"}
 			w.Header().Set("X-Answer-Secret", "1")
 			io.WriteString(w, "ok")
 		}))
+	if resp := getOK(t, base+"/empty-first"); resp.Header.Get("X-Answer-Secret") != "" {
+		t.Error("behind an empty Connection field, the field a second one names reached the client")
+	}
 	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)

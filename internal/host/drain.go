@@ -116,7 +116,7 @@ func (t *Tracker) Untrack(e *Tracked) {
 // wake closes Wait's channels if no request is in flight.
 func (t *Tracker) wake() {
 	t.mu.Lock()
-	if t.Len() == 0 {
+	if t.count() == 0 {
 		for _, c := range t.idle {
 			close(c)
 		}
@@ -128,7 +128,7 @@ func (t *Tracker) wake() {
 
 // Wait returns nil once no request is in flight, or ctx's error.
 func (t *Tracker) Wait(ctx context.Context) error {
-	if t.Len() == 0 {
+	if t.count() == 0 {
 		return nil
 	}
 	c := make(chan struct{})
@@ -146,10 +146,23 @@ func (t *Tracker) Wait(ctx context.Context) error {
 }
 
 // Len returns the number of requests in flight.
-func (t *Tracker) Len() int {
+func (t *Tracker) Len() int { return t.count() }
+
+// count is the number of requests in flight at one instant: the shards'
+// counts summed with every shard locked (summed one by one, a request
+// tracked in a shard already counted while an older one leaves a shard
+// not yet counted would go unseen, and the total read 0 with one in
+// flight). Wait and the drain's log are its only callers.
+func (t *Tracker) count() int {
+	for i := range t.shards {
+		t.shards[i].mu.Lock()
+	}
 	n := int64(0)
 	for i := range t.shards {
 		n += t.shards[i].n.Load()
+	}
+	for i := range t.shards {
+		t.shards[i].mu.Unlock()
 	}
 	return int(n)
 }

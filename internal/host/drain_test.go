@@ -89,3 +89,47 @@ func TestTrackerWaitSeesTheLastEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With a request in flight the whole time (each new one tracked before
+// the one before it is untracked, in shards that differ), Len never reads
+// 0: the shards are counted at one instant.
+func TestTrackerNeverReadsIdleWithARequestInFlight(t *testing.T) {
+	tr := NewTracker()
+	swapped, release := make(chan struct{}), make(chan struct{})
+	var wg, ended sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		ended.Add(1)
+		old := tr.Track("GET", "/a") // before Len is first read
+		go func() {
+			defer ended.Done()
+			for range 200_000 {
+				e := tr.Track("GET", "/b")
+				tr.Untrack(old)
+				old = e
+			}
+			wg.Done()
+			<-release // the last stays in flight until every read is done
+			tr.Untrack(old)
+		}()
+	}
+	go func() { wg.Wait(); close(swapped) }()
+	reads := 0
+	for more := true; more; reads++ {
+		select {
+		case <-swapped:
+			more = false
+		default:
+		}
+		if n := tr.Len(); n == 0 {
+			close(release)
+			ended.Wait()
+			t.Fatalf("Len read 0 after %d reads with requests in flight", reads)
+		}
+	}
+	close(release)
+	ended.Wait()
+	if err := tr.Wait(context.Background()); err != nil || tr.Len() != 0 {
+		t.Fatalf("after every request ended: Wait %v, Len %d", err, tr.Len())
+	}
+}
