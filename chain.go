@@ -192,6 +192,11 @@ type held struct {
 // exhaustion (lowest Remaining/Limit) among those counted per caller, or
 // among all when none is, so headers describe the tightest limit the
 // caller can act on.
+//
+// A gate (its Decide or Release) or the Observer that panics during
+// Decide does not keep the permits the gates before it took: they are
+// given back, each once, as for a rejection, and the panic goes on to the
+// caller.
 func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) {
 	now := c.clock.Now()
 	// The gates and the observer see the ticket's copy of r, never r: a
