@@ -163,9 +163,8 @@ type bufferedWriter struct {
 	maxHold  time.Duration
 	err      error
 	// own holds the values of each of ownAnswerNames sluice had set when the
-	// request was admitted (markOwn); marked: they have been kept.
-	own    [len(ownAnswerNames)][]string
-	marked bool
+	// request was admitted (markOwn; none before it).
+	own [len(ownAnswerNames)][]string
 }
 
 // markOwn keeps the admitted answer's own fields, set before the reverse
@@ -179,15 +178,11 @@ func (b *bufferedWriter) markOwn() {
 		vs := b.header[n]
 		b.own[i] = vs[:len(vs):len(vs)] // appends after it go elsewhere
 	}
-	b.marked = true
 }
 
-// restoreOwn puts back the values markOwn kept.
+// restoreOwn puts back the values markOwn kept (WriteHeader calls it
+// once, at the final status).
 func (b *bufferedWriter) restoreOwn() {
-	if !b.marked {
-		return
-	}
-	b.marked = false
 	for i, n := range ownAnswerNames {
 		if vs := b.own[i]; len(vs) > 0 {
 			b.header[n] = vs
