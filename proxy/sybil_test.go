@@ -16,7 +16,8 @@ import (
 // serves (4 slots of 10 ms), from one client address, and again from 100
 // (behind a trusted proxy, the tenant keyed by key and address). The
 // attacker's keys share one newcomers' flow, so the light tenants keep at
-// least 90% of their demand while the attack lasts (each attack key comes
+// least 90% of their demand while the attack lasts, or of their fair part
+// of what the upstream served when a busy host slows it (each attack key comes
 // back only after 1.25 s, before the 2 s of standing it would need).
 // Without standing they kept 4%.
 func TestSybilKeysDoNotCrowdOutEstablishedTenants(t *testing.T) {
@@ -67,7 +68,7 @@ gates:
 			ok.Add(1)
 		}
 	}
-	var lightOK, lightSent atomic.Int64
+	var lightOK, lightSent, sybilOK atomic.Int64
 	measuring := atomic.Bool{}
 	stop := make(chan struct{})
 	var loops sync.WaitGroup
@@ -108,7 +109,11 @@ gates:
 				if addrs > 0 {
 					from = fmt.Sprintf("198.51.100.%d", n%addrs)
 				}
-				go send(fmt.Sprintf("sybil-%d", n%1000), from, nil, nil)
+				if measuring.Load() {
+					go send(fmt.Sprintf("sybil-%d", n%1000), from, &sybilOK, nil)
+				} else {
+					go send(fmt.Sprintf("sybil-%d", n%1000), from, nil, nil)
+				}
 			}
 		}
 	}()
@@ -119,9 +124,17 @@ gates:
 	close(stop)
 	loops.Wait()
 	wg.Wait()
-	got := float64(lightOK.Load()) / float64(max(lightSent.Load(), 1))
-	t.Logf("light tenants: %d of %d answered under the attack (%.0f%%)", lightOK.Load(), lightSent.Load(), 100*got)
-	if lightSent.Load() < 100 || got < 0.9 {
-		t.Fatalf("light tenants got %.0f%% of %d requests under a 1,000-key attack, want ≥ 90%%", 100*got, lightSent.Load())
+	// The upstream's 4 slots of 10 ms serve 400 req/s on a quiet host, twice
+	// the light tenants' 180; on a busy one its sleeps overrun and it serves
+	// fewer. Its delivered rate under the attack (the light tenants' answers
+	// and the attacker's together: the attack keeps it saturated) is the
+	// capacity the fair queue shared, and the light tenants' fair part of it
+	// is 9 of 10 flows, or all they asked for when that is less.
+	light, sent, total := float64(lightOK.Load()), float64(lightSent.Load()), float64(lightOK.Load()+sybilOK.Load())
+	fair := min(sent, total*9/10)
+	t.Logf("light tenants: %.0f of %.0f answered under the attack (%.0f%%); the upstream answered %.0f in all, the light tenants' fair part %.0f",
+		light, sent, 100*light/max(sent, 1), total, fair)
+	if sent < 100 || light < 0.9*fair {
+		t.Fatalf("light tenants got %.0f of %.0f requests under a 1,000-key attack, want ≥ 90%% of their fair part %.0f", light, sent, fair)
 	}
 }
