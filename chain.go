@@ -375,15 +375,24 @@ func tighter(a, b *Decision) bool {
 
 // release hands the permits hs back to their gates, in reverse order; to a
 // gate that spends at admission only when there is something for it to do
-// (a refusal, a cost).
+// (a refusal, a cost). A Release that panics does not keep the permits of
+// the gates after it in that order: they are handed back before the panic
+// goes on (a concurrency limit would lose a slot for good).
 func (c *Chain) release(hs []held, r *Request, comp Completion) {
+	n := len(hs) // the permits not handed back yet
+	defer func() {
+		if n > 0 {
+			c.release(hs[:n], r, comp)
+		}
+	}()
 	spent := comp.Outcome != OutcomeRejected && comp.Cost == 0
-	for i := len(hs) - 1; i >= 0; i-- {
-		e := c.gates[hs[i].gate]
+	for n > 0 {
+		n--
+		e := c.gates[hs[n].gate]
 		if spent && e.spends {
 			continue
 		}
-		e.gate.Release(r, hs[i].permit, comp)
+		e.gate.Release(r, hs[n].permit, comp)
 	}
 }
 

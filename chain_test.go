@@ -520,3 +520,39 @@ func TestPanicInReleaseStillReleasesTheEarlierGates(t *testing.T) {
 	}
 	tk.Done(sluice.OutcomeUseful)
 }
+
+// A gate whose Release panics when the work is done does not keep the
+// permits of the gates handed back after it: they are handed back before
+// the panic reaches the caller (a pool of 1 admits again).
+func TestPanicInReleaseAtDoneStillReleasesTheOtherGates(t *testing.T) {
+	pool := concGate(t, "pool", 1, sluice.ScopeService)
+	// Permits go back in reverse order: b's first, which panics, then the pool's.
+	ch, err := sluice.NewChain(sluice.ChainOptions{}, pool, &scriptGate{name: "b", admit: true, panicRels: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone, err := sluice.NewChain(sluice.ChainOptions{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, tk := ch.Decide(context.Background(), &sluice.Request{Tenant: "a", Class: "default", Cost: 1})
+	if !d.Admitted {
+		t.Fatalf("refused: %v", d.Reason)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the Release panic did not reach the caller")
+			}
+		}()
+		tk.Done(sluice.OutcomeUseful)
+	}()
+	if tk.Valid() || tk.Done(sluice.OutcomeUseful) {
+		t.Fatal("a Ticket whose Done panicked can be released again")
+	}
+	d, tk = alone.Decide(context.Background(), &sluice.Request{Tenant: "a", Class: "default", Cost: 1})
+	if !d.Admitted {
+		t.Fatalf("after the panic the pool of 1 refused: %v (its slot was kept)", d.Reason)
+	}
+	tk.Done(sluice.OutcomeUseful)
+}
