@@ -42,6 +42,9 @@ func (t Ticket) Valid() bool { return t.t != nil && t.t.gen.Load() == t.gen }
 // released, false for every other call. In a chain whose gates all spend
 // their quota at admission (rate limits) and that has no Observer, Done of
 // an outcome other than OutcomeRejected reads no clock and calls no gate.
+// A gate whose Release panics does not keep the other gates' permits:
+// they are released before the panic goes on to the caller, and the
+// Ticket stays done.
 func (t Ticket) Done(o Outcome) bool { return t.DoneCost(o, 0) }
 
 // DoneCost is Done with the work's actual cost in demand units, learned
