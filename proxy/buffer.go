@@ -190,6 +190,16 @@ func (b *bufferedWriter) restoreOwn() {
 	}
 }
 
+// dropOwnNames deletes from h (an upstream's answer) the fields of each
+// name sluice set on the admitted answer (markOwn).
+func (b *bufferedWriter) dropOwnNames(h http.Header) {
+	for i, n := range ownAnswerNames {
+		if len(b.own[i]) > 0 {
+			h.Del(n)
+		}
+	}
+}
+
 func (b *bufferedWriter) Header() http.Header { return b.header }
 
 func (b *bufferedWriter) WriteHeader(code int) {

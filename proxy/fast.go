@@ -1630,6 +1630,14 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 		setAnswerFields(adm, &ctx.Response.Header)
 		return false
 	}
+	// The 101's head is an admitted answer's: sluice's fields in place of
+	// the upstream's, none whose name is not a token; its Connection and
+	// Upgrade stay, they are the upgrade's, and no "close" beside them
+	// (fasthttp's parser adds one after a malformed field). (It passed as
+	// it came.)
+	dropMalformed(&resp.Header)
+	resp.Header.ResetConnectionClose()
+	setAnswerFields(adm, &resp.Header)
 	head := append([]byte(nil), resp.Header.Header()...)
 	up.SetDeadline(time.Time{})
 	ctx.HijackSetNoResponse(true)

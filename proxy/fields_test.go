@@ -248,3 +248,68 @@ func TestMalformedAnswerFieldNamesDoNotPass(t *testing.T) {
 		t.Errorf("the answer's good fields did not pass in order:\n%s", got)
 	}
 }
+
+// A 101's head reaches the client as an admitted answer's does: sluice's
+// RateLimit fields in place of the upstream's, no field whose name is not
+// a token, and the upgrade's own Connection and Upgrade kept. The fast
+// front passed the upstream's head as it came; the net/http front sent
+// the upstream's RateLimit beside sluice's.
+func TestUpgradeAnswerFieldsAreAsForAnyAnswer(t *testing.T) {
+	for _, malformed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tokens", true: "a malformed name"}[malformed], func(t *testing.T) {
+			extra := ""
+			if malformed {
+				extra = "rate limit: x\r\n"
+			}
+			_, base := serve(t, perTenant("  tenant: {ip: true}"),
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					c, brw, err := http.NewResponseController(w).Hijack()
+					if err != nil {
+						return
+					}
+					defer c.Close()
+					brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n" +
+						"RateLimit: \"up\";r=99;t=1\r\n" + extra + "X-Good: 1\r\nRateLimit-Policy: \"up\";q=100\r\n\r\n")
+					brw.Flush()
+					io.Copy(c, brw)
+				}))
+			c := dial(t, base)
+			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			br := bufio.NewReader(c)
+			var head strings.Builder // raw: Go's reader refuses a malformed name itself
+			for {
+				line, err := br.ReadString('\n')
+				head.WriteString(line)
+				if err != nil || line == "\r\n" {
+					break
+				}
+			}
+			got := head.String()
+			if malformed && !strings.HasPrefix(got, "HTTP/1.1 101") {
+				return // refused (the net/http front refuses such an answer): nothing passed
+			}
+			if !strings.HasPrefix(got, "HTTP/1.1 101") {
+				t.Fatalf("answer:\n%s\nwant a 101", got)
+			}
+			low := strings.ToLower(got)
+			for _, bad := range []string{"rate limit", `"up"`} {
+				if strings.Contains(low, bad) {
+					t.Errorf("%q reached the client:\n%s", bad, got)
+				}
+			}
+			for _, want := range []string{"\r\nRatelimit: ", "\r\nRatelimit-Policy: ", "\r\nX-Good: 1\r\n", "\r\nUpgrade: echo\r\n"} {
+				if strings.Count(strings.ToLower(got), strings.ToLower(want)) != 1 {
+					t.Errorf("want one %q in:\n%s", strings.TrimSpace(want), got)
+				}
+			}
+			if !strings.Contains(low, "\r\nconnection: upgrade\r\n") || strings.Contains(low, "close") {
+				t.Errorf("want Connection: Upgrade alone in:\n%s", got)
+			}
+			io.WriteString(c, "hello")
+			echo := make([]byte, 5)
+			if _, err := io.ReadFull(br, echo); err != nil || string(echo) != "hello" {
+				t.Fatalf("echo: %q, %v", echo, err)
+			}
+		})
+	}
+}

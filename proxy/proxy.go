@@ -260,6 +260,9 @@ func New(opts Options) (*Server, error) {
 		ctx, cancel := s.detach(r.Context())
 		defer cancel()
 		if r.Header.Get("Upgrade") != "" {
+			if bw := bufferedOf(w); bw != nil {
+				ctx = context.WithValue(ctx, upgradeKey{}, bw)
+			}
 			w = upgradeWriter{w}
 		}
 		s.proxy.ServeHTTP(w, r.WithContext(ctx))
@@ -325,6 +328,9 @@ func (s *Server) detach(ctx context.Context) (context.Context, context.CancelFun
 	return c, func() { stop(); cancel() }
 }
 
+// upgradeKey is the context key of an upgrade request's bufferedWriter.
+type upgradeKey struct{}
+
 // lateKey is the context key of a request's own deadline when its
 // upstream call may run past it (Options.UpstreamGrace).
 type lateKey struct{}
@@ -335,7 +341,16 @@ var errLate = fmt.Errorf("upstream answered past the request's deadline: %w", co
 
 // lateResponse refuses a response that came past its request's deadline
 // (ReverseProxy.ModifyResponse): the caller has given up on it.
+// A 101's fields of the names sluice set on the answer are dropped: the
+// reverse proxy adds the upstream's to the client's header after it
+// hijacks the connection, past any hook of ours, and they reached the
+// client beside sluice's.
 func lateResponse(resp *http.Response) error {
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if bw, ok := resp.Request.Context().Value(upgradeKey{}).(*bufferedWriter); ok {
+			bw.dropOwnNames(resp.Header)
+		}
+	}
 	if dl, ok := resp.Request.Context().Value(lateKey{}).(time.Time); ok && time.Now().After(dl) {
 		return errLate
 	}
