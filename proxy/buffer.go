@@ -190,6 +190,24 @@ func (b *bufferedWriter) restoreOwn() {
 	}
 }
 
+// hideOwn takes sluice's values (markOwn) out of the header before an
+// interim answer, which carries the upstream's fields only: the reverse
+// proxy adds the upstream's to the header the admission wrote, and clears
+// it after; restoreOwn puts sluice's back at the final status.
+func (b *bufferedWriter) hideOwn() {
+	for i, n := range ownAnswerNames {
+		own, vs := b.own[i], b.header[n]
+		if len(own) == 0 || len(vs) < len(own) || &vs[0] != &own[0] {
+			continue // none set, or not sluice's any more (cleared after an earlier one)
+		}
+		if len(vs) == len(own) {
+			delete(b.header, n)
+		} else {
+			b.header[n] = vs[len(own):]
+		}
+	}
+}
+
 // dropOwnNames deletes from h (an upstream's answer) the fields of each
 // name sluice set on the admitted answer (markOwn).
 func (b *bufferedWriter) dropOwnNames(h http.Header) {
@@ -204,6 +222,7 @@ func (b *bufferedWriter) Header() http.Header { return b.header }
 
 func (b *bufferedWriter) WriteHeader(code int) {
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		b.hideOwn()
 		b.client.WriteHeader(code) // informational: straight through
 		return
 	}

@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"sync"
 	"testing"
@@ -311,5 +314,46 @@ func TestUpgradeAnswerFieldsAreAsForAnyAnswer(t *testing.T) {
 				t.Fatalf("echo: %q, %v", echo, err)
 			}
 		})
+	}
+}
+
+// An interim answer (103 Early Hints) carries the upstream's fields only:
+// sluice's RateLimit fields are the final answer's (the net/http front
+// sent them on the 103 as well).
+func TestInterimAnswersCarryTheUpstreamsFieldsOnly(t *testing.T) {
+	_, base := serve(t, perTenant("  tenant: {ip: true}"),
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := w.Header()
+			for _, link := range []string{"</a.css>; rel=preload", "</b.css>; rel=preload"} {
+				h.Set("Link", link)
+				w.WriteHeader(http.StatusEarlyHints)
+			}
+			h.Del("Link")
+			io.WriteString(w, "ok")
+		}))
+	var hints []textproto.MIMEHeader
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+			if code == http.StatusEarlyHints {
+				hints = append(hints, h)
+			}
+			return nil
+		},
+	})
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/x", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Ratelimit") == "" {
+		t.Fatalf("final answer %d %v, want 200 with sluice's RateLimit", resp.StatusCode, resp.Header)
+	}
+	t.Logf("%d interim answers reached the client", len(hints))
+	for i, h := range hints {
+		if len(h["Ratelimit"]) > 0 || len(h["Ratelimit-Policy"]) > 0 || len(h["Link"]) != 1 {
+			t.Errorf("interim answer %d carried %v, want its one Link field and no RateLimit", i, h)
+		}
 	}
 }
