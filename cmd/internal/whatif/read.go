@@ -281,7 +281,7 @@ func parseSluice(line []byte, rec *Record, st *Stats) (bool, error) {
 		return false, err
 	}
 	if dur > MaxDuration {
-		return false, fmt.Errorf("duration %v: want at most %v", dur, MaxDuration)
+		return false, fmt.Errorf("duration %v: want 0 to %v", dur, MaxDuration)
 	}
 	if wait < 0 || wait > MaxDuration {
 		return false, fmt.Errorf("wait %v: want 0 to %v", wait, MaxDuration)
@@ -368,7 +368,9 @@ func (l *sluiceLine) set(key, val string, dur, wait *time.Duration) (err error) 
 	case "suppressed":
 		l.Suppressed, err = strconv.ParseInt(val, 10, 64)
 	case "duration":
-		*dur, err = time.ParseDuration(val)
+		if *dur, err = time.ParseDuration(val); err == nil && *dur < 0 {
+			err = fmt.Errorf("duration %v: want 0 to %v", *dur, MaxDuration) // not the -1 of none
+		}
 	case "wait":
 		*wait, err = time.ParseDuration(val)
 	}

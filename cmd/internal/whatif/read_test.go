@@ -118,6 +118,7 @@ func TestReadErrors(t *testing.T) {
 		{FormatSluice, `{"time":"2026-12-06T01:00:07Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":503,"wait":"5s"}`},
 		{FormatSluice, `time=2026-12-06T01:00:07Z msg=request decision=rejected method=GET path=/ status=503 wait=25h`},
 		{FormatSluice, `time=2026-12-06T01:00:07Z level=INFO msg=request decision=admitted method=GET path=/ status=200 duration=2562047h`},
+		{FormatSluice, `time=2026-12-06T01:00:07Z level=INFO msg=request decision=admitted method=GET path=/ status=200 duration=-5ms`},
 		{FormatSluice, `{"time":"1700-01-01T00:00:00Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}`},
 		{FormatSluice, `{"time":"9999-01-01T00:00:00Z","msg":"request","decision":"rejected","method":"GET","path":"/","status":429}`},
 		{FormatEnvoy, `{"start_time":"2026-12-06T01:00:00Z","method":"GET","path":"/","response_code":200,"duration":1000000000000}`},
