@@ -2,7 +2,9 @@ package rlsserve
 
 import (
 	"context"
+	"hash/maphash"
 	"log/slog"
+	"net"
 	"runtime/debug"
 	"slices"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 )
@@ -27,6 +30,16 @@ const (
 	// RESOURCE_EXHAUSTED, while the server is at the bound before a
 	// goroutine or a buffer is spent on it (callGuard).
 	MaxCalls = 4096
+	// MaxCallsPerPeer is the most calls one client host runs at once,
+	// every connection of its together (its IP address; an IPv6 client
+	// its /64, which one host may hold whole): a quarter of MaxCalls, so
+	// that one client that stalls its calls, or floods the server, leaves
+	// the rest of the bound to the others. (A client's 5,120 stalled
+	// calls over 20 connections held all of it, and every other caller
+	// was refused until they timed out.) A decision takes milliseconds:
+	// 1,024 at once is hundreds of thousands of calls a second from one
+	// host, a sidecar's loopback included.
+	MaxCallsPerPeer = MaxCalls / 4
 	// CallTimeout bounds a call that came without a shorter deadline: a
 	// rate limit check or an authorization check takes milliseconds, and a
 	// call whose message never comes (a stalled client) gives its slot
@@ -39,7 +52,8 @@ const (
 // reads the call's message (grpc-go runs a unary handler first and the
 // message is read in it; TestStalledCallsAreBounded would see a version
 // that did otherwise), and out on return, with no allocation and no
-// goroutine of its own. A call the transport ends before its handler runs
+// goroutine of its own; each client host's share of the bound is counted
+// the same way (MaxCallsPerPeer). A call the transport ends before its handler runs
 // (an unknown method, a deadline already past) holds nothing of the bound.
 // While the count is at the bound the tap refuses new calls before the
 // transport spends a stream, a goroutine or a buffer on them: a flood of
@@ -52,9 +66,41 @@ const (
 // every caller's service with it); its slot is given back as on return.
 type callGuard struct {
 	max     int64
+	perPeer int64 // the most calls of one peer (MaxCallsPerPeer; 0: max)
 	timeout time.Duration
 	calls   atomic.Int64
+	peers   peerCounts
 	log     *slog.Logger // where a handler's panic is logged
+}
+
+// peerBuckets is the number of peerCounts' counters: a host shares its
+// bound with another only when their addresses hash alike, about one pair
+// in 4,096 (the hash is seeded per process: a client cannot pick an
+// address that shares a given host's counter).
+const peerBuckets = 4096
+
+// peerCounts counts calls in progress by client host, in counters hashed
+// from its address: no map, no lock and no entry to expire.
+type peerCounts struct {
+	seed maphash.Seed
+	n    [peerBuckets]atomic.Int64
+}
+
+// bucket returns the counter of ctx's peer: hashed from its IP address
+// (an IPv6 one's /64); every peer that is not an IP address (a Unix
+// socket's) counts on one.
+func (p *peerCounts) bucket(ctx context.Context) *atomic.Int64 {
+	var a [16]byte
+	if pr, ok := peer.FromContext(ctx); ok {
+		if ta, ok := pr.Addr.(*net.TCPAddr); ok {
+			ip := ta.AddrPort().Addr().Unmap()
+			a = ip.As16()
+			if ip.Is6() {
+				clear(a[8:]) // the /64: a host may hold all of it
+			}
+		}
+	}
+	return &p.n[maphash.Bytes(p.seed, a[:])%peerBuckets]
 }
 
 // tap refuses a new call while the count is at the bound (it counts
@@ -66,6 +112,9 @@ func (g *callGuard) tap(ctx context.Context, _ *tap.Info) (context.Context, erro
 	if g.calls.Load() >= g.max {
 		return nil, g.refusal()
 	}
+	if g.perPeer > 0 && g.peers.bucket(ctx).Load() >= g.perPeer {
+		return nil, g.peerRefusal()
+	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= g.timeout {
 		return ctx, nil
 	}
@@ -76,13 +125,25 @@ func (g *callGuard) tap(ctx context.Context, _ *tap.Info) (context.Context, erro
 	return ctx, nil
 }
 
-// enter counts a call in, or refuses it at the bound.
-func (g *callGuard) enter() error {
+// enter counts a call of ctx's peer in, or refuses it at a bound. It
+// returns the peer's counter, for exit.
+func (g *callGuard) enter(ctx context.Context) (*atomic.Int64, error) {
+	var pc *atomic.Int64
+	if g.perPeer > 0 {
+		pc = g.peers.bucket(ctx)
+		if pc.Add(1) > g.perPeer {
+			pc.Add(-1)
+			return nil, g.peerRefusal()
+		}
+	}
 	if g.calls.Add(1) > g.max {
 		g.calls.Add(-1)
-		return g.refusal()
+		if pc != nil {
+			pc.Add(-1)
+		}
+		return nil, g.refusal()
 	}
-	return nil
+	return pc, nil
 }
 
 // refusal is the answer to a call past the bound.
@@ -90,10 +151,19 @@ func (g *callGuard) refusal() error {
 	return status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress, the server's bound; retry", g.max)
 }
 
-// exit counts a call of method out; deferred by the handler, it turns a
-// panic of the handler into an INTERNAL answer in *err.
-func (g *callGuard) exit(method string, err *error) {
+// peerRefusal is the answer to a call past its peer's share of the bound.
+func (g *callGuard) peerRefusal() error {
+	return status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress from this client host, its share of the server's bound; retry", g.perPeer)
+}
+
+// exit counts a call of method out (pc: its peer's counter, from enter);
+// deferred by the handler, it turns a panic of the handler into an
+// INTERNAL answer in *err.
+func (g *callGuard) exit(method string, pc *atomic.Int64, err *error) {
 	g.calls.Add(-1)
+	if pc != nil {
+		pc.Add(-1)
+	}
 	if p := recover(); p != nil {
 		g.log.Error("sluice serve: a gRPC handler panicked; the call is answered INTERNAL", "method", method, "panic", p, "stack", string(debug.Stack()))
 		*err = status.Error(codes.Internal, "sluice serve: internal error")
@@ -107,10 +177,11 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	for i := range w.Methods {
 		h, name := w.Methods[i].Handler, "/"+sd.ServiceName+"/"+w.Methods[i].MethodName
 		w.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (resp any, err error) {
-			if err := g.enter(); err != nil {
+			pc, err := g.enter(ctx)
+			if err != nil {
 				return nil, err
 			}
-			defer g.exit(name, &err)
+			defer g.exit(name, pc, &err)
 			return h(srv, ctx, dec, in)
 		}
 	}
@@ -118,10 +189,11 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	for i := range w.Streams {
 		h, name := w.Streams[i].Handler, "/"+sd.ServiceName+"/"+w.Streams[i].StreamName
 		w.Streams[i].Handler = func(srv any, ss grpc.ServerStream) (err error) {
-			if err := g.enter(); err != nil {
+			pc, err := g.enter(ss.Context())
+			if err != nil {
 				return err
 			}
-			defer g.exit(name, &err)
+			defer g.exit(name, pc, &err)
 			return h(srv, ss)
 		}
 	}
@@ -142,13 +214,14 @@ type GRPCServer struct {
 // handler's panic is logged to log (nil: slog.Default()) and answered
 // INTERNAL.
 func NewGRPCServer(workers int, log *slog.Logger) *GRPCServer {
-	return newGRPCServer(workers, &callGuard{max: MaxCalls, timeout: CallTimeout, log: log})
+	return newGRPCServer(workers, &callGuard{max: MaxCalls, perPeer: MaxCallsPerPeer, timeout: CallTimeout, log: log})
 }
 
 func newGRPCServer(workers int, g *callGuard) *GRPCServer {
 	if g.log == nil {
 		g.log = slog.Default()
 	}
+	g.peers.seed = maphash.MakeSeed()
 	return &GRPCServer{Server: grpc.NewServer(serverOptions(workers, g)...), guard: g}
 }
 

@@ -2,9 +2,12 @@ package rlsserve
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-go/sluice/internal/logbuf"
@@ -232,4 +236,93 @@ func TestHandlerPanicIsAnsweredInternal(t *testing.T) {
 			t.Errorf("the log lacks %q:\n%.2000s", want, out)
 		}
 	}
+}
+
+// One client host's calls hold at most its share of the bound, over any
+// number of connections: stalled calls from one address past it are
+// refused at once, and another host's calls are served meanwhile, at
+// once (before the share, 5,120 calls stalled over 20 connections held
+// the whole bound and every other caller was refused until they timed
+// out).
+func TestOneHostHoldsAtMostItsShare(t *testing.T) {
+	g := &callGuard{max: 100, perPeer: 25, timeout: time.Minute}
+	dial := guardedHealth(t, g)
+	// Another loopback address whose counter is not the stalling host's
+	// (their hash is seeded per process).
+	bucket := func(ip string) *atomic.Int64 {
+		return g.peers.bucket(peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 1}}))
+	}
+	other := ""
+	for i := 2; i < 50 && other == ""; i++ {
+		if ip := fmt.Sprintf("127.0.0.%d", i); bucket(ip) != bucket("127.0.0.1") {
+			other = ip
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var streams []grpc.ClientStream
+	for range 4 {
+		c := dial()
+		for range 100 {
+			s, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.health.v1.Health/Check")
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, s)
+		}
+	}
+	// The 375 past the share are refused at once; the 25 stay held (a
+	// minute) while the other host is served.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // the held calls end
+	for _, s := range streams {
+		wg.Go(func() {
+			var m healthpb.HealthCheckResponse
+			s.RecvMsg(&m)
+		})
+	}
+	poll := time.Now().Add(10 * time.Second)
+	for g.calls.Load() != 25 || bucket("127.0.0.1").Load() != 25 {
+		if time.Now().After(poll) {
+			t.Fatalf("%d calls held, %d of them the stalling host's; want its share, 25", g.calls.Load(), bucket("127.0.0.1").Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range 50 {
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := healthpb.NewHealthClient(dialFrom(t, dial, other)).Check(cctx, &healthpb.HealthCheckRequest{})
+		ccancel()
+		if err != nil {
+			t.Fatalf("call %d from another host while one holds its share: %v", i, err)
+		}
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer ccancel()
+	_, err := healthpb.NewHealthClient(dial()).Check(cctx, &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "client host") {
+		t.Errorf("a call of the host at its share: %v, want RESOURCE_EXHAUSTED naming its share", err)
+	}
+	cancel()
+	waitCalls(t, g, 0)
+	if n := bucket("127.0.0.1").Load(); n != 0 {
+		t.Errorf("the stalling host's count is %d after its calls ended, want 0", n)
+	}
+}
+
+// dialFrom returns a connection to the server dial connects to, from the
+// loopback address local.
+func dialFrom(t *testing.T, dial func() *grpc.ClientConn, local string) *grpc.ClientConn {
+	t.Helper()
+	target := dial().Target()
+	c, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
