@@ -335,6 +335,11 @@ func runRLS(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.Log
 		"access-log", "access-log-rejects", "problem-details"); err != nil {
 		return err
 	}
+	if cmd.Flags().Changed("redis") && len(f.redis) == 0 {
+		// An empty --redis (an unset variable in a unit file) would give
+		// every replica counters of its own, in memory, silently.
+		return errors.New("--redis is empty: give Redis' address(es), or leave the flag out for counters in memory")
+	}
 	opts, err := rlsOptions(f)
 	if err != nil {
 		return err

@@ -323,6 +323,8 @@ func TestCheckAndFlagsForRateLimitConfigs(t *testing.T) {
 		{[]string{"--config", file, "--admin-token", "x"}, "--admin-token does not apply to an envoyproxy/ratelimit configuration"},
 		{[]string{"--config", file, "--on-failure", "maybe"}, `--on-failure "maybe": want error, open or closed`},
 		{[]string{"--config", file, "--headers", "all"}, `--headers "all": want off, draft or peer`},
+		{[]string{"--config", file, "--redis", ""}, "--redis is empty"},
+		{[]string{"--config", file, "--redis", "127.0.0.1:99999", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, "want 1 to 65535"},
 		{[]string{"--config", "../../examples/nginx/policy.yaml", "--redis", "127.0.0.1:1", "--shadow"}, "--redis, --shadow does not apply to a sluice policy"},
 	} {
 		_, errOut, err := run(append([]string{"serve"}, c.args...)...)

@@ -271,7 +271,7 @@ func New(opts Options) (*Store, error) {
 		return nil, errors.New("redis: no addresses")
 	}
 	for _, a := range opts.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
+		if err := checkAddr(a); err != nil {
 			return nil, fmt.Errorf("redis: address %q: %v", a, err)
 		}
 	}
@@ -637,6 +637,20 @@ func (s *Store) Share(opts Options) (*Store, error) {
 
 // Failures returns how many calls failed (timeouts included).
 func (s *Store) Failures() int64 { return s.failures.Load() }
+
+// checkAddr refuses an address that no dial can reach: one without a
+// port, or whose port is not a number from 1 to 65535 (one was accepted,
+// and every call failed until the process was restarted with another).
+func checkAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return err
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("port %q: want 1 to 65535", port)
+	}
+	return nil
+}
 
 // Ping sends one PING through the store's client, under Options.Timeout,
 // to the standalone server (on a Cluster, to one node), the way a decision

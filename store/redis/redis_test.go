@@ -250,3 +250,16 @@ func TestKindChangeUnderOneName(t *testing.T) {
 		t.Fatalf("a deeper bucket of the same rate: %+v, want the old state (3 of 5 spent)", r)
 	}
 }
+
+// An address no dial can reach is refused by New, before any dial: a
+// port out of range was accepted, and every call failed until a restart.
+func TestNewRefusesUnreachableAddresses(t *testing.T) {
+	for _, a := range []string{"127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:x", "127.0.0.1", ""} {
+		if s, err := New(Options{Addrs: []string{a}}); err == nil {
+			s.Close()
+			t.Errorf("address %q accepted", a)
+		} else if !strings.Contains(err.Error(), "address") {
+			t.Errorf("address %q: %v, want an error naming the address", a, err)
+		}
+	}
+}

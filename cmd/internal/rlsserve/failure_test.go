@@ -2,6 +2,7 @@ package rlsserve
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -170,4 +171,48 @@ descriptors:
 	if n := metric(t, servers[2], "sluice_rls_fail_closed_total", `domain="edge"`); n == 0 {
 		t.Error("--on-failure closed: no fail-closed hits counted")
 	}
+}
+
+// An outage of Redis is logged, though no call's answer is: a warning
+// once its calls fail, with the failure policy and what Redis answered,
+// again while it goes on, and a line once it answers again. (Nothing was logged: a Redis that
+// refused every call for minutes left only the metrics to say so.)
+func TestRedisOutageIsLogged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real Redis, real time")
+	}
+	defer func(e, r time.Duration) { storeWatchEvery, storeRetell = e, r }(storeWatchEvery, storeRetell)
+	storeWatchEvery, storeRetell = 50*time.Millisecond, 300*time.Millisecond
+	redis := startRedis(t)
+	dir := t.TempDir()
+	writeFile(t, dir, "edge.yaml", "domain: edge\ndescriptors:\n  - {key: tenant, rate_limit: {unit: second, requests_per_unit: 1000000}}\n")
+	r := start(t, Options{Config: dir, Redis: []string{redis.addr}, RedisTimeout: 50 * time.Millisecond, OnFailure: rls.FailOpen, RedisPrefix: "outage"})
+	call := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r.client.ShouldRateLimit(ctx, req("edge", 1, desc("tenant", "a")))
+	}
+	waitLog := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(r.log.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log within 20 s:\n%s", what, r.log.String())
+			}
+			call()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	call()
+	if strings.Contains(r.log.String(), "Redis is failing") {
+		t.Fatalf("an outage logged while Redis answers:\n%s", r.log.String())
+	}
+	redis.pause()
+	waitLog("Redis is failing")
+	if log := r.log.String(); !strings.Contains(log, "on_failure=open") || !strings.Contains(log, "err=") {
+		t.Errorf("the outage's line names neither the policy nor Redis' answer:\n%s", log)
+	}
+	waitLog("Redis is still failing")
+	redis.resume()
+	waitLog("Redis answers again")
 }

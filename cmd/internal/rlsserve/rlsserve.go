@@ -384,6 +384,63 @@ func (s *Server) watch(ctx context.Context, ticks <-chan time.Time) {
 	}
 }
 
+// storeWatchEvery is how often storeWatch looks at the store's failures;
+// storeRetell how often it repeats that an outage goes on.
+var storeWatchEvery, storeRetell = time.Second, 30 * time.Second
+
+// storeWatch logs the Redis store's outages, which the decision path
+// does not (it must stay cheap while Redis is down): a warning when the
+// store's failed calls grow, with what Redis answered and the failure
+// policy that decides meanwhile; again every storeRetell while they go
+// on; and a line when Redis answers again (two looks without a failure,
+// then a PING that succeeds). Nothing is logged while Redis answers.
+func (s *Server) storeWatch(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := s.store.Failures()
+	var down, told time.Time // when the outage began, when it was last told (zero: none)
+	var atDown int64         // the failures when it began
+	quiet := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			n := s.store.Failures()
+			switch {
+			case n > last && down.IsZero():
+				down, told, atDown, quiet = now, now, last, 0
+				s.log.Warn("sluice serve: Redis is failing; calls are decided by the failure policy until it answers",
+					"on_failure", failureNames[s.opts.OnFailure], "failed_calls", n-last, "err", s.storePing(ctx))
+			case n > last:
+				quiet = 0
+				if now.Sub(told) >= storeRetell {
+					told = now
+					s.log.Warn("sluice serve: Redis is still failing", "for", now.Sub(down).Round(time.Second),
+						"on_failure", failureNames[s.opts.OnFailure], "failed_calls", n-atDown, "err", s.storePing(ctx))
+				}
+			case !down.IsZero():
+				if quiet++; quiet >= 2 && s.storePing(ctx) == nil {
+					s.log.Info("sluice serve: Redis answers again", "after", now.Sub(down).Round(100*time.Millisecond), "failed_calls", n-atDown)
+					down = time.Time{}
+				}
+			}
+			last = n
+		}
+	}
+}
+
+// failureNames are the failure policies as --on-failure names them.
+var failureNames = map[rls.FailurePolicy]string{rls.FailError: "error", rls.FailOpen: "open", rls.FailClosed: "closed"}
+
+// storePing returns what one PING to the store's Redis gets (nil: an
+// answer).
+func (s *Server) storePing(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return s.store.Ping(ctx)
+}
+
 // handler is the HTTP listener's: POST /json and GET /healthcheck.
 func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -494,6 +551,13 @@ func (s *Server) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			s.watch(wctx, ticks)
+		}()
+	}
+	if s.store != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.storeWatch(wctx, storeWatchEvery)
 		}()
 	}
 	var serveErr error
