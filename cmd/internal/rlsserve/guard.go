@@ -71,6 +71,7 @@ type callGuard struct {
 	calls   atomic.Int64
 	peers   peerCounts
 	log     *slog.Logger // where a handler's panic is logged
+	codec   *decodeCodec // the server's (newGRPCServer)
 }
 
 // peerBuckets is the number of peerCounts' counters: a host shares its
@@ -182,7 +183,12 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				return nil, err
 			}
 			defer g.exit(name, pc, &err)
-			return h(srv, ctx, dec, in)
+			return h(srv, ctx, func(m any) error {
+				if err := dec(m); err != nil {
+					return err
+				}
+				return g.codec.undecoded(m)
+			}, in)
 		}
 	}
 	w.Streams = slices.Clone(sd.Streams)
@@ -194,10 +200,24 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				return err
 			}
 			defer g.exit(name, pc, &err)
-			return h(srv, ss)
+			return h(srv, decodedStream{ss, g.codec})
 		}
 	}
 	return &w
+}
+
+// decodedStream is a streaming call whose messages that do not decode
+// are answered INVALID_ARGUMENT (decodeCodec).
+type decodedStream struct {
+	grpc.ServerStream
+	codec *decodeCodec
+}
+
+func (s decodedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.codec.undecoded(m)
 }
 
 // GRPCServer is a gRPC server with sluice serve's options (NewGRPCServer)
@@ -222,6 +242,7 @@ func newGRPCServer(workers int, g *callGuard) *GRPCServer {
 		g.log = slog.Default()
 	}
 	g.peers.seed = maphash.MakeSeed()
+	g.codec = newDecodeCodec()
 	return &GRPCServer{Server: grpc.NewServer(serverOptions(workers, g)...), guard: g}
 }
 
@@ -238,6 +259,7 @@ func (s *GRPCServer) RegisterService(sd *grpc.ServiceDesc, impl any) {
 func guardOptions(g *callGuard) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(MaxStreamsPerConn),
+		grpc.ForceServerCodecV2(g.codec),
 		grpc.InTapHandle(g.tap),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}

@@ -326,3 +326,56 @@ func dialFrom(t *testing.T, dial func() *grpc.ClientConn, local string) *grpc.Cl
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// rawCodec sends a call's message as the bytes it is given, and reads the
+// answer's as bytes: a client that writes what grpc-go's would refuse to.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)      { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error { *v.(*[]byte) = data; return nil }
+func (rawCodec) Name() string                       { return "proto" }
+
+// A message that does not decode (a string field that is not UTF-8, a
+// truncated message) is the caller's fault: INVALID_ARGUMENT naming why,
+// as for any other malformed request, not INTERNAL, which grpc-go answers
+// and which reads as a fault of the server's; nothing of it is kept.
+func TestUndecodableMessagesAreInvalidArguments(t *testing.T) {
+	r := start(t, Options{Config: edgeDir(t), Clock: newClock(now)})
+	for _, c := range []struct {
+		name string
+		msg  []byte
+		want string
+	}{
+		{"domain not UTF-8", []byte{0x0a, 0x02, 0xff, 0xfe}, "UTF-8"},
+		{"truncated", []byte{0x0a, 0x05, 'e'}, "does not decode"},
+	} {
+		for range 3 {
+			var out []byte
+			err := r.conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &c.msg, &out, grpc.ForceCodec(rawCodec{}))
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: %v, want INVALID_ARGUMENT naming %q", c.name, err, c.want)
+			}
+		}
+	}
+	got, err := r.client.ShouldRateLimit(context.Background(), req("edge", 0, desc("tenant", "a")))
+	if err != nil || got.GetOverallCode() != okCode {
+		t.Fatalf("after the undecodable calls: %v %v", got, err)
+	}
+	if n := r.grpc.guard.codec.pending.Load(); n != 0 {
+		t.Errorf("%d undecodable messages kept after their calls, want 0", n)
+	}
+	// A streaming call's message too (health's Watch).
+	bad := []byte{0x0a, 0x02, 0xff, 0xfe}
+	s, err := r.conn.NewStream(context.Background(), &grpc.StreamDesc{ServerStreams: true}, "/grpc.health.v1.Health/Watch", grpc.ForceCodec(rawCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendMsg(&bad); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseSend()
+	var out []byte
+	if err := s.RecvMsg(&out); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a streaming call's undecodable message: %v, want INVALID_ARGUMENT", err)
+	}
+}
