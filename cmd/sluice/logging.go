@@ -164,7 +164,7 @@ func (f *serverFlags) add(fl *pflag.FlagSet, what string) {
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per "+what+" (info level; rejections sampled, see --access-log-rejects)")
 	fl.IntVar(&f.rejects, "access-log-rejects", 1, "access log: rejection lines per reason per second (the rest are counted on the next line as suppressed=N); -1: every one")
 	fl.BoolVar(&f.problemDetails, "problem-details", false, "answer rejections with RFC 9457 problem details (application/problem+json) instead of the JSON envelope; status and headers unchanged")
-	fl.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "on SIGTERM: /readyz turns 503 at once, then requests in flight get this long before their connections are closed (each one cut is logged and counted)")
+	fl.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "on SIGTERM: /readyz turns 503 at once, then requests in flight get this long before their connections are closed (the HTTP requests cut are logged and counted in sluice_drain_requests_cut_total, the gRPC calls cut logged with their number)")
 	fl.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM: keep accepting and serving this long (/readyz answering 503) before the listener stops and --drain-grace begins, so that load balancers stop sending first; on Kubernetes more than the readiness probe's period times its failure threshold; 0: stop at once")
 }
 

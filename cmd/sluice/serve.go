@@ -440,7 +440,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	}
 	grpcStopped := make(chan struct{})
 	go func() {
-		gracefulStop(gs.Server, f.server.drainGrace, log)
+		gracefulStop(gs, f.server.drainGrace, log)
 		close(grpcStopped)
 	}()
 	stopHTTP()
@@ -455,8 +455,9 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	return logStartErrors(cmd, log, httpErr)
 }
 
-// gracefulStop stops gs gracefully, closing its connections after d.
-func gracefulStop(gs *grpc.Server, d time.Duration, log *slog.Logger) {
+// gracefulStop stops gs gracefully, closing its connections after d (the
+// calls cut then are logged with their number).
+func gracefulStop(gs *rlsserve.GRPCServer, d time.Duration, log *slog.Logger) {
 	done := make(chan struct{})
 	go func() {
 		gs.GracefulStop()
@@ -465,7 +466,7 @@ func gracefulStop(gs *grpc.Server, d time.Duration, log *slog.Logger) {
 	select {
 	case <-done:
 	case <-time.After(d):
-		log.Warn("gRPC calls still in flight after the drain grace: closing their connections", "drain_grace", d)
+		log.Warn("gRPC calls still in flight after the drain grace: closing their connections", "calls_cut", gs.InProgress(), "drain_grace", d)
 		gs.Stop()
 		<-done
 	}

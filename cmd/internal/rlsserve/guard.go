@@ -246,6 +246,10 @@ func newGRPCServer(workers int, g *callGuard) *GRPCServer {
 	return &GRPCServer{Server: grpc.NewServer(serverOptions(workers, g)...), guard: g}
 }
 
+// InProgress returns the number of calls in progress, as the bound counts
+// them (a call whose handler has begun and not returned).
+func (s *GRPCServer) InProgress() int64 { return s.guard.calls.Load() }
+
 // RegisterService registers impl for sd, each call of its methods counted
 // against the bounds.
 func (s *GRPCServer) RegisterService(sd *grpc.ServiceDesc, impl any) {

@@ -619,7 +619,7 @@ func (s *Server) shutdown(hs []*http.Server) {
 	select {
 	case <-done:
 	case <-sctx.Done():
-		s.log.Warn("gRPC calls still in flight after the shutdown timeout: closing their connections", "timeout", s.opts.ShutdownTimeout)
+		s.log.Warn("gRPC calls still in flight after the shutdown timeout: closing their connections", "calls_cut", s.grpc.InProgress(), "timeout", s.opts.ShutdownTimeout)
 		s.grpc.Stop()
 		<-done
 	}

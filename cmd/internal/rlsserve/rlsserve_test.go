@@ -581,3 +581,34 @@ func TestDrainDelayKeepsServing(t *testing.T) {
 		}
 	}
 }
+
+// A call still in progress when the shutdown timeout runs out is cut with
+// its connection, and the log says how many were (it said only that some
+// were).
+func TestShutdownLogsTheCallsItCuts(t *testing.T) {
+	r := start(t, Options{Config: edgeDir(t), Clock: newClock(now), ShutdownTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// A call whose message never comes, on a connection of its own (the
+	// test's is closed first): its handler waits for it.
+	g, _, _ := r.Addrs()
+	conn, err := grpc.NewClient(g.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.grpc.InProgress() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls in progress, want the stalled one", r.grpc.InProgress())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.shutdown(t)
+	if log := r.log.String(); !strings.Contains(log, "calls_cut=1") {
+		t.Errorf("the shutdown's log does not count the call it cut:\n%s", log)
+	}
+}
