@@ -494,8 +494,13 @@ func reloadOnHUP(ctx context.Context, reload func() (bool, error), log *slog.Log
 				signal.Stop(hup)
 				return
 			case <-hup:
-				if changed, err := reload(); err == nil && !changed {
+				switch changed, err := reload(); {
+				case err == nil && !changed:
 					log.Info("SIGHUP: configuration unchanged", "config", file)
+				case errors.Is(err, rlsserve.ErrRefusedBefore):
+					// Refused before, and logged then: the signal gets an
+					// answer all the same.
+					log.Warn("SIGHUP: configuration reload refused, as before; the old configuration keeps serving", "config", file, "err", err)
 				}
 				select {
 				case <-ctx.Done():

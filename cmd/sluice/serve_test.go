@@ -230,6 +230,8 @@ func TestServeRateLimitConfig(t *testing.T) {
 	c.cmd.Process.Signal(syscall.SIGHUP)
 	c.waitLine("reload refused")
 	c.waitLine(file + ":3: descriptors[0].rate_limit.requests_per_unit")
+	c.cmd.Process.Signal(syscall.SIGHUP) // the same file again: an answer all the same
+	c.waitLine("SIGHUP: configuration reload refused, as before")
 	if st := call().GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 50 {
 		t.Errorf("after the invalid file: %v, want the old configuration", st)
 	}

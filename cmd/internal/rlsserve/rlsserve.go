@@ -316,7 +316,7 @@ func (s *Server) Reload() (bool, error) {
 		return false, nil
 	}
 	if v == s.refused {
-		return false, s.why
+		return false, fmt.Errorf("%w: %w", ErrRefusedBefore, s.why)
 	}
 	cfg, err := rls.Load(s.opts.Config)
 	if err == nil {
@@ -338,6 +338,12 @@ func (s *Server) Reload() (bool, error) {
 	s.log.Info("configuration reloaded", "config", s.opts.Config, "version", v, "domains", len(cfg.Domains()), "rules", n)
 	return true, nil
 }
+
+// ErrRefusedBefore is what Reload returns, wrapped around the reasons it
+// logged then, for a configuration it refused already and that did not
+// change since: nothing is logged again (the file watcher asks once a
+// second).
+var ErrRefusedBefore = errors.New("the configuration on disk is the one refused before")
 
 // LogErrors logs each configuration error on its own line (file:line:
 // field: message), or err itself when it is no configuration error.
@@ -364,13 +370,21 @@ func (s *Server) Version() string {
 // same content (a writer in the middle of a file is not loaded; a
 // half-written file that does not parse would be refused anyway).
 func (s *Server) watch(ctx context.Context, ticks <-chan time.Time) {
-	pending := ""
+	pending, unreadable := "", ""
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticks:
 			v, err := Fingerprint(s.opts.Config)
+			if err != nil && err.Error() != unreadable {
+				// Once per error, not per tick: a file deleted or made
+				// unreadable said nothing while the old one kept serving.
+				unreadable = err.Error()
+				s.log.Warn("configuration unreadable; the old configuration keeps serving", "config", s.opts.Config, "err", err)
+			} else if err == nil {
+				unreadable = ""
+			}
 			if err != nil || v == s.Version() {
 				pending = ""
 				continue

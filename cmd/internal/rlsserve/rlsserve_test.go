@@ -3,6 +3,7 @@ package rlsserve
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -430,6 +431,9 @@ func TestReload(t *testing.T) {
 	if changed, err := r.Reload(); changed || err == nil {
 		t.Fatalf("Reload of an invalid file: %v %v", changed, err)
 	}
+	if changed, err := r.Reload(); changed || !errors.Is(err, ErrRefusedBefore) {
+		t.Fatalf("Reload of the invalid file again: %v %v, want ErrRefusedBefore (a SIGHUP's answer)", changed, err)
+	}
 	r.tick()
 	r.tick()
 	r.tick()
@@ -610,5 +614,27 @@ func TestShutdownLogsTheCallsItCuts(t *testing.T) {
 	r.shutdown(t)
 	if log := r.log.String(); !strings.Contains(log, "calls_cut=1") {
 		t.Errorf("the shutdown's log does not count the call it cut:\n%s", log)
+	}
+}
+
+// A configuration file deleted (or made unreadable) under the watcher is
+// logged once, not once a tick, and the old configuration keeps serving
+// (nothing was logged).
+func TestWatcherLogsAnUnreadableConfigOnce(t *testing.T) {
+	dir := t.TempDir()
+	p := writeFile(t, dir, "edge.yaml", edgeConfig)
+	r := start(t, Options{Config: p, Clock: newClock(now)})
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		r.tick()
+	}
+	r.tick() // the previous tick is done
+	if n := strings.Count(r.log.String(), "configuration unreadable"); n != 1 {
+		t.Errorf("the unreadable file is logged %d times, want once:\n%s", n, r.log.String())
+	}
+	if _, err := r.client.ShouldRateLimit(context.Background(), req("edge", 0, desc("tenant", "a"))); err != nil {
+		t.Errorf("a call after the file went: %v", err)
 	}
 }
