@@ -277,3 +277,33 @@ func TestRepeatedFieldsKeepTheirOrder(t *testing.T) {
 		t.Errorf("Keep-Alive %q reached the client", v)
 	}
 }
+
+// A client's Connection field cannot strip the decision sluice passes on:
+// the class and the deadline reach the upstream even when the client
+// names their fields as hop-by-hop (on the net/http front the reverse
+// proxy dropped them after the admission had set them, and the upstream
+// got no deadline).
+func TestConnectionCannotStripTheDecision(t *testing.T) {
+	var at seen
+	_, base := serve(t, `version: 1
+identity:
+  deadline: {header: X-Request-Timeout, default: 5s}
+routes:
+  - {match: {path: /critical}, class: critical}
+gates:
+  - {name: pool, kind: concurrency, limit: 10}
+`, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { at.record(r) }))
+	req, _ := http.NewRequest("GET", base+"/critical", nil)
+	req.Header.Set("Connection", "sluice-class, x-request-timeout")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if c := at.get(t, "/critical", sluice.ClassHeader); c != "critical" {
+		t.Errorf("the upstream got class %q, want the route's critical", c)
+	}
+	if d := at.get(t, "/critical", "X-Request-Timeout"); !strings.HasSuffix(d, "ms") {
+		t.Errorf("the upstream got deadline %q, want the time left in ms", d)
+	}
+}

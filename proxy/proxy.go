@@ -236,6 +236,15 @@ func New(opts Options) (*Server, error) {
 			}
 			pr.SetXForwarded()
 			pr.Out.Header.Del("Expect") // the body is read: the upstream gets it at once
+			// The decision the admission set on the request is sluice's,
+			// not the client's: a Connection field of the client's that
+			// names its fields does not drop it (the reverse proxy drops
+			// those before this runs; the upstream got no deadline).
+			for _, n := range s.mw.Snapshot().Propagated() {
+				if v, ok := pr.In.Header[n]; ok {
+					pr.Out.Header[n] = v
+				}
+			}
 		},
 		Transport:      tr,
 		ModifyResponse: lateResponse,

@@ -48,6 +48,15 @@ func (sn Snapshot) ReadsAddr() bool {
 // forwarding header rather than replacing it.
 func (sn Snapshot) TrustedProxy(remoteAddr string) bool { return sn.st.c.id.TrustedProxy(remoteAddr) }
 
+// Propagated returns the canonical names of the request fields an
+// admission sets to pass the decision on (Admission.Propagate, and Wrap
+// on the request): the class, the level and the deadline field; none when
+// the rules do not propagate. A server that drops fields after the
+// admission (those a Connection field names) must keep these: they are
+// sluice's, not the client's. The slice is shared: it must not be
+// modified.
+func (sn Snapshot) Propagated() []string { return sn.st.propagated }
+
 // MayWait reports whether Admit may wait (a wait queue in the chain,
 // sluice.Chain.MayWait): only then does a server gain from cancelling
 // Admit's context when the client goes away.

@@ -64,10 +64,13 @@ type state struct {
 	chain  *sluice.Chain
 	c      *compiled
 	jitter sluice.Jitter
-	policy []string             // RateLimit-Policy value, shared by every response
-	reads  []string             // the request headers the rules read (Headers)
-	gates  map[string]*gateWire // per gate name; read-only after Update
-	tmpls  sync.Map             // tmplKey → *wire.EnvelopeTemplate, for the rest
+	policy []string // RateLimit-Policy value, shared by every response
+	reads  []string // the request headers the rules read (Headers)
+	// propagated are the request fields the admission sets to pass the
+	// decision on (Snapshot.Propagated; nil: none).
+	propagated []string
+	gates      map[string]*gateWire // per gate name; read-only after Update
+	tmpls      sync.Map             // tmplKey → *wire.EnvelopeTemplate, for the rest
 }
 
 // gateWire caches what a gate's responses repeat: its quoted name for the
@@ -168,6 +171,12 @@ func (m *Middleware) Update(chain *sluice.Chain, cfg Config) error {
 		return err
 	}
 	st := &state{chain: chain, c: c, jitter: *c.cfg.Jitter, gates: map[string]*gateWire{}, reads: c.id.Headers()}
+	if c.cfg.Propagate {
+		st.propagated = []string{sluice.ClassHeader, sluice.LevelHeader}
+		if dh := c.cfg.DeadlineHeader; dh != "" {
+			st.propagated = append(st.propagated, http.CanonicalHeaderKey(dh))
+		}
+	}
 	for _, g := range chain.Gates() {
 		prefix := wire.AppendRateLimit(nil, g.Name(), 0, 0)
 		st.gates[g.Name()] = &gateWire{rlPrefix: prefix[:len(prefix)-1]} // drop the "0"
