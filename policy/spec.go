@@ -298,7 +298,7 @@ func listOrNone(s []string) string {
 
 func storeText(s Store) string {
 	if s.Backend != BackendRedis {
-		keys := fmt.Sprintf("default cap %d keys (about %d MB) per gate", memory.DefaultMaxKeys, memory.DefaultMaxKeys*128>>20)
+		keys := fmt.Sprintf("default cap %d keys (about %d MB, and each key's bytes past 28) per gate", memory.DefaultMaxKeys, memory.DefaultMaxKeys*128>>20)
 		if s.MaxKeys > 0 {
 			keys = fmt.Sprintf("cap %d keys per gate", s.MaxKeys)
 		}

@@ -71,7 +71,8 @@ func (s *Server) buffered(inner http.Handler) http.Handler {
 		bw := &bufferedWriter{client: w, header: w.Header(), body: newSpool(s.bufferLimits(s.opts.MaxResponseBuffer)), grace: s.opts.Grace, maxHold: s.opts.MaxHold}
 		defer bw.body.Close()
 		defer func() {
-			if bw.full {
+			switch {
+			case bw.full:
 				// The copy's error aborted ReverseProxy's handler
 				// (http.ErrAbortHandler): the refusal goes out instead.
 				if p := recover(); p != nil && p != http.ErrAbortHandler {
@@ -79,12 +80,36 @@ func (s *Server) buffered(inner http.Handler) http.Handler {
 				}
 				clear(bw.header)
 				s.mw.Busy(w, r, busyResponse)
+			case !bw.stream:
+				p := recover()
+				if p == nil {
+					return
+				}
+				if p != http.ErrAbortHandler {
+					panic(p)
+				}
+				// The upstream's answer broke off after its head (closed,
+				// short of its length, a broken chunk, silent past the
+				// deadline): ReverseProxy aborts, which closed the
+				// client's connection with no answer at all. Nothing of
+				// it reached the client: a 502, or a 504 past the
+				// request's deadline, as on the proxy's own server.
+				clear(bw.header)
+				err := errBrokeOff
+				if !bw.due.IsZero() && !time.Now().Before(bw.due) {
+					err = context.DeadlineExceeded
+				}
+				s.upstreamError(w, r, err)
 			}
 		}()
 		inner.ServeHTTP(bw, r)
 		bw.finish(r, s.opts.WriteTimeout)
 	})
 }
+
+// errBrokeOff is the failure of an upstream answer that broke off after
+// its head, on the net/http front (ReverseProxy does not say why).
+var errBrokeOff = errors.New("the upstream's answer broke off after its head")
 
 // expectKey marks a request with Expect: 100-continue whose body is read
 // only once it is admitted.
@@ -156,9 +181,10 @@ type bufferedWriter struct {
 	header   http.Header // the client's: headers written before streaming
 	body     *spool
 	status   int
-	stream   bool // writing through to the client
-	full     bool // refused: the budgets could not hold it
-	deadline time.Time
+	stream   bool      // writing through to the client
+	full     bool      // refused: the budgets could not hold it
+	deadline time.Time // when the slot is given back at the latest (holdEnd)
+	due      time.Time // the request's own deadline (zero: none)
 	grace    time.Duration
 	maxHold  time.Duration
 	err      error
@@ -304,6 +330,7 @@ func (b *bufferedWriter) startStream() {
 // after its admission (Expect: 100-continue) is bounded by it too.
 func (b *bufferedWriter) setDeadline(r *http.Request) {
 	dl, _ := r.Context().Deadline()
+	b.due = dl
 	b.deadline = holdEnd(dl, b.grace, b.maxHold, time.Now())
 	if !b.deadline.IsZero() {
 		http.NewResponseController(b.client).SetReadDeadline(b.deadline)

@@ -135,7 +135,8 @@ func (s *Server) newFast() *fastServer {
 		StreamResponseBody:        true,
 		DisablePathNormalizing:    true,
 		NoDefaultUserAgentHeader:  true,
-		MaxIdemponentCallAttempts: 2, // one retry of an idempotent request on a stale idle connection
+		SecureErrorLogMessage:     true, // errors name no bytes of the answer: an upstream's malformed head may carry its cookies
+		MaxIdemponentCallAttempts: 2,    // one retry of an idempotent request on a stale idle connection
 		RetryIfErr:                retryIdempotent,
 		Transport:                 upTransport{},
 		ReadBufferSize:            16 << 10,
@@ -151,7 +152,7 @@ func (s *Server) newFast() *fastServer {
 		IdleTimeout:                  s.opts.ReadTimeout, // as ReadTimeout, so that coarseConn keeps both in one deadline
 		MaxRequestBodySize:           int(min(s.opts.MaxBodyBytes, int64(^uint(0)>>1))),
 		StreamRequestBody:            true,
-		ReadBufferSize:               16 << 10, // the largest request head taken
+		ReadBufferSize:               maxHead, // the largest request head taken
 		NoDefaultServerHeader:        true,
 		SecureErrorLogMessage:        true, // errors name no bytes of the request
 		NoDefaultContentType:         true,
@@ -894,6 +895,9 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 			err = errLate
 		}
 	}
+	if err == nil {
+		err = unpassable(resp)
+	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		f.upstreamError(ctx, &adm, in, err)
@@ -901,11 +905,51 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 		return
 	}
 	adm.ReadCost(func(name string) string { return b2s(resp.Header.Peek(name)) })
-	streaming = f.respond(ctx, resp, &adm, tr, hold)
+	streaming = f.respond(ctx, resp, &adm, tr, deadline, hold)
 	if !streaming {
 		setAnswerFields(&adm, &ctx.Response.Header)
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 	}
+}
+
+// withoutContents returns err without the bytes of the message fasthttp's
+// parser quotes in its errors ("...: buffer size=N, contents: ..."), which
+// an upgrade's head, read outside the client, still gets: an upstream's
+// head may carry its cookies, and the log is no place for them.
+func withoutContents(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	i := strings.Index(msg, ", contents: ")
+	if i < 0 {
+		return err
+	}
+	return errors.New(msg[:i])
+}
+
+// maxHead is the largest request head the proxy takes, on either front
+// (a larger one is answered 431).
+const maxHead = 16 << 10
+
+// unpassable returns why resp is an answer a proxy cannot pass on, and
+// closes its stream (so its connection is not used again), or nil: a
+// status outside HTTP's 100 to 599 (RFC 9110 section 15; fasthttp passed
+// "099" on as "99", without framing, and the next answer followed its
+// body), or a switch of protocols the request did not ask for (it was
+// passed on without its Upgrade field, and the client's connection went
+// on in HTTP). net/http's reverse proxy refuses both.
+func unpassable(resp *fasthttp.Response) error {
+	sc := resp.StatusCode()
+	if sc >= 100 && sc <= 599 && sc != http.StatusSwitchingProtocols {
+		return nil
+	}
+	resp.SetConnectionClose()
+	resp.CloseBodyStream()
+	if sc == http.StatusSwitchingProtocols {
+		return errors.New("the upstream switched protocols on a request that asked for no upgrade")
+	}
+	return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
 }
 
 // readBody reads a request body that the server streams (one past its
@@ -1362,6 +1406,7 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpcore.Admis
 	if upstreamTimedOut(err) {
 		err = context.DeadlineExceeded
 	}
+	err = withoutContents(err)
 	s := f.s
 	// A call the drain cut is logged as cut (host.Shutdown), not as the
 	// upstream's failure.
@@ -1384,7 +1429,7 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpcore.Admis
 // (503) when the shared budgets cannot hold it. It reports whether it
 // streams: the stream's writer then reports the
 // outcome and untracks the request.
-func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpcore.Admission, tr *host.Tracked, hold time.Time) bool {
+func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, adm *httpcore.Admission, tr *host.Tracked, deadline, hold time.Time) bool {
 	out := &ctx.Response
 	resp.Header.CopyTo(&out.Header)
 	dropHopResponse(&out.Header)
@@ -1438,7 +1483,11 @@ func (f *fastServer) respond(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, 
 			answer(ctx, f.s.mw.RenderBusy(ctx, (*respFields)(&out.Header), &identify.Input{Path: b2s(ctx.Path()), Header: http.Header{}}, busyResponse))
 			return false
 		case !errors.Is(err, errSpoolCap):
-			// The upstream broke off mid-body.
+			// The upstream broke off mid-body: a 502, or a 504 once the
+			// request's deadline has passed (it was late).
+			if !deadline.IsZero() && !time.Now().Before(deadline) {
+				err = errLate
+			}
 			if sp != nil {
 				sp.Close()
 			}
@@ -1614,6 +1663,14 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 	if err != nil {
 		up.Close()
 		f.upstreamError(ctx, adm, &in, err)
+		return false
+	}
+	if resp.StatusCode() == http.StatusSwitchingProtocols && !strings.EqualFold(strings.TrimSpace(string(resp.Header.Peek("Upgrade"))), strings.TrimSpace(proto)) {
+		// A switch to another protocol than the one asked for (the
+		// client asked for h2c, the upstream speaks WebSocket): refused,
+		// as net/http's reverse proxy does.
+		up.Close()
+		f.upstreamError(ctx, adm, &in, fmt.Errorf("the upstream switched to protocol %q, not the %q asked for", resp.Header.Peek("Upgrade"), proto))
 		return false
 	}
 	if resp.StatusCode() != http.StatusSwitchingProtocols {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -12,6 +13,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 // A Connection field cannot take away what frames or routes a message:
@@ -354,6 +358,180 @@ func TestInterimAnswersCarryTheUpstreamsFieldsOnly(t *testing.T) {
 	for i, h := range hints {
 		if len(h["Ratelimit"]) > 0 || len(h["Ratelimit-Policy"]) > 0 || len(h["Link"]) != 1 {
 			t.Errorf("interim answer %d carried %v, want its one Link field and no RateLimit", i, h)
+		}
+	}
+}
+
+// An answer a proxy cannot pass on is a 502, on either front, and the
+// connection to the upstream it came on is not used again: a switch of
+// protocols the client never asked for (the fast front passed it on
+// without its Upgrade field, and the client's connection went on in
+// HTTP), a switch to another protocol than the one asked for, and a
+// status outside HTTP's 100 to 599 (the fast front passed "099" on as
+// "99", with no framing, and the next answer followed its body).
+func TestAnswersAProxyCannotPassOnAre502(t *testing.T) {
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/ok" {
+				io.WriteString(w, "ok")
+				return
+			}
+			c, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			switch r.URL.Path {
+			case "/101", "/h2c":
+				bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			case "/099":
+				bw.WriteString("HTTP/1.1 099 X\r\nContent-Length: 2\r\n\r\nok")
+			case "/600":
+				bw.WriteString("HTTP/1.1 600 X\r\nContent-Length: 2\r\n\r\nok")
+			}
+			bw.Flush()
+			time.Sleep(100 * time.Millisecond) // what a switched upstream says next
+			c.Write([]byte("\x81\x05hello"))
+		}))
+	for _, path := range []string{"/101", "/h2c", "/099", "/600"} {
+		c := dial(t, base)
+		upgrade := ""
+		if path == "/h2c" {
+			upgrade = "Connection: Upgrade\r\nUpgrade: h2c\r\n"
+		}
+		// The request, then another on the same connection.
+		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n"+upgrade+"\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("%s: answered %d, want 502", path, resp.StatusCode)
+			continue
+		}
+		if resp.Close {
+			continue // the next request is not read: nothing to mistake
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		next, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Errorf("%s: the next answer on the connection: %v", path, err)
+			continue
+		}
+		body, _ := io.ReadAll(next.Body)
+		next.Body.Close()
+		if next.StatusCode != 200 || string(body) != "ok" {
+			t.Errorf("%s: the next answer on the connection %d %q, want 200 ok", path, next.StatusCode, body)
+		}
+	}
+	// The upstream's connections that carried them are not reused.
+	for range 5 {
+		if resp := getOK(t, base+"/ok"); resp.StatusCode != 200 {
+			t.Fatalf("after them: %d", resp.StatusCode)
+		}
+	}
+}
+
+// An upstream answer that breaks off after its head, before any of it
+// reached the client (the answer is read whole first), is a 502, or a 504
+// once the request's deadline has passed, on either front: the net/http
+// front closed the client's connection with no answer at all.
+func TestAnswersThatBreakOffAre502(t *testing.T) {
+	_, base := serve(t, "version: 1\nidentity:\n  deadline: {header: X-Request-Timeout}\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			switch r.URL.Path {
+			case "/short":
+				bw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + strings.Repeat("a", 100))
+			case "/badchunk":
+				bw.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+			case "/stall":
+				bw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + strings.Repeat("a", 100))
+				bw.Flush()
+				time.Sleep(2 * time.Second)
+			}
+			bw.Flush()
+		}))
+	for _, c := range []struct {
+		path, timeout string
+		want          int
+	}{
+		{"/short", "", http.StatusBadGateway},
+		{"/badchunk", "", http.StatusBadGateway},
+		{"/stall", "300ms", http.StatusGatewayTimeout},
+	} {
+		req, _ := http.NewRequest("GET", base+c.path, nil)
+		if c.timeout != "" {
+			req.Header.Set("X-Request-Timeout", c.timeout)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Errorf("%s: %v, want an answer", c.path, err)
+			continue
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s: %d, want %d", c.path, resp.StatusCode, c.want)
+		}
+	}
+}
+
+// An upstream's malformed answer head is refused without its bytes in the
+// log: it may carry the upstream's cookies (the fast front logged up to
+// 16 KiB of it, a session cookie among them).
+func TestMalformedAnswerHeadsStayOutOfTheLog(t *testing.T) {
+	var logs logbuf.Buffer
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			bw.WriteString("HTTP/1.1 200 OK\r\nSet-Cookie: session=TOPSECRET42\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nok")
+			bw.Flush()
+		}), func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	resp, err := http.Get(base + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("answered %d, want 502", resp.StatusCode)
+	}
+	if strings.Contains(logs.String(), "TOPSECRET42") {
+		t.Errorf("the upstream's cookie reached the log:\n%s", logs.String())
+	}
+}
+
+// A request head over 16 KiB is refused with 431 on either front, and one
+// under it passes (the net/http front passed heads of up to 1 MiB on to
+// the upstream).
+func TestRequestHeadsAreBoundedAlike(t *testing.T) {
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n", nil)
+	for _, c := range []struct {
+		size int
+		want int
+	}{{10 << 10, 200}, {20 << 10, http.StatusRequestHeaderFieldsTooLarge}} {
+		req, _ := http.NewRequest("GET", base+"/x", nil)
+		req.Header.Set("X-Big", strings.Repeat("a", c.size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", c.size, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("a head of %d bytes: %d, want %d", c.size, resp.StatusCode, c.want)
 		}
 	}
 }

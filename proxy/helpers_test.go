@@ -52,7 +52,9 @@ func serve(t *testing.T, policy string, up http.Handler, opts ...func(*Options))
 func front(t *testing.T, s *Server) string {
 	t.Helper()
 	if netHTTPFront() || s.opts.Transport != nil || s.opts.NetHTTP {
-		srv := httptest.NewServer(s.Handler())
+		srv := httptest.NewUnstartedServer(s.Handler())
+		s.boundHead(srv.Config)
+		srv.Start()
 		t.Cleanup(srv.Close)
 		return srv.URL
 	}

@@ -96,7 +96,10 @@ type Options struct {
 	// 504, freeing its slot (a request without a deadline would otherwise
 	// hold it while the connection stays open). An upgraded connection
 	// (WebSocket) silent both ways that long is closed, as nginx does. It
-	// may end up to an eighth of itself (at most 1 s) early. Default 60 s
+	// may end up to an eighth of itself (at most 1 s) early; over net/http
+	// the wait for an answer's head ends by the transport's timer at
+	// twice that much early, so that a timeout never sends a request
+	// again. Default 60 s
 	// (also for 0); negative: no bound; a positive value below 1 ms is an
 	// error of New. Not applied to a Transport of the caller's own.
 	UpstreamTimeout time.Duration
@@ -218,6 +221,15 @@ func New(opts Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 4096
 		t.IdleConnTimeout = 90 * time.Second
 		t.DialContext = dialContext(opts.UpstreamTimeout)
+		if u := opts.UpstreamTimeout; u > 0 {
+			// The wait for an answer's head ends by the transport's own
+			// timer, before the connection's idle bound can (that ends
+			// up to its slack early): a read that times out on a reused
+			// connection is, to the transport, an upstream that closed
+			// it, and a GET went out again on a new one, to be run
+			// twice. Its timeout sends nothing again.
+			t.ResponseHeaderTimeout = u - 2*time.Duration(idleSlack(u))
+		}
 		t.DisableCompression = true // the client's Accept-Encoding passes as sent; the transport asks for no gzip of its own to undo
 		tr = t
 	}
@@ -277,6 +289,15 @@ func New(opts Options) (*Server, error) {
 		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	}))))
 	return s, nil
+}
+
+// boundHead gives net/http's server hs the request head's bounds of the
+// proxy's own server: 16 KiB (net/http adds 4 KiB to MaxHeaderBytes; its
+// default let a 1 MiB head through to the upstream), read within
+// ReadTimeout (it was 10 s on this front, 30 on the other).
+func (s *Server) boundHead(hs *http.Server) {
+	hs.MaxHeaderBytes = maxHead - 4<<10
+	hs.ReadHeaderTimeout = s.opts.ReadTimeout
 }
 
 // upgradeWriter hands ReverseProxy an upgraded client connection
@@ -349,12 +370,19 @@ type lateKey struct{}
 var errLate = fmt.Errorf("upstream answered past the request's deadline: %w", context.DeadlineExceeded)
 
 // lateResponse refuses a response that came past its request's deadline
-// (ReverseProxy.ModifyResponse): the caller has given up on it.
+// (ReverseProxy.ModifyResponse): the caller has given up on it; and one
+// whose status is not HTTP's.
 // A 101's fields of the names sluice set on the answer are dropped: the
 // reverse proxy adds the upstream's to the client's header after it
 // hijacks the connection, past any hook of ours, and they reached the
 // client beside sluice's.
 func lateResponse(resp *http.Response) error {
+	if resp.StatusCode < 100 || resp.StatusCode > 599 {
+		// Outside HTTP's statuses (RFC 9110 section 15): net/http's
+		// server panics on writing it, which closed the client's
+		// connection with no answer.
+		return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", resp.StatusCode)
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if bw, ok := resp.Request.Context().Value(upgradeKey{}).(*bufferedWriter); ok {
 			bw.dropOwnNames(resp.Header)
@@ -495,8 +523,9 @@ func (s *Server) Run(ctx context.Context) error {
 		limit, _ := fileLimit()
 		s.log.Info("sluice proxy descriptors", "file_limit", limit, "max_client_conns", fs.clientConns, "max_upstream_conns", fs.upstreamConns)
 	} else {
-		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: s.opts.ReadTimeout,
+		hs := &http.Server{Handler: s.Handler(), ReadTimeout: s.opts.ReadTimeout,
 			IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+		s.boundHead(hs)
 		ps, servePublic = cutting{hs, s.cutNow}, func() error { return hs.Serve(pl) }
 	}
 	at := s.opts.AdminTimeout

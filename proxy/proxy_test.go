@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/gatetest"
 	"github.com/sluice-go/sluice/internal/leakcheck"
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 func TestMain(m *testing.M) {
@@ -52,6 +53,7 @@ type harness struct {
 	release chan struct{}
 	entered chan struct{}
 	probes  int
+	log     logbuf.Buffer // the server's log
 }
 
 func newHarness(t *testing.T, policy string) *harness {
@@ -73,7 +75,7 @@ func newHarness(t *testing.T, policy string) *harness {
 	s, err := New(Options{
 		Config: h.file, Upstream: u, Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
 		AdminToken: "secret", Ticks: h.ticks, Clock: fakeclock.New(1),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger: slog.New(slog.NewTextHandler(&h.log, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -730,5 +732,29 @@ func TestBindFailureRemovesTheTokenFile(t *testing.T) {
 			os.Remove(file[1])
 			t.Errorf("the token file outlived the failed start (%s): %v", tc.want, err)
 		}
+	}
+}
+
+// A policy file that goes away under the watcher (deleted, a symbolic link
+// swapped to nothing) is logged once, not once a check, and the policy
+// loaded keeps serving (nothing was logged until a SIGHUP).
+func TestWatcherLogsAGonePolicyFileOnce(t *testing.T) {
+	h := newHarness(t, policyV1)
+	if err := os.Remove(h.file); err != nil {
+		t.Fatal(err)
+	}
+	h.poll(5)
+	if n := strings.Count(h.log.String(), "policy file unreadable"); n != 1 {
+		t.Errorf("the gone file is logged %d times, want once:\n%s", n, h.log.String())
+	}
+	if len(h.s.Chain().Gates()) == 0 {
+		t.Error("the loaded policy stopped serving")
+	}
+	h.replace(policyV1) // back: a later loss is news again
+	h.poll(3)
+	os.Remove(h.file)
+	h.poll(3)
+	if n := strings.Count(h.log.String(), "policy file unreadable"); n != 2 {
+		t.Errorf("a second loss after the file came back is logged %d times in all, want 2", n)
 	}
 }

@@ -155,8 +155,9 @@ func (c *upConn) Close() error {
 // deadline or idle bound running out (the request then answers 504, as
 // for its own deadline).
 func upstreamTimedOut(err error) bool {
+	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout) ||
-		errors.Is(err, fasthttp.ErrDialTimeout)
+		errors.Is(err, fasthttp.ErrDialTimeout) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // retryIdempotent is the upstream client's retry rule once upTransport
@@ -184,7 +185,19 @@ type upTransport struct{}
 
 func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (bool, error) {
 	retry, err := fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
-	if err == nil || !retry {
+	if err == nil {
+		if sc := resp.StatusCode(); sc < 100 || sc > 599 || sc == 101 {
+			// An answer the proxy refuses (unpassable): the connection
+			// it came on is in no state to carry another request (after
+			// a switch of protocols it speaks another), but fasthttp has
+			// pooled it already, its answer read.
+			if a, ok := resp.LocalAddr().(pooledAddr); ok {
+				a.c.ruined.Store(true)
+			}
+		}
+		return retry, nil
+	}
+	if !retry {
 		return retry, err
 	}
 	a, ok := resp.LocalAddr().(pooledAddr)
@@ -234,10 +247,14 @@ type pooledConn struct {
 
 	// Used only by the request on the connection (the pool hands it from
 	// one request to the next under its lock):
-	readAny bool    // a byte has come back on the current leg
-	reading bool    // the last call was a Read: the next Write starts a request
-	reused  bool    // the request under way started on a leg that had answered before
-	y       yielder // before reading an answer (see coarseConn)
+	readAny bool // a byte has come back on the current leg
+	reading bool // the last call was a Read: the next Write starts a request
+	reused  bool // the request under way started on a leg that had answered before
+	// ruined: the last answer left the leg unusable, and the next request
+	// gets a new one (set by upTransport, which may run after the pool has
+	// the connection back: atomic).
+	ruined atomic.Bool
+	y      yielder // before reading an answer (see coarseConn)
 }
 
 // pooledLeg is the connection a pooledConn currently runs on.
@@ -298,15 +315,18 @@ func (c *pooledConn) Write(p []byte) (int, error) {
 // has spoiled it while it was idle.
 func (c *pooledConn) freshen() error {
 	old := c.cur.Load()
-	if old.rc == nil {
+	ruined := c.ruined.Swap(false)
+	if old.rc == nil && !ruined {
 		return nil
 	}
-	old.spoiled = false
-	if err := old.rc.Control(old.check); err != nil {
-		return net.ErrClosed // closed here (the drain's cut): no new connection
-	}
-	if !old.spoiled && (old.tls == nil || !old.unrequested()) {
-		return nil
+	if !ruined {
+		old.spoiled = false
+		if err := old.rc.Control(old.check); err != nil {
+			return net.ErrClosed // closed here (the drain's cut): no new connection
+		}
+		if !old.spoiled && (old.tls == nil || !old.unrequested()) {
+			return nil
+		}
 	}
 	// The new connection is dialled and secured within this request's
 	// deadline (fasthttp set it as the write deadline before writing), or

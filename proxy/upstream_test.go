@@ -783,3 +783,48 @@ func TestUpgradeToAStalledHandshakeAnswers(t *testing.T) {
 		t.Fatalf("an upgrade whose TLS handshake stalls: %v %v", resp, err)
 	}
 }
+
+// A request whose upstream goes silent past UpstreamTimeout is answered
+// 504 and sent once, on either front, also on a connection that answered
+// before: net/http's transport took the idle bound's timeout on a reused
+// connection for an upstream that had closed it, and sent a GET again on
+// a new one (the upstream ran it twice, the client waited twice as long).
+func TestSilentUpstreamGetsTheRequestOnce(t *testing.T) {
+	var stalled atomic.Int32
+	release := make(chan struct{})
+	defer close(release)
+	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/stall" {
+				stalled.Add(1)
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			io.WriteString(w, "ok")
+		}), func(o *Options) { o.UpstreamTimeout = 300 * time.Millisecond })
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	for range 3 { // the upstream's connections answer first: the stall comes on a reused one
+		resp, err := c.Get(base + "/ok")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	resp, err := c.Get(base + "/stall")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("answered %d, want 504", resp.StatusCode)
+	}
+	if n := stalled.Load(); n != 1 {
+		t.Errorf("the upstream got the request %d times, want once", n)
+	}
+}

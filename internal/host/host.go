@@ -307,6 +307,7 @@ type watcher struct {
 	h             *Host
 	loaded, tried os.FileInfo
 	pending, told string
+	unreadable    string // the error last logged of a file that could not be read ("": none)
 }
 
 func same(fi, of os.FileInfo) bool { return of != nil && os.SameFile(fi, of) }
@@ -320,6 +321,7 @@ func (w *watcher) tick() {
 	h := w.h
 	fi, err := os.Stat(h.opts.Config)
 	if err != nil {
+		w.gone(err)
 		return
 	}
 	// A file no longer at the path is forgotten: its inode number may be
@@ -336,8 +338,10 @@ func (w *watcher) tick() {
 	}
 	data, err := yamlfile.ReadFile(h.opts.Config)
 	if err != nil {
+		w.gone(err)
 		return
 	}
+	w.unreadable = ""
 	v := digest(data)
 	switch {
 	case v == h.fileVersion():
@@ -353,6 +357,17 @@ func (w *watcher) tick() {
 			w.tried = fi
 		}
 	}
+}
+
+// gone logs, once per error, a policy file the watcher cannot read (it
+// was deleted, a symbolic link swapped to nothing, its rights taken): the
+// policy serving goes on, and nothing said so.
+func (w *watcher) gone(err error) {
+	if err.Error() == w.unreadable {
+		return
+	}
+	w.unreadable = err.Error()
+	w.h.log.Warn("policy file unreadable; the policy loaded keeps serving", "policy", w.h.opts.Config, "err", err)
 }
 
 // inPlace answers a file written in place (content v): not loaded, and
