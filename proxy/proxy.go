@@ -216,48 +216,11 @@ func New(opts Options) (*Server, error) {
 	s.mw = s.host.Middleware()
 	tr := opts.Transport
 	if tr == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns = 4096
-		t.MaxIdleConnsPerHost = 4096
-		t.IdleConnTimeout = 90 * time.Second
-		t.DialContext = dialContext(opts.UpstreamTimeout)
-		if u := opts.UpstreamTimeout; u > 0 {
-			// The wait for an answer's head ends by the transport's own
-			// timer, before the connection's idle bound can (that ends
-			// up to its slack early): a read that times out on a reused
-			// connection is, to the transport, an upstream that closed
-			// it, and a GET went out again on a new one, to be run
-			// twice. Its timeout sends nothing again.
-			t.ResponseHeaderTimeout = u - 2*time.Duration(idleSlack(u))
-		}
-		t.DisableCompression = true // the client's Accept-Encoding passes as sent; the transport asks for no gzip of its own to undo
-		tr = t
+		tr = upstreamTransport(opts.UpstreamTimeout)
 	}
 	up := opts.Upstream
 	s.proxy = &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(up)
-			if s.mw.Snapshot().TrustedProxy(pr.In.RemoteAddr) {
-				// Behind a proxy of ours the forwarding fields grow by
-				// one hop (RFC 7239 section 4): the client's own address
-				// is the one that proxy appended.
-				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
-				if fw := pr.In.Header["Forwarded"]; len(fw) > 0 {
-					pr.Out.Header["Forwarded"] = []string{strings.Join(fw, ", ") + ", " + forwardedFor(pr.In.RemoteAddr)}
-				}
-			}
-			pr.SetXForwarded()
-			pr.Out.Header.Del("Expect") // the body is read: the upstream gets it at once
-			// The decision the admission set on the request is sluice's,
-			// not the client's: a Connection field of the client's that
-			// names its fields does not drop it (the reverse proxy drops
-			// those before this runs; the upstream got no deadline).
-			for _, n := range s.mw.Snapshot().Propagated() {
-				if v, ok := pr.In.Header[n]; ok {
-					pr.Out.Header[n] = v
-				}
-			}
-		},
+		Rewrite:        func(pr *httputil.ProxyRequest) { s.rewrite(pr, up) },
 		Transport:      tr,
 		ModifyResponse: lateResponse,
 		BufferPool:     &s.copyBufs,
@@ -289,6 +252,53 @@ func New(opts Options) (*Server, error) {
 		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	}))))
 	return s, nil
+}
+
+// upstreamTransport is the net/http front's transport to the upstream,
+// with the idle bound idle (UpstreamTimeout) on its connections.
+func upstreamTransport(idle time.Duration) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 4096
+	t.MaxIdleConnsPerHost = 4096
+	t.IdleConnTimeout = 90 * time.Second
+	t.DialContext = dialContext(idle)
+	if idle > 0 {
+		// The wait for an answer's head ends by the transport's own
+		// timer, before the connection's idle bound can (that ends up to
+		// its slack early): a read that times out on a reused connection
+		// is, to the transport, an upstream that closed it, and a GET
+		// went out again on a new one, to be run twice. Its timeout
+		// sends nothing again.
+		t.ResponseHeaderTimeout = idle - 2*time.Duration(idleSlack(idle))
+	}
+	t.DisableCompression = true // the client's Accept-Encoding passes as sent; the transport asks for no gzip of its own to undo
+	return t
+}
+
+// rewrite turns the client's request into the upstream's at up
+// (ReverseProxy.Rewrite).
+func (s *Server) rewrite(pr *httputil.ProxyRequest, up *url.URL) {
+	pr.SetURL(up)
+	if s.mw.Snapshot().TrustedProxy(pr.In.RemoteAddr) {
+		// Behind a proxy of ours the forwarding fields grow by one hop
+		// (RFC 7239 section 4): the client's own address is the one that
+		// proxy appended.
+		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+		if fw := pr.In.Header["Forwarded"]; len(fw) > 0 {
+			pr.Out.Header["Forwarded"] = []string{strings.Join(fw, ", ") + ", " + forwardedFor(pr.In.RemoteAddr)}
+		}
+	}
+	pr.SetXForwarded()
+	pr.Out.Header.Del("Expect") // the body is read: the upstream gets it at once
+	// The decision the admission set on the request is sluice's, not the
+	// client's: a Connection field of the client's that names its fields
+	// does not drop it (the reverse proxy drops those before this runs;
+	// the upstream got no deadline).
+	for _, n := range s.mw.Snapshot().Propagated() {
+		if v, ok := pr.In.Header[n]; ok {
+			pr.Out.Header[n] = v
+		}
+	}
 }
 
 // boundHead gives net/http's server hs the request head's bounds of the
