@@ -238,16 +238,7 @@ func TestMalformedAnswerFieldNamesDoNotPass(t *testing.T) {
 	}
 	defer c.Close()
 	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: example.test\r\n\r\n")
-	br := bufio.NewReader(c)
-	var head strings.Builder // the answer's head, raw: Go's reader refuses such a name itself
-	for {
-		line, err := br.ReadString('\n')
-		head.WriteString(line)
-		if err != nil || line == "\r\n" {
-			break
-		}
-	}
-	got := head.String()
+	got := rawHead(bufio.NewReader(c)) // Go's reader refuses such a name itself
 	if strings.Contains(strings.ToLower(got), "rate limit") {
 		t.Errorf("the malformed field reached the client:\n%s", got)
 	}
@@ -283,15 +274,7 @@ func TestUpgradeAnswerFieldsAreAsForAnyAnswer(t *testing.T) {
 			c := dial(t, base)
 			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
 			br := bufio.NewReader(c)
-			var head strings.Builder // raw: Go's reader refuses a malformed name itself
-			for {
-				line, err := br.ReadString('\n')
-				head.WriteString(line)
-				if err != nil || line == "\r\n" {
-					break
-				}
-			}
-			got := head.String()
+			got := rawHead(br) // Go's reader refuses a malformed name itself
 			if malformed && !strings.HasPrefix(got, "HTTP/1.1 101") {
 				return // refused (the net/http front refuses such an answer): nothing passed
 			}
@@ -532,6 +515,19 @@ func TestRequestHeadsAreBoundedAlike(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != c.want {
 			t.Errorf("a head of %d bytes: %d, want %d", c.size, resp.StatusCode, c.want)
+		}
+	}
+}
+
+// rawHead reads an answer's head from br as it came, up to and with the
+// empty line.
+func rawHead(br *bufio.Reader) string {
+	var head strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		head.WriteString(line)
+		if err != nil || line == "\r\n" {
+			return head.String()
 		}
 	}
 }

@@ -46,17 +46,7 @@ func TestStalledCallsAreBounded(t *testing.T) {
 	// 4 connections × 100 calls that never send their message.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var streams []grpc.ClientStream
-	for range 4 {
-		c := dial()
-		for range 100 {
-			s, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.health.v1.Health/Check")
-			if err != nil {
-				t.Fatal(err)
-			}
-			streams = append(streams, s)
-		}
-	}
+	streams := stallCalls(ctx, t, dial, 4, 100)
 	refused, timedOut := stalledAnswers(t, streams)
 	if timedOut+refused != 400 || timedOut > 100 {
 		t.Errorf("%d stalled calls timed out, %d refused: want at most 100 timed out", timedOut, refused)
@@ -260,17 +250,7 @@ func TestOneHostHoldsAtMostItsShare(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var streams []grpc.ClientStream
-	for range 4 {
-		c := dial()
-		for range 100 {
-			s, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.health.v1.Health/Check")
-			if err != nil {
-				t.Fatal(err)
-			}
-			streams = append(streams, s)
-		}
-	}
+	streams := stallCalls(ctx, t, dial, 4, 100)
 	// The 375 past the share are refused at once; the 25 stay held (a
 	// minute) while the other host is served.
 	var wg sync.WaitGroup
@@ -378,4 +358,22 @@ func TestUndecodableMessagesAreInvalidArguments(t *testing.T) {
 	if err := s.RecvMsg(&out); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a streaming call's undecodable message: %v, want INVALID_ARGUMENT", err)
 	}
+}
+
+// stallCalls opens n calls that never send their message on each of conns
+// new connections, until ctx ends.
+func stallCalls(ctx context.Context, t *testing.T, dial func() *grpc.ClientConn, conns, n int) []grpc.ClientStream {
+	t.Helper()
+	var streams []grpc.ClientStream
+	for range conns {
+		c := dial()
+		for range n {
+			s, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.health.v1.Health/Check")
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, s)
+		}
+	}
+	return streams
 }
