@@ -33,18 +33,33 @@ func (c *decodeCodec) Name() string { return c.inner.Name() }
 
 func (c *decodeCodec) Marshal(v any) (mem.BufferSlice, error) { return c.inner.Marshal(v) }
 
+// maxPending bounds the errors kept at once: past it (more undecodable
+// messages than calls in progress, which a missed read-back would mean) a
+// message that does not decode is grpc-go's INTERNAL again, and nothing
+// more is kept.
+const maxPending = MaxCalls
+
 // Unmarshal decodes data into v; when it cannot, it keeps the error for
 // v's handler (undecoded) and reports none to grpc-go.
 func (c *decodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if err := c.inner.Unmarshal(data, v); err != nil {
-		c.bad.Store(v, err)
+	err := c.inner.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
+	if c.pending.Load() >= maxPending {
+		return err
+	}
+	if _, kept := c.bad.Swap(v, err); !kept {
 		c.pending.Add(1)
 	}
 	return nil
 }
 
 // undecoded returns, once, the INVALID_ARGUMENT answer to a message m
-// that did not decode, or nil.
+// that did not decode, or nil. Every read of a message calls it, whatever
+// the read returned: grpc-go reads on after decoding a call's one message
+// (its end, or a second message), and a read that failed there would
+// leave the error kept for good.
 func (c *decodeCodec) undecoded(m any) error {
 	if c.pending.Load() == 0 {
 		return nil

@@ -184,10 +184,11 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 			}
 			defer g.exit(name, pc, &err)
 			return h(srv, ctx, func(m any) error {
-				if err := dec(m); err != nil {
-					return err
+				err := dec(m)
+				if bad := g.codec.undecoded(m); bad != nil {
+					return bad
 				}
-				return g.codec.undecoded(m)
+				return err
 			}, in)
 		}
 	}
@@ -214,10 +215,11 @@ type decodedStream struct {
 }
 
 func (s decodedStream) RecvMsg(m any) error {
-	if err := s.ServerStream.RecvMsg(m); err != nil {
-		return err
+	err := s.ServerStream.RecvMsg(m)
+	if bad := s.codec.undecoded(m); bad != nil {
+		return bad
 	}
-	return s.codec.undecoded(m)
+	return err
 }
 
 // GRPCServer is a gRPC server with sluice serve's options (NewGRPCServer)

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -376,4 +378,63 @@ func stallCalls(ctx context.Context, t *testing.T, dial func() *grpc.ClientConn,
 		}
 	}
 	return streams
+}
+
+// An undecodable message whose call ends before grpc-go's read past it
+// (the client cancels before it half-closes, or sends a second message)
+// leaves nothing kept: the error was kept for good, a message's worth of
+// memory a call (a remote leak, with messages of up to 1 MiB).
+func TestUndecodableMessagesOfCancelledCallsAreNotKept(t *testing.T) {
+	r := start(t, Options{Config: edgeDir(t), Clock: newClock(now)})
+	bad := []byte{0x0a, 0x02, 0xff, 0xfe}
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := r.conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SendMsg(&bad); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			s.SendMsg(&bad) // a second message: the cardinality violation
+		}
+		time.Sleep(5 * time.Millisecond) // the server decodes it and waits for the end
+		cancel()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.grpc.guard.codec.pending.Load() != 0 || r.grpc.InProgress() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d undecodable messages kept, %d calls in progress, after every call ended; want none", r.grpc.guard.codec.pending.Load(), r.grpc.InProgress())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	n := 0
+	r.grpc.guard.codec.bad.Range(func(any, any) bool { n++; return true })
+	if n != 0 {
+		t.Errorf("%d entries left in the map", n)
+	}
+}
+
+// The codec counts the messages it keeps an error for, once each, however
+// often one is decoded into, and keeps none past maxPending.
+func TestDecodeCodecCountsWhatItKeeps(t *testing.T) {
+	c := newDecodeCodec()
+	bad := mem.BufferSlice{mem.SliceBuffer([]byte{0x0a, 0x02, 0xff, 0xfe})}
+	m := &rlspb.RateLimitRequest{}
+	for range 2 {
+		if err := c.Unmarshal(bad, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.pending.Load(); n != 1 {
+		t.Errorf("one message decoded into twice: %d kept, want 1", n)
+	}
+	if c.undecoded(m) == nil || c.undecoded(m) != nil || c.pending.Load() != 0 {
+		t.Errorf("the error is not given back exactly once (%d kept after)", c.pending.Load())
+	}
+	c.pending.Store(maxPending)
+	if err := c.Unmarshal(bad, &rlspb.RateLimitRequest{}); err == nil {
+		t.Error("past maxPending an undecodable message was kept, want grpc-go's error")
+	}
 }
