@@ -96,7 +96,10 @@ func (s *Server) buffered(inner http.Handler) http.Handler {
 				// request's deadline, as on the proxy's own server.
 				clear(bw.header)
 				err := errBrokeOff
-				if !bw.due.IsZero() && !time.Now().Before(bw.due) {
+				switch {
+				case s.cut.Err() != nil:
+					err = context.Canceled // the drain cut it: not the upstream's failure
+				case !bw.due.IsZero() && !time.Now().Before(bw.due):
 					err = context.DeadlineExceeded
 				}
 				s.upstreamError(w, r, err)

@@ -1658,7 +1658,17 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 	defer fasthttp.ReleaseResponse(resp)
 	resp.SkipBody = true
 	if err == nil {
-		err = resp.Header.Read(br)
+		if err = resp.Header.Read(br); err != nil && !upstreamTimedOut(err) && !errors.Is(err, io.EOF) {
+			// fasthttp's parser quotes the head it could not parse in its
+			// error, cookies and all; this Response is not the upstream
+			// client's, whose errors quote nothing.
+			err = errors.New("the upstream's answer head does not parse")
+		}
+	}
+	if err == nil {
+		if sc := resp.StatusCode(); sc < 100 || sc > 599 {
+			err = fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
+		}
 	}
 	if err != nil {
 		up.Close()

@@ -367,7 +367,7 @@ func TestAnswersAProxyCannotPassOnAre502(t *testing.T) {
 			switch r.URL.Path {
 			case "/101", "/h2c":
 				bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-			case "/099":
+			case "/099", "/up099":
 				bw.WriteString("HTTP/1.1 099 X\r\nContent-Length: 2\r\n\r\nok")
 			case "/600":
 				bw.WriteString("HTTP/1.1 600 X\r\nContent-Length: 2\r\n\r\nok")
@@ -376,11 +376,14 @@ func TestAnswersAProxyCannotPassOnAre502(t *testing.T) {
 			time.Sleep(100 * time.Millisecond) // what a switched upstream says next
 			c.Write([]byte("\x81\x05hello"))
 		}))
-	for _, path := range []string{"/101", "/h2c", "/099", "/600"} {
+	for _, path := range []string{"/101", "/h2c", "/099", "/600", "/up099"} {
 		c := dial(t, base)
 		upgrade := ""
-		if path == "/h2c" {
+		switch path {
+		case "/h2c":
 			upgrade = "Connection: Upgrade\r\nUpgrade: h2c\r\n"
+		case "/up099": // an upgrade's own path (the fast front's) passed it on
+			upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\n"
 		}
 		// The request, then another on the same connection.
 		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n"+upgrade+"\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -471,28 +474,41 @@ func TestAnswersThatBreakOffAre502(t *testing.T) {
 // log: it may carry the upstream's cookies (the fast front logged up to
 // 16 KiB of it, a session cookie among them).
 func TestMalformedAnswerHeadsStayOutOfTheLog(t *testing.T) {
-	var logs logbuf.Buffer
-	_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
-		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			c, bw, err := w.(http.Hijacker).Hijack()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			bw.WriteString("HTTP/1.1 200 OK\r\nSet-Cookie: session=TOPSECRET42\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nok")
-			bw.Flush()
-		}), func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
-	resp, err := http.Get(base + "/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Errorf("answered %d, want 502", resp.StatusCode)
-	}
-	if strings.Contains(logs.String(), "TOPSECRET42") {
-		t.Errorf("the upstream's cookie reached the log:\n%s", logs.String())
+	// Each on a server of its own: a second failure within a second is
+	// not logged.
+	for _, path := range []string{"/x", "/up"} {
+		var logs logbuf.Buffer
+		_, base := serve(t, "version: 1\ngates:\n  - {name: pool, kind: concurrency, scope: service, limit: 10}\n",
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				c, bw, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				if r.URL.Path == "/up" { // an upgrade's answer, whose first line does not parse
+					bw.WriteString("HTTP/1.1101 Switching\r\nSet-Cookie: session=TOPSECRET42\r\n\r\n")
+				} else {
+					bw.WriteString("HTTP/1.1 200 OK\r\nSet-Cookie: session=TOPSECRET42\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nok")
+				}
+				bw.Flush()
+			}), func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if path == "/up" {
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "websocket")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("%s: answered %d, want 502", path, resp.StatusCode)
+		}
+		if log := logs.String(); strings.Contains(log, "TOPSECRET42") || !strings.Contains(log, "upstream request failed") {
+			t.Errorf("%s: the log quotes the upstream's cookie, or says nothing of the failure:\n%s", path, log)
+		}
 	}
 }
 

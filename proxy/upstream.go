@@ -185,19 +185,7 @@ type upTransport struct{}
 
 func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (bool, error) {
 	retry, err := fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
-	if err == nil {
-		if sc := resp.StatusCode(); sc < 100 || sc > 599 || sc == 101 {
-			// An answer the proxy refuses (unpassable): the connection
-			// it came on is in no state to carry another request (after
-			// a switch of protocols it speaks another), but fasthttp has
-			// pooled it already, its answer read.
-			if a, ok := resp.LocalAddr().(pooledAddr); ok {
-				a.c.ruined.Store(true)
-			}
-		}
-		return retry, nil
-	}
-	if !retry {
+	if err == nil || !retry {
 		return retry, err
 	}
 	a, ok := resp.LocalAddr().(pooledAddr)
@@ -207,6 +195,23 @@ func (upTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, res
 	var op *net.OpError
 	return err == io.EOF || (errors.As(err, &op) && op.Op == "write" &&
 		(errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET))), err
+}
+
+// refusedStatus reports whether b, the start of an answer, has a status
+// the proxy refuses (unpassable): outside 100 to 599, or 101. A start too
+// short to tell is not.
+func refusedStatus(b []byte) bool {
+	if len(b) < len("HTTP/1.1 200") || string(b[:7]) != "HTTP/1." || b[8] != ' ' {
+		return false
+	}
+	sc := 0
+	for _, d := range b[9:12] {
+		if d < '0' || d > '9' {
+			return false // fasthttp refuses it, and closes the connection
+		}
+		sc = sc*10 + int(d-'0')
+	}
+	return sc < 100 || sc > 599 || sc == 101
 }
 
 // pooledConn is one of the fast server's pooled upstream connections
@@ -251,8 +256,7 @@ type pooledConn struct {
 	reading bool // the last call was a Read: the next Write starts a request
 	reused  bool // the request under way started on a leg that had answered before
 	// ruined: the last answer left the leg unusable, and the next request
-	// gets a new one (set by upTransport, which may run after the pool has
-	// the connection back: atomic).
+	// gets a new one (set by Read at the answer's start).
 	ruined atomic.Bool
 	y      yielder // before reading an answer (see coarseConn)
 }
@@ -286,10 +290,18 @@ func newLeg(u *upConn, rw net.Conn) *pooledLeg {
 }
 
 func (c *pooledConn) Read(p []byte) (int, error) {
-	yielded := !c.reading && c.y.yield() // the request is out: its answer is read next
+	first := !c.reading // the request is out: its answer is read next
+	yielded := first && c.y.yield()
 	n, err := c.cur.Load().c.Read(p)
 	if yielded {
 		c.y.read()
+	}
+	if first && refusedStatus(p[:n]) {
+		// An answer the proxy refuses (unpassable): the connection is
+		// in no state to carry another request (after a switch of
+		// protocols it speaks another), and fasthttp pools it as soon as
+		// the head is read. Marked before that, here.
+		c.ruined.Store(true)
 	}
 	if n > 0 {
 		c.readAny = true

@@ -828,3 +828,17 @@ func TestSilentUpstreamGetsTheRequestOnce(t *testing.T) {
 		t.Errorf("the upstream got the request %d times, want once", n)
 	}
 }
+
+// refusedStatus tells the answers the proxy refuses from their first
+// bytes, before fasthttp pools the connection they came on.
+func TestRefusedStatus(t *testing.T) {
+	for s, want := range map[string]bool{
+		"HTTP/1.1 200 OK\r\n": false, "HTTP/1.1 101 Switching Protocols\r\n": true, "HTTP/1.0 101 x": true,
+		"HTTP/1.1 099 X\r\n": true, "HTTP/1.1 600 X\r\n": true, "HTTP/1.1 599 X": false, "HTTP/1.1 100 Continue": false,
+		"HTTP/1.1 1": false, "HTTP/1.1 20x": false, "HTTP/2.0 101 x": false, "": false,
+	} {
+		if got := refusedStatus([]byte(s)); got != want {
+			t.Errorf("%q: %v, want %v", s, got, want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package rlsserve
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-go/sluice/grpcgate/rls"
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 // TestFailureMatrixOverGRPC points three servers, one per --on-failure
@@ -215,4 +217,29 @@ func TestRedisOutageIsLogged(t *testing.T) {
 	waitLog("Redis is still failing")
 	redis.resume()
 	waitLog("Redis answers again")
+}
+
+// outageLog on a Redis that comes and goes every other second for a
+// minute: a warning and an all-clear at most once per retell (30 s), not
+// a pair a second; the brief outages between are counted in the next
+// warning.
+func TestOutageLogOfAFlappingRedis(t *testing.T) {
+	var logs logbuf.Buffer
+	o := outageLog{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "open", retell: 30 * time.Second}
+	start := time.Unix(1000, 0)
+	n := int64(0)
+	up := func() error { return nil }
+	for s := range 60 {
+		if s%4 == 0 {
+			n++ // a failed call this second, then three quiet ones
+		}
+		o.look(start.Add(time.Duration(s)*time.Second), n, up)
+	}
+	l := logs.String()
+	if w, i := strings.Count(l, "Redis is failing"), strings.Count(l, "answers again"); w != 2 || i != 2 {
+		t.Errorf("%d warnings and %d all-clears in a minute of a flapping Redis, want 2 of each:\n%s", w, i, l)
+	}
+	if !strings.Contains(l, "brief_outages_untold=7") {
+		t.Errorf("the second warning does not count the outages between:\n%s", l)
+	}
 }

@@ -403,45 +403,75 @@ func (s *Server) watch(ctx context.Context, ticks <-chan time.Time) {
 var storeWatchEvery, storeRetell = time.Second, 30 * time.Second
 
 // storeWatch logs the Redis store's outages, which the decision path
-// does not (it must stay cheap while Redis is down): a warning when the
-// store's failed calls grow, with what Redis answered and the failure
-// policy that decides meanwhile; again every storeRetell while they go
-// on; and a line when Redis answers again (two looks without a failure,
-// then a PING that succeeds). Nothing is logged while Redis answers.
+// does not (it must stay cheap while Redis is down), as outageLog says.
 func (s *Server) storeWatch(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	last := s.store.Failures()
-	var down, told time.Time // when the outage began, when it was last told (zero: none)
-	var atDown int64         // the failures when it began
-	quiet := 0
+	o := outageLog{log: s.log, policy: failureNames[s.opts.OnFailure], retell: storeRetell, last: s.store.Failures()}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			n := s.store.Failures()
-			switch {
-			case n > last && down.IsZero():
-				down, told, atDown, quiet = now, now, last, 0
-				s.log.Warn("sluice serve: Redis is failing; calls are decided by the failure policy until it answers",
-					"on_failure", failureNames[s.opts.OnFailure], "failed_calls", n-last, "err", s.storePing(ctx))
-			case n > last:
-				quiet = 0
-				if now.Sub(told) >= storeRetell {
-					told = now
-					s.log.Warn("sluice serve: Redis is still failing", "for", now.Sub(down).Round(time.Second),
-						"on_failure", failureNames[s.opts.OnFailure], "failed_calls", n-atDown, "err", s.storePing(ctx))
-				}
-			case !down.IsZero():
-				if quiet++; quiet >= 2 && s.storePing(ctx) == nil {
-					s.log.Info("sluice serve: Redis answers again", "after", now.Sub(down).Round(100*time.Millisecond), "failed_calls", n-atDown)
-					down = time.Time{}
-				}
-			}
-			last = n
+			o.look(now, s.store.Failures(), func() error { return s.storePing(ctx) })
 		}
 	}
+}
+
+// outageLog turns looks at a store's failed calls into log lines: a
+// warning when they grow, with what Redis answers a PING and the failure
+// policy that decides meanwhile; again every retell while they go on; and
+// a line when Redis answers again (two looks without a failure, then a
+// PING that succeeds). Nothing is logged while Redis answers, and an
+// outage that begins less than retell after the last warning (a Redis
+// that comes and goes) is not told on its own: the next warning counts
+// it.
+type outageLog struct {
+	log    *slog.Logger
+	policy string
+	retell time.Duration
+	last   int64     // the failures at the last look
+	down   time.Time // when the outage under way began (zero: none)
+	told   time.Time // when a warning was last logged (zero: never)
+	atDown int64     // the failures when the outage began
+	quiet  int       // looks without a failure since the last one
+	said   bool      // the outage under way was told
+	unsaid int       // outages begun and not told since the last warning
+}
+
+func (o *outageLog) look(now time.Time, n int64, ping func() error) {
+	switch {
+	case n > o.last && o.down.IsZero():
+		o.down, o.atDown, o.quiet, o.said = now, o.last, 0, false
+		if o.told.IsZero() || now.Sub(o.told) >= o.retell {
+			o.warn(now, "sluice serve: Redis is failing; calls are decided by the failure policy until it answers", n, ping)
+		} else {
+			o.unsaid++
+		}
+	case n > o.last:
+		o.quiet = 0
+		if now.Sub(o.told) >= o.retell {
+			o.warn(now, "sluice serve: Redis is still failing", n, ping)
+		}
+	case !o.down.IsZero():
+		if o.quiet++; o.quiet >= 2 && ping() == nil {
+			if o.said {
+				o.log.Info("sluice serve: Redis answers again", "after", now.Sub(o.down).Round(100*time.Millisecond), "failed_calls", n-o.atDown)
+			}
+			o.down = time.Time{}
+		}
+	}
+	o.last = n
+}
+
+// warn logs msg about the outage under way at now (n failures so far).
+func (o *outageLog) warn(now time.Time, msg string, n int64, ping func() error) {
+	args := []any{"for", now.Sub(o.down).Round(time.Second), "on_failure", o.policy, "failed_calls", n - o.atDown, "err", ping()}
+	if o.unsaid > 0 {
+		args = append(args, "brief_outages_untold", o.unsaid)
+	}
+	o.log.Warn(msg, args...)
+	o.told, o.said, o.unsaid = now, true, 0
 }
 
 // failureNames are the failure policies as --on-failure names them.
