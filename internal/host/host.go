@@ -360,8 +360,9 @@ func (w *watcher) tick() {
 }
 
 // gone logs, once per error, a policy file the watcher cannot read (it
-// was deleted, a symbolic link swapped to nothing, its rights taken): the
-// policy serving goes on, and nothing said so.
+// was deleted, a symbolic link swapped to nothing; one it finds unchanged
+// it does not read again): the policy serving goes on, and nothing said
+// so.
 func (w *watcher) gone(err error) {
 	if err.Error() == w.unreadable {
 		return
