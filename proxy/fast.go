@@ -1658,29 +1658,11 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 	defer fasthttp.ReleaseResponse(resp)
 	resp.SkipBody = true
 	if err == nil {
-		if err = resp.Header.Read(br); err != nil && !upstreamTimedOut(err) && !errors.Is(err, io.EOF) {
-			// fasthttp's parser quotes the head it could not parse in its
-			// error, cookies and all; this Response is not the upstream
-			// client's, whose errors quote nothing.
-			err = errors.New("the upstream's answer head does not parse")
-		}
-	}
-	if err == nil {
-		if sc := resp.StatusCode(); sc < 100 || sc > 599 {
-			err = fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
-		}
+		err = readUpgradeHead(br, resp, proto)
 	}
 	if err != nil {
 		up.Close()
 		f.upstreamError(ctx, adm, &in, err)
-		return false
-	}
-	if resp.StatusCode() == http.StatusSwitchingProtocols && !strings.EqualFold(strings.TrimSpace(string(resp.Header.Peek("Upgrade"))), strings.TrimSpace(proto)) {
-		// A switch to another protocol than the one asked for (the
-		// client asked for h2c, the upstream speaks WebSocket): refused,
-		// as net/http's reverse proxy does.
-		up.Close()
-		f.upstreamError(ctx, adm, &in, fmt.Errorf("the upstream switched to protocol %q, not the %q asked for", resp.Header.Peek("Upgrade"), proto))
 		return false
 	}
 	if resp.StatusCode() != http.StatusSwitchingProtocols {
@@ -1753,6 +1735,30 @@ func (f *fastServer) upgrade(ctx *fasthttp.RequestCtx, adm *httpcore.Admission, 
 		}
 	})
 	return true
+}
+
+// readUpgradeHead reads into resp the head of the upstream's answer to an
+// upgrade to proto, and returns why it is one the proxy refuses: a head
+// that does not parse (told without its bytes: fasthttp's parser quotes
+// it, cookies and all, and resp is not the upstream client's, whose
+// errors quote nothing), a status outside 100 to 599, or a switch to
+// another protocol than proto (the client asked for h2c, the upstream
+// speaks WebSocket; net/http's reverse proxy refuses it too).
+func readUpgradeHead(br *bufio.Reader, resp *fasthttp.Response, proto string) error {
+	if err := resp.Header.Read(br); err != nil {
+		if upstreamTimedOut(err) || errors.Is(err, io.EOF) {
+			return err
+		}
+		return errors.New("the upstream's answer head does not parse")
+	}
+	sc := resp.StatusCode()
+	if sc < 100 || sc > 599 {
+		return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
+	}
+	if got := resp.Header.Peek("Upgrade"); sc == http.StatusSwitchingProtocols && !strings.EqualFold(strings.TrimSpace(string(got)), strings.TrimSpace(proto)) {
+		return fmt.Errorf("the upstream switched to protocol %q, not the %q asked for", got, proto)
+	}
+	return nil
 }
 
 // handshake runs TLS over a connection to an https upstream (the pool's,
