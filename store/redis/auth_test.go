@@ -266,3 +266,17 @@ func TestReplicaRefused(t *testing.T) {
 		t.Errorf("a replica: %s", msg)
 	}
 }
+
+// A standalone server given among several addresses (which makes the
+// client speak Redis Cluster) is refused at New with Redis' answer: it
+// started, and every decision failed for as long as the process ran.
+func TestStandaloneGivenAsAClusterRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	msg := refused(t, Options{Addrs: []string{srv.Addr, "127.0.0.1:1"}, Timeout: time.Second})
+	if !strings.Contains(msg, "cluster support disabled") {
+		t.Errorf("a standalone server given as a cluster: %s", msg)
+	}
+	if RefusalOf(errors.New(msg)) != NotRefused { // only Redis' own answer is one
+		t.Error("a plain error read as a refusal")
+	}
+}

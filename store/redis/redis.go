@@ -497,8 +497,9 @@ func (s *Store) tlsAlert(err error) error {
 var errSpeaksTLS = errors.New("the server speaks TLS, and the store was given no TLS settings")
 
 // ErrRefused is New's error when Redis refused the store's settings (see
-// refusal): wrong credentials, a certificate that does not verify.
-var ErrRefused = errors.New("redis: the server refused the store's credentials or TLS settings")
+// refusal): wrong credentials, a certificate that does not verify, a
+// replica's address, a standalone server given as a cluster's.
+var ErrRefused = errors.New("redis: the server refused the store's settings")
 
 // refusal reports whether a dial's error is Redis refusing the store's
 // settings, not an outage (see RefusalOf). No probe would do better; New
@@ -515,6 +516,7 @@ const (
 	Permissions                // the user's ACL: a command or key the store's scripts need (NOPERM)
 	TLS                        // the TLS handshake: a certificate that does not verify, the server's alert (one it requires), an answer that is not TLS
 	Replica                    // the address is a read-only replica's (READONLY)
+	Standalone                 // several addresses, a Redis Cluster's, name a server without cluster support
 )
 
 // RefusalOf returns what of the store's settings err (New's, or a call's)
@@ -546,6 +548,11 @@ func RefusalOf(err error) Refusal {
 			return Credentials
 		case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "user executing the script can't run"): // the latter: Redis 6 and 7.0, inside a script
 			return Permissions
+		case strings.Contains(msg, "cluster support disabled"):
+			// Several addresses were given, which makes the client speak
+			// Redis Cluster, to a standalone server: every call failed,
+			// for as long as the process ran.
+			return Standalone
 		}
 		return NotRefused
 	}
