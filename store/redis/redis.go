@@ -662,12 +662,12 @@ func checkAddr(a string) error {
 // Ping sends one PING through the store's client, under Options.Timeout,
 // to the standalone server (on a Cluster, to one node), the way a decision
 // is sent (on an idle lane, else pipelined): the round trip no decision on
-// Redis can be faster than. It returns ErrUnavailable while
-// Redis has not been reached.
+// Redis can be faster than. It returns ErrUnavailable, with what the last
+// dial got, while Redis has not been reached.
 func (s *Store) Ping(ctx context.Context) error {
 	cn := s.conn.Load()
 	if cn == nil {
-		return store.ErrUnavailable
+		return s.breaker.unavailable() // with what the last dial got, if any
 	}
 	if err := s.ping(ctx, time.Now().Add(s.opts.Timeout), cn); err != nil {
 		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)

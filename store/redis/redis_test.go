@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -261,5 +262,20 @@ func TestNewRefusesUnreachableAddresses(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "address") {
 			t.Errorf("address %q: %v, want an error naming the address", a, err)
 		}
+	}
+}
+
+// Ping of a store that has not reached Redis says what its dial got, not
+// only that Redis is unavailable (what an operator's log showed of an
+// outage from the start).
+func TestPingBeforeRedisWasReachedSaysWhy(t *testing.T) {
+	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Ping(context.Background())
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("Ping: %v, want ErrUnavailable saying the connection was refused", err)
 	}
 }

@@ -589,6 +589,9 @@ func (s *Server) Run(ctx context.Context) error {
 		ticks = t.C
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
+	// Redis' outages are told through the drain too: the service serves
+	// on while load balancers see it fail its health checks.
+	sctx, stopStoreWatch := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	if ticks != nil {
 		wg.Add(1)
@@ -601,7 +604,7 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.storeWatch(wctx, storeWatchEvery)
+			s.storeWatch(sctx, storeWatchEvery)
 		}()
 	}
 	var serveErr error
@@ -624,6 +627,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	stopWatch()
+	stopStoreWatch()
 	wg.Wait()
 	s.shutdown(hs)
 	if errors.Is(serveErr, http.ErrServerClosed) || errors.Is(serveErr, grpc.ErrServerStopped) {
