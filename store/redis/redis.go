@@ -505,7 +505,15 @@ var ErrRefused = errors.New("redis: the server refused the store's settings")
 // settings, not an outage (see RefusalOf). No probe would do better; New
 // reports it. (A plain server sent TLS waits for the rest of a command and
 // answers nothing: that reads as an outage.)
-func refusal(err error) bool { return RefusalOf(err) != NotRefused }
+func refusal(err error) bool { return RefusalOf(err) != NotRefused || standalone(err) }
+
+// standalone reports whether err is a standalone server's answer to the
+// client that several addresses made speak Redis Cluster: every call
+// failed, for as long as the process ran.
+func standalone(err error) bool {
+	var re *rueidis.RedisError
+	return errors.As(err, &re) && strings.Contains(re.Error(), "cluster support disabled")
+}
 
 // Refusal is what of a store's settings Redis refused (ErrRefused).
 type Refusal int
@@ -516,7 +524,6 @@ const (
 	Permissions                // the user's ACL: a command or key the store's scripts need (NOPERM)
 	TLS                        // the TLS handshake: a certificate that does not verify, the server's alert (one it requires), an answer that is not TLS
 	Replica                    // the address is a read-only replica's (READONLY)
-	Standalone                 // several addresses, a Redis Cluster's, name a server without cluster support
 )
 
 // RefusalOf returns what of the store's settings err (New's, or a call's)
@@ -548,11 +555,6 @@ func RefusalOf(err error) Refusal {
 			return Credentials
 		case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "user executing the script can't run"): // the latter: Redis 6 and 7.0, inside a script
 			return Permissions
-		case strings.Contains(msg, "cluster support disabled"):
-			// Several addresses were given, which makes the client speak
-			// Redis Cluster, to a standalone server: every call failed,
-			// for as long as the process ran.
-			return Standalone
 		}
 		return NotRefused
 	}
