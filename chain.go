@@ -240,8 +240,9 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			now = c.clock.Now()
 			if req.Deadline != 0 && now >= req.Deadline {
 				hs[n] = held{gate: i, permit: p}
-				n++
-				c.releaseDown(hs, &n, req, Completion{Outcome: OutcomeRejected, Now: now})
+				k := n + 1
+				n = 0 // before the release: its permits are its own to give back, panic or not
+				c.release(hs[:k], req, Completion{Outcome: OutcomeRejected, Now: now})
 				*cur = Decision{Reason: ReasonDeadline, Scope: cur.Scope, Gate: e.gate.Name()}
 				return c.refuse(t, r, cur, now), Ticket{}
 			}
@@ -268,7 +269,9 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 			*cur = Decision{}
 			continue
 		}
-		c.releaseDown(hs, &n, req, Completion{Outcome: OutcomeRejected, Now: now})
+		k := n
+		n = 0 // before the release, as above
+		c.release(hs[:k], req, Completion{Outcome: OutcomeRejected, Now: now})
 		cur.EffectPossible = false
 		return c.refuse(t, r, cur, now), Ticket{}
 	}
@@ -295,20 +298,7 @@ func (c *Chain) Decide(ctx context.Context, r *Request) (d Decision, tk Ticket) 
 // request was being decided.
 func (c *Chain) abandon(t *ticket, n int) {
 	if n > 0 {
-		c.releaseDown(&t.held, &n, &t.req, Completion{Outcome: OutcomeRejected, Now: c.clock.Now()})
-	}
-}
-
-// releaseDown gives back the first *n permits of hs for a rejection
-// (comp's outcome is OutcomeRejected: every gate gives its permit back),
-// the last first as release does, counting *n down before each: a Release
-// that panics leaves *n at the permits not yet given back, which Decide's
-// deferred abandon then gives back, each permit once.
-func (c *Chain) releaseDown(hs *[MaxGates]held, n *int, r *Request, comp Completion) {
-	for *n > 0 {
-		*n--
-		h := hs[*n]
-		c.gates[h.gate].gate.Release(r, h.permit, comp)
+		c.release(t.held[:n], &t.req, Completion{Outcome: OutcomeRejected, Now: c.clock.Now()})
 	}
 }
 
