@@ -912,28 +912,13 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 	}
 }
 
-// withoutContents returns err without the bytes of the message fasthttp's
-// parser quotes in its errors ("...: buffer size=N, contents: ..."), which
-// an upgrade's head, read outside the client, still gets: an upstream's
-// head may carry its cookies, and the log is no place for them.
-func withoutContents(err error) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	i := strings.Index(msg, ", contents: ")
-	if i < 0 {
-		return err
-	}
-	return errors.New(msg[:i])
-}
-
 // maxHead is the largest request head the proxy takes, on either front
 // (a larger one is answered 431).
 const maxHead = 16 << 10
 
 // unpassable returns why resp is an answer a proxy cannot pass on, and
-// closes its stream (so its connection is not used again), or nil: a
+// closes its stream, or nil (the connection it came on is not used again:
+// pooledConn marked it at the answer's first bytes, refusedStatus): a
 // status outside HTTP's 100 to 599 (RFC 9110 section 15; fasthttp passed
 // "099" on as "99", without framing, and the next answer followed its
 // body), or a switch of protocols the request did not ask for (it was
@@ -944,7 +929,6 @@ func unpassable(resp *fasthttp.Response) error {
 	if sc >= 100 && sc <= 599 && sc != http.StatusSwitchingProtocols {
 		return nil
 	}
-	resp.SetConnectionClose()
 	resp.CloseBodyStream()
 	if sc == http.StatusSwitchingProtocols {
 		return errors.New("the upstream switched protocols on a request that asked for no upgrade")
@@ -1406,7 +1390,6 @@ func (f *fastServer) upstreamError(ctx *fasthttp.RequestCtx, adm *httpcore.Admis
 	if upstreamTimedOut(err) {
 		err = context.DeadlineExceeded
 	}
-	err = withoutContents(err)
 	s := f.s
 	// A call the drain cut is logged as cut (host.Shutdown), not as the
 	// upstream's failure.

@@ -252,13 +252,11 @@ type pooledConn struct {
 
 	// Used only by the request on the connection (the pool hands it from
 	// one request to the next under its lock):
-	readAny bool // a byte has come back on the current leg
-	reading bool // the last call was a Read: the next Write starts a request
-	reused  bool // the request under way started on a leg that had answered before
-	// ruined: the last answer left the leg unusable, and the next request
-	// gets a new one (set by Read at the answer's start).
-	ruined atomic.Bool
-	y      yielder // before reading an answer (see coarseConn)
+	readAny bool    // a byte has come back on the current leg
+	reading bool    // the last call was a Read: the next Write starts a request
+	reused  bool    // the request under way started on a leg that had answered before
+	ruined  bool    // the last answer left the leg unusable (refusedStatus): the next request gets a new one
+	y       yielder // before reading an answer (see coarseConn)
 }
 
 // pooledLeg is the connection a pooledConn currently runs on.
@@ -301,7 +299,7 @@ func (c *pooledConn) Read(p []byte) (int, error) {
 		// in no state to carry another request (after a switch of
 		// protocols it speaks another), and fasthttp pools it as soon as
 		// the head is read. Marked before that, here.
-		c.ruined.Store(true)
+		c.ruined = true
 	}
 	if n > 0 {
 		c.readAny = true
@@ -327,7 +325,8 @@ func (c *pooledConn) Write(p []byte) (int, error) {
 // has spoiled it while it was idle.
 func (c *pooledConn) freshen() error {
 	old := c.cur.Load()
-	ruined := c.ruined.Swap(false)
+	ruined := c.ruined
+	c.ruined = false
 	if old.rc == nil && !ruined {
 		return nil
 	}
