@@ -3,6 +3,7 @@ package rlsserve
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net"
 	"strings"
@@ -436,5 +437,35 @@ func TestDecodeCodecCountsWhatItKeeps(t *testing.T) {
 	c.pending.Store(maxPending)
 	if err := c.Unmarshal(bad, &rlspb.RateLimitRequest{}); err == nil {
 		t.Error("past maxPending an undecodable message was kept, want grpc-go's error")
+	}
+}
+
+// A client host's counter is its IP address's, an IPv6 client's /64's
+// (one host may hold all of it), and an IPv4 address's whether it comes
+// plain or mapped into IPv6; a peer that is no IP address counts on one.
+func TestPeerBuckets(t *testing.T) {
+	var p peerCounts
+	p.seed = maphash.MakeSeed()
+	of := func(a net.Addr) *atomic.Int64 {
+		return p.bucket(peer.NewContext(context.Background(), &peer.Peer{Addr: a}))
+	}
+	tcp := func(ip string) *atomic.Int64 { return of(&net.TCPAddr{IP: net.ParseIP(ip), Port: 1}) }
+	if tcp("2001:db8:1:2::1") != tcp("2001:db8:1:2:ffff::9") {
+		t.Error("two addresses of one /64 count apart")
+	}
+	if tcp("192.0.2.7") != tcp("::ffff:192.0.2.7") {
+		t.Error("an IPv4 address counts apart from itself mapped into IPv6")
+	}
+	if of(&net.UnixAddr{Name: "a"}) != of(&net.UnixAddr{Name: "b"}) {
+		t.Error("two Unix socket peers count apart")
+	}
+	apart := 0
+	for i := range 20 { // other /64s: apart but for a hash collision (one in 4,096 each)
+		if tcp(fmt.Sprintf("2001:db8:1:%x::1", 100+i)) != tcp("2001:db8:1:2::1") {
+			apart++
+		}
+	}
+	if apart < 19 {
+		t.Errorf("%d of 20 other /64s count apart from one, want all but a collision", apart)
 	}
 }
