@@ -925,15 +925,14 @@ const maxHead = 16 << 10
 // passed on without its Upgrade field, and the client's connection went
 // on in HTTP). net/http's reverse proxy refuses both.
 func unpassable(resp *fasthttp.Response) error {
-	sc := resp.StatusCode()
-	if sc >= 100 && sc <= 599 && sc != http.StatusSwitchingProtocols {
-		return nil
+	err := badStatus(resp.StatusCode())
+	if err == nil && resp.StatusCode() == http.StatusSwitchingProtocols {
+		err = errors.New("the upstream switched protocols on a request that asked for no upgrade")
 	}
-	resp.CloseBodyStream()
-	if sc == http.StatusSwitchingProtocols {
-		return errors.New("the upstream switched protocols on a request that asked for no upgrade")
+	if err != nil {
+		resp.CloseBodyStream()
 	}
-	return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
+	return err
 }
 
 // readBody reads a request body that the server streams (one past its
@@ -1735,8 +1734,8 @@ func readUpgradeHead(br *bufio.Reader, resp *fasthttp.Response, proto string) er
 		return errors.New("the upstream's answer head does not parse")
 	}
 	sc := resp.StatusCode()
-	if sc < 100 || sc > 599 {
-		return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
+	if err := badStatus(sc); err != nil {
+		return err
 	}
 	if got := resp.Header.Peek("Upgrade"); sc == http.StatusSwitchingProtocols && !strings.EqualFold(strings.TrimSpace(string(got)), strings.TrimSpace(proto)) {
 		return fmt.Errorf("the upstream switched to protocol %q, not the %q asked for", got, proto)

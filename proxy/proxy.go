@@ -368,6 +368,16 @@ func (s *Server) detach(ctx context.Context) (context.Context, context.CancelFun
 	return c, func() { stop(); cancel() }
 }
 
+// badStatus returns the failure of an upstream answer whose status is
+// outside HTTP's 100 to 599 (RFC 9110 section 15), or nil: a proxy
+// cannot pass it on, on either front.
+func badStatus(sc int) error {
+	if sc >= 100 && sc <= 599 {
+		return nil
+	}
+	return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", sc)
+}
+
 // upgradeKey is the context key of an upgrade request's bufferedWriter.
 type upgradeKey struct{}
 
@@ -387,11 +397,8 @@ var errLate = fmt.Errorf("upstream answered past the request's deadline: %w", co
 // hijacks the connection, past any hook of ours, and they reached the
 // client beside sluice's.
 func lateResponse(resp *http.Response) error {
-	if resp.StatusCode < 100 || resp.StatusCode > 599 {
-		// Outside HTTP's statuses (RFC 9110 section 15): net/http's
-		// server panics on writing it, which closed the client's
-		// connection with no answer.
-		return fmt.Errorf("the upstream answered status %d, outside HTTP's 100 to 599", resp.StatusCode)
+	if err := badStatus(resp.StatusCode); err != nil {
+		return err // net/http's server panics on writing it, which closed the client's connection with no answer
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if bw, ok := resp.Request.Context().Value(upgradeKey{}).(*bufferedWriter); ok {

@@ -211,7 +211,7 @@ func refusedStatus(b []byte) bool {
 		}
 		sc = sc*10 + int(d-'0')
 	}
-	return sc < 100 || sc > 599 || sc == 101
+	return badStatus(sc) != nil || sc == 101
 }
 
 // pooledConn is one of the fast server's pooled upstream connections
