@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -72,7 +73,21 @@ type callGuard struct {
 	peers   peerCounts
 	log     *slog.Logger // where a handler's panic is logged
 	codec   *decodeCodec // the server's (newGRPCServer)
+	refused [refusedKinds]atomic.Uint64
 }
+
+// The kinds of calls the guard answers itself, counted by kind (the
+// sluice_grpc_refused_total metric, GRPCServer.Collectors).
+const (
+	refusedBound       = iota // past MaxCalls: RESOURCE_EXHAUSTED
+	refusedHostShare          // past MaxCallsPerPeer: RESOURCE_EXHAUSTED
+	refusedUndecodable        // a message that does not decode: INVALID_ARGUMENT
+	refusedPanicked           // a handler that panicked: INTERNAL
+	refusedKinds
+)
+
+// refusedNames are the reason labels of the kinds above, in their order.
+var refusedNames = [refusedKinds]string{"bound", "host_share", "undecodable", "panicked"}
 
 // peerBuckets is the number of peerCounts' counters: a host shares its
 // bound with another only when their addresses hash alike, about one pair
@@ -149,11 +164,13 @@ func (g *callGuard) enter(ctx context.Context) (*atomic.Int64, error) {
 
 // refusal is the answer to a call past the bound.
 func (g *callGuard) refusal() error {
+	g.refused[refusedBound].Add(1)
 	return status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress, the server's bound; retry", g.max)
 }
 
 // peerRefusal is the answer to a call past its peer's share of the bound.
 func (g *callGuard) peerRefusal() error {
+	g.refused[refusedHostShare].Add(1)
 	return status.Errorf(codes.ResourceExhausted, "sluice serve: %d calls in progress from this client host, its share of the server's bound; retry", g.perPeer)
 }
 
@@ -166,6 +183,7 @@ func (g *callGuard) exit(method string, pc *atomic.Int64, err *error) {
 		pc.Add(-1)
 	}
 	if p := recover(); p != nil {
+		g.refused[refusedPanicked].Add(1)
 		g.log.Error("sluice serve: a gRPC handler panicked; the call is answered INTERNAL", "method", method, "panic", p, "stack", string(debug.Stack()))
 		*err = status.Error(codes.Internal, "sluice serve: internal error")
 	}
@@ -186,6 +204,7 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 			return h(srv, ctx, func(m any) error {
 				err := dec(m)
 				if bad := g.codec.undecoded(m); bad != nil {
+					g.refused[refusedUndecodable].Add(1)
 					return bad
 				}
 				return err
@@ -201,7 +220,7 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				return err
 			}
 			defer g.exit(name, pc, &err)
-			return h(srv, decodedStream{ss, g.codec})
+			return h(srv, decodedStream{ss, g})
 		}
 	}
 	return &w
@@ -211,12 +230,13 @@ func (g *callGuard) wrap(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 // are answered INVALID_ARGUMENT (decodeCodec).
 type decodedStream struct {
 	grpc.ServerStream
-	codec *decodeCodec
+	guard *callGuard
 }
 
 func (s decodedStream) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
-	if bad := s.codec.undecoded(m); bad != nil {
+	if bad := s.guard.codec.undecoded(m); bad != nil {
+		s.guard.refused[refusedUndecodable].Add(1)
 		return bad
 	}
 	return err
@@ -251,6 +271,22 @@ func newGRPCServer(workers int, g *callGuard) *GRPCServer {
 // InProgress returns the number of calls in progress, as the bound counts
 // them (a call whose handler has begun and not returned).
 func (s *GRPCServer) InProgress() int64 { return s.guard.calls.Load() }
+
+// Collectors returns the server's metric: sluice_grpc_refused_total, the
+// calls it answered itself by reason (bound and host_share:
+// RESOURCE_EXHAUSTED at MaxCalls and MaxCallsPerPeer; undecodable: a
+// message that does not decode, INVALID_ARGUMENT; panicked: a handler's
+// panic, INTERNAL). None of them reaches a service's own counters.
+func (s *GRPCServer) Collectors() []prometheus.Collector {
+	cs := make([]prometheus.Collector, refusedKinds)
+	for i := range cs {
+		n := &s.guard.refused[i]
+		cs[i] = prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_grpc_refused_total",
+			Help:        "gRPC calls the server answered itself, by reason: bound and host_share (RESOURCE_EXHAUSTED), undecodable (INVALID_ARGUMENT), panicked (INTERNAL).",
+			ConstLabels: prometheus.Labels{"reason": refusedNames[i]}}, func() float64 { return float64(n.Load()) })
+	}
+	return cs
+}
 
 // RegisterService registers impl for sd, each call of its methods counted
 // against the bounds.

@@ -57,6 +57,9 @@ func TestStalledCallsAreBounded(t *testing.T) {
 	if refused < 300 || refused > 300+10 {
 		t.Errorf("%d of 400 stalled calls refused past a bound of 100, want about 300", refused)
 	}
+	if n := g.refused[refusedBound].Load(); n != uint64(refused) {
+		t.Errorf("%d refusals at the bound counted, %d answered", n, refused)
+	}
 	waitCalls(t, g, 0)
 	if err := check(); err != nil {
 		t.Fatalf("a healthy call after the stall timeout: %v", err)
@@ -223,6 +226,9 @@ func TestHandlerPanicIsAnsweredInternal(t *testing.T) {
 		t.Fatalf("a panicking stream handler: %v, want INTERNAL", err)
 	}
 	waitCalls(t, g, 0)
+	if n := g.refused[refusedPanicked].Load(); n != 21 {
+		t.Errorf("%d panics counted, want 21", n)
+	}
 	out := logs.String()
 	for _, want := range []string{"/grpc.health.v1.Health/Check", "check broke", "/grpc.health.v1.Health/Watch", "watch broke", "panicky.Check"} {
 		if !strings.Contains(out, want) {
@@ -285,6 +291,9 @@ func TestOneHostHoldsAtMostItsShare(t *testing.T) {
 	_, err := healthpb.NewHealthClient(dial()).Check(cctx, &healthpb.HealthCheckRequest{})
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "client host") {
 		t.Errorf("a call of the host at its share: %v, want RESOURCE_EXHAUSTED naming its share", err)
+	}
+	if n, b := g.refused[refusedHostShare].Load(), g.refused[refusedBound].Load(); n != 376 || b != 0 {
+		t.Errorf("refusals counted: %d at the host's share, %d at the bound; want 376 and 0", n, b)
 	}
 	cancel()
 	waitCalls(t, g, 0)
@@ -360,6 +369,11 @@ func TestUndecodableMessagesAreInvalidArguments(t *testing.T) {
 	var out []byte
 	if err := s.RecvMsg(&out); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a streaming call's undecodable message: %v, want INVALID_ARGUMENT", err)
+	}
+	// Each is counted where an operator looks (no service's own counter
+	// sees them: the call ends before its handler reads a message).
+	if n := metric(t, r, "sluice_grpc_refused_total", `reason="undecodable"`); n != 7 {
+		t.Errorf("sluice_grpc_refused_total{reason=\"undecodable\"} = %v, want 7", n)
 	}
 }
 

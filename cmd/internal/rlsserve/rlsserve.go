@@ -546,6 +546,11 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.grpc = NewGRPCServer(s.workers(), s.log)
+	for _, c := range s.grpc.Collectors() {
+		if err := s.reg.Register(c); err != nil {
+			return err
+		}
+	}
 	envoyrls.Register(s.grpc, rs)
 	s.hlth = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.hlth)
