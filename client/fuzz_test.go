@@ -29,6 +29,28 @@ func TestParseWhatWireWrites(t *testing.T) {
 	}
 }
 
+// Both refusal bodies sluice writes, the envelope and the problem
+// details object (--problem-details), tell the client the same: a
+// problem+json refusal's "retryable": false was read as no envelope at all,
+// and a 429 that can never be admitted was retried.
+func TestBothRefusalBodiesAreRead(t *testing.T) {
+	for _, e := range []wire.Envelope{{Reason: sluice.ReasonPolicyRate, Retryable: false, EffectPossible: false},
+		{Reason: sluice.ReasonOverload, Retryable: true, EffectPossible: false},
+		{Reason: sluice.ReasonOverload, Retryable: false, EffectPossible: true}} {
+		want := envelope{Retryable: e.Retryable, EffectPossible: e.EffectPossible}
+		if got, ok := parseEnvelope(wire.AppendEnvelope(nil, &e), false); !ok || got != want {
+			t.Errorf("envelope %+v: read %+v %v", e, got, ok)
+		}
+		if got, ok := parseEnvelope(wire.AppendProblem(nil, &e, 429), true); !ok || got != want {
+			t.Errorf("problem details %+v: read %+v %v", e, got, ok)
+		}
+		// Each shape only under its own media type.
+		if _, ok := parseEnvelope(wire.AppendProblem(nil, &e, 429), false); ok {
+			t.Errorf("a problem details body read as an envelope")
+		}
+	}
+}
+
 func TestParseRetryAfter(t *testing.T) {
 	date := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for _, c := range []struct {
@@ -88,5 +110,9 @@ func FuzzParseEnvelope(f *testing.F) {
 	f.Add([]byte(`{"error":{"retryable":true,"effect_possible":false}}`))
 	f.Add([]byte(`{"error":null}`))
 	f.Add([]byte(`[1,2`))
-	f.Fuzz(func(t *testing.T, b []byte) { parseEnvelope(b) })
+	f.Add([]byte(`{"type":"about:blank","retryable":false,"effect_possible":true}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parseEnvelope(b, false)
+		parseEnvelope(b, true)
+	})
 }

@@ -254,25 +254,44 @@ func idempotent(method string) bool {
 }
 
 // envelope is what a refusal's JSON body says about retrying: sluice's
-// rejection envelope ({"error":{"retryable":…,"effect_possible":…}}).
+// rejection envelope ({"error":{"retryable":…,"effect_possible":…}}), or
+// the same fields as extension members of an RFC 9457 problem details
+// object ({"type":…,"retryable":…,"effect_possible":…}).
 type envelope struct {
 	Retryable      bool
 	EffectPossible bool
 }
 
-// parseEnvelope reads the retry fields of a sluice rejection envelope; ok
-// is false when body is not one (not JSON, or without both fields).
-func parseEnvelope(body []byte) (e envelope, ok bool) {
-	var v struct {
-		Error *struct {
-			Retryable      *bool `json:"retryable"`
-			EffectPossible *bool `json:"effect_possible"`
-		} `json:"error"`
+// retryFields are the two fields a client reads from either body.
+type retryFields struct {
+	Retryable      *bool `json:"retryable"`
+	EffectPossible *bool `json:"effect_possible"`
+}
+
+// parseEnvelope reads the retry fields of a sluice refusal body: the
+// envelope's, or with problem a problem details object's top-level
+// members. ok is false when body is not one (not JSON, or without both
+// fields).
+func parseEnvelope(body []byte, problem bool) (e envelope, ok bool) {
+	var f *retryFields
+	if problem {
+		f = new(retryFields)
+		if json.Unmarshal(body, f) != nil {
+			return envelope{}, false
+		}
+	} else {
+		var v struct {
+			Error *retryFields `json:"error"`
+		}
+		if json.Unmarshal(body, &v) != nil {
+			return envelope{}, false
+		}
+		f = v.Error
 	}
-	if json.Unmarshal(body, &v) != nil || v.Error == nil || v.Error.Retryable == nil || v.Error.EffectPossible == nil {
+	if f == nil || f.Retryable == nil || f.EffectPossible == nil {
 		return envelope{}, false
 	}
-	return envelope{Retryable: *v.Error.Retryable, EffectPossible: *v.Error.EffectPossible}, true
+	return envelope{Retryable: *f.Retryable, EffectPossible: *f.EffectPossible}, true
 }
 
 // classify reads an attempt's outcome.
@@ -331,7 +350,7 @@ func readEnvelope(resp *http.Response) (envelope, bool) {
 	}
 	buf, _ := io.ReadAll(io.LimitReader(resp.Body, maxEnvelope))
 	resp.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(buf), resp.Body), c: resp.Body}
-	return parseEnvelope(buf)
+	return parseEnvelope(buf, mt == "application/problem+json")
 }
 
 type prefixBody struct {

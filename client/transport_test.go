@@ -255,6 +255,14 @@ func TestWhatIsRetried(t *testing.T) {
 	noRetry := func(int, *http.Request) (*http.Response, error) {
 		return reply(429, map[string]string{"Content-Type": "application/json"}, `{"error":{"retryable":false,"effect_possible":false}}`), nil
 	}
+	noRetryProblem := func(int, *http.Request) (*http.Response, error) {
+		return reply(429, map[string]string{"Content-Type": "application/problem+json"},
+			`{"type":"about:blank","status":429,"retryable":false,"effect_possible":false}`), nil
+	}
+	mayHaveActedProblem := func(int, *http.Request) (*http.Response, error) {
+		return reply(503, map[string]string{"Content-Type": "application/problem+json; charset=utf-8"},
+			`{"type":"about:blank","status":503,"retryable":true,"effect_possible":false}`), nil
+	}
 	badRequest := func(int, *http.Request) (*http.Response, error) { return reply(400, nil, ""), nil }
 	flaky := func(n int, _ *http.Request) (*http.Response, error) {
 		if n == 0 {
@@ -276,6 +284,8 @@ func TestWhatIsRetried(t *testing.T) {
 		{"POST sluice refusal", "POST", strings.NewReader("x"), nil, overloaded, 3},
 		{"POST body without GetBody", "POST", io.MultiReader(strings.NewReader("x")), []string{"Idempotency-Key", "k"}, overloaded, 1},
 		{"retryable false", "GET", nil, nil, noRetry, 1},
+		{"retryable false in problem details", "GET", nil, nil, noRetryProblem, 1},
+		{"POST refusal before any effect, in problem details", "POST", strings.NewReader("x"), nil, mayHaveActedProblem, 3},
 		{"400", "GET", nil, nil, badRequest, 1},
 		{"GET transport error", "GET", nil, nil, flaky, 2},
 		{"POST transport error", "POST", strings.NewReader("x"), nil, flaky, 1},

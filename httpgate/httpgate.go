@@ -26,7 +26,8 @@ type Config struct {
 	// NoRateLimitHeaders turns off RateLimit-Policy and RateLimit fields.
 	NoRateLimitHeaders bool
 	// LegacyHeaders adds X-RateLimit-Limit, -Remaining and -Reset (reset in
-	// delay-seconds) to the draft fields.
+	// delay-seconds) to the draft fields, on every answer that has them,
+	// a 429 included (its Reset is its RateLimit's t).
 	LegacyHeaders bool
 	// HideCapacity leaves quota figures out of headers and messages: the
 	// reason, gate and retry time stay, so callers still know what to do.

@@ -185,7 +185,9 @@ type Cost struct {
 	// ResponseHeader, if set, names a header of the answer with the work's
 	// actual cost, the same quantity Header declares (⌈value / Per⌉,
 	// clamped to [Min, Max]): see Identifier.ActualCost. Without Header,
-	// the estimate is Min.
+	// the estimate is Min. Behind httpgate it is read when the handler
+	// returns, so a trailer (declared in the Trailer field) carries a cost
+	// known only after the body.
 	ResponseHeader string
 }
 

@@ -15,11 +15,13 @@ import (
 // cost 10 units gets exactly a tenth of the requests of one whose cost 1
 // (100 units, nothing refills during the test); one that declares 50 and
 // spends 1 is refunded the 49, to the unit; an answer without the header,
-// or with a malformed one, keeps the estimate.
+// or with a malformed or repeated one, keeps the estimate.
 func TestResponseCostTruesUpTheCharge(t *testing.T) {
 	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if v := r.Header.Get("X-Answer"); v != "" {
-			w.Header().Set("X-Work-Units", v)
+		for v := range strings.SplitSeq(r.Header.Get("X-Answer"), "|") {
+			if v != "" {
+				w.Header().Add("X-Work-Units", v) // "10|10": the field twice
+			}
 		}
 	})
 	var redisAddr string
@@ -87,6 +89,9 @@ gates:
 			}
 			if n := admitted("bad-"+store, "/work", "", "ten"); n != 100 {
 				t.Errorf("%s: a malformed answer header: %d admitted, want 100 (the estimate)", what, n)
+			}
+			if n := admitted("twice-"+store, "/work", "", "10|10"); n != 100 {
+				t.Errorf("%s: the answer's cost field twice: %d admitted, want 100 (malformed: the estimate)", what, n)
 			}
 		}
 	}

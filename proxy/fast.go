@@ -527,6 +527,17 @@ func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 // b2s views b as a string; b must not change while the string is used.
 func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
+// oneField returns the value of the answer's field name, or "" when it
+// lacks it or repeats it (a cost said twice is malformed:
+// identify.ActualCost keeps the estimate). The value is valid while h is.
+func oneField(h *fasthttp.ResponseHeader, name string) string {
+	vs := h.PeekAll(name)
+	if len(vs) != 1 {
+		return ""
+	}
+	return b2s(vs[0])
+}
+
 // input fills in with what the middleware reads of the request in ctx:
 // only the fields it names (Middleware.Headers).
 func (f *fastServer) input(ctx *fasthttp.RequestCtx, in *identify.Input, names []string, addr bool) (ok bool) {
@@ -904,7 +915,7 @@ func (f *fastServer) forward(ctx *fasthttp.RequestCtx, in *identify.Input, adm h
 		adm.Done(ctx, ctx.Response.StatusCode(), false)
 		return
 	}
-	adm.ReadCost(func(name string) string { return b2s(resp.Header.Peek(name)) })
+	adm.ReadCost(func(name string) string { return oneField(&resp.Header, name) })
 	streaming = f.respond(ctx, resp, &adm, tr, deadline, hold)
 	if !streaming {
 		setAnswerFields(&adm, &ctx.Response.Header)

@@ -118,7 +118,8 @@ type Config struct {
 	AllowConcurrencyGates bool
 	// NoRateLimitHeaders turns off RateLimit-Policy and RateLimit.
 	NoRateLimitHeaders bool
-	// LegacyHeaders adds X-RateLimit-Limit, -Remaining and -Reset.
+	// LegacyHeaders adds X-RateLimit-Limit, -Remaining and -Reset to the
+	// RateLimit field, on allowed and denied answers alike.
 	LegacyHeaders bool
 	// HideCapacity leaves quota figures out of headers and messages.
 	HideCapacity bool
@@ -374,7 +375,7 @@ func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail,
 	if d.Retryable {
 		retry = wire.RetryAfter(d.RetryAfter, st.jitter, rand.Uint64())
 	}
-	hs := make([]*corev3.HeaderValueOption, 0, 7)
+	hs := make([]*corev3.HeaderValueOption, 0, 10)
 	if retry > 0 {
 		hs = append(hs, header(hRetryAfter, strconv.FormatInt(retry, 10)))
 	}
@@ -387,6 +388,11 @@ func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail,
 			t = wire.Seconds(d.ResetAfter)
 		}
 		hs = append(hs, header(hRateLimit, string(wire.AppendRateLimit(nil, d.Gate, d.Remaining, t))))
+		if cfg.LegacyHeaders { // as on an admitted answer, with the reset RateLimit gives
+			hs = append(hs, header(hLegacyLimit, strconv.FormatInt(d.Limit, 10)),
+				header(hLegacyRemaining, strconv.FormatInt(d.Remaining, 10)),
+				header(hLegacyReset, strconv.FormatInt(t, 10)))
+		}
 	}
 	if grpcReq {
 		if ms, ok := grpcgate.Pushback(&d, st.jitter, rand.Uint64()); ok {

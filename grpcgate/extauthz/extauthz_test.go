@@ -257,6 +257,22 @@ func TestRateLimited(t *testing.T) {
 	}
 }
 
+// LegacyHeaders' X-RateLimit-* fields come on a denial too, with the
+// reset RateLimit gives, as on an allowed answer.
+func TestLegacyHeadersOnDenials(t *testing.T) {
+	f := newFixture(t, extauthz.Config{Rules: rules, LegacyHeaders: true})
+	key := map[string]string{"x-api-key": "acme"}
+	for range 2 {
+		if resp := f.check(t, checkReq("GET", "/v1/orders", key)); resp.GetStatus().GetCode() != 0 {
+			t.Fatal(resp)
+		}
+	}
+	hs, _ := denied(t, f.check(t, checkReq("GET", "/v1/orders", key)), codes.ResourceExhausted, 429)
+	if hs["X-RateLimit-Limit"] != "2" || hs["X-RateLimit-Remaining"] != "0" || hs["X-RateLimit-Reset"] != "1" {
+		t.Fatalf("headers %v", hs)
+	}
+}
+
 // A gRPC request's denial carries grpcgate's pushback; an HTTP one's not.
 func TestGRPCRequestGetsPushback(t *testing.T) {
 	f := newFixture(t, extauthz.Config{Rules: rules})

@@ -240,9 +240,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	rw := &responseRecorder{ResponseWriter: w}
 	finished := false
 	defer func() {
-		if !finished { // the handler panicked: release, let the panic go on
-			tk.Done(sluice.OutcomeErrored)
+		if finished {
+			return
 		}
+		// The handler panicked: release, let the panic go on. A client
+		// that went away first is why (a reverse proxy aborts its answer
+		// with http.ErrAbortHandler when the client hangs up mid-body): it
+		// books as cancelled, as a handler that returned would.
+		o := sluice.OutcomeErrored
+		if errors.Is(context.Cause(r.Context()), context.Canceled) {
+			o = sluice.OutcomeCancelled
+		}
+		tk.Done(o)
 	}()
 	if d.Level != sluice.LevelNormal {
 		ctx = sluice.ContextWithLevel(ctx, d.Level)
@@ -261,7 +270,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	next.ServeHTTP(rw, r)
 	finished = true
-	tk.DoneCost(outcome(rw, r), st.c.id.ActualCost(req.Operation, w.Header().Get))
+	tk.DoneCost(outcome(rw, r), st.c.id.ActualCost(req.Operation, oneValue(w.Header()).get))
 	if al != nil {
 		logAdmitted(al, st.chain.Clock().Now().Sub(start), r, r.Method, r.URL.Path, req, rw.status, wait)
 	}
@@ -497,6 +506,17 @@ func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluic
 		hb = st.appendRateLimit(hb, d, t)
 		vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
 		h.Set(hRateLimit, last(vals))
+		if cfg.LegacyHeaders { // as on an admitted answer, with the reset RateLimit gives
+			for _, f := range [...]struct {
+				key string
+				v   int64
+			}{{hLegacyLimit, d.Limit}, {hLegacyRemaining, d.Remaining}, {hLegacyReset, t}} {
+				n := len(hb)
+				hb = strconv.AppendInt(hb, f.v, 10)
+				vals = append(vals, unsafe.String(&hb[n], len(hb)-n))
+				h.Set(f.key, last(vals))
+			}
+		}
 	}
 	n := len(hb)
 	if id, ok := st.c.id.RequestID(reqHeader); ok {
@@ -551,6 +571,20 @@ func (m *Middleware) render(h Fields, reqHeader http.Header, st *state, d *sluic
 func last(vals []string) []string {
 	i := len(vals) - 1
 	return vals[i : i+1 : i+1]
+}
+
+// oneValue is an answer's header read for one field's only value.
+type oneValue http.Header
+
+// get returns the value of field name, or "" when the answer lacks it or
+// repeats it: a cost said twice is malformed, as identify.ActualCost
+// documents (Get read the first and charged it).
+func (h oneValue) get(name string) string {
+	vs := http.Header(h).Values(name)
+	if len(vs) != 1 {
+		return ""
+	}
+	return vs[0]
 }
 
 // responseRecorder remembers the status the handler wrote. It passes on

@@ -402,6 +402,114 @@ func TestClientDisconnectReleasesPermits(t *testing.T) {
 	waitFor(t, func() bool { return (completed(f, "cancelled")) == 1 })
 }
 
+// A handler that ends by panicking because its client went away (a
+// reverse proxy aborts with http.ErrAbortHandler when the client hangs up
+// mid-body) books the request as cancelled, not as the service's error.
+func TestAbortAfterClientDisconnectIsCancelled(t *testing.T) {
+	entered := make(chan struct{})
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-r.Context().Done()
+		panic(http.ErrAbortHandler)
+	}), nil, 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/", nil)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := f.srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	<-errc
+	waitFor(t, func() bool { return f.inflight() == 0 })
+	waitFor(t, func() bool { return completed(f, "cancelled") == 1 })
+	if n := completed(f, "errored"); n != 0 {
+		t.Errorf("%v errored completions, want 0", n)
+	}
+}
+
+// LegacyHeaders' X-RateLimit-* fields come on a refusal too, where a
+// client of that convention looks for them (Remaining 0, Reset the wait):
+// they came on admitted answers only.
+func TestLegacyHeadersOnEveryAnswer(t *testing.T) {
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 2)
+	rate, _ := gate.NewRateLimit("rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httpcore.New(chain, httpcore.Config{LegacyHeaders: true, Jitter: noJitter, Rules: identify.Rules{TenantHeader: "X-Api-Key"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		status                  int
+		limit, remaining, reset string
+	}{{200, "2", "1", "1"}, {200, "2", "0", "2"}, {429, "2", "0", "1"}} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-Api-Key", "a")
+		mw.Wrap(ok200).ServeHTTP(rec, req)
+		h := rec.Result().Header
+		got := [...]string{h.Get("X-RateLimit-Limit"), h.Get("X-RateLimit-Remaining"), h.Get("X-RateLimit-Reset")}
+		if rec.Code != want.status || got != [...]string{want.limit, want.remaining, want.reset} {
+			t.Errorf("answer %d: %d %q (RateLimit %q), want %d %q", i, rec.Code, got, h.Get("RateLimit"), want.status,
+				[...]string{want.limit, want.remaining, want.reset})
+		}
+	}
+}
+
+// The answer's cost field trues up the charge: in the head, or in a
+// trailer for a cost known only after the body; said twice it is
+// malformed and the estimate (1) stays. Each answer's charge shows in the
+// next answer's RateLimit remaining (burst 100, nothing refills).
+func TestAnswerCostTruesUpTheCharge(t *testing.T) {
+	tb, _ := limit.NewTokenBucket(limit.PerSecond(1), 100)
+	rate, _ := gate.NewRateLimit("rate", memory.NewKeyed(tb, memory.Options{}), gate.Options{Scope: sluice.ScopeTenant})
+	chain, err := sluice.NewChain(sluice.ChainOptions{Clock: fakeclock.New(1)}, rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httpcore.New(chain, httpcore.Config{Jitter: noJitter, Rules: identify.Rules{TenantHeader: "X-Api-Key",
+		Routes: []identify.Route{{Path: "/*", Cost: identify.Cost{ResponseHeader: "X-Work-Units"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/head":
+			w.Header().Set("X-Work-Units", "10")
+		case "/trailer":
+			w.Header().Set("Trailer", "X-Work-Units")
+			w.Write([]byte("body"))
+			w.Header().Set("X-Work-Units", "10")
+		case "/twice":
+			w.Header()["X-Work-Units"] = []string{"10", "10"}
+		}
+	}))
+	remaining := func(path string) string {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", path, nil)
+		req.Header.Set("X-Api-Key", "a")
+		h.ServeHTTP(rec, req)
+		return rec.Result().Header.Get("RateLimit")
+	}
+	for i, c := range []struct{ path, want string }{
+		{"/head", `"rate";r=99;t=1`},     // before the charge: 100 − 1
+		{"/trailer", `"rate";r=89;t=11`}, // after /head's 10
+		{"/twice", `"rate";r=79;t=21`},   // after the trailer's 10
+		{"/", `"rate";r=78;t=22`},        // after /twice's estimate of 1
+	} {
+		if got := remaining(c.path); got != c.want {
+			t.Errorf("answer %d (%s): RateLimit %q, want %q", i, c.path, got, c.want)
+		}
+	}
+}
+
 func TestLateResponseCountsAsLate(t *testing.T) {
 	var f *fixture
 	f = newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
