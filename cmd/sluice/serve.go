@@ -390,7 +390,7 @@ func runPolicy(ctx context.Context, cmd *cobra.Command, f serveFlags, log *slog.
 	}
 	var ext *extauthz.Server
 	opts.OnPolicy = func(chain *sluice.Chain, rules identify.Rules) error {
-		cfg := extauthz.Config{Rules: rules}
+		cfg := extauthz.Config{Rules: rules, ProblemDetails: f.server.problemDetails}
 		if ext == nil {
 			var err error
 			ext, err = extauthz.New(chain, cfg)

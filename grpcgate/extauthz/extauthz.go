@@ -123,6 +123,10 @@ type Config struct {
 	LegacyHeaders bool
 	// HideCapacity leaves quota figures out of headers and messages.
 	HideCapacity bool
+	// ProblemDetails answers a denial's body as an RFC 9457 problem details
+	// object (application/problem+json) instead of the JSON envelope, as
+	// httpgate.Config.ProblemDetails does; status and headers unchanged.
+	ProblemDetails bool
 	// Jitter spreads Retry-After values. Nil: sluice.DefaultJitter; a zero
 	// Jitter turns it off.
 	Jitter *sluice.Jitter
@@ -402,14 +406,21 @@ func (s *Server) refuse(st *state, d sluice.Decision, r *sluice.Request, detail,
 	if !ridOK {
 		rid = s.idPrefix + strconv.FormatUint(s.ids.Add(1), 16)
 	}
-	hs = append(hs, header(st.id.RequestIDHeader(), rid),
-		header("Content-Type", "application/json"),
-		header("Cache-Control", "no-store"))
 	msg := string(wire.AppendMessage(nil, &d, r.Cost, retry, cfg.HideCapacity, detail))
-	body := wire.AppendEnvelope(nil, &wire.Envelope{
+	env := &wire.Envelope{
 		Reason: d.Reason, Scope: d.Scope, Gate: d.Gate, Retryable: d.Retryable,
 		EffectPossible: d.EffectPossible, RetryAfter: retry, RequestID: rid, Message: msg,
-	})
+	}
+	var body []byte
+	ct := "application/json"
+	if cfg.ProblemDetails {
+		body, ct = wire.AppendProblem(nil, env, wire.Status(&d)), "application/problem+json"
+	} else {
+		body = wire.AppendEnvelope(nil, env)
+	}
+	hs = append(hs, header(st.id.RequestIDHeader(), rid),
+		header("Content-Type", ct),
+		header("Cache-Control", "no-store"))
 	return &authv3.CheckResponse{
 		Status: &rpcstatus.Status{Code: int32(grpcgate.Code(&d)), Message: msg},
 		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -270,6 +271,33 @@ func TestLegacyHeadersOnDenials(t *testing.T) {
 	hs, _ := denied(t, f.check(t, checkReq("GET", "/v1/orders", key)), codes.ResourceExhausted, 429)
 	if hs["X-RateLimit-Limit"] != "2" || hs["X-RateLimit-Remaining"] != "0" || hs["X-RateLimit-Reset"] != "1" {
 		t.Fatalf("headers %v", hs)
+	}
+}
+
+// With ProblemDetails a denial's body is an RFC 9457 problem details
+// object, as httpgate's with the same setting (sluice serve
+// --problem-details answered it over HTTP only).
+func TestProblemDetailsDenial(t *testing.T) {
+	f := newFixture(t, extauthz.Config{Rules: rules, ProblemDetails: true})
+	key := map[string]string{"x-api-key": "acme", "x-request-id": "req-9"}
+	for range 2 {
+		f.check(t, checkReq("GET", "/v1/orders", key))
+	}
+	resp := f.check(t, checkReq("GET", "/v1/orders", key))
+	d := resp.GetDeniedResponse()
+	var p struct {
+		Type, Reason, RequestID string
+		Status                  int
+		Retryable               bool
+		EffectPossible          *bool `json:"effect_possible"`
+	}
+	if err := json.Unmarshal([]byte(d.GetBody()), &p); err != nil {
+		t.Fatalf("body %q: %v", d.GetBody(), err)
+	}
+	hs := headers(d.GetHeaders())
+	if hs["Content-Type"] != "application/problem+json" || !strings.HasSuffix(p.Type, "#policy_rate") || p.Status != 429 ||
+		!p.Retryable || p.EffectPossible == nil || *p.EffectPossible {
+		t.Fatalf("%v %q", hs, d.GetBody())
 	}
 }
 
