@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -146,6 +147,10 @@ type process struct {
 
 // engine is one simulated run: one sweep step or one time series.
 type engine struct {
+	// full is set when the attempts alive at once reached maxAlive: run
+	// stops there, and the step or series reports it (errFull).
+	full    bool
+	fullAt  int64 // when
 	s       *Scenario
 	chain   *sluice.Chain // the first process's, for the common case of one
 	procs   []process
@@ -497,12 +502,42 @@ func (e *engine) unref(i int32) {
 	}
 }
 
-// run processes events until the clock reaches end.
+// retryAfterNs is a Retry-After of secs seconds in nanoseconds, at most
+// maxDelay: a policy's retry_hint of centuries is a Retry-After of
+// 999,999,999,999,999 s, and secs·10⁹ wrapped negative, so its callers
+// retried at once.
+func retryAfterNs(secs int64) int64 {
+	return min(secs, maxDelay/int64(time.Second)) * int64(time.Second)
+}
+
+// maxAlive bounds the attempts alive at once (queued at the service,
+// waited for by a caller, or due for a retry): each costs the simulator
+// about 400 bytes with its events and queue entries, so this keeps a run
+// within about 3 GB. (The incident library's runs without admission, an
+// hour of 10× or of a retry storm at a naive service, peak at 6.5
+// million.) The first attempts are bounded by the scenario
+// (maxRequests); this bounds what retries add, which the scenario cannot
+// know: a naive service that keeps every abandoned attempt queued, and
+// callers that retry each timeout, grow its queue by every retry.
+var maxAlive = 8_000_000 // a variable for the tests
+
+// errFull reports a run that stopped at maxAlive.
+func (e *engine) errFull() error {
+	return fmt.Errorf("at %.1f s, %d attempts were alive at once (queued at the service, awaited, or due for a retry), the most the simulator holds: lower the load, the step or length, or client.attempts, or give the client a retry budget",
+		time.Duration(e.fullAt).Seconds(), maxAlive)
+}
+
+// run processes events until the clock reaches end, or until the
+// attempts alive reach maxAlive (e.full).
 func (e *engine) run(end int64) {
-	for {
+	for !e.full {
 		ev, ok := e.next(end)
 		if !ok {
 			break
+		}
+		if len(e.slab)-len(e.free) >= maxAlive {
+			e.full, e.fullAt = true, ev.at
+			return
 		}
 		e.advance(ev.at)
 		e.clk.now = ev.at
@@ -839,7 +874,7 @@ func (e *engine) retry(i int32, reason sluice.Reason, retryable bool, retryAfter
 	delay := toNs(e.rCli.Float64() * ceil)
 	if retryAfter > 0 && !cl.IgnoreRetryAfter {
 		secs := wire.RetryAfter(retryAfter, sluice.DefaultJitter, e.rCli.Uint64())
-		delay = max(delay, secs*int64(time.Second))
+		delay = max(delay, retryAfterNs(secs))
 	}
 	if a.deadline > 0 && e.clk.now+max(delay, 1) >= a.deadline {
 		return // the operation's deadline comes first
@@ -869,7 +904,7 @@ func (e *engine) retrySluice(i int32, sc *simClient, reason sluice.Reason, retry
 	delay := b.Delay(int(a.n), e.rCli.Float64())
 	if retryAfter > 0 && !cl.IgnoreRetryAfter {
 		secs := wire.RetryAfter(retryAfter, sluice.DefaultJitter, e.rCli.Uint64())
-		delay = max(delay, client.Floor(time.Duration(secs)*time.Second, 1, e.rCli.Float64()))
+		delay = max(delay, client.Floor(time.Duration(retryAfterNs(secs)), 1, e.rCli.Float64()))
 	}
 	if a.deadline > 0 && e.clk.now+max(int64(delay), 1) >= a.deadline {
 		return // bounded by the request's deadline

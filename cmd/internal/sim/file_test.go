@@ -218,3 +218,70 @@ func FuzzParseScenario(f *testing.F) {
 		}
 	})
 }
+
+// Retries add attempts the scenario's bound on first attempts does not
+// count: callers that retry every timeout at a naive service that keeps
+// every abandoned attempt queued grew the simulator's memory without bound
+// (17 GB and growing at 100 attempts). A run stops at maxAlive attempts
+// alive at once and says so.
+func TestRetriesAreBoundedByTheAttemptsAlive(t *testing.T) {
+	defer func(n int) { maxAlive = n }(maxAlive)
+	maxAlive = 20_000
+	s, err := ParseScenario("storm.yaml", []byte(`name: storm
+workers: 1
+loads: [10000]
+step: 5s
+classes: [{name: q, share: 1, service: 1s}]
+client: {attempts: 100, backoff: 1us, backoff_max: 1us, timeout: 1ms, budget: 0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Simulate(s, Options{Seed: 1})
+	if err == nil || !strings.Contains(err.Error(), "20000 attempts were alive at once") {
+		t.Fatalf("%v, want the bound on attempts alive", err)
+	}
+	// A time series stops alike.
+	s.Loads, s.Step = nil, 0
+	s.Phases = []Phase{{At: 0, Load: 10000}}
+	s.Length = 5 * time.Second
+	if _, err = Simulate(s, Options{Seed: 1}); err == nil || !strings.Contains(err.Error(), "attempts were alive at once") {
+		t.Fatalf("series: %v, want the bound on attempts alive", err)
+	}
+}
+
+// A policy's retry hint of centuries (a Retry-After that saturates at
+// 999,999,999,999,999 s) keeps its callers waiting: it wrapped negative
+// in nanoseconds, and they retried at once, 1,772 a second here.
+func TestHugeRetryHintIsAWaitNotARetry(t *testing.T) {
+	if got := retryAfterNs(999_999_999_999_999); got != maxDelay/int64(time.Second)*int64(time.Second) {
+		t.Fatalf("retryAfterNs: %d", got)
+	}
+	for _, retrying := range []string{"", "sluice"} {
+		s, err := ParseScenario("s.yaml", []byte(`name: hint
+workers: 4
+loads: [1000]
+step: 5s
+classes: [{name: q, share: 1, service: 10ms}]
+client: {attempts: 3, backoff: 1ms, retry: `+cond(retrying == "", "naive", retrying)+`}
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Simulate(s, Options{Seed: 1, PolicyOnly: true, Policy: &Policy{Name: "p.yaml",
+			Data: []byte("version: 1\ngates:\n  - {name: pool, kind: concurrency, limit: 2, retry_hint: 2562047h}\n")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Runs[0].Steps[0].Retried; r != 0 {
+			t.Errorf("client %q: %v retried a second after a Retry-After of centuries, want 0", retrying, r)
+		}
+	}
+}
+
+func cond(c bool, a, b string) string {
+	if c {
+		return a
+	}
+	return b
+}

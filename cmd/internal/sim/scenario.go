@@ -46,7 +46,7 @@ type Scenario struct {
 	Loads []float64
 	// Step is the simulated length of one sweep step (default 60 s), and
 	// Warmup its unmeasured beginning (default 10 s for steps of 20 s or
-	// more, none for shorter ones; negative: none).
+	// more, none for shorter ones; 0s in a file, or negative in Go: none).
 	Step, Warmup time.Duration
 	// Phases, when set, make a single time series instead of a sweep: the
 	// load (and slowdown) of each phase holds from its At until the next.

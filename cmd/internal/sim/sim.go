@@ -159,6 +159,9 @@ func step(s *Scenario, f *policy.File, load float64, seed uint64) (Row, error) {
 	e.m, e.from, e.to = &row, int64(s.Warmup), int64(s.Step)
 	e.setLoad(load)
 	e.run(int64(s.Step))
+	if e.full {
+		return Row{}, e.errFull()
+	}
 	e.leases(int64(s.Step))
 	row.finish((s.Step - s.Warmup).Seconds(), &e.hist, float64(e.busy), s.Workers)
 	return row, nil
@@ -188,6 +191,9 @@ func series(s *Scenario, f *policy.File, seed uint64) ([]Row, error) {
 		e.hist, e.busy, e.level = hist{}, 0, sluice.LevelNormal
 		waited0, _ := e.waited(t)
 		e.run(end)
+		if e.full {
+			return nil, e.errFull()
+		}
 		row.Queue = e.queue.size
 		if f != nil {
 			row.Level = e.level.String()
