@@ -42,7 +42,7 @@ func whatifCmd() *cobra.Command {
 	cmd.Flags().IntVar(&fl.tenants, "tenants", 10, "how many of the tenants refused most to list")
 	cmd.Flags().BoolVar(&fl.recordedCost, "recorded-cost", false, "charge the cost sluice's log records instead of the routes' (for costs read from a request header)")
 	cmd.Flags().IntVar(&fl.workers, "workers", 0, "the modeled upstream's workers, first come first served, each serving one request at a time for its recorded duration less its wait for a worker (0: the fewest that could have served the log; -1: no model, every admitted request takes its recorded duration)")
-	cmd.Flags().DurationVar(&fl.deadline, "deadline", 0, "the deadline every request gave itself, as its deadline header said (logs do not carry it; 0: the policy's default)")
+	cmd.Flags().DurationVar(&fl.deadline, "deadline", 0, "the deadline header every request carried (logs do not carry it), read as the policy reads it: cut to identity.deadline.max, ignored without identity.deadline.header; 0: the policy's default")
 	cmd.Flags().BoolVar(&fl.follow, "follow", false, "the gates whose decisions depend on timing (all but the rate kinds) decide as the log records, and no upstream is modeled: checks that the policy that recorded the log replays it (its rate gates, request for request); sluice's log only")
 	cmd.Flags().StringVar(&fl.jsonPath, "json", "", "also write the report as JSON to this file")
 	cmd.Flags().StringVar(&fl.plotBase, "plot", "", "write the refusals over time to this path plus .png and .svg")

@@ -51,7 +51,10 @@ type Options struct {
 	// recorded duration).
 	Workers int
 	// Deadline is the time each request gave itself, as its deadline header
-	// would have said (logs do not carry it). 0: the policy's default.
+	// would have said (logs do not carry it): read through the policy's
+	// identity, so cut to its identity.deadline.max, and not replayed when
+	// the policy reads no deadline header (a note says so). 0: the
+	// policy's default.
 	Deadline time.Duration
 	// Follow makes the gates whose decisions depend on timing (every kind
 	// but the rate kinds: concurrency, adaptive, deadline, utilization,
@@ -407,6 +410,9 @@ type flight struct {
 type runner struct {
 	recs   []Record
 	opts   Options
+	// deadline is Options.Deadline as the deadline header's value ("" when
+	// none is given, or the policy reads no such header).
+	deadline string
 	names  *gateNames
 	durs   *durations
 	clk    vclock
@@ -467,6 +473,19 @@ func replay(recs []Record, f *policy.File, opts Options, names *gateNames, durs 
 		}
 	}
 	r.oneHdr = r.rules.TenantHeader != ""
+	if d := opts.Deadline; d > 0 {
+		// As the header would say it: the policy's identity reads it,
+		// cuts it to its max, and without a deadline header ignores it.
+		switch {
+		case r.rules.DeadlineHeader == "":
+			notes = append(notes, "--deadline "+d.String()+" is not replayed: the policy reads no deadline header (identity.deadline.header), so no request carries one")
+		case d > r.id.Rules().MaxDeadline:
+			notes = append(notes, "--deadline "+d.String()+" is cut to the policy's identity.deadline.max, "+r.id.Rules().MaxDeadline.String()+", as the header would be")
+			fallthrough
+		default:
+			r.deadline = d.String()
+		}
+	}
 	r.ctx = queue.ContextWithPark(sluice.ContextWithWait(context.Background(), &r.wait), &r.park)
 	r.park.Ready = func(tag uint64, d sluice.Decision) {
 		if fl := r.flights[int32(tag)]; fl != nil {
@@ -592,6 +611,9 @@ func (r *runner) request(i int32, rec *Record) (req sluice.Request, budget time.
 	if r.oneHdr && rec.Tenant != "" {
 		r.hdr.Set(r.rules.TenantHeader, rec.Tenant)
 	}
+	if r.deadline != "" {
+		r.hdr.Set(r.rules.DeadlineHeader, r.deadline)
+	}
 	remote := rec.Remote
 	if _, _, err := net.SplitHostPort(remote); err != nil && remote != "" {
 		remote = net.JoinHostPort(remote, "0")
@@ -606,9 +628,6 @@ func (r *runner) request(i int32, rec *Record) (req sluice.Request, budget time.
 	}
 	if r.opts.RecordedCost && rec.Cost > 0 {
 		req.Cost = min(rec.Cost, sluice.MaxCost)
-	}
-	if r.opts.Deadline > 0 {
-		budget = r.opts.Deadline
 	}
 	if budget > 0 {
 		req.Deadline = r.clk.Now().Add(budget)

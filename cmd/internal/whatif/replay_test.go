@@ -422,3 +422,46 @@ func TestPoolServesInOrder(t *testing.T) {
 		t.Fatalf("served out of order, or busy %d", p.busy)
 	}
 }
+
+// --deadline is what each request's deadline header said: the candidate's
+// identity reads it, cut to identity.deadline.max, and a policy that reads
+// no deadline header never sees one (the proxy would not). It was set as
+// the budget directly: 1h with a max of 5ms refused nothing the proxy
+// would refuse, and a policy without a deadline header refused requests.
+func TestDeadlineGoesThroughTheHeader(t *testing.T) {
+	var recs []Record
+	for i := range 200 { // 20 ms of work every 100 ms: no queue
+		recs = append(recs, Record{At: int64(i) * int64(100*time.Millisecond), Method: "GET", Path: "/a", Tenant: "t",
+			Status: 200, Duration: 20 * time.Millisecond, Decision: Admitted})
+	}
+	const gates = `
+gates:
+  - {name: in-time, kind: deadline, min_samples: 1}
+  - {name: pool, kind: concurrency, limit: 100}
+`
+	withHeader := mustPolicy(t, "dl.yaml", "version: 1\nidentity:\n  deadline: {header: X-Request-Timeout, max: 5ms}"+gates)
+	without := mustPolicy(t, "none.yaml", "version: 1"+gates)
+	refused := func(f *policy.File, d time.Duration) (int64, []string) {
+		t.Helper()
+		rep, err := Replay(recs, Options{Candidate: f, Deadline: d, Workers: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.Candidate.Rejected, rep.Notes
+	}
+	short, _ := refused(withHeader, 5*time.Millisecond)
+	if short < 100 {
+		t.Fatalf("a 5ms deadline for 20ms of work: %d of 200 refused, want most", short)
+	}
+	long, notes := refused(withHeader, time.Hour)
+	if long != short || !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "cut to the policy's identity.deadline.max, 5ms") }) {
+		t.Errorf("1h cut to the max of 5ms: %d refused (5ms: %d), notes %q", long, short, notes)
+	}
+	none, notes := refused(without, 5*time.Millisecond)
+	if none != 0 || !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "reads no deadline header") }) {
+		t.Errorf("a policy without a deadline header: %d refused, notes %q; want 0 and a note", none, notes)
+	}
+	if huge, _ := refused(withHeader, time.Duration(1<<63-1)); huge != short {
+		t.Errorf("the longest duration: %d refused, want %d (cut to the max, not overflowed)", huge, short)
+	}
+}
