@@ -408,22 +408,22 @@ type flight struct {
 
 // runner replays one policy.
 type runner struct {
-	recs   []Record
-	opts   Options
+	recs []Record
+	opts Options
 	// deadline is Options.Deadline as the deadline header's value ("" when
 	// none is given, or the policy reads no such header).
 	deadline string
-	names  *gateNames
-	durs   *durations
-	clk    vclock
-	t0     int64
-	chain  *sluice.Chain
-	id     *identify.Identifier
-	rules  identify.Rules
-	oneHdr bool // the tenant is one header's value
-	ctx    context.Context
-	wait   time.Duration
-	cur    int32 // the request being decided
+	names    *gateNames
+	durs     *durations
+	clk      vclock
+	t0       int64
+	chain    *sluice.Chain
+	id       *identify.Identifier
+	rules    identify.Rules
+	oneHdr   bool // the tenant is one header's value
+	ctx      context.Context
+	wait     time.Duration
+	cur      int32 // the request being decided
 	// prefixes are, with Options.Follow, the chains that end at each
 	// followed gate that enforces (runner.following); turnAway is set
 	// while a request the recording says such a gate turned away after a
