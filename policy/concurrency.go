@@ -91,6 +91,15 @@ func (p *concurrencyParams) build(b *builder) (sluice.Gate, error) {
 
 func (p *concurrencyParams) stateKey() string { return strconv.FormatBool(p.weighted) }
 
+// capacity: a weighted gate's request costing more than the limit is
+// never admitted (an unweighted one takes one slot whatever its cost).
+func (p *concurrencyParams) capacity() (int64, string) {
+	if !p.weighted {
+		return 0, ""
+	}
+	return p.limit, "limit"
+}
+
 func (p *concurrencyParams) describe(g *Gate) string {
 	w := ""
 	if p.weighted {

@@ -203,6 +203,20 @@ type routeCost struct {
 	ResponseHeader string
 }
 
+// least is the smallest cost a request of the route is charged at
+// admission: a fixed cost, a header cost's minimum, or (a cost known from
+// the answer only) the estimate, its minimum.
+func (rc routeCost) least() int64 {
+	if rc.Header != "" {
+		return max(rc.Min, 1)
+	}
+	k := max(rc.Fixed, 1)
+	if rc.ResponseHeader != "" {
+		k = max(k, rc.Min)
+	}
+	return k
+}
+
 // Gate is one gate of the chain, as written. The settings common to every
 // kind are parsed into their typed values here; the kind's own settings
 // live with its kind (see the package documentation).

@@ -180,6 +180,44 @@ func TestBrokenPolicies(t *testing.T) {
 	}
 }
 
+// A route whose every request costs more than a gate admits at once is
+// refused forever, a 429 no retry helps: the policy is refused, naming
+// the gate's field and the route (check passed it).
+func TestCostAboveAGatesCapacityRefused(t *testing.T) {
+	for _, c := range []struct {
+		route, gate, field string // field "": the policy is valid
+	}{
+		{"cost: 10", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", "gates[0].burst"},
+		{"cost: 10", "{name: g, kind: gcra, scope: service, rate: 10/s, burst: 5}", "gates[0].burst"},
+		{"cost: 10", "{name: g, kind: fixed_window, scope: service, limit: 5, window: 1s}", "gates[0].limit"},
+		{"cost: 10", "{name: g, kind: sliding_log, scope: service, limit: 5, window: 1s}", "gates[0].limit"},
+		{"cost: 10", "{name: g, kind: sliding_window, scope: service, limit: 5, window: 1s}", "gates[0].limit"},
+		{"cost: 10", "{name: g, kind: concurrency, limit: 5, weighted: true}", "gates[0].limit"},
+		{"cost: {header: X-Units, min: 6}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", "gates[0].burst"},
+		{"cost: {response_header: X-Units, min: 6}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", "gates[0].burst"},
+		// Valid: the cost fits, a header's minimum fits, the gate counts
+		// slots, or applies to another class.
+		{"cost: 5", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", ""},
+		{"cost: {header: X-Units, max: 50}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", ""},
+		{"cost: 10", "{name: g, kind: concurrency, limit: 5}", ""},
+		{"cost: 10, class: batch", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5, classes: [default]}", ""},
+	} {
+		src := "version: 1\nroutes:\n  - {match: {path: /a}, " + c.route + "}\n  - {match: {path: /b}}\ngates:\n  - " + c.gate + "\n"
+		_, err := Parse("p.yaml", []byte(src))
+		if c.field == "" {
+			if err != nil {
+				t.Errorf("%s / %s: %v", c.route, c.gate, err)
+			}
+			continue
+		}
+		var es Errors
+		if !errors.As(err, &es) || len(es) != 1 || es[0].Field != c.field || es[0].Line != 6 ||
+			!strings.Contains(es[0].Msg, "route at line 3") || !strings.Contains(es[0].Msg, "never admits") {
+			t.Errorf("%s / %s: %v, want one error in %s naming the route", c.route, c.gate, err, c.field)
+		}
+	}
+}
+
 func TestTooManyGates(t *testing.T) {
 	src := "version: 1\ngates:\n"
 	for i := range 17 {

@@ -329,11 +329,7 @@ func largestCost(c *checker, class string) (cost int64, line int) {
 		if rt.Class != class {
 			continue
 		}
-		k := rt.Cost.Fixed
-		if rt.Cost.Header != "" {
-			k = max(rt.Cost.Min, 1)
-		}
-		if k > cost {
+		if k := rt.Cost.least(); k > cost {
 			cost, line = k, rt.Line
 		}
 	}

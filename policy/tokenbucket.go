@@ -56,6 +56,9 @@ func (p *bucketParams) build(b *builder) (sluice.Gate, error) {
 func (p *bucketParams) stateKey() string { return p.rate.String() }
 func (p *bucketParams) bursts() int64    { return p.burst }
 
+// capacity: a request costing more than the burst is never admitted.
+func (p *bucketParams) capacity() (int64, string) { return p.burst, "burst" }
+
 func (p *bucketParams) describe(g *Gate) string {
 	return fmt.Sprintf("token bucket %s, burst %d%s%s", p.rateText, p.burst, scoped(g), p.lease.describe(p.rate))
 }

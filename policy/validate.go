@@ -36,6 +36,7 @@ func Validate(f *File) error {
 		c.known("classes", g.Classes, "no route assigns class %q, so this gate would never apply (classes: %s)")
 		c.tenantScope()
 		g.params.check(c)
+		c.costs()
 		errs = append(errs, c.errs...)
 	}
 	if len(errs) == 0 {
@@ -107,6 +108,33 @@ func (c *checker) tenantScope() {
 		how += " (the default of kind " + c.g.Kind + ")"
 	}
 	c.failf("scope", "%s, but the policy identifies no tenant: every request would share one anonymous tenant; set identity.tenant (header, query, claim, ip or route) or write scope: service", how)
+}
+
+// capacity is a kind whose gate admits at most units of cost at once
+// (key: the field that sets them; 0: cost is not counted), so that a
+// request costing more is never admitted.
+type capacity interface{ capacity() (units int64, key string) }
+
+// costs refuses a route whose every request costs more than the gate
+// admits at once: it is refused forever (a 429 no retry helps), which a
+// policy means by mistake only.
+func (c *checker) costs() {
+	cp, ok := c.g.params.(capacity)
+	if !ok {
+		return
+	}
+	units, key := cp.capacity()
+	if units <= 0 {
+		return
+	}
+	for _, rt := range c.file.routes {
+		if len(c.g.Classes) > 0 && !slices.Contains(c.g.Classes, rt.Class) {
+			continue
+		}
+		if k := rt.Cost.least(); k > units {
+			c.failf(key, "%d, but a request of the route at line %d costs at least %d units: this gate never admits it", units, rt.Line, k)
+		}
+	}
 }
 
 // redis reports whether the gate's state lives on Redis.

@@ -15,6 +15,9 @@ type windowParams struct {
 
 func newWindowParams() windowParams { return windowParams{refund: true} }
 
+// capacity: a request costing more than the limit is never admitted.
+func (p *windowParams) capacity() (int64, string) { return p.limit, "limit" }
+
 func (p *windowParams) fields() []field {
 	return []field{
 		intField("limit", "demand units admitted per window", &p.limit, 1, 1<<40).must(),

@@ -546,11 +546,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.grpc = NewGRPCServer(s.workers(), s.log)
-	for _, c := range s.grpc.Collectors() {
-		if err := s.reg.Register(c); err != nil {
-			return err
-		}
-	}
+	s.reg.MustRegister(s.grpc.Collectors()...) // a Server runs once: nothing of the name is registered yet
 	envoyrls.Register(s.grpc, rs)
 	s.hlth = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.hlth)
