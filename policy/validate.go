@@ -113,7 +113,9 @@ func (c *checker) tenantScope() {
 // capacity is a kind whose gate admits at most units of cost at once
 // (key: the field that sets them; 0: cost is not counted), so that a
 // request costing more is never admitted.
-type capacity interface{ capacity() (units int64, key string) }
+type capacity interface {
+	capacity() (units int64, key string)
+}
 
 // costs refuses a route whose every request costs more than the gate
 // admits at once: it is refused forever (a 429 no retry helps), which a
