@@ -153,7 +153,14 @@ type state struct {
 
 // hdrKey is a header identification reads: the lower-case name Envoy sends
 // and the canonical name the rules look up.
-type hdrKey struct{ lower, canon string }
+type hdrKey struct {
+	lower, canon string
+	// joined: a field read as one value (a tenant header), which Envoy's
+	// headers map gives repeated fields of joined by ",": the value is
+	// split there, so a repeat is refused as over HTTP (a second value
+	// made a fresh tenant key of every request).
+	joined bool
+}
 
 // ErrConcurrencyGate is returned by New and Update for a chain with a gate
 // that holds slots, unless Config.AllowConcurrencyGates is set.
@@ -196,28 +203,25 @@ func (s *Server) Update(chain *sluice.Chain, cfg Config) error {
 	if cfg.Jitter != nil {
 		st.jitter = *cfg.Jitter
 	}
-	seen := map[string]bool{}
-	names := append([]string{cfg.TenantHeader, cfg.DeadlineHeader, id.RequestIDHeader(), "Content-Type"}, routeHeaders(cfg.Routes)...)
-	for _, name := range append(names, id.TenantHeaders()...) {
-		canon := http.CanonicalHeaderKey(name)
-		if name != "" && !seen[canon] {
-			seen[canon] = true
-			st.keys = append(st.keys, hdrKey{lower: strings.ToLower(name), canon: canon})
+	// Every header identification reads (the client's forwarding header
+	// and the trusted peers' Sluice-Class included: they were left out,
+	// and every client behind a proxy shared its bucket), and the
+	// content type, for gRPC's pushback.
+	single := map[string]bool{http.CanonicalHeaderKey(cfg.TenantHeader): cfg.TenantHeader != ""}
+	for _, p := range cfg.Tenant.Parts {
+		if p.Source == identify.SourceHeader {
+			single[http.CanonicalHeaderKey(p.Name)] = true
 		}
+	}
+	for _, name := range append(id.Headers(), "Content-Type") {
+		canon := http.CanonicalHeaderKey(name)
+		st.keys = append(st.keys, hdrKey{lower: strings.ToLower(name), canon: canon, joined: single[canon]})
 	}
 	if ps := chain.Policies(); len(ps) > 0 && !cfg.NoRateLimitHeaders && !cfg.HideCapacity {
 		st.policy = string(wire.AppendPolicies(nil, ps))
 	}
 	s.state.Store(st)
 	return nil
-}
-
-func routeHeaders(rs []identify.Route) []string {
-	var hs []string
-	for _, r := range rs {
-		hs = append(hs, r.Cost.Header)
-	}
-	return hs
 }
 
 // holdsSlots reports whether g holds something for a request's life: a
@@ -291,7 +295,11 @@ func (st *state) header(hr *authv3.AttributeContext_HttpRequest) http.Header {
 	if m := hr.GetHeaders(); len(m) > 0 {
 		for _, k := range st.keys {
 			if v, ok := m[k.lower]; ok {
-				h[k.canon] = []string{v}
+				if k.joined && strings.Contains(v, ",") {
+					h[k.canon] = strings.Split(v, ",")
+				} else {
+					h[k.canon] = []string{v}
+				}
 			}
 		}
 	} else {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -464,5 +465,38 @@ func TestClientIPAndQueryTenant(t *testing.T) {
 	f.check(t, checkReq("GET", "/x?key=k1&y=2", nil))
 	if req, _, _ := f.probe.seen(); req.Tenant != "k1" {
 		t.Fatalf("query tenant %q", req.Tenant)
+	}
+}
+
+// Envoy's headers map joins a repeated field's values with ",": a tenant
+// header sent twice arrives as "victim,1", which was read as one key, a
+// fresh bucket per request. It is refused as a repeat, as over HTTP.
+func TestRepeatedTenantHeaderJoinedByEnvoyIsRefused(t *testing.T) {
+	f := newFixture(t, extauthz.Config{Rules: rules})
+	for i := range 5 {
+		resp := f.check(t, checkReq("GET", "/v1/orders", map[string]string{"x-api-key": fmt.Sprintf("victim,%d", i)}))
+		if _, e := denied(t, resp, codes.InvalidArgument, 400); !strings.Contains(e.Error.Message, "more than one X-Api-Key header") {
+			t.Fatalf("check %d: %q", i, e.Error.Message)
+		}
+	}
+}
+
+// The headers identification reads beyond the tenant's reach the check:
+// the client key's X-Forwarded-For behind a trusted proxy (every client
+// behind it shared the proxy's bucket) and a trusted peer's Sluice-Class
+// (ignored).
+func TestClientKeyAndPeerClassHeaders(t *testing.T) {
+	lb, _ := identify.ParseTrustedProxy("10.0.0.0/8")
+	r := identify.Rules{ClientKey: true, Client: identify.ClientIP{TrustedProxies: []netip.Prefix{lb}},
+		Peers: identify.Peers{Trusted: []netip.Prefix{lb}},
+		Routes: []identify.Route{{Path: "/v1/*", Class: sluice.ClassCritical}, {Path: "/*", Class: sluice.ClassSheddable}}}
+	f := newFixture(t, extauthz.Config{Rules: r})
+	f.check(t, checkReq("GET", "/v1/x", map[string]string{"x-forwarded-for": "198.51.100.7", "sluice-class": "sheddable"}))
+	req, _, _ := f.probe.seen()
+	if req.Client != "198.51.100.7" {
+		t.Errorf("client key %q, want the forwarded client's", req.Client)
+	}
+	if req.Class != sluice.ClassSheddable {
+		t.Errorf("class %q, want the trusted peer's lower class", req.Class)
 	}
 }
