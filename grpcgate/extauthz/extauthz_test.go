@@ -488,7 +488,7 @@ func TestRepeatedTenantHeaderJoinedByEnvoyIsRefused(t *testing.T) {
 func TestClientKeyAndPeerClassHeaders(t *testing.T) {
 	lb, _ := identify.ParseTrustedProxy("10.0.0.0/8")
 	r := identify.Rules{ClientKey: true, Client: identify.ClientIP{TrustedProxies: []netip.Prefix{lb}},
-		Peers: identify.Peers{Trusted: []netip.Prefix{lb}},
+		Peers:  identify.Peers{Trusted: []netip.Prefix{lb}},
 		Routes: []identify.Route{{Path: "/v1/*", Class: sluice.ClassCritical}, {Path: "/*", Class: sluice.ClassSheddable}}}
 	f := newFixture(t, extauthz.Config{Rules: r})
 	f.check(t, checkReq("GET", "/v1/x", map[string]string{"x-forwarded-for": "198.51.100.7", "sluice-class": "sheddable"}))
