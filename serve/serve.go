@@ -201,9 +201,20 @@ func New(opts Options) (*Server, error) {
 			w.WriteHeader(http.StatusNotFound)
 			io.WriteString(w, "sluice serve answers at "+DecidePath+" (nginx auth_request) and under "+ExtAuthzPrefix+"/ (Envoy ext_authz)\n")
 		}
+		// The answer, decided (a decision may wait in a queue for as long
+		// as its deadline), goes out within answerWrite: a client that
+		// never reads its answers (pipelining requests) held its
+		// connection, goroutine and buffers for as long as it kept the
+		// socket open. Each request sets its own, so a kept-alive
+		// connection's next answer has its full bound.
+		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWrite))
 	}))
 	return s, nil
 }
+
+// answerWrite bounds the writing of a decision's answer, from the end of
+// its decision (Server.Handler).
+var answerWrite = 30 * time.Second // a variable for the tests
 
 // onBuild adapts Options.OnPolicy to host.Options.OnBuild.
 func onBuild(f func(*sluice.Chain, identify.Rules) error) func(*policy.Runtime) error {

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +263,61 @@ func TestOnPolicy(t *testing.T) {
 	os.WriteFile(file, []byte(strings.Replace(ratePolicy, "burst: 2", "burst: 4", 1)), 0o644)
 	if changed, err := s.Reload(); changed || !errors.Is(err, refuse) || chains[1] != s.Chain() {
 		t.Fatalf("refused reload: %v %v", changed, err)
+	}
+}
+
+// A client that pipelines checks and never reads the answers holds its
+// connection only until an answer has waited answerWrite to be written:
+// it held it, with its goroutine and buffers, for as long as it kept the
+// socket open (past ReadTimeout and IdleTimeout).
+func TestUnreadAnswersEndTheConnection(t *testing.T) {
+	defer func(d time.Duration) { answerWrite = d }(answerWrite)
+	answerWrite = 200 * time.Millisecond
+	s, err := New(Options{Config: "p.yaml", ConfigData: []byte(ratePolicy), HTTP: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: "x",
+		Logger: quiet(), Clock: fakeclock.New(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	httpAddr, _ := s.Addrs()
+	c, err := net.Dial("tcp", httpAddr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	const n = 20_000 // answers of ~300 bytes: far more than the sockets' buffers hold
+	req := []byte("GET /v1/decide HTTP/1.1\r\nHost: x\r\nX-Api-Key: acme\r\nX-Original-Method: GET\r\nX-Original-URI: /a\r\n\r\n")
+	var sent atomic.Int64
+	go func() {
+		for range n {
+			if _, err := c.Write(req); err != nil {
+				return
+			}
+			sent.Add(1)
+		}
+	}()
+	// Nothing read: the server's answers fill the sockets' buffers, its
+	// write waits, and it stops reading requests. Once the requests sent
+	// stand still, the wait is under way (however busy the host); it
+	// passes answerWrite.
+	for last, still := int64(-1), 0; still < 5; time.Sleep(100 * time.Millisecond) {
+		if n := sent.Load(); n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+	}
+	time.Sleep(time.Second)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.Copy(io.Discard, c)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the connection stayed open after %d bytes of answers", got)
+	}
+	if answers := got / 250; answers >= n {
+		t.Fatalf("%d bytes read: every answer was written", got)
 	}
 }

@@ -553,7 +553,10 @@ func (s *Server) Run(ctx context.Context) error {
 
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	hs := []*http.Server{
-		{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: errLog},
+		// WriteTimeout: a client that never reads its answers holds its
+		// connection no longer (a decision takes milliseconds).
+		{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+			IdleTimeout: 2 * time.Minute, ErrorLog: errLog},
 		{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 70 * time.Second,
 			IdleTimeout: 10 * time.Second, ErrorLog: errLog},
 	}
