@@ -241,3 +241,59 @@ func failuresOf(g sluice.Gate) int64 {
 	f, _ := sluice.As[sluice.FailureCounter](g)
 	return f.Failures()
 }
+
+// flapping is a store that fails while down, Debit included.
+type flapping struct {
+	*memory.Keyed[limit.TokenBucketState, *limit.TokenBucket]
+	down bool
+}
+
+func (s *flapping) Take(ctx context.Context, key string, now clock.Instant, cost int64, dl clock.Instant) (limit.Result, store.Handle, error) {
+	if s.down {
+		return limit.Result{}, 0, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	}
+	return s.Keyed.Take(ctx, key, now, cost, dl)
+}
+
+func (s *flapping) Debit(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
+	if s.down {
+		return store.ErrUnavailable
+	}
+	return s.Keyed.Debit(ctx, key, h, now, cost)
+}
+
+// A store that fails and recovers again and again (a flapping Redis)
+// under local_fallback admits what one bucket would, in every window:
+// burst + rate·T. The fallback was full whenever the store failed, and
+// the store full when it came back, each refilling while the other spent:
+// 100/s with a burst of 100, offered 400/s, flapping every second, let
+// about twice the limit through.
+func TestLocalFallbackThroughAFlappingStore(t *testing.T) {
+	for _, period := range []time.Duration{200 * time.Millisecond, time.Second, 3 * time.Second} {
+		st := &flapping{Keyed: keyedTB(t, "100/s", 100)}
+		g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback,
+			Fallback: keyedTB(t, "100/s", 100)})
+		ctx := context.Background()
+		const step = 2500 * time.Microsecond // 400 requests a second
+		var admitted []time.Duration
+		for at := time.Duration(0); at < 20*time.Second; at += step {
+			st.down = (at/period)%2 == 1
+			if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, clock.Instant(at)); d.Admitted {
+				admitted = append(admitted, at)
+			}
+		}
+		// Every window from an admission on: at most burst + rate·T.
+		for i, from := range admitted {
+			for j := i; j < len(admitted); j++ {
+				T := admitted[j] - from
+				if n := j - i + 1; float64(n) > 100+100*T.Seconds()+1 {
+					t.Fatalf("flapping every %v: %d admitted in the %v from %v, above burst + rate·T = %.0f",
+						period, n, T, from, 100+100*T.Seconds())
+				}
+			}
+		}
+		if got, want := len(admitted), 100+100*20; got < want*9/10 {
+			t.Errorf("flapping every %v: %d admitted in 20 s, want about %d (the limit still serves)", period, got, want)
+		}
+	}
+}

@@ -74,7 +74,13 @@ type Options struct {
 	// a process that starts under load while its store is unreachable or
 	// still loading its scripts admits at most the fallback's limit (the
 	// fleet limit ÷ its replicas), not everything, and fails open only
-	// once the store has shown it works (a later outage).
+	// once the store has shown it works (a later outage). A rate gate
+	// keeps the two in step when the store is a store.Debiter and its
+	// quota refills or has a window: under LocalFallback what the store
+	// admits is taken from the fallback too, and under either policy what
+	// the fallback admits is charged to the store (Debit) once it answers
+	// again, so that neither starts an outage, or its end, with a burst
+	// the other spent.
 	Fallback store.Limiter
 	// RetryHint is the retry-after a rejection without an exact wait
 	// reports (concurrency limits, store failures). Default
@@ -121,6 +127,7 @@ type base struct {
 	answered  atomic.Bool   // the store has decided once
 	refills   bool          // lim refills continuously (store.Refiller)
 	window    time.Duration // lim.Window(), read once: a limiter's window is fixed
+	ledger    *ledger       // a rate gate's with a fallback: the store and it kept in step (nil: none)
 }
 
 // newBase returns the base of a gate named name over lim.
@@ -150,6 +157,9 @@ func (b *base) take(ctx context.Context, key string, r *sluice.Request, now cloc
 	res, h, err := b.lim.Take(ctx, key, now, cost, r.Deadline)
 	if err == nil {
 		b.heard()
+		if b.ledger != nil {
+			b.stored(key, now, cost, res.Status == limit.Allowed)
+		}
 		return res, sluice.Permit(h), true
 	}
 	return b.failed(ctx, key, r, now, cost, err)
@@ -168,6 +178,7 @@ func (b *base) failed(ctx context.Context, key string, r *sluice.Request, now cl
 		res, h, err := b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
 		if err == nil {
 			b.fallbacks.Add(1)
+			b.fellBack(key, &res, cost)
 			return res, sluice.Permit(h) | fallbackBit, true
 		}
 		fallthrough
@@ -199,6 +210,9 @@ func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64
 	lim := b.lim
 	if p&fallbackBit != 0 && b.opts.Fallback != nil {
 		lim = b.opts.Fallback
+		if b.ledger != nil {
+			b.ledger.owe(key, -cost) // no longer owed to the store
+		}
 	}
 	// Refunds are best effort: a failed refund only leaves the limit a
 	// little stricter until the state refills (or its TTL expires).
@@ -257,6 +271,9 @@ func (b *base) settle(ctx context.Context, key string, r *sluice.Request, now cl
 	p, ok := sluice.Permit(h), true
 	if err == nil {
 		b.heard()
+		if b.ledger != nil {
+			b.stored(key, now, cost, res.Status == limit.Allowed)
+		}
 	} else {
 		*res, p, ok = b.failed(ctx, key, r, now, cost, err)
 	}
@@ -304,7 +321,9 @@ func NewRateLimit(name string, lim store.Limiter, opts Options) (sluice.Gate, er
 	if err := opts.validate(name); err != nil {
 		return nil, err
 	}
-	return &rateLimit{newBase(name, lim, opts, opts.reasonOr(sluice.ReasonPolicyRate), sluice.UnitRequests)}, nil
+	g := &rateLimit{newBase(name, lim, opts, opts.reasonOr(sluice.ReasonPolicyRate), sluice.UnitRequests)}
+	g.ledger = newLedger(lim, &opts, g.refills)
+	return g, nil
 }
 
 // Decide takes r.Cost units from r's scope. It is base.decide with the
@@ -317,6 +336,9 @@ func (g *rateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Ins
 		return g.settle(ctx, key, r, now, r.Cost, d, &res, h, err)
 	}
 	g.heard()
+	if g.ledger != nil {
+		g.stored(key, now, r.Cost, true)
+	}
 	d.Admitted = true
 	g.quota(d, &res)
 	return sluice.Permit(h)
@@ -352,6 +374,9 @@ func (b *base) trueUp(key string, p sluice.Permit, now clock.Instant, diff int64
 	lim := b.lim
 	if p&fallbackBit != 0 && b.opts.Fallback != nil {
 		lim = b.opts.Fallback
+		if b.ledger != nil {
+			b.ledger.owe(key, diff) // owed to the store too
+		}
 	}
 	if d, ok := lim.(store.Debiter); ok {
 		if err := d.Debit(context.Background(), key, store.Handle(p&^fallbackBit), now, diff); err != nil {

@@ -56,16 +56,78 @@ gates:
 		t.Fatalf("two replicas admitted %d, want the shared burst of 10", admitted)
 	}
 	srv.Kill()
-	// Each replica now decides on its local share: burst 10/2 = 5.
-	admitted = 0
-	for range 10 {
-		if d, tk := a.Chain.Decide(ctx, &sluice.Request{Tenant: "acme"}); d.Admitted {
-			admitted++
-			tk.Done(sluice.OutcomeUseful)
+	// Each replica now decides on its local share, burst 10/2 = 5, of
+	// which acme had spent its five on a while Redis decided: the outage
+	// gives it no fresh burst (it gave one, and a flapping Redis one per
+	// flap). Another tenant gets the whole share.
+	for _, c := range []struct {
+		tenant string
+		want   int
+	}{{"acme", 0}, {"beta", 5}} {
+		admitted = 0
+		for range 10 {
+			if d, tk := a.Chain.Decide(ctx, &sluice.Request{Tenant: c.tenant}); d.Admitted {
+				admitted++
+				tk.Done(sluice.OutcomeUseful)
+			}
+		}
+		if admitted != c.want {
+			t.Fatalf("local fallback admitted %s %d, want %d", c.tenant, admitted, c.want)
 		}
 	}
-	if admitted != 5 {
-		t.Fatalf("local fallback admitted %d, want limit/replicas = 5", admitted)
+}
+
+// What the local fallback admits while Redis is down is owed to Redis and
+// charged once it answers again: a tenant that spent its burst in the
+// outage finds Redis' bucket spent too, not refilled (each refilled while
+// the other spent, and a flapping Redis let a tenant through at twice its
+// limit).
+func TestRedisIsChargedWhatTheFallbackAdmitted(t *testing.T) {
+	srv := redistest.Start(t)
+	src := strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
+store: {backend: redis, addrs: [ADDR], timeout: 50ms, probe_every: 100ms, on_failure: local_fallback}
+gates:
+  - {name: rate, kind: token_bucket, scope: tenant, rate: 1/h, burst: 10}
+`, "ADDR", srv.Addr)
+	f, err := Parse("r.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := Build(f, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	ctx := context.Background()
+	admit := func(tenant string, n int) int {
+		admitted := 0
+		for range n {
+			if d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: tenant}); d.Admitted {
+				admitted++
+				tk.Done(sluice.OutcomeUseful)
+			}
+		}
+		return admitted
+	}
+	if n := admit("warm", 1); n != 1 { // Redis has answered once
+		t.Fatalf("%d", n)
+	}
+	srv.Pause()
+	if n := admit("beta", 20); n != 10 {
+		t.Fatalf("the fallback admitted beta %d times, want its burst of 10", n)
+	}
+	srv.Resume()
+	// Redis decides again once a decision leaves a key there.
+	poll.Until(t, 10*time.Second, func() bool {
+		admit("probe", 1)
+		return strings.Contains(srv.Do("KEYS", "*probe*"), "probe")
+	})
+	if n := admit("beta", 10); n != 0 {
+		t.Fatalf("back on Redis, beta was admitted %d more times, want 0: its burst went in the outage", n)
+	}
+	if n := admit("fresh", 10); n != 10 {
+		t.Fatalf("a tenant that owed nothing: %d admitted, want 10", n)
 	}
 }
 
