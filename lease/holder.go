@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -321,8 +322,12 @@ func (h *holder) stopLocked(now clock.Instant) (grant int64, expiry clock.Instan
 // the last refresh) when requests are turned away for want of lease.
 func (h *holder) Run(ctx context.Context) {
 	early := h.opts.Allocator.RefreshEvery() / 8
+	var out outage
 	for {
-		wait, _ := h.Refresh(ctx)
+		wait, err := h.Refresh(ctx)
+		if ctx.Err() == nil {
+			out.tell(h, err, time.Now())
+		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -379,4 +384,41 @@ type GateState struct {
 func (h *holder) stateLocked(now clock.Instant) GateState {
 	return GateState{Rate: h.grant, ExpiresIn: max(h.expiry.Sub(now), 0).Seconds(), Live: h.liveLocked(now),
 		Learning: h.learning, Spending: h.limitLocked(now)}
+}
+
+// outage tells, in the log, of refreshes the allocator does not answer:
+// a warning at the first, again every outageRetell while they last, and
+// a line when it answers again. Meanwhile the gate spends its lease to
+// its expiry and then decides by its failure mode, silently otherwise:
+// an outage of the allocator's Redis left no trace in the log.
+type outage struct {
+	since, told time.Time // zero: the allocator answers
+	failed      int       // refreshes failed since
+}
+
+// outageRetell is how often a lasting outage is told again.
+const outageRetell = 30 * time.Second
+
+// tell books a refresh's outcome (err nil: answered) at now.
+func (o *outage) tell(h *holder, err error, now time.Time) {
+	switch {
+	case err != nil && o.since.IsZero():
+		o.since, o.told, o.failed = now, now, 1
+		h.mu.Lock()
+		left := time.Duration(h.expiry - h.opts.Clock.Now())
+		h.mu.Unlock()
+		slog.Warn("lease: the allocator did not answer a refresh; the gate spends its lease until it expires, then decides by its failure mode",
+			"budget", h.opts.Budget, "client", h.opts.Client, "lease_left", max(left, 0), "err", err)
+	case err != nil:
+		o.failed++
+		if now.Sub(o.told) >= outageRetell {
+			o.told = now
+			slog.Warn("lease: the allocator still does not answer", "budget", h.opts.Budget, "client", h.opts.Client,
+				"for", now.Sub(o.since).Round(time.Second), "refreshes_failed", o.failed, "err", err)
+		}
+	case !o.since.IsZero():
+		slog.Info("lease: the allocator answers again", "budget", h.opts.Budget, "client", h.opts.Client,
+			"after", now.Sub(o.since).Round(time.Millisecond), "refreshes_failed", o.failed)
+		*o = outage{}
+	}
 }
