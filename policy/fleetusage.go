@@ -50,6 +50,9 @@ func (p *fleetUsageParams) algorithm() algorithmGate {
 }
 
 func (p *fleetUsageParams) check(c *checker) {
+	if len(p.reserve) == 0 {
+		c.failf("reserve", "no class: name the classes to keep slots for, e.g. {critical: 20%%} (without one, use a concurrency gate)")
+	}
 	for _, class := range sortedKeys(p.reserve) {
 		if !slices.Contains(c.classes, class) {
 			c.errs = append(c.errs, &Error{File: c.file.Path, Line: c.g.fieldLine("reserve"), Field: yamlfile.Join(c.path, "reserve."+class),

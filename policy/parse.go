@@ -303,6 +303,9 @@ func (p *parser) identity(n *yaml.Node) identity {
 		if k == "peers" && v.Kind == yaml.MappingNode && len(seen) == 0 {
 			p.Errf(v, path, "no trusted: write the peers' addresses, e.g. trusted: [10.0.0.0/8]")
 		}
+		if k == "deadline" && v.Kind == yaml.MappingNode {
+			p.deadlineSection(&id, path, seen)
+		}
 		if k == "tenant" && v.Kind == yaml.MappingNode && len(id.tenantParts()) == 0 {
 			if _, ok := seen["required"]; ok || len(seen) == 0 {
 				p.Errf(v, path, "no source: write one or more of header, query, claim, ip: true, route: true")
@@ -311,6 +314,25 @@ func (p *parser) identity(n *yaml.Node) identity {
 	})
 	p.identityUnused(&id, lines)
 	return id
+}
+
+// deadlineSection refuses a deadline section that cannot mean what it
+// says: a default above the max (cut to the max) and a max with neither a
+// header nor a default (nothing it bounds).
+func (p *parser) deadlineSection(id *identity, path string, seen map[string]int) {
+	maxD := id.MaxDeadline
+	if maxD == 0 {
+		maxD = identify.DefaultMaxDeadline
+	}
+	fail := func(k, format string, args ...any) {
+		p.Errs = append(p.Errs, &Error{File: p.File, Line: seen[k], Field: yamlfile.Join(path, k), Msg: fmt.Sprintf(format, args...)})
+	}
+	if _, ok := seen["default"]; ok && id.DefaultDeadline > maxD {
+		fail("default", "%v, above the max of %v: a request without the header would get %v", id.DefaultDeadline, maxD, maxD)
+	}
+	if _, ok := seen["max"]; ok && id.DeadlineHeader == "" && id.DefaultDeadline == 0 {
+		fail("max", "bounds nothing without a header or a default: write header (the callers' deadline) or default")
+	}
 }
 
 // identityUnused refuses the sections that no tenant part reads.
@@ -432,9 +454,41 @@ func (p *parser) routes(n *yaml.Node) []route {
 	}
 	var rs []route
 	for i, rn := range n.Content {
-		rs = append(rs, p.route(rn, fmt.Sprintf("routes[%d]", i)))
+		r := p.route(rn, fmt.Sprintf("routes[%d]", i))
+		for _, earlier := range rs {
+			if (earlier.Method == "" || earlier.Method == r.Method) && covers(earlier.Path, r.Path) {
+				p.Errf(rn, fmt.Sprintf("routes[%d].match", i), "never matches: the route at line %d (%s) comes first and takes every request it would",
+					earlier.Line, strings.TrimSpace(earlier.Method+" "+earlier.Path))
+				break
+			}
+		}
+		rs = append(rs, r)
 	}
 	return rs
+}
+
+// covers reports whether every path route pattern b matches, pattern a
+// matches too (identify's matching: "*" is one segment, a final "*" one
+// or more); false when unsure (a path folded by lenient matching may
+// match a more often).
+func covers(a, b string) bool {
+	as := strings.Split(strings.TrimPrefix(a, "/"), "/")
+	bs := strings.Split(strings.TrimPrefix(b, "/"), "/")
+	for i, pa := range as {
+		if i >= len(bs) {
+			return false
+		}
+		pb, lastA, lastB := bs[i], i == len(as)-1, i == len(bs)-1
+		switch {
+		case pa == "*" && lastA:
+			return pb != ""
+		case pa == "*" && (pb == "" || pb == "*" && lastB):
+			return false // b matches an empty segment, or more segments than a takes
+		case pa != "*" && pa != pb:
+			return false
+		}
+	}
+	return len(bs) == len(as)
 }
 
 func (p *parser) route(n *yaml.Node, path string) route {

@@ -46,7 +46,8 @@ func queueField(q *queueSettings) field {
 				case "fair":
 					q.fair = p.fairness(vv, at)
 				case "percentile":
-					if q.pct = p.share(vv, at); q.pct != 0 && (q.pct < 0.5 || q.pct > 1) {
+					n := len(p.Errs)
+					if q.pct = p.share(vv, at); len(p.Errs) == n && (q.pct < 0.5 || q.pct > 1) { // 0 written is no percentile, not the default
 						p.Errf(vv, at, "%v: want a percentile from 50%% to 100%%", vv.Value)
 					}
 				}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/algorithm"
 )
@@ -35,4 +36,21 @@ func (p *slidingLogParams) check(c *checker) {
 }
 
 func (p *slidingLogParams) build(b *builder) (sluice.Gate, error) { return p.algorithm().build(b) }
-func (p *slidingLogParams) describe(g *Gate) string               { return p.text("sliding log", g) + " (exact)" }
+func (p *slidingLogParams) describe(g *Gate) string {
+	// The memory estimate of the store counts a key's fixed part: a log
+	// keeps an entry per request in its window on top.
+	return p.text("sliding log", g) + fmt.Sprintf(" (exact; each key keeps 16 bytes per request in its window, up to %s a key)", bytesText(16*p.limit))
+}
+
+// bytesText writes n bytes in the largest unit that keeps it at 1 or more.
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

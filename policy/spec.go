@@ -79,7 +79,15 @@ func (w *specWriter) workModel() {
 		bursts = []string{"no burst allowance configured"}
 	}
 	w.line("Arrival, burst, skew, retry, and failure assumptions", "%s; retries arrive as new offered load and are decided like any request", strings.Join(bursts, "; "))
-	w.line("Deadline and correctness invariants", "%s", deadlineText(f.identity))
+	dl := deadlineText(f.identity)
+	if f.identity.DeadlineHeader == "" && f.identity.DefaultDeadline == 0 {
+		for _, g := range f.Gates {
+			if g.Kind == deadlineKind.name {
+				dl += fmt.Sprintf("; gate %s tests deadlines only where the server gives requests one (a gRPC call's, through grpcgate): behind sluice proxy or serve no request has one and it admits all", g.Name)
+			}
+		}
+	}
+	w.line("Deadline and correctness invariants", "%s", dl)
 }
 
 func tenantText(id identity) string {
