@@ -3,6 +3,7 @@ package whatif
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -86,14 +87,25 @@ type Stats struct {
 	Suppressed int64
 }
 
-// ReadFile reads the log at path; see Read.
+// ReadFile reads the log at path, gzip-compressed or not; see Read.
 func ReadFile(path string, opts ReadOptions) ([]Record, Stats, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, Stats{}, err
 	}
 	defer f.Close()
-	recs, st, err := Read(f, opts)
+	// A rotated log is often gzip-compressed: read through it.
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, Stats{}, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	recs, st, err := Read(r, opts)
 	if err != nil {
 		return nil, st, fmt.Errorf("%s: %w", path, err)
 	}
@@ -130,14 +142,29 @@ func seconds(v float64, unit time.Duration) (time.Duration, error) {
 // not parse is counted (Stats.Malformed) and skipped; a log with no request
 // at all is an error.
 func Read(r io.Reader, opts ReadOptions) ([]Record, Stats, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), maxLine)
+	br := bufio.NewReaderSize(r, 64<<10)
 	st := Stats{Format: opts.Format}
 	var recs []Record
 	var parse func([]byte, *Record, *Stats) (bool, error)
-	for sc.Scan() {
-		line := bytes.TrimSpace(sc.Bytes())
+	var buf []byte
+	for {
+		raw, tooLong, err := nextLine(br, buf[:0])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, st, fmt.Errorf("line %d: %w", st.Lines+1, err)
+		}
+		buf = raw
+		line := bytes.TrimSpace(raw)
 		st.Lines++
+		if tooLong {
+			if st.Malformed == 0 {
+				st.FirstMalformed = fmt.Sprintf("line %d: longer than %d bytes: not an access log line", st.Lines, maxLine)
+			}
+			st.Malformed++
+			continue
+		}
 		if len(line) == 0 {
 			continue
 		}
@@ -164,12 +191,6 @@ func Read(r io.Reader, opts ReadOptions) ([]Record, Stats, error) {
 			recs = append(recs, rec)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		if errors.Is(err, bufio.ErrTooLong) {
-			return nil, st, fmt.Errorf("line %d: longer than %d bytes: not an access log line", st.Lines+1, maxLine)
-		}
-		return nil, st, fmt.Errorf("line %d: %w", st.Lines+1, err)
-	}
 	st.Requests = int64(len(recs))
 	if len(recs) == 0 {
 		if st.FirstMalformed != "" {
@@ -190,6 +211,30 @@ func Read(r io.Reader, opts ReadOptions) ([]Record, Stats, error) {
 	}
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].At < recs[j].At })
 	return recs, st, nil
+}
+
+// nextLine reads the next line into buf, without its end of line; a line
+// longer than maxLine is read past whole and returned as tooLong (what
+// fits of it), so that one such line is a malformed line, not the end of
+// the log. err is io.EOF after the last line.
+func nextLine(br *bufio.Reader, buf []byte) (line []byte, tooLong bool, err error) {
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(buf)+len(frag) <= maxLine {
+			buf = append(buf, frag...)
+		} else {
+			tooLong = true
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF && (len(buf) > 0 || tooLong):
+			return buf, tooLong, nil
+		case err != nil:
+			return buf, tooLong, err
+		}
+		return bytes.TrimSuffix(buf, []byte("\n")), tooLong, nil
+	}
 }
 
 // detect names the format of a log from its first line.

@@ -2,8 +2,10 @@ package whatif
 
 import (
 	"bytes"
+	"compress/gzip"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +96,13 @@ func TestReadErrors(t *testing.T) {
 	if _, _, err := Read(strings.NewReader(long), ReadOptions{}); err == nil || !strings.Contains(err.Error(), "longer than") {
 		t.Errorf("an over-long line: %v", err)
 	}
+	// Between good lines it is one malformed line, not the end of the log
+	// (it ended the read, and the whole replay with it).
+	good := "time=2026-12-06T01:00:00.112Z level=INFO msg=request decision=admitted method=GET path=/a status=200 duration=12ms\n"
+	recs, st, err := Read(strings.NewReader(good+long+"\n"+good+good), ReadOptions{})
+	if err != nil || len(recs) != 3 || st.Malformed != 1 || st.Lines != 4 || !strings.Contains(st.FirstMalformed, "line 2: longer than") {
+		t.Errorf("an over-long line among good ones: %d records, %+v, %v", len(recs), st, err)
+	}
 	// A line of the service's own that shares the logger, with a field of
 	// an access line's name and another type, is skipped.
 	other := `{"time":"2026-12-06T01:00:07Z","msg":"cache warm","wait":"5s","status":"ok"}` + "\n" +
@@ -169,4 +178,35 @@ func FuzzRead(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A rotated, gzip-compressed log reads as the log it holds (it was read as
+// bytes, and refused with a screenful of them).
+func TestReadFileGzip(t *testing.T) {
+	const src = "testdata/sluice.log"
+	want, _, err := ReadFile(src, ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	zw.Write(data)
+	zw.Close()
+	gz := filepath.Join(t.TempDir(), "sluice.log.1.gz")
+	if err := os.WriteFile(gz, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := ReadFile(gz, ReadOptions{})
+	if err != nil || len(got) != len(want) || got[0] != want[0] || got[len(got)-1] != want[len(want)-1] {
+		t.Fatalf("%d records, %v; want the plain log's %d", len(got), err, len(want))
+	}
+	// A truncated one says so.
+	os.WriteFile(gz, b.Bytes()[:b.Len()/2], 0o644)
+	if _, _, err := ReadFile(gz, ReadOptions{}); err == nil || !strings.Contains(err.Error(), "unexpected EOF") {
+		t.Fatalf("a truncated gzip log: %v", err)
+	}
 }
