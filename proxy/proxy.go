@@ -570,9 +570,11 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 	}
 	var serveErr error
+	left := 2 // serve loops still running
 	select {
 	case <-ctx.Done():
 	case serveErr = <-errc:
+		left--
 	}
 	s.host.SetReady(false)
 	delay := s.opts.DrainDelay
@@ -586,6 +588,11 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	as.Shutdown(actx)
 	wg.Wait()
+	// Both listeners are closed: their serve loops end now; Run returns
+	// after them (a test's leak check saw the public one still in Accept).
+	for range left {
+		<-errc
+	}
 	s.host.Close()
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil

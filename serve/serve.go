@@ -190,6 +190,8 @@ func New(opts Options) (*Server, error) {
 	// for an uncleaned original path ("//a", "/a/../b") instead of
 	// deciding it.
 	s.handler = s.inflight.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		rc.SetWriteDeadline(time.Time{}) // the last answer's, on a kept-alive connection, is past
 		p := r.URL.Path
 		switch {
 		case p == DecidePath:
@@ -207,7 +209,7 @@ func New(opts Options) (*Server, error) {
 		// connection, goroutine and buffers for as long as it kept the
 		// socket open. Each request sets its own, so a kept-alive
 		// connection's next answer has its full bound.
-		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWrite))
+		rc.SetWriteDeadline(time.Now().Add(answerWrite))
 	}))
 	return s, nil
 }
