@@ -165,3 +165,26 @@ func TestBBRAfterAStallInItsFirstMilliseconds(t *testing.T) {
 		}
 	}
 }
+
+// A service that answers in under 100 µs (Netflix's threshold for a
+// sample, which was the default) sized its limit as any other: every
+// sample was dropped, no window closed, and the limit stayed at its start,
+// 1, for good (1.6% of the capacity of 64 workers of 50 µs; here 16).
+func TestBBRSizesAServiceFasterThan100us(t *testing.T) {
+	for _, s := range []time.Duration{50 * time.Microsecond, 90 * time.Microsecond} {
+		const n = 16
+		ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, _ := NewGate("g", ctrl, GateOptions{})
+		u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Seed: 1}
+		capacity := float64(n) / s.Seconds()
+		rows := u.run(g, time.Second, phase{For: 3 * time.Second, Load: 2 * capacity})
+		for i, r := range rows[1:] {
+			if good := float64(r.Useful) / capacity; good < 0.95 || r.MaxLimit > 2*n+1 {
+				t.Errorf("%v × %d at 2×, second %d: goodput %.1f%% of capacity, limit %d..%d", s, n, i+2, 100*good, r.MinLimit, r.MaxLimit)
+			}
+		}
+	}
+}

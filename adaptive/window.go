@@ -73,9 +73,11 @@ type WindowConfig struct {
 	// slow or small service (one worker of 200 ms gives 5 samples a
 	// second) still closes windows. Default 10.
 	MinSamples int
-	// MinRTT is the shortest RTT that counts as a sample: faster ones
-	// (failed at once, answered from a cache) say nothing about the
-	// service's queue. Default 100 µs.
+	// MinRTT is the shortest RTT that counts as a sample. Default 1 µs:
+	// a request that failed at once is no sample anyway (its outcome is an
+	// error), and a service that answers in less than 100 µs, Netflix's
+	// threshold, had every sample dropped, closed no window, and kept the
+	// limit at its start, 1 (1.6% of its capacity, 64 workers of 50 µs).
 	MinRTT time.Duration
 }
 
@@ -107,7 +109,7 @@ func newWindower(cfg WindowConfig) (*windower, error) {
 		cfg.MinSamples = 10
 	}
 	if cfg.MinRTT == 0 {
-		cfg.MinRTT = 100 * time.Microsecond
+		cfg.MinRTT = time.Microsecond
 	}
 	switch {
 	case cfg.MinTime < 0 || cfg.MaxTime < cfg.MinTime:

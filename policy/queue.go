@@ -38,7 +38,9 @@ func queueField(q *queueSettings) field {
 				at := yamlfile.Join(path, k)
 				switch k {
 				case "max_wait":
-					q.maxWait = p.Duration(vv, at, time.Millisecond)
+					if q.maxWait = p.Duration(vv, at, time.Millisecond); q.maxWait > 24*time.Hour {
+						p.Errf(vv, at, "%v: at most 24h (a wait queue holds requests, not jobs)", q.maxWait)
+					}
 				case "max_len":
 					q.maxLen = p.Integer(vv, at, 1, 1<<20)
 				case "classes":

@@ -40,6 +40,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -49,9 +50,13 @@ import (
 	"github.com/sluice-go/sluice/internal/servicetime"
 )
 
+// maxMaxWait bounds Options.MaxWait.
+const maxMaxWait = 24 * time.Hour
+
 // Options configures a Queue. The zero value is valid.
 type Options struct {
-	// MaxWait is the longest a request waits for a slot. Default 100 ms.
+	// MaxWait is the longest a request waits for a slot, at most 24 h.
+	// Default 100 ms.
 	MaxWait time.Duration
 	// MaxLen is the most requests waiting at once. Default 1,000.
 	MaxLen int
@@ -214,6 +219,11 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxWait < 0 || o.MaxLen < 0 || o.Target < 0 || o.Interval <= 0 {
 		return errors.New("queue: negative wait, length or CoDel times")
+	}
+	if o.MaxWait > maxMaxWait {
+		// A wait's end is its start plus MaxWait: past this it could
+		// overflow, and every waiter read as expired at once.
+		return fmt.Errorf("queue: MaxWait %v, at most %v", o.MaxWait, maxMaxWait)
 	}
 	if !(o.Percentile >= 0.5 && o.Percentile <= 1) {
 		return errors.New("queue: percentile outside [0.5, 1]")

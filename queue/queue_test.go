@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -277,4 +278,37 @@ func TestStartInTimeKeepsTheHighPercentile(t *testing.T) {
 		}
 		q.Release(&sluice.Request{Class: "read"}, p, sluice.Completion{Outcome: sluice.OutcomeRejected})
 	})
+}
+
+// A MaxWait near the longest duration overflowed a wait's end to the past:
+// every waiter was turned away at the first release. It is refused above
+// 24 h; 24 h itself waits.
+func TestMaxWaitBounded(t *testing.T) {
+	if _, err := queue.New("pool", pool(t, 1), queue.Options{MaxWait: time.Duration(1<<63 - 1)}); err == nil || !strings.Contains(err.Error(), "at most 24h") {
+		t.Fatalf("the longest MaxWait: %v", err)
+	}
+	q, err := queue.New("pool", pool(t, 1), queue.Options{MaxWait: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := &sluice.Request{Cost: 1}
+	var d sluice.Decision
+	p := q.Decide(ctx, r, 1, &d)
+	if !d.Admitted {
+		t.Fatalf("first: %+v", d)
+	}
+	got := make(chan sluice.Decision, 1)
+	go func() {
+		var d2 sluice.Decision
+		q.Decide(ctx, &sluice.Request{Cost: 1}, 2, &d2)
+		got <- d2
+	}()
+	for n, _, _, _ := q.QueueStats(2); n == 0; n, _, _, _ = q.QueueStats(2) {
+		time.Sleep(time.Millisecond)
+	}
+	q.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: 3})
+	if d2 := <-got; !d2.Admitted {
+		t.Fatalf("a waiter under a MaxWait of 24h: %+v", d2)
+	}
 }

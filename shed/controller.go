@@ -132,9 +132,15 @@ func (c *controller) advance(now clock.Instant) {
 }
 
 // Sample records utilization u (0 = idle, 1 = every worker busy; values
-// outside [0, 1] are clamped, NaN is ignored) observed at now.
+// outside [0, 1] are clamped) observed at now. NaN is no reading: the
+// shedding winds down as at idle, so that a source that breaks (a NaN
+// from then on) cannot hold the last slope, and shed everything, for good.
 func (c *controller) Sample(now clock.Instant, u float64) {
 	if math.IsNaN(u) {
+		if c.hasSamples {
+			c.advance(now)
+			c.pressure, c.slope = false, -1
+		}
 		return
 	}
 	u = min(max(u, 0), 1)

@@ -145,3 +145,28 @@ func TestControllerConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// A source that breaks (NaN from then on) is no reading: the shedding
+// winds down as at idle, over ShedAllAfter (120 s). The last slope held,
+// and a source that broke during overload shed everything for good.
+func TestControllerWindsDownWithoutReadings(t *testing.T) {
+	c := ctrl(t)
+	samples(c, 0, 200*sec, 1.0)
+	if got := c.Fraction(200 * sec); got != 1 {
+		t.Fatalf("under full pressure: %v", got)
+	}
+	samples(c, 208*sec, 264*sec, math.NaN()) // from the first, 56 s
+	if got, want := c.Fraction(264*sec), 1-56.0/120; math.Abs(got-want) > 1e-9 {
+		t.Errorf("56 s into the NaN readings: %v shed, want %v (winding down over 120 s)", got, want)
+	}
+	samples(c, 272*sec, 400*sec, math.NaN())
+	if got := c.Fraction(400 * sec); got != 0 {
+		t.Errorf("minutes of NaN readings: %v shed, want 0", got)
+	}
+	// A NaN before any reading sets nothing.
+	c2 := ctrl(t)
+	c2.Sample(0, math.NaN())
+	if got := c2.Fraction(100 * sec); got != 0 {
+		t.Errorf("only NaN: %v", got)
+	}
+}

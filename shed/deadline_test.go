@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
+	"github.com/sluice-go/sluice/internal/fakeclock"
 	"github.com/sluice-go/sluice/internal/gatetest"
 )
 
@@ -322,5 +323,26 @@ func TestDeadlineCancelledRetestWaitsTheInterval(t *testing.T) {
 	now = now.Add(500 * ms)
 	if d, _ := gatetest.Decide(ctx, g, req(), now); !d.Admitted {
 		t.Fatal("no retest 1 s after a cancelled one")
+	}
+}
+
+// A class that completes once a second or less often (one worker of 1 s,
+// a rare costly route) is known to the test: its decayed weight peaks at
+// 2 under the default half-life of 1 s, and a threshold of 3 left it
+// unknown for good, so a request with a tenth of the time it takes went
+// through. Every second, every 2 s: the 100 ms request is refused.
+func TestDeadlineKnowsASlowClass(t *testing.T) {
+	for _, every := range []time.Duration{2 * time.Second, time.Second, 250 * time.Millisecond} {
+		clk := fakeclock.New(int64(time.Hour))
+		g, _ := NewDeadline("dl", DeadlineOptions{})
+		for range 100 {
+			clk.Advance(every)
+			g.Release(&sluice.Request{Class: "report"}, 0, sluice.Completion{Outcome: sluice.OutcomeUseful, Now: clk.Now(), Latency: time.Second})
+		}
+		clk.Advance(time.Millisecond)
+		r := &sluice.Request{Class: "report", Deadline: clk.Now().Add(100 * time.Millisecond)}
+		if d, _ := gatetest.Decide(context.Background(), g, r, clk.Now()); d.Admitted && !r.Retest() {
+			t.Errorf("completions every %v of 1 s: a request with 100 ms left admitted outright", every)
+		}
 	}
 }

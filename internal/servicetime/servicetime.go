@@ -62,6 +62,9 @@ func (s *Times) ObserveAt(class string, d time.Duration, now clock.Instant) {
 	}
 	h.decay(now, s.halfLife)
 	h.add(d)
+	if h.total >= cutWeight {
+		h.cut = false
+	}
 	s.mu.Unlock()
 }
 
@@ -78,11 +81,24 @@ func (s *Times) Scale(class string, f float64) {
 			h.counts[i] *= f
 		}
 		h.total *= f
+		h.cut = f < 1
 	}
 }
 
 // MaxClasses bounds the classes kept: classes are few and server-defined.
 const MaxClasses = 256
+
+// Known weights: the least decayed weight of a class's counts that still
+// knows it. Decayed by time alone, a sample within about a half-life
+// (knownWeight): a class that completes once a half-life or less often,
+// one worker of a second under the default half-life of 1 s, peaks at 2,
+// and under a threshold of 3 was never known, so the deadline test never
+// applied to it. Cut by Scale (a retest proved the counts stale),
+// cutWeight, until fresh samples weigh that much again.
+const (
+	knownWeight = 1
+	cutWeight   = 3
+)
 
 // Percentile returns the p-th percentile of class's recent service times
 // (the upper edge of its bucket, so it errs long) and how many samples
@@ -92,7 +108,7 @@ func (s *Times) Percentile(class string, p float64) (time.Duration, int) {
 }
 
 // PercentileAt is Percentile at now (0: no decay by time). When the counts
-// left after decay weigh less than 3 samples, it reports no samples: the
+// left after decay weigh less than knownWeight (cutWeight after a Scale), it reports no samples: the
 // class is not known now, whatever it once was.
 func (s *Times) PercentileAt(class string, p float64, now clock.Instant) (time.Duration, int) {
 	d, known, samples := s.EstimateAt(class, p, now)
@@ -103,7 +119,8 @@ func (s *Times) PercentileAt(class string, p float64, now clock.Instant) (time.D
 }
 
 // EstimateAt is PercentileAt that tells a class not known now (known
-// false, d 0: its decayed counts weigh less than 3 samples) from one never
+// false, d 0: its decayed counts weigh less than knownWeight, or
+// cutWeight after a Scale) from one never
 // seen: samples counts every sample the class ever had either way. A
 // reader sharing these estimates can tell "forgotten on purpose" (a
 // retest proved them stale) from "never learned".
@@ -115,7 +132,7 @@ func (s *Times) EstimateAt(class string, p float64, now clock.Instant) (d time.D
 		return 0, false, 0
 	}
 	h.decay(now, s.halfLife)
-	if s.halfLife > 0 && h.total < 3 {
+	if s.halfLife > 0 && (h.total < knownWeight || h.cut && h.total < cutWeight) {
 		return 0, false, h.samples
 	}
 	return h.percentile(p), true, h.samples
@@ -166,6 +183,7 @@ type histogram struct {
 	total   float64
 	samples int           // every sample ever, for MinSamples
 	at      clock.Instant // when the counts were last decayed by time
+	cut     bool          // Scale cut the counts, and fresh ones weigh less than cutWeight
 }
 
 // decay scales the counts down by 2^(−elapsed/halfLife) since the last
