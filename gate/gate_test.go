@@ -297,3 +297,91 @@ func TestLocalFallbackThroughAFlappingStore(t *testing.T) {
 		}
 	}
 }
+
+// flappingFW is a fixed window store that fails while down, Debit included.
+type flappingFW struct {
+	*memory.Keyed[limit.FixedWindowState, *limit.FixedWindow]
+	down bool
+}
+
+func (s *flappingFW) Take(ctx context.Context, key string, now clock.Instant, cost int64, dl clock.Instant) (limit.Result, store.Handle, error) {
+	if s.down {
+		return limit.Result{}, 0, fmt.Errorf("%w: refused", store.ErrUnavailable)
+	}
+	return s.Keyed.Take(ctx, key, now, cost, dl)
+}
+
+func (s *flappingFW) Debit(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
+	if s.down {
+		return store.ErrUnavailable
+	}
+	return s.Keyed.Debit(ctx, key, h, now, cost)
+}
+
+// A window's fallback admissions are not owed to the store: charged once it
+// answers, after the window turned, they counted in the next window and
+// could refuse a tenant for a whole one (a day's).
+func TestFallbackWindowAdmissionsAreNotOwed(t *testing.T) {
+	fw := func() *memory.Keyed[limit.FixedWindowState, *limit.FixedWindow] {
+		f, err := limit.NewFixedWindow(100, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return memory.NewKeyed(f, memory.Options{})
+	}
+	st := &flappingFW{Keyed: fw()}
+	g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: fw()})
+	ctx := context.Background()
+	admit := func(at time.Duration) (n int) {
+		for range 200 {
+			if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, clock.Instant(at)); d.Admitted {
+				n++
+			}
+		}
+		return n
+	}
+	admit(time.Second) // the store decides: window [0 s, 10 s) spent, the fallback's too
+	st.down = true
+	if n := admit(9 * time.Second); n != 0 {
+		t.Fatalf("the outage, same window: %d admitted, want 0 (the store's admissions were mirrored)", n)
+	}
+	st.down = false
+	if n := admit(11 * time.Second); n != 100 {
+		t.Fatalf("the next window, the store back: %d admitted, want 100", n)
+	}
+}
+
+// A light tenant's long outage is not charged against the full bucket the
+// store would have kept: what the bucket refilled past one burst since
+// the debt began is taken off it. At pressure the debt empties the store,
+// as its admissions would have.
+func TestFallbackDebtOfALongOutage(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		every     time.Duration // one request each
+		wantAfter int           // admitted at once when the store is back, of 200
+	}{
+		{"light: 10/s against 100/s", 100 * time.Millisecond, 100},
+		{"at pressure: 400/s", 2500 * time.Microsecond, 0},
+	} {
+		st := &flapping{Keyed: keyedTB(t, "100/s", 100)}
+		g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: keyedTB(t, "100/s", 100)})
+		ctx := context.Background()
+		gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, 1) // the store has answered
+		st.down = true
+		at := time.Millisecond
+		for ; at < 10*time.Second; at += c.every {
+			gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, clock.Instant(at))
+		}
+		st.down = false
+		n := 0
+		for range 200 {
+			if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, clock.Instant(at)); d.Admitted {
+				n++
+			}
+		}
+		if n < c.wantAfter-2 || n > c.wantAfter+2 {
+			t.Errorf("%s, 10 s on the fallback: %d admitted at once when the store is back, want about %d", c.name, n, c.wantAfter)
+		}
+	}
+}

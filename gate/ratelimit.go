@@ -75,12 +75,12 @@ type Options struct {
 	// still loading its scripts admits at most the fallback's limit (the
 	// fleet limit ÷ its replicas), not everything, and fails open only
 	// once the store has shown it works (a later outage). A rate gate
-	// keeps the two in step when the store is a store.Debiter and its
-	// quota refills or has a window: under LocalFallback what the store
-	// admits is taken from the fallback too, and under either policy what
-	// the fallback admits is charged to the store (Debit) once it answers
-	// again, so that neither starts an outage, or its end, with a burst
-	// the other spent.
+	// keeps the two in step: under LocalFallback what the store admits is
+	// taken from the fallback too, and, for a quota that refills (a token
+	// bucket, GCRA) on a store.Debiter, what the fallback admits is charged
+	// to the store once it answers again, so that neither starts an outage,
+	// or its end, with a burst the other spent (the ledger, fallback.go,
+	// says what it does not keep in step).
 	Fallback store.Limiter
 	// RetryHint is the retry-after a rejection without an exact wait
 	// reports (concurrency limits, store failures). Default
@@ -178,7 +178,7 @@ func (b *base) failed(ctx context.Context, key string, r *sluice.Request, now cl
 		res, h, err := b.opts.Fallback.Take(ctx, key, now, cost, r.Deadline)
 		if err == nil {
 			b.fallbacks.Add(1)
-			b.fellBack(key, &res, cost)
+			b.fellBack(key, &res, cost, now)
 			return res, sluice.Permit(h) | fallbackBit, true
 		}
 		fallthrough
@@ -211,7 +211,7 @@ func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64
 	if p&fallbackBit != 0 && b.opts.Fallback != nil {
 		lim = b.opts.Fallback
 		if b.ledger != nil {
-			b.ledger.owe(key, -cost) // no longer owed to the store
+			b.ledger.owe(key, -cost, now) // no longer owed to the store
 		}
 	}
 	// Refunds are best effort: a failed refund only leaves the limit a
@@ -375,7 +375,7 @@ func (b *base) trueUp(key string, p sluice.Permit, now clock.Instant, diff int64
 	if p&fallbackBit != 0 && b.opts.Fallback != nil {
 		lim = b.opts.Fallback
 		if b.ledger != nil {
-			b.ledger.owe(key, diff) // owed to the store too
+			b.ledger.owe(key, diff, now) // owed to the store too
 		}
 	}
 	if d, ok := lim.(store.Debiter); ok {

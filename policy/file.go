@@ -204,11 +204,12 @@ type routeCost struct {
 }
 
 // least is the smallest cost a request of the route is charged at
-// admission: a fixed cost, a header cost's minimum, or (a cost known from
-// the answer only) the estimate, its minimum.
+// admission: a fixed cost, a header cost's minimum or, without the header,
+// the fixed cost (1 unless written), or (a cost known from the answer
+// only) the estimate, its minimum.
 func (rc routeCost) least() int64 {
 	if rc.Header != "" {
-		return max(rc.Min, 1)
+		return min(max(rc.Min, 1), max(rc.Fixed, 1))
 	}
 	k := max(rc.Fixed, 1)
 	if rc.ResponseHeader != "" {

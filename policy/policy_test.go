@@ -199,12 +199,14 @@ func TestCostAboveAGatesCapacityRefused(t *testing.T) {
 		{"cost: 10", "{name: g, kind: sliding_log, scope: service, limit: 5, window: 1s}", "gates[0].limit"},
 		{"cost: 10", "{name: g, kind: sliding_window, scope: service, limit: 5, window: 1s}", "gates[0].limit"},
 		{"cost: 10", "{name: g, kind: concurrency, limit: 5, weighted: true}", "gates[0].limit"},
-		{"cost: {header: X-Units, min: 6}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", "gates[0].burst"},
+
 		{"cost: {response_header: X-Units, min: 6}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", "gates[0].burst"},
 		// Valid: the cost fits, a header's minimum fits, the gate counts
 		// slots, or applies to another class.
 		{"cost: 5", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", ""},
 		{"cost: {header: X-Units, max: 50}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", ""},
+		// Without the header a request costs 1: the route is admitted.
+		{"cost: {header: X-Units, min: 6}", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5}", ""},
 		{"cost: 10", "{name: g, kind: concurrency, limit: 5}", ""},
 		{"cost: 10, class: batch", "{name: g, kind: token_bucket, scope: service, rate: 10/s, burst: 5, classes: [default]}", ""},
 	} {

@@ -329,7 +329,11 @@ func largestCost(c *checker, class string) (cost int64, line int) {
 		if rt.Class != class {
 			continue
 		}
-		if k := rt.Cost.least(); k > cost {
+		k := rt.Cost.least()
+		if rt.Cost.Header != "" {
+			k = max(rt.Cost.Min, 1) // what a header can ask for, at least
+		}
+		if k > cost {
 			cost, line = k, rt.Line
 		}
 	}
