@@ -76,6 +76,8 @@ type bbr struct {
 	probeLimit   int           // the limit of the last probe
 	lastRTT      time.Duration // the last window's mean RTT
 	queuedInSlot bool          // a window of the current slot showed a queue
+	usedInSlot   bool          // a window of the current slot used the whole limit
+	probedAt     clock.Instant // when the last probe began
 	slot         int64         // the probe slot of the last window
 	slotSeen     bool
 
@@ -94,6 +96,10 @@ type bbr struct {
 
 const rateRing = 32
 
+// staleProbes is how many ProbeIntervals a no-load RTT stands unmeasured
+// while the limit is used whole (scheduleProbe).
+const staleProbes = 6
+
 type rateSample struct {
 	at   clock.Instant
 	rate float64 // no-load work done per second, in slots (N̂ of one window)
@@ -105,7 +111,7 @@ const (
 	// stands as the ceiling: a failed step up costs those answers, not
 	// only a short queue.
 	bbrBackoffLate = time.Minute
-	bbrBackoffMax  = 5 * time.Minute
+	bbrBackoffMax  = time.Minute
 )
 
 var (
@@ -147,9 +153,10 @@ var (
 // window that used the whole limit with no queue at the service (the
 // limit, not the service, was the bottleneck) grows it by Headroom; a limit
 // that then showed a queue with no gain in work is not tried again for a
-// while that doubles each time it fails (10 s up to 5 min; from 1 min when
-// its queue made answers late), so that a service of one or two workers
-// runs at its size rather than at one more.
+// while that doubles each time it fails (10 s up to 1 min; 1 min when its
+// queue made answers late), so that a service of one or two workers runs
+// at its size rather than at one more, and one that got its workers back
+// is used again within about a minute.
 // Every ProbeInterval in which a limit the controller then kept filled a
 // queue at the service (not the startup's last doubling or a step up it
 // took back: those queues drain by themselves), on wall-clock slots (a
@@ -161,7 +168,10 @@ var (
 // measured afresh after it; so is one that reads a quarter faster (the
 // no-load RTTs were too long, learned during a stall, and the probe's
 // limit, sized from them, may not have drained the queue they let in); a
-// window whose RTT more than doubled probes at once. A window with more
+// window whose RTT more than doubled probes at once; and a no-load RTT no
+// probe has measured for 6 ProbeIntervals while the limit is used whole
+// is measured too (one learned during a slowdown hides the queue its
+// limit lets in, and no queue would ever ask). A window with more
 // than LateShare of late completions while the service queues drops the
 // headroom (the callers' deadlines leave no room for the queue) and
 // probes; unless the window got less than half the work
@@ -263,6 +273,9 @@ func (b *bbr) Update(w Window) int {
 		// queue drains by itself, and a probe would only cost work (at a
 		// limit of 2, half of it for a window).
 		b.queuedInSlot = true
+	}
+	if st.limited {
+		b.usedInSlot = true
 	}
 	b.scheduleProbe(w, nhat)
 	b.growBack()
@@ -549,14 +562,21 @@ func (b *bbr) scheduleProbe(w Window, nhat float64) {
 	if !now && !newSlot {
 		return
 	}
-	queued := b.queuedInSlot
+	queued, used := b.queuedInSlot, b.usedInSlot
 	if newSlot {
-		b.queuedInSlot = false
+		b.queuedInSlot, b.usedInSlot = false, false
 	}
-	if b.startup || nhat <= 0 || !(now || queued) {
+	// A no-load RTT no probe has measured for staleProbes slots, while the
+	// limit is used whole, is measured too: one learned while the service
+	// was slower hides the queue its limit lets in (RTT over no-load RTT
+	// reads 1), so that no queue ever asks for a probe, and the limit
+	// stayed at 2.5 times the service's size for good after a hundredfold
+	// slowdown ended.
+	stale := used && w.End.Sub(b.probedAt) >= staleProbes*b.cfg.ProbeInterval
+	if b.startup || nhat <= 0 || !(now || queued || stale) {
 		return
 	}
-	b.probing = true
+	b.probing, b.probedAt = true, w.End
 	b.grewFrom = 0
 	b.limit = min(b.limit, max(b.cfg.Min, int(b.cfg.ProbeShare*b.est/(1+b.cfg.Headroom))))
 	b.probeLimit = b.limit

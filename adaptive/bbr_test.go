@@ -188,3 +188,64 @@ func TestBBRSizesAServiceFasterThan100us(t *testing.T) {
 		}
 	}
 }
+
+// After a slowdown of 30 or 100 times ends, the no-load RTT learned while
+// it lasted is measured again: it hid the queue its own limit let in (RTT
+// over no-load RTT read 1), no queue asked for a probe, and the limit
+// stood at 2.5 times the service's size for good (30 minutes checked).
+// A limit used whole with no probe for 6 ProbeIntervals probes.
+func TestBBRForgetsASlowdown(t *testing.T) {
+	const n, s = 8, 5 * time.Millisecond
+	for _, f := range []float64{30, 100} {
+		ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, _ := NewGate("g", ctrl, GateOptions{})
+		u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
+		capacity := float64(n) / s.Seconds()
+		rows := u.run(g, time.Minute, phase{For: time.Minute, Load: 3 * capacity}, phase{For: 2 * time.Minute, Load: 3 * capacity, Slow: f},
+			phase{For: 6 * time.Minute, Load: 3 * capacity})
+		for i, r := range rows[5:] { // from the third minute after
+			if m := medianInt(r.limits); m > int(1.25*n+1) || r.MaxLimit > 2*n+1 || r.QueueMax > n+1 {
+				t.Errorf("%v× for 2 min, minute %d after: limit median %d max %d, queue %d at the service (bounds %d, %d, %d)",
+					f, i+3, m, r.MaxLimit, r.QueueMax, int(1.25*n+1), 2*n+1, n+1)
+			}
+		}
+	}
+}
+
+// Workers that come back are used within a minute and a half: a ceiling
+// learned while the service was smaller, its backoff doubled by each
+// failed step up while it lasted, held the limit below the service for up
+// to 5 minutes (62% of capacity for 3 minutes after 8 → 4 → 8 workers).
+// The longest backoff is a minute.
+func TestBBRUsesWorkersThatComeBack(t *testing.T) {
+	const n, s = 8, 20 * time.Millisecond
+	for _, low := range []int{1, 2, 4} {
+		ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, _ := NewGate("g", ctrl, GateOptions{})
+		u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
+		capacity := float64(n) / s.Seconds()
+		rows := u.run(g, 10*time.Second, phase{For: time.Minute, Load: 3 * capacity}, phase{For: 3 * time.Minute, Load: 3 * capacity, Workers: low},
+			phase{For: 5 * time.Minute, Load: 3 * capacity, Workers: n})
+		for i, r := range rows[24+9:] { // from 90 s after the workers return
+			if float64(r.Useful) < 0.9*capacity*10 {
+				t.Errorf("%d → %d → %d workers, %d s after: goodput %.0f%% of capacity", n, low, n, 100+10*i, 100*float64(r.Useful)/(capacity*10))
+			}
+		}
+	}
+}
+
+// medianInt returns the median of xs (-1 for none), leaving xs as it was.
+func medianInt(xs []int) int {
+	if len(xs) == 0 {
+		return -1
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
