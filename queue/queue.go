@@ -84,7 +84,8 @@ type Options struct {
 	// simulator at twice its capacity.
 	Percentile float64
 	// Clock times waits and CoDel. Default clock.System. It must be the
-	// chain's clock.
+	// chain's clock. A blocking Decide also sleeps out a wait on a timer of
+	// real time: a virtual clock (a simulator) needs Events.
 	Clock clock.Clock
 	// Events makes Decide never block, for an event loop that cannot (a
 	// simulator on a virtual clock): see Park.
