@@ -210,3 +210,15 @@ func TestReadFileGzip(t *testing.T) {
 		t.Fatalf("a truncated gzip log: %v", err)
 	}
 }
+
+// A tenant the log names with bytes a terminal acts on is shown quoted.
+func TestShownQuotesWhatATerminalActsOn(t *testing.T) {
+	for in, want := range map[string]string{
+		"t-2bd806c97f0e": "t-2bd806c97f0e", "émilie": "émilie",
+		"\x1b[2Jx": `"\x1b[2Jx"`, "a\tb": `"a\tb"`, "\xff": `"\xff"`,
+	} {
+		if got := shown(in); got != want {
+			t.Errorf("shown(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

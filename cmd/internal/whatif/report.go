@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/sluice-go/sluice/cmd/internal/goodplot"
 )
@@ -51,7 +54,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintf(tw, "tenant\tadmitted\trefused\t%s refused\t\n", label(b, false))
 		for _, t := range c.Tenants {
-			name := t.Tenant
+			name := shown(t.Tenant)
 			if name == "" {
 				name = "(none)"
 			}
@@ -64,6 +67,19 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintln(w, "note:", n)
 	}
 	return nil
+}
+
+// shown is s for a terminal: quoted when it holds anything but printable
+// text (a tenant comes from the log, nginx's $remote_user from the
+// client: raw, its bytes reached the operator's terminal, escape
+// sequences included).
+func shown(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 func label(r *Run, candidate bool) string {
