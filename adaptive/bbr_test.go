@@ -173,11 +173,7 @@ func TestBBRAfterAStallInItsFirstMilliseconds(t *testing.T) {
 func TestBBRSizesAServiceFasterThan100us(t *testing.T) {
 	for _, s := range []time.Duration{50 * time.Microsecond, 90 * time.Microsecond} {
 		const n = 16
-		ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, _ := NewGate("g", ctrl, GateOptions{})
+		g := newBBRGate(t)
 		u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Seed: 1}
 		capacity := float64(n) / s.Seconds()
 		rows := u.run(g, time.Second, phase{For: 3 * time.Second, Load: 2 * capacity})
@@ -197,11 +193,7 @@ func TestBBRSizesAServiceFasterThan100us(t *testing.T) {
 func TestBBRForgetsASlowdown(t *testing.T) {
 	const n, s = 8, 5 * time.Millisecond
 	for _, f := range []float64{30, 100} {
-		ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, _ := NewGate("g", ctrl, GateOptions{})
+		g := newBBRGate(t)
 		u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
 		capacity := float64(n) / s.Seconds()
 		rows := u.run(g, time.Minute, phase{For: time.Minute, Load: 3 * capacity}, phase{For: 2 * time.Minute, Load: 3 * capacity, Slow: f},
@@ -223,11 +215,7 @@ func TestBBRForgetsASlowdown(t *testing.T) {
 func TestBBRUsesWorkersThatComeBack(t *testing.T) {
 	const n, s = 8, 20 * time.Millisecond
 	for _, low := range []int{1, 2, 4} {
-		ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, _ := NewGate("g", ctrl, GateOptions{})
+		g := newBBRGate(t)
 		u := &upstream{Workers: n, Service: constant(s), Deadline: 100 * s, Transit: 200 * time.Microsecond, MaxWait: 200 * time.Millisecond, Seed: 1}
 		capacity := float64(n) / s.Seconds()
 		rows := u.run(g, 10*time.Second, phase{For: time.Minute, Load: 3 * capacity}, phase{For: 3 * time.Minute, Load: 3 * capacity, Workers: low},
@@ -248,4 +236,16 @@ func medianInt(xs []int) int {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// newBBRGate returns a gate over a new BBR controller with the defaults,
+// its probe slots on the model's clock.
+func newBBRGate(t *testing.T) *Gate {
+	t.Helper()
+	ctrl, err := newBBR(BBRConfig{Epoch: time.Unix(0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := NewGate("g", ctrl, GateOptions{})
+	return g
 }

@@ -242,25 +242,28 @@ func failuresOf(g sluice.Gate) int64 {
 	return f.Failures()
 }
 
-// flapping is a store that fails while down, Debit included.
-type flapping struct {
-	*memory.Keyed[limit.TokenBucketState, *limit.TokenBucket]
+// flapping is a store in memory that fails while down, Debit included.
+type flapping[S any, A limit.Algorithm[S]] struct {
+	*memory.Keyed[S, A]
 	down bool
 }
 
-func (s *flapping) Take(ctx context.Context, key string, now clock.Instant, cost int64, dl clock.Instant) (limit.Result, store.Handle, error) {
+func (s *flapping[S, A]) Take(ctx context.Context, key string, now clock.Instant, cost int64, dl clock.Instant) (limit.Result, store.Handle, error) {
 	if s.down {
 		return limit.Result{}, 0, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
 	}
 	return s.Keyed.Take(ctx, key, now, cost, dl)
 }
 
-func (s *flapping) Debit(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
+func (s *flapping[S, A]) Debit(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
 	if s.down {
 		return store.ErrUnavailable
 	}
 	return s.Keyed.Debit(ctx, key, h, now, cost)
 }
+
+// flappingTB is a token bucket that fails while down.
+type flappingTB = flapping[limit.TokenBucketState, *limit.TokenBucket]
 
 // A store that fails and recovers again and again (a flapping Redis)
 // under local_fallback admits what one bucket would, in every window:
@@ -270,7 +273,7 @@ func (s *flapping) Debit(ctx context.Context, key string, h store.Handle, now cl
 // about twice the limit through.
 func TestLocalFallbackThroughAFlappingStore(t *testing.T) {
 	for _, period := range []time.Duration{200 * time.Millisecond, time.Second, 3 * time.Second} {
-		st := &flapping{Keyed: keyedTB(t, "100/s", 100)}
+		st := &flappingTB{Keyed: keyedTB(t, "100/s", 100)}
 		g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback,
 			Fallback: keyedTB(t, "100/s", 100)})
 		ctx := context.Background()
@@ -298,26 +301,6 @@ func TestLocalFallbackThroughAFlappingStore(t *testing.T) {
 	}
 }
 
-// flappingFW is a fixed window store that fails while down, Debit included.
-type flappingFW struct {
-	*memory.Keyed[limit.FixedWindowState, *limit.FixedWindow]
-	down bool
-}
-
-func (s *flappingFW) Take(ctx context.Context, key string, now clock.Instant, cost int64, dl clock.Instant) (limit.Result, store.Handle, error) {
-	if s.down {
-		return limit.Result{}, 0, fmt.Errorf("%w: refused", store.ErrUnavailable)
-	}
-	return s.Keyed.Take(ctx, key, now, cost, dl)
-}
-
-func (s *flappingFW) Debit(ctx context.Context, key string, h store.Handle, now clock.Instant, cost int64) error {
-	if s.down {
-		return store.ErrUnavailable
-	}
-	return s.Keyed.Debit(ctx, key, h, now, cost)
-}
-
 // A window's fallback admissions are not owed to the store: charged once it
 // answers, after the window turned, they counted in the next window and
 // could refuse a tenant for a whole one (a day's).
@@ -329,7 +312,7 @@ func TestFallbackWindowAdmissionsAreNotOwed(t *testing.T) {
 		}
 		return memory.NewKeyed(f, memory.Options{})
 	}
-	st := &flappingFW{Keyed: fw()}
+	st := &flapping[limit.FixedWindowState, *limit.FixedWindow]{Keyed: fw()}
 	g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: fw()})
 	ctx := context.Background()
 	admit := func(at time.Duration) (n int) {
@@ -364,7 +347,7 @@ func TestFallbackDebtOfALongOutage(t *testing.T) {
 		{"light: 10/s against 100/s", 100 * time.Millisecond, 100},
 		{"at pressure: 400/s", 2500 * time.Microsecond, 0},
 	} {
-		st := &flapping{Keyed: keyedTB(t, "100/s", 100)}
+		st := &flappingTB{Keyed: keyedTB(t, "100/s", 100)}
 		g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: keyedTB(t, "100/s", 100)})
 		ctx := context.Background()
 		gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, 1) // the store has answered
