@@ -374,61 +374,43 @@ func TestPanicReleasesPermits(t *testing.T) {
 	}
 }
 
+// A client that goes away releases its permits and books the request as
+// cancelled, whether its handler then returns or panics with
+// http.ErrAbortHandler, as a reverse proxy does when the client hangs up
+// mid-body (that was booked as the service's error).
 func TestClientDisconnectReleasesPermits(t *testing.T) {
-	entered := make(chan struct{})
-	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		<-r.Context().Done() // the client goes away
-	}), nil, 5)
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/", nil)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := f.srv.Client().Do(req)
-		if err == nil {
-			resp.Body.Close()
+	for _, abort := range []bool{false, true} {
+		entered := make(chan struct{})
+		f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-r.Context().Done() // the client goes away
+			if abort {
+				panic(http.ErrAbortHandler)
+			}
+		}), nil, 5)
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/", nil)
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := f.srv.Client().Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		<-entered
+		if n := f.inflight(); n != 1 {
+			t.Fatalf("in flight %d during the request", n)
 		}
-		errc <- err
-	}()
-	<-entered
-	if n := f.inflight(); n != 1 {
-		t.Fatalf("in flight %d during the request", n)
-	}
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Fatalf("client error %v", err)
-	}
-	waitFor(t, func() bool { return f.inflight() == 0 })
-	waitFor(t, func() bool { return (completed(f, "cancelled")) == 1 })
-}
-
-// A handler that ends by panicking because its client went away (a
-// reverse proxy aborts with http.ErrAbortHandler when the client hangs up
-// mid-body) books the request as cancelled, not as the service's error.
-func TestAbortAfterClientDisconnectIsCancelled(t *testing.T) {
-	entered := make(chan struct{})
-	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		<-r.Context().Done()
-		panic(http.ErrAbortHandler)
-	}), nil, 5)
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/", nil)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := f.srv.Client().Do(req)
-		if err == nil {
-			resp.Body.Close()
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("client error %v", err)
 		}
-		errc <- err
-	}()
-	<-entered
-	cancel()
-	<-errc
-	waitFor(t, func() bool { return f.inflight() == 0 })
-	waitFor(t, func() bool { return completed(f, "cancelled") == 1 })
-	if n := completed(f, "errored"); n != 0 {
-		t.Errorf("%v errored completions, want 0", n)
+		waitFor(t, func() bool { return f.inflight() == 0 })
+		waitFor(t, func() bool { return (completed(f, "cancelled")) == 1 })
+		if n := completed(f, "errored"); n != 0 {
+			t.Errorf("abort %v: %v errored completions, want 0", abort, n)
+		}
 	}
 }
 
