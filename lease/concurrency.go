@@ -152,6 +152,7 @@ func (g *Concurrency) decide(ctx context.Context, r *sluice.Request, now clock.I
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.offered += n
+	g.decidedLocked(now)
 	in := g.inFlightLocked()
 	g.peak = max(g.peak, in+n)
 	if lim := g.limitLocked(now); lim >= 0 && in+n > lim {

@@ -130,6 +130,7 @@ func (g *Gate) decide(ctx context.Context, r *sluice.Request, now clock.Instant)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.demand += units
+	g.decidedLocked(now)
 	rate := g.limitLocked(now)
 	if rate < 0 {
 		return sluice.Decision{Admitted: true, Scope: sluice.ScopeService, Gate: g.name}, 0

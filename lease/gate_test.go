@@ -101,9 +101,22 @@ func TestGateFailureModes(t *testing.T) {
 		if n := offer(g, clk, 2000, 500*time.Millisecond); n < 450 { // the lease runs on (1,000/s)
 			t.Fatalf("mode %d: %d admitted in the 500 ms the lease still ran", tc.mode, n)
 		}
+		fc, ok := sluice.As[sluice.FailureCounter](g)
+		if !ok {
+			t.Fatal("a lease gate counts no failures")
+		}
+		base := fc.Failures() // at most the decision at the learning grant's expiry itself
+		if base > 1 {
+			t.Fatalf("mode %d: %d failures counted while the lease ran: %v", tc.mode, base, ok)
+		}
 		clk.Advance(600 * time.Millisecond) // expired
 		if n := offer(g, clk, 2000, time.Second); n < tc.min || n > tc.max {
 			t.Errorf("mode %d without a lease: %d admitted in 1 s, want [%d, %d]", tc.mode, n, tc.min, tc.max)
+		}
+		// Each decision without a lease counts for the store-failure
+		// metric and its alerts (a lease gate had none).
+		if n := fc.Failures() - base; n != 2000 {
+			t.Errorf("mode %d: %d failures counted for the 2,000 decisions without a lease", tc.mode, n)
 		}
 	}
 }

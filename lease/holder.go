@@ -154,6 +154,9 @@ type holder struct {
 	next, early clock.Instant
 	wanting     bool
 	inlining    bool // an Inline refresh is under way
+	// lapsed counts the decisions the failure mode made after a lease
+	// expired unrefreshed (Failures).
+	lapsed int64
 	// asked reports a grant of the gate's own asking (not one it took
 	// over from the gate it succeeded): its first refresh asks for the
 	// capacity.
@@ -212,6 +215,37 @@ func (h *holder) limitLocked(now clock.Instant) int64 {
 		return h.opts.SafeShare
 	}
 	return max(h.safe, 0)
+}
+
+// decidedLocked books a decision at now: one the failure mode makes
+// because a lease expired unrefreshed counts as a failure (not one before
+// the first grant, a learning allocator's, or one after the gate stopped
+// spending its lease). REQUIRES: h.mu held.
+func (h *holder) decidedLocked(now clock.Instant) {
+	if h.granted && !h.over && now >= h.expiry {
+		h.lapsed++
+	}
+}
+
+// Failures returns how many decisions the failure mode made because the
+// lease lapsed (its allocator did not answer a refresh in time), for
+// sluice_gate_store_failures_total (sluice.FailureCounter).
+func (h *holder) Failures() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lapsed
+}
+
+// FailurePolicy names the failure mode: "fail_safe", "fail_open" or
+// "fail_closed".
+func (h *holder) FailurePolicy() string {
+	switch h.opts.OnFailure {
+	case FailOpen:
+		return "fail_open"
+	case FailClosed:
+		return "fail_closed"
+	}
+	return "fail_safe"
 }
 
 // shortLocked notes a request turned away for want of lease, so the lease
