@@ -36,8 +36,9 @@ import (
 //
 // What it does not keep in step: each replica's fallback (limit ÷
 // replicas) mirrors its own admissions only, so a fleet whose load was
-// uneven can begin an outage with up to one fleet burst unspent; and a
-// reload builds a fresh fallback, full. Only a limiter whose quota
+// uneven can begin an outage with up to one fleet burst unspent; and the
+// debts of a gate a reload replaced are dropped (package policy carries
+// the fallback's own state over). Only a limiter whose quota
 // refills or has a window has a ledger: a concurrency permit goes back
 // when its request ends.
 type ledger struct {

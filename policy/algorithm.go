@@ -35,7 +35,7 @@ func (a algorithmGate) check(c *checker) {
 		return
 	}
 	if c.redis() && c.g.OnFailure == gate.LocalFallback {
-		if _, err := a.share(max(c.file.Store.Replicas, 1), memory.Options{}); err != nil {
+		if _, err := a.share(max(c.file.Store.Replicas, 1), memory.Options{}, nil); err != nil {
 			c.fail(err)
 		}
 	}
@@ -43,12 +43,12 @@ func (a algorithmGate) check(c *checker) {
 
 // share is the algorithm in memory on one of n replicas' share of the
 // settings: what local_fallback decides on while Redis is unreachable.
-func (a algorithmGate) share(n int64, mo memory.Options) (store.Limiter, error) {
+func (a algorithmGate) share(n int64, mo memory.Options, prev store.Limiter) (store.Limiter, error) {
 	s, err := a.s.Share(n)
 	if err != nil {
 		return nil, err
 	}
-	return a.alg.Limiter(s, algorithm.Backend{Memory: mo})
+	return a.alg.Limiter(s, algorithm.Backend{Memory: mo, Previous: prev})
 }
 
 // build returns the gate on the builder's backend. On memory it continues
@@ -69,18 +69,25 @@ func (a algorithmGate) build(b *builder) (sluice.Gate, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The fallback continues from the previous build's (a reload that
+	// changed the gate or the store's settings): a fresh one, full, gave
+	// the next outage a burst the previous one had spent.
+	prev, _ := b.prev.(store.Limiter)
 	switch opts.OnFailure {
 	case gate.LocalFallback:
-		if opts.Fallback, err = a.share(max(b.store.Replicas, 1), mopts); err != nil {
+		if opts.Fallback, err = a.share(max(b.store.Replicas, 1), mopts, prev); err != nil {
 			return nil, err
 		}
 	case gate.FailOpen:
 		// Until Redis has answered once, the replica's share decides
 		// (gate.Options.Fallback): a start-up under load does not admit
 		// everything. A limit too small to divide has no guard.
-		if fb, err := a.share(max(b.store.Replicas, 1), mopts); err == nil {
+		if fb, err := a.share(max(b.store.Replicas, 1), mopts, prev); err == nil {
 			opts.Fallback = fb
 		}
+	}
+	if opts.Fallback != nil {
+		b.state = opts.Fallback
 	}
 	return a.gate(b.g.Name, lim, opts)
 }

@@ -485,3 +485,54 @@ gates:
 		t.Fatalf("%d of 200 admitted with Redis unreachable since the start, want at most the replica's share (%d)", admitted, bound)
 	}
 }
+
+// A reload that changes a Redis gate (or the store's settings) builds its
+// fallback over the previous one's state: a fresh, full fallback gave the
+// next outage a burst the tenant had spent.
+func TestReloadKeepsTheFallbackInStep(t *testing.T) {
+	srv := redistest.Start(t)
+	src := func(hint string) []byte {
+		return []byte(strings.ReplaceAll(`version: 1
+identity: {tenant: {header: X-Api-Key}}
+store: {backend: redis, addrs: [ADDR], timeout: 50ms, probe_every: 100ms, on_failure: local_fallback}
+gates:
+  - {name: rate, kind: token_bucket, scope: tenant, rate: 1/h, burst: 10, retry_hint: `+hint+`}
+`, "ADDR", srv.Addr))
+	}
+	f1, err := Parse("r.yaml", src("1s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt1, err := Build(f1, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admit := func(rt *Runtime, n int) (admitted int) {
+		for range n {
+			if d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: "acme"}); d.Admitted {
+				admitted++
+				tk.Done(sluice.OutcomeUseful)
+			}
+		}
+		return admitted
+	}
+	if n := admit(rt1, 20); n != 10 {
+		t.Fatalf("on Redis: %d admitted, want the burst of 10", n)
+	}
+	f2, err := Parse("r.yaml", src("2s")) // the gate changed: built anew
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt2, err := Build(f2, rt1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt2.Close()
+	rt1.Close()
+	srv.Pause()
+	defer srv.Resume()
+	if n := admit(rt2, 10); n != 0 {
+		t.Fatalf("an outage after the reload: the fallback admitted %d, want 0 (the burst was spent before it)", n)
+	}
+}
