@@ -75,7 +75,7 @@ func TestWindower(t *testing.T) {
 	if _, ok := w.Add(ms(1), sample{RTT: 60 * time.Millisecond, InFlight: 3}); ok {
 		t.Fatal("a one-sample window closed")
 	}
-	w.Add(ms(10), sample{RTT: 500 * time.Nanosecond}) // too fast: ignored
+	w.Add(ms(10), sample{RTT: 10 * time.Microsecond}) // too fast: ignored
 	w.Add(ms(20), sample{RTT: 20 * time.Millisecond, InFlight: 5})
 	w.Add(ms(60), sample{RTT: 40 * time.Millisecond, InFlight: 7, QueueDelay: 3 * time.Millisecond})
 	if _, ok := w.Add(ms(101), sample{RTT: 30 * time.Millisecond, InFlight: 6, Dropped: true}); ok {

@@ -2,9 +2,12 @@ package adaptive
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/clock"
 )
 
 // BBR's guarantee, over an hour of a saturated service: in front of a FIFO
@@ -248,4 +251,35 @@ func newBBRGate(t *testing.T) *Gate {
 	}
 	g, _ := NewGate("g", ctrl, GateOptions{})
 	return g
+}
+
+// Answers given at once (a 404 or 401 in 20 µs: useful, under the same
+// key) are no samples: a controller that took them for its no-load RTT
+// read every later window as a queue. With a threshold of 1 µs Vegas
+// fell from a limit of 24 to 6 and 68% of its goodput after a 10 s burst
+// of them; the threshold stays 100 µs while the service's own answers are
+// slower (a service that answers everything faster gets its own).
+func TestFastAnswersAreNoNoLoadRTT(t *testing.T) {
+	const n, s = 8, 20 * time.Millisecond
+	capacity := float64(n) / s.Seconds()
+	ctrl, _ := newVegas(VegasConfig{Rand: func() float64 { return 0.5 }})
+	g, _ := NewGate("g", ctrl, GateOptions{})
+	u := &upstream{Workers: n, Deadline: 10 * s, Seed: 1}
+	burstFrom, burstTo := clock.Instant(time.Hour+60*time.Second), clock.Instant(time.Hour+70*time.Second)
+	u.Service = func(r *rand.Rand) time.Duration {
+		p := 0.05
+		if u.now >= burstFrom && u.now < burstTo {
+			p = 0.97
+		}
+		if r.Float64() < p {
+			return 20 * time.Microsecond
+		}
+		return s
+	}
+	rows := u.run(g, 10*time.Second, phase{For: 3 * time.Minute, Load: 2 * capacity})
+	for i, r := range rows[8:] {
+		if float64(r.Useful) < 0.95*capacity*10 {
+			t.Errorf("%d s after the burst of fast answers: %d useful in 10 s, want about %.0f; limit %d..%d", 10*(i+1), r.Useful, capacity*10, r.MinLimit, r.MaxLimit)
+		}
+	}
 }

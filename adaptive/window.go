@@ -73,11 +73,15 @@ type WindowConfig struct {
 	// slow or small service (one worker of 200 ms gives 5 samples a
 	// second) still closes windows. Default 10.
 	MinSamples int
-	// MinRTT is the shortest RTT that counts as a sample. Default 1 µs:
-	// a request that failed at once is no sample anyway (its outcome is an
-	// error), and a service that answers in less than 100 µs, Netflix's
-	// threshold, had every sample dropped, closed no window, and kept the
-	// limit at its start, 1 (1.6% of its capacity, 64 workers of 50 µs).
+	// MinRTT is the shortest RTT that counts as a sample: faster ones (a
+	// 404 or 401 answered at once, a cache hit) say nothing of the
+	// service's queue, and a controller that took them for its no-load RTT
+	// read every later window as a queue. Default 100 µs, Netflix's. A
+	// service that answers everything faster has its own threshold: once
+	// 10·MinSamples samples in a row were faster, none counted, and the
+	// window's time is over, the threshold drops to half the fastest of
+	// them (with a fixed 100 µs every sample of a 50 µs service was
+	// dropped, no window closed, and the limit stayed at 1).
 	MinRTT time.Duration
 }
 
@@ -95,6 +99,10 @@ type windower struct {
 	fresh time.Duration // of the samples admitted since start
 	keys  []keyStats
 	index map[string]int // into keys
+	// fastN counts the samples in a row faster than MinRTT, fastMin the
+	// fastest of them (the threshold follows a service faster than it).
+	fastN   int
+	fastMin time.Duration
 }
 
 // newWindower returns an empty Windower.
@@ -109,7 +117,7 @@ func newWindower(cfg WindowConfig) (*windower, error) {
 		cfg.MinSamples = 10
 	}
 	if cfg.MinRTT == 0 {
-		cfg.MinRTT = time.Microsecond
+		cfg.MinRTT = 100 * time.Microsecond
 	}
 	switch {
 	case cfg.MinTime < 0 || cfg.MaxTime < cfg.MinTime:
@@ -123,10 +131,19 @@ func newWindower(cfg WindowConfig) (*windower, error) {
 // Add takes a sample completed at now. When it ends a window, it returns
 // that window and true.
 func (w *windower) Add(now clock.Instant, s sample) (Window, bool) {
+	c := &w.cur
 	if s.RTT < w.cfg.MinRTT {
+		w.fastN++
+		if w.fastN == 1 || s.RTT < w.fastMin {
+			w.fastMin = s.RTT
+		}
+		if c.Samples == 0 && w.fastN >= 10*w.cfg.MinSamples && (w.next == 0 || now > w.next) {
+			w.cfg.MinRTT = max(w.fastMin/2, time.Microsecond)
+			w.fastN = 0
+		}
 		return Window{}, false
 	}
-	c := &w.cur
+	w.fastN = 0
 	if c.Samples == 0 && w.start == 0 && w.next == 0 {
 		// The first window of all begins with its first sample's
 		// admission.

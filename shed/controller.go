@@ -138,8 +138,11 @@ func (c *controller) advance(now clock.Instant) {
 func (c *controller) Sample(now clock.Instant, u float64) {
 	if math.IsNaN(u) {
 		if c.hasSamples {
+			// The episode goes on (pressure and its start stay): a
+			// reading lost now and then does not restart the Delay, which
+			// would keep shedding from ever starting.
 			c.advance(now)
-			c.pressure, c.slope = false, -1
+			c.slope = -1
 		}
 		return
 	}

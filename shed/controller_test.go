@@ -170,3 +170,22 @@ func TestControllerWindsDownWithoutReadings(t *testing.T) {
 		t.Errorf("only NaN: %v", got)
 	}
 }
+
+// A reading lost now and then (every fourth NaN) slows the growth but does
+// not restart the Delay at each real reading: shedding reaches full
+// pressure. Clearing the episode on NaN kept shedding at 0 for good.
+func TestControllerThroughIntermittentNaN(t *testing.T) {
+	c := ctrl(t)
+	i := 0
+	for now := clock.Instant(0); now <= 600*sec; now += 8 * sec {
+		u := 1.0
+		if i%4 == 3 {
+			u = math.NaN()
+		}
+		c.Sample(now, u)
+		i++
+	}
+	if got := c.Fraction(600 * sec); got < 0.99 {
+		t.Errorf("10 minutes at full pressure, a reading in four lost: %v shed, want full", got)
+	}
+}

@@ -346,3 +346,51 @@ func TestDeadlineKnowsASlowClass(t *testing.T) {
 		}
 	}
 }
+
+
+// A sparse class (one completion of 300 ms a second) is known again after
+// a retest that came back in time (its deadline between the latency and
+// the estimate's bucket edge): the cut lasts until fresh samples weigh 3,
+// which a sparse class never does, or more than 3 came; it was unknown
+// for good, and every doomed request went through.
+func TestDeadlineKnowsASlowClassAfterARetest(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	g, _ := NewDeadline("dl", DeadlineOptions{})
+	doneO := func(l time.Duration, p sluice.Permit, o sluice.Outcome) {
+		g.Release(&sluice.Request{Class: "report"}, p, sluice.Completion{Outcome: o, Now: clk.Now(), Latency: l})
+	}
+	done := func(l time.Duration, p sluice.Permit) { doneO(l, p, sluice.OutcomeUseful) }
+	probe := func(left time.Duration) (bool, bool, sluice.Permit) {
+		r := &sluice.Request{Class: "report", Deadline: clk.Now().Add(left)}
+		d, p := gatetest.Decide(context.Background(), g, r, clk.Now())
+		return d.Admitted, r.Retest(), p
+	}
+	for range 100 {
+		clk.Advance(time.Second)
+		done(300*time.Millisecond, 0)
+	}
+	clk.Advance(time.Millisecond)
+	adm, rt, p := probe(100 * time.Millisecond)
+	if adm && !rt {
+		t.Fatalf("before: 100 ms admitted outright")
+	}
+	doneO(300*time.Millisecond, p, sluice.OutcomeLate)
+	clk.Advance(time.Second)
+	done(300*time.Millisecond, 0)
+	clk.Advance(time.Millisecond)
+	adm, rt, p = probe(300200 * time.Microsecond)
+	t.Logf("310 ms left: admitted %v retest %v", adm, rt)
+	done(300*time.Millisecond, p) // in time
+	for i := range 60 {
+		clk.Advance(time.Second)
+		done(300*time.Millisecond, 0)
+		if i%10 == 9 {
+			clk.Advance(time.Millisecond)
+			if adm, rt, p := probe(100 * time.Millisecond); adm && !rt {
+				t.Errorf("%d s after an in-time retest: a request with 100 ms left (class takes 300 ms) admitted outright", i+1)
+			} else if rt {
+				doneO(300*time.Millisecond, p, sluice.OutcomeLate)
+			}
+		}
+	}
+}

@@ -62,8 +62,8 @@ func (s *Times) ObserveAt(class string, d time.Duration, now clock.Instant) {
 	}
 	h.decay(now, s.halfLife)
 	h.add(d)
-	if h.total >= cutWeight {
-		h.cut = false
+	if h.sinceCut++; h.total >= cutWeight || h.sinceCut > cutWeight {
+		h.cut = false // fresh samples enough, weighed or counted (a sparse class's weight stays under 3)
 	}
 	s.mu.Unlock()
 }
@@ -81,7 +81,7 @@ func (s *Times) Scale(class string, f float64) {
 			h.counts[i] *= f
 		}
 		h.total *= f
-		h.cut = f < 1
+		h.cut, h.sinceCut = f < 1, 0
 	}
 }
 
@@ -94,7 +94,9 @@ const MaxClasses = 256
 // one worker of a second under the default half-life of 1 s, peaks at 2,
 // and under a threshold of 3 was never known, so the deadline test never
 // applied to it. Cut by Scale (a retest proved the counts stale),
-// cutWeight, until fresh samples weigh that much again.
+// cutWeight, until fresh samples weigh that much again or more than that
+// many came (a sparse class never weighs 3: it stayed unknown for good
+// after one retest).
 const (
 	knownWeight = 1
 	cutWeight   = 3
@@ -132,7 +134,7 @@ func (s *Times) EstimateAt(class string, p float64, now clock.Instant) (d time.D
 		return 0, false, 0
 	}
 	h.decay(now, s.halfLife)
-	if s.halfLife > 0 && (h.total < knownWeight || h.cut && h.total < cutWeight) {
+	if !h.known(s.halfLife) {
 		return 0, false, h.samples
 	}
 	return h.percentile(p), true, h.samples
@@ -161,7 +163,7 @@ func (s *Times) Estimates(p float64, now clock.Instant) []ClassEstimate {
 	for class, h := range s.classes {
 		h.decay(now, s.halfLife)
 		e := ClassEstimate{Class: class, Weight: math.Round(h.total*10) / 10, Samples: h.samples}
-		if s.halfLife == 0 || h.total >= 3 {
+		if h.known(s.halfLife) {
 			e.Ms = float64(h.percentile(p)) / 1e6
 		}
 		out = append(out, e)
@@ -179,11 +181,18 @@ const (
 
 // histogram is decaying counts on logarithmic buckets.
 type histogram struct {
-	counts  [histBuckets]float64
-	total   float64
-	samples int           // every sample ever, for MinSamples
-	at      clock.Instant // when the counts were last decayed by time
-	cut     bool          // Scale cut the counts, and fresh ones weigh less than cutWeight
+	counts   [histBuckets]float64
+	total    float64
+	samples  int           // every sample ever, for MinSamples
+	at       clock.Instant // when the counts were last decayed by time
+	cut      bool          // Scale cut the counts, and fresh ones weigh less than cutWeight
+	sinceCut int           // samples since the last cut
+}
+
+// known reports whether the counts still know the class (knownWeight,
+// cutWeight).
+func (h *histogram) known(halfLife time.Duration) bool {
+	return halfLife <= 0 || h.total >= knownWeight && !(h.cut && h.total < cutWeight)
 }
 
 // decay scales the counts down by 2^(−elapsed/halfLife) since the last
