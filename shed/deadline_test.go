@@ -347,7 +347,6 @@ func TestDeadlineKnowsASlowClass(t *testing.T) {
 	}
 }
 
-
 // A sparse class (one completion of 300 ms a second) is known again after
 // a retest that came back in time (its deadline between the latency and
 // the estimate's bucket edge): the cut lasts until fresh samples weigh 3,
