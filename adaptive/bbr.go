@@ -77,7 +77,7 @@ type bbr struct {
 	lastRTT      time.Duration // the last window's mean RTT
 	queuedInSlot bool          // a window of the current slot showed a queue
 	usedInSlot   bool          // a window of the current slot used the whole limit
-	probedAt     clock.Instant // when the last probe began
+	probedSlot   int64         // the probe slot of the last probe (or of the first window)
 	slot         int64         // the probe slot of the last window
 	slotSeen     bool
 
@@ -96,8 +96,8 @@ type bbr struct {
 
 const rateRing = 32
 
-// staleProbes is how many ProbeIntervals a no-load RTT stands unmeasured
-// while the limit is used whole (scheduleProbe).
+// staleProbes is how many whole ProbeIntervals (probe slots) a no-load
+// RTT stands unmeasured while the limit is used whole (scheduleProbe).
 const staleProbes = 6
 
 type rateSample struct {
@@ -549,6 +549,9 @@ func (b *bbr) failed(now clock.Instant, limit int) {
 func (b *bbr) scheduleProbe(w Window, nhat float64) {
 	slot := floorDiv(int64(w.End)+b.offset, int64(b.cfg.ProbeInterval))
 	newSlot := b.slotSeen && slot != b.slot
+	if !b.slotSeen {
+		b.probedSlot = slot // a new controller's no-load RTT is fresh
+	}
 	b.slot, b.slotSeen = slot, true
 	if b.verify {
 		// The second probe, right after the first, at half its limit.
@@ -572,11 +575,13 @@ func (b *bbr) scheduleProbe(w Window, nhat float64) {
 	// reads 1), so that no queue ever asks for a probe, and the limit
 	// stayed at 2.5 times the service's size for good after a hundredfold
 	// slowdown ended.
-	stale := used && w.End.Sub(b.probedAt) >= staleProbes*b.cfg.ProbeInterval
+	// Counted in slots, not time: a fleet's proxies probe in the same
+	// slots, whatever their windows' phases.
+	stale := used && slot-b.probedSlot > staleProbes
 	if b.startup || nhat <= 0 || !(now || queued || stale) {
 		return
 	}
-	b.probing, b.probedAt = true, w.End
+	b.probing, b.probedSlot = true, slot
 	b.grewFrom = 0
 	b.limit = min(b.limit, max(b.cfg.Min, int(b.cfg.ProbeShare*b.est/(1+b.cfg.Headroom))))
 	b.probeLimit = b.limit
