@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/clock"
 	"github.com/sluice-go/sluice/limit"
 	"github.com/sluice-go/sluice/store"
@@ -78,18 +79,27 @@ func newLedger(lim store.Limiter, opts *Options, refills bool) *ledger {
 	return l
 }
 
+// mirroredBit marks the permit of a store admission the fallback took
+// too, so that a refund goes to both (a store handle of a rate limiter is
+// small: memory's 1 or 2, Redis' 1).
+const mirroredBit = sluice.Permit(1) << 62
+
 // stored books a decision the store made for key (admitted: cost units
-// taken), and charges what the store is owed.
-func (b *base) stored(key string, now clock.Instant, cost int64, admitted bool) {
-	l := b.ledger
-	if l.mirror && admitted {
-		// As far as the fallback holds units; what it cannot take, it
-		// has no burst left to give an outage anyway.
-		b.opts.Fallback.Take(context.Background(), key, now, cost, 0)
+// taken, handle h), charges what the store is owed, and returns the
+// permit to hold.
+func (b *base) stored(key string, now clock.Instant, cost int64, admitted bool, h store.Handle) sluice.Permit {
+	l, p := b.ledger, sluice.Permit(h)
+	if l.mirror && admitted && p < mirroredBit {
+		// When the fallback holds the units; when it cannot, it has no
+		// burst left to give an outage anyway.
+		if res, _, err := b.opts.Fallback.Take(context.Background(), key, now, cost, 0); err == nil && res.Status == limit.Allowed {
+			p |= mirroredBit
+		}
 	}
 	if l.owing.Load() {
 		b.settleDebts(key, now)
 	}
+	return p
 }
 
 // owe books units (negative: given back) the fallback admitted for key at

@@ -368,3 +368,30 @@ func TestFallbackDebtOfALongOutage(t *testing.T) {
 		}
 	}
 }
+
+// A store admission a later gate refused gives its units back to the
+// fallback too, which had taken them: the fallback drained while the store
+// did not, and an outage then refused a tenant that had spent nothing.
+func TestRefundsReachTheMirroredFallback(t *testing.T) {
+	st := &flappingTB{Keyed: keyedTB(t, "1/h", 10)}
+	g, _ := gate.NewRateLimit("rate", st, gate.Options{Scope: sluice.ScopeTenant, OnFailure: gate.LocalFallback, Fallback: keyedTB(t, "1/h", 10)})
+	ctx := context.Background()
+	for range 10 {
+		r := &sluice.Request{Tenant: "a", Cost: 1}
+		d, p := gatetest.Decide(ctx, g, r, 1)
+		if !d.Admitted {
+			t.Fatal(d)
+		}
+		g.Release(r, p, sluice.Completion{Outcome: sluice.OutcomeRejected, Now: 1}) // a later gate refused it
+	}
+	st.down = true
+	n := 0
+	for range 20 {
+		if d, _ := gatetest.Decide(ctx, g, &sluice.Request{Tenant: "a", Cost: 1}, 2); d.Admitted {
+			n++
+		}
+	}
+	if n != 10 {
+		t.Fatalf("the outage after 10 refunded admissions: the fallback admitted %d, want its burst of 10", n)
+	}
+}

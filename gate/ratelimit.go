@@ -158,7 +158,7 @@ func (b *base) take(ctx context.Context, key string, r *sluice.Request, now cloc
 	if err == nil {
 		b.heard()
 		if b.ledger != nil {
-			b.stored(key, now, cost, res.Status == limit.Allowed)
+			return res, b.stored(key, now, cost, res.Status == limit.Allowed, h), true
 		}
 		return res, sluice.Permit(h), true
 	}
@@ -214,9 +214,14 @@ func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64
 			b.ledger.owe(key, -cost, now) // no longer owed to the store
 		}
 	}
+	h := store.Handle(p &^ fallbackBit)
+	if b.ledger != nil && p&mirroredBit != 0 { // a rate gate's: its handles are small
+		b.opts.Fallback.Refund(context.Background(), key, 1, now, cost) // what the fallback took too
+		h &^= store.Handle(mirroredBit)
+	}
 	// Refunds are best effort: a failed refund only leaves the limit a
 	// little stricter until the state refills (or its TTL expires).
-	if err := lim.Refund(context.Background(), key, store.Handle(p&^fallbackBit), now, cost); err != nil {
+	if err := lim.Refund(context.Background(), key, h, now, cost); err != nil {
 		b.failures.Add(1)
 	}
 }
@@ -272,7 +277,7 @@ func (b *base) settle(ctx context.Context, key string, r *sluice.Request, now cl
 	if err == nil {
 		b.heard()
 		if b.ledger != nil {
-			b.stored(key, now, cost, res.Status == limit.Allowed)
+			p = b.stored(key, now, cost, res.Status == limit.Allowed, h)
 		}
 	} else {
 		*res, p, ok = b.failed(ctx, key, r, now, cost, err)
@@ -336,11 +341,11 @@ func (g *rateLimit) Decide(ctx context.Context, r *sluice.Request, now clock.Ins
 		return g.settle(ctx, key, r, now, r.Cost, d, &res, h, err)
 	}
 	g.heard()
-	if g.ledger != nil {
-		g.stored(key, now, r.Cost, true)
-	}
 	d.Admitted = true
 	g.quota(d, &res)
+	if g.ledger != nil {
+		return g.stored(key, now, r.Cost, true, h)
+	}
 	return sluice.Permit(h)
 }
 
@@ -378,8 +383,15 @@ func (b *base) trueUp(key string, p sluice.Permit, now clock.Instant, diff int64
 			b.ledger.owe(key, diff, now) // owed to the store too
 		}
 	}
+	h := store.Handle(p &^ fallbackBit)
+	if b.ledger != nil && p&mirroredBit != 0 {
+		if d, ok := b.opts.Fallback.(store.Debiter); ok {
+			d.Debit(context.Background(), key, 1, now, diff) // what the fallback took too
+		}
+		h &^= store.Handle(mirroredBit)
+	}
 	if d, ok := lim.(store.Debiter); ok {
-		if err := d.Debit(context.Background(), key, store.Handle(p&^fallbackBit), now, diff); err != nil {
+		if err := d.Debit(context.Background(), key, h, now, diff); err != nil {
 			b.failures.Add(1) // best effort, as a refund
 		}
 	}

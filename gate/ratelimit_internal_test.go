@@ -61,6 +61,7 @@ func TestRateGateDecidesAsBase(t *testing.T) {
 					g, _ := NewRateLimit("rate", &lim, opts)
 					rl := g.(*rateLimit)
 					ref := &rateLimit{newBase("rate", &lim, opts, opts.reasonOr(sluice.ReasonPolicyRate), sluice.UnitRequests)}
+					ref.ledger = newLedger(&lim, &opts, ref.refills)
 					rl.answered.Store(answered)
 					ref.answered.Store(answered)
 					r := sluice.Request{Tenant: "t", Cost: 2}
