@@ -378,3 +378,26 @@ func TestIdleFleetRegainsItsBudgetAfterALoss(t *testing.T) {
 	}
 	t.Logf("the whole budget from %.1f s after the load came back", float64(full)/10)
 }
+
+// A process that starts while its allocator is unreachable decides by its
+// failure mode from the first failed refresh, and each such decision
+// counts for the store-failure metric: a process restarting during an
+// outage (fail_closed refusing everything) counted none, and no alert saw
+// it. Before any answer at all nothing counts.
+func TestGateCountsFailuresBeforeItsFirstGrant(t *testing.T) {
+	clk := fakeclock.New(int64(time.Hour))
+	l := &flaky{Local: lease.Local{Clock: clk}, down: true}
+	g := newGate(t, clk, l, lease.FailClosed, 0)
+	fc, _ := sluice.As[sluice.FailureCounter](g)
+	offer(g, clk, 100, 100*time.Millisecond)
+	if n := fc.Failures(); n != 0 {
+		t.Fatalf("%d failures before any refresh", n)
+	}
+	if _, err := g.Refresh(context.Background()); err == nil {
+		t.Fatal("a refresh of an unreachable allocator succeeded")
+	}
+	offer(g, clk, 1000, time.Second)
+	if n := fc.Failures(); n != 1000 {
+		t.Fatalf("%d failures counted for 1,000 decisions after a failed refresh, before any grant", n)
+	}
+}

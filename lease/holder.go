@@ -155,8 +155,10 @@ type holder struct {
 	wanting     bool
 	inlining    bool // an Inline refresh is under way
 	// lapsed counts the decisions the failure mode made after a lease
-	// expired unrefreshed (Failures).
-	lapsed int64
+	// expired unrefreshed, or before any grant once a refresh failed
+	// (Failures); refused is set while the last refresh failed.
+	lapsed  int64
+	refused bool
 	// asked reports a grant of the gate's own asking (not one it took
 	// over from the gate it succeeded): its first refresh asks for the
 	// capacity.
@@ -218,11 +220,13 @@ func (h *holder) limitLocked(now clock.Instant) int64 {
 }
 
 // decidedLocked books a decision at now: one the failure mode makes
-// because a lease expired unrefreshed counts as a failure (not one before
-// the first grant, a learning allocator's, or one after the gate stopped
-// spending its lease). REQUIRES: h.mu held.
+// because a lease expired unrefreshed, or because no refresh got a grant
+// yet and the last one failed (a process that starts while the
+// allocator's Redis is down), counts as a failure; not one before the
+// first answer, a learning allocator's, or one after the gate stopped
+// spending its lease. REQUIRES: h.mu held.
 func (h *holder) decidedLocked(now clock.Instant) {
-	if h.granted && !h.over && now >= h.expiry {
+	if !h.over && (h.granted && now >= h.expiry || !h.granted && h.refused) {
 		h.lapsed++
 	}
 }
@@ -301,9 +305,13 @@ func (h *holder) Refresh(ctx context.Context) (time.Duration, error) {
 	h.mu.Unlock()
 	grant, err := h.opts.Leaser.Lease(ctx, h.opts.Budget, h.opts.Allocator, r)
 	if err != nil {
+		h.mu.Lock()
+		h.refused = true
+		h.mu.Unlock()
 		return h.opts.Allocator.RefreshEvery() / 4, err
 	}
 	h.mu.Lock()
+	h.refused = false
 	// The old grant held until its answer came: the gate measures its
 	// demand afresh from here, not from before the round trip (the demand
 	// counted meanwhile would be dropped while its time stayed in the next
@@ -428,6 +436,9 @@ func (h *holder) stateLocked(now clock.Instant) GateState {
 type outage struct {
 	since, told time.Time // zero: the allocator answers
 	failed      int       // refreshes failed since
+	warned      time.Time // the last warning, of any episode
+	quiet       int       // episodes since it, begun and over untold
+	toldThis    bool      // this episode was warned of
 }
 
 // outageRetell is how often a lasting outage is told again.
@@ -437,22 +448,30 @@ const outageRetell = 30 * time.Second
 func (o *outage) tell(h *holder, err error, now time.Time) {
 	switch {
 	case err != nil && o.since.IsZero():
-		o.since, o.told, o.failed = now, now, 1
+		o.since, o.told, o.failed, o.toldThis = now, now, 1, false
+		if !o.warned.IsZero() && now.Sub(o.warned) < outageRetell {
+			o.quiet++ // an allocator that comes and goes: told at most once an outageRetell
+			return
+		}
+		o.warned, o.toldThis = now, true
 		h.mu.Lock()
 		left := time.Duration(h.expiry - h.opts.Clock.Now())
 		h.mu.Unlock()
 		slog.Warn("lease: the allocator did not answer a refresh; the gate spends its lease until it expires, then decides by its failure mode",
-			"budget", h.opts.Budget, "client", h.opts.Client, "lease_left", max(left, 0), "err", err)
+			"budget", h.opts.Budget, "client", h.opts.Client, "lease_left", max(left, 0), "brief_outages_untold", o.quiet, "err", err)
+		o.quiet = 0
 	case err != nil:
 		o.failed++
 		if now.Sub(o.told) >= outageRetell {
-			o.told = now
+			o.told, o.warned, o.toldThis = now, now, true
 			slog.Warn("lease: the allocator still does not answer", "budget", h.opts.Budget, "client", h.opts.Client,
 				"for", now.Sub(o.since).Round(time.Second), "refreshes_failed", o.failed, "err", err)
 		}
 	case !o.since.IsZero():
-		slog.Info("lease: the allocator answers again", "budget", h.opts.Budget, "client", h.opts.Client,
-			"after", now.Sub(o.since).Round(time.Millisecond), "refreshes_failed", o.failed)
-		*o = outage{}
+		if o.toldThis {
+			slog.Info("lease: the allocator answers again", "budget", h.opts.Budget, "client", h.opts.Client,
+				"after", now.Sub(o.since).Round(time.Millisecond), "refreshes_failed", o.failed)
+		}
+		o.since, o.told, o.failed, o.toldThis = time.Time{}, time.Time{}, 0, false
 	}
 }

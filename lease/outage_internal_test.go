@@ -35,6 +35,12 @@ func TestAllocatorOutageIsLogged(t *testing.T) {
 		{40 * time.Second, down, ""},
 		{45 * time.Second, nil, "level=INFO msg=\"lease: the allocator answers again\" budget=api client=p1 after=45s refreshes_failed=5"},
 		{50 * time.Second, nil, ""},
+		// It comes and goes: a new outage within 30 s of the last warning
+		// is told with the next one, and its end not at all.
+		{52 * time.Second, down, ""},
+		{53 * time.Second, nil, ""},
+		{70 * time.Second, down, "brief_outages_untold=1"},
+		{71 * time.Second, nil, "answers again"},
 	} {
 		buf.Reset()
 		o.tell(h, c.err, t0.Add(c.at))
