@@ -32,7 +32,7 @@ func (s *slots) Release(*sluice.Request, sluice.Permit, sluice.Completion) { s.u
 
 // fq is an event-mode fair queue over one slot driven by hand.
 type fq struct {
-	t       *testing.T
+	t       testing.TB
 	clk     *fakeclock.Clock
 	q       *Queue
 	inner   *slots
@@ -46,7 +46,7 @@ type fq struct {
 	refused map[uint64]bool
 }
 
-func newFQ(t *testing.T, f *Fairness, maxLen int) *fq {
+func newFQ(t testing.TB, f *Fairness, maxLen int) *fq {
 	x := &fq{t: t, clk: fakeclock.New(1), inner: &slots{n: 1}, reqs: map[uint64]*sluice.Request{},
 		ids: map[uint64]sluice.Permit{}, refused: map[uint64]bool{}}
 	var err error
@@ -151,7 +151,7 @@ func TestRegressFairStarvedByNewTenants(t *testing.T) {
 		ahead++
 	}
 	t.Logf("victim's second request (cost 1, weight 1, burst 0): served=%v after %d others; V=%v, last map %d entries",
-		x.isServed(victim), ahead-3, x.q.fair[0].v, len(x.q.fair[0].last))
+		x.isServed(victim), ahead-3, x.q.fair[0].v, len(x.q.fair[0].idle))
 	if !x.isServed(victim) {
 		t.Errorf("a weight-1 tenant's request waited behind 5000 one-request tenants (stated bound: Σ_j (burst + C_max,j) = 1 unit per tenant waiting with it, here at most 2 waiting)")
 	}
@@ -167,12 +167,12 @@ func TestRegressFairLastMapGrows(t *testing.T) {
 			x.arrive(fmt.Sprint("tenant-", n, "-", i), 1)
 			x.finish()
 		}
-		t.Logf("%d more one-request tenants: %v (%v per request), last map %d", n, time.Since(st), time.Since(st)/time.Duration(n), len(x.q.fair[0].last))
+		t.Logf("%d more one-request tenants: %v (%v per request), last map %d", n, time.Since(st), time.Since(st)/time.Duration(n), len(x.q.fair[0].idle))
 	}
 	x.check()
-	t.Logf("after 37500 one-request tenants, nobody waiting: %d entries in last, V=%v", len(x.q.fair[0].last), x.q.fair[0].v)
-	if len(x.q.fair[0].last) > 1000 {
-		t.Errorf("finish-tag map holds %d tenants with an empty queue", len(x.q.fair[0].last))
+	t.Logf("after 37500 one-request tenants, nobody waiting: %d entries in last, V=%v", len(x.q.fair[0].idle), x.q.fair[0].v)
+	if len(x.q.fair[0].idle) > 1000 {
+		t.Errorf("finish-tag map holds %d tenants with an empty queue", len(x.q.fair[0].idle))
 	}
 }
 
