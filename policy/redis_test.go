@@ -64,15 +64,8 @@ gates:
 		tenant string
 		want   int
 	}{{"acme", 0}, {"beta", 5}} {
-		admitted = 0
-		for range 10 {
-			if d, tk := a.Chain.Decide(ctx, &sluice.Request{Tenant: c.tenant}); d.Admitted {
-				admitted++
-				tk.Done(sluice.OutcomeUseful)
-			}
-		}
-		if admitted != c.want {
-			t.Fatalf("local fallback admitted %s %d, want %d", c.tenant, admitted, c.want)
+		if n := admitN(a, c.tenant, 10); n != c.want {
+			t.Fatalf("local fallback admitted %s %d, want %d", c.tenant, n, c.want)
 		}
 	}
 }
@@ -90,26 +83,9 @@ store: {backend: redis, addrs: [ADDR], timeout: 50ms, probe_every: 100ms, on_fai
 gates:
   - {name: rate, kind: token_bucket, scope: tenant, rate: 1/h, burst: 10}
 `, "ADDR", srv.Addr)
-	f, err := Parse("r.yaml", []byte(src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := Build(f, nil, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := buildFile(t, []byte(src), nil)
 	defer rt.Close()
-	ctx := context.Background()
-	admit := func(tenant string, n int) int {
-		admitted := 0
-		for range n {
-			if d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: tenant}); d.Admitted {
-				admitted++
-				tk.Done(sluice.OutcomeUseful)
-			}
-		}
-		return admitted
-	}
+	admit := func(tenant string, n int) int { return admitN(rt, tenant, n) }
 	if n := admit("warm", 1); n != 1 { // Redis has answered once
 		t.Fatalf("%d", n)
 	}
@@ -499,40 +475,42 @@ gates:
   - {name: rate, kind: token_bucket, scope: tenant, rate: 1/h, burst: 10, retry_hint: `+hint+`}
 `, "ADDR", srv.Addr))
 	}
-	f1, err := Parse("r.yaml", src("1s"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt1, err := Build(f1, nil, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	admit := func(rt *Runtime, n int) (admitted int) {
-		for range n {
-			if d, tk := rt.Chain.Decide(ctx, &sluice.Request{Tenant: "acme"}); d.Admitted {
-				admitted++
-				tk.Done(sluice.OutcomeUseful)
-			}
-		}
-		return admitted
-	}
-	if n := admit(rt1, 20); n != 10 {
+	rt1 := buildFile(t, src("1s"), nil)
+	if n := admitN(rt1, "acme", 20); n != 10 {
 		t.Fatalf("on Redis: %d admitted, want the burst of 10", n)
 	}
-	f2, err := Parse("r.yaml", src("2s")) // the gate changed: built anew
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt2, err := Build(f2, rt1, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt2 := buildFile(t, src("2s"), rt1) // the gate changed: built anew
 	defer rt2.Close()
 	rt1.Close()
 	srv.Pause()
 	defer srv.Resume()
-	if n := admit(rt2, 10); n != 0 {
+	if n := admitN(rt2, "acme", 10); n != 0 {
 		t.Fatalf("an outage after the reload: the fallback admitted %d, want 0 (the burst was spent before it)", n)
 	}
+}
+
+// admitN decides n requests of tenant on rt's chain, completing each
+// admitted one, and returns how many were admitted.
+func admitN(rt *Runtime, tenant string, n int) (admitted int) {
+	for range n {
+		if d, tk := rt.Chain.Decide(context.Background(), &sluice.Request{Tenant: tenant}); d.Admitted {
+			admitted++
+			tk.Done(sluice.OutcomeUseful)
+		}
+	}
+	return admitted
+}
+
+// buildFile parses src as a policy and builds it over prev (nil: none).
+func buildFile(t *testing.T, src []byte, prev *Runtime) *Runtime {
+	t.Helper()
+	f, err := Parse("r.yaml", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := Build(f, prev, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
 }
