@@ -172,7 +172,7 @@ func (b *base) settleDebts(key string, now clock.Instant) {
 			continue
 		}
 		if err := d.Debit(context.Background(), c.key, 0, now, units); err != nil {
-			b.ledger.owe(c.key, units, now)
+			b.ledger.owe(c.key, units, c.d.since) // owed since it began
 		}
 	}
 }

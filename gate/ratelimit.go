@@ -190,6 +190,17 @@ func (b *base) failed(ctx context.Context, key string, r *sluice.Request, now cl
 
 const fallbackBit = sluice.Permit(1) << 63
 
+// handle is permit p's store handle, and whether the fallback took the
+// units too (mirroredBit: only a rate gate with a ledger sets it, and its
+// store's handles are small; a concurrency permit's may use bit 62).
+func (b *base) handle(p sluice.Permit) (store.Handle, bool) {
+	h := store.Handle(p &^ fallbackBit)
+	if b.ledger != nil && p&mirroredBit != 0 {
+		return h &^ store.Handle(mirroredBit), true
+	}
+	return h, false
+}
+
 // logFailure logs a store failure at most once per second per gate: the
 // decision path must stay cheap while the store is down.
 func (b *base) logFailure(err error) {
@@ -214,10 +225,9 @@ func (b *base) refund(key string, p sluice.Permit, now clock.Instant, cost int64
 			b.ledger.owe(key, -cost, now) // no longer owed to the store
 		}
 	}
-	h := store.Handle(p &^ fallbackBit)
-	if b.ledger != nil && p&mirroredBit != 0 { // a rate gate's: its handles are small
+	h, mirrored := b.handle(p)
+	if mirrored {
 		b.opts.Fallback.Refund(context.Background(), key, 1, now, cost) // what the fallback took too
-		h &^= store.Handle(mirroredBit)
 	}
 	// Refunds are best effort: a failed refund only leaves the limit a
 	// little stricter until the state refills (or its TTL expires).
@@ -383,12 +393,9 @@ func (b *base) trueUp(key string, p sluice.Permit, now clock.Instant, diff int64
 			b.ledger.owe(key, diff, now) // owed to the store too
 		}
 	}
-	h := store.Handle(p &^ fallbackBit)
-	if b.ledger != nil && p&mirroredBit != 0 {
-		if d, ok := b.opts.Fallback.(store.Debiter); ok {
-			d.Debit(context.Background(), key, 1, now, diff) // what the fallback took too
-		}
-		h &^= store.Handle(mirroredBit)
+	h, mirrored := b.handle(p)
+	if d, ok := b.opts.Fallback.(store.Debiter); ok && mirrored {
+		d.Debit(context.Background(), key, 1, now, diff) // what the fallback took too
 	}
 	if d, ok := lim.(store.Debiter); ok {
 		if err := d.Debit(context.Background(), key, h, now, diff); err != nil {
